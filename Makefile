@@ -1,0 +1,49 @@
+# The two commands of the README:
+#   make test   builds everything and runs the C suite and the Python tests
+#   make demo   builds and runs `smelt demo`
+# Both install what is missing first (scripts/setup-deps). On a machine with a
+# GPU the same suite also runs every GPU case.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# Kernels compiled by the tests land here, not in the user's cache.
+export SMELT_TEST_CACHE_DIR ?= $(abspath $(BUILD))/kernel-cache
+PYTHON ?= python3
+
+.PHONY: all build deps test test-c test-python demo asan clean
+
+all: build
+
+deps:
+	@scripts/setup-deps
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: deps build
+	@$(MAKE) --no-print-directory test-c test-python
+
+test-c:
+	SMELT_CACHE_DIR=$(SMELT_TEST_CACHE_DIR) $(BUILD)/smelt_tests
+
+test-python:
+	$(PYTHON) python/build_inplace.py --build $(BUILD)
+	SMELT_CACHE_DIR=$(SMELT_TEST_CACHE_DIR) PYTHONPATH=$(abspath python) $(PYTHON) -m pytest -q python/tests
+
+demo: deps build
+	$(BUILD)/smelt demo
+
+# The CPU suite under AddressSanitizer + UBSan (CI runs this).
+asan:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSMELT_SANITIZE=ON
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target smelt_tests
+	SMELT_TEST_NO_CUDA=1 SMELT_CACHE_DIR=$(abspath $(ASAN_BUILD))/kernel-cache \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(abspath scripts/lsan.supp) \
+	  $(ASAN_BUILD)/smelt_tests --exclude compile/
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,91 @@
+/* Device-side helpers shared by every smelt kernel.
+ *
+ * Kernels are compiled by NVRTC with nothing but smelt's own headers (no CUDA
+ * toolkit headers), so the 16-bit float types are plain unsigned shorts here and
+ * conversions are inline PTX. A kernel file is compiled after a generated
+ * prelude of #defines (the operation description); SMELT_DT selects the element
+ * type with the values of smelt_dtype: 1 f32, 2 f16, 3 bf16. */
+#ifndef SMELT_DEVICE_CUH
+#define SMELT_DEVICE_CUH
+
+#define SMELT_DT_F32 1
+#define SMELT_DT_F16 2
+#define SMELT_DT_BF16 3
+
+typedef unsigned short smelt_h16; /* raw f16 or bf16 bits */
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+static __device__ __forceinline__ float smelt_f16_to_f32(smelt_h16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+static __device__ __forceinline__ smelt_h16 smelt_f32_to_f16(float f) {
+  smelt_h16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+static __device__ __forceinline__ float smelt_bf16_to_f32(smelt_h16 h) {
+  return __int_as_float(((u32)h) << 16);
+}
+static __device__ __forceinline__ smelt_h16 smelt_f32_to_bf16(float f) {
+  smelt_h16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+/* elem_t / load_elem / store_elem for the prelude's SMELT_DT. */
+#if defined(SMELT_DT)
+#if SMELT_DT == SMELT_DT_F32
+typedef float elem_t;
+static __device__ __forceinline__ float load_elem(elem_t v) { return v; }
+static __device__ __forceinline__ elem_t store_elem(float f) { return f; }
+#elif SMELT_DT == SMELT_DT_F16
+typedef smelt_h16 elem_t;
+static __device__ __forceinline__ float load_elem(elem_t v) { return smelt_f16_to_f32(v); }
+static __device__ __forceinline__ elem_t store_elem(float f) { return smelt_f32_to_f16(f); }
+#elif SMELT_DT == SMELT_DT_BF16
+typedef smelt_h16 elem_t;
+static __device__ __forceinline__ float load_elem(elem_t v) { return smelt_bf16_to_f32(v); }
+static __device__ __forceinline__ elem_t store_elem(float f) { return smelt_f32_to_bf16(f); }
+#else
+#error "SMELT_DT must be 1 (f32), 2 (f16) or 3 (bf16)"
+#endif
+#endif
+
+/* A tensor's shape and strides as the host packs them (smelt__kshape). */
+typedef struct smelt_kshape {
+  i64 shape[8];
+  i64 strides[8];
+  int ndim;
+  int pad;
+} smelt_kshape;
+
+/* Element offset of the row-major linear index i. */
+static __device__ __forceinline__ i64 smelt_offset(const smelt_kshape &s, i64 i) {
+  i64 off = 0;
+#pragma unroll
+  for (int d = 7; d >= 0; --d) {
+    if (d < s.ndim) {
+      i64 n = s.shape[d];
+      off += (i % n) * s.strides[d];
+      i /= n;
+    }
+  }
+  return off;
+}
+
+static __device__ __forceinline__ float smelt_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+static __device__ __forceinline__ float smelt_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+#endif /* SMELT_DEVICE_CUH */

@@ -1,0 +1,208 @@
+/* The CUDA backend's internal interface: the driver and NVRTC entry points we
+ * resolve at run time, the JIT + kernel cache, the per-context module table,
+ * the memory pool and launch helpers.
+ *
+ * smelt builds with a C compiler alone, so the few driver types we need are
+ * declared here with the values of the CUDA 12/13 headers; each entry point is
+ * resolved through cuGetProcAddress at SMELT__CU_ABI (so every function pointer
+ * below has the signature of that ABI, e.g. cuMemAlloc is cuMemAlloc_v2). */
+#ifndef SMELT_CUDA_INTERNAL_H
+#define SMELT_CUDA_INTERNAL_H
+
+#include "../core/internal.h"
+
+#define SMELT__CU_ABI 12000
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+  SMELT__CU_DEV_ATTR_CLOCK_RATE = 13,
+  SMELT__CU_DEV_ATTR_SM_COUNT = 16,
+  SMELT__CU_DEV_ATTR_L2_CACHE_SIZE = 38,
+  SMELT__CU_DEV_ATTR_CC_MAJOR = 75,
+  SMELT__CU_DEV_ATTR_CC_MINOR = 76,
+  SMELT__CU_DEV_ATTR_SMEM_OPTIN = 97,
+  SMELT__CU_DEV_ATTR_MEMORY_POOLS = 115,
+  SMELT__CU_FUNC_ATTR_SHARED_SIZE = 1,
+  SMELT__CU_FUNC_ATTR_LOCAL_SIZE = 3,
+  SMELT__CU_FUNC_ATTR_NUM_REGS = 4,
+  SMELT__CU_FUNC_ATTR_MAX_DYN_SMEM = 8,
+  SMELT__CU_POINTER_ATTR_MEMORY_TYPE = 2,
+  SMELT__CU_POINTER_ATTR_DEVICE_ORDINAL = 9,
+  SMELT__CU_MEMORYTYPE_HOST = 1,
+  SMELT__CU_MEMORYTYPE_DEVICE = 2,
+  SMELT__CU_MEMORYTYPE_UNIFIED = 4,
+  SMELT__CU_STREAM_NON_BLOCKING = 1,
+  SMELT__CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+  SMELT__CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+  SMELT__CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+  SMELT__CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+  SMELT__CU_ERROR_OUT_OF_MEMORY = 2,
+  SMELT__CU_ERROR_NOT_READY = 600
+};
+
+/* CUmemPoolProps (CUDA 12/13 layout). */
+typedef struct smelt__cu_pool_props {
+  int allocType;   /* 1 = pinned */
+  int handleTypes; /* 0 = none */
+  struct { int type; int id; } location; /* type 1 = device */
+  void *win32SecurityAttributes;
+  size_t maxSize;
+  unsigned short usage;
+  unsigned char reserved[54];
+} smelt__cu_pool_props;
+
+/* X(name, return-less parameter list) — every driver entry point we use. */
+#define SMELT__CU_FUNCS(X)                                                              \
+  X(cuInit, (unsigned int flags))                                                       \
+  X(cuDriverGetVersion, (int *v))                                                       \
+  X(cuGetErrorName, (CUresult e, const char **s))                                       \
+  X(cuGetErrorString, (CUresult e, const char **s))                                     \
+  X(cuDeviceGetCount, (int *n))                                                         \
+  X(cuDeviceGet, (CUdevice * d, int ordinal))                                           \
+  X(cuDeviceGetName, (char *name, int len, CUdevice d))                                 \
+  X(cuDeviceGetAttribute, (int *v, int attr, CUdevice d))                               \
+  X(cuDeviceTotalMem, (size_t * bytes, CUdevice d))                                     \
+  X(cuDevicePrimaryCtxRetain, (CUcontext * c, CUdevice d))                              \
+  X(cuDevicePrimaryCtxRelease, (CUdevice d))                                            \
+  X(cuCtxSetCurrent, (CUcontext c))                                                     \
+  X(cuCtxGetCurrent, (CUcontext * c))                                                   \
+  X(cuStreamCreate, (CUstream * s, unsigned int flags))                                 \
+  X(cuStreamDestroy, (CUstream s))                                                      \
+  X(cuStreamSynchronize, (CUstream s))                                                  \
+  X(cuModuleLoadData, (CUmodule * m, const void *image))                                \
+  X(cuModuleUnload, (CUmodule m))                                                       \
+  X(cuModuleGetFunction, (CUfunction * f, CUmodule m, const char *name))               \
+  X(cuFuncGetAttribute, (int *v, int attr, CUfunction f))                               \
+  X(cuFuncSetAttribute, (CUfunction f, int attr, int value))                            \
+  X(cuLaunchKernel, (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,  \
+                     unsigned by, unsigned bz, unsigned smem, CUstream s, void **params,  \
+                     void **extra))                                                     \
+  X(cuMemAlloc, (CUdeviceptr * p, size_t bytes))                                        \
+  X(cuMemFree, (CUdeviceptr p))                                                         \
+  X(cuMemGetInfo, (size_t * free_b, size_t * total_b))                                  \
+  X(cuMemcpyHtoD, (CUdeviceptr dst, const void *src, size_t n))                         \
+  X(cuMemcpyDtoH, (void *dst, CUdeviceptr src, size_t n))                               \
+  X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s))         \
+  X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t n, CUstream s))         \
+  X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t n, CUstream s))               \
+  X(cuMemsetD8Async, (CUdeviceptr p, unsigned char v, size_t n, CUstream s))             \
+  X(cuMemPoolCreate, (CUmemoryPool * pool, const smelt__cu_pool_props *props))           \
+  X(cuMemPoolDestroy, (CUmemoryPool pool))                                              \
+  X(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value))                  \
+  X(cuMemPoolGetAttribute, (CUmemoryPool pool, int attr, void *value))                  \
+  X(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep))                                  \
+  X(cuMemAllocFromPoolAsync, (CUdeviceptr * p, size_t bytes, CUmemoryPool pool, CUstream s)) \
+  X(cuMemFreeAsync, (CUdeviceptr p, CUstream s))                                        \
+  X(cuPointerGetAttribute, (void *data, int attr, CUdeviceptr p))                       \
+  X(cuEventCreate, (CUevent * e, unsigned int flags))                                   \
+  X(cuEventRecord, (CUevent e, CUstream s))                                             \
+  X(cuEventSynchronize, (CUevent e))                                                    \
+  X(cuEventElapsedTime, (float *ms, CUevent a, CUevent b))                              \
+  X(cuEventDestroy, (CUevent e))
+
+typedef struct smelt__cu_api {
+#define SMELT__CU_FIELD(name, params) CUresult (*name) params;
+  SMELT__CU_FUNCS(SMELT__CU_FIELD)
+#undef SMELT__CU_FIELD
+} smelt__cu_api;
+
+/* The driver, opened once per process (thread-safe). NULL when not usable;
+ * then *why (may be NULL) says why. */
+const smelt__cu_api *smelt__cu(const char **why);
+int smelt__cu_driver_version(void);
+/* Turns a failed driver call into a status with "<op>: <what> failed: CUDA_ERROR_x (text)". */
+smelt_status smelt__cu_error(CUresult r, const char *op, const char *what);
+#define SMELT__CU_CHECK(call, op)                                                   \
+  do {                                                                              \
+    CUresult smelt__r = (call);                                                     \
+    if (smelt__r != 0) return smelt__cu_error(smelt__r, (op), #call);               \
+  } while (0)
+
+/* ---- NVRTC, opened once per process. */
+typedef struct smelt__nvrtc_info {
+  int loaded;
+  int major, minor;
+  char path[512];
+  char error[512];
+} smelt__nvrtc_info;
+const smelt__nvrtc_info *smelt__nvrtc_info_get(void);
+
+/* Compiles src for arch ("sm_90a") to CUBIN (malloc'd, caller frees). On a
+ * compile error returns SMELT_STATUS_COMPILE_ERROR with the log in the message
+ * and, with SMELT_DUMP_SOURCE=1, the line-numbered source on stderr. */
+smelt_status smelt__nvrtc_compile(const smelt__kernel_src *src, const char *arch, void **cubin,
+                                  size_t *size);
+/* The full program text NVRTC compiles (malloc'd; caller frees). */
+char *smelt__program_text(const smelt__kernel_src *src, smelt_status *st);
+/* The exact option list used for an arch (for the cache key); returns the count. */
+int smelt__nvrtc_options(const char *arch, const char **opts, int max);
+
+/* ---- JIT: disk cache in front of NVRTC. */
+/* Cache folder ($SMELT_CACHE_DIR or $XDG_CACHE_HOME/smelt or ~/.cache/smelt),
+ * "" when off (no usable folder); created with mode 0700. */
+const char *smelt__cache_dir(void);
+/* The content key (hex SHA-256) for src on arch. */
+void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[65]);
+/* Gets the CUBIN for src on arch: disk hit, else compile (unless SMELT_JIT=off)
+ * and store. *cached = 1 on a disk hit. Caller frees *cubin. */
+smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, void **cubin,
+                              size_t *size, int *cached, double *seconds);
+/* Process-wide counters. */
+void smelt__jit_stats(uint64_t *compiles, uint64_t *disk_hits, double *compile_seconds);
+
+/* ---- per-context CUDA state */
+typedef struct smelt__module_entry {
+  char key[65];
+  CUmodule module;
+} smelt__module_entry;
+
+typedef struct smelt__cuda_ctx {
+  CUdevice dev;
+  CUcontext cu_ctx;
+  CUstream own_stream;
+  CUstream stream; /* where launches go */
+  CUmemoryPool pool;
+  smelt_device_info info;
+  smelt__module_entry *modules;
+  int nmodules, cap_modules;
+  uint64_t memory_hits;
+} smelt__cuda_ctx;
+
+smelt_status smelt__cuda_ctx_create(smelt_ctx *ctx, const smelt_ctx_options *opts);
+void smelt__cuda_ctx_destroy(smelt_ctx *ctx);
+/* Makes the context's CUcontext current on the calling thread. */
+smelt_status smelt__cuda_bind(smelt_ctx *ctx, const char *op);
+/* Loads (compile/cache/in-memory) the module for src and returns function `fn`. */
+smelt_status smelt__cuda_function(smelt_ctx *ctx, const smelt__kernel_src *src, const char *fn,
+                                  CUfunction *out);
+/* Launch with checking; `op` names the op in any error. */
+smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx,
+                                unsigned gy, unsigned gz, unsigned block, unsigned smem,
+                                void **params);
+/* Pool allocation on the context's stream. */
+smelt_status smelt__cuda_alloc(smelt_ctx *ctx, size_t bytes, void **out);
+smelt_status smelt__cuda_free(smelt_ctx *ctx, void *p);
+
+/* NVTX ranges (libnvToolsExt opened lazily; no-ops when absent). */
+void smelt__nvtx_push(const char *name);
+void smelt__nvtx_pop(void);
+
+/* Packs a tensor's shape/strides for a kernel: up to 8 dims, innermost last. */
+typedef struct smelt__kshape {
+  int64_t shape[SMELT_MAX_DIMS];
+  int64_t strides[SMELT_MAX_DIMS];
+  int ndim;
+  int pad;
+} smelt__kshape;
+void smelt__kshape_from(smelt__kshape *k, const smelt_tensor *t);
+
+#endif /* SMELT_CUDA_INTERNAL_H */

@@ -1,0 +1,255 @@
+/* The JIT's disk cache: content-addressed CUBIN entries in front of NVRTC.
+ *
+ * Key = SHA-256 over the entry format, smelt's version, NVRTC's version, the
+ * arch, the options, the full program text and every embedded header, so any
+ * change to what would be compiled gives a new key. Entries are
+ *   "SMELTCB1" | key (64 hex) | payload size (u64 LE) | SHA-256(payload) | payload
+ * and anything that does not parse or verify is a miss (and is rebuilt).
+ * Writes go to a temp file in the same folder, fsync, rename: readers never
+ * see a partial entry and concurrent processes are safe. A per-key flock keeps
+ * concurrent processes from compiling the same kernel twice. Only CUBIN is
+ * stored; nothing executable on the host ever comes from the cache. */
+#include "cuda_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ENTRY_MAGIC "SMELTCB1"
+#define ENTRY_FORMAT "smelt-cubin-entry-v1"
+#define HEADER_BYTES (8 + 64 + 8 + 32)
+
+static pthread_mutex_t stats_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t n_compiles, n_disk_hits;
+static double compile_s;
+static int warned_dir;
+
+void smelt__jit_stats(uint64_t *compiles, uint64_t *disk_hits, double *seconds) {
+  pthread_mutex_lock(&stats_mu);
+  *compiles = n_compiles;
+  *disk_hits = n_disk_hits;
+  *seconds = compile_s;
+  pthread_mutex_unlock(&stats_mu);
+}
+
+static void warn_once(const char *fmt, const char *a, const char *b) {
+  pthread_mutex_lock(&stats_mu);
+  int first = !warned_dir;
+  warned_dir = 1;
+  pthread_mutex_unlock(&stats_mu);
+  if (first) smelt__log(SMELT__LOG_WARN, fmt, a, b);
+}
+
+/* mkdir -p with mode 0700 for the folders we create. */
+static int make_dirs(const char *path) {
+  char buf[512];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
+  struct stat st;
+  return (stat(buf, &st) == 0 && S_ISDIR(st.st_mode)) ? 0 : -1;
+}
+
+const char *smelt__cache_dir(void) {
+  static _Thread_local char dir[512];
+  const char *env = smelt__getenv("SMELT_CACHE_DIR");
+  const char *xdg = smelt__getenv("XDG_CACHE_HOME");
+  const char *home = smelt__getenv("HOME");
+  if (env) snprintf(dir, sizeof dir, "%s", env);
+  else if (xdg) snprintf(dir, sizeof dir, "%s/smelt", xdg);
+  else if (home) snprintf(dir, sizeof dir, "%s/.cache/smelt", home);
+  else dir[0] = 0;
+  if (dir[0] && make_dirs(dir) != 0) {
+    warn_once("kernel cache folder %s is unusable (%s); kernels stay in memory only", dir, strerror(errno));
+    dir[0] = 0;
+  }
+  return dir;
+}
+
+void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[65]) {
+  smelt__sha256 h;
+  smelt__sha256_init(&h);
+  const smelt__nvrtc_info *ni = smelt__nvrtc_info_get();
+  char head[256];
+  int n = snprintf(head, sizeof head, "%s|%s|nvrtc %d.%d|%s|", ENTRY_FORMAT, SMELT_VERSION_STRING, ni->major,
+                   ni->minor, arch);
+  smelt__sha256_update(&h, head, (size_t)n);
+  const char *opts[16];
+  int nopts = smelt__nvrtc_options(arch, opts, 16);
+  /* Options in sorted order so their listing order never changes the key. */
+  for (int i = 1; i < nopts; i++)
+    for (int j = i; j > 0 && strcmp(opts[j - 1], opts[j]) > 0; j--) {
+      const char *t = opts[j];
+      opts[j] = opts[j - 1];
+      opts[j - 1] = t;
+    }
+  for (int i = 0; i < nopts; i++) smelt__sha256_update(&h, opts[i], strlen(opts[i]) + 1);
+  smelt_status st;
+  char *text = smelt__program_text(src, &st);
+  if (text) {
+    smelt__sha256_update(&h, text, strlen(text) + 1);
+    free(text);
+  } else {
+    smelt__sha256_update(&h, src->name, strlen(src->name) + 1);
+  }
+  for (int i = 0; i < smelt__embedded_count; i++) {
+    const smelt__embedded_file *f = &smelt__embedded_files[i];
+    size_t l = strlen(f->name);
+    if (l > 4 && !strcmp(f->name + l - 4, ".cuh")) {
+      smelt__sha256_update(&h, f->name, l + 1);
+      smelt__sha256_update(&h, f->text, f->len);
+    }
+  }
+  uint8_t d[32];
+  smelt__sha256_final(&h, d);
+  smelt__sha256_hex(d, hex);
+}
+
+static uint64_t get_u64le(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+/* Reads and verifies an entry; NULL on any mismatch (a miss). */
+static void *read_entry(const char *path, const char *key, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  uint8_t head[HEADER_BYTES];
+  void *payload = NULL;
+  if (fread(head, 1, sizeof head, f) != sizeof head) goto bad;
+  if (memcmp(head, ENTRY_MAGIC, 8) || memcmp(head + 8, key, 64)) goto bad;
+  uint64_t n = get_u64le(head + 72);
+  if (n == 0 || n > (1u << 30)) goto bad;
+  payload = malloc((size_t)n);
+  if (!payload || fread(payload, 1, (size_t)n, f) != n) goto bad;
+  if (fgetc(f) != EOF) goto bad; /* trailing bytes: not what we wrote */
+  uint8_t d[32];
+  smelt__sha256 h;
+  smelt__sha256_init(&h);
+  smelt__sha256_update(&h, payload, (size_t)n);
+  smelt__sha256_final(&h, d);
+  if (memcmp(d, head + 80, 32)) goto bad;
+  fclose(f);
+  *size = (size_t)n;
+  return payload;
+bad:
+  free(payload);
+  fclose(f);
+  smelt__log(SMELT__LOG_INFO, "cache entry %s is invalid; rebuilding", path);
+  return NULL;
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+  const uint8_t *b = (const uint8_t *)p;
+  while (n) {
+    ssize_t w = write(fd, b, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    b += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static void write_entry(const char *dir, const char *path, const char *key, const void *bin, size_t n) {
+  static int counter;
+  char tmp[600];
+  snprintf(tmp, sizeof tmp, "%s/.%s.%d.%d.tmp", dir, key, (int)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    warn_once("cannot write to kernel cache folder %s (%s); kernels stay in memory only", dir, strerror(errno));
+    return;
+  }
+  uint8_t head[HEADER_BYTES];
+  memcpy(head, ENTRY_MAGIC, 8);
+  memcpy(head + 8, key, 64);
+  for (int i = 0; i < 8; i++) head[72 + i] = (uint8_t)((uint64_t)n >> (8 * i));
+  smelt__sha256 h;
+  smelt__sha256_init(&h);
+  smelt__sha256_update(&h, bin, n);
+  smelt__sha256_final(&h, head + 80);
+  int ok = write_all(fd, head, sizeof head) == 0 && write_all(fd, bin, n) == 0 && fsync(fd) == 0;
+  ok = (close(fd) == 0) && ok;
+  if (!ok || rename(tmp, path) != 0) {
+    warn_once("cannot write to kernel cache folder %s (%s); kernels stay in memory only", dir, strerror(errno));
+    unlink(tmp);
+  }
+}
+
+smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, void **cubin, size_t *size,
+                              int *cached, double *seconds) {
+  *cubin = NULL;
+  *size = 0;
+  *cached = 0;
+  *seconds = 0;
+  char key[65];
+  smelt__cache_key(src, arch, key);
+  const char *d = smelt__cache_dir();
+  char dir[512], path[600], lockp[600];
+  snprintf(dir, sizeof dir, "%s", d);
+  int lockfd = -1;
+  if (dir[0]) {
+    snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
+    void *bin = read_entry(path, key, size);
+    if (!bin) {
+      /* Miss: take the key's lock, then look again — another process may have
+       * compiled it while we waited. */
+      snprintf(lockp, sizeof lockp, "%s/%s.lock", dir, key);
+      lockfd = open(lockp, O_RDWR | O_CREAT, 0600);
+      if (lockfd >= 0 && flock(lockfd, LOCK_EX) != 0) {
+        close(lockfd);
+        lockfd = -1;
+      }
+      bin = read_entry(path, key, size);
+    }
+    if (bin) {
+      if (lockfd >= 0) close(lockfd);
+      pthread_mutex_lock(&stats_mu);
+      n_disk_hits++;
+      pthread_mutex_unlock(&stats_mu);
+      smelt__log(SMELT__LOG_INFO, "cache hit %s (%s) for %s", src->name, key, arch);
+      *cubin = bin;
+      *cached = 1;
+      return SMELT_OK;
+    }
+  }
+  const char *jit = smelt__getenv("SMELT_JIT");
+  if (jit && !strcmp(jit, "off")) {
+    if (lockfd >= 0) close(lockfd);
+    return smelt__error(SMELT_STATUS_NOT_FOUND,
+                        "smelt jit: kernel %s for %s is not in the cache (%s) and SMELT_JIT=off; warm the cache with "
+                        "`smelt precompile --arch %s`",
+                        src->name, arch, dir[0] ? dir : "disabled", arch);
+  }
+  double t0 = smelt__now_seconds();
+  smelt_status s = smelt__nvrtc_compile(src, arch, cubin, size);
+  double dt = smelt__now_seconds() - t0;
+  if (s == SMELT_OK) {
+    pthread_mutex_lock(&stats_mu);
+    n_compiles++;
+    compile_s += dt;
+    pthread_mutex_unlock(&stats_mu);
+    *seconds = dt;
+    smelt__log(SMELT__LOG_INFO, "compiled %s for %s in %.3f s (%zu bytes)", src->name, arch, dt, *size);
+    if (dir[0]) write_entry(dir, path, key, *cubin, *size);
+  }
+  if (lockfd >= 0) {
+    /* The lock file stays: removing it would race with a waiter that holds it open. */
+    close(lockfd);
+  }
+  return s;
+}

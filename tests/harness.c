@@ -1,0 +1,219 @@
+/* The harness behind tests/harness.h: failure bookkeeping, seeded random
+ * numbers, shared CPU/CUDA contexts and guarded device buffers. */
+#include "harness.h"
+
+#include <stdarg.h>
+
+int th_failed_now;
+int th_skipped_now;
+uint64_t th_seed;
+static uint64_t rng_state;
+
+void th_fail(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "    %s:%d: ", file, line);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, " [seed %llu]\n", (unsigned long long)th_seed);
+  va_end(ap);
+  th_failed_now++;
+}
+
+void th_skip(const char *why) {
+  fprintf(stderr, "    skipped: %s\n", why);
+  th_skipped_now = 1;
+}
+
+void th_seed_set(uint64_t seed) {
+  th_seed = seed;
+  rng_state = seed ? seed : 0x9e3779b97f4a7c15ull;
+}
+
+/* splitmix64: small, fast, good enough for test data. */
+uint64_t th_rand_u64(void) {
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double th_rand_uniform(double lo, double hi) {
+  return lo + (hi - lo) * ((double)(th_rand_u64() >> 11) * (1.0 / 9007199254740992.0));
+}
+
+double th_rand_normal(void) {
+  double u1 = th_rand_uniform(1e-300, 1.0), u2 = th_rand_uniform(0.0, 1.0);
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static smelt_ctx *cpu_ctx, *cuda_ctx;
+static int cuda_tried;
+
+smelt_ctx *th_cpu(void) {
+  if (!cpu_ctx) {
+    smelt_ctx_options o = smelt_ctx_options_default();
+    o.use_env = 0;
+    if (smelt_ctx_create(&cpu_ctx, &o) != SMELT_OK) {
+      fprintf(stderr, "cannot create a CPU context: %s\n", smelt_last_error());
+      exit(1);
+    }
+  }
+  return cpu_ctx;
+}
+
+smelt_ctx *th_cuda(void) {
+  if (!cuda_tried) {
+    cuda_tried = 1;
+    const char *no = getenv("SMELT_TEST_NO_CUDA");
+    if (no && *no && strcmp(no, "0")) return NULL;
+    smelt_ctx_options o = smelt_ctx_options_default();
+    o.use_env = 0;
+    o.device = SMELT_DEVICE_CUDA;
+    if (smelt_ctx_create(&cuda_ctx, &o) != SMELT_OK) cuda_ctx = NULL;
+  }
+  return cuda_ctx;
+}
+
+void th_contexts_destroy(void) {
+  smelt_ctx_destroy(cpu_ctx);
+  smelt_ctx_destroy(cuda_ctx);
+  cpu_ctx = cuda_ctx = NULL;
+  cuda_tried = 0;
+}
+
+static void pattern(uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(0xA5 ^ (i * 7));
+}
+
+th_buf th_buf_new(smelt_ctx *ctx, size_t bytes) {
+  th_buf b;
+  memset(&b, 0, sizeof b);
+  b.ctx = ctx;
+  b.bytes = bytes;
+  size_t total = bytes + 2 * TH_GUARD;
+  void *p = NULL;
+  if (smelt_alloc(ctx, total, &p) != SMELT_OK) {
+    fprintf(stderr, "th_buf_new(%zu): %s\n", bytes, smelt_last_error());
+    exit(1);
+  }
+  b.base = (uint8_t *)p;
+  b.data = b.base + TH_GUARD;
+  uint8_t *host = (uint8_t *)malloc(total);
+  pattern(host, TH_GUARD);
+  memset(host + TH_GUARD, 0xFF, bytes);
+  pattern(host + TH_GUARD + bytes, TH_GUARD);
+  smelt_memcpy_h2d(ctx, b.base, host, total);
+  free(host);
+  return b;
+}
+
+void th_buf_free(th_buf *b) {
+  if (b->base) {
+    smelt_ctx_synchronize(b->ctx);
+    smelt_free(b->ctx, b->base);
+  }
+  memset(b, 0, sizeof *b);
+}
+
+void th_buf_upload(th_buf *b, const void *host, size_t bytes) {
+  if (smelt_memcpy_h2d(b->ctx, b->data, host, bytes) != SMELT_OK) {
+    fprintf(stderr, "th_buf_upload: %s\n", smelt_last_error());
+    exit(1);
+  }
+}
+
+void th_buf_download(const th_buf *b, void *host, size_t bytes) {
+  smelt_ctx_synchronize(b->ctx);
+  if (smelt_memcpy_d2h(b->ctx, host, b->data, bytes) != SMELT_OK) {
+    fprintf(stderr, "th_buf_download: %s\n", smelt_last_error());
+    exit(1);
+  }
+}
+
+int th_buf_guards_ok(const th_buf *b) {
+  uint8_t *got = (uint8_t *)malloc(TH_GUARD), *want = (uint8_t *)malloc(TH_GUARD);
+  pattern(want, TH_GUARD);
+  smelt_ctx_synchronize(b->ctx);
+  smelt_memcpy_d2h(b->ctx, got, b->base, TH_GUARD);
+  int ok = !memcmp(got, want, TH_GUARD);
+  smelt_memcpy_d2h(b->ctx, got, b->base + TH_GUARD + b->bytes, TH_GUARD);
+  ok = ok && !memcmp(got, want, TH_GUARD);
+  free(got);
+  free(want);
+  return ok;
+}
+
+double th_get(const void *host, smelt_dtype dt, int64_t i) {
+  const uint8_t *p = (const uint8_t *)host;
+  switch (dt) {
+    case SMELT_DTYPE_F64: return ((const double *)p)[i];
+    case SMELT_DTYPE_F32: return ((const float *)p)[i];
+    case SMELT_DTYPE_F16: return smelt_f16_to_f32(((const uint16_t *)p)[i]);
+    case SMELT_DTYPE_BF16: return smelt_bf16_to_f32(((const uint16_t *)p)[i]);
+    case SMELT_DTYPE_E4M3: return smelt_e4m3_to_f32(p[i]);
+    case SMELT_DTYPE_E5M2: return smelt_e5m2_to_f32(p[i]);
+    case SMELT_DTYPE_I8: return ((const int8_t *)p)[i];
+    case SMELT_DTYPE_I32: return ((const int32_t *)p)[i];
+    case SMELT_DTYPE_I64: return (double)((const int64_t *)p)[i];
+    case SMELT_DTYPE_U8:
+    case SMELT_DTYPE_BOOL: return p[i];
+    default: return NAN;
+  }
+}
+
+void th_set(void *host, smelt_dtype dt, int64_t i, double v) {
+  uint8_t *p = (uint8_t *)host;
+  switch (dt) {
+    case SMELT_DTYPE_F64: ((double *)p)[i] = v; break;
+    case SMELT_DTYPE_F32: ((float *)p)[i] = (float)v; break;
+    case SMELT_DTYPE_F16: ((uint16_t *)p)[i] = smelt_f32_to_f16((float)v); break;
+    case SMELT_DTYPE_BF16: ((uint16_t *)p)[i] = smelt_f32_to_bf16((float)v); break;
+    case SMELT_DTYPE_E4M3: p[i] = smelt_f32_to_e4m3((float)v); break;
+    case SMELT_DTYPE_E5M2: p[i] = smelt_f32_to_e5m2((float)v); break;
+    case SMELT_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case SMELT_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case SMELT_DTYPE_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case SMELT_DTYPE_U8: p[i] = (uint8_t)v; break;
+    case SMELT_DTYPE_BOOL: p[i] = v != 0; break;
+    default: break;
+  }
+}
+
+void th_fill_uniform(void *host, smelt_dtype dt, int64_t n, double lo, double hi) {
+  for (int64_t i = 0; i < n; i++) th_set(host, dt, i, th_rand_uniform(lo, hi));
+}
+
+int th_compare(const char *what, const double *got, const double *ref, int64_t n, double rel_bound,
+               double abs_bound) {
+  double num = 0, den = 0, max_abs = 0;
+  int64_t at = -1, nan_bad = -1;
+  for (int64_t i = 0; i < n; i++) {
+    int gn = isnan(got[i]), rn = isnan(ref[i]);
+    if (gn || rn) {
+      if (gn != rn && nan_bad < 0) nan_bad = i;
+      continue;
+    }
+    if (isinf(got[i]) || isinf(ref[i])) {
+      if (got[i] != ref[i] && nan_bad < 0) nan_bad = i;
+      continue;
+    }
+    double d = got[i] - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+    if (fabs(d) > max_abs) {
+      max_abs = fabs(d);
+      at = i;
+    }
+  }
+  double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+  int ok = nan_bad < 0 && (rel <= rel_bound || max_abs <= abs_bound);
+  if (!ok) {
+    fprintf(stderr, "    %s: rel err %.3g (bound %.3g), max abs err %.3g at %lld (got %.9g ref %.9g)", what, rel,
+            rel_bound, max_abs, (long long)at, at >= 0 ? got[at] : 0.0, at >= 0 ? ref[at] : 0.0);
+    if (nan_bad >= 0)
+      fprintf(stderr, "; NaN/Inf parity broken at %lld (got %g ref %g)", (long long)nan_bad, got[nan_bad],
+              ref[nan_bad]);
+    fprintf(stderr, " [seed %llu]\n", (unsigned long long)th_seed);
+  }
+  return ok;
+}

@@ -1,0 +1,116 @@
+/* The test harness: registration, assertion macros that print the expression
+ * and both values, seeded random inputs, guarded + poisoned buffers, and the
+ * error measures the op tests use.
+ *
+ * Every test is a `static void test_x(void)` listed in its file's
+ * SMELT_TESTS(X) table; tests/main.c runs them all and ends with the line
+ * "N passed, N failed, N skipped". A test may call SKIP("why"). */
+#ifndef SMELT_TEST_HARNESS_H
+#define SMELT_TEST_HARNESS_H
+
+#include "smelt.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct th_test {
+  const char *name;
+  void (*fn)(void);
+} th_test;
+
+/* Failure bookkeeping for the running test. */
+extern int th_failed_now;
+extern int th_skipped_now;
+extern uint64_t th_seed;
+void th_fail(const char *file, int line, const char *fmt, ...);
+void th_skip(const char *why);
+
+#define CHECK(cond)                                                      \
+  do {                                                                   \
+    if (!(cond)) th_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond); \
+  } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                                    \
+  do {                                                                                        \
+    long long th_a = (long long)(a), th_b = (long long)(b);                                   \
+    if (th_a != th_b) th_fail(__FILE__, __LINE__, "%s == %s failed: %lld vs %lld", #a, #b, th_a, th_b); \
+  } while (0)
+
+#define CHECK_STATUS(call, want)                                                            \
+  do {                                                                                      \
+    smelt_status th_s = (call);                                                             \
+    if (th_s != (want))                                                                     \
+      th_fail(__FILE__, __LINE__, "%s returned %s, want %s (%s)", #call, smelt_status_name(th_s), \
+              smelt_status_name(want), smelt_last_error());                                 \
+  } while (0)
+
+#define CHECK_OK(call) CHECK_STATUS(call, SMELT_OK)
+
+/* The last error message contains every one of the given substrings. */
+#define CHECK_MSG(sub)                                                                     \
+  do {                                                                                     \
+    if (!strstr(smelt_last_error(), (sub)))                                                \
+      th_fail(__FILE__, __LINE__, "message \"%s\" lacks \"%s\"", smelt_last_error(), (sub)); \
+  } while (0)
+
+#define SKIP(why)      \
+  do {                 \
+    th_skip(why);      \
+    return;            \
+  } while (0)
+
+/* Stop the test here if anything failed so far (avoid cascades). */
+#define REQUIRE(cond)                                                       \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      th_fail(__FILE__, __LINE__, "REQUIRE(%s) failed", #cond);             \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+
+/* Runner hooks (tests/main.c). */
+void th_seed_set(uint64_t seed);
+void th_contexts_destroy(void);
+
+/* ---- random numbers (xoshiro-like, seeded per test and printed on failure) */
+uint64_t th_rand_u64(void);
+double th_rand_uniform(double lo, double hi);
+double th_rand_normal(void);
+
+/* ---- contexts. th_cpu() is always there; th_cuda() is NULL without a GPU. */
+smelt_ctx *th_cpu(void);
+smelt_ctx *th_cuda(void);
+
+/* ---- buffers with guard regions on the context's device. The payload is
+ * poisoned (0xFF bytes: NaN for floats, -1 for ints) at creation. */
+typedef struct th_buf {
+  smelt_ctx *ctx;
+  size_t bytes;
+  uint8_t *base; /* allocation: guard | payload | guard */
+  void *data;    /* payload */
+} th_buf;
+#define TH_GUARD 256
+th_buf th_buf_new(smelt_ctx *ctx, size_t bytes);
+void th_buf_free(th_buf *b);
+/* Copies host memory into the payload / payload out to host. */
+void th_buf_upload(th_buf *b, const void *host, size_t bytes);
+void th_buf_download(const th_buf *b, void *host, size_t bytes);
+/* 1 if both guards still hold their pattern. */
+int th_buf_guards_ok(const th_buf *b);
+
+/* ---- host data helpers */
+/* Fills n elements of dtype dt with uniform values in [lo, hi) (rounded to dt). */
+void th_fill_uniform(void *host, smelt_dtype dt, int64_t n, double lo, double hi);
+double th_get(const void *host, smelt_dtype dt, int64_t i);
+void th_set(void *host, smelt_dtype dt, int64_t i, double v);
+
+/* Compares got vs ref (n doubles each): relative L2 error ||got-ref||/||ref||,
+ * max abs error and its index, and NaN/Inf parity (a NaN where ref has none or
+ * vice versa is a failure). Returns 1 if within bound; prints details if not. */
+int th_compare(const char *what, const double *got, const double *ref, int64_t n, double rel_bound,
+               double abs_bound);
+
+#endif /* SMELT_TEST_HARNESS_H */

@@ -1,0 +1,273 @@
+/* JIT + disk cache tests: concurrent compiles from 8 processes leave one valid
+ * entry; truncated or corrupted entries are rebuilt; an unusable folder falls
+ * back to memory with a warning; keys change with source, options and arch.
+ * With a GPU: load and launch a kernel, cold (compiled) and warm (disk hit). */
+#include "harness.h"
+#include "cuda/cuda_internal.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void selftest_src(smelt__kernel_src *s, int scale) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->name, sizeof s->name, "selftest_%d", scale);
+  s->body = "selftest.cu";
+  smelt__prelude_define(s, "SELFTEST_SCALE", scale);
+}
+
+static int have_nvrtc(void) { return smelt__nvrtc_info_get()->loaded; }
+
+/* A fresh, empty cache folder under the build's temp area, set as SMELT_CACHE_DIR. */
+static void fresh_cache_dir(char *dir, size_t n) {
+  snprintf(dir, n, "/tmp/smelt-test-cache-XXXXXX");
+  if (!mkdtemp(dir)) {
+    th_fail(__FILE__, __LINE__, "mkdtemp failed");
+    return;
+  }
+  setenv("SMELT_CACHE_DIR", dir, 1);
+}
+
+static int count_entries(const char *dir, char *first, size_t n) {
+  DIR *d = opendir(dir);
+  int count = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (e->d_name[0] == '.' && l > 4 && !strcmp(e->d_name + l - 4, ".tmp")) count += 1000; /* stray temp */
+    if (l > 6 && !strcmp(e->d_name + l - 6, ".cubin")) {
+      if (first) snprintf(first, n, "%s/%s", dir, e->d_name);
+      count++;
+    }
+  }
+  if (d) closedir(d);
+  return count;
+}
+
+static void remove_dir(const char *dir) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "    could not remove %s\n", dir);
+}
+
+static void restore_cache_env(void) {
+  const char *keep = getenv("SMELT_TEST_CACHE_DIR");
+  if (keep) setenv("SMELT_CACHE_DIR", keep, 1);
+  else unsetenv("SMELT_CACHE_DIR");
+}
+
+static void test_keys(void) {
+  if (!have_nvrtc()) SKIP("NVRTC not found");
+  smelt__kernel_src a, b;
+  selftest_src(&a, 2);
+  selftest_src(&b, 2);
+  char ka[65], kb[65], kc[65], kd[65];
+  smelt__cache_key(&a, "sm_90a", ka);
+  smelt__cache_key(&b, "sm_90a", kb);
+  CHECK(!strcmp(ka, kb));
+  selftest_src(&b, 3); /* a changed source (prelude) */
+  smelt__cache_key(&b, "sm_90a", kc);
+  CHECK(strcmp(ka, kc) != 0);
+  smelt__cache_key(&a, "sm_80", kd); /* a changed option (--gpu-architecture) */
+  CHECK(strcmp(ka, kd) != 0);
+  CHECK_EQ_INT(strlen(ka), 64);
+}
+
+static void test_compile_and_reload(void) {
+  if (!have_nvrtc()) SKIP("NVRTC not found");
+  char dir[64], entry[600];
+  fresh_cache_dir(dir, sizeof dir);
+  smelt__kernel_src s;
+  selftest_src(&s, 5);
+  void *bin = NULL;
+  size_t n = 0;
+  int cached = -1;
+  double secs;
+  CHECK_OK(smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs));
+  CHECK(bin && n > 0 && cached == 0);
+  free(bin);
+  CHECK_EQ_INT(count_entries(dir, entry, sizeof entry), 1);
+  CHECK_OK(smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs));
+  CHECK(cached == 1);
+  free(bin);
+  /* Cache-only mode: a hit still works, a miss says how to warm the cache. */
+  setenv("SMELT_JIT", "off", 1);
+  CHECK_OK(smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs));
+  free(bin);
+  smelt__kernel_src other;
+  selftest_src(&other, 6);
+  CHECK_STATUS(smelt__jit_cubin(&other, "sm_90a", &bin, &n, &cached, &secs), SMELT_STATUS_NOT_FOUND);
+  CHECK_MSG("smelt precompile");
+  unsetenv("SMELT_JIT");
+  restore_cache_env();
+  remove_dir(dir);
+}
+
+static void damage(const char *path, int truncate_it) {
+  if (truncate_it) {
+    CHECK(truncate(path, 50) == 0);
+    return;
+  }
+  int fd = open(path, O_RDWR);
+  CHECK(fd >= 0);
+  unsigned char c = 0;
+  CHECK(pread(fd, &c, 1, 300) == 1);
+  c ^= 0x5a;
+  CHECK(pwrite(fd, &c, 1, 300) == 1);
+  close(fd);
+}
+
+static void test_bad_entries_rebuilt(void) {
+  if (!have_nvrtc()) SKIP("NVRTC not found");
+  for (int mode = 0; mode < 2; mode++) {
+    char dir[64], entry[600];
+    fresh_cache_dir(dir, sizeof dir);
+    smelt__kernel_src s;
+    selftest_src(&s, 7);
+    void *bin;
+    size_t n;
+    int cached;
+    double secs;
+    CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
+    free(bin);
+    REQUIRE(count_entries(dir, entry, sizeof entry) == 1);
+    damage(entry, mode == 0);
+    CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
+    CHECK(cached == 0); /* the damaged entry was a miss */
+    free(bin);
+    CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
+    CHECK(cached == 1); /* and was rebuilt */
+    free(bin);
+    restore_cache_env();
+    remove_dir(dir);
+  }
+}
+
+static void test_concurrent_processes(void) {
+  if (!have_nvrtc()) SKIP("NVRTC not found");
+  char dir[64];
+  fresh_cache_dir(dir, sizeof dir);
+  smelt__kernel_src s;
+  selftest_src(&s, 11);
+  pid_t kids[8];
+  for (int i = 0; i < 8; i++) {
+    kids[i] = fork();
+    if (kids[i] == 0) {
+      void *bin;
+      size_t n;
+      int cached;
+      double secs;
+      smelt_status st = smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs);
+      _exit(st == SMELT_OK && n > 0 ? 0 : 1);
+    }
+  }
+  int all_ok = 1;
+  for (int i = 0; i < 8; i++) {
+    int status = 0;
+    waitpid(kids[i], &status, 0);
+    all_ok = all_ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  CHECK(all_ok);
+  CHECK_EQ_INT(count_entries(dir, NULL, 0), 1); /* one entry, no stray temp files */
+  void *bin;
+  size_t n;
+  int cached;
+  double secs;
+  CHECK_OK(smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs));
+  CHECK(cached == 1);
+  free(bin);
+  uint64_t compiles, hits;
+  smelt__jit_stats(&compiles, &hits, &secs);
+  CHECK(hits >= 1);
+  restore_cache_env();
+  remove_dir(dir);
+}
+
+/* In a child process (the warning is logged once per process): an unusable
+ * folder still compiles, keeps the kernel in memory and logs a warning. */
+static void test_unusable_folder(void) {
+  if (!have_nvrtc()) SKIP("NVRTC not found");
+  const char *dirs[] = {"/proc/self/smelt-cache", "/proc/self"}; /* cannot create; exists read-only */
+  for (int i = 0; i < 2; i++) {
+    char logpath[] = "/tmp/smelt-test-log-XXXXXX";
+    int fd = mkstemp(logpath);
+    REQUIRE(fd >= 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+      dup2(fd, 2);
+      setenv("SMELT_LOG", "warn", 1);
+      setenv("SMELT_CACHE_DIR", dirs[i], 1);
+      smelt__kernel_src s;
+      selftest_src(&s, 13);
+      void *bin;
+      size_t n;
+      int cached;
+      double secs;
+      smelt_status st = smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs);
+      _exit(st == SMELT_OK && n > 0 && cached == 0 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char log[2048] = {0};
+    ssize_t got = pread(fd, log, sizeof log - 1, 0);
+    close(fd);
+    unlink(logpath);
+    CHECK(got > 0 && strstr(log, "kernels stay in memory only"));
+  }
+}
+
+/* GPU: load through a context (cold compile into a fresh folder, then a warm
+ * load from disk in a second context), launch, verify, report both times. */
+static void test_gpu_cold_warm(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  char dir[64];
+  fresh_cache_dir(dir, sizeof dir);
+  smelt__kernel_src s;
+  selftest_src(&s, 3);
+  double times[2];
+  for (int round = 0; round < 2; round++) {
+    smelt_ctx *ctx;
+    smelt_ctx_options o = smelt_ctx_options_default();
+    o.use_env = 0;
+    o.device = SMELT_DEVICE_CUDA;
+    REQUIRE(smelt_ctx_create(&ctx, &o) == SMELT_OK);
+    CUfunction f;
+    double t0 = smelt__now_seconds();
+    CHECK_OK(smelt__cuda_function(ctx, &s, "smelt_selftest", &f));
+    times[round] = smelt__now_seconds() - t0;
+    enum { N = 1000 };
+    float hx[N], hy[N];
+    for (int i = 0; i < N; i++) hx[i] = (float)th_rand_uniform(-1, 1);
+    void *dx, *dy;
+    CHECK_OK(smelt_alloc(ctx, sizeof hx, &dx));
+    CHECK_OK(smelt_alloc(ctx, sizeof hy, &dy));
+    CHECK_OK(smelt_memcpy_h2d(ctx, dx, hx, sizeof hx));
+    long long n = N;
+    void *params[] = {&dx, &dy, &n};
+    CHECK_OK(smelt__cuda_launch(ctx, "selftest", f, (N + 255) / 256, 1, 1, 256, 0, params));
+    CHECK_OK(smelt_memcpy_d2h(ctx, hy, dy, sizeof hy));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += hy[i] != hx[i] * 3.0f + 1.0f;
+    CHECK_EQ_INT(bad, 0);
+    smelt_free(ctx, dx);
+    smelt_free(ctx, dy);
+    smelt_ctx_destroy(ctx);
+  }
+  printf("     kernel load: cold (NVRTC compile + load) %.1f ms, warm (disk cache + load) %.2f ms\n",
+         1e3 * times[0], 1e3 * times[1]);
+  restore_cache_env();
+  remove_dir(dir);
+}
+
+const th_test th_tests_cache[] = {
+    {"keys", test_keys},
+    {"compile_and_reload", test_compile_and_reload},
+    {"bad_entries_rebuilt", test_bad_entries_rebuilt},
+    {"concurrent_processes", test_concurrent_processes},
+    {"unusable_folder", test_unusable_folder},
+    {"gpu_cold_warm", test_gpu_cold_warm},
+    {0, 0},
+};
