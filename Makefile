@@ -30,7 +30,7 @@ test-c:
 	SMELT_CACHE_DIR=$(SMELT_TEST_CACHE_DIR) $(BUILD)/smelt_tests
 
 test-python:
-	$(PYTHON) python/build_inplace.py --build $(BUILD)
+	$(PYTHON) python/build_inplace.py --lib $(BUILD)
 	SMELT_CACHE_DIR=$(SMELT_TEST_CACHE_DIR) PYTHONPATH=$(abspath python) $(PYTHON) -m pytest -q python/tests
 
 demo: deps build

@@ -165,7 +165,10 @@ SMELT_API smelt_status smelt_ctx_create(smelt_ctx **out, const smelt_ctx_options
 SMELT_API void smelt_ctx_destroy(smelt_ctx *ctx);
 SMELT_API smelt_device_kind smelt_ctx_device(const smelt_ctx *ctx);
 SMELT_API int smelt_ctx_device_index(const smelt_ctx *ctx);
-/* Switches the stream later launches go to (NULL = the context's own stream). */
+/* Switches the stream later launches go to. NULL = the context's own stream;
+ * any other value is a CUstream, including the driver's special handles
+ * CU_STREAM_LEGACY ((void *)1, the legacy default stream, which is what torch's
+ * default stream is) and CU_STREAM_PER_THREAD ((void *)2). */
 SMELT_API smelt_status smelt_ctx_set_stream(smelt_ctx *ctx, void *stream);
 SMELT_API void *smelt_ctx_stream(const smelt_ctx *ctx);
 SMELT_API smelt_status smelt_ctx_synchronize(smelt_ctx *ctx);
@@ -175,7 +178,9 @@ SMELT_API void smelt_ctx_set_deterministic(smelt_ctx *ctx, int on);
  * The memory is usable in stream order; free is stream-ordered too. */
 SMELT_API smelt_status smelt_alloc(smelt_ctx *ctx, size_t bytes, void **out);
 SMELT_API smelt_status smelt_free(smelt_ctx *ctx, void *p);
-/* Copies between host and the context's device (either side may be either). */
+/* Copies on the context's stream. h2d and d2h return only when the copy is
+ * done (the host buffer may be reused/read at once); d2d is asynchronous like
+ * any launch. On the CPU backend all three are plain memmove. */
 SMELT_API smelt_status smelt_memcpy_h2d(smelt_ctx *ctx, void *dst, const void *src, size_t bytes);
 SMELT_API smelt_status smelt_memcpy_d2h(smelt_ctx *ctx, void *dst, const void *src, size_t bytes);
 SMELT_API smelt_status smelt_memcpy_d2d(smelt_ctx *ctx, void *dst, const void *src, size_t bytes);
@@ -186,7 +191,9 @@ typedef struct smelt_pool_stats {
   uint64_t peak;     /* high-water mark of used */
 } smelt_pool_stats;
 SMELT_API smelt_status smelt_pool_stats_get(smelt_ctx *ctx, smelt_pool_stats *out);
-/* Returns the pool's unused memory above the release threshold to the driver. */
+/* Resets the peak (high-water mark) to the current use. */
+SMELT_API smelt_status smelt_pool_reset_peak(smelt_ctx *ctx);
+/* Synchronizes, then returns the pool's unused memory beyond keep_bytes to the driver. */
 SMELT_API smelt_status smelt_pool_trim(smelt_ctx *ctx, size_t keep_bytes);
 
 typedef struct smelt_cache_stats {
@@ -240,7 +247,7 @@ SMELT_API smelt_status smelt_device_info_get(int index, smelt_device_info *out);
 /* A plan: an op's validated static description plus its loaded kernel. Plans
  * belong to the context they were made on and must be destroyed before it. */
 typedef struct smelt_plan smelt_plan;
-SMELT_API void smelt_plan_destroy(smelt_plan *plan);
+SMELT_API void smelt_plan_destroy(smelt_plan *plan); /* NULL is a no-op */
 /* Human-readable description of the kernel the plan picked ("softmax_rows f32 regs"). */
 SMELT_API const char *smelt_plan_describe(const smelt_plan *plan);
 
@@ -316,11 +323,15 @@ SMELT_API smelt_status smelt_topk(smelt_ctx *ctx, int64_t k, const smelt_tensor 
 
 /* Compiles every kernel variant the selectors can pick for `arch` ("sm_90a",
  * "sm_80", ...; NULL = each local device's arch) into the disk cache. No GPU
- * is needed. `progress` (may be NULL) is called once per kernel. */
+ * is needed. `progress` (may be NULL) is called once per kernel with index
+ * counting from 1 and cached = 1 when the kernel was already in the cache;
+ * *compiled_count counts every kernel now in the cache, cached ones included. */
 typedef void (*smelt_progress_fn)(void *user, const char *kernel, int index, int total,
                                   double seconds, int cached);
 SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn progress, void *user,
                                         int *compiled_count);
+
+#include "smelt/gemm.h"
 
 #ifdef __cplusplus
 }

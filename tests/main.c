@@ -8,6 +8,7 @@
 extern const th_test th_tests_core[];
 extern const th_test th_tests_cache[];
 extern const th_test th_tests_ops[];
+extern const th_test th_tests_gemm[];
 extern const th_test th_tests_compile[];
 
 static const struct {
@@ -17,6 +18,7 @@ static const struct {
     {"core", th_tests_core},
     {"cache", th_tests_cache},
     {"ops", th_tests_ops},
+    {"gemm", th_tests_gemm},
     {"compile", th_tests_compile},
 };
 

@@ -276,6 +276,32 @@ static void test_context_bad_inputs(void) {
   smelt_plan_destroy(NULL);
 }
 
+/* The stream-ordered pool: used/reserved/peak move as allocations come and go,
+ * and memory freed to the pool stays reserved (default threshold: keep all). */
+static void test_cuda_pool(void) {
+  smelt_ctx *ctx = th_cuda();
+  if (!ctx) SKIP("no CUDA device");
+  smelt_pool_stats a, b, c;
+  CHECK_OK(smelt_ctx_synchronize(ctx));
+  CHECK_OK(smelt_pool_stats_get(ctx, &a));
+  void *p = NULL;
+  CHECK_OK(smelt_alloc(ctx, 64 << 20, &p));
+  CHECK_OK(smelt_ctx_synchronize(ctx));
+  CHECK_OK(smelt_pool_stats_get(ctx, &b));
+  CHECK(b.used >= a.used + (64 << 20));
+  CHECK(b.reserved >= b.used && b.peak >= b.used);
+  CHECK_OK(smelt_free(ctx, p));
+  CHECK_OK(smelt_ctx_synchronize(ctx));
+  CHECK_OK(smelt_pool_reset_peak(ctx));
+  CHECK_OK(smelt_pool_stats_get(ctx, &c));
+  CHECK(c.used + (64 << 20) <= b.used);
+  CHECK(c.reserved >= (64 << 20)); /* kept for the next allocation */
+  CHECK(c.peak < b.peak);
+  CHECK_OK(smelt_pool_trim(ctx, 0));
+  CHECK_OK(smelt_pool_stats_get(ctx, &c));
+  CHECK(c.reserved < b.reserved);
+}
+
 static void test_system_info(void) {
   smelt_system_info si;
   CHECK_OK(smelt_system_info_get(&si));
@@ -317,6 +343,7 @@ const th_test th_tests_core[] = {
     {"tensor_validation", test_tensor_validation},
     {"context_cpu", test_context_cpu},
     {"context_bad_inputs", test_context_bad_inputs},
+    {"cuda_pool", test_cuda_pool},
     {"system_info", test_system_info},
     {"sha256", test_sha256},
     {0, 0},

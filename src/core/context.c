@@ -184,6 +184,15 @@ smelt_status smelt_pool_stats_get(smelt_ctx *ctx, smelt_pool_stats *out) {
   return SMELT_OK;
 }
 
+smelt_status smelt_pool_reset_peak(smelt_ctx *ctx) {
+  if (!ctx) return smelt__error(SMELT_STATUS_NULL_POINTER, "smelt_pool_reset_peak: ctx is NULL");
+  if (!ctx->cuda) return SMELT_OK;
+  unsigned long long zero = 0; /* the driver takes 0 as "reset to the current use" */
+  SMELT__CU_CHECK(smelt__cu(NULL)->cuMemPoolSetAttribute(ctx->cuda->pool, SMELT__CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero),
+                  "smelt_pool_reset_peak");
+  return SMELT_OK;
+}
+
 smelt_status smelt_pool_trim(smelt_ctx *ctx, size_t keep_bytes) {
   if (!ctx) return smelt__error(SMELT_STATUS_NULL_POINTER, "smelt_pool_trim: ctx is NULL");
   if (!ctx->cuda) return SMELT_OK;
@@ -269,6 +278,10 @@ smelt_status smelt__plan_new(smelt_ctx *ctx, smelt__op op, smelt_plan **out) {
   return SMELT_OK;
 }
 
-void smelt_plan_destroy(smelt_plan *plan) { free(plan); }
+void smelt_plan_destroy(smelt_plan *plan) {
+  if (!plan) return;
+  if (plan->opdata_free) plan->opdata_free(plan->opdata);
+  free(plan);
+}
 
 const char *smelt_plan_describe(const smelt_plan *plan) { return plan ? plan->describe : ""; }

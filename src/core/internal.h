@@ -59,6 +59,9 @@ smelt_status smelt__check_dtype(const char *op, const char *name, const smelt_te
 void smelt__tensor_span(const smelt_tensor *t, int64_t *lo, int64_t *hi);
 /* 1 if two tensors' byte ranges intersect (neither is empty). */
 int smelt__tensors_overlap(const smelt_tensor *a, const smelt_tensor *b);
+/* An output's elements must be distinct memory: a stride 0 or interleaved
+ * dims over sizes > 1 would make the result depend on the order of writes. */
+smelt_status smelt__check_output(const char *op, const char *name, const smelt_tensor *t);
 /* Formats "[2, 3, 4]" into buf. */
 const char *smelt__shape_str(const smelt_tensor *t, char *buf, size_t n);
 
@@ -82,7 +85,8 @@ struct smelt_ctx {
 typedef enum smelt__op {
   SMELT__OP_ACTIVATION = 1,
   SMELT__OP_SOFTMAX,
-  SMELT__OP_TOPK
+  SMELT__OP_TOPK,
+  SMELT__OP_GEMM
 } smelt__op;
 
 #define SMELT__PLAN_MAX_TENSORS 6
@@ -98,6 +102,10 @@ struct smelt_plan {
     smelt_activation_desc act;
     struct { int64_t k; } topk;
   } p;
+  /* Op-specific state too large for the union (owned by the plan; freed with
+   * opdata_free when the plan is destroyed). */
+  void *opdata;
+  void (*opdata_free)(void *opdata);
   /* CUDA: functions loaded from the context's module table (owned by it). */
   void *func[SMELT__PLAN_MAX_FUNCS];
   int variant; /* backend-specific variant picked by the selector */
@@ -130,6 +138,7 @@ typedef int (*smelt__variant_enum_fn)(smelt__kernel_src *out, int max);
 int smelt__activation_variants(smelt__kernel_src *out, int max);
 int smelt__softmax_variants(smelt__kernel_src *out, int max);
 int smelt__topk_variants(smelt__kernel_src *out, int max);
+int smelt__gemm_variants(smelt__kernel_src *out, int max);
 extern const smelt__variant_enum_fn smelt__variant_enums[];
 extern const int smelt__variant_enum_count;
 

@@ -49,6 +49,11 @@ enum {
   SMELT__CU_ERROR_NOT_READY = 600
 };
 
+/* CUtensorMap: an opaque 128-byte-aligned descriptor for TMA (sm_90+). */
+typedef struct smelt__cu_tensor_map {
+  _Alignas(128) uint64_t opaque[16];
+} smelt__cu_tensor_map;
+
 /* CUmemPoolProps (CUDA 12/13 layout). */
 typedef struct smelt__cu_pool_props {
   int allocType;   /* 1 = pinned */
@@ -107,7 +112,11 @@ typedef struct smelt__cu_pool_props {
   X(cuEventRecord, (CUevent e, CUstream s))                                             \
   X(cuEventSynchronize, (CUevent e))                                                    \
   X(cuEventElapsedTime, (float *ms, CUevent a, CUevent b))                              \
-  X(cuEventDestroy, (CUevent e))
+  X(cuEventDestroy, (CUevent e))                                                        \
+  X(cuTensorMapEncodeTiled, (smelt__cu_tensor_map * map, int dtype, unsigned rank, void *addr,  \
+                             const uint64_t *dims, const uint64_t *strides, const unsigned *box,   \
+                             const unsigned *elem_strides, int interleave, int swizzle, int l2,    \
+                             int oob_fill))
 
 typedef struct smelt__cu_api {
 #define SMELT__CU_FIELD(name, params) CUresult (*name) params;

@@ -1,0 +1,198 @@
+/* smelt GEMM: D = epilogue(alpha · (A @ B) + beta · C).
+ *
+ * The operation is described the way the CUTLASS Python interface describes
+ * it, in four parts plus a mode:
+ *   math     which units and which arithmetic: SIMT or tensor cores, the
+ *            accumulator type, and for f32 operands exact f32, tf32 or 3xtf32;
+ *   tile     threadblock tile, pipeline stages, warp layout, cluster and
+ *            rasterization swizzle (0 everywhere = let smelt choose);
+ *   operands the tensors themselves: each carries its dtype, and its strides
+ *            say row- or column-major; alignment is derived from the data
+ *            pointer and the strides (unaligned operands take a slower path);
+ *   epilogue alpha, beta, bias, activation, output clamp, fp8 scales;
+ *   mode     plain, split-K (serial or parallel), batched, array, grouped.
+ *
+ * Shapes (row-major indices; any strides, one of them usually 1):
+ *   A [M, K]   B [K, N]   C [M, N]   D [M, N]   bias [N]
+ *   batched:   A [L, M, K]  B [L, K, N]  C, D [L, M, N]  (bias [N], shared)
+ * Any M, N, K >= 0 (K = 0 gives D = epilogue(beta · C)). Input strides may
+ * be 0 (broadcast, e.g. one B for every batch); D must not overlap itself,
+ * A, B or bias. D may be C exactly (same pointer and strides: in place).
+ *
+ * Element types (A and B):
+ *   f64 x f64                     acc f64
+ *   f32, f16, bf16, e4m3, e5m2    any mix, acc f32 (f16 x f16 may ask for acc f16)
+ *   i8 x i8                       acc i32 (exact; wraps past 2^31 as hardware does)
+ * C and D: f64, f32, f16, bf16, e4m3, e5m2, i8 or i32, independently.
+ * bias: f64, f32, f16, bf16 or i32.
+ *
+ * The epilogue, per element, in f64 for f64 and i32 accumulators and in f32
+ * otherwise (the CPU reference does everything in f64):
+ *   v = alpha · scale_a · scale_b · acc + beta · C[m,n] + bias[n]
+ *   v = act(v)                      (identity, relu, leaky_relu(slope), ...)
+ *   D[m,n] = convert(scale_d · v)
+ * C is not read when beta == 0 (it may then be NULL; NaN in it is ignored).
+ * convert rounds to nearest even. Float outputs overflow to +-inf unless
+ * `clamp` is set, which saturates them to the type's largest finite value;
+ * fp8 and integer outputs always saturate (NaN becomes 0 for integers, and
+ * stays NaN for floats and fp8).
+ */
+#ifndef SMELT_GEMM_H
+#define SMELT_GEMM_H
+
+#include "../smelt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- math */
+
+typedef enum smelt_gemm_opclass {
+  SMELT_GEMM_OPCLASS_AUTO = 0,  /* tensor cores where dtypes, math and alignment allow, else SIMT */
+  SMELT_GEMM_OPCLASS_SIMT,      /* CUDA cores only */
+  SMELT_GEMM_OPCLASS_TENSOR_OP, /* tensor cores; planning fails (UNSUPPORTED) when they cannot serve */
+  SMELT_GEMM_OPCLASS_COUNT
+} smelt_gemm_opclass;
+
+/* How f32 operands are multiplied (other dtypes accept only DEFAULT). */
+typedef enum smelt_gemm_math_op {
+  SMELT_GEMM_MATH_DEFAULT = 0, /* exact products in the accumulator type */
+  SMELT_GEMM_MATH_TF32,        /* operands rounded to tf32 (10-bit mantissa): tensor cores, ~3e-4 rel */
+  SMELT_GEMM_MATH_3XTF32,      /* each operand split into big + small tf32 parts, 3 products: ~f32 accuracy */
+  SMELT_GEMM_MATH_COUNT
+} smelt_gemm_math_op;
+
+typedef enum smelt_gemm_acc {
+  SMELT_GEMM_ACC_AUTO = 0, /* f64 for f64, i32 for i8, f32 otherwise */
+  SMELT_GEMM_ACC_F32,
+  SMELT_GEMM_ACC_F16,      /* f16 x f16 only: products and sums rounded to f16 (SIMT) */
+  SMELT_GEMM_ACC_F64,      /* f64 x f64 only */
+  SMELT_GEMM_ACC_I32,      /* i8 x i8 only */
+  SMELT_GEMM_ACC_COUNT
+} smelt_gemm_acc;
+
+typedef struct smelt_gemm_math {
+  smelt_gemm_opclass opclass;
+  smelt_gemm_math_op op;
+  smelt_gemm_acc acc;
+} smelt_gemm_math;
+
+/* ---------------------------------------------------------------- tile */
+
+/* Every field 0 = choose. A non-zero field restricts the choice to kernels
+ * with that value; when none matches, planning fails with UNSUPPORTED and
+ * the message lists what exists. The CPU backend ignores the tile. */
+typedef struct smelt_gemm_tile {
+  int m, n, k;              /* threadblock tile in elements */
+  int stages;               /* shared-memory pipeline depth */
+  int warps_m, warps_n;     /* warp layout over the tile */
+  int cluster_m, cluster_n; /* thread block cluster (1 x 1 today) */
+  int swizzle;              /* rasterization: output tiles are visited in bands of `swizzle` tile rows
+                               (1 = row by row), so concurrently running tiles share A and B in L2 */
+} smelt_gemm_tile;
+
+/* ---------------------------------------------------------------- epilogue */
+
+typedef struct smelt_gemm_epilogue {
+  double alpha, beta;  /* defaults 1 and 0 */
+  smelt_act act;       /* applied after alpha, beta and bias */
+  float slope;         /* leaky_relu slope (default 0.01) */
+  int clamp;           /* saturate float outputs to their finite range instead of +-inf */
+  float scale_a, scale_b, scale_d; /* per-tensor scales (fp8 style), default 1 */
+} smelt_gemm_epilogue;
+
+/* ---------------------------------------------------------------- mode */
+
+typedef enum smelt_gemm_mode {
+  SMELT_GEMM_MODE_AUTO = 0,         /* plain (2-D operands) or batched (3-D); split-K if split_k > 1 */
+  SMELT_GEMM_MODE_PLAIN,            /* one GEMM; split_k must be 0 or 1 */
+  SMELT_GEMM_MODE_SPLIT_K_SERIAL,   /* K cut into split_k slices that add into one f32/f64/i32 buffer in
+                                       slice order, the last one applying the epilogue */
+  SMELT_GEMM_MODE_SPLIT_K_PARALLEL, /* slices write partial sums to a workspace; a reduction kernel adds
+                                       them in slice order and applies the epilogue */
+  SMELT_GEMM_MODE_BATCHED,          /* L independent GEMMs of one shape, strided (3-D operands) */
+  SMELT_GEMM_MODE_ARRAY,            /* `count` GEMMs of one shape at pointers from device arrays */
+  SMELT_GEMM_MODE_GROUPED,          /* `count` GEMMs of their own shapes, tiles scheduled on the host */
+  SMELT_GEMM_MODE_COUNT
+} smelt_gemm_mode;
+
+#define SMELT_GEMM_MAX_SPLIT_K 64
+
+typedef struct smelt_gemm_desc {
+  smelt_gemm_math math;
+  smelt_gemm_tile tile;
+  smelt_gemm_epilogue epilogue;
+  smelt_gemm_mode mode;
+  int split_k; /* slices of K: 0 = choose (AUTO mode only; otherwise 0 means none), 1 = none,
+                  up to SMELT_GEMM_MAX_SPLIT_K. Both split modes give the result of the plain
+                  GEMM up to the order of the accumulator sums. */
+} smelt_gemm_desc;
+
+/* Everything chosen automatically, alpha = 1, beta = 0, identity activation,
+ * slope 0.01, scales 1. Start from this and change fields. */
+SMELT_API smelt_gemm_desc smelt_gemm_desc_default(void);
+
+/* ---------------------------------------------------------------- plain, split-K, batched */
+
+/* desc may be NULL (the defaults). a, b, d are required; c may be NULL when
+ * epilogue.beta == 0; bias may be NULL. 2-D operands give a plain (or
+ * split-K) GEMM, 3-D operands a batched one (bias stays 1-D). */
+SMELT_API smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                       const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                       const smelt_tensor *bias, smelt_plan **out);
+/* Binds tensors of exactly the planned dtypes, shapes and strides (data
+ * pointers may change). If a pointer is less aligned than the planned one,
+ * the run takes a kernel for that alignment (compiled on first use). */
+SMELT_API smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                      const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias);
+SMELT_API smelt_status smelt_gemm(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                  const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                  const smelt_tensor *bias);
+
+/* ---------------------------------------------------------------- array of pointers */
+
+/* `count` GEMMs that share one shape and layout, each at its own pointers,
+ * read from arrays in memory of the context's device (host memory on the
+ * CPU backend), as cuBLAS's gemmBatched takes them. */
+typedef struct smelt_gemm_ptrs {
+  const void *const *a; /* [count] */
+  const void *const *b; /* [count] */
+  const void *const *c; /* [count]; NULL when beta == 0 */
+  void *const *d;       /* [count] */
+} smelt_gemm_ptrs;
+
+/* a, b, c, d are 2-D templates: dtype, shape and strides of every problem.
+ * Their data pointers are never dereferenced; each stands for the alignment
+ * all pointers of its array have (pass e.g. the first problem's pointers).
+ * c may be NULL when beta == 0; bias (may be NULL) is one real tensor [N]
+ * shared by all problems. */
+SMELT_API smelt_status smelt_gemm_array_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count,
+                                             const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                                             const smelt_tensor *d, const smelt_tensor *bias, smelt_plan **out);
+SMELT_API smelt_status smelt_gemm_array_run(smelt_plan *plan, const smelt_gemm_ptrs *ptrs, const smelt_tensor *bias);
+
+/* ---------------------------------------------------------------- grouped */
+
+/* `count` independent GEMMs, each with its own M, N, K and tensors: a, b, d
+ * are arrays of `count` 2-D tensors (host arrays of views); c and bias are
+ * NULL or arrays of `count`. Any problem may be empty (M, N or K = 0). A run
+ * must use the planned dtypes and the planned presence of c and bias; its
+ * count, sizes and strides may differ from the plan's (a run whose problems
+ * do not fit the planned kernel's layout or alignment takes one that fits,
+ * compiled on first use). */
+SMELT_API smelt_status smelt_gemm_grouped_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count,
+                                               const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                                               const smelt_tensor *d, const smelt_tensor *bias, smelt_plan **out);
+SMELT_API smelt_status smelt_gemm_grouped_run(smelt_plan *plan, int64_t count, const smelt_tensor *a,
+                                              const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                              const smelt_tensor *bias);
+SMELT_API smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count,
+                                          const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                                          const smelt_tensor *d, const smelt_tensor *bias);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SMELT_GEMM_H */

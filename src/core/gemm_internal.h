@@ -1,0 +1,62 @@
+/* GEMM internals shared by the core (validation, plan/run), the CPU reference
+ * and the CUDA backend: operands resolved to (pointer, row stride, column
+ * stride), the plan's resolved description, and the run's arguments. */
+#ifndef SMELT_GEMM_INTERNAL_H
+#define SMELT_GEMM_INTERNAL_H
+
+#include "internal.h"
+
+/* A matrix operand: element (r, c) of batch l is at
+ * data + (l * bs + r * rs + c * cs) * dtype size. */
+typedef struct smelt__gemm_mat {
+  const void *data; /* NULL when absent */
+  int64_t rs, cs, bs;
+} smelt__gemm_mat;
+
+/* One GEMM problem: A [m,k], B [k,n], C and D [m,n], bias [n]. */
+typedef struct smelt__gemm_prob {
+  int64_t m, n, k;
+  smelt__gemm_mat a, b, c, d;
+  const void *bias; /* NULL when absent */
+  int64_t bias_s;   /* bias stride along n */
+} smelt__gemm_prob;
+
+/* The plan's resolved description (plan->opdata). */
+typedef struct smelt__gemm_state {
+  smelt_gemm_desc desc;  /* as given (defaults when NULL) */
+  smelt_gemm_mode mode;  /* resolved: never AUTO */
+  int split_k;           /* resolved: >= 1; > 1 only in the split modes */
+  smelt_gemm_acc acc;    /* resolved: never AUTO */
+  smelt_dtype dt_a, dt_b, dt_c, dt_d, dt_bias;
+  int has_c, has_bias;   /* C is read (beta != 0); a bias is added */
+  int64_t count;         /* batched L, array count, groups (as planned) */
+  smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped) */
+  /* CUDA backend: the picked kernel and its fallback for runs whose operands
+   * do not fit it (loaded on first use). Indices into the variant table. */
+  int kernel, fallback;
+  void *fallback_func;
+} smelt__gemm_state;
+
+/* What a run binds. */
+typedef struct smelt__gemm_args {
+  smelt__gemm_prob prob;          /* plain, split-K, batched; the template in array mode */
+  int64_t count;                  /* batched L, array count, number of groups */
+  const smelt_gemm_ptrs *ptrs;    /* array mode */
+  const smelt__gemm_prob *groups; /* grouped mode: count problems */
+} smelt__gemm_args;
+
+/* Bytes of alignment of an operand as a kernel sees it: the largest power of
+ * two (up to 16) dividing the address and every stride of an axis with more
+ * than one element, ignoring `unit_axis` (0 rows, 1 columns, -1 none), whose
+ * stride is one element. */
+int smelt__gemm_mat_align(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int64_t cols, int64_t batch,
+                          int unit_axis);
+
+/* CPU reference (src/cpu/gemm.c). */
+smelt_status smelt__cpu_gemm(const smelt__gemm_state *st, const smelt__gemm_args *args);
+
+/* CUDA backend (src/cuda/op_gemm.c). */
+smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *args);
+smelt_status smelt__cuda_gemm_run(smelt_plan *plan, const smelt__gemm_args *args);
+
+#endif /* SMELT_GEMM_INTERNAL_H */

@@ -1,0 +1,584 @@
+/* smelt_gemm: validation, plan/run and the one-shot calls for every mode.
+ *
+ * Everything that can be checked without touching memory is checked here,
+ * before a backend sees the operation, so a failed call writes nothing. The
+ * description is resolved once (mode, split-K, accumulator) into the plan's
+ * smelt__gemm_state; operands are resolved to (pointer, row stride, column
+ * stride, batch stride), which is all the CPU reference and the kernels use. */
+#include "gemm_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OP "smelt_gemm"
+
+smelt_gemm_desc smelt_gemm_desc_default(void) {
+  smelt_gemm_desc d;
+  memset(&d, 0, sizeof d);
+  d.epilogue.alpha = 1.0;
+  d.epilogue.beta = 0.0;
+  d.epilogue.act = SMELT_ACT_IDENTITY;
+  d.epilogue.slope = 0.01f;
+  d.epilogue.scale_a = d.epilogue.scale_b = d.epilogue.scale_d = 1.0f;
+  return d;
+}
+
+/* ---------------------------------------------------------------- the description */
+
+static const char *const mode_names[SMELT_GEMM_MODE_COUNT] = {"AUTO",  "PLAIN", "SPLIT_K_SERIAL", "SPLIT_K_PARALLEL",
+                                                              "BATCHED", "ARRAY", "GROUPED"};
+
+static smelt_status check_range(const char *field, int v, int lo, int hi, const char *what) {
+  if (v < lo || v > hi)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": desc.%s=%d is not %s (%d..%d)", field, v, what, lo, hi);
+  return SMELT_OK;
+}
+
+static smelt_status check_finite(const char *field, double v) {
+  if (!isfinite(v))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": desc.epilogue.%s=%g must be finite", field, v);
+  return SMELT_OK;
+}
+
+static smelt_status check_desc(const smelt_gemm_desc *d) {
+  smelt_status s;
+  const smelt_gemm_tile *t = &d->tile;
+  const smelt_gemm_epilogue *e = &d->epilogue;
+  if ((s = check_range("math.opclass", (int)d->math.opclass, 0, SMELT_GEMM_OPCLASS_COUNT - 1, "a smelt_gemm_opclass")) ||
+      (s = check_range("math.op", (int)d->math.op, 0, SMELT_GEMM_MATH_COUNT - 1, "a smelt_gemm_math_op")) ||
+      (s = check_range("math.acc", (int)d->math.acc, 0, SMELT_GEMM_ACC_COUNT - 1, "a smelt_gemm_acc")) ||
+      (s = check_range("mode", (int)d->mode, 0, SMELT_GEMM_MODE_COUNT - 1, "a smelt_gemm_mode")) ||
+      (s = check_range("split_k", d->split_k, 0, SMELT_GEMM_MAX_SPLIT_K, "a slice count")) ||
+      (s = check_range("tile.m", t->m, 0, 1024, "a tile size")) ||
+      (s = check_range("tile.n", t->n, 0, 1024, "a tile size")) ||
+      (s = check_range("tile.k", t->k, 0, 1024, "a tile size")) ||
+      (s = check_range("tile.stages", t->stages, 0, 16, "a stage count")) ||
+      (s = check_range("tile.warps_m", t->warps_m, 0, 16, "a warp count")) ||
+      (s = check_range("tile.warps_n", t->warps_n, 0, 16, "a warp count")) ||
+      (s = check_range("tile.cluster_m", t->cluster_m, 0, 16, "a cluster size")) ||
+      (s = check_range("tile.cluster_n", t->cluster_n, 0, 16, "a cluster size")) ||
+      (s = check_range("tile.swizzle", t->swizzle, 0, 1024, "a band height in tiles")) ||
+      (s = check_range("epilogue.act", (int)e->act, 0, SMELT_ACT_COUNT - 1, "a smelt_act")) ||
+      (s = check_finite("alpha", e->alpha)) || (s = check_finite("beta", e->beta)) ||
+      (s = check_finite("slope", e->slope)) || (s = check_finite("scale_a", e->scale_a)) ||
+      (s = check_finite("scale_b", e->scale_b)) || (s = check_finite("scale_d", e->scale_d)))
+    return s;
+  if (t->cluster_m > 1 || t->cluster_n > 1)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": desc.tile.cluster=%dx%d is not available (supported: 1x1)",
+                        t->cluster_m, t->cluster_n);
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- dtypes */
+
+static const smelt_dtype in_types[] = {SMELT_DTYPE_F64,  SMELT_DTYPE_F32,  SMELT_DTYPE_F16, SMELT_DTYPE_BF16,
+                                       SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2, SMELT_DTYPE_I8};
+static const smelt_dtype out_types[] = {SMELT_DTYPE_F64,  SMELT_DTYPE_F32,  SMELT_DTYPE_F16, SMELT_DTYPE_BF16,
+                                        SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2, SMELT_DTYPE_I8,  SMELT_DTYPE_I32};
+static const smelt_dtype bias_types[] = {SMELT_DTYPE_F64, SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16,
+                                         SMELT_DTYPE_I32};
+#define NELEM(a) ((int)(sizeof(a) / sizeof *(a)))
+
+static const char *const acc_names[SMELT_GEMM_ACC_COUNT] = {"auto", "f32", "f16", "f64", "i32"};
+
+/* The accumulator and math op the dtypes of A and B allow. */
+static smelt_status resolve_types(const smelt_gemm_desc *d, smelt_dtype da, smelt_dtype db, smelt_gemm_acc *acc) {
+  const int a64 = da == SMELT_DTYPE_F64, b64 = db == SMELT_DTYPE_F64;
+  const int a8 = da == SMELT_DTYPE_I8, b8 = db == SMELT_DTYPE_I8;
+  if (a64 != b64 || a8 != b8)
+    return smelt__error(SMELT_STATUS_DTYPE_MISMATCH,
+                        OP ": A.dtype=%s and B.dtype=%s do not combine (f64 pairs with f64, i8 with i8; f32, f16, "
+                        "bf16, e4m3 and e5m2 mix freely)",
+                        smelt_dtype_name(da), smelt_dtype_name(db));
+  smelt_gemm_acc natural = a64 ? SMELT_GEMM_ACC_F64 : a8 ? SMELT_GEMM_ACC_I32 : SMELT_GEMM_ACC_F32;
+  smelt_gemm_acc want = d->math.acc == SMELT_GEMM_ACC_AUTO ? natural : d->math.acc;
+  int ok = want == natural || (want == SMELT_GEMM_ACC_F16 && da == SMELT_DTYPE_F16 && db == SMELT_DTYPE_F16);
+  if (!ok)
+    return smelt__error(SMELT_STATUS_DTYPE_MISMATCH,
+                        OP ": desc.math.acc=%s does not fit A.dtype=%s x B.dtype=%s (supported: %s%s)",
+                        acc_names[want], smelt_dtype_name(da), smelt_dtype_name(db), acc_names[natural],
+                        da == SMELT_DTYPE_F16 && db == SMELT_DTYPE_F16 ? ", f16" : "");
+  if (d->math.op != SMELT_GEMM_MATH_DEFAULT && (da != SMELT_DTYPE_F32 || db != SMELT_DTYPE_F32 || want != SMELT_GEMM_ACC_F32))
+    return smelt__error(SMELT_STATUS_DTYPE_MISMATCH,
+                        OP ": desc.math.op=%s needs f32 A and B with an f32 accumulator (got %s x %s, acc %s)",
+                        d->math.op == SMELT_GEMM_MATH_TF32 ? "TF32" : "3XTF32", smelt_dtype_name(da),
+                        smelt_dtype_name(db), acc_names[want]);
+  *acc = want;
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- operands */
+
+/* Checks t (validated already) is [rows, cols] (with a leading batch dim when
+ * batch >= 0) and resolves it. The message names the dims by letter. */
+static smelt_status to_mat(const char *op, const char *name, const smelt_tensor *t, int64_t batch, int64_t rows,
+                           int64_t cols, const char *rn, const char *cn, smelt__gemm_mat *m) {
+  const int nd = batch >= 0 ? 3 : 2, o = nd - 2;
+  if (t->ndim != nd)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: %s.ndim=%d must be %d (%s[%s%s, %s])", op, name, t->ndim,
+                        nd, name, batch >= 0 ? "L, " : "", rn, cn);
+  if (batch >= 0 && t->shape[0] != batch)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: %s.shape[0]=%lld must equal the batch L=%lld", op, name,
+                        (long long)t->shape[0], (long long)batch);
+  if (t->shape[o] != rows)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: %s.shape[%d]=%lld must equal %s=%lld", op, name, o,
+                        (long long)t->shape[o], rn, (long long)rows);
+  if (t->shape[o + 1] != cols)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: %s.shape[%d]=%lld must equal %s=%lld", op, name, o + 1,
+                        (long long)t->shape[o + 1], cn, (long long)cols);
+  m->data = t->data;
+  m->bs = batch >= 0 ? t->strides[0] : 0;
+  m->rs = t->strides[o];
+  m->cs = t->strides[o + 1];
+  return SMELT_OK;
+}
+
+/* D may be C exactly; otherwise outputs share no memory with inputs. The
+ * byte-range test is conservative: interleaved views of one buffer count as
+ * overlapping. */
+static smelt_status check_disjoint(const char *op, const smelt_tensor *d, const smelt_tensor *a,
+                                   const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *bias) {
+  if (smelt__tensors_overlap(d, a) || smelt__tensors_overlap(d, b) || (bias && smelt__tensors_overlap(d, bias)))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: D overlaps %s; D must not share memory with A, B or bias",
+                        op, smelt__tensors_overlap(d, a) ? "A" : smelt__tensors_overlap(d, b) ? "B" : "bias");
+  if (c && smelt__tensors_overlap(d, c)) {
+    int same = c->data == d->data && c->dtype == d->dtype && c->ndim == d->ndim;
+    for (int i = 0; same && i < d->ndim; i++) same = d->shape[i] == 1 || c->strides[i] == d->strides[i];
+    if (!same)
+      return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                          "%s: D overlaps C without being C exactly (same data, dtype and strides: in place)", op);
+  }
+  return SMELT_OK;
+}
+
+static smelt_status check_one(const char *op, const char *name, const smelt_tensor *t, const smelt_ctx *ctx,
+                              const smelt_dtype *allowed, int n) {
+  smelt_status s;
+  if ((s = smelt__check_tensor(op, name, t)) || (s = smelt__check_device(op, name, t, ctx)) ||
+      (s = smelt__check_dtype(op, name, t, allowed, n)))
+    return s;
+  return SMELT_OK;
+}
+
+/* Validates one problem's tensors and resolves them. batch < 0: 2-D
+ * operands; else 3-D with that leading size. c is used only when has_c.
+ * templates: a, b, c, d only describe memory (array mode), so whether they
+ * overlap means nothing. */
+static smelt_status resolve_prob(const char *op, const smelt_ctx *ctx, int64_t batch, const smelt_tensor *a,
+                                 const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                 const smelt_tensor *bias, int has_c, int templates, smelt__gemm_prob *p) {
+  smelt_status s;
+  if (!a || !b || !d)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : "D");
+  if ((s = check_one(op, "A", a, ctx, in_types, NELEM(in_types))) ||
+      (s = check_one(op, "B", b, ctx, in_types, NELEM(in_types))) ||
+      (s = check_one(op, "D", d, ctx, out_types, NELEM(out_types))) ||
+      (has_c && (s = check_one(op, "C", c, ctx, out_types, NELEM(out_types)))) ||
+      (bias && (s = check_one(op, "bias", bias, ctx, bias_types, NELEM(bias_types)))))
+    return s;
+  memset(p, 0, sizeof *p);
+  const int nd = batch >= 0 ? 3 : 2;
+  if (a->ndim != nd)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: A.ndim=%d must be %d (A[%sM, K])", op, a->ndim, nd,
+                        batch >= 0 ? "L, " : "");
+  if (batch >= 0) batch = a->shape[0];
+  p->m = a->shape[nd - 2];
+  p->k = a->shape[nd - 1];
+  if (b->ndim == nd) p->n = b->shape[nd - 1];
+  if ((s = to_mat(op, "A", a, batch, p->m, p->k, "M", "K", &p->a)) ||
+      (s = to_mat(op, "B", b, batch, p->k, b->ndim == nd ? b->shape[nd - 1] : 0, "K", "N", &p->b)) ||
+      (s = to_mat(op, "D", d, batch, p->m, p->n, "M", "N", &p->d)) ||
+      (has_c && (s = to_mat(op, "C", c, batch, p->m, p->n, "M", "N", &p->c))))
+    return s;
+  if (bias) {
+    if (bias->ndim != 1 || bias->shape[0] != p->n) {
+      char sh[160];
+      return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: bias.shape=%s must be [N]=[%lld]", op,
+                          smelt__shape_str(bias, sh, sizeof sh), (long long)p->n);
+    }
+    p->bias = bias->data;
+    p->bias_s = bias->strides[0];
+  }
+  if ((s = smelt__check_output(op, "D", d)) ||
+      (!templates && (s = check_disjoint(op, d, a, b, has_c ? c : NULL, bias))))
+    return s;
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- plans */
+
+static void state_free(void *p) { free(p); }
+
+/* The checks every entry point shares: ctx, out, desc, C vs beta. */
+static smelt_status begin(const char *op, smelt_ctx *ctx, const smelt_gemm_desc *desc, smelt_plan **out,
+                          smelt_gemm_desc *d) {
+  if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: out is NULL", op);
+  *out = NULL;
+  if (!ctx) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: ctx is NULL", op);
+  *d = desc ? *desc : smelt_gemm_desc_default();
+  return check_desc(d);
+}
+
+static smelt_status need_c(const char *op, const smelt_gemm_desc *d, const void *c) {
+  if (d->epilogue.beta != 0.0 && !c)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but desc.epilogue.beta=%g is not 0", op,
+                        d->epilogue.beta);
+  return SMELT_OK;
+}
+
+/* Makes the plan around a resolved state and lets the backend pick. */
+static smelt_status finish(smelt_ctx *ctx, smelt__gemm_state *st, const smelt__gemm_args *args, smelt_plan **out) {
+  smelt_plan *plan;
+  smelt_status s = smelt__plan_new(ctx, SMELT__OP_GEMM, &plan);
+  if (s) {
+    free(st);
+    return s;
+  }
+  plan->opdata = st;
+  plan->opdata_free = state_free;
+  st->kernel = st->fallback = -1;
+  snprintf(plan->describe, sizeof plan->describe, "gemm %s %s x %s -> %s acc %s (cpu reference)",
+           mode_names[st->mode], smelt_dtype_name(st->dt_a), smelt_dtype_name(st->dt_b), smelt_dtype_name(st->dt_d),
+           acc_names[st->acc]);
+  if (ctx->device == SMELT_DEVICE_CUDA && (s = smelt__cuda_gemm_plan(plan, args))) {
+    smelt_plan_destroy(plan);
+    return s;
+  }
+  *out = plan;
+  return SMELT_OK;
+}
+
+static smelt_status new_state(const smelt_gemm_desc *d, const smelt_tensor *a, const smelt_tensor *b,
+                              const smelt_tensor *c, const smelt_tensor *dd, const smelt_tensor *bias,
+                              smelt__gemm_state **out) {
+  smelt_gemm_acc acc;
+  smelt_status s = resolve_types(d, a->dtype, b->dtype, &acc);
+  if (s) return s;
+  smelt__gemm_state *st = (smelt__gemm_state *)calloc(1, sizeof *st);
+  if (!st) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, OP ": out of host memory");
+  st->desc = *d;
+  st->acc = acc;
+  st->dt_a = a->dtype;
+  st->dt_b = b->dtype;
+  st->dt_d = dd->dtype;
+  st->has_c = d->epilogue.beta != 0.0;
+  st->dt_c = st->has_c ? c->dtype : dd->dtype;
+  st->has_bias = bias != NULL;
+  st->dt_bias = bias ? bias->dtype : SMELT_DTYPE_F32;
+  *out = st;
+  return SMELT_OK;
+}
+
+smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                             const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                             const smelt_tensor *bias, smelt_plan **out) {
+  smelt_gemm_desc dd;
+  smelt_status s = begin(OP, ctx, desc, out, &dd);
+  if (s || (s = need_c(OP, &dd, c))) return s;
+  if (!a) return smelt__error(SMELT_STATUS_NULL_POINTER, OP ": A is NULL");
+  if ((s = smelt__check_tensor(OP, "A", a))) return s;
+  smelt_gemm_mode mode = dd.mode;
+  if (mode == SMELT_GEMM_MODE_ARRAY || mode == SMELT_GEMM_MODE_GROUPED)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": desc.mode=%s belongs to smelt_gemm_%s_plan",
+                        mode_names[mode], mode == SMELT_GEMM_MODE_ARRAY ? "array" : "grouped");
+  if (mode == SMELT_GEMM_MODE_AUTO) {
+    if (a->ndim == 3) mode = SMELT_GEMM_MODE_BATCHED;
+    else if (dd.split_k > 1) mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+    else mode = SMELT_GEMM_MODE_PLAIN;
+  }
+  const int batched = mode == SMELT_GEMM_MODE_BATCHED;
+  if (batched && a->ndim != 3)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, OP ": desc.mode=BATCHED needs 3-D operands (A.ndim=%d)", a->ndim);
+  if (!batched && a->ndim != 2)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, OP ": A.ndim=%d must be 2 (A[M, K]), or 3 for a batched GEMM",
+                        a->ndim);
+  const int split = mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+  if (!split && dd.split_k > 1)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        OP ": desc.split_k=%d needs mode SPLIT_K_SERIAL, SPLIT_K_PARALLEL or AUTO (mode is %s)",
+                        dd.split_k, mode_names[mode]);
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  const int has_c = dd.epilogue.beta != 0.0;
+  if ((s = resolve_prob(OP, ctx, batched ? a->shape[0] : -1, a, b, c, d, bias, has_c, 0, &args.prob))) return s;
+  args.count = batched ? a->shape[0] : 1;
+  smelt__gemm_state *st;
+  if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
+  st->mode = mode;
+  /* 0 slices in AUTO (no explicit split) or a split mode: the backend chooses. */
+  st->split_k = dd.split_k ? dd.split_k : (split || dd.mode == SMELT_GEMM_MODE_AUTO) && !batched ? 0 : 1;
+  if (ctx->device == SMELT_DEVICE_CPU && st->split_k == 0) st->split_k = 1;
+  st->count = args.count;
+  st->prob = args.prob;
+  smelt_plan *plan;
+  if ((s = finish(ctx, st, &args, &plan))) return s;
+  plan->ntensors = 5;
+  plan->t[0] = *a;
+  plan->t[1] = *b;
+  plan->t[2].ndim = -1;
+  if (has_c) plan->t[2] = *c;
+  plan->t[3] = *d;
+  plan->t[4].ndim = -1;
+  if (bias) plan->t[4] = *bias;
+  *out = plan;
+  return SMELT_OK;
+}
+
+static smelt_status check_plan(const char *op, const smelt_plan *plan) {
+  if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: plan is NULL", op);
+  if (plan->op != SMELT__OP_GEMM)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is not a GEMM plan", op);
+  return SMELT_OK;
+}
+
+static smelt_status dispatch(smelt_plan *plan, const smelt__gemm_args *args) {
+  if (plan->ctx->device == SMELT_DEVICE_CUDA) return smelt__cuda_gemm_run(plan, args);
+  return smelt__cpu_gemm((const smelt__gemm_state *)plan->opdata, args);
+}
+
+static smelt_status check_bias_presence(const char *op, const smelt__gemm_state *st, const void *bias) {
+  if (bias && !st->has_bias)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: bias is given but the plan was made without one", op);
+  if (!bias && st->has_bias)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: bias is NULL but the plan was made with one", op);
+  return SMELT_OK;
+}
+
+smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                            const smelt_tensor *d, const smelt_tensor *bias) {
+  const char *op = OP "_run";
+  smelt_status s = check_plan(op, plan);
+  if (s) return s;
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  if (st->mode == SMELT_GEMM_MODE_ARRAY || st->mode == SMELT_GEMM_MODE_GROUPED)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan; use smelt_gemm_%s_run", op,
+                        mode_names[st->mode], st->mode == SMELT_GEMM_MODE_ARRAY ? "array" : "grouped");
+  if (!a || !b || !d) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : "D");
+  if (st->has_c && !c)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but the plan's beta=%g is not 0", op,
+                        st->desc.epilogue.beta);
+  if ((s = check_bias_presence(op, st, bias))) return s;
+  if ((s = smelt__check_same_layout(op, "A", &plan->t[0], a)) ||
+      (s = smelt__check_same_layout(op, "B", &plan->t[1], b)) ||
+      (st->has_c && (s = smelt__check_same_layout(op, "C", &plan->t[2], c))) ||
+      (s = smelt__check_same_layout(op, "D", &plan->t[3], d)) ||
+      (bias && (s = smelt__check_same_layout(op, "bias", &plan->t[4], bias))) ||
+      (s = check_disjoint(op, d, a, b, st->has_c ? c : NULL, bias)))
+    return s;
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.prob = st->prob;
+  args.count = st->count;
+  args.prob.a.data = a->data;
+  args.prob.b.data = b->data;
+  args.prob.c.data = st->has_c ? c->data : NULL;
+  args.prob.d.data = d->data;
+  args.prob.bias = bias ? bias->data : NULL;
+  return dispatch(plan, &args);
+}
+
+smelt_status smelt_gemm(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a, const smelt_tensor *b,
+                        const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
+  smelt_plan *plan;
+  smelt_status s = smelt_gemm_plan(ctx, desc, a, b, c, d, bias, &plan);
+  if (s) return s;
+  s = smelt_gemm_run(plan, a, b, c, d, bias);
+  smelt_plan_destroy(plan);
+  return s;
+}
+
+/* ---------------------------------------------------------------- array of pointers */
+
+smelt_status smelt_gemm_array_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count, const smelt_tensor *a,
+                                   const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                   const smelt_tensor *bias, smelt_plan **out) {
+  const char *op = "smelt_gemm_array";
+  smelt_gemm_desc dd;
+  smelt_status s = begin(op, ctx, desc, out, &dd);
+  if (s || (s = need_c(op, &dd, c))) return s;
+  if (dd.mode != SMELT_GEMM_MODE_AUTO && dd.mode != SMELT_GEMM_MODE_ARRAY)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or ARRAY", op,
+                        mode_names[dd.mode]);
+  if (dd.split_k > 1)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
+                        dd.split_k);
+  if (count < 0)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: count=%lld must be >= 0", op, (long long)count);
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  const int has_c = dd.epilogue.beta != 0.0;
+  if ((s = resolve_prob(op, ctx, -1, a, b, c, d, bias, has_c, 1, &args.prob))) return s;
+  args.count = count;
+  smelt__gemm_state *st;
+  if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
+  st->mode = SMELT_GEMM_MODE_ARRAY;
+  st->split_k = 1;
+  st->count = count;
+  st->prob = args.prob;
+  smelt_plan *plan;
+  if ((s = finish(ctx, st, &args, &plan))) return s;
+  plan->ntensors = 5;
+  plan->t[0] = *a;
+  plan->t[1] = *b;
+  plan->t[2].ndim = -1;
+  if (has_c) plan->t[2] = *c;
+  plan->t[3] = *d;
+  plan->t[4].ndim = -1;
+  if (bias) plan->t[4] = *bias;
+  *out = plan;
+  return SMELT_OK;
+}
+
+smelt_status smelt_gemm_array_run(smelt_plan *plan, const smelt_gemm_ptrs *ptrs, const smelt_tensor *bias) {
+  const char *op = "smelt_gemm_array_run";
+  smelt_status s = check_plan(op, plan);
+  if (s) return s;
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  if (st->mode != SMELT_GEMM_MODE_ARRAY)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan, not an array plan", op,
+                        mode_names[st->mode]);
+  if (!ptrs) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: ptrs is NULL", op);
+  if (st->count > 0 && (!ptrs->a || !ptrs->b || !ptrs->d || (st->has_c && !ptrs->c)))
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: ptrs->%s is NULL", op,
+                        !ptrs->a ? "a" : !ptrs->b ? "b" : !ptrs->d ? "d" : "c (the plan's beta is not 0)");
+  if ((s = check_bias_presence(op, st, bias)) ||
+      (bias && (s = smelt__check_same_layout(op, "bias", &plan->t[4], bias))))
+    return s;
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.prob = st->prob;
+  args.prob.bias = bias ? bias->data : NULL;
+  args.count = st->count;
+  args.ptrs = ptrs;
+  return dispatch(plan, &args);
+}
+
+/* ---------------------------------------------------------------- grouped */
+
+/* Validates every group against group 0's dtypes and resolves them into a
+ * new array (caller frees). */
+static smelt_status resolve_groups(const char *op, const smelt_ctx *ctx, const smelt__gemm_state *st, int64_t count,
+                                   const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                                   const smelt_tensor *d, const smelt_tensor *bias, smelt__gemm_prob **out) {
+  *out = NULL;
+  if (count < 0) return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: count=%lld must be >= 0", op, (long long)count);
+  if (count > 0 && (!a || !b || !d))
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: the %s array is NULL", op, !a ? "A" : !b ? "B" : "D");
+  if (st->has_c && count > 0 && !c)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but desc.epilogue.beta=%g is not 0", op,
+                        st->desc.epilogue.beta);
+  if (count > 0 && (bias != NULL) != (st->has_bias != 0))
+    return check_bias_presence(op, st, bias);
+  smelt__gemm_prob *p = (smelt__gemm_prob *)calloc((size_t)(count ? count : 1), sizeof *p);
+  if (!p) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
+  for (int64_t g = 0; g < count; g++) {
+    char gop[96];
+    snprintf(gop, sizeof gop, "%s: group %lld", op, (long long)g);
+    const smelt_tensor *cg = st->has_c ? &c[g] : NULL, *bg = bias ? &bias[g] : NULL;
+    smelt_status s = resolve_prob(gop, ctx, -1, &a[g], &b[g], cg, &d[g], bg, st->has_c, 0, &p[g]);
+    const struct { const char *n; const smelt_tensor *t; smelt_dtype want; } same[] = {
+        {"A", &a[g], st->dt_a}, {"B", &b[g], st->dt_b}, {"C", cg, st->dt_c}, {"D", &d[g], st->dt_d},
+        {"bias", bg, st->dt_bias}};
+    for (int i = 0; i < 5 && !s; i++)
+      if (same[i].t && same[i].t->dtype != same[i].want)
+        s = smelt__error(SMELT_STATUS_DTYPE_MISMATCH, "%s: %s.dtype=%s differs from the planned %s", gop, same[i].n,
+                         smelt_dtype_name(same[i].t->dtype), smelt_dtype_name(same[i].want));
+    if (s) {
+      free(p);
+      return s;
+    }
+  }
+  *out = p;
+  return SMELT_OK;
+}
+
+smelt_status smelt_gemm_grouped_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count, const smelt_tensor *a,
+                                     const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                     const smelt_tensor *bias, smelt_plan **out) {
+  const char *op = "smelt_gemm_grouped";
+  smelt_gemm_desc dd;
+  smelt_status s = begin(op, ctx, desc, out, &dd);
+  if (s) return s;
+  if (dd.mode != SMELT_GEMM_MODE_AUTO && dd.mode != SMELT_GEMM_MODE_GROUPED)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or GROUPED", op,
+                        mode_names[dd.mode]);
+  if (dd.split_k > 1)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
+                        dd.split_k);
+  if (count < 1)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: count=%lld must be >= 1 to plan (the dtypes come from group 0; runs may have 0)", op,
+                        (long long)count);
+  if (!a || !b || !d) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: the %s array is NULL", op, !a ? "A" : !b ? "B" : "D");
+  if ((s = need_c(op, &dd, c))) return s;
+  const int has_c = dd.epilogue.beta != 0.0;
+  if ((s = check_one(op, "group 0: A", &a[0], ctx, in_types, NELEM(in_types))) ||
+      (s = check_one(op, "group 0: B", &b[0], ctx, in_types, NELEM(in_types))) ||
+      (s = check_one(op, "group 0: D", &d[0], ctx, out_types, NELEM(out_types))) ||
+      (has_c && (s = check_one(op, "group 0: C", &c[0], ctx, out_types, NELEM(out_types)))) ||
+      (bias && (s = check_one(op, "group 0: bias", &bias[0], ctx, bias_types, NELEM(bias_types)))))
+    return s;
+  smelt__gemm_state *st;
+  if ((s = new_state(&dd, &a[0], &b[0], has_c ? &c[0] : NULL, &d[0], bias ? &bias[0] : NULL, &st))) return s;
+  st->mode = SMELT_GEMM_MODE_GROUPED;
+  st->split_k = 1;
+  st->count = count;
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  smelt__gemm_prob *groups;
+  if ((s = resolve_groups(op, ctx, st, count, a, b, c, d, bias, &groups))) {
+    free(st);
+    return s;
+  }
+  st->prob = groups[0];
+  args.count = count;
+  args.groups = groups;
+  s = finish(ctx, st, &args, out);
+  free(groups);
+  return s;
+}
+
+smelt_status smelt_gemm_grouped_run(smelt_plan *plan, int64_t count, const smelt_tensor *a, const smelt_tensor *b,
+                                    const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
+  const char *op = "smelt_gemm_grouped_run";
+  smelt_status s = check_plan(op, plan);
+  if (s) return s;
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  if (st->mode != SMELT_GEMM_MODE_GROUPED)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan, not a grouped plan", op,
+                        mode_names[st->mode]);
+  smelt__gemm_prob *groups;
+  if ((s = resolve_groups(op, plan->ctx, st, count, a, b, c, d, bias, &groups))) return s;
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.count = count;
+  args.groups = groups;
+  s = count ? dispatch(plan, &args) : SMELT_OK;
+  free(groups);
+  return s;
+}
+
+smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count, const smelt_tensor *a,
+                                const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                const smelt_tensor *bias) {
+  smelt_plan *plan;
+  smelt_status s = smelt_gemm_grouped_plan(ctx, desc, count, a, b, c, d, bias, &plan);
+  if (s) return s;
+  s = smelt_gemm_grouped_run(plan, count, a, b, c, d, bias);
+  smelt_plan_destroy(plan);
+  return s;
+}
+
+/* ---------------------------------------------------------------- alignment */
+
+int smelt__gemm_mat_align(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int64_t cols, int64_t batch,
+                          int unit_axis) {
+  const uint64_t es = smelt_dtype_size(dt);
+  uint64_t bits = (uint64_t)(uintptr_t)x->data | 16;
+  if (rows > 1 && unit_axis != 0) bits |= (uint64_t)x->rs * es;
+  if (cols > 1 && unit_axis != 1) bits |= (uint64_t)x->cs * es;
+  if (batch > 1) bits |= (uint64_t)x->bs * es;
+  return (int)(bits & (~bits + 1)); /* lowest set bit */
+}

@@ -1,0 +1,161 @@
+/* CPU reference for smelt_gemm: the oracle the kernels are checked against.
+ *
+ * Naive on purpose. Inputs are converted exactly to double (f16, bf16 and
+ * fp8 all fit), products of float types accumulate in double in ascending k
+ * order, and i8 x i8 accumulates exactly in int64. The epilogue follows
+ * smelt/gemm.h step by step in double:
+ *   v = alpha · scale_a · scale_b · acc + beta · C + bias;  v = act(v);
+ *   D = convert(scale_d · v)
+ * Every mode reduces to a list of single problems; split-K only changes the
+ * summation order on a GPU, so here it is the plain GEMM. An f16
+ * accumulator is computed in double as well: the reference is the exact
+ * result, and the tests bound how far an f16 accumulator may drift from it. */
+#include "../core/gemm_internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Largest finite value of a float output type (clamp). */
+static double float_max(smelt_dtype dt) {
+  switch (dt) {
+    case SMELT_DTYPE_F32: return FLT_MAX;
+    case SMELT_DTYPE_F16: return 65504.0;
+    case SMELT_DTYPE_BF16: return 3.3895313892515355e38;
+    default: return INFINITY;
+  }
+}
+
+/* Round to nearest even, saturate to [lo, hi]; NaN becomes 0. */
+static double to_int(double v, double lo, double hi) {
+  if (isnan(v)) return 0;
+  v = nearbyint(v);
+  return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Stores v into D with the conversion rules of smelt/gemm.h. */
+static void store(void *base, smelt_dtype dt, int64_t off, double v, int clamp) {
+  if (clamp && (dt == SMELT_DTYPE_F32 || dt == SMELT_DTYPE_F16 || dt == SMELT_DTYPE_BF16)) {
+    /* Rounded to f32 first, as a kernel's f32 epilogue value is. */
+    double m = float_max(dt), f = (float)v;
+    v = f > m ? m : f < -m ? -m : f;
+  }
+  switch (dt) {
+    case SMELT_DTYPE_I8: ((int8_t *)base)[off] = (int8_t)to_int(v, -128, 127); break;
+    case SMELT_DTYPE_I32: ((int32_t *)base)[off] = (int32_t)to_int(v, -2147483648.0, 2147483647.0); break;
+    /* f64 as is; f32, f16, bf16 and fp8 through f32 (fp8 saturates). */
+    default: smelt__store_f64(base, dt, off, v); break;
+  }
+}
+
+/* One problem. Shapes: A [m,k], B [k,n], C and D [m,n], bias [n]. */
+static smelt_status gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p) {
+  const int64_t M = p->m, N = p->n, K = p->k;
+  if (M == 0 || N == 0) return SMELT_OK;
+  const int ints = st->acc == SMELT_GEMM_ACC_I32;
+  /* B converted once: bd[k*N + j]; one row of A and of accumulators at a time. */
+  int64_t elems;
+  if (__builtin_mul_overflow(K, N, &elems) || __builtin_add_overflow(elems, K + N, &elems) ||
+      elems > (int64_t)(SIZE_MAX / sizeof(double)))
+    return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: K=%lld x N=%lld is too large for the CPU reference",
+                        (long long)K, (long long)N);
+  double *bd = (double *)malloc(sizeof(double) * (size_t)elems);
+  int64_t *bi = ints ? (int64_t *)malloc(sizeof(int64_t) * (size_t)elems) : NULL;
+  if (!bd || (ints && !bi)) {
+    free(bd);
+    free(bi);
+    return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: out of host memory for the CPU reference");
+  }
+  double *ad = bd + K * N, *acc = ad + K;
+  int64_t *ai = ints ? bi + K * N : NULL, *acci = ints ? ai + K : NULL;
+  for (int64_t k = 0; k < K; k++)
+    for (int64_t j = 0; j < N; j++) {
+      double v = smelt__load_f64(p->b.data, st->dt_b, k * p->b.rs + j * p->b.cs);
+      bd[k * N + j] = v;
+      if (ints) bi[k * N + j] = (int64_t)v;
+    }
+  const smelt_gemm_epilogue *e = &st->desc.epilogue;
+  const double ab = e->alpha * (double)e->scale_a * (double)e->scale_b;
+  for (int64_t i = 0; i < M; i++) {
+    for (int64_t k = 0; k < K; k++) {
+      ad[k] = smelt__load_f64(p->a.data, st->dt_a, i * p->a.rs + k * p->a.cs);
+      if (ints) ai[k] = (int64_t)ad[k];
+    }
+    for (int64_t j = 0; j < N; j++) { /* acc[j] = sum_k A[i,k] * B[k,j], k ascending */
+      if (ints) {
+        int64_t s = 0;
+        for (int64_t k = 0; k < K; k++) s += ai[k] * bi[k * N + j];
+        acci[j] = s;
+      } else {
+        double s = 0;
+        for (int64_t k = 0; k < K; k++) s += ad[k] * bd[k * N + j];
+        acc[j] = s;
+      }
+    }
+    for (int64_t j = 0; j < N; j++) {
+      double v = ab * (ints ? (double)acci[j] : acc[j]);
+      if (st->has_c) v += e->beta * smelt__load_f64(p->c.data, st->dt_c, i * p->c.rs + j * p->c.cs);
+      if (st->has_bias) v += smelt__load_f64(p->bias, st->dt_bias, j * p->bias_s);
+      v = smelt_act_apply(e->act, v, e->slope) * (double)e->scale_d;
+      store((void *)p->d.data, st->dt_d, i * p->d.rs + j * p->d.cs, v, e->clamp);
+    }
+  }
+  free(bd);
+  free(bi);
+  return SMELT_OK;
+}
+
+static const void *at(const void *base, smelt_dtype dt, int64_t elems) {
+  return base ? (const char *)base + elems * (int64_t)smelt_dtype_size(dt) : NULL;
+}
+
+/* Array mode reads pointers the plan never saw: all are checked before
+ * anything is written. */
+static smelt_status check_ptrs(const smelt__gemm_state *st, const smelt__gemm_args *args) {
+  const smelt_gemm_ptrs *q = args->ptrs;
+  const smelt__gemm_prob *p = &args->prob;
+  if (p->m == 0 || p->n == 0) return SMELT_OK;
+  for (int64_t l = 0; l < args->count; l++) {
+    const struct { const char *n; const void *v; smelt_dtype dt; int used; } x[] = {
+        {"a", q->a[l], st->dt_a, p->k > 0}, {"b", q->b[l], st->dt_b, p->k > 0},
+        {"c", st->has_c ? q->c[l] : NULL, st->dt_c, st->has_c}, {"d", q->d[l], st->dt_d, 1}};
+    for (int i = 0; i < 4; i++) {
+      if (!x[i].used) continue;
+      if (!x[i].v)
+        return smelt__error(SMELT_STATUS_NULL_POINTER, "smelt_gemm_array_run: ptrs->%s[%lld] is NULL", x[i].n,
+                            (long long)l);
+      if ((uintptr_t)x[i].v % smelt_dtype_size(x[i].dt))
+        return smelt__error(SMELT_STATUS_MISALIGNED,
+                            "smelt_gemm_array_run: ptrs->%s[%lld]=%p is not aligned to its dtype %s", x[i].n,
+                            (long long)l, x[i].v, smelt_dtype_name(x[i].dt));
+    }
+  }
+  return SMELT_OK;
+}
+
+smelt_status smelt__cpu_gemm(const smelt__gemm_state *st, const smelt__gemm_args *args) {
+  smelt_status s = st->mode == SMELT_GEMM_MODE_ARRAY ? check_ptrs(st, args) : SMELT_OK;
+  for (int64_t l = 0; l < args->count && !s; l++) {
+    smelt__gemm_prob p;
+    switch (st->mode) {
+      case SMELT_GEMM_MODE_GROUPED: p = args->groups[l]; break;
+      case SMELT_GEMM_MODE_ARRAY:
+        p = args->prob;
+        p.a.data = args->ptrs->a[l];
+        p.b.data = args->ptrs->b[l];
+        p.c.data = st->has_c ? args->ptrs->c[l] : NULL;
+        p.d.data = args->ptrs->d[l];
+        break;
+      default: /* plain, split-K (count 1) and batched */
+        p = args->prob;
+        p.a.data = at(p.a.data, st->dt_a, l * p.a.bs);
+        p.b.data = at(p.b.data, st->dt_b, l * p.b.bs);
+        p.c.data = at(p.c.data, st->dt_c, l * p.c.bs);
+        p.d.data = at(p.d.data, st->dt_d, l * p.d.bs);
+        break;
+    }
+    s = gemm_one(st, &p);
+  }
+  return s;
+}

@@ -1,0 +1,87 @@
+/* The CUDA GEMM's internal interface: the kernel table (one entry per
+ * compiled variant), the selector that picks from it, and the launch
+ * parameters shared with kernels/gemm_common.cuh. */
+#ifndef SMELT_GEMM_CUDA_H
+#define SMELT_GEMM_CUDA_H
+
+#include "../core/gemm_internal.h"
+#include "cuda_internal.h"
+
+typedef enum smelt__gemm_family {
+  SMELT__GK_SIMT,   /* kernels/gemm_simt.cu: any dtype, layout and mode */
+  SMELT__GK_SM80,   /* kernels/gemm_sm80.cu: mma.sync, sm_80 and later */
+  SMELT__GK_SM90,   /* kernels/gemm_sm90.cu: TMA + wgmma, persistent, sm_90a */
+  SMELT__GK_REDUCE  /* kernels/gemm_reduce.cu: the second kernel of a parallel split-K */
+} smelt__gemm_family;
+
+/* Tensor-op element kinds (GEMM_TC in gemm_sm80.cu). */
+enum { SMELT__TC_NONE = 0, SMELT__TC_F16, SMELT__TC_BF16, SMELT__TC_TF32, SMELT__TC_3XTF32, SMELT__TC_I8, SMELT__TC_FP8 };
+
+typedef struct smelt__gemm_kernel {
+  smelt__gemm_family fam;
+  smelt_gemm_acc acc;
+  int tc;                   /* SMELT__TC_*; 0 for SIMT and the reduction */
+  smelt_dtype fp8_a, fp8_b; /* SMELT__TC_FP8: e4m3 or e5m2 each */
+  int a_kmajor, b_kmajor;   /* tensor ops: which axis of A and B has unit stride */
+  int bm, bn, bk, stages, wm, wn; /* sm90: wm = consumer warpgroups */
+  int threads, smem;        /* launch: block size and dynamic shared memory bytes */
+} smelt__gemm_kernel;
+
+/* Every kernel the selector can pick, in a fixed order; returns the count. */
+#define SMELT__GEMM_MAX_KERNELS 64
+int smelt__gemm_table(smelt__gemm_kernel *out);
+/* The source of table entry k; "gemm_sm80_bf16_RC_128x128x32_s4" etc. */
+void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src);
+
+/* What the selector looks at: the plan's state plus facts about the
+ * operands of every problem (for grouped runs, all of them must hold). */
+typedef struct smelt__gemm_facts {
+  int a_k, a_mn, b_k, b_mn; /* A / B usable K-major or MN-major by the tensor-op kernels */
+  int tma;                  /* K-major A and B rows at least K apart (TMA wants no overlapping rows) */
+  int64_t m, n, k, batch;   /* the (first) problem's sizes; batch = problems per launch */
+} smelt__gemm_facts;
+
+void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f);
+
+/* Picks the main kernel (index into the table) for st on the context's
+ * device, or fails with UNSUPPORTED saying why (a tile or opclass that no
+ * kernel serves). `why` gets a short reason for the choice. */
+smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
+                                const smelt__gemm_kernel *table, int n, int *kernel, char *why, size_t why_n);
+/* The reduction kernel for a main kernel's accumulator. */
+int smelt__gemm_reduce_kernel(const smelt__gemm_kernel *table, int n, smelt_gemm_acc acc);
+/* 1 if table kernel k can run the operands described by f. */
+int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, const smelt__gemm_facts *f);
+
+/* Kernel modes (MODE_* in kernels/gemm_common.cuh). */
+enum { SMELT__KMODE_PLAIN, SMELT__KMODE_SERIAL, SMELT__KMODE_PARALLEL, SMELT__KMODE_BATCHED, SMELT__KMODE_ARRAY,
+       SMELT__KMODE_GROUPED };
+
+/* Launch parameters: the host twins of gemm_prob and gemm_params in
+ * kernels/gemm_common.cuh, byte for byte (both sides assert the sizes). */
+typedef struct smelt__gemm_kprob {
+  int64_t m, n, k;
+  uint64_t a, b, c, d, bias;
+  int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs, d_rs, d_cs, bias_s;
+} smelt__gemm_kprob;
+
+typedef struct smelt__gemm_kparams {
+  smelt__gemm_kprob p;
+  int64_t a_bs, b_bs, c_bs, d_bs;
+  int64_t k_slice;
+  uint64_t groups, group_tiles;
+  uint64_t ptr_a, ptr_b, ptr_c, ptr_d;
+  uint64_t workspace, semaphores;
+  double alpha_ab, beta;
+  float scale_d, slope;
+  int mode, count, splits, batch_base;
+  int dt_a, dt_b, dt_c, dt_d, dt_bias;
+  int act, clamp, has_c, has_bias;
+  int swizzle;
+  int tiles_m, tiles_n;
+} smelt__gemm_kparams;
+
+_Static_assert(sizeof(smelt__gemm_kprob) == 136, "smelt__gemm_kprob must match gemm_prob");
+_Static_assert(sizeof(smelt__gemm_kparams) == 328, "smelt__gemm_kparams must match gemm_params");
+
+#endif /* SMELT_GEMM_CUDA_H */

@@ -1,0 +1,305 @@
+/* The GEMM kernel table and its selector.
+ *
+ * The table lists every variant that exists; the variant enumerator (for
+ * precompile and the compile test) walks the table, and the selector only
+ * ever returns table entries, so "which kernels can be picked" and "which
+ * kernels are compiled in CI" cannot drift apart. The selector answers both
+ * "is it supported?" and "which kernel?": one function, used by plan and by
+ * runs whose operands no longer fit the planned kernel.
+ *
+ * Choice, in order:
+ *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16 GEMMs with
+ *   row-major A and column-major B, 16-byte aligned, K >= 1, whose 128 x 256
+ *   tiles keep at least half the SMs busy;
+ *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
+ *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
+ *   newer, and A and B are 16-byte aligned with a unit stride along K or
+ *   along M/N (8-bit: along K); K-major layouts first, then the 128 x 128
+ *   tile unless it would leave SMs idle;
+ *   otherwise the SIMT kernel of the accumulator type, which takes anything. */
+#include "gemm_cuda.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
+  if (k.fam == SMELT__GK_SM90) {
+    /* As gemm_sm90.cu lays it out: alignment slack, stages, two 64 x 40
+     * f32 epilogue buffers, 2 x stages mbarriers. */
+    k.threads = 128 * (k.wm + 1);
+    k.smem = 1024 + k.stages * (k.bm + k.bn) * k.bk * 2 + k.wm * 64 * 40 * 4 + 2 * k.stages * 8;
+  } else if (k.fam == SMELT__GK_SM80) {
+    k.threads = k.wm * k.wn * 32;
+    int stages = k.stages * (k.bm + k.bn) * 64, tile = k.bm * (k.bn + 8) * 4; /* as SMEM_BYTES in gemm_sm80.cu */
+    k.smem = stages > tile ? stages : tile;
+  } else {
+    k.threads = 256;
+    k.smem = 0;
+  }
+  out[(*n)++] = k;
+}
+
+int smelt__gemm_table(smelt__gemm_kernel *out) {
+  int n = 0;
+  static const smelt_gemm_acc simt_acc[] = {SMELT_GEMM_ACC_F32, SMELT_GEMM_ACC_F16, SMELT_GEMM_ACC_F64,
+                                            SMELT_GEMM_ACC_I32};
+  for (int i = 0; i < 4; i++)
+    add(out, &n, (smelt__gemm_kernel){.fam = SMELT__GK_SIMT, .acc = simt_acc[i], .bm = 64, .bn = 64, .bk = 16,
+                                      .stages = 1, .wm = 8, .wn = 1});
+  static const smelt_gemm_acc red_acc[] = {SMELT_GEMM_ACC_F32, SMELT_GEMM_ACC_F64, SMELT_GEMM_ACC_I32};
+  for (int i = 0; i < 3; i++) add(out, &n, (smelt__gemm_kernel){.fam = SMELT__GK_REDUCE, .acc = red_acc[i]});
+  /* Hopper: 16-bit, A row-major and B column-major. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 256, 64, 4, 2, 1, 0, 0});
+  /* 16-bit: every layout, a large and a small tile. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    for (int ak = 1; ak >= 0; ak--)
+      for (int bk = 1; bk >= 0; bk--) {
+        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 32, 4, 2, 4, 0, 0});
+        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 64, 64, 32, 4, 2, 2, 0, 0});
+      }
+  /* tf32 and 3xtf32: every layout. */
+  for (int tc = SMELT__TC_TF32; tc <= SMELT__TC_3XTF32; tc++)
+    for (int ak = 1; ak >= 0; ak--)
+      for (int bk = 1; bk >= 0; bk--)
+        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 16, 4, 2, 4, 0, 0});
+  /* 8-bit: K-major only (the mma's byte fragments run along K). */
+  add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_I32, SMELT__TC_I8, 0, 0, 1, 1, 128, 128, 64, 4, 2, 4, 0, 0});
+  static const smelt_dtype f8[] = {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2};
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++)
+      add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 128,
+                                        64, 4, 2, 4, 0, 0});
+  return n;
+}
+
+static const char *const tc_names[] = {"", "f16", "bf16", "tf32", "3xtf32", "i8", "fp8"};
+static const char *const acc_names[] = {"auto", "f32", "f16", "f64", "i32"};
+
+void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src) {
+  memset(src, 0, sizeof *src);
+  smelt__prelude_define(src, "GEMM_ACC", k->acc);
+  switch (k->fam) {
+    case SMELT__GK_SIMT:
+      snprintf(src->name, sizeof src->name, "gemm_simt_acc%s", acc_names[k->acc]);
+      src->body = "gemm_simt.cu";
+      return;
+    case SMELT__GK_REDUCE:
+      snprintf(src->name, sizeof src->name, "gemm_reduce_acc%s", acc_names[k->acc]);
+      src->body = "gemm_reduce.cu";
+      return;
+    case SMELT__GK_SM90:
+      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d", tc_names[k->tc], k->bm, k->bn, k->bk,
+               k->stages);
+      src->body = "gemm_sm90.cu";
+      smelt__prelude_define(src, "GEMM_AB", k->tc == SMELT__TC_BF16 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F16);
+      smelt__prelude_define(src, "GEMM_STAGES", k->stages);
+      return;
+    case SMELT__GK_SM80: break;
+  }
+  char kind[32];
+  if (k->tc == SMELT__TC_FP8)
+    snprintf(kind, sizeof kind, "%sx%s", smelt_dtype_name(k->fp8_a), smelt_dtype_name(k->fp8_b));
+  else
+    snprintf(kind, sizeof kind, "%s", tc_names[k->tc]);
+  /* Layout letters as BLAS users say them: A row-major is K-major, B row-major is N-major. */
+  snprintf(src->name, sizeof src->name, "gemm_sm80_%s_%c%c_%dx%dx%d_s%d_w%dx%d", kind, k->a_kmajor ? 'R' : 'C',
+           k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, k->wm, k->wn);
+  src->body = "gemm_sm80.cu";
+  smelt__prelude_define(src, "GEMM_TC", k->tc);
+  if (k->tc == SMELT__TC_FP8) {
+    smelt__prelude_define(src, "GEMM_FP8_A", k->fp8_a);
+    smelt__prelude_define(src, "GEMM_FP8_B", k->fp8_b);
+  }
+  smelt__prelude_define(src, "GEMM_A_KMAJOR", k->a_kmajor);
+  smelt__prelude_define(src, "GEMM_B_KMAJOR", k->b_kmajor);
+  smelt__prelude_define(src, "GEMM_BM", k->bm);
+  smelt__prelude_define(src, "GEMM_BN", k->bn);
+  smelt__prelude_define(src, "GEMM_WM", k->wm);
+  smelt__prelude_define(src, "GEMM_WN", k->wn);
+  smelt__prelude_define(src, "GEMM_STAGES", k->stages);
+}
+
+int smelt__gemm_variants(smelt__kernel_src *out, int max) {
+  smelt__gemm_kernel t[SMELT__GEMM_MAX_KERNELS];
+  int n = smelt__gemm_table(t);
+  for (int i = 0; i < n && i < max; i++) smelt__gemm_kernel_src(&t[i], &out[i]);
+  return n;
+}
+
+/* ---------------------------------------------------------------- facts */
+
+/* 1 if axis `unit` (0 rows, 1 columns) of x has unit stride (or one
+ * element) and the pointer and the other strides are 16-byte aligned. */
+static int fits_axis(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int64_t cols, int64_t batch, int unit) {
+  int64_t ext = unit ? cols : rows, s = unit ? x->cs : x->rs;
+  if (ext > 1 && s != 1) return 0;
+  return smelt__gemm_mat_align(x, dt, rows, cols, batch, unit) >= 16;
+}
+
+static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, int64_t batch, smelt__gemm_facts *f) {
+  f->a_k &= fits_axis(&p->a, st->dt_a, p->m, p->k, batch, 1);
+  f->a_mn &= fits_axis(&p->a, st->dt_a, p->m, p->k, batch, 0);
+  f->b_k &= fits_axis(&p->b, st->dt_b, p->k, p->n, batch, 0);
+  f->b_mn &= fits_axis(&p->b, st->dt_b, p->k, p->n, batch, 1);
+  f->tma &= (p->m <= 1 || p->a.rs >= p->k) && (p->n <= 1 || p->b.cs >= p->k);
+}
+
+void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f) {
+  f->a_k = f->a_mn = f->b_k = f->b_mn = f->tma = 1;
+  f->batch = args->count;
+  if (st->mode == SMELT_GEMM_MODE_GROUPED) {
+    for (int64_t g = 0; g < args->count; g++) prob_facts(st, &args->groups[g], 1, f);
+    const smelt__gemm_prob *p = args->count ? &args->groups[0] : &st->prob;
+    f->m = p->m;
+    f->n = p->n;
+    f->k = p->k;
+    return;
+  }
+  prob_facts(st, &args->prob, st->mode == SMELT_GEMM_MODE_BATCHED ? args->count : 1, f);
+  f->m = args->prob.m;
+  f->n = args->prob.n;
+  f->k = args->prob.k;
+}
+
+/* ---------------------------------------------------------------- selection */
+
+static int tc_kind(const smelt__gemm_state *st) {
+  const smelt_dtype a = st->dt_a, b = st->dt_b;
+  const int f8a = a == SMELT_DTYPE_E4M3 || a == SMELT_DTYPE_E5M2, f8b = b == SMELT_DTYPE_E4M3 || b == SMELT_DTYPE_E5M2;
+  if (st->acc == SMELT_GEMM_ACC_I32) return SMELT__TC_I8;
+  if (st->acc != SMELT_GEMM_ACC_F32) return SMELT__TC_NONE;
+  if (a == SMELT_DTYPE_F16 && b == SMELT_DTYPE_F16) return SMELT__TC_F16;
+  if (a == SMELT_DTYPE_BF16 && b == SMELT_DTYPE_BF16) return SMELT__TC_BF16;
+  if (f8a && f8b) return SMELT__TC_FP8;
+  if (a == SMELT_DTYPE_F32 && b == SMELT_DTYPE_F32) {
+    if (st->desc.math.op == SMELT_GEMM_MATH_TF32) return SMELT__TC_TF32;
+    if (st->desc.math.op == SMELT_GEMM_MATH_3XTF32) return SMELT__TC_3XTF32;
+  }
+  return SMELT__TC_NONE;
+}
+
+int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, const smelt__gemm_facts *f) {
+  switch (k->fam) {
+    case SMELT__GK_SIMT: return k->acc == st->acc;
+    case SMELT__GK_REDUCE: return 0;
+    case SMELT__GK_SM90:
+      /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32). */
+      if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 32) ||
+          f->n >= ((int64_t)1 << 32) || f->k >= ((int64_t)1 << 32))
+        return 0;
+      break;
+    case SMELT__GK_SM80: break;
+  }
+  if (k->tc != tc_kind(st)) return 0;
+  if (k->tc == SMELT__TC_FP8 && (k->fp8_a != st->dt_a || k->fp8_b != st->dt_b)) return 0;
+  return (k->a_kmajor ? f->a_k : f->a_mn) && (k->b_kmajor ? f->b_k : f->b_mn);
+}
+
+static int tile_ok(const smelt__gemm_kernel *k, const smelt_gemm_tile *t) {
+  return (!t->m || t->m == k->bm) && (!t->n || t->n == k->bn) && (!t->k || t->k == k->bk) &&
+         (!t->stages || t->stages == k->stages) && (!t->warps_m || t->warps_m == k->wm) &&
+         (!t->warps_n || t->warps_n == k->wn);
+}
+
+/* Lists the tiles of the kernels that fit (for the UNSUPPORTED message). */
+static void list_tiles(const smelt__gemm_kernel *table, int n, const smelt__gemm_state *st, const smelt__gemm_facts *f,
+                       int tensor_op, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && used < len; i++) {
+    const smelt__gemm_kernel *k = &table[i];
+    if (!smelt__gemm_fits(k, st, f) || (k->fam == SMELT__GK_SM80 || k->fam == SMELT__GK_SM90) != tensor_op) continue;
+    used += (size_t)snprintf(buf + used, len - used, "%s%dx%dx%d stages %d warps %dx%d", used ? ", " : "", k->bm,
+                             k->bn, k->bk, k->stages, k->wm, k->wn);
+  }
+  if (!buf[0]) snprintf(buf, len, "none");
+}
+
+smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
+                                const smelt__gemm_kernel *table, int n, int *kernel, char *why, size_t why_n) {
+  const smelt_gemm_desc *d = &st->desc;
+  const smelt_gemm_tile *t = &d->tile;
+  const int tc = tc_kind(st), sm80 = dev->cc_major >= 8;
+  const int want_tc = d->math.opclass != SMELT_GEMM_OPCLASS_SIMT && tc && sm80;
+  int best = -1, best_score = -1;
+  if (want_tc && dev->cc_major == 9 && dev->cc_minor == 0) {
+    /* Hopper: the persistent wgmma kernel when its 128 x 256 tiles keep at
+     * least half the SMs busy (or the description asks for its tile). */
+    const int64_t tiles = ((f->m + 127) / 128) * ((f->n + 255) / 256);
+    const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n;
+    for (int i = 0; i < n; i++) {
+      const smelt__gemm_kernel *k = &table[i];
+      if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
+      if (!asked && 2 * tiles < dev->sm_count) continue;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent");
+      *kernel = i;
+      return SMELT_OK;
+    }
+  }
+  if (want_tc) {
+    /* The large tile unless it leaves SMs without work. */
+    const int64_t big_tiles = ((f->m + 127) / 128) * ((f->n + 127) / 128) * (f->batch > 0 ? f->batch : 1);
+    const int prefer_big = big_tiles >= dev->sm_count;
+    for (int i = 0; i < n; i++) {
+      const smelt__gemm_kernel *k = &table[i];
+      if (k->fam != SMELT__GK_SM80 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
+      int score = 4 * k->a_kmajor + 2 * k->b_kmajor + ((k->bm == 128) == prefer_big);
+      if (score > best_score) {
+        best = i;
+        best_score = score;
+      }
+    }
+    if (best >= 0) {
+      snprintf(why, why_n, "tensor cores, %s", table[best].bm == 128 ? "large tile" : "small tile for few tiles");
+      *kernel = best;
+      return SMELT_OK;
+    }
+  }
+  if (d->math.opclass == SMELT_GEMM_OPCLASS_TENSOR_OP) {
+    char tiles[256];
+    if (!sm80)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: tensor-op kernels need sm_80 or newer (device is %s)",
+                          dev->arch);
+    if (!tc)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          "smelt_gemm: opclass TENSOR_OP: A.dtype=%s x B.dtype=%s with acc %s and math op %d has no "
+                          "tensor-op kernel (supported: f16, bf16, e4m3/e5m2 with acc f32; f32 with math TF32 or "
+                          "3XTF32; i8 with acc i32)",
+                          smelt_dtype_name(st->dt_a), smelt_dtype_name(st->dt_b), acc_names[st->acc],
+                          (int)d->math.op);
+    list_tiles(table, n, st, f, 1, tiles, sizeof tiles);
+    if (!strcmp(tiles, "none"))
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          "smelt_gemm: opclass TENSOR_OP needs A and B 16-byte aligned (pointer and strides) with "
+                          "unit stride along K%s (A: K-major %s, M-major %s; B: K-major %s, N-major %s)",
+                          tc == SMELT__TC_I8 || tc == SMELT__TC_FP8 ? " (8-bit types)" : " or along M/N",
+                          f->a_k ? "ok" : "no", f->a_mn ? "ok" : "no", f->b_k ? "ok" : "no", f->b_mn ? "ok" : "no");
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "smelt_gemm: desc.tile %dx%dx%d stages %d warps %dx%d matches no tensor-op kernel (available: %s)",
+                        t->m, t->n, t->k, t->stages, t->warps_m, t->warps_n, tiles);
+  }
+  for (int i = 0; i < n; i++)
+    if (table[i].fam == SMELT__GK_SIMT && smelt__gemm_fits(&table[i], st, f) && tile_ok(&table[i], t)) {
+      snprintf(why, why_n, "%s",
+               !tc || !sm80 ? "SIMT: no tensor-op kernel for these dtypes on this device"
+               : d->math.opclass == SMELT_GEMM_OPCLASS_SIMT ? "SIMT as asked"
+                                                             : "SIMT: operands not aligned or tile not available for tensor ops");
+      *kernel = i;
+      return SMELT_OK;
+    }
+  char tiles[256];
+  list_tiles(table, n, st, f, 0, tiles, sizeof tiles);
+  return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                      "smelt_gemm: desc.tile %dx%dx%d stages %d warps %dx%d matches no kernel for these operands "
+                      "(SIMT: %s)",
+                      t->m, t->n, t->k, t->stages, t->warps_m, t->warps_n, tiles);
+}
+
+int smelt__gemm_reduce_kernel(const smelt__gemm_kernel *table, int n, smelt_gemm_acc acc) {
+  /* f16 accumulators hand over f32 partial sums. */
+  smelt_gemm_acc want = acc == SMELT_GEMM_ACC_F16 ? SMELT_GEMM_ACC_F32 : acc;
+  for (int i = 0; i < n; i++)
+    if (table[i].fam == SMELT__GK_REDUCE && table[i].acc == want) return i;
+  return -1;
+}

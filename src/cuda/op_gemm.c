@@ -1,0 +1,317 @@
+/* smelt_gemm on CUDA: plan (pick the kernel, decide split-K, load the
+ * modules) and run (fill the launch parameters, take workspace from the
+ * context's pool, launch).
+ *
+ * Modes map onto one launch of the main kernel, whose blocks find their work
+ * from the grid (kernels/gemm_common.cuh, gemm_locate):
+ *   plain       grid (tiles, 1, 1)
+ *   batched     grid (tiles, 1, L), z = the batch (in chunks of 65535)
+ *   array       grid (tiles, 1, count), pointers from the device arrays
+ *   split-K     grid (tiles, 1, slices); serial: one M x N workspace and one
+ *               semaphore per tile; parallel: slices x M x N partial sums,
+ *               then gemm_reduce
+ *   grouped     grid (total tiles of all groups): the host lists the
+ *               problems and each group's first tile (host scheduling), and
+ *               each block finds its group by binary search.
+ * A run whose operands do not fit the planned kernel (a less aligned pointer,
+ * a group with other strides) takes the selector's choice for them instead,
+ * loaded once and kept in the plan. */
+#include "gemm_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { F_MAIN, F_REDUCE };
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Split-K for a plain GEMM with few output tiles and a long K: enough slices
+ * to give every SM work, each at least 1024 deep, at most 16. */
+static int choose_split(const smelt__gemm_kernel *k, int64_t m, int64_t n, int64_t kk, int sm_count) {
+  const int64_t tiles = ceil_div(m, k->bm) * ceil_div(n, k->bn);
+  if (tiles == 0 || 2 * tiles > sm_count || kk < 2048) return 1;
+  int64_t s = sm_count / tiles;
+  if (s > kk / 1024) s = kk / 1024;
+  if (s > 16) s = 16;
+  return s < 2 ? 1 : (int)s;
+}
+
+/* K per slice: a whole number of the kernel's K tiles. */
+static int64_t k_slice_of(const smelt__gemm_kernel *k, int64_t kk, int splits) {
+  int64_t s = ceil_div(ceil_div(kk, splits), k->bk) * k->bk;
+  return s > 0 ? s : k->bk;
+}
+
+static smelt_status load(smelt_ctx *ctx, const smelt__gemm_kernel *k, void **func) {
+  smelt__kernel_src src;
+  smelt__gemm_kernel_src(k, &src);
+  CUfunction f;
+  static const char *const entry[] = {[SMELT__GK_SIMT] = "gemm_simt", [SMELT__GK_SM80] = "gemm_tc",
+                                      [SMELT__GK_SM90] = "gemm_sm90", [SMELT__GK_REDUCE] = "gemm_reduce"};
+  smelt_status s = smelt__cuda_function(ctx, &src, entry[k->fam], &f);
+  if (!s) *func = f;
+  return s;
+}
+
+smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *args) {
+  smelt__gemm_state *st = (smelt__gemm_state *)plan->opdata;
+  const smelt_device_info *dev = &plan->ctx->cuda->info;
+  smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
+  const int n = smelt__gemm_table(table);
+  smelt__gemm_facts f;
+  smelt__gemm_facts_of(st, args, &f);
+  char why[96];
+  int ki;
+  smelt_status s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
+  if (s) return s;
+  const smelt__gemm_kernel *k = &table[ki];
+  const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+  if (st->split_k == 0) {
+    /* AUTO left it open (a plain GEMM may become a parallel split) or a
+     * split mode asked us to choose. The persistent Hopper kernel fills the
+     * GPU by itself. */
+    st->split_k = k->fam == SMELT__GK_SM90 ? 1 : choose_split(k, f.m, f.n, f.k, dev->sm_count);
+    if (!split_mode && st->split_k > 1) st->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+  }
+  st->kernel = ki;
+  if ((s = load(plan->ctx, k, &plan->func[F_MAIN]))) return s;
+  if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
+    int r = smelt__gemm_reduce_kernel(table, n, st->acc);
+    if ((s = load(plan->ctx, &table[r], &plan->func[F_REDUCE]))) return s;
+  }
+  plan->variant = ki;
+  plan->block = k->threads;
+  smelt__kernel_src src;
+  smelt__gemm_kernel_src(k, &src);
+  char split[32] = "";
+  if (st->split_k > 1)
+    snprintf(split, sizeof split, ", split-K %s %d", st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL ? "serial" : "parallel",
+             st->split_k);
+  snprintf(plan->describe, sizeof plan->describe, "%.60s (%.64s%s)", src.name, why, split);
+  return SMELT_OK;
+}
+
+static void kprob_of(smelt__gemm_kprob *kp, const smelt__gemm_prob *p) {
+  kp->m = p->m;
+  kp->n = p->n;
+  kp->k = p->k;
+  kp->a = (uint64_t)(uintptr_t)p->a.data;
+  kp->b = (uint64_t)(uintptr_t)p->b.data;
+  kp->c = (uint64_t)(uintptr_t)p->c.data;
+  kp->d = (uint64_t)(uintptr_t)p->d.data;
+  kp->bias = (uint64_t)(uintptr_t)p->bias;
+  kp->a_rs = p->a.rs;
+  kp->a_cs = p->a.cs;
+  kp->b_rs = p->b.rs;
+  kp->b_cs = p->b.cs;
+  kp->c_rs = p->c.rs;
+  kp->c_cs = p->c.cs;
+  kp->d_rs = p->d.rs;
+  kp->d_cs = p->d.cs;
+  kp->bias_s = p->bias_s;
+}
+
+/* The kernel to run these operands with: the planned one if they fit it. */
+static smelt_status pick(smelt_plan *plan, const smelt__gemm_kernel *table, int n, const smelt__gemm_args *args,
+                         int *ki, CUfunction *main) {
+  smelt__gemm_state *st = (smelt__gemm_state *)plan->opdata;
+  smelt__gemm_facts f;
+  smelt__gemm_facts_of(st, args, &f);
+  if (smelt__gemm_fits(&table[st->kernel], st, &f)) {
+    *ki = st->kernel;
+    *main = (CUfunction)plan->func[F_MAIN];
+    return SMELT_OK;
+  }
+  if (st->fallback < 0 || !smelt__gemm_fits(&table[st->fallback], st, &f)) {
+    char why[96];
+    int fb;
+    smelt_status s = smelt__gemm_select(st, &f, &plan->ctx->cuda->info, table, n, &fb, why, sizeof why);
+    if (s) return s;
+    if ((s = load(plan->ctx, &table[fb], &st->fallback_func))) return s;
+    st->fallback = fb;
+    smelt__log(SMELT__LOG_INFO, "smelt_gemm: operands do not fit %s's kernel; using table entry %d (%s)",
+               plan->describe, fb, why);
+  }
+  *ki = st->fallback;
+  *main = (CUfunction)st->fallback_func;
+  return SMELT_OK;
+}
+
+static size_t ws_size(smelt_gemm_acc acc) { return acc == SMELT_GEMM_ACC_F64 ? 8 : 4; }
+
+/* Grouped: uploads the problem list and each group's first tile, then one launch. */
+static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
+                                const smelt__gemm_args *args) {
+  smelt_ctx *ctx = plan->ctx;
+  const int64_t count = args->count;
+  if (count > 0x7fffffff)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm_grouped: count=%lld exceeds 2^31 - 1", (long long)count);
+  const size_t probs = (size_t)count * sizeof(smelt__gemm_kprob), firsts = (size_t)(count + 1) * sizeof(int64_t);
+  uint8_t *host = (uint8_t *)malloc(probs + firsts);
+  if (!host) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm_grouped: out of host memory");
+  smelt__gemm_kprob *kps = (smelt__gemm_kprob *)host;
+  int64_t *first = (int64_t *)(host + probs), total = 0;
+  for (int64_t g = 0; g < count; g++) {
+    kprob_of(&kps[g], &args->groups[g]);
+    first[g] = total;
+    total += ceil_div(args->groups[g].m, k->bm) * ceil_div(args->groups[g].n, k->bn);
+  }
+  first[count] = total;
+  smelt_status s = SMELT_OK;
+  void *dev = NULL;
+  if (total > 0x7fffffff)
+    s = smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm_grouped: %lld output tiles exceed 2^31 - 1",
+                     (long long)total);
+  if (!s && total > 0) s = smelt__cuda_alloc(ctx, probs + firsts, &dev);
+  if (!s && total > 0) {
+    CUresult r = smelt__cu(NULL)->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dev, host, probs + firsts, ctx->cuda->stream);
+    if (r) s = smelt__cu_error(r, "smelt_gemm_grouped", "uploading the problem list");
+  }
+  if (!s && total > 0) {
+    kp->groups = (uint64_t)(uintptr_t)dev;
+    kp->group_tiles = kp->groups + probs;
+    kp->count = (int)count;
+    void *params[] = {kp};
+    s = smelt__cuda_launch(ctx, "smelt_gemm_grouped", f, (unsigned)total, 1, 1, (unsigned)k->threads,
+                           (unsigned)k->smem, params);
+  }
+  if (dev) {
+    smelt_status s2 = smelt__cuda_free(ctx, dev);
+    if (!s) s = s2;
+  }
+  free(host);
+  return s;
+}
+
+/* A 2-D tensor map over a K-major operand: rows x K elements, rows `rs`
+ * elements apart, boxes of box_rows x bk with the 128-byte swizzle. */
+static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows, int64_t k,
+                               int64_t rs, int box_rows, int bk) {
+  const uint64_t es = smelt_dtype_size(dt);
+  /* With one row the stride is never used; TMA still wants a valid one. */
+  uint64_t stride = rows > 1 ? (uint64_t)rs * es : ((uint64_t)k * es + 15) / 16 * 16;
+  const uint64_t dims[2] = {(uint64_t)k, (uint64_t)rows}, strides[1] = {stride};
+  const unsigned box[2] = {(unsigned)bk, (unsigned)box_rows}, ones[2] = {1, 1};
+  enum { TMA_F16 = 6, TMA_BF16 = 9, SWIZZLE_128B = 3, L2_256B = 3 }; /* CUtensorMap* enums */
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, dt == SMELT_DTYPE_BF16 ? TMA_BF16 : TMA_F16, 2,
+                                                        (void *)data, dims, strides, box, ones, 0, SWIZZLE_128B,
+                                                        L2_256B, 0);
+  if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled");
+  return SMELT_OK;
+}
+
+/* Hopper: one persistent CTA per SM (or per tile, when there are fewer). */
+static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, CUfunction f,
+                             smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
+  smelt__cu_tensor_map ta, tb;
+  smelt_status s;
+  if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
+      (s = tensor_map(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn, k->bk)))
+    return s;
+  const int64_t tiles = (int64_t)kp->tiles_m * kp->tiles_n, sms = ctx->cuda->info.sm_count;
+  void *params[] = {&ta, &tb, kp};
+  return smelt__cuda_launch(ctx, "smelt_gemm", f, (unsigned)(tiles < sms ? tiles : sms), 1, 1, (unsigned)k->threads,
+                            (unsigned)k->smem, params);
+}
+
+static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
+  smelt__gemm_state *st = (smelt__gemm_state *)plan->opdata;
+  smelt_ctx *ctx = plan->ctx;
+  smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
+  const int n = smelt__gemm_table(table);
+  int ki;
+  CUfunction f;
+  smelt_status s = pick(plan, table, n, args, &ki, &f);
+  if (s) return s;
+  const smelt__gemm_kernel *k = &table[ki];
+  const smelt_gemm_epilogue *e = &st->desc.epilogue;
+
+  smelt__gemm_kparams kp;
+  memset(&kp, 0, sizeof kp);
+  kprob_of(&kp.p, &args->prob);
+  kp.a_bs = args->prob.a.bs;
+  kp.b_bs = args->prob.b.bs;
+  kp.c_bs = args->prob.c.bs;
+  kp.d_bs = args->prob.d.bs;
+  kp.alpha_ab = e->alpha * (double)e->scale_a * (double)e->scale_b;
+  kp.beta = e->beta;
+  kp.scale_d = e->scale_d;
+  kp.slope = e->slope;
+  kp.dt_a = st->dt_a;
+  kp.dt_b = st->dt_b;
+  kp.dt_c = st->dt_c;
+  kp.dt_d = st->dt_d;
+  kp.dt_bias = st->dt_bias;
+  kp.act = e->act;
+  kp.clamp = e->clamp != 0;
+  kp.has_c = st->has_c;
+  kp.has_bias = st->has_bias;
+  kp.swizzle = st->desc.tile.swizzle ? st->desc.tile.swizzle : 8;
+  kp.splits = 1;
+  switch (st->mode) {
+    case SMELT_GEMM_MODE_GROUPED: kp.mode = SMELT__KMODE_GROUPED; return run_grouped(plan, k, f, &kp, args);
+    case SMELT_GEMM_MODE_ARRAY:
+      kp.mode = SMELT__KMODE_ARRAY;
+      kp.ptr_a = (uint64_t)(uintptr_t)args->ptrs->a;
+      kp.ptr_b = (uint64_t)(uintptr_t)args->ptrs->b;
+      kp.ptr_c = (uint64_t)(uintptr_t)args->ptrs->c;
+      kp.ptr_d = (uint64_t)(uintptr_t)args->ptrs->d;
+      break;
+    case SMELT_GEMM_MODE_BATCHED: kp.mode = SMELT__KMODE_BATCHED; break;
+    case SMELT_GEMM_MODE_SPLIT_K_SERIAL: kp.mode = SMELT__KMODE_SERIAL; break;
+    case SMELT_GEMM_MODE_SPLIT_K_PARALLEL: kp.mode = SMELT__KMODE_PARALLEL; break;
+    default: kp.mode = SMELT__KMODE_PLAIN; break;
+  }
+  const int64_t M = args->prob.m, N = args->prob.n;
+  const int64_t tiles_m = ceil_div(M, k->bm), tiles_n = ceil_div(N, k->bn), tiles = tiles_m * tiles_n;
+  if (tiles == 0 || args->count == 0) return SMELT_OK;
+  if (tiles > 0x7fffffff)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld output tiles exceed 2^31 - 1", (long long)tiles);
+  kp.tiles_m = (int)tiles_m;
+  kp.tiles_n = (int)tiles_n;
+  if (k->fam == SMELT__GK_SM90) return run_sm90(ctx, st, k, f, &kp, &args->prob);
+
+  void *ws = NULL;
+  int64_t z = kp.mode == SMELT__KMODE_BATCHED || kp.mode == SMELT__KMODE_ARRAY ? args->count : 1;
+  const int serial = kp.mode == SMELT__KMODE_SERIAL, parallel = kp.mode == SMELT__KMODE_PARALLEL;
+  if (serial || parallel) {
+    kp.k_slice = k_slice_of(k, args->prob.k, st->split_k);
+    kp.splits = (int)(args->prob.k > 0 ? ceil_div(args->prob.k, kp.k_slice) : 1);
+    z = kp.splits;
+    const size_t partial = (size_t)(M * N) * ws_size(st->acc) * (parallel ? (size_t)kp.splits : 1);
+    const size_t sems = serial ? (size_t)tiles * sizeof(int) : 0;
+    if ((s = smelt__cuda_alloc(ctx, partial + sems, &ws))) return s;
+    kp.workspace = (uint64_t)(uintptr_t)ws;
+    if (sems) {
+      kp.semaphores = kp.workspace + partial;
+      CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.semaphores, 0, sems, ctx->cuda->stream);
+      if (r) s = smelt__cu_error(r, "smelt_gemm", "clearing the split-K semaphores");
+    }
+  }
+  void *params[] = {&kp};
+  for (int64_t base = 0; base < z && !s; base += 65535) {
+    kp.batch_base = (int)base;
+    const int64_t zc = z - base < 65535 ? z - base : 65535;
+    s = smelt__cuda_launch(ctx, "smelt_gemm", f, (unsigned)tiles, 1, (unsigned)zc, (unsigned)k->threads,
+                           (unsigned)k->smem, params);
+  }
+  if (!s && parallel) {
+    kp.batch_base = 0;
+    const int64_t total = M * N, cap = (int64_t)ctx->cuda->info.sm_count * 16;
+    const int64_t blocks = ceil_div(total, 256) < cap ? ceil_div(total, 256) : cap;
+    s = smelt__cuda_launch(ctx, "smelt_gemm", (CUfunction)plan->func[F_REDUCE], (unsigned)blocks, 1, 1, 256, 0, params);
+  }
+  if (ws) {
+    smelt_status s2 = smelt__cuda_free(ctx, ws);
+    if (!s) s = s2;
+  }
+  return s;
+}
+
+smelt_status smelt__cuda_gemm_run(smelt_plan *plan, const smelt__gemm_args *args) {
+  smelt__nvtx_push("smelt_gemm");
+  smelt_status s = run(plan, args);
+  smelt__nvtx_pop();
+  return s;
+}

@@ -1,0 +1,1136 @@
+/* GEMM tests. On every machine the library's CPU reference is checked
+ * against a naive double-precision computation written here (its own
+ * activations, conversions and saturation rules), for every dtype
+ * combination, layout (RR, RC, CR, CC), epilogue and mode. With a GPU, the
+ * same cases (and larger ones: 127, 1000+3, non-multiples of every tile,
+ * split-K 1..16, grouped with empty groups, batched with broadcast strides,
+ * misaligned pointers) run on CUDA and are compared against the CPU
+ * reference with a bound per dtype. Every output is poisoned, padded between
+ * rows and guarded at both ends; every element must be written and nothing
+ * else. Bad-input tests check status, message and an untouched output. */
+#include "harness.h"
+#include "cuda/gemm_cuda.h"
+
+#include <float.h>
+#include <math.h>
+
+/* ---------------------------------------------------------------- a case */
+
+typedef struct gspec {
+  smelt_dtype a, b, c, d, bias;
+  int has_c, has_bias;
+  int a_col, b_col, d_col; /* column-major A, B (and C), D */
+  int pad;                 /* spare elements after every row (column) of each matrix */
+  int ld16;                /* round leading dimensions up to 16 elements (tensor-op alignment) */
+  int64_t m, n, k;
+  int64_t batch;  /* 0: plain 2-D operands; L >= 1: batched 3-D */
+  int b_bcast;    /* batched: one B for every batch (batch stride 0) */
+  int misalign;   /* offset the data pointers of A, B, C, D by one element */
+  smelt_gemm_desc desc;
+} gspec;
+
+static gspec spec(smelt_dtype a, smelt_dtype b, smelt_dtype d, int64_t m, int64_t n, int64_t k) {
+  gspec s;
+  memset(&s, 0, sizeof s);
+  s.a = a;
+  s.b = b;
+  s.c = s.d = d;
+  s.bias = SMELT_DTYPE_F32;
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  s.desc = smelt_gemm_desc_default();
+  return s;
+}
+
+/* One matrix operand's memory: [L,] rows x cols, row- or column-major, with
+ * `pad` spare elements per line and per batch. */
+typedef struct gmat {
+  smelt_dtype dt;
+  int64_t batch, rows, cols, rs, cs, bs, storage, offset;
+} gmat;
+
+static gmat mat_layout(smelt_dtype dt, int64_t batch, int64_t rows, int64_t cols, int col_major, int pad, int bcast,
+                       int offset, int ld16) {
+  gmat g;
+  g.dt = dt;
+  g.batch = batch;
+  g.rows = rows;
+  g.cols = cols;
+  g.offset = offset;
+  int64_t ld = (col_major ? rows : cols) + pad;
+  if (ld16) ld = (ld + 15) / 16 * 16;
+  if (col_major) {
+    g.rs = 1;
+    g.cs = ld;
+  } else {
+    g.cs = 1;
+    g.rs = ld;
+  }
+  int64_t one = (col_major ? cols * g.cs : rows * g.rs) + pad;
+  g.bs = bcast ? 0 : one;
+  int64_t nb = batch > 0 ? batch : 1;
+  g.storage = offset + (bcast ? one : nb * one) + 1;
+  return g;
+}
+
+static int64_t mat_off(const gmat *g, int64_t l, int64_t r, int64_t c) {
+  return g->offset + l * g->bs + r * g->rs + c * g->cs;
+}
+
+static smelt_tensor mat_tensor(const gmat *g, void *base, smelt_ctx *ctx) {
+  smelt_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = (char *)base + g->offset * (int64_t)smelt_dtype_size(g->dt);
+  t.dtype = g->dt;
+  t.device = smelt_ctx_device(ctx);
+  t.device_index = smelt_ctx_device_index(ctx);
+  int o = g->batch > 0;
+  t.ndim = 2 + o;
+  if (o) {
+    t.shape[0] = g->batch;
+    t.strides[0] = g->bs;
+  }
+  t.shape[o] = g->rows;
+  t.shape[o + 1] = g->cols;
+  t.strides[o] = g->rs;
+  t.strides[o + 1] = g->cs;
+  return t;
+}
+
+/* Host inputs of a case: random values of each dtype. */
+typedef struct ginputs {
+  gmat ga, gb, gc, gd;
+  void *a, *b, *c, *bias;
+} ginputs;
+
+static void fill(void *p, smelt_dtype dt, int64_t n) {
+  if (dt == SMELT_DTYPE_I8) {
+    for (int64_t i = 0; i < n; i++) th_set(p, dt, i, (double)(int)th_rand_uniform(-128, 128));
+  } else if (dt == SMELT_DTYPE_I32) {
+    for (int64_t i = 0; i < n; i++) th_set(p, dt, i, (double)(int)th_rand_uniform(-1000, 1000));
+  } else {
+    th_fill_uniform(p, dt, n, dt == SMELT_DTYPE_E4M3 || dt == SMELT_DTYPE_E5M2 ? -2.0 : -1.0,
+                    dt == SMELT_DTYPE_E4M3 || dt == SMELT_DTYPE_E5M2 ? 2.0 : 1.0);
+  }
+}
+
+static void inputs_new(const gspec *s, ginputs *in) {
+  int64_t L = s->batch;
+  in->ga = mat_layout(s->a, L, s->m, s->k, s->a_col, s->pad, 0, s->misalign, s->ld16);
+  in->gb = mat_layout(s->b, L, s->k, s->n, s->b_col, s->pad, s->b_bcast, s->misalign, s->ld16);
+  in->gc = mat_layout(s->c, L, s->m, s->n, s->d_col, s->pad, 0, s->misalign, s->ld16);
+  in->gd = mat_layout(s->d, L, s->m, s->n, s->d_col, s->pad, 0, s->misalign, s->ld16);
+  in->a = malloc((size_t)in->ga.storage * smelt_dtype_size(s->a));
+  in->b = malloc((size_t)in->gb.storage * smelt_dtype_size(s->b));
+  in->c = malloc((size_t)in->gc.storage * smelt_dtype_size(s->c));
+  in->bias = malloc((size_t)(s->n + 1) * smelt_dtype_size(s->bias));
+  fill(in->a, s->a, in->ga.storage);
+  fill(in->b, s->b, in->gb.storage);
+  fill(in->c, s->c, in->gc.storage);
+  fill(in->bias, s->bias, s->n + 1);
+}
+
+static void inputs_free(ginputs *in) {
+  free(in->a);
+  free(in->b);
+  free(in->c);
+  free(in->bias);
+}
+
+/* ---------------------------------------------------------------- the naive check */
+
+static double act_ref(smelt_act a, double x, double slope) {
+  switch (a) {
+    case SMELT_ACT_IDENTITY: return x;
+    case SMELT_ACT_RELU: return x > 0 ? x : x == x ? 0.0 : x;
+    case SMELT_ACT_LEAKY_RELU: return x >= 0 ? x : slope * x;
+    case SMELT_ACT_TANH: return tanh(x);
+    case SMELT_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case SMELT_ACT_SILU: return x * (1.0 / (1.0 + exp(-x)));
+    case SMELT_ACT_HARDSWISH: return x * fmin(fmax(x + 3.0, 0.0), 6.0) / 6.0;
+    case SMELT_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case SMELT_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
+    default: return NAN;
+  }
+}
+
+/* What D holds after storing v: smelt/gemm.h's conversion rules, decoded. */
+static double convert_ref(double v, smelt_dtype dt, int clamp) {
+  uint8_t tmp[8];
+  switch (dt) {
+    case SMELT_DTYPE_F64: return v;
+    case SMELT_DTYPE_I8:
+    case SMELT_DTYPE_I32: {
+      double lo = dt == SMELT_DTYPE_I8 ? -128 : -2147483648.0, hi = dt == SMELT_DTYPE_I8 ? 127 : 2147483647.0;
+      if (isnan(v)) return 0;
+      double r = nearbyint(v);
+      return r < lo ? lo : r > hi ? hi : r;
+    }
+    default: {
+      float f = (float)v;
+      if (clamp) {
+        double m = dt == SMELT_DTYPE_F32 ? FLT_MAX : dt == SMELT_DTYPE_F16 ? 65504.0 : 3.3895313892515355e38;
+        if (dt == SMELT_DTYPE_F32 || dt == SMELT_DTYPE_F16 || dt == SMELT_DTYPE_BF16)
+          f = (float)(f > m ? m : f < -m ? -m : f);
+      }
+      th_set(tmp, dt, 0, f);
+      return th_get(tmp, dt, 0);
+    }
+  }
+}
+
+/* The expected D, decoded, [L][m][n] row-major. */
+static void naive(const gspec *s, const ginputs *in, double *out) {
+  const smelt_gemm_epilogue *e = &s->desc.epilogue;
+  const int ints = s->a == SMELT_DTYPE_I8;
+  int64_t L = s->batch > 0 ? s->batch : 1;
+  for (int64_t l = 0; l < L; l++)
+    for (int64_t i = 0; i < s->m; i++)
+      for (int64_t j = 0; j < s->n; j++) {
+        double acc = 0;
+        int64_t iacc = 0;
+        for (int64_t k = 0; k < s->k; k++) {
+          double x = th_get(in->a, s->a, mat_off(&in->ga, l, i, k)), y = th_get(in->b, s->b, mat_off(&in->gb, l, k, j));
+          if (ints) iacc += (int64_t)x * (int64_t)y;
+          else acc += x * y;
+        }
+        if (ints) acc = (double)iacc;
+        double v = e->alpha * e->scale_a * e->scale_b * acc;
+        if (s->has_c && e->beta != 0) v += e->beta * th_get(in->c, s->c, mat_off(&in->gc, l, i, j));
+        if (s->has_bias) v += th_get(in->bias, s->bias, j);
+        v = act_ref(e->act, v, e->slope) * e->scale_d;
+        out[(l * s->m + i) * s->n + j] = convert_ref(v, s->d, e->clamp);
+      }
+}
+
+/* ---------------------------------------------------------------- running a case */
+
+/* Runs the case on ctx; D decoded into out [L][m][n]. Checks the guards and
+ * that nothing between D's elements was written. Returns the status. */
+static smelt_status run_case(smelt_ctx *ctx, const gspec *s, const ginputs *in, double *out) {
+  const size_t ea = smelt_dtype_size(s->a), eb = smelt_dtype_size(s->b), ec = smelt_dtype_size(s->c),
+               ed = smelt_dtype_size(s->d), ebias = smelt_dtype_size(s->bias);
+  th_buf A = th_buf_new(ctx, (size_t)in->ga.storage * ea), B = th_buf_new(ctx, (size_t)in->gb.storage * eb),
+         C = th_buf_new(ctx, (size_t)in->gc.storage * ec), D = th_buf_new(ctx, (size_t)in->gd.storage * ed),
+         Bias = th_buf_new(ctx, (size_t)(s->n + 1) * ebias);
+  th_buf_upload(&A, in->a, A.bytes);
+  th_buf_upload(&B, in->b, B.bytes);
+  th_buf_upload(&C, in->c, C.bytes);
+  th_buf_upload(&Bias, in->bias, Bias.bytes);
+  smelt_tensor ta = mat_tensor(&in->ga, A.data, ctx), tb = mat_tensor(&in->gb, B.data, ctx),
+               tc = mat_tensor(&in->gc, C.data, ctx), td = mat_tensor(&in->gd, D.data, ctx);
+  int64_t bshape[1] = {s->n};
+  smelt_tensor tbias = smelt_tensor_make(Bias.data, s->bias, smelt_ctx_device(ctx), smelt_ctx_device_index(ctx), 1,
+                                         bshape);
+  smelt_status st = smelt_gemm(ctx, &s->desc, &ta, &tb, s->has_c ? &tc : NULL, &td, s->has_bias ? &tbias : NULL);
+  uint8_t *host = (uint8_t *)malloc(D.bytes);
+  th_buf_download(&D, host, D.bytes);
+  if (st == SMELT_OK) {
+    CHECK(th_buf_guards_ok(&D));
+    /* Every byte outside D's elements keeps the poison (0xFF). */
+    uint8_t *mark = (uint8_t *)calloc((size_t)in->gd.storage, 1);
+    int64_t L = s->batch > 0 ? s->batch : 1;
+    for (int64_t l = 0; l < L; l++)
+      for (int64_t i = 0; i < s->m; i++)
+        for (int64_t j = 0; j < s->n; j++) {
+          int64_t o = mat_off(&in->gd, l, i, j);
+          mark[o] = 1;
+          out[(l * s->m + i) * s->n + j] = th_get(host, s->d, o);
+        }
+    for (int64_t o = 0; o < in->gd.storage; o++)
+      if (!mark[o])
+        for (size_t b = 0; b < ed; b++)
+          if (host[(size_t)o * ed + b] != 0xFF) {
+            th_fail(__FILE__, __LINE__, "%s: D storage element %lld outside the view was written",
+                    smelt_ctx_device(ctx) == SMELT_DEVICE_CUDA ? "cuda" : "cpu", (long long)o);
+            o = in->gd.storage;
+            break;
+          }
+    free(mark);
+  }
+  free(host);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&C);
+  th_buf_free(&D);
+  th_buf_free(&Bias);
+  return st;
+}
+
+static int is_fp8(smelt_dtype d) { return d == SMELT_DTYPE_E4M3 || d == SMELT_DTYPE_E5M2; }
+
+/* Relative L2 bound of a GPU result against the CPU reference: the
+ * arithmetic's own error plus about one rounding of the output type (the two
+ * sides round values that differ in the last bits). */
+static double bound_of(const gspec *s) {
+  double in;
+  const smelt_gemm_desc *d = &s->desc;
+  if (s->a == SMELT_DTYPE_F64) in = 1e-12;
+  else if (s->a == SMELT_DTYPE_I8) in = 1e-12;
+  else if (d->math.acc == SMELT_GEMM_ACC_F16) in = 3e-2;
+  else if (d->math.op == SMELT_GEMM_MATH_TF32) in = 2e-3;
+  else in = 1e-5; /* f32 accumulation of exact products (and 3xtf32) */
+  double out;
+  switch (s->d) {
+    case SMELT_DTYPE_F64: out = 0; break;
+    case SMELT_DTYPE_F32: out = 1e-6; break;
+    case SMELT_DTYPE_F16: out = 2e-3; break;
+    case SMELT_DTYPE_BF16: out = 1e-2; break;
+    case SMELT_DTYPE_E4M3: out = 0.08; break;
+    case SMELT_DTYPE_E5M2: out = 0.15; break;
+    default: out = s->a == SMELT_DTYPE_I8 && d->epilogue.act == SMELT_ACT_IDENTITY ? 0 : 1e-2; break;
+  }
+  return in + out;
+}
+
+static const char *dn(smelt_dtype d) { return smelt_dtype_name(d); }
+
+/* Runs s on the CPU (against the naive check, unless `naive_too` is 0) and,
+ * with a GPU, on CUDA against the CPU reference. Returns 0 on a failure. */
+static int check(const gspec *s, int naive_too, const char *what) {
+  char label[256];
+  snprintf(label, sizeof label, "%s %sx%s->%s %c%c m%lld n%lld k%lld L%lld act %d%s%s", what, dn(s->a), dn(s->b),
+           dn(s->d), s->a_col ? 'C' : 'R', s->b_col ? 'C' : 'R', (long long)s->m, (long long)s->n, (long long)s->k,
+           (long long)s->batch, (int)s->desc.epilogue.act, s->has_c ? " +C" : "", s->has_bias ? " +bias" : "");
+  ginputs in;
+  inputs_new(s, &in);
+  int64_t L = s->batch > 0 ? s->batch : 1, n = L * s->m * s->n;
+  double *ref = (double *)malloc(sizeof(double) * (size_t)(n + 1)), *cpu = (double *)malloc(sizeof(double) * (size_t)(n + 1)),
+         *gpu = (double *)malloc(sizeof(double) * (size_t)(n + 1));
+  int ok = 1;
+  int fails = th_failed_now;
+  smelt_status st = run_case(th_cpu(), s, &in, cpu);
+  if (st != SMELT_OK) {
+    th_fail(__FILE__, __LINE__, "%s: cpu: %s (%s)", label, smelt_status_name(st), smelt_last_error());
+    ok = 0;
+  } else if (naive_too) {
+    naive(s, &in, ref);
+    /* Same arithmetic in double on both sides: differences come from how
+     * the activations are written, which can flip one output rounding. */
+    double rb = s->d == SMELT_DTYPE_F64 ? 1e-12 : s->d == SMELT_DTYPE_F32 ? 1e-6 : bound_of(s);
+    if (!th_compare(label, cpu, ref, n, rb, 0)) ok = 0;
+  }
+  smelt_ctx *cu = th_cuda();
+  if (ok && cu) {
+    st = run_case(cu, s, &in, gpu);
+    if (st != SMELT_OK) {
+      th_fail(__FILE__, __LINE__, "%s: cuda: %s (%s)", label, smelt_status_name(st), smelt_last_error());
+      ok = 0;
+    } else if (!th_compare(label, gpu, cpu, n, bound_of(s), is_fp8(s->d) ? 0.51 : 0)) {
+      ok = 0;
+    }
+  }
+  if (th_failed_now != fails) ok = 0;
+  if (!ok) th_fail(__FILE__, __LINE__, "case failed: %s", label);
+  free(ref);
+  free(cpu);
+  free(gpu);
+  inputs_free(&in);
+  return ok;
+}
+
+/* ---------------------------------------------------------------- dtype x layout */
+
+typedef struct combo {
+  smelt_dtype a, b, d;
+  smelt_gemm_math_op op;
+  smelt_gemm_acc acc;
+} combo;
+
+static const combo combos[] = {
+    {SMELT_DTYPE_F64, SMELT_DTYPE_F64, SMELT_DTYPE_F64, 0, 0},
+    {SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 0, 0},
+    {SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_GEMM_MATH_TF32, 0},
+    {SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_GEMM_MATH_3XTF32, 0},
+    {SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 0, 0},
+    {SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F32, 0, SMELT_GEMM_ACC_F16},
+    {SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 0, 0},
+    {SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_F32, 0, 0},
+    {SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, 0, 0},
+    {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2, SMELT_DTYPE_F32, 0, 0},
+    {SMELT_DTYPE_E5M2, SMELT_DTYPE_E4M3, SMELT_DTYPE_F16, 0, 0},
+    {SMELT_DTYPE_E5M2, SMELT_DTYPE_E5M2, SMELT_DTYPE_E4M3, 0, 0},
+    {SMELT_DTYPE_I8, SMELT_DTYPE_I8, SMELT_DTYPE_I32, 0, 0},
+    {SMELT_DTYPE_I8, SMELT_DTYPE_I8, SMELT_DTYPE_I8, 0, 0},
+    {SMELT_DTYPE_F16, SMELT_DTYPE_BF16, SMELT_DTYPE_F32, 0, 0},
+    {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16, 0, 0},
+};
+#define NCOMBOS ((int)(sizeof combos / sizeof *combos))
+
+static gspec combo_spec(const combo *c, int64_t m, int64_t n, int64_t k) {
+  gspec s = spec(c->a, c->b, c->d, m, n, k);
+  s.desc.math.op = c->op;
+  s.desc.math.acc = c->acc;
+  if (c->a == SMELT_DTYPE_I8) {
+    s.c = SMELT_DTYPE_I32;
+    s.bias = SMELT_DTYPE_I32;
+    if (c->d == SMELT_DTYPE_I8) s.desc.epilogue.alpha = 1.0 / 256; /* keep i8 outputs mostly in range */
+  }
+  if (is_fp8(c->a)) {
+    s.desc.epilogue.scale_a = 0.5f;
+    s.desc.epilogue.scale_b = 2.0f;
+    s.desc.epilogue.scale_d = is_fp8(c->d) ? 4.0f : 1.0f;
+  }
+  return s;
+}
+
+/* Every dtype combination in every layout, small odd shapes, with C and bias. */
+static void test_dtypes_layouts(void) {
+  static const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {13, 17, 33}};
+  for (int ci = 0; ci < NCOMBOS; ci++)
+    for (int lay = 0; lay < 4; lay++)
+      for (int si = 0; si < 3; si++) {
+        gspec s = combo_spec(&combos[ci], shapes[si][0], shapes[si][1], shapes[si][2]);
+        s.a_col = lay >> 1;
+        s.b_col = lay & 1;
+        s.d_col = si == 1;
+        s.pad = si == 2 ? 3 : 0;
+        s.has_c = si > 0;
+        s.has_bias = si == 2;
+        s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
+        if (!check(&s, 1, "dtypes")) return;
+      }
+}
+
+/* Each activation with bias, beta, clamp and scales, on two dtypes. */
+static void test_epilogues(void) {
+  static const smelt_dtype dts[][2] = {{SMELT_DTYPE_F32, SMELT_DTYPE_F32}, {SMELT_DTYPE_BF16, SMELT_DTYPE_BF16}};
+  for (int t = 0; t < 2; t++)
+    for (int a = 0; a < SMELT_ACT_COUNT; a++) {
+      gspec s = spec(dts[t][0], dts[t][0], dts[t][1], 19, 23, 29);
+      s.has_c = 1;
+      s.has_bias = 1;
+      s.bias = t ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F32;
+      s.desc.epilogue.act = (smelt_act)a;
+      s.desc.epilogue.alpha = 1.5;
+      s.desc.epilogue.beta = -0.75;
+      s.desc.epilogue.slope = 0.2f;
+      s.desc.epilogue.scale_d = 0.5f;
+      if (!check(&s, 1, "epilogue")) return;
+    }
+  /* Clamp: huge alpha overflows f16 to inf unless clamped. */
+  for (int clamp = 0; clamp < 2; clamp++) {
+    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 9, 8, 16);
+    s.desc.epilogue.alpha = 1e6;
+    s.desc.epilogue.clamp = clamp;
+    if (!check(&s, 1, "clamp")) return;
+  }
+  /* Integer outputs saturate: i8 from a float GEMM and from an int8 one. */
+  gspec s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_I8, 11, 10, 40);
+  s.desc.epilogue.alpha = 100;
+  if (!check(&s, 1, "saturate")) return;
+  s = spec(SMELT_DTYPE_I8, SMELT_DTYPE_I8, SMELT_DTYPE_I8, 11, 10, 40);
+  s.c = SMELT_DTYPE_I32;
+  if (!check(&s, 1, "saturate")) return;
+}
+
+/* ---------------------------------------------------------------- modes */
+
+static void test_batched(void) {
+  for (int bc = 0; bc < 2; bc++)
+    for (int lay = 0; lay < 4; lay++) {
+      gspec s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 9, 11, 13);
+      s.batch = 3;
+      s.b_bcast = bc;
+      s.a_col = lay >> 1;
+      s.b_col = lay & 1;
+      s.has_c = 1;
+      s.has_bias = 1;
+      s.desc.epilogue.beta = 2.0;
+      if (!check(&s, 1, "batched")) return;
+      s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 17, 9, 24);
+      s.batch = 4;
+      s.b_bcast = bc;
+      s.a_col = lay >> 1;
+      s.b_col = lay & 1;
+      s.desc.mode = SMELT_GEMM_MODE_BATCHED;
+      if (!check(&s, 1, "batched")) return;
+    }
+}
+
+/* Split-K on the CPU is the plain GEMM; on a GPU every slice count 1..16. */
+static void test_split_k(void) {
+  for (int serial = 0; serial < 2; serial++)
+    for (int sk = 1; sk <= 16; sk += (th_cuda() ? 1 : 5)) {
+      gspec s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 33, 20, th_cuda() ? 1000 + 3 : 70);
+      s.desc.mode = serial ? SMELT_GEMM_MODE_SPLIT_K_SERIAL : SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+      s.desc.split_k = sk;
+      s.has_c = 1;
+      s.has_bias = 1;
+      s.desc.epilogue.beta = 1.0;
+      s.desc.epilogue.act = SMELT_ACT_GELU;
+      if (!check(&s, !th_cuda(), serial ? "split serial" : "split parallel")) return;
+      s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 130, 70, th_cuda() ? 2000 + 7 : 64);
+      s.b_col = 1;
+      s.desc.mode = serial ? SMELT_GEMM_MODE_SPLIT_K_SERIAL : SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+      s.desc.split_k = sk;
+      if (!check(&s, !th_cuda(), serial ? "split serial" : "split parallel")) return;
+      s = spec(SMELT_DTYPE_I8, SMELT_DTYPE_I8, SMELT_DTYPE_I32, 20, 33, th_cuda() ? 999 : 40);
+      s.b_col = 1;
+      s.desc.mode = serial ? SMELT_GEMM_MODE_SPLIT_K_SERIAL : SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+      s.desc.split_k = sk;
+      if (!check(&s, !th_cuda(), serial ? "split serial" : "split parallel")) return;
+    }
+}
+
+/* Array mode: count problems at pointers from arrays in device memory. */
+static void run_array(smelt_ctx *ctx, smelt_dtype dt, int64_t count, int64_t m, int64_t n, int64_t k, int b_col) {
+  const size_t es = smelt_dtype_size(dt);
+  gmat ga = mat_layout(dt, 0, m, k, 0, 1, 0, 0, 0), gb = mat_layout(dt, 0, k, n, b_col, 0, 0, 0, 0),
+       gd = mat_layout(dt, 0, m, n, 0, 2, 0, 0, 0);
+  size_t sa = (size_t)ga.storage * es, sb = (size_t)gb.storage * es, sd = (size_t)gd.storage * es;
+  /* Problem i: A at slot i, B at slot count-1-i, C and D at their own slots. */
+  th_buf A = th_buf_new(ctx, sa * (size_t)count), B = th_buf_new(ctx, sb * (size_t)count),
+         C = th_buf_new(ctx, sd * (size_t)count), D = th_buf_new(ctx, sd * (size_t)count),
+         P = th_buf_new(ctx, 4 * sizeof(void *) * (size_t)count);
+  uint8_t *ha = malloc(A.bytes), *hb = malloc(B.bytes), *hc = malloc(C.bytes), *hd = malloc(D.bytes);
+  fill(ha, dt, (int64_t)(A.bytes / es));
+  fill(hb, dt, (int64_t)(B.bytes / es));
+  fill(hc, dt, (int64_t)(C.bytes / es));
+  th_buf_upload(&A, ha, A.bytes);
+  th_buf_upload(&B, hb, B.bytes);
+  th_buf_upload(&C, hc, C.bytes);
+  void **hp = malloc(4 * sizeof(void *) * (size_t)count);
+  for (int64_t i = 0; i < count; i++) {
+    hp[i] = (char *)A.data + sa * (size_t)i;
+    hp[count + i] = (char *)B.data + sb * (size_t)(count - 1 - i);
+    hp[2 * count + i] = (char *)C.data + sd * (size_t)i;
+    hp[3 * count + i] = (char *)D.data + sd * (size_t)i;
+  }
+  th_buf_upload(&P, hp, P.bytes);
+  void **dp = (void **)P.data;
+  smelt_gemm_ptrs ptrs = {(const void *const *)dp, (const void *const *)(dp + count),
+                          (const void *const *)(dp + 2 * count), dp + 3 * count};
+  smelt_tensor ta = mat_tensor(&ga, hp[0], ctx), tb = mat_tensor(&gb, hp[count], ctx),
+               tc = mat_tensor(&gd, hp[2 * count], ctx), td = mat_tensor(&gd, hp[3 * count], ctx);
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  desc.epilogue.beta = -1.0;
+  desc.epilogue.act = SMELT_ACT_RELU;
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_gemm_array_plan(ctx, &desc, count, &ta, &tb, &tc, &td, NULL, &plan));
+  if (plan) CHECK_OK(smelt_gemm_array_run(plan, &ptrs, NULL));
+  smelt_plan_destroy(plan);
+  th_buf_download(&D, hd, D.bytes);
+  CHECK(th_buf_guards_ok(&D));
+  double *got = malloc(sizeof(double) * (size_t)(m * n)), *want = malloc(sizeof(double) * (size_t)(m * n));
+  for (int64_t i = 0; i < count && !th_failed_now; i++) {
+    const uint8_t *pa = ha + sa * (size_t)i, *pb = hb + sb * (size_t)(count - 1 - i), *pc = hc + sd * (size_t)i,
+                  *pd = hd + sd * (size_t)i;
+    for (int64_t r = 0; r < m; r++)
+      for (int64_t c = 0; c < n; c++) {
+        double acc = 0;
+        for (int64_t kk = 0; kk < k; kk++) acc += th_get(pa, dt, mat_off(&ga, 0, r, kk)) * th_get(pb, dt, mat_off(&gb, 0, kk, c));
+        double v = acc - th_get(pc, dt, mat_off(&gd, 0, r, c));
+        want[r * n + c] = convert_ref(v > 0 ? v : 0, dt, 0);
+        got[r * n + c] = th_get(pd, dt, mat_off(&gd, 0, r, c));
+      }
+    char what[64];
+    snprintf(what, sizeof what, "array %s problem %lld", dn(dt), (long long)i);
+    CHECK(th_compare(what, got, want, m * n, dt == SMELT_DTYPE_F32 ? 1e-5 : 1e-2, 1e-6));
+  }
+  free(got);
+  free(want);
+  free(hp);
+  free(ha);
+  free(hb);
+  free(hc);
+  free(hd);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&C);
+  th_buf_free(&D);
+  th_buf_free(&P);
+}
+
+static void test_array(void) {
+  run_array(th_cpu(), SMELT_DTYPE_F32, 3, 7, 9, 5, 0);
+  if (th_cuda()) {
+    run_array(th_cuda(), SMELT_DTYPE_F32, 5, 33, 17, 70, 1);
+    run_array(th_cuda(), SMELT_DTYPE_BF16, 4, 130, 72, 64, 1);
+    run_array(th_cuda(), SMELT_DTYPE_F16, 3, 7, 8, 16, 0);
+  }
+}
+
+/* Grouped: problems of their own sizes, some empty, on every backend. */
+static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t (*sizes)[3], int count, int bias) {
+  smelt_tensor *t = calloc((size_t)count * 4, sizeof *t);
+  gmat *g = calloc((size_t)count * 3, sizeof *g);
+  th_buf *bufs = calloc((size_t)count * 4, sizeof *bufs);
+  void **host = calloc((size_t)count * 4, sizeof *host);
+  for (int i = 0; i < count; i++) {
+    int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
+    g[3 * i] = mat_layout(dt, 0, m, k, 0, 0, 0, 0, 1);
+    g[3 * i + 1] = mat_layout(dt, 0, k, n, b_col, 0, 0, 0, 1);
+    g[3 * i + 2] = mat_layout(dt, 0, m, n, 0, 1, 0, 0, 0);
+    int64_t el[4] = {g[3 * i].storage, g[3 * i + 1].storage, g[3 * i + 2].storage, n + 1};
+    for (int j = 0; j < 4; j++) {
+      smelt_dtype dj = j == 3 ? SMELT_DTYPE_F32 : dt;
+      bufs[4 * i + j] = th_buf_new(ctx, (size_t)el[j] * smelt_dtype_size(dj));
+      host[4 * i + j] = malloc(bufs[4 * i + j].bytes);
+      if (j != 2) {
+        fill(host[4 * i + j], dj, el[j]);
+        th_buf_upload(&bufs[4 * i + j], host[4 * i + j], bufs[4 * i + j].bytes);
+      }
+    }
+    t[i] = mat_tensor(&g[3 * i], bufs[4 * i].data, ctx);
+    t[count + i] = mat_tensor(&g[3 * i + 1], bufs[4 * i + 1].data, ctx);
+    t[2 * count + i] = mat_tensor(&g[3 * i + 2], bufs[4 * i + 2].data, ctx);
+    int64_t bn[1] = {n};
+    t[3 * count + i] = smelt_tensor_make(bufs[4 * i + 3].data, SMELT_DTYPE_F32, smelt_ctx_device(ctx),
+                                         smelt_ctx_device_index(ctx), 1, bn);
+  }
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  desc.epilogue.act = SMELT_ACT_SILU;
+  CHECK_OK(smelt_gemm_grouped(ctx, &desc, count, t, t + count, NULL, t + 2 * count, bias ? t + 3 * count : NULL));
+  for (int i = 0; i < count && !th_failed_now; i++) {
+    int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
+    th_buf_download(&bufs[4 * i + 2], host[4 * i + 2], bufs[4 * i + 2].bytes);
+    CHECK(th_buf_guards_ok(&bufs[4 * i + 2]));
+    double *got = malloc(sizeof(double) * (size_t)(m * n + 1)), *want = malloc(sizeof(double) * (size_t)(m * n + 1));
+    for (int64_t r = 0; r < m; r++)
+      for (int64_t c = 0; c < n; c++) {
+        double acc = 0;
+        for (int64_t kk = 0; kk < k; kk++)
+          acc += th_get(host[4 * i], dt, mat_off(&g[3 * i], 0, r, kk)) *
+                 th_get(host[4 * i + 1], dt, mat_off(&g[3 * i + 1], 0, kk, c));
+        if (bias) acc += th_get(host[4 * i + 3], SMELT_DTYPE_F32, c);
+        want[r * n + c] = convert_ref(act_ref(SMELT_ACT_SILU, acc, 0), dt, 0);
+        got[r * n + c] = th_get(host[4 * i + 2], dt, mat_off(&g[3 * i + 2], 0, r, c));
+      }
+    char what[64];
+    snprintf(what, sizeof what, "grouped %s group %d", dn(dt), i);
+    CHECK(th_compare(what, got, want, m * n, dt == SMELT_DTYPE_F32 ? 1e-5 : 1e-2, 1e-6));
+    free(got);
+    free(want);
+  }
+  for (int i = 0; i < 4 * count; i++) {
+    th_buf_free(&bufs[i]);
+    free(host[i]);
+  }
+  free(t);
+  free(g);
+  free(bufs);
+  free(host);
+}
+
+static void test_grouped(void) {
+  static const int64_t small[][3] = {{5, 7, 3}, {0, 4, 4}, {9, 1, 6}, {3, 0, 2}, {2, 3, 0}, {11, 6, 17}};
+  run_grouped(th_cpu(), SMELT_DTYPE_F32, 0, small, 6, 1);
+  if (!th_cuda()) return;
+  static const int64_t big[][3] = {{129, 200, 64}, {0, 64, 64}, {1, 1, 1}, {300, 72, 136}, {64, 0, 8},
+                                   {7, 9, 0},      {128, 128, 128}, {65, 257, 40}};
+  run_grouped(th_cuda(), SMELT_DTYPE_F32, 0, small, 6, 1);
+  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, big, 8, 1);
+  run_grouped(th_cuda(), SMELT_DTYPE_F16, 0, big, 8, 0);
+}
+
+/* ---------------------------------------------------------------- edges */
+
+static void test_edges(void) {
+  /* K = 0: D = epilogue(beta * C + bias). */
+  gspec s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 5, 6, 0);
+  s.has_c = s.has_bias = 1;
+  s.desc.epilogue.beta = 3.0;
+  s.desc.epilogue.act = SMELT_ACT_TANH;
+  check(&s, 1, "K=0");
+  /* M = 0 and N = 0 write nothing. */
+  s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 0, 6, 4);
+  check(&s, 1, "M=0");
+  s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 6, 0, 4);
+  check(&s, 1, "N=0");
+  /* NaN in C with beta = 0 is not read. */
+  for (int b = 0; b < 2; b++) {
+    smelt_ctx *ctx = b ? th_cuda() : th_cpu();
+    if (!ctx) continue;
+    float ha[4] = {1, 2, 3, 4}, hb[4] = {1, 0, 0, 1}, hc[4] = {NAN, NAN, NAN, NAN}, hd[4];
+    th_buf A = th_buf_new(ctx, 16), B = th_buf_new(ctx, 16), C = th_buf_new(ctx, 16), D = th_buf_new(ctx, 16);
+    th_buf_upload(&A, ha, 16);
+    th_buf_upload(&B, hb, 16);
+    th_buf_upload(&C, hc, 16);
+    int64_t sh[2] = {2, 2};
+    smelt_device_kind dk = smelt_ctx_device(ctx);
+    smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_F32, dk, 0, 2, sh),
+                 tb = smelt_tensor_make(B.data, SMELT_DTYPE_F32, dk, 0, 2, sh),
+                 tc = smelt_tensor_make(C.data, SMELT_DTYPE_F32, dk, 0, 2, sh),
+                 td = smelt_tensor_make(D.data, SMELT_DTYPE_F32, dk, 0, 2, sh);
+    CHECK_OK(smelt_gemm(ctx, NULL, &ta, &tb, &tc, &td, NULL));
+    th_buf_download(&D, hd, 16);
+    CHECK(hd[0] == 1 && hd[1] == 2 && hd[2] == 3 && hd[3] == 4);
+    /* In place: D is C. A NaN in A reaches exactly its row. */
+    ha[0] = NAN;
+    th_buf_upload(&A, ha, 16);
+    smelt_gemm_desc desc = smelt_gemm_desc_default();
+    desc.epilogue.beta = 1.0;
+    CHECK_OK(smelt_gemm(ctx, &desc, &ta, &tb, &td, &td, NULL));
+    th_buf_download(&D, hd, 16);
+    CHECK(isnan(hd[0]) && isnan(hd[1]) && hd[2] == 6 && hd[3] == 8);
+    th_buf_free(&A);
+    th_buf_free(&B);
+    th_buf_free(&C);
+    th_buf_free(&D);
+  }
+}
+
+static void test_desc_default(void) {
+  smelt_gemm_desc d = smelt_gemm_desc_default();
+  CHECK(d.epilogue.alpha == 1.0 && d.epilogue.beta == 0.0);
+  CHECK(d.epilogue.scale_a == 1.0f && d.epilogue.scale_b == 1.0f && d.epilogue.scale_d == 1.0f);
+  CHECK(d.epilogue.slope == 0.01f && d.epilogue.act == SMELT_ACT_IDENTITY);
+  CHECK(d.mode == SMELT_GEMM_MODE_AUTO && d.split_k == 0 && d.math.opclass == SMELT_GEMM_OPCLASS_AUTO);
+}
+
+/* ---------------------------------------------------------------- bad inputs */
+
+typedef struct bad_env {
+  float a[64], b[64], c[64], d[64], bias[8];
+  smelt_tensor ta, tb, tc, td, tbias;
+} bad_env;
+
+static void bad_env_init(bad_env *e) {
+  for (int i = 0; i < 64; i++) e->a[i] = e->b[i] = e->c[i] = 1.0f;
+  for (int i = 0; i < 64; i++) e->d[i] = NAN;
+  int64_t sa[2] = {3, 4}, sb[2] = {4, 5}, sd[2] = {3, 5}, sbias[1] = {5};
+  e->ta = smelt_tensor_make(e->a, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sa);
+  e->tb = smelt_tensor_make(e->b, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sb);
+  e->tc = smelt_tensor_make(e->c, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sd);
+  e->td = smelt_tensor_make(e->d, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sd);
+  e->tbias = smelt_tensor_make(e->bias, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, sbias);
+}
+
+static int untouched(const bad_env *e) {
+  for (int i = 0; i < 64; i++)
+    if (!isnan(e->d[i])) return 0;
+  return 1;
+}
+
+#define BAD(call, status, msg) \
+  do {                         \
+    CHECK_STATUS(call, status); \
+    CHECK_MSG(msg);            \
+    CHECK(untouched(&e));      \
+  } while (0)
+
+static void test_bad_inputs(void) {
+  smelt_ctx *cpu = th_cpu();
+  bad_env e;
+  bad_env_init(&e);
+  smelt_gemm_desc d = smelt_gemm_desc_default();
+  smelt_plan *plan = (smelt_plan *)1;
+  BAD(smelt_gemm_plan(cpu, NULL, &e.ta, &e.tb, NULL, &e.td, NULL, NULL), SMELT_STATUS_NULL_POINTER, "out is NULL");
+  BAD(smelt_gemm_plan(NULL, NULL, &e.ta, &e.tb, NULL, &e.td, NULL, &plan), SMELT_STATUS_NULL_POINTER, "ctx is NULL");
+  CHECK(plan == NULL);
+  BAD(smelt_gemm(cpu, NULL, NULL, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_NULL_POINTER, "A is NULL");
+  BAD(smelt_gemm(cpu, NULL, &e.ta, NULL, NULL, &e.td, NULL), SMELT_STATUS_NULL_POINTER, "B is NULL");
+  BAD(smelt_gemm(cpu, NULL, &e.ta, &e.tb, NULL, NULL, NULL), SMELT_STATUS_NULL_POINTER, "D is NULL");
+  /* The description. */
+  d.math.opclass = (smelt_gemm_opclass)9;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "desc.math.opclass=9");
+  d = smelt_gemm_desc_default();
+  d.split_k = SMELT_GEMM_MAX_SPLIT_K + 1;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "desc.split_k=65");
+  d = smelt_gemm_desc_default();
+  d.tile.m = -8;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "desc.tile.m=-8");
+  d = smelt_gemm_desc_default();
+  d.tile.cluster_m = 2;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_UNSUPPORTED, "cluster=2x0");
+  d = smelt_gemm_desc_default();
+  d.epilogue.alpha = NAN;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "alpha=nan must be finite");
+  d = smelt_gemm_desc_default();
+  d.epilogue.act = SMELT_ACT_COUNT;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "desc.epilogue.act");
+  /* C is needed when beta != 0. */
+  d = smelt_gemm_desc_default();
+  d.epilogue.beta = 0.5;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_NULL_POINTER, "C is NULL but");
+  /* Shapes. */
+  smelt_tensor t = e.tb;
+  t.shape[0] = 5;
+  BAD(smelt_gemm(cpu, NULL, &e.ta, &t, NULL, &e.td, NULL), SMELT_STATUS_SHAPE_MISMATCH, "B.shape[0]=5 must equal K=4");
+  t = e.td;
+  t.shape[1] = 4;
+  BAD(smelt_gemm(cpu, NULL, &e.ta, &e.tb, NULL, &t, NULL), SMELT_STATUS_SHAPE_MISMATCH, "D.shape[1]=4 must equal N=5");
+  t = e.tbias;
+  t.shape[0] = 4;
+  BAD(smelt_gemm(cpu, NULL, &e.ta, &e.tb, NULL, &e.td, &t), SMELT_STATUS_SHAPE_MISMATCH, "bias.shape=[4] must be [N]=[5]");
+  t = e.ta;
+  t.ndim = 1;
+  BAD(smelt_gemm(cpu, NULL, &t, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_SHAPE_MISMATCH, "A.ndim=1 must be 2");
+  /* Dtypes. */
+  t = e.tb;
+  t.dtype = SMELT_DTYPE_F64;
+  BAD(smelt_gemm(cpu, NULL, &e.ta, &t, NULL, &e.td, NULL), SMELT_STATUS_DTYPE_MISMATCH, "do not combine");
+  t = e.ta;
+  t.dtype = SMELT_DTYPE_BOOL;
+  BAD(smelt_gemm(cpu, NULL, &t, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_DTYPE_MISMATCH, "A.dtype=bool is not supported");
+  d = smelt_gemm_desc_default();
+  d.math.acc = SMELT_GEMM_ACC_F16;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_DTYPE_MISMATCH, "desc.math.acc=f16");
+  t = e.ta;
+  t.dtype = SMELT_DTYPE_F16;
+  d = smelt_gemm_desc_default();
+  d.math.op = SMELT_GEMM_MATH_TF32;
+  BAD(smelt_gemm(cpu, &d, &t, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_DTYPE_MISMATCH, "TF32 needs f32 A and B");
+  /* Memory. */
+  t = e.td;
+  t.data = e.a;
+  CHECK_STATUS(smelt_gemm(cpu, NULL, &e.ta, &e.tb, NULL, &t, NULL), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("D overlaps A");
+  t = e.tc;
+  t.data = e.d + 1;
+  d = smelt_gemm_desc_default();
+  d.epilogue.beta = 1;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, &t, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "without being C exactly");
+  t = e.td;
+  t.strides[0] = 0;
+  BAD(smelt_gemm(cpu, NULL, &e.ta, &e.tb, NULL, &t, NULL), SMELT_STATUS_BAD_LAYOUT, "D.strides=[0, 1]");
+  t = e.ta;
+  t.device = SMELT_DEVICE_CUDA;
+  BAD(smelt_gemm(cpu, NULL, &t, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_WRONG_DEVICE, "A is on cuda:0");
+  /* Modes. */
+  d = smelt_gemm_desc_default();
+  d.mode = SMELT_GEMM_MODE_ARRAY;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "smelt_gemm_array_plan");
+  d = smelt_gemm_desc_default();
+  d.mode = SMELT_GEMM_MODE_PLAIN;
+  d.split_k = 4;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "desc.split_k=4 needs mode");
+  d = smelt_gemm_desc_default();
+  d.mode = SMELT_GEMM_MODE_BATCHED;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_SHAPE_MISMATCH, "BATCHED needs 3-D");
+  /* Runs against a plan. */
+  plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cpu, NULL, &e.ta, &e.tb, NULL, &e.td, NULL, &plan));
+  REQUIRE(plan);
+  CHECK(strstr(smelt_plan_describe(plan), "gemm") != NULL);
+  t = e.ta;
+  t.shape[0] = 2;
+  BAD(smelt_gemm_run(plan, &t, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_SHAPE_MISMATCH, "differs from the planned");
+  BAD(smelt_gemm_run(plan, &e.ta, &e.tb, NULL, &e.td, &e.tbias), SMELT_STATUS_INVALID_ARGUMENT,
+      "bias is given but the plan was made without one");
+  BAD(smelt_gemm_run(NULL, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_NULL_POINTER, "plan is NULL");
+  BAD(smelt_gemm_grouped_run(plan, 1, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT,
+      "not a grouped plan");
+  smelt_gemm_ptrs ptrs = {0, 0, 0, 0};
+  BAD(smelt_gemm_array_run(plan, &ptrs, NULL), SMELT_STATUS_INVALID_ARGUMENT, "not an array plan");
+  smelt_plan_destroy(plan);
+  /* Array. */
+  plan = NULL;
+  CHECK_OK(smelt_gemm_array_plan(cpu, NULL, 2, &e.ta, &e.tb, NULL, &e.td, NULL, &plan));
+  REQUIRE(plan);
+  BAD(smelt_gemm_array_run(plan, NULL, NULL), SMELT_STATUS_NULL_POINTER, "ptrs is NULL");
+  BAD(smelt_gemm_array_run(plan, &ptrs, NULL), SMELT_STATUS_NULL_POINTER, "ptrs->a is NULL");
+  const void *pa[2] = {e.a, e.a}, *pb[2] = {e.b, NULL};
+  void *pd[2] = {e.d, e.d + 20};
+  smelt_gemm_ptrs p2 = {pa, pb, NULL, pd};
+  BAD(smelt_gemm_array_run(plan, &p2, NULL), SMELT_STATUS_NULL_POINTER, "ptrs->b[1] is NULL");
+  smelt_plan_destroy(plan);
+  BAD(smelt_gemm_array_plan(cpu, NULL, -1, &e.ta, &e.tb, NULL, &e.td, NULL, &plan), SMELT_STATUS_INVALID_ARGUMENT,
+      "count=-1");
+  /* Grouped. */
+  smelt_tensor ga[2] = {e.ta, e.ta}, gb[2] = {e.tb, e.tb}, gd[2] = {e.td, e.td};
+  gd[1].data = e.d + 20;
+  BAD(smelt_gemm_grouped(cpu, NULL, 0, ga, gb, NULL, gd, NULL), SMELT_STATUS_INVALID_ARGUMENT, "count=0 must be >= 1");
+  gb[1].dtype = SMELT_DTYPE_F16;
+  BAD(smelt_gemm_grouped(cpu, NULL, 2, ga, gb, NULL, gd, NULL), SMELT_STATUS_DTYPE_MISMATCH, "group 1");
+  gb[1] = e.tb;
+  gb[1].shape[0] = 3;
+  BAD(smelt_gemm_grouped(cpu, NULL, 2, ga, gb, NULL, gd, NULL), SMELT_STATUS_SHAPE_MISMATCH,
+      "group 1: B.shape[0]=3 must equal K=4");
+  /* Tensor ops cannot serve f64 on a GPU. */
+  smelt_ctx *cu = th_cuda();
+  if (cu) {
+    th_buf A = th_buf_new(cu, 1024), D = th_buf_new(cu, 1024);
+    int64_t sh[2] = {4, 4};
+    smelt_tensor a = smelt_tensor_make(A.data, SMELT_DTYPE_F64, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, sh);
+    smelt_tensor dd = smelt_tensor_make(D.data, SMELT_DTYPE_F64, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, sh);
+    d = smelt_gemm_desc_default();
+    d.math.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
+    CHECK_STATUS(smelt_gemm(cu, &d, &a, &a, NULL, &dd, NULL), SMELT_STATUS_UNSUPPORTED);
+    CHECK_MSG("no tensor-op kernel");
+    d = smelt_gemm_desc_default();
+    d.tile.m = 96;
+    CHECK_STATUS(smelt_gemm(cu, &d, &a, &a, NULL, &dd, NULL), SMELT_STATUS_UNSUPPORTED);
+    CHECK_MSG("64x64x16");
+    th_buf_free(&A);
+    th_buf_free(&D);
+  }
+}
+
+/* ---------------------------------------------------------------- GPU: kernels */
+
+/* Every tensor-op kernel of the table, reached through the description
+ * (dtype, layout, tile), on sizes that cut every tile edge, and the SIMT
+ * kernels on the same shapes. */
+static void test_gpu_kernels(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  static const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 9}, {127, 129, 65}, {200, 136, 100}, {64, 64, 64}};
+  static const int tiles[] = {128, 64};
+  for (int ci = 0; ci < NCOMBOS; ci++) {
+    const combo *c = &combos[ci];
+    const int eight = c->a == SMELT_DTYPE_I8 || is_fp8(c->a);
+    for (int lay = 0; lay < 4; lay++) {
+      if (eight && lay != 1) continue; /* 8-bit tensor ops are K-major: A row-major, B column-major */
+      for (int ti = 0; ti < 2; ti++)
+        for (int si = 0; si < 5; si++) {
+          gspec s = combo_spec(c, shapes[si][0], shapes[si][1], shapes[si][2]);
+          s.a_col = lay >> 1;
+          s.b_col = lay & 1;
+          s.ld16 = 1;
+          s.desc.tile.m = tiles[ti];
+          /* Tensor-op kinds force tensor cores; the rest exercise SIMT (64 x 64). */
+          int tc = (c->a == SMELT_DTYPE_F16 && c->b == SMELT_DTYPE_F16 && !c->acc) || c->a == SMELT_DTYPE_BF16 ||
+                   eight || c->op != SMELT_GEMM_MATH_DEFAULT;
+          if (c->a == SMELT_DTYPE_F16 && c->b == SMELT_DTYPE_BF16) tc = 0;
+          if (c->a == SMELT_DTYPE_F32 && c->b == SMELT_DTYPE_F16) tc = 0;
+          const int only128 = c->op != SMELT_GEMM_MATH_DEFAULT || eight;
+          if (tc && ti == 1 && only128) continue;
+          if (!tc && ti == 0) continue;
+          if (tc) s.desc.math.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
+          s.has_c = si & 1;
+          s.has_bias = si >= 2;
+          s.desc.epilogue.beta = s.has_c ? -0.5 : 0.0;
+          s.desc.epilogue.act = si == 3 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
+          if (!check(&s, 0, tc ? "tensor op" : "simt")) return;
+        }
+    }
+  }
+}
+
+/* Large odd sizes on the main paths, and padded (non-contiguous) operands. */
+static void test_gpu_large(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 1003, 1003, 1003);
+  s.b_col = 1;
+  s.has_bias = 1;
+  s.desc.epilogue.act = SMELT_ACT_GELU;
+  if (!check(&s, 0, "large")) return;
+  s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F32, 517, 1003, 263);
+  s.a_col = 1;
+  s.pad = 8; /* keeps 16-byte alignment: still tensor cores */
+  if (!check(&s, 0, "large")) return;
+  s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 300, 1003, 257);
+  s.desc.math.op = SMELT_GEMM_MATH_3XTF32;
+  if (!check(&s, 0, "large")) return;
+  s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 255, 257, 1003);
+  s.pad = 1;
+  if (!check(&s, 0, "large")) return;
+}
+
+/* Operands the tensor-op kernels cannot take: misaligned pointers or odd
+ * leading dimensions take the SIMT path; a plan made for aligned tensors
+ * falls back at run time when given misaligned ones. */
+static void test_gpu_unaligned(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 70, 33, 45);
+  s.misalign = 1;
+  if (!check(&s, 0, "misaligned")) return;
+  s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 31, 66, 37);
+  s.pad = 1;
+  s.b_col = 1;
+  if (!check(&s, 0, "odd ld")) return;
+  /* Plan aligned, run misaligned: the result must still be right. */
+  const int64_t M = 40, N = 24, K = 32;
+  th_buf A = th_buf_new(cu, (size_t)(M * K + 8) * 2), B = th_buf_new(cu, (size_t)(K * N + 8) * 2),
+         D = th_buf_new(cu, (size_t)(M * N + 8) * 4);
+  uint16_t *ha = malloc((size_t)(M * K + 8) * 2), *hb = malloc((size_t)(K * N + 8) * 2);
+  float *hd = malloc((size_t)(M * N + 8) * 4);
+  fill(ha, SMELT_DTYPE_BF16, M * K + 8);
+  fill(hb, SMELT_DTYPE_BF16, K * N + 8);
+  th_buf_upload(&A, ha, A.bytes);
+  th_buf_upload(&B, hb, B.bytes);
+  int64_t sa[2] = {M, K}, sb[2] = {K, N}, sd[2] = {M, N};
+  int di = smelt_ctx_device_index(cu);
+  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di, 2, sa),
+               tb = smelt_tensor_make(B.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di, 2, sb),
+               td = smelt_tensor_make(D.data, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, di, 2, sd);
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
+  REQUIRE(plan);
+  CHECK(strstr(smelt_plan_describe(plan), "sm80") != NULL);
+  for (int off = 0; off < 2; off++) {
+    smelt_tensor a2 = ta;
+    a2.data = (uint16_t *)A.data + off;
+    CHECK_OK(smelt_gemm_run(plan, &a2, &tb, NULL, &td, NULL));
+    th_buf_download(&D, hd, D.bytes);
+    double *got = malloc(sizeof(double) * (size_t)(M * N)), *want = malloc(sizeof(double) * (size_t)(M * N));
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; k++)
+          acc += th_get(ha, SMELT_DTYPE_BF16, off + i * K + k) * th_get(hb, SMELT_DTYPE_BF16, k * N + j);
+        want[i * N + j] = (float)acc;
+        got[i * N + j] = hd[i * N + j];
+      }
+    CHECK(th_compare(off ? "run misaligned" : "run aligned", got, want, M * N, 1e-5, 0));
+    free(got);
+    free(want);
+  }
+  smelt_plan_destroy(plan);
+  free(ha);
+  free(hb);
+  free(hd);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&D);
+}
+
+/* The Hopper kernel (sm_90a only), forced through its tile: sizes that cut
+ * every tile edge, several tiles per persistent CTA, both 16-bit types, and
+ * epilogues with C, bias and activations on 16-bit and f32 outputs. */
+static void test_gpu_sm90(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  static const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 9}, {129, 257, 70}, {300, 520, 333}, {1003, 1003, 1003},
+                                      {2048, 2304, 256}};
+  for (int t = 0; t < 2; t++)
+    for (int si = 0; si < 6; si++) {
+      smelt_dtype dt = t ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+      gspec s = spec(dt, dt, si % 2 ? SMELT_DTYPE_F32 : dt, shapes[si][0], shapes[si][1], shapes[si][2]);
+      s.b_col = 1;
+      s.ld16 = 1;
+      s.desc.tile.n = 256;
+      s.has_c = si >= 2 && si != 4;
+      s.has_bias = si >= 3;
+      s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
+      s.desc.epilogue.act = si == 4 ? SMELT_ACT_GELU : si == 5 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
+      s.pad = si == 3 ? 8 : 0;
+      if (!check(&s, 0, "sm90")) return;
+    }
+  /* Chosen without asking once the tiles fill the GPU. */
+  const int64_t M = 2048, N = 4096, K = 64;
+  th_buf A = th_buf_new(cu, (size_t)(M * K) * 2), B = th_buf_new(cu, (size_t)(K * N) * 2), D = th_buf_new(cu, (size_t)(M * N) * 2);
+  int64_t sa[2] = {M, K}, sd[2] = {M, N};
+  int di_ = smelt_ctx_device_index(cu);
+  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di_, 2, sa),
+               td = smelt_tensor_make(D.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di_, 2, sd);
+  smelt_tensor tb = ta;
+  tb.data = B.data;
+  tb.shape[0] = K;
+  tb.shape[1] = N;
+  tb.strides[0] = 1;
+  tb.strides[1] = K;
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
+  if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90") != NULL);
+  smelt_plan_destroy(plan);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&D);
+}
+
+/* ---------------------------------------------------------------- selection (no GPU needed) */
+
+/* What the selector picks for a state on a device, as the kernel's name. */
+static const char *pick_name(const smelt__gemm_state *st, const smelt__gemm_facts *f, int cc_major, int cc_minor,
+                             smelt_status *status) {
+  static smelt__kernel_src src;
+  smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
+  int n = smelt__gemm_table(table), k = -1;
+  smelt_device_info dev;
+  memset(&dev, 0, sizeof dev);
+  dev.cc_major = cc_major;
+  dev.cc_minor = cc_minor;
+  dev.sm_count = cc_major == 9 ? 132 : 108;
+  snprintf(dev.arch, sizeof dev.arch, cc_major == 9 ? "sm_90a" : "sm_80");
+  char why[96];
+  *status = smelt__gemm_select(st, f, &dev, table, n, &k, why, sizeof why);
+  if (*status) return "";
+  smelt__gemm_kernel_src(&table[k], &src);
+  return src.name;
+}
+
+static void test_selector(void) {
+  smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
+  const int n = smelt__gemm_table(table);
+  /* The enumerator lists exactly the table, with distinct names. */
+  CHECK(n > 0 && n <= SMELT__GEMM_MAX_KERNELS && n < 60);
+  CHECK_EQ_INT(smelt__gemm_variants(NULL, 0), n);
+  smelt__kernel_src *all = calloc((size_t)n, sizeof *all);
+  smelt__gemm_variants(all, n);
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++)
+      if (!strcmp(all[i].name, all[j].name)) th_fail(__FILE__, __LINE__, "duplicate variant %s", all[i].name);
+  free(all);
+  smelt__gemm_state st;
+  memset(&st, 0, sizeof st);
+  st.desc = smelt_gemm_desc_default();
+  st.mode = SMELT_GEMM_MODE_PLAIN;
+  st.split_k = 1;
+  st.acc = SMELT_GEMM_ACC_F32;
+  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  smelt__gemm_facts f = {1, 1, 1, 1, 1, 8192, 8192, 8192, 1};
+  smelt_status s;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
+  f.m = f.n = 512; /* few tiles: the small mma.sync tile, even on Hopper */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_64x64x32_s4_w2x2"));
+  st.desc.tile.n = 256; /* ... unless the description asks for the Hopper tile */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  pick_name(&st, &f, 8, 0, &s);
+  CHECK_EQ_INT(s, SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("matches no");
+  st.desc.tile.n = 0;
+  f.a_k = 0; /* column-major A */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_CC_64x64x32_s4_w2x2"));
+  f.a_mn = 0; /* A usable neither way: SIMT */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
+  st.desc.math.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
+  pick_name(&st, &f, 9, 0, &s);
+  CHECK_EQ_INT(s, SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("16-byte aligned");
+  st.desc.math.opclass = SMELT_GEMM_OPCLASS_AUTO;
+  f.a_k = f.a_mn = 1;
+  st.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL; /* split modes stay on mma.sync */
+  st.split_k = 4;
+  f.m = f.n = 8192;
+  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
+  st.mode = SMELT_GEMM_MODE_PLAIN;
+  st.split_k = 1;
+  /* 8-bit types need K-major operands. */
+  st.dt_a = st.dt_b = SMELT_DTYPE_E4M3;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_e4m3xe4m3_RC_128x128x64_s4_w2x4"));
+  f.b_k = 0;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
+  f.b_k = 1;
+  st.dt_a = st.dt_b = SMELT_DTYPE_I8;
+  st.acc = SMELT_GEMM_ACC_I32;
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_i8_RC_128x128x64_s4_w2x4"));
+  /* f32: exact on CUDA cores unless tf32 is asked for. */
+  st.dt_a = st.dt_b = SMELT_DTYPE_F32;
+  st.acc = SMELT_GEMM_ACC_F32;
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_simt_accf32"));
+  st.desc.math.op = SMELT_GEMM_MATH_3XTF32;
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_3xtf32_RC_128x128x16_s4_w2x4"));
+  /* Old GPUs: SIMT only. */
+  CHECK(!strcmp(pick_name(&st, &f, 7, 5, &s), "gemm_simt_accf32"));
+  st.desc.math.op = SMELT_GEMM_MATH_DEFAULT;
+  st.dt_a = st.dt_b = SMELT_DTYPE_F64;
+  st.acc = SMELT_GEMM_ACC_F64;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf64"));
+  CHECK(smelt__gemm_reduce_kernel(table, n, SMELT_GEMM_ACC_F16) >= 0);
+}
+
+const th_test th_tests_gemm[] = {
+    {"desc_default", test_desc_default},
+    {"dtypes_layouts", test_dtypes_layouts},
+    {"epilogues", test_epilogues},
+    {"batched", test_batched},
+    {"split_k", test_split_k},
+    {"array", test_array},
+    {"grouped", test_grouped},
+    {"edges", test_edges},
+    {"bad_inputs", test_bad_inputs},
+    {"selector", test_selector},
+    {"gpu_kernels", test_gpu_kernels},
+    {"gpu_large", test_gpu_large},
+    {"gpu_unaligned", test_gpu_unaligned},
+    {"gpu_sm90", test_gpu_sm90},
+    {0, 0},
+};

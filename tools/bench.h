@@ -1,0 +1,47 @@
+/* The benchmarks. Each op is one file with one cli_bench_op; the runner in
+ * cmd_bench.c owns what they share: the common options, the context, input
+ * rotation past L2, the copy ceiling, timing and output. One op runs per
+ * process, so an op keeps its buffers and plan in file-scope state. */
+#ifndef SMELT_CLI_BENCH_H
+#define SMELT_CLI_BENCH_H
+
+#include "cli.h"
+
+typedef struct cli_bench_case {
+  char params_text[160];  /* "rows=8192 cols=4096 dtype=f32" */
+  char params_json[256];  /* "\"rows\":8192,\"cols\":4096,\"dtype\":\"f32\"" */
+  uint64_t set_bytes;     /* device memory one input + output set occupies */
+  uint64_t traffic_bytes; /* bytes the op must read plus write per run */
+  char kernel[160];       /* what runs: the plan's description */
+} cli_bench_case;
+
+typedef struct cli_bench_op {
+  const char *name;
+  const char *about;
+  const cli_opt *options; /* the op's own; the runner adds the common ones */
+  /* Validates the op's options (usage errors exit 2); fills c but kernel. */
+  void (*describe)(const cli_doc *doc, cli_bench_case *c);
+  /* Allocates `sets` input + output sets, uploads random inputs, plans once
+   * (every set has the planned shapes); fills c->kernel. */
+  void (*setup)(smelt_ctx *ctx, int sets, cli_bench_case *c);
+  void (*run)(int set);
+  void (*teardown)(void);
+} cli_bench_op;
+
+extern const cli_bench_op cli_bench_copy;
+extern const cli_bench_op cli_bench_activation;
+extern const cli_bench_op cli_bench_softmax;
+extern const cli_bench_op cli_bench_topk;
+
+/* Times a device-to-device copy of `bytes` rotated over `sets` buffer pairs:
+ * the bandwidth ceiling every other op is quoted against. */
+cli_timing cli_bench_copy_ceiling(smelt_ctx *ctx, uint64_t bytes, int sets, int warmup, int iters);
+
+/* `sets` device buffers of `bytes` each: uninitialized, or each a copy of
+ * `host` (the same data at different addresses defeats caching just as well
+ * as different data, and costs one host fill). */
+void **cli_bench_alloc_sets(smelt_ctx *ctx, size_t bytes, int sets);
+void **cli_bench_upload_sets(smelt_ctx *ctx, const void *host, size_t bytes, int sets);
+void cli_bench_free_sets(smelt_ctx *ctx, void **bufs, int sets);
+
+#endif /* SMELT_CLI_BENCH_H */

@@ -1,0 +1,209 @@
+/* `smelt bench <op>`: times one op the way kernel work is judged here (see
+ * STYLE.md): device events, warm-up first, median of many runs, inputs
+ * rotated over sets larger than L2 so every run reads DRAM, and the result
+ * quoted against a device copy of the same traffic measured in the same run.
+ * Absolute numbers drift between runs and machines; the ratio to the copy
+ * ceiling is the figure to compare. */
+#include "bench.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const cli_bench_op *const ops[] = {
+    &cli_bench_copy, &cli_bench_activation, &cli_bench_softmax, &cli_bench_topk};
+enum { NOPS = sizeof ops / sizeof ops[0] };
+
+static const char *device_opt;
+static int64_t warmup = 5, iters = 20, rotate = 0;
+static int json;
+
+static const cli_opt common_options[] = {
+    {"device", CLI_OPT_STRING, &device_opt, "cpu|cuda[:N]",
+     "device to run on (default: cuda when usable, else cpu)"},
+    {"warmup", CLI_OPT_INT, &warmup, "N", "untimed runs first (default 5)"},
+    {"iters", CLI_OPT_INT, &iters, "N", "timed runs (default 20)"},
+    {"rotate", CLI_OPT_INT, &rotate, "N", "input sets rotated (default: enough for > 2x L2)"},
+    {"json", CLI_OPT_FLAG, &json, NULL, "print one JSON object per line instead of text"},
+    {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
+};
+
+void **cli_bench_alloc_sets(smelt_ctx *ctx, size_t bytes, int sets) {
+  void **bufs = cli_malloc((size_t)sets * sizeof *bufs);
+  for (int i = 0; i < sets; i++) bufs[i] = cli_dev_alloc(ctx, bytes);
+  return bufs;
+}
+
+void **cli_bench_upload_sets(smelt_ctx *ctx, const void *host, size_t bytes, int sets) {
+  void **bufs = cli_malloc((size_t)sets * sizeof *bufs);
+  for (int i = 0; i < sets; i++) bufs[i] = cli_dev_upload(ctx, host, bytes);
+  return bufs;
+}
+
+void cli_bench_free_sets(smelt_ctx *ctx, void **bufs, int sets) {
+  for (int i = 0; i < sets; i++) CLI_TRY(smelt_free(ctx, bufs[i]));
+  free(bufs);
+}
+
+/* The API reports no host cache sizes, so the CPU backend assumes a typical
+ * last-level cache and keeps its sets within a modest host budget. */
+#define CPU_CACHE_BYTES ((uint64_t)64 << 20)
+#define CPU_SET_BUDGET ((uint64_t)1 << 30)
+#define MAX_SETS 1024
+
+/* Enough sets that one pass over them spans more than twice the L2, so each
+ * run finds its inputs in DRAM as a layer of a real model would; capped at
+ * half the device memory (one set at least). */
+static int default_sets(const cli_device_desc *dev, uint64_t set_bytes) {
+  uint64_t cache = dev->l2_bytes ? dev->l2_bytes : CPU_CACHE_BYTES;
+  uint64_t budget = dev->total_memory ? dev->total_memory / 2 : CPU_SET_BUDGET;
+  uint64_t sets = 2 * cache / set_bytes + 1;
+  if (sets * set_bytes > budget) sets = budget / set_bytes;
+  if (sets < 1) sets = 1;
+  return (int)(sets > MAX_SETS ? MAX_SETS : sets);
+}
+
+typedef struct bench_work {
+  const cli_bench_op *op;
+  int sets;
+} bench_work;
+
+static void op_work(void *user, int iter) {
+  const bench_work *w = user;
+  w->op->run(iter % w->sets);
+}
+
+static double gbps(uint64_t bytes, const cli_timing *t) {
+  return t->median_ms > 0 ? (double)bytes / (t->median_ms * 1e-3) / 1e9 : 0.0;
+}
+
+static void print_text(const cli_bench_op *op, const cli_bench_case *c, const cli_device_desc *dev,
+                       const char *why, int sets, const cli_timing *ceil, const cli_timing *t) {
+  char set[32], all[32], l2[32];
+  printf("smelt bench %s: %s\n", op->name, c->params_text);
+  printf("%-10s %s (%s); %s\n", "device", dev->label, dev->name, why);
+  printf("%-10s %s\n", "kernel", c->kernel);
+  printf("%-10s %d x %s rotated (%s; %s %s); %lld warm-up + %lld timed runs\n", "sets", sets,
+         cli_fmt_bytes(c->set_bytes, set, sizeof set),
+         cli_fmt_bytes(c->set_bytes * (uint64_t)sets, all, sizeof all),
+         dev->l2_bytes ? "L2" : "assumed cache",
+         cli_fmt_bytes(dev->l2_bytes ? dev->l2_bytes : CPU_CACHE_BYTES, l2, sizeof l2),
+         (long long)warmup, (long long)iters);
+  if (ceil)
+    printf("%-10s median %.4f ms  min %.4f ms  %8.1f GB/s  (ceiling: d2d copy, same traffic)\n",
+           "copy", ceil->median_ms, ceil->min_ms, gbps(c->traffic_bytes, ceil));
+  printf("%-10s median %.4f ms  min %.4f ms  %8.1f GB/s", op->name, t->median_ms, t->min_ms,
+         gbps(c->traffic_bytes, t));
+  if (ceil && gbps(c->traffic_bytes, ceil) > 0)
+    printf("  %.1f%% of copy", 100.0 * gbps(c->traffic_bytes, t) / gbps(c->traffic_bytes, ceil));
+  printf("\n");
+}
+
+/* One object per line, keys in a fixed order; the copy_* keys are absent
+ * when the op is the copy itself. */
+static void print_json(const cli_bench_op *op, const cli_bench_case *c, const cli_device_desc *dev,
+                       int sets, const cli_timing *ceil, const cli_timing *t) {
+  printf("{\"op\":");
+  cli_json_string(stdout, op->name);
+  printf(",\"device\":");
+  cli_json_string(stdout, dev->label);
+  printf(",\"device_name\":");
+  cli_json_string(stdout, dev->name);
+  printf(",%s,\"kernel\":", c->params_json);
+  cli_json_string(stdout, c->kernel);
+  printf(",\"bytes\":%llu,\"sets\":%d,\"warmup\":%lld,\"iters\":%lld,\"median_ms\":",
+         (unsigned long long)c->traffic_bytes, sets, (long long)warmup, (long long)iters);
+  cli_json_number(stdout, t->median_ms);
+  printf(",\"min_ms\":");
+  cli_json_number(stdout, t->min_ms);
+  printf(",\"gbps\":");
+  cli_json_number(stdout, gbps(c->traffic_bytes, t));
+  if (ceil) {
+    double cg = gbps(c->traffic_bytes, ceil);
+    printf(",\"copy_median_ms\":");
+    cli_json_number(stdout, ceil->median_ms);
+    printf(",\"copy_gbps\":");
+    cli_json_number(stdout, cg);
+    printf(",\"pct_of_copy\":");
+    cli_json_number(stdout, cg > 0 ? 100.0 * gbps(c->traffic_bytes, t) / cg : NAN);
+  }
+  printf("}\n");
+}
+
+_Noreturn static void usage_no_op(const char *what) {
+  char names[128] = "";
+  for (int i = 0; i < NOPS; i++) {
+    strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+    strncat(names, ops[i]->name, sizeof names - strlen(names) - 1);
+  }
+  cli_usage_error("smelt bench", "%s (one of: %s)", what, names);
+}
+
+static void print_bench_help(void) {
+  char about[1024];
+  int len = snprintf(about, sizeof about,
+                     "Times one op with device events (median of --iters runs after --warmup),\n"
+                     "rotating input sets past L2, and quotes its bandwidth (bytes read + written)\n"
+                     "against a device copy of the same traffic measured in the same run.\n\nops:\n");
+  for (int i = 0; i < NOPS; i++)
+    len += snprintf(about + len, sizeof about - (size_t)len, "  %-12s %s\n", ops[i]->name, ops[i]->about);
+  snprintf(about + len, sizeof about - (size_t)len,
+           "\nRun 'smelt bench <op> --help' for the op's own options.\n");
+  const cli_doc doc = {"smelt bench", "smelt bench <op> [options]", about};
+  const cli_opt *const tables[] = {common_options, NULL};
+  cli_print_help(stdout, &doc, tables);
+}
+
+int cli_cmd_bench(int argc, char **argv) {
+  if (argc < 2) usage_no_op("missing <op>");
+  if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+    print_bench_help();
+    return CLI_EXIT_OK;
+  }
+  const cli_bench_op *op = NULL;
+  for (int i = 0; i < NOPS; i++)
+    if (strcmp(argv[1], ops[i]->name) == 0) op = ops[i];
+  if (!op) {
+    char what[96];
+    snprintf(what, sizeof what, "unknown op '%s'", argv[1]);
+    usage_no_op(what);
+  }
+
+  char command[64], usage[96], about[256];
+  snprintf(command, sizeof command, "smelt bench %s", op->name);
+  snprintf(usage, sizeof usage, "smelt bench %s [options]", op->name);
+  snprintf(about, sizeof about, "Bench: %s.\n", op->about);
+  cli_doc doc = {command, usage, about};
+  const cli_opt *const tables[] = {op->options, common_options, NULL};
+  if (cli_parse(&doc, argc - 1, argv + 1, tables)) return CLI_EXIT_OK;
+  cli_require_range(&doc, "warmup", warmup, 0, 100000);
+  cli_require_range(&doc, "iters", iters, 1, 100000);
+  cli_require_range(&doc, "rotate", rotate, 0, MAX_SETS);
+  cli_bench_case c;
+  memset(&c, 0, sizeof c);
+  op->describe(&doc, &c);
+
+  char why[640];
+  smelt_ctx *ctx = NULL;
+  CLI_TRY(cli_ctx_open(&doc, device_opt, &ctx, why, sizeof why));
+  cli_device_desc dev;
+  cli_ctx_describe(ctx, &dev);
+  int sets = rotate ? (int)rotate : default_sets(&dev, c.set_bytes);
+
+  /* The ceiling moves the op's traffic: half read, half written. */
+  cli_timing ceil_t;
+  int have_ceil = op != &cli_bench_copy;
+  if (have_ceil) ceil_t = cli_bench_copy_ceiling(ctx, c.traffic_bytes / 2, sets, (int)warmup, (int)iters);
+
+  op->setup(ctx, sets, &c);
+  bench_work w = {op, sets};
+  cli_timing t = cli_time_runs(ctx, (int)warmup, (int)iters, op_work, &w);
+  op->teardown();
+  smelt_ctx_destroy(ctx);
+
+  if (json)
+    print_json(op, &c, &dev, sets, have_ceil ? &ceil_t : NULL, &t);
+  else
+    print_text(op, &c, &dev, why, sets, have_ceil ? &ceil_t : NULL, &t);
+  return CLI_EXIT_OK;
+}

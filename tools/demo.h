@@ -1,0 +1,50 @@
+/* The demo's sections and what they share. A section is one function that
+ * runs one op family on the model-shaped problem described by cli_demo_env:
+ * on the device under test, checked against the CPU backend, timed. New ops
+ * add a section file and one line to the table in cmd_demo.c. */
+#ifndef SMELT_CLI_DEMO_H
+#define SMELT_CLI_DEMO_H
+
+#include "cli.h"
+
+typedef struct cli_demo_env {
+  smelt_ctx *ctx; /* the device under test */
+  smelt_ctx *cpu; /* the CPU backend: the reference */
+  int64_t batch, seq, d_model, experts, top_k;
+  int64_t tokens; /* batch * seq: the rows every section works on */
+  int64_t block;  /* rows per call on the device (<= tokens) */
+  int warmup, iters;
+  int failures;   /* checks over their bound so far */
+} cli_demo_env;
+
+typedef struct cli_demo_section {
+  const char *name;
+  void (*run)(cli_demo_env *env);
+} cli_demo_section;
+
+void cli_demo_activation(cli_demo_env *env);
+void cli_demo_softmax(cli_demo_env *env);
+void cli_demo_topk(cli_demo_env *env);
+
+/* A view of rows [row0, row0 + rows) of a contiguous [*, cols] matrix on the
+ * context's device; cols == 0 gives the 1-D [rows] view of a vector. */
+smelt_tensor cli_demo_rows(smelt_ctx *ctx, void *base, smelt_dtype dt, int64_t row0, int64_t rows,
+                           int64_t cols);
+/* Calls fn for each block of rows in order: [0, block), [block, 2 block), ...
+ * `slot` is 0 for a full block and 1 for a shorter last one: sections keep one
+ * plan per slot and reuse it for every block of that shape, as a serving loop
+ * would. */
+typedef void (*cli_demo_block_fn)(void *user, int64_t row0, int64_t rows, int slot);
+void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user);
+
+/* Starts a section's table: its title, the shapes, the column header. */
+void cli_demo_table(const char *title, const char *shapes);
+/* One row: the case, its largest error against the CPU backend and the bound
+ * (a row over its bound says FAIL, names the worst element as [row, col] of a
+ * matrix with `cols` columns, and counts in env->failures), then the median
+ * time and the bandwidth implied by `bytes` moved per run (blank when t is
+ * NULL: a second output of the same run), then a note. */
+void cli_demo_row(cli_demo_env *env, const char *label, const cli_diff *d, double bound,
+                  int64_t cols, const cli_timing *t, double bytes, const char *note);
+
+#endif /* SMELT_CLI_DEMO_H */
