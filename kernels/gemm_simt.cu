@@ -10,9 +10,11 @@
  * A 256-thread block computes a 64 x 64 output tile, 16 of K at a time;
  * thread (tx, ty) of a 16 x 16 grid owns rows ty + 16 i and columns
  * tx + 16 j (i, j < 4): a warp reads two A values (broadcast) and 16
- * consecutive B values per k, without bank conflicts, and writes
- * consecutive columns of D. The next K tile is read from global memory into
- * registers while the current one is multiplied.
+ * consecutive B values per k, without bank conflicts. The next K tile is
+ * read from global memory into registers while the current one is
+ * multiplied. The finished tile goes through shared memory to gemm_finish.
+ * Two blocks per SM is asked for explicitly: left to itself, ptxas for
+ * sm_90 caps this kernel at 64 registers and spills.
  */
 #include "gemm_common.cuh"
 
@@ -40,7 +42,7 @@ typedef int acc_t;
 #error "GEMM_ACC must be 1, 2, 3 or 4"
 #endif
 
-/* An operand element in the multiply type; zero outside the matrix. */
+/* An operand element in the multiply type. */
 static __device__ __forceinline__ in_t load_in(const void *base, int dt, i64 off) {
 #if GEMM_ACC == ACC_F64
   (void)dt;

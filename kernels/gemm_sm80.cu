@@ -22,7 +22,8 @@
  *     at chunk c ^ (k & 7), read with ldmatrix.trans (16-bit) or 32-bit loads
  *     (tf32).
  * Rows past M/N and K past the slice's end are zero-filled by cp.async's
- * source size, so ragged edges need no other care.
+ * source size, so ragged edges need no other care. After the main loop the
+ * accumulators go through shared memory (the stages' space) to gemm_finish.
  *
  * fp8 on sm_89 and later is the native e4m3/e5m2 mma. On sm_80, which has
  * none, each fp8 byte becomes an f16 with the same bits shifted (e5m2 is the

@@ -36,6 +36,17 @@ static __device__ __forceinline__ smelt_h16 smelt_f32_to_bf16(float f) {
   return h;
 }
 
+/* The values of smelt_act (include/smelt.h), for every kernel with an activation. */
+#define ACT_IDENTITY 0
+#define ACT_RELU 1
+#define ACT_LEAKY_RELU 2
+#define ACT_TANH 3
+#define ACT_SIGMOID 4
+#define ACT_SILU 5
+#define ACT_HARDSWISH 6
+#define ACT_GELU 7
+#define ACT_GELU_TANH 8
+
 /* elem_t / load_elem / store_elem for the prelude's SMELT_DT. */
 #if defined(SMELT_DT)
 #if SMELT_DT == SMELT_DT_F32

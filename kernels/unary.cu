@@ -24,17 +24,6 @@
  */
 #include "smelt_device.cuh"
 
-/* The values of smelt_act. */
-#define ACT_IDENTITY 0
-#define ACT_RELU 1
-#define ACT_LEAKY_RELU 2
-#define ACT_TANH 3
-#define ACT_SIGMOID 4
-#define ACT_SILU 5
-#define ACT_HARDSWISH 6
-#define ACT_GELU 7
-#define ACT_GELU_TANH 8
-
 #if !defined(SMELT_DT) || !defined(SMELT_ACT)
 #error "unary.cu needs SMELT_DT and SMELT_ACT"
 #endif

@@ -1,6 +1,7 @@
 /* The harness behind tests/harness.h: failure bookkeeping, seeded random
  * numbers, shared CPU/CUDA contexts and guarded device buffers. */
 #include "harness.h"
+#include "core/internal.h"
 
 #include <stdarg.h>
 
@@ -143,41 +144,9 @@ int th_buf_guards_ok(const th_buf *b) {
   return ok;
 }
 
-double th_get(const void *host, smelt_dtype dt, int64_t i) {
-  const uint8_t *p = (const uint8_t *)host;
-  switch (dt) {
-    case SMELT_DTYPE_F64: return ((const double *)p)[i];
-    case SMELT_DTYPE_F32: return ((const float *)p)[i];
-    case SMELT_DTYPE_F16: return smelt_f16_to_f32(((const uint16_t *)p)[i]);
-    case SMELT_DTYPE_BF16: return smelt_bf16_to_f32(((const uint16_t *)p)[i]);
-    case SMELT_DTYPE_E4M3: return smelt_e4m3_to_f32(p[i]);
-    case SMELT_DTYPE_E5M2: return smelt_e5m2_to_f32(p[i]);
-    case SMELT_DTYPE_I8: return ((const int8_t *)p)[i];
-    case SMELT_DTYPE_I32: return ((const int32_t *)p)[i];
-    case SMELT_DTYPE_I64: return (double)((const int64_t *)p)[i];
-    case SMELT_DTYPE_U8:
-    case SMELT_DTYPE_BOOL: return p[i];
-    default: return NAN;
-  }
-}
+double th_get(const void *host, smelt_dtype dt, int64_t i) { return smelt__load_f64(host, dt, i); }
 
-void th_set(void *host, smelt_dtype dt, int64_t i, double v) {
-  uint8_t *p = (uint8_t *)host;
-  switch (dt) {
-    case SMELT_DTYPE_F64: ((double *)p)[i] = v; break;
-    case SMELT_DTYPE_F32: ((float *)p)[i] = (float)v; break;
-    case SMELT_DTYPE_F16: ((uint16_t *)p)[i] = smelt_f32_to_f16((float)v); break;
-    case SMELT_DTYPE_BF16: ((uint16_t *)p)[i] = smelt_f32_to_bf16((float)v); break;
-    case SMELT_DTYPE_E4M3: p[i] = smelt_f32_to_e4m3((float)v); break;
-    case SMELT_DTYPE_E5M2: p[i] = smelt_f32_to_e5m2((float)v); break;
-    case SMELT_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case SMELT_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case SMELT_DTYPE_I64: ((int64_t *)p)[i] = (int64_t)v; break;
-    case SMELT_DTYPE_U8: p[i] = (uint8_t)v; break;
-    case SMELT_DTYPE_BOOL: p[i] = v != 0; break;
-    default: break;
-  }
-}
+void th_set(void *host, smelt_dtype dt, int64_t i, double v) { smelt__store_f64(host, dt, i, v); }
 
 void th_fill_uniform(void *host, smelt_dtype dt, int64_t n, double lo, double hi) {
   for (int64_t i = 0; i < n; i++) th_set(host, dt, i, th_rand_uniform(lo, hi));

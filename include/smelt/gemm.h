@@ -105,7 +105,8 @@ typedef struct smelt_gemm_epilogue {
 /* ---------------------------------------------------------------- mode */
 
 typedef enum smelt_gemm_mode {
-  SMELT_GEMM_MODE_AUTO = 0,         /* plain (2-D operands) or batched (3-D); split-K if split_k > 1 */
+  SMELT_GEMM_MODE_AUTO = 0,         /* batched for 3-D operands; for 2-D ones plain, or a parallel
+                                       split-K when split_k > 1 or when smelt chooses one (split_k 0) */
   SMELT_GEMM_MODE_PLAIN,            /* one GEMM; split_k must be 0 or 1 */
   SMELT_GEMM_MODE_SPLIT_K_SERIAL,   /* K cut into split_k slices that add into one f32/f64/i32 buffer in
                                        slice order, the last one applying the epilogue */
@@ -124,9 +125,10 @@ typedef struct smelt_gemm_desc {
   smelt_gemm_tile tile;
   smelt_gemm_epilogue epilogue;
   smelt_gemm_mode mode;
-  int split_k; /* slices of K: 0 = choose (AUTO mode only; otherwise 0 means none), 1 = none,
-                  up to SMELT_GEMM_MAX_SPLIT_K. Both split modes give the result of the plain
-                  GEMM up to the order of the accumulator sums. */
+  int split_k; /* slices of K, up to SMELT_GEMM_MAX_SPLIT_K; 1 = none; 0 = choose (in AUTO
+                  and the split modes; none in the others). Both split modes give the result
+                  of the plain GEMM up to the order of the accumulator sums, and both are
+                  deterministic (a fixed summation order, no atomics). */
 } smelt_gemm_desc;
 
 /* Everything chosen automatically, alpha = 1, beta = 0, identity activation,

@@ -176,6 +176,44 @@ int smelt__tensors_overlap(const smelt_tensor *a, const smelt_tensor *b) {
   return a0 < b1 && b0 < a1;
 }
 
+smelt_status smelt__check_output(const char *op, const char *name, const smelt_tensor *t) {
+  /* Sorted by stride, the dims of size > 1 must each step past everything
+   * the smaller ones reach. This rejects a few exotic interleavings that do
+   * not overlap; no output has a reason to use one. */
+  if (smelt_tensor_numel(t) == 0) return SMELT_OK;
+  int64_t stride[SMELT_MAX_DIMS], size[SMELT_MAX_DIMS];
+  int n = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] <= 1) continue;
+    int at = n++;
+    while (at > 0 && stride[at - 1] > t->strides[d]) {
+      stride[at] = stride[at - 1];
+      size[at] = size[at - 1];
+      at--;
+    }
+    stride[at] = t->strides[d];
+    size[at] = t->shape[d];
+  }
+  int64_t reach = 0;
+  for (int i = 0; i < n; i++) {
+    if (stride[i] <= reach) {
+      char shape[160], strides[160];
+      size_t used = 0;
+      used += (size_t)snprintf(strides, sizeof strides, "[");
+      for (int d = 0; d < t->ndim && used < sizeof strides; d++)
+        used +=
+            (size_t)snprintf(strides + used, sizeof strides - used, "%s%lld", d ? ", " : "", (long long)t->strides[d]);
+      if (used < sizeof strides) snprintf(strides + used, sizeof strides - used, "]");
+      return smelt__error(SMELT_STATUS_BAD_LAYOUT,
+                          "%s: %s.strides=%s over shape %s make elements share memory; an output's elements "
+                          "must be distinct",
+                          op, name, strides, smelt__shape_str(t, shape, sizeof shape));
+    }
+    reach += (size[i] - 1) * stride[i];
+  }
+  return SMELT_OK;
+}
+
 int64_t smelt__tensor_offset(const smelt_tensor *t, int64_t i) {
   int64_t off = 0;
   for (int d = t->ndim - 1; d >= 0; d--) {

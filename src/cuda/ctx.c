@@ -181,3 +181,20 @@ void smelt__kshape_from(smelt__kshape *k, const smelt_tensor *t) {
     k->strides[i] = t->strides[i];
   }
 }
+
+void smelt__kshape_rows(const smelt_tensor *t, int nrow_dims, smelt__kshape *k) {
+  smelt_tensor a = *t;
+  a.ndim = 0;
+  for (int d = 0; d < nrow_dims; d++) {
+    if (t->shape[d] == 1) continue;
+    int last = a.ndim - 1;
+    if (last >= 0 && a.strides[last] == t->shape[d] * t->strides[d]) {
+      a.shape[last] *= t->shape[d];
+      a.strides[last] = t->strides[d];
+    } else {
+      a.shape[a.ndim] = t->shape[d];
+      a.strides[a.ndim++] = t->strides[d];
+    }
+  }
+  smelt__kshape_from(k, &a);
+}

@@ -213,5 +213,9 @@ typedef struct smelt__kshape {
   int pad;
 } smelt__kshape;
 void smelt__kshape_from(smelt__kshape *k, const smelt_tensor *t);
+/* The row layout of t's first nrow_dims dims (the rows of a row-wise op), size-1
+ * dims dropped and contiguous neighbours merged: usually one dim, so a row's
+ * offset is r * stride. */
+void smelt__kshape_rows(const smelt_tensor *t, int nrow_dims, smelt__kshape *k);
 
 #endif /* SMELT_CUDA_INTERNAL_H */

@@ -80,24 +80,6 @@ smelt_status smelt__cuda_softmax_plan(smelt_plan *plan) {
   return SMELT_OK;
 }
 
-/* The row layout of t (its dims but the last), size-1 dims dropped and
- * neighbours that are contiguous merged: usually one dim, offset r*stride. */
-static void row_shape(const smelt_tensor *t, int nrow_dims, smelt__kshape *k) {
-  smelt_tensor a = *t;
-  a.ndim = 0;
-  for (int d = 0; d < nrow_dims; d++) {
-    if (t->shape[d] == 1) continue;
-    int last = a.ndim - 1;
-    if (last >= 0 && a.strides[last] == t->shape[d] * t->strides[d]) {
-      a.shape[last] *= t->shape[d];
-      a.strides[last] = t->strides[d];
-    } else {
-      a.shape[a.ndim] = t->shape[d];
-      a.strides[a.ndim++] = t->strides[d];
-    }
-  }
-  smelt__kshape_from(k, &a);
-}
 
 /* Every row start of k (row dims only) is a multiple of vw elements. */
 static int rows_aligned(const smelt__kshape *k, int64_t vw) {
@@ -116,10 +98,10 @@ smelt_status smelt__cuda_softmax_run(smelt_plan *plan, const smelt_tensor *x, co
   /* With one element per row the last stride is never used. */
   int64_t xcs = C == 1 ? 1 : x->strides[nd], ycs = C == 1 ? 1 : y->strides[nd];
   smelt__kshape xr, yr, lr;
-  row_shape(x, nd, &xr);
-  row_shape(y, nd, &yr);
+  smelt__kshape_rows(x, nd, &xr);
+  smelt__kshape_rows(y, nd, &yr);
   memset(&lr, 0, sizeof lr);
-  if (lse) row_shape(lse, nd, &lr);
+  if (lse) smelt__kshape_rows(lse, nd, &lr);
   void *xp = x->data, *yp = y->data, *lp = lse ? lse->data : NULL;
 
   const int64_t esize = (int64_t)smelt_dtype_size(x->dtype);

@@ -71,24 +71,6 @@ smelt_status smelt__cuda_topk_plan(smelt_plan *plan) {
   return SMELT_OK;
 }
 
-/* The row layout of t (its dims but the last), size-1 dims dropped and
- * contiguous neighbours merged: usually one dim, offset r*stride. */
-static void row_shape(const smelt_tensor *t, smelt__kshape *k) {
-  smelt_tensor a = *t;
-  a.ndim = 0;
-  for (int d = 0; d < t->ndim - 1; d++) {
-    if (t->shape[d] == 1) continue;
-    int last = a.ndim - 1;
-    if (last >= 0 && a.strides[last] == t->shape[d] * t->strides[d]) {
-      a.shape[last] *= t->shape[d];
-      a.strides[last] = t->strides[d];
-    } else {
-      a.shape[a.ndim] = t->shape[d];
-      a.strides[a.ndim++] = t->strides[d];
-    }
-  }
-  smelt__kshape_from(k, &a);
-}
 
 smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *values,
                                   const smelt_tensor *indices) {
@@ -99,10 +81,10 @@ smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x, const
   int64_t C = x->shape[nd], rows = n / C, k = plan->p.topk.k;
   int64_t xcs = x->strides[nd], vcs = values->strides[nd], ics = indices ? indices->strides[nd] : 0;
   smelt__kshape xr, vr, ir;
-  row_shape(x, &xr);
-  row_shape(values, &vr);
+  smelt__kshape_rows(x, x->ndim - 1, &xr);
+  smelt__kshape_rows(values, values->ndim - 1, &vr);
   memset(&ir, 0, sizeof ir);
-  if (indices) row_shape(indices, &ir);
+  if (indices) smelt__kshape_rows(indices, indices->ndim - 1, &ir);
   void *xp = x->data, *vp = values->data, *ip = indices ? indices->data : NULL;
   const int64_t rows_per_cta = pt->items ? pt->block / 32 : 1;
   int64_t g = (rows + rows_per_cta - 1) / rows_per_cta;
