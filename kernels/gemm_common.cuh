@@ -200,17 +200,7 @@ static __device__ __forceinline__ void gemm_store(void *base, int dt, i64 off, e
 
 /* ---------------------------------------------------------------- epilogue */
 
-/* The values of smelt_act. */
-#define ACT_IDENTITY 0
-#define ACT_RELU 1
-#define ACT_LEAKY_RELU 2
-#define ACT_TANH 3
-#define ACT_SIGMOID 4
-#define ACT_SILU 5
-#define ACT_HARDSWISH 6
-#define ACT_GELU 7
-#define ACT_GELU_TANH 8
-
+/* Activation codes (ACT_*, the values of smelt_act) come from smelt_device.cuh. */
 #if EPI_DOUBLE
 #define EPI_EXP exp
 #define EPI_TANH tanh
