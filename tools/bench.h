@@ -8,11 +8,18 @@
 #include "cli.h"
 
 typedef struct cli_bench_case {
-  char params_text[160];  /* "rows=8192 cols=4096 dtype=f32" */
-  char params_json[256];  /* "\"rows\":8192,\"cols\":4096,\"dtype\":\"f32\"" */
+  char params_text[256];  /* "rows=8192 cols=4096 dtype=f32" */
+  char params_json[512];  /* "\"rows\":8192,\"cols\":4096,\"dtype\":\"f32\"" */
   uint64_t set_bytes;     /* device memory one input + output set occupies */
   uint64_t traffic_bytes; /* bytes the op must read plus write per run */
+  double flops;           /* arithmetic per run (2 per multiply-add): quoted in TFLOP/s when > 0 */
   char kernel[160];       /* what runs: the plan's description */
+  /* An op that checks its result against the CPU backend (in setup) says how
+   * it went: one line of text, the same as JSON members, and whether the
+   * check failed (the command then exits 1). Empty when no check ran. */
+  char check_text[192];
+  char check_json[256];
+  int check_failed;
 } cli_bench_case;
 
 typedef struct cli_bench_op {
@@ -22,7 +29,8 @@ typedef struct cli_bench_op {
   /* Validates the op's options (usage errors exit 2); fills c but kernel. */
   void (*describe)(const cli_doc *doc, cli_bench_case *c);
   /* Allocates `sets` input + output sets, uploads random inputs, plans once
-   * (every set has the planned shapes); fills c->kernel. */
+   * (every set has the planned shapes); fills c->kernel (and the check_
+   * fields when the op checked its result). */
   void (*setup)(smelt_ctx *ctx, int sets, cli_bench_case *c);
   void (*run)(int set);
   void (*teardown)(void);
@@ -32,6 +40,7 @@ extern const cli_bench_op cli_bench_copy;
 extern const cli_bench_op cli_bench_activation;
 extern const cli_bench_op cli_bench_softmax;
 extern const cli_bench_op cli_bench_topk;
+extern const cli_bench_op cli_bench_gemm;
 
 /* Times a device-to-device copy of `bytes` rotated over `sets` buffer pairs:
  * the bandwidth ceiling every other op is quoted against. */

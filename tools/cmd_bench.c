@@ -11,7 +11,7 @@
 #include <string.h>
 
 static const cli_bench_op *const ops[] = {
-    &cli_bench_copy, &cli_bench_activation, &cli_bench_softmax, &cli_bench_topk};
+    &cli_bench_copy, &cli_bench_activation, &cli_bench_softmax, &cli_bench_topk, &cli_bench_gemm};
 enum { NOPS = sizeof ops / sizeof ops[0] };
 
 static const char *device_opt;
@@ -77,6 +77,10 @@ static double gbps(uint64_t bytes, const cli_timing *t) {
   return t->median_ms > 0 ? (double)bytes / (t->median_ms * 1e-3) / 1e9 : 0.0;
 }
 
+static double tflops(double flops, const cli_timing *t) {
+  return t->median_ms > 0 ? flops / (t->median_ms * 1e-3) / 1e12 : 0.0;
+}
+
 static void print_text(const cli_bench_op *op, const cli_bench_case *c, const cli_device_desc *dev,
                        const char *why, int sets, const cli_timing *ceil, const cli_timing *t) {
   char set[32], all[32], l2[32];
@@ -96,11 +100,17 @@ static void print_text(const cli_bench_op *op, const cli_bench_case *c, const cl
          gbps(c->traffic_bytes, t));
   if (ceil && gbps(c->traffic_bytes, ceil) > 0)
     printf("  %.1f%% of copy", 100.0 * gbps(c->traffic_bytes, t) / gbps(c->traffic_bytes, ceil));
+  if (c->flops > 0 && tflops(c->flops, t) >= 0.1)
+    printf("  %8.2f TFLOP/s", tflops(c->flops, t));
+  else if (c->flops > 0)
+    printf("  %8.2f GFLOP/s", 1e3 * tflops(c->flops, t));
   printf("\n");
+  if (c->check_text[0]) printf("%-10s %s\n", "check", c->check_text);
 }
 
 /* One object per line, keys in a fixed order; the copy_* keys are absent
- * when the op is the copy itself. */
+ * when the op is the copy itself, flops and tflops when the op counts no
+ * arithmetic, the check_* keys when no check ran. */
 static void print_json(const cli_bench_op *op, const cli_bench_case *c, const cli_device_desc *dev,
                        int sets, const cli_timing *ceil, const cli_timing *t) {
   printf("{\"op\":");
@@ -118,6 +128,12 @@ static void print_json(const cli_bench_op *op, const cli_bench_case *c, const cl
   cli_json_number(stdout, t->min_ms);
   printf(",\"gbps\":");
   cli_json_number(stdout, gbps(c->traffic_bytes, t));
+  if (c->flops > 0) {
+    printf(",\"flops\":");
+    cli_json_number(stdout, c->flops);
+    printf(",\"tflops\":");
+    cli_json_number(stdout, tflops(c->flops, t));
+  }
   if (ceil) {
     double cg = gbps(c->traffic_bytes, ceil);
     printf(",\"copy_median_ms\":");
@@ -127,6 +143,7 @@ static void print_json(const cli_bench_op *op, const cli_bench_case *c, const cl
     printf(",\"pct_of_copy\":");
     cli_json_number(stdout, cg > 0 ? 100.0 * gbps(c->traffic_bytes, t) / cg : NAN);
   }
+  if (c->check_json[0]) printf(",%s", c->check_json);
   printf("}\n");
 }
 
@@ -144,7 +161,8 @@ static void print_bench_help(void) {
   int len = snprintf(about, sizeof about,
                      "Times one op with device events (median of --iters runs after --warmup),\n"
                      "rotating input sets past L2, and quotes its bandwidth (bytes read + written)\n"
-                     "against a device copy of the same traffic measured in the same run.\n\nops:\n");
+                     "against a device copy of the same traffic measured in the same run;\n"
+                     "ops that count arithmetic (gemm) are quoted in TFLOP/s too.\n\nops:\n");
   for (int i = 0; i < NOPS; i++)
     len += snprintf(about + len, sizeof about - (size_t)len, "  %-12s %s\n", ops[i]->name, ops[i]->about);
   snprintf(about + len, sizeof about - (size_t)len,
@@ -205,5 +223,10 @@ int cli_cmd_bench(int argc, char **argv) {
     print_json(op, &c, &dev, sets, have_ceil ? &ceil_t : NULL, &t);
   else
     print_text(op, &c, &dev, why, sets, have_ceil ? &ceil_t : NULL, &t);
+  if (c.check_failed) {
+    fflush(stdout);
+    fprintf(stderr, "smelt bench %s: the check against the CPU backend failed: %s\n", op->name, c.check_text);
+    return CLI_EXIT_FAIL;
+  }
   return CLI_EXIT_OK;
 }

@@ -14,6 +14,7 @@ static const cli_demo_section sections[] = {
     {"activations", cli_demo_activation},
     {"softmax", cli_demo_softmax},
     {"topk", cli_demo_topk},
+    {"gemm", cli_demo_gemm},
 };
 enum { NSECTIONS = sizeof sections / sizeof sections[0] };
 
@@ -27,8 +28,9 @@ static int profile_memory;
 static const cli_doc doc = {
     "smelt demo",
     "smelt demo [options]",
-    "Runs activations, softmax (with logsumexp) over [batch*seq, d_model] rows and\n"
-    "MoE-style top-k routing over [batch*seq, num-experts] logits on the device,\n"
+    "Runs activations, softmax (with logsumexp) over [batch*seq, d_model] rows,\n"
+    "MoE-style top-k routing over [batch*seq, num-experts] logits and the MLP\n"
+    "up-projection gelu(x W^T + b) to 4*d_model, fused and unfused, on the device,\n"
     "checks each result against the CPU backend (max abs error), and times it\n"
     "(median of 10 runs). Exit status 1 when a check exceeds its bound.\n",
 };

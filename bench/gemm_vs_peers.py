@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""smelt GEMM against its peers on one GPU, in one run: issue 4's acceptance table.
+
+For each case, `smelt bench gemm ... --json --check` runs in a subprocess (its
+own CUDA context, device events, inputs rotated past L2, median of the timed
+runs, checked against the CPU backend on windows of D), then the peer runs in
+this process under the same rules: random data, warm-up, CUDA events around
+every call, median of the same number of runs, input sets rotated past 2x L2.
+TFLOP/s are 2*M*N*K (summed over groups) over the median time, on both sides.
+
+Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed),
+torch._scaled_mm (fp8 e4m3, per-tensor scales), torch._grouped_mm (grouped
+bf16), and, with --with-compile, torch.compile(mode="max-autotune-no-cudagraphs")
+of linear + bias + gelu (takes minutes to autotune).
+
+Usage (from the repository root, after building build/smelt):
+    python3 bench/gemm_vs_peers.py                 # every case but the compile one
+    python3 bench/gemm_vs_peers.py --quick         # a short subset
+    python3 bench/gemm_vs_peers.py --cases bf16_8192,e4m3_8192 --json-out /tmp/gemm.json
+    python3 bench/gemm_vs_peers.py --with-compile  # adds the torch.compile case
+Exit status: 0 when every case ran and met its bar, 1 otherwise.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- cases
+
+
+def uneven_groups(total=49152, groups=64, align=16, seed=0):
+    """Rows per expert as a skewed router hands them out: every group gets at
+    least `align` rows, all are multiples of `align` (torch._grouped_mm wants
+    16-aligned offsets), and they sum to `total`. Seeded: the same every run."""
+    rng = random.Random(seed)
+    weights = [rng.lognormvariate(0.0, 0.8) for _ in range(groups)]
+    spare = total // align - groups
+    raw = [spare * w / sum(weights) for w in weights]
+    units = [int(r) for r in raw]
+    by_remainder = sorted(range(groups), key=lambda i: raw[i] - units[i], reverse=True)
+    for i in by_remainder[: spare - sum(units)]:
+        units[i] += 1
+    ms = [(u + 1) * align for u in units]
+    assert sum(ms) == total
+    return ms
+
+
+UNEVEN_MS = uneven_groups()
+
+
+def case(name, title, smelt, peer, bar, quick=False, opt_in=None):
+    return dict(name=name, title=title, smelt=smelt, peer=peer, bar=bar, quick=quick, opt_in=opt_in)
+
+
+def square(dt, s):
+    return ["--m", str(s), "--n", str(s), "--k", str(s), "--dtype", dt, "--layout", "RC"]
+
+
+CASES = [
+    case("bf16_4096", "bf16 4096^3 RC", square("bf16", 4096), ("matmul", "bf16", 4096, 4096, 4096), 0.95, quick=True),
+    case("f16_4096", "f16 4096^3 RC", square("f16", 4096), ("matmul", "f16", 4096, 4096, 4096), 0.95),
+    case("bf16_8192", "bf16 8192^3 RC", square("bf16", 8192), ("matmul", "bf16", 8192, 8192, 8192), 0.95, quick=True),
+    case("f16_8192", "f16 8192^3 RC", square("f16", 8192), ("matmul", "f16", 8192, 8192, 8192), 0.95),
+    # The fused epilogue may cost at most 3% over cuBLAS's plain GEMM.
+    case("bf16_8192_bias_gelu", "bf16 8192^3 +bias+gelu vs plain", square("bf16", 8192) + ["--epilogue", "bias+gelu"],
+         ("matmul", "bf16", 8192, 8192, 8192), 1 / 1.03, quick=True),
+    case("bf16_8192_bias_gelu_compile", "bf16 8192^3 +bias+gelu vs compile",
+         square("bf16", 8192) + ["--epilogue", "bias+gelu"], ("compile_linear_gelu", "bf16", 8192, 8192, 8192), 1.0,
+         opt_in="with_compile"),
+    case("e4m3_8192", "e4m3 8192^3 RC, scales", square("e4m3", 8192) + ["--out-dtype", "bf16"],
+         ("scaled_mm", "e4m3", 8192, 8192, 8192), 0.9),
+    case("tf32_8192", "tf32 8192^3 RC", square("tf32", 8192), ("matmul", "tf32", 8192, 8192, 8192), 0.9),
+    case("skinny_bf16", "bf16 128x4096x4096 RC", ["--m", "128", "--n", "4096", "--k", "4096", "--dtype", "bf16",
+                                                  "--layout", "RC"], ("matmul", "bf16", 128, 4096, 4096), 0.9,
+         quick=True),
+    case("grouped_8x1024x14336x4096", "grouped bf16 8 x 1024x14336x4096",
+         ["--groups", "8", "--m", "1024", "--n", "14336", "--k", "4096", "--dtype", "bf16", "--layout", "RC"],
+         ("grouped_mm", "bf16", [1024] * 8, 14336, 4096), 1.0),
+    case("grouped_64_uneven", "grouped bf16 64 uneven, 49152x1408x2048",
+         ["--group-ms", ",".join(map(str, UNEVEN_MS)), "--n", "1408", "--k", "2048", "--dtype", "bf16",
+          "--layout", "RC"], ("grouped_mm", "bf16", UNEVEN_MS, 1408, 2048), 1.0, quick=True),
+]
+
+
+# ---------------------------------------------------------------- smelt
+
+
+def run_smelt(args, opts):
+    """Runs `smelt bench gemm` and returns its JSON object (with 'rc'), or
+    raises RuntimeError with the command's own error message."""
+    cmd = [opts.smelt, "bench", "gemm", *args, "--device", opts.device, "--json",
+           "--warmup", str(opts.warmup), "--iters", str(opts.iters)]
+    if not opts.no_check:
+        cmd.append("--check")
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"smelt timed out after {opts.timeout} s: {' '.join(cmd)}")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        err = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()
+        raise RuntimeError(f"smelt exited {p.returncode}: {' | '.join(err[-3:])}")
+    res = json.loads(lines[-1])
+    res["rc"] = p.returncode
+    res["wall_s"] = time.time() - t0
+    res["command"] = " ".join(cmd[:1] + [a if "," not in a else "<list>" for a in cmd[1:]])
+    if p.returncode != 0:
+        res["stderr"] = p.stderr.strip()
+    return res
+
+
+# ---------------------------------------------------------------- peers
+
+
+def torch_dtype(torch, dt):
+    return {"bf16": torch.bfloat16, "f16": torch.float16, "tf32": torch.float32, "f32": torch.float32,
+            "e4m3": torch.float8_e4m3fn}[dt]
+
+
+def rand(torch, shape, dt, lim=1.0):
+    """Uniform in [-lim, lim), like smelt's inputs, converted to dt."""
+    return torch.empty(shape, device="cuda", dtype=torch.float32).uniform_(-lim, lim).to(torch_dtype(torch, dt))
+
+
+def nbytes(*ts):
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+class Peer:
+    """A peer: make() builds one input set (a tuple of tensors), call(set)
+    runs one GEMM on it. `label` names what runs."""
+
+    def __init__(self, label, make, call, out_bytes, setup=None, teardown=None):
+        self.label, self.make, self.call, self.out_bytes = label, make, call, out_bytes
+        self.setup, self.teardown = setup, teardown
+
+
+def make_peer(torch, spec, opts):
+    kind, dt = spec[0], spec[1]
+    F = torch.nn.functional
+    if kind == "matmul":
+        _, _, m, n, k = spec
+        label = "torch.matmul (cuBLAS)" + (", TF32" if dt == "tf32" else "")
+        state = {}
+
+        # TF32 through the one legacy flag only: recent torch refuses a mix of
+        # the legacy and the new (fp32_precision) APIs, and inductor still
+        # reads the legacy state.
+        def setup():
+            if dt == "tf32":
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    state["allow"] = torch.backends.cuda.matmul.allow_tf32
+                    torch.backends.cuda.matmul.allow_tf32 = True
+
+        def teardown():
+            if dt == "tf32":
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    torch.backends.cuda.matmul.allow_tf32 = state["allow"]
+
+        es = 4 if dt == "tf32" else 2
+        return Peer(label, lambda: (rand(torch, (m, k), dt), rand(torch, (n, k), dt).t()),
+                    lambda s: torch.matmul(s[0], s[1]), m * n * es, setup, teardown)
+    if kind == "scaled_mm":
+        _, _, m, n, k = spec
+        sa = torch.tensor(0.5, device="cuda", dtype=torch.float32)  # the scales smelt bench sets for fp8
+        sb = torch.tensor(0.25, device="cuda", dtype=torch.float32)
+        return Peer("torch._scaled_mm (cuBLASLt)",
+                    lambda: (rand(torch, (m, k), dt, 2.0), rand(torch, (n, k), dt, 2.0).t()),
+                    lambda s: torch._scaled_mm(s[0], s[1], scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+                    m * n * 2)
+    if kind == "compile_linear_gelu":
+        _, _, m, n, k = spec
+        fn = torch.compile(lambda x, w, b: F.gelu(F.linear(x, w, b)), mode="max-autotune-no-cudagraphs")
+        return Peer("torch.compile max-autotune linear+bias+gelu",
+                    lambda: (rand(torch, (m, k), dt), rand(torch, (n, k), dt), rand(torch, (n,), dt)),
+                    lambda s: fn(s[0], s[1], s[2]), m * n * 2)
+    if kind == "grouped_mm":
+        _, _, ms, n, k = spec
+        g, rows = len(ms), sum(ms)
+        ends, acc = [], 0
+        for v in ms:
+            acc += v
+            ends.append(acc)
+        offs = torch.tensor(ends, device="cuda", dtype=torch.int32)
+        return Peer("torch._grouped_mm",
+                    lambda: (rand(torch, (rows, k), dt), rand(torch, (g, n, k), dt).transpose(-2, -1)),
+                    lambda s: torch._grouped_mm(s[0], s[1], offs=offs, out_dtype=torch.bfloat16), rows * n * 2)
+    raise ValueError(f"unknown peer kind {kind}")
+
+
+def time_peer(torch, peer, opts):
+    """Median and min ms of peer.call over input sets rotated past 2x L2."""
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
+    first = peer.make()
+    set_bytes = nbytes(*first) + peer.out_bytes
+    free, _ = torch.cuda.mem_get_info()
+    sets = max(1, min(2 * l2 // set_bytes + 1, int(0.4 * free) // set_bytes, 1024))
+    data = [first] + [peer.make() for _ in range(sets - 1)]
+    if peer.setup:
+        peer.setup()
+    try:
+        t0 = time.time()
+        peer.call(data[0])  # the first call may compile or autotune: not timed
+        torch.cuda.synchronize()
+        first_call_s = time.time() - t0
+        for i in range(opts.warmup):
+            peer.call(data[i % sets])
+        torch.cuda.synchronize()
+        start = [torch.cuda.Event(enable_timing=True) for _ in range(opts.iters)]
+        end = [torch.cuda.Event(enable_timing=True) for _ in range(opts.iters)]
+        # Keep the GPU busy while Python enqueues the timed calls, so launch
+        # overhead between the events is not measured (it would flatter smelt
+        # on the short cases).
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(50_000_000)
+        for i in range(opts.iters):
+            start[i].record()
+            peer.call(data[(opts.warmup + i) % sets])
+            end[i].record()
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in zip(start, end))
+    finally:
+        if peer.teardown:
+            peer.teardown()
+    del data, first
+    return dict(median_ms=statistics.median(ms), min_ms=ms[0], sets=sets, first_call_s=first_call_s)
+
+
+# ---------------------------------------------------------------- main
+
+
+def git_commit():
+    try:
+        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return rev + ("-dirty" if dirty else "") if rev else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def fmt(v, spec, width=0):
+    """v formatted, or "-" (right-aligned in `width`) when there is no number."""
+    return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "-".rjust(width)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="cases: " + ", ".join(c["name"] for c in CASES) + "\n")
+    ap.add_argument("--quick", action="store_true", help="a short subset: " +
+                    ", ".join(c["name"] for c in CASES if c["quick"]))
+    ap.add_argument("--cases", help="comma-separated case names (default: all but opt-in ones)")
+    ap.add_argument("--with-compile", action="store_true",
+                    help="add the torch.compile max-autotune case (minutes of autotuning)")
+    ap.add_argument("--json-out", metavar="PATH", help="write the results (and the raw smelt JSON) here")
+    ap.add_argument("--smelt", default=os.path.join(REPO, "build", "smelt"),
+                    help="the smelt binary (default build/smelt)")
+    ap.add_argument("--device", default="cuda", help="smelt --device (default cuda: never fall back to the CPU)")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed runs on both sides (default 10)")
+    ap.add_argument("--iters", type=int, default=50, help="timed runs on both sides, at least 20 (default 50)")
+    ap.add_argument("--no-check", action="store_true", help="skip smelt's --check against the CPU backend")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds one smelt run may take (default 300)")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    opts = ap.parse_args()
+    if opts.list:
+        for c in CASES:
+            extra = " (quick)" if c["quick"] else " (opt-in: --with-compile)" if c["opt_in"] else ""
+            print(f"{c['name']:32s} {c['title']}, bar {c['bar']:.3f}{extra}")
+        return 0
+    if opts.iters < 20:
+        ap.error("--iters must be at least 20 (the acceptance asks for a median of >= 20 runs)")
+
+    names = {c["name"] for c in CASES}
+    if opts.cases:
+        wanted = [s.strip() for s in opts.cases.split(",") if s.strip()]
+        unknown = [s for s in wanted if s not in names]
+        if unknown:
+            ap.error(f"unknown case(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        cases = [c for c in CASES if c["name"] in wanted]
+    else:
+        cases = [c for c in CASES if (c["quick"] or not opts.quick) and
+                 (not c["opt_in"] or getattr(opts, c["opt_in"]))]
+    if not os.access(opts.smelt, os.X_OK):
+        print(f"gemm_vs_peers: {opts.smelt} is not an executable (build first: cmake -S . -B build && "
+              f"cmake --build build -j)", file=sys.stderr)
+        return 1
+
+    import torch  # after argument parsing, so --help and --list work without torch
+
+    if not torch.cuda.is_available():
+        print("gemm_vs_peers: torch sees no CUDA device", file=sys.stderr)
+        return 1
+    gpu = torch.cuda.get_device_name(0)
+    commit = git_commit()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"smelt GEMM vs peers on {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
+          f"smelt {commit}; {date}")
+    print(f"median of {opts.iters} timed runs after {opts.warmup} warm-up runs on both sides, random data, "
+          f"inputs rotated past 2x L2{'' if opts.no_check else '; smelt checked against its CPU backend'}\n")
+
+    results, smelt_cache = [], {}
+    for c in cases:
+        r = dict(case=c["name"], title=c["title"], bar=c["bar"], smelt_tflops=None, peer_tflops=None, ratio=None,
+                 status="ERROR", error=None)
+        t0 = time.time()
+        try:
+            key = tuple(c["smelt"])
+            if key not in smelt_cache:
+                smelt_cache[key] = run_smelt(c["smelt"], opts)
+            s = smelt_cache[key]
+            r.update(smelt=s, smelt_tflops=s.get("tflops"), smelt_median_ms=s.get("median_ms"), kernel=s.get("kernel"),
+                     check=s.get("check"))
+            if s["rc"] != 0 and s.get("check") != "fail":
+                raise RuntimeError(s.get("stderr") or f"smelt exited {s['rc']}")
+        except Exception as e:  # noqa: BLE001 - one case's failure must not stop the table
+            r["error"] = f"smelt: {e}"
+        if r["error"] is None:
+            try:
+                peer = make_peer(torch, c["peer"], opts)
+                r["peer"] = peer.label
+                p = time_peer(torch, peer, opts)
+                r.update(peer_median_ms=p["median_ms"], peer_min_ms=p["min_ms"], peer_sets=p["sets"],
+                         peer_first_call_s=p["first_call_s"])
+                flops = s.get("flops")
+                r["peer_tflops"] = flops / (p["median_ms"] * 1e-3) / 1e12 if flops and p["median_ms"] > 0 else None
+                if r["smelt_tflops"] and r["peer_tflops"]:
+                    r["ratio"] = r["smelt_tflops"] / r["peer_tflops"]
+                if r.get("check") == "fail":
+                    r["status"] = "FAIL (check)"
+                elif r["ratio"] is None:
+                    r["status"] = "ERROR"
+                    r["error"] = "no time on one side"
+                else:
+                    r["status"] = "pass" if r["ratio"] >= c["bar"] else "FAIL"
+            except Exception as e:  # noqa: BLE001
+                r["error"] = f"peer: {type(e).__name__}: {e}"
+            finally:
+                peer = None
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()  # the next smelt process needs the memory
+        r["wall_s"] = time.time() - t0
+        results.append(r)
+        first = r.get("peer_first_call_s")
+        line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')} TFLOP/s, {r.get('peer', 'peer')} "
+                f"{fmt(r['peer_tflops'], '.1f')} TFLOP/s, ratio {fmt(r['ratio'], '.3f')} -> {r['status']} "
+                f"({r['wall_s']:.0f} s{f'; peer first call {first:.0f} s' if first and first > 5 else ''})")
+        print(line + (f"\n    error: {r['error']}" if r["error"] else ""), flush=True)
+
+    print()
+    hdr = f"{'case':40s} {'smelt TF/s':>10s} {'peer TF/s':>10s} {'ratio':>7s} {'bar':>6s}  {'result':12s} peer"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        print(f"{r['title']:40s} {fmt(r['smelt_tflops'], '10.1f', 10)} {fmt(r['peer_tflops'], '10.1f', 10)} "
+              f"{fmt(r['ratio'], '7.3f', 7)} {r['bar']:6.3f}  {r['status']:12s} {r.get('peer', '')}")
+    print("\nsmelt kernels:")
+    for r in results:
+        chk = f" [check {r['check']}]" if r.get("check") else ""
+        print(f"  {r['case']:32s} {r.get('kernel') or r['error']}{chk}")
+
+    if opts.json_out:
+        doc = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, commit=commit, date=date,
+                   iters=opts.iters, warmup=opts.warmup, results=results)
+        with open(opts.json_out, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"\nresults written to {opts.json_out}")
+    return 0 if results and all(r["status"] == "pass" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,564 @@
+/* Bench op `gemm`: D = epilogue(alpha · A @ B + beta · C) in every dtype,
+ * layout, epilogue and mode smelt_gemm has, timed the way issue 4's
+ * acceptance is judged: random data (never zeros), one plan, the run call
+ * between device events, inputs rotated past L2, median of many runs, and
+ * TFLOP/s counted as 2·M·N·K per problem (summed over groups and batches).
+ * --check compares one run against the CPU backend on windows of the output
+ * (all of it when the problem is small), so a fast but wrong kernel never
+ * reaches a results table.
+ *
+ * Memory of one set, as a model lays it out:
+ *   A [M, K]  row-major (layout letter 1 = R) or column-major (C)
+ *   B [K, N]  row-major (letter 2 = R) or column-major (C): "RC" is a linear
+ *             layer's x @ W^T with W stored [N, K], the layout cuBLAS
+ *             benchmarks quote as "TN"
+ *   C, D [M, N] row-major; bias [N]
+ * Batched operands are stacked densely ([L, M, K] ...). Grouped problems are
+ * stacked as MoE expert GEMMs keep them: A and D along rows (tokens sorted by
+ * expert), one B [K, N] per group. The CPU backend has no tensor cores:
+ * tf32 there is exact f32, which is also what the check compares against. */
+#include "bench.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t opt_m = 4096, opt_n = 4096, opt_k = 4096, opt_batch = 1, opt_groups = 0, opt_split_k = 0;
+static const char *opt_dtype = "bf16", *opt_out_dtype = NULL, *opt_layout = "RC", *opt_epilogue = "none";
+static const char *opt_alpha = "1", *opt_beta = "0", *opt_split_mode = NULL, *opt_opclass = "auto";
+static const char *opt_tile = NULL, *opt_group_ms = NULL;
+static int opt_check;
+
+static const cli_opt options[] = {
+    {"m", CLI_OPT_INT, &opt_m, "M", "rows of A and D (per group) (default 4096)"},
+    {"n", CLI_OPT_INT, &opt_n, "N", "columns of B and D (default 4096)"},
+    {"k", CLI_OPT_INT, &opt_k, "K", "inner dimension (default 4096)"},
+    {"dtype", CLI_OPT_STRING, &opt_dtype, "DT",
+     "A and B: bf16, f16, f32, tf32, 3xtf32, f64, e4m3, e5m2, i8 (default bf16)"},
+    {"out-dtype", CLI_OPT_STRING, &opt_out_dtype, "DT",
+     "C and D (default: the input type; bf16 for fp8, i32 for i8, f32 for tf32)"},
+    {"layout", CLI_OPT_STRING, &opt_layout, "XY", "A and B row- (R) or column-major (C): RR, RC, CR, CC (default RC)"},
+    {"epilogue", CLI_OPT_STRING, &opt_epilogue, "E",
+     "none, bias, ACT or bias+ACT; ACT = relu, gelu, gelu_tanh, silu, ... (default none)"},
+    {"alpha", CLI_OPT_STRING, &opt_alpha, "X", "scale of A @ B (default 1)"},
+    {"beta", CLI_OPT_STRING, &opt_beta, "X", "scale of C; 0 leaves C out (default 0)"},
+    {"split-k", CLI_OPT_INT, &opt_split_k, "S", "slices of K, 1 = none (default 0: smelt chooses)"},
+    {"split-k-mode", CLI_OPT_STRING, &opt_split_mode, "MODE", "serial or parallel (default: AUTO mode)"},
+    {"opclass", CLI_OPT_STRING, &opt_opclass, "OC", "auto, simt or tensorop (default auto)"},
+    {"tile", CLI_OPT_STRING, &opt_tile, "MxNxK", "threadblock tile to ask for (default: smelt chooses)"},
+    {"batch", CLI_OPT_INT, &opt_batch, "L", "batched GEMM of L problems, strided (default 1: plain)"},
+    {"groups", CLI_OPT_INT, &opt_groups, "G", "grouped GEMM of G problems of M x N x K (default 0: not grouped)"},
+    {"group-ms", CLI_OPT_STRING, &opt_group_ms, "M1,M2,..",
+     "grouped GEMM with these rows per group, sharing N and K"},
+    {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare one run against the CPU backend (windows of D)"},
+    {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
+};
+
+/* Problems whose M x N x K is at most this are checked whole; larger ones
+ * on two windows (the first and the last rows and columns, so the ragged
+ * edge tiles are covered). */
+#define CHECK_WHOLE_MACS ((int64_t)1 << 24)
+#define CHECK_WINDOW 64
+#define MAX_ELEMS ((int64_t)1 << 36)
+
+static struct {
+  smelt_gemm_desc desc;
+  smelt_dtype dt_a, dt_b, dt_d, dt_bias; /* C has D's dtype */
+  int a_col, b_col, has_bias, has_c, grouped;
+  int64_t count;     /* problems: the groups, or 1 */
+  int64_t batch;     /* L of a batched GEMM; 0 for 2-D operands */
+  int64_t *ms, *row0; /* per problem: rows, and first row in the stacked A, C, D */
+  int64_t rows;      /* sum of ms */
+  size_t a_elems, b_elems, cd_elems, bias_elems; /* per set */
+  smelt_ctx *ctx;
+  int sets;
+  void **A, **B, **C, **D, **bias;
+  smelt_tensor *ta, *tb, *tc, *td, *tbias; /* one view per problem, rebound per run */
+  smelt_plan *plan;
+} st;
+
+/* ---------------------------------------------------------------- options */
+
+static double parse_double(const cli_doc *doc, const char *name, const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end != '\0' || !isfinite(v))
+    cli_usage_error(doc->command, "--%s: '%s' is not a finite number", name, s);
+  return v;
+}
+
+static void parse_dtypes(const cli_doc *doc) {
+  static const smelt_dtype in[] = {SMELT_DTYPE_BF16, SMELT_DTYPE_F16,  SMELT_DTYPE_F32, SMELT_DTYPE_F64,
+                                   SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2, SMELT_DTYPE_I8};
+  static const smelt_dtype out[] = {SMELT_DTYPE_BF16, SMELT_DTYPE_F16,  SMELT_DTYPE_F32, SMELT_DTYPE_F64,
+                                    SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2, SMELT_DTYPE_I8,  SMELT_DTYPE_I32};
+  if (strcmp(opt_dtype, "tf32") == 0 || strcmp(opt_dtype, "3xtf32") == 0) {
+    st.dt_a = SMELT_DTYPE_F32;
+    st.desc.math.op = opt_dtype[0] == 't' ? SMELT_GEMM_MATH_TF32 : SMELT_GEMM_MATH_3XTF32;
+  } else {
+    smelt_dtype dt;
+    int ok = smelt_dtype_from_name(opt_dtype, &dt) == SMELT_OK;
+    for (int i = 0; ok && i < (int)(sizeof in / sizeof in[0]); i++)
+      if (in[i] == dt) ok = 2;
+    if (ok != 2)
+      cli_usage_error(doc->command, "--dtype '%s' is not one of: bf16, f16, f32, tf32, 3xtf32, f64, e4m3, e5m2, i8",
+                      opt_dtype);
+    st.dt_a = dt;
+  }
+  st.dt_b = st.dt_a;
+  if (opt_out_dtype)
+    st.dt_d = cli_require_dtype(doc, "out-dtype", opt_out_dtype, out, (int)(sizeof out / sizeof out[0]));
+  else
+    st.dt_d = st.dt_a == SMELT_DTYPE_E4M3 || st.dt_a == SMELT_DTYPE_E5M2 ? SMELT_DTYPE_BF16
+           : st.dt_a == SMELT_DTYPE_I8                             ? SMELT_DTYPE_I32
+                                                                : st.dt_a;
+  /* The bias a model would keep: the output's type when it is a float of 16
+   * bits or more, i32 beside an integer accumulator, else f32. */
+  if (st.dt_a == SMELT_DTYPE_I8) st.dt_bias = SMELT_DTYPE_I32;
+  else if (st.dt_d == SMELT_DTYPE_F64 || st.dt_d == SMELT_DTYPE_F32 || st.dt_d == SMELT_DTYPE_F16 ||
+           st.dt_d == SMELT_DTYPE_BF16)
+    st.dt_bias = st.dt_d;
+  else st.dt_bias = SMELT_DTYPE_F32;
+}
+
+static void parse_epilogue(const cli_doc *doc) {
+  smelt_gemm_epilogue *e = &st.desc.epilogue;
+  const char *s = opt_epilogue;
+  if (strcmp(s, "none") == 0) return;
+  if (strncmp(s, "bias", 4) == 0 && (s[4] == '\0' || s[4] == '+')) {
+    st.has_bias = 1;
+    s += s[4] ? 5 : 4;
+  }
+  if (*s && smelt_act_from_name(s, &e->act) != SMELT_OK)
+    cli_usage_error(doc->command, "--epilogue '%s': '%s' is not an activation smelt knows", opt_epilogue, s);
+}
+
+static void parse_mode(const cli_doc *doc) {
+  smelt_gemm_desc *d = &st.desc;
+  cli_require_range(doc, "split-k", opt_split_k, 0, SMELT_GEMM_MAX_SPLIT_K);
+  d->split_k = (int)opt_split_k;
+  if (opt_split_mode) {
+    if (strcmp(opt_split_mode, "serial") == 0) d->mode = SMELT_GEMM_MODE_SPLIT_K_SERIAL;
+    else if (strcmp(opt_split_mode, "parallel") == 0) d->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+    else cli_usage_error(doc->command, "--split-k-mode '%s' is not one of: serial, parallel", opt_split_mode);
+  }
+  if (strcmp(opt_opclass, "auto") == 0) d->math.opclass = SMELT_GEMM_OPCLASS_AUTO;
+  else if (strcmp(opt_opclass, "simt") == 0) d->math.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  else if (strcmp(opt_opclass, "tensorop") == 0) d->math.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
+  else cli_usage_error(doc->command, "--opclass '%s' is not one of: auto, simt, tensorop", opt_opclass);
+  if (opt_tile) {
+    int used = 0;
+    if (sscanf(opt_tile, "%dx%dx%d%n", &d->tile.m, &d->tile.n, &d->tile.k, &used) != 3 || opt_tile[used] != '\0' ||
+        d->tile.m < 1 || d->tile.n < 1 || d->tile.k < 1)
+      cli_usage_error(doc->command, "--tile '%s' is not MxNxK (e.g. 128x256x64)", opt_tile);
+  }
+  int split = opt_split_mode || opt_split_k > 1;
+  if ((opt_batch > 1 || st.grouped) && split)
+    cli_usage_error(doc->command, "split-K serves plain GEMMs only (not --batch or grouped)");
+  if (opt_batch > 1 && st.grouped) cli_usage_error(doc->command, "--batch and grouped mode do not combine");
+  if (st.grouped) d->mode = SMELT_GEMM_MODE_GROUPED;
+  else if (opt_batch > 1) d->mode = SMELT_GEMM_MODE_BATCHED;
+}
+
+/* Rows per problem: --group-ms, or --groups copies of --m, or one --m. */
+static void parse_groups(const cli_doc *doc) {
+  cli_require_range(doc, "groups", opt_groups, 0, 1 << 20);
+  if (opt_group_ms) {
+    int64_t n = 1;
+    for (const char *p = opt_group_ms; *p; p++) n += *p == ',';
+    st.ms = cli_malloc((size_t)n * sizeof *st.ms);
+    const char *p = opt_group_ms;
+    for (int64_t g = 0; g < n; g++) {
+      char *end;
+      long long v = strtoll(p, &end, 10);
+      if (end == p || (*end != ',' && *end != '\0') || v < 0 || v > ((int64_t)1 << 31))
+        cli_usage_error(doc->command, "--group-ms: group %lld is not a row count in [0, 2^31]", (long long)g);
+      st.ms[g] = v;
+      p = *end ? end + 1 : end;
+    }
+    if (opt_groups && opt_groups != n)
+      cli_usage_error(doc->command, "--groups %lld disagrees with the %lld values of --group-ms", (long long)opt_groups,
+                      (long long)n);
+    st.count = n;
+    st.grouped = 1;
+  } else {
+    st.count = opt_groups ? opt_groups : 1;
+    st.grouped = opt_groups > 0;
+    st.ms = cli_malloc((size_t)st.count * sizeof *st.ms);
+    for (int64_t g = 0; g < st.count; g++) st.ms[g] = opt_m;
+  }
+  st.row0 = cli_malloc((size_t)st.count * sizeof *st.row0);
+  st.rows = 0;
+  for (int64_t g = 0; g < st.count; g++) {
+    st.row0[g] = st.rows;
+    st.rows += st.ms[g];
+  }
+  if (st.rows == 0) cli_usage_error(doc->command, "every group is empty: nothing to time");
+}
+
+static const char *mode_name(void) {
+  switch (st.desc.mode) {
+    case SMELT_GEMM_MODE_GROUPED: return "grouped";
+    case SMELT_GEMM_MODE_BATCHED: return "batched";
+    case SMELT_GEMM_MODE_SPLIT_K_SERIAL: return "split_k_serial";
+    case SMELT_GEMM_MODE_SPLIT_K_PARALLEL: return "split_k_parallel";
+    default: return st.desc.split_k > 1 ? "split_k_parallel" : st.desc.split_k == 1 ? "plain" : "auto";
+  }
+}
+
+static const char *opclass_name(void) {
+  static const char *const names[] = {"auto", "simt", "tensorop"};
+  return names[st.desc.math.opclass];
+}
+
+static void describe(const cli_doc *doc, cli_bench_case *c) {
+  st.desc = smelt_gemm_desc_default();
+  cli_require_range(doc, "m", opt_m, 1, (int64_t)1 << 31);
+  cli_require_range(doc, "n", opt_n, 1, (int64_t)1 << 31);
+  cli_require_range(doc, "k", opt_k, 1, (int64_t)1 << 31);
+  cli_require_range(doc, "batch", opt_batch, 1, 1 << 20);
+  parse_dtypes(doc);
+  parse_epilogue(doc);
+  parse_groups(doc);
+  parse_mode(doc);
+  if (strlen(opt_layout) != 2 || !strchr("RC", opt_layout[0]) || !strchr("RC", opt_layout[1]))
+    cli_usage_error(doc->command, "--layout '%s' is not one of: RR, RC, CR, CC", opt_layout);
+  st.a_col = opt_layout[0] == 'C';
+  st.b_col = opt_layout[1] == 'C';
+  smelt_gemm_epilogue *e = &st.desc.epilogue;
+  e->alpha = parse_double(doc, "alpha", opt_alpha);
+  e->beta = parse_double(doc, "beta", opt_beta);
+  st.has_c = e->beta != 0.0;
+  if (st.dt_a == SMELT_DTYPE_E4M3 || st.dt_a == SMELT_DTYPE_E5M2) {
+    /* Per-tensor scales as fp8 training sets them; their product is not 1,
+     * so a kernel that ignored both would show in --check. */
+    e->scale_a = 0.5f;
+    e->scale_b = 0.25f;
+  }
+  st.batch = opt_batch > 1 ? opt_batch : 0;
+  const int64_t L = opt_batch, N = opt_n, K = opt_k;
+  if (st.rows > MAX_ELEMS / K / L || st.rows > MAX_ELEMS / N / L || K > MAX_ELEMS / N / L / st.count)
+    cli_usage_error(doc->command, "an operand exceeds 2^36 elements");
+  st.a_elems = (size_t)(L * st.rows * K);
+  st.b_elems = (size_t)(L * st.count * K * N);
+  st.cd_elems = (size_t)(L * st.rows * N);
+  st.bias_elems = (size_t)(st.grouped ? st.count * N : N);
+  c->set_bytes = st.a_elems * smelt_dtype_size(st.dt_a) + st.b_elems * smelt_dtype_size(st.dt_b) +
+                 st.cd_elems * smelt_dtype_size(st.dt_d) * (st.has_c ? 2 : 1) +
+                 (st.has_bias ? st.bias_elems * smelt_dtype_size(st.dt_bias) : 0);
+  c->traffic_bytes = c->set_bytes;
+  c->flops = 2.0 * (double)st.rows * (double)N * (double)K * (double)L;
+
+  /* "m" is the rows of each problem; with uneven groups, all the rows. */
+  const int64_t m = opt_group_ms ? st.rows : opt_m;
+  char extra[160] = "", tile[48] = "auto";
+  if (opt_tile) snprintf(tile, sizeof tile, "%dx%dx%d", st.desc.tile.m, st.desc.tile.n, st.desc.tile.k);
+  size_t len = 0;
+  if (L > 1) len += (size_t)snprintf(extra + len, sizeof extra - len, " batch=%lld", (long long)L);
+  if (st.grouped)
+    len += (size_t)snprintf(extra + len, sizeof extra - len, " groups=%lld rows=%lld%s", (long long)st.count,
+                            (long long)st.rows, opt_group_ms ? " (uneven)" : "");
+  if (e->alpha != 1.0 || e->beta != 0.0)
+    len += (size_t)snprintf(extra + len, sizeof extra - len, " alpha=%g beta=%g", e->alpha, e->beta);
+  if (opt_split_k) len += (size_t)snprintf(extra + len, sizeof extra - len, " split_k=%lld", (long long)opt_split_k);
+  if (st.desc.math.opclass) len += (size_t)snprintf(extra + len, sizeof extra - len, " opclass=%s", opclass_name());
+  if (opt_tile) snprintf(extra + len, sizeof extra - len, " tile=%s", tile);
+  snprintf(c->params_text, sizeof c->params_text,
+           "m=%lld n=%lld k=%lld dtype=%s out=%s layout=%s epilogue=%s mode=%s%s",
+           (long long)m, (long long)N, (long long)K, opt_dtype, smelt_dtype_name(st.dt_d), opt_layout, opt_epilogue,
+           mode_name(), extra);
+  snprintf(c->params_json, sizeof c->params_json,
+           "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"batch\":%lld,\"groups\":%lld,\"rows\":%lld,\"dtype\":\"%s\","
+           "\"out_dtype\":\"%s\",\"layout\":\"%s\",\"epilogue\":\"%s\",\"alpha\":%.17g,\"beta\":%.17g,"
+           "\"mode\":\"%s\",\"split_k\":%lld,\"opclass\":\"%s\",\"tile\":\"%s\"",
+           (long long)m, (long long)N, (long long)K, (long long)L, (long long)(st.grouped ? st.count : 0),
+           (long long)st.rows, opt_dtype, smelt_dtype_name(st.dt_d), opt_layout, opt_epilogue, e->alpha, e->beta,
+           mode_name(), (long long)opt_split_k, opclass_name(), tile);
+}
+
+/* ---------------------------------------------------------------- data */
+
+/* Seeded random values of any operand dtype: uniform floats in [lo, hi)
+ * (fp8 through f32 in chunks), every i8, i32 in [-1000, 1000]. */
+static void fill(void *buf, smelt_dtype dt, size_t n, uint64_t seed, double lo, double hi) {
+  enum { CHUNK = 1 << 16 };
+  switch (dt) {
+    case SMELT_DTYPE_I8: cli_fill_bytes(buf, n, seed); return;
+    case SMELT_DTYPE_I32: {
+      cli_fill_bytes(buf, n * sizeof(int32_t), seed);
+      int32_t *p = buf;
+      for (size_t i = 0; i < n; i++) p[i] = (int32_t)((uint32_t)p[i] % 2001u) - 1000;
+      return;
+    }
+    case SMELT_DTYPE_E4M3:
+    case SMELT_DTYPE_E5M2: {
+      float *tmp = cli_malloc(CHUNK * sizeof *tmp);
+      uint8_t *p = buf;
+      for (size_t i = 0; i < n; i += CHUNK) {
+        size_t len = n - i < CHUNK ? n - i : CHUNK;
+        cli_fill_uniform(tmp, SMELT_DTYPE_F32, len, seed + i, lo, hi);
+        for (size_t j = 0; j < len; j++)
+          p[i + j] = dt == SMELT_DTYPE_E4M3 ? smelt_f32_to_e4m3(tmp[j]) : smelt_f32_to_e5m2(tmp[j]);
+      }
+      free(tmp);
+      return;
+    }
+    default: cli_fill_uniform(buf, dt, n, seed, lo, hi); return;
+  }
+}
+
+/* Element i of a host buffer of any output dtype, as a double. */
+static double load(const void *buf, smelt_dtype dt, size_t i) {
+  switch (dt) {
+    case SMELT_DTYPE_E4M3: return smelt_e4m3_to_f32(((const uint8_t *)buf)[i]);
+    case SMELT_DTYPE_E5M2: return smelt_e5m2_to_f32(((const uint8_t *)buf)[i]);
+    case SMELT_DTYPE_I8: return ((const int8_t *)buf)[i];
+    default: return cli_load(buf, dt, i);
+  }
+}
+
+/* A view of `rows` x `cols` at element `off` of base, with a leading batch
+ * dimension when st.batch > 0. */
+static smelt_tensor view(smelt_device_kind dev, int index, void *base, smelt_dtype dt, size_t off, int64_t rows,
+                         int64_t cols, int64_t rs, int64_t cs, int64_t bs) {
+  const int b = st.batch > 0;
+  int64_t shape[3] = {st.batch, rows, cols};
+  smelt_tensor t = smelt_tensor_make((char *)base + off * smelt_dtype_size(dt), dt, dev, index, 2 + b, shape + !b);
+  t.strides[b] = rs;
+  t.strides[b + 1] = cs;
+  if (b) t.strides[0] = bs;
+  return t;
+}
+
+/* Problem g's operands in buffers a, b, c, d, bias (c, d, bias may be NULL:
+ * their views are then left alone). */
+static void views_of(smelt_device_kind dev, int index, void *a, void *b, void *c, void *d, void *bias, int64_t g,
+                     smelt_tensor *ta, smelt_tensor *tb, smelt_tensor *tc, smelt_tensor *td, smelt_tensor *tbias) {
+  const int64_t M = st.ms[g], N = opt_n, K = opt_k, r0 = st.row0[g];
+  const int64_t lda = M > 0 ? M : 1;
+  *ta = view(dev, index, a, st.dt_a, (size_t)(r0 * K), M, K, st.a_col ? 1 : K, st.a_col ? lda : 1, st.rows * K);
+  *tb = view(dev, index, b, st.dt_b, (size_t)(g * K * N), K, N, st.b_col ? 1 : N, st.b_col ? K : 1, K * N);
+  if (c) *tc = view(dev, index, c, st.dt_d, (size_t)(r0 * N), M, N, N, 1, st.rows * N);
+  if (d) *td = view(dev, index, d, st.dt_d, (size_t)(r0 * N), M, N, N, 1, st.rows * N);
+  if (bias) {
+    int64_t shape[1] = {N};
+    const size_t off = (size_t)((st.grouped ? g : 0) * N) * smelt_dtype_size(st.dt_bias);
+    *tbias = smelt_tensor_make((char *)bias + off, st.dt_bias, dev, index, 1, shape);
+  }
+}
+
+/* Binds every problem's views to set `set`. */
+static void bind(int set) {
+  smelt_device_kind dev = smelt_ctx_device(st.ctx);
+  int index = smelt_ctx_device_index(st.ctx);
+  for (int64_t g = 0; g < st.count; g++)
+    views_of(dev, index, st.A[set], st.B[set], st.has_c ? st.C[set] : NULL, st.D[set],
+             st.has_bias ? st.bias[set] : NULL, g, &st.ta[g], &st.tb[g], &st.tc[g], &st.td[g], &st.tbias[g]);
+}
+
+static void run(int set) {
+  bind(set);
+  const smelt_tensor *c = st.has_c ? st.tc : NULL, *bias = st.has_bias ? st.tbias : NULL;
+  if (st.grouped)
+    CLI_TRY(smelt_gemm_grouped_run(st.plan, st.count, st.ta, st.tb, c, st.td, bias));
+  else
+    CLI_TRY(smelt_gemm_run(st.plan, st.ta, st.tb, c, st.td, bias));
+}
+
+/* ---------------------------------------------------------------- check */
+
+/* Relative L2 bound against the CPU reference (as tests/test_gemm.c): the
+ * arithmetic's own error plus about one rounding of the output type. */
+static double check_bound(void) {
+  const smelt_gemm_desc *d = &st.desc;
+  double in = st.dt_a == SMELT_DTYPE_F64 || st.dt_a == SMELT_DTYPE_I8 ? 1e-12
+              : d->math.op == SMELT_GEMM_MATH_TF32               ? 2e-3
+                                                                 : 1e-5;
+  switch (st.dt_d) {
+    case SMELT_DTYPE_F64: return in;
+    case SMELT_DTYPE_F32: return in + 1e-6;
+    case SMELT_DTYPE_F16: return in + 2e-3;
+    case SMELT_DTYPE_BF16: return in + 1e-2;
+    case SMELT_DTYPE_E4M3: return in + 0.08;
+    case SMELT_DTYPE_E5M2: return in + 0.15;
+    default:
+      return in + (st.dt_a == SMELT_DTYPE_I8 && d->epilogue.act == SMELT_ACT_IDENTITY && d->epilogue.alpha == 1.0 &&
+                           !st.has_c
+                       ? 0.0
+                       : 1e-2);
+  }
+}
+
+typedef struct check_sums {
+  double diff2, ref2, max_abs;
+  int64_t elems, nan_mismatch;
+} check_sums;
+
+/* One window of problem g, batch l: rows [r0, r0 + rows), columns [c0, c0 +
+ * cols), computed by the CPU backend from the host inputs and compared with
+ * the device's D of set 0. */
+static void check_window(smelt_ctx *cpu, const void *ha, const void *hb, const void *hc, const void *hbias, int64_t g,
+                         int64_t l, int64_t r0, int64_t rows, int64_t c0, int64_t cols, check_sums *s) {
+  const int64_t N = opt_n, K = opt_k;
+  smelt_tensor ta, tb, tc, td, tbias;
+  const int64_t saved = st.batch;
+  st.batch = 0; /* the window is one 2-D problem */
+  views_of(SMELT_DEVICE_CPU, 0, (void *)ha, (void *)hb, (void *)hc, NULL, (void *)hbias, g, &ta, &tb, &tc, &td,
+           &tbias);
+  st.batch = saved;
+  const int64_t L = opt_batch;
+  const size_t es_a = smelt_dtype_size(st.dt_a), es_b = smelt_dtype_size(st.dt_b), es_d = smelt_dtype_size(st.dt_d);
+  ta.data = (char *)ta.data + (size_t)(l * st.rows * K + r0 * ta.strides[0]) * es_a;
+  ta.shape[0] = rows;
+  tb.data = (char *)tb.data + (size_t)(l * K * N + c0 * tb.strides[1]) * es_b; /* batched: one problem */
+  tb.shape[1] = cols;
+  if (hc) {
+    tc.data = (char *)tc.data + (size_t)(l * st.rows * N + r0 * N + c0) * es_d;
+    tc.shape[0] = rows;
+    tc.shape[1] = cols;
+  }
+  if (hbias) {
+    tbias.data = (char *)tbias.data + (size_t)c0 * smelt_dtype_size(st.dt_bias);
+    tbias.shape[0] = cols;
+  }
+  int64_t dshape[2] = {rows, cols};
+  void *ref = cli_malloc((size_t)(rows * cols) * es_d);
+  td = smelt_tensor_make(ref, st.dt_d, SMELT_DEVICE_CPU, 0, 2, dshape);
+  smelt_gemm_desc rd = st.desc;
+  rd.mode = SMELT_GEMM_MODE_PLAIN; /* the exact product; how the device splits the work is its own business */
+  rd.split_k = 0;
+  CLI_TRY(smelt_gemm(cpu, &rd, &ta, &tb, hc ? &tc : NULL, &td, hbias ? &tbias : NULL));
+
+  /* D rows are contiguous: fetch whole rows, compare the window's columns. */
+  void *got = cli_malloc((size_t)(rows * N) * es_d);
+  const size_t off = (size_t)((L > 1 ? l * st.rows * N : 0) + (st.row0[g] + r0) * N);
+  cli_dev_download(st.ctx, got, (const char *)st.D[0] + off * es_d, (size_t)(rows * N) * es_d);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) {
+      double x = load(got, st.dt_d, (size_t)(i * N + c0 + j)), r = load(ref, st.dt_d, (size_t)(i * cols + j));
+      s->elems++;
+      if (isnan(x) || isnan(r)) {
+        s->nan_mismatch += isnan(x) != isnan(r);
+        continue;
+      }
+      double e = x == r ? 0.0 : fabs(x - r);
+      s->diff2 += e * e;
+      s->ref2 += r * r;
+      if (e > s->max_abs) s->max_abs = e;
+    }
+  free(ref);
+  free(got);
+}
+
+/* Checks the first and the last non-empty problem (batch 0 and the last
+ * batch). */
+static void check(const void *ha, const void *hb, const void *hc, const void *hbias, cli_bench_case *c) {
+  smelt_ctx *cpu = cli_ctx_open_cpu();
+  check_sums s = {0, 0, 0, 0, 0};
+  int windows = 0;
+  const int64_t N = opt_n, K = opt_k, L = opt_batch;
+  int64_t first = 0, last = st.count - 1;
+  while (st.ms[first] == 0) first++; /* describe made sure one is not empty */
+  while (st.ms[last] == 0) last--;
+  const int64_t probs[2] = {first, last}, batches[2] = {0, L - 1};
+  for (int p = 0; p < 2; p++) {
+    if (p == 1 && probs[1] == probs[0] && batches[1] == batches[0]) break;
+    const int64_t g = probs[p], l = batches[p], M = st.ms[g];
+    if (M * N <= CHECK_WHOLE_MACS / K || (M <= CHECK_WINDOW && N <= CHECK_WINDOW)) {
+      check_window(cpu, ha, hb, hc, hbias, g, l, 0, M, 0, N, &s);
+      windows++;
+      continue;
+    }
+    const int64_t r = M < CHECK_WINDOW ? M : CHECK_WINDOW, w = N < CHECK_WINDOW ? N : CHECK_WINDOW;
+    check_window(cpu, ha, hb, hc, hbias, g, l, 0, r, 0, w, &s);
+    check_window(cpu, ha, hb, hc, hbias, g, l, M - r, r, N - w, w, &s);
+    windows += 2;
+  }
+  smelt_ctx_destroy(cpu);
+  const double rel = s.ref2 > 0 ? sqrt(s.diff2 / s.ref2) : sqrt(s.diff2), bound = check_bound();
+  const int ok = s.nan_mismatch == 0 && rel <= bound;
+  c->check_failed = !ok;
+  snprintf(c->check_text, sizeof c->check_text,
+           "rel_l2 %.2e (bound %.1e), max_abs %.2e, %lld NaN mismatches over %d window%s (%lld elements): %s", rel,
+           bound, s.max_abs, (long long)s.nan_mismatch, windows, windows == 1 ? "" : "s", (long long)s.elems,
+           ok ? "ok" : "FAIL");
+  snprintf(c->check_json, sizeof c->check_json,
+           "\"check\":\"%s\",\"check_rel_l2\":%.6g,\"check_bound\":%.3g,\"check_max_abs\":%.6g,"
+           "\"check_nan_mismatches\":%lld,\"check_elems\":%lld",
+           ok ? "ok" : "fail", rel, bound, s.max_abs, (long long)s.nan_mismatch, (long long)s.elems);
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static void *host_fill(smelt_dtype dt, size_t n, uint64_t seed, double lo, double hi) {
+  void *h = cli_malloc(n * smelt_dtype_size(dt));
+  fill(h, dt, n, seed, lo, hi);
+  return h;
+}
+
+static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
+  st.ctx = ctx;
+  st.sets = sets;
+  /* fp8 spans a few binades around 1 (the scales bring products back down). */
+  const int f8 = st.dt_a == SMELT_DTYPE_E4M3 || st.dt_a == SMELT_DTYPE_E5M2;
+  const double lim = f8 ? 2.0 : 1.0;
+  void *ha = host_fill(st.dt_a, st.a_elems, 0x5EED1401u, -lim, lim);
+  void *hb = host_fill(st.dt_b, st.b_elems, 0x5EED1402u, -lim, lim);
+  void *hc = st.has_c ? host_fill(st.dt_d, st.cd_elems, 0x5EED1403u, -1.0, 1.0) : NULL;
+  void *hbias = st.has_bias ? host_fill(st.dt_bias, st.bias_elems, 0x5EED1404u, -1.0, 1.0) : NULL;
+  const size_t es_d = smelt_dtype_size(st.dt_d);
+  st.A = cli_bench_upload_sets(ctx, ha, st.a_elems * smelt_dtype_size(st.dt_a), sets);
+  st.B = cli_bench_upload_sets(ctx, hb, st.b_elems * smelt_dtype_size(st.dt_b), sets);
+  if (hc) st.C = cli_bench_upload_sets(ctx, hc, st.cd_elems * es_d, sets);
+  if (hbias) st.bias = cli_bench_upload_sets(ctx, hbias, st.bias_elems * smelt_dtype_size(st.dt_bias), sets);
+  st.D = cli_bench_alloc_sets(ctx, st.cd_elems * es_d, sets);
+  const size_t nv = (size_t)st.count;
+  st.ta = cli_malloc(nv * sizeof *st.ta);
+  st.tb = cli_malloc(nv * sizeof *st.tb);
+  st.tc = cli_malloc(nv * sizeof *st.tc);
+  st.td = cli_malloc(nv * sizeof *st.td);
+  st.tbias = cli_malloc(nv * sizeof *st.tbias);
+  bind(0);
+  const smelt_tensor *tc = st.has_c ? st.tc : NULL, *tbias = st.has_bias ? st.tbias : NULL;
+  if (st.grouped)
+    CLI_TRY(smelt_gemm_grouped_plan(ctx, &st.desc, st.count, st.ta, st.tb, tc, st.td, tbias, &st.plan));
+  else
+    CLI_TRY(smelt_gemm_plan(ctx, &st.desc, st.ta, st.tb, tc, st.td, tbias, &st.plan));
+  snprintf(c->kernel, sizeof c->kernel, "%s", smelt_plan_describe(st.plan));
+  if (opt_check) {
+    /* Poison D (0xFF: NaN in every float type) so an unwritten element shows. */
+    void *poison = cli_malloc(st.cd_elems * es_d);
+    memset(poison, 0xFF, st.cd_elems * es_d);
+    CLI_TRY(smelt_memcpy_h2d(ctx, st.D[0], poison, st.cd_elems * es_d));
+    free(poison);
+    run(0);
+    CLI_TRY(smelt_ctx_synchronize(ctx));
+    check(ha, hb, hc, hbias, c);
+  }
+  free(ha);
+  free(hb);
+  free(hc);
+  free(hbias);
+}
+
+static void teardown(void) {
+  smelt_plan_destroy(st.plan);
+  cli_bench_free_sets(st.ctx, st.A, st.sets);
+  cli_bench_free_sets(st.ctx, st.B, st.sets);
+  if (st.has_c) cli_bench_free_sets(st.ctx, st.C, st.sets);
+  if (st.has_bias) cli_bench_free_sets(st.ctx, st.bias, st.sets);
+  cli_bench_free_sets(st.ctx, st.D, st.sets);
+  free(st.ta);
+  free(st.tb);
+  free(st.tc);
+  free(st.td);
+  free(st.tbias);
+  free(st.ms);
+  free(st.row0);
+}
+
+const cli_bench_op cli_bench_gemm = {
+    "gemm",
+    "D = epilogue(alpha A @ B + beta C): every dtype, layout, epilogue, mode",
+    options, describe, setup, run, teardown,
+};
