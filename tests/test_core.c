@@ -272,8 +272,21 @@ static void test_context_bad_inputs(void) {
   CHECK_STATUS(smelt_pool_stats_get(NULL, NULL), SMELT_STATUS_NULL_POINTER);
   CHECK_STATUS(smelt_event_create(NULL, NULL), SMELT_STATUS_NULL_POINTER);
   CHECK_STATUS(smelt_ctx_synchronize(NULL), SMELT_STATUS_NULL_POINTER);
+  CHECK_STATUS(smelt_ctx_set_stream(NULL, NULL), SMELT_STATUS_NULL_POINTER);
+  CHECK_STATUS(smelt_pool_reset_peak(NULL), SMELT_STATUS_NULL_POINTER);
+  CHECK_STATUS(smelt_pool_trim(NULL, 0), SMELT_STATUS_NULL_POINTER);
+  CHECK_STATUS(smelt_cache_stats_get(NULL, NULL), SMELT_STATUS_NULL_POINTER);
+  CHECK_STATUS(smelt_event_record(NULL), SMELT_STATUS_NULL_POINTER);
+  float ms;
+  CHECK_STATUS(smelt_event_elapsed_ms(NULL, NULL, &ms), SMELT_STATUS_NULL_POINTER);
+  CHECK_STATUS(smelt_device_info_get(0, NULL), SMELT_STATUS_NULL_POINTER);
+  int count = -1;
+  CHECK_STATUS(smelt_precompile("gfx90a", NULL, NULL, &count), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("arch=\"gfx90a\"");
+  CHECK_EQ_INT(count, 0);
   smelt_ctx_destroy(NULL);
   smelt_plan_destroy(NULL);
+  smelt_event_destroy(NULL);
 }
 
 /* The stream-ordered pool: used/reserved/peak move as allocations come and go,
