@@ -136,6 +136,12 @@ smelt_status smelt__cu_error(CUresult r, const char *op, const char *what);
     if (smelt__r != 0) return smelt__cu_error(smelt__r, (op), #call);               \
   } while (0)
 
+/* dlopen the highest-versioned file matching a glob pattern; NULL if none. */
+void *smelt__dlopen_glob(const char *pattern);
+/* dlopen a library inside a pip wheel ("nvidia/cu13/lib/libnvrtc.so.[0-9]*")
+ * of $VIRTUAL_ENV, $CONDA_PREFIX, /usr/local, /usr or /opt/torch/.venv. */
+void *smelt__dlopen_pip(const char *rel);
+
 /* ---- NVRTC, opened once per process. */
 typedef struct smelt__nvrtc_info {
   int loaded;

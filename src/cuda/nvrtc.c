@@ -6,7 +6,6 @@
 #include "cuda_internal.h"
 
 #include <dlfcn.h>
-#include <glob.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,59 +30,24 @@ static struct {
 static smelt__nvrtc_info info;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static void *try_open(const char *path) {
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (h) {
-    /* Record the file actually opened. */
-    Dl_info di;
-    void *sym = dlsym(h, "nvrtcVersion");
-    if (sym && dladdr(sym, &di) && di.dli_fname) snprintf(info.path, sizeof info.path, "%s", di.dli_fname);
-    else snprintf(info.path, sizeof info.path, "%s", path);
-  }
-  return h;
-}
-
-static void *try_glob(const char *pattern) {
-  glob_t g;
-  void *h = NULL;
-  if (glob(pattern, 0, NULL, &g) == 0) {
-    /* Highest version first: glob sorts ascending. */
-    for (size_t i = g.gl_pathc; i-- > 0 && !h;) h = try_open(g.gl_pathv[i]);
-    globfree(&g);
-  }
-  return h;
-}
-
 static void *open_lib(void) {
   void *h;
   const char *env = smelt__getenv("SMELT_NVRTC_PATH");
-  if (env && (h = try_open(env))) return h;
+  if (env && (h = dlopen(env, RTLD_NOW | RTLD_LOCAL))) return h;
   static const char *sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"};
   for (size_t i = 0; i < sizeof sonames / sizeof *sonames; i++)
-    if ((h = try_open(sonames[i]))) return h;
+    if ((h = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL))) return h;
   const char *roots[] = {smelt__getenv("CUDA_HOME"), smelt__getenv("CUDA_PATH"), "/usr/local/cuda"};
   char pat[600];
   for (size_t i = 0; i < 3; i++) {
     if (!roots[i]) continue;
     snprintf(pat, sizeof pat, "%s/lib64/libnvrtc.so.[0-9]*", roots[i]);
-    if ((h = try_glob(pat))) return h;
+    if ((h = smelt__dlopen_glob(pat))) return h;
     snprintf(pat, sizeof pat, "%s/lib/libnvrtc.so.[0-9]*", roots[i]);
-    if ((h = try_glob(pat))) return h;
+    if ((h = smelt__dlopen_glob(pat))) return h;
   }
-  static const char *pip[] = {
-      "%s/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.[0-9]*",
-      "%s/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.[0-9]*",
-  };
-  const char *prefixes[] = {smelt__getenv("VIRTUAL_ENV"), smelt__getenv("CONDA_PREFIX"), "/usr/local", "/usr",
-                            "/opt/torch/.venv"};
-  for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
-    if (!prefixes[p]) continue;
-    for (size_t i = 0; i < sizeof pip / sizeof *pip; i++) {
-      snprintf(pat, sizeof pat, pip[i], prefixes[p]);
-      if ((h = try_glob(pat))) return h;
-    }
-  }
-  return NULL;
+  if ((h = smelt__dlopen_pip("nvidia/cu13/lib/libnvrtc.so.[0-9]*"))) return h;
+  return smelt__dlopen_pip("nvidia/cuda_nvrtc/lib/libnvrtc.so.[0-9]*");
 }
 
 static void load(void) {
@@ -92,7 +56,6 @@ static void load(void) {
     snprintf(info.error, sizeof info.error,
              "libnvrtc not found (tried SMELT_NVRTC_PATH, libnvrtc.so.13/.12/.11.2, CUDA_HOME, "
              "/usr/local/cuda, pip nvidia-cuda-nvrtc); install the CUDA toolkit's NVRTC or set SMELT_NVRTC_PATH");
-    info.path[0] = 0;
     return;
   }
 #define SMELT__RTC(field, sym)                                                            \
@@ -110,6 +73,9 @@ static void load(void) {
   SMELT__RTC(GetCUBINSize, "nvrtcGetCUBINSize")
   SMELT__RTC(GetCUBIN, "nvrtcGetCUBIN")
 #undef SMELT__RTC
+  /* Record the file actually opened, for `smelt info`. */
+  Dl_info di;
+  if (dladdr(*(void **)&rtc.Version, &di) && di.dli_fname) snprintf(info.path, sizeof info.path, "%s", di.dli_fname);
   rtc.Version(&info.major, &info.minor);
   info.loaded = 1;
 }

@@ -12,9 +12,12 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void load(void) {
   /* Only worth a dlopen when a profiler asked for ranges (it sets this). */
   if (!smelt__getenv("NVTX_INJECTION64_PATH") && !smelt__getenv("SMELT_NVTX")) return;
-  static const char *names[] = {"libnvToolsExt.so.1", "libnvToolsExt.so", "libnvtx3interop.so.1"};
+  /* libnvtx3interop (CUDA 13's nvidia-nvtx wheel) and libnvToolsExt (older
+   * toolkits) export the NVTX C API and forward to the profiler's injection. */
+  static const char *names[] = {"libnvtx3interop.so.1", "libnvToolsExt.so.1", "nvidia/cu13/lib/libnvtx3interop.so.1",
+                                "nvidia/nvtx/lib/libnvToolsExt.so.1"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    void *h = i < 2 ? dlopen(names[i], RTLD_NOW | RTLD_LOCAL) : smelt__dlopen_pip(names[i]);
     if (!h) continue;
     *(void **)&push_a = dlsym(h, "nvtxRangePushA");
     *(void **)&pop = dlsym(h, "nvtxRangePop");
