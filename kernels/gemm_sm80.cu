@@ -34,6 +34,7 @@
  * adds small*big + big*small + big*big, which recovers about f32 accuracy.
  */
 #include "gemm_common.cuh"
+#include "smelt_mma.cuh"
 
 #define TC_F16 1
 #define TC_BF16 2
@@ -98,29 +99,6 @@ typedef float accv_t;
 
 /* ---------------------------------------------------------------- PTX wrappers */
 
-static __device__ __forceinline__ u32 smem_u32(const void *p) {
-  u32 r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-/* 16 bytes global -> shared; bytes < 16 reads that many and zero-fills the rest. */
-static __device__ __forceinline__ void cp_async16(u32 dst, const void *src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-#define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
-
-static __device__ __forceinline__ void ldsm_x4(u32 addr, u32 *r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-static __device__ __forceinline__ void ldsm_x4_t(u32 addr, u32 *r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 static __device__ __forceinline__ u32 lds32(u32 addr) {
   u32 v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
@@ -136,15 +114,9 @@ static __device__ __forceinline__ u32 to_tf32(u32 x) {
 /* d += a * b for one m16n8 fragment. */
 static __device__ __forceinline__ void mma_f16(float *d, const u32 *a, const u32 *b) {
 #if GEMM_TC == TC_BF16
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  mma_16816_bf16(d, a, b);
 #else
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  mma_16816_f16(d, a, b);
 #endif
 }
 

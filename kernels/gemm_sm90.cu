@@ -1,97 +1,108 @@
-/* The Hopper GEMM (sm_90a) for f16 and bf16, A row-major and B column-major
- * (both K-major), f32 accumulation, every epilogue.
+/* The Hopper GEMM (sm_90a) for f16, bf16, tf32 and fp8, A row-major and B
+ * column-major (both K-major, which wgmma needs for tf32 and fp8), f32
+ * accumulation, every epilogue.
  *
- * Prelude: GEMM_ACC 1 (f32); GEMM_AB 2 (f16) or 3 (bf16); GEMM_STAGES.
+ * Prelude: GEMM_ACC 1 (f32); GEMM_AB 1 (f32 operands, tf32 math), 2 (f16),
+ * 3 (bf16) or 4 (fp8, with GEMM_FP8_A and GEMM_FP8_B each 4 e4m3 or
+ * 5 e5m2); GEMM_BN, the tile width: 256, or 64 for problems with too few
+ * wide tiles to fill the GPU (a skinny M); GEMM_STAGES.
  *
- * One persistent CTA per SM walks the output tiles (128 x 256) in the
+ * Every element type uses the same bytes: a K step (BK) is one 128-byte
+ * row of each operand row (32 tf32, 64 16-bit or 128 fp8 elements), and
+ * each of its four wgmma steps reads 32 bytes of it (k8, k16 or k32), so
+ * the stages, descriptors and pipeline are the same for all of them.
+ * tf32 wgmma reads the top 19 bits of each f32 (truncation, as cuBLAS's
+ * tf32 does on Hopper). fp8 wgmma adds its products to the accumulator
+ * with fewer bits than f32 (about 14 bits of mantissa kept at each
+ * addition), so the selector takes this kernel for fp8 only when D is
+ * 16-bit or 8-bit, whose rounding is larger.
+ *
+ * One persistent CTA per SM walks the output tiles (128 x BN) in the
  * banded order of gemm_raster, so the tiles in flight share A rows and B
- * columns in L2. Three warpgroups:
- *   producer (warpgroup 0, one thread): TMA loads of the A (128 x 64) and B
- *     (256 x 64) tiles of each K step into a ring of STAGES shared-memory
+ * columns in L2; a grouped run (host scheduling) walks the tiles of all
+ * groups in order, with each group's tensor maps in device memory
+ * (sm90_locate). Three warpgroups:
+ *   producer (warpgroup 0, one thread): TMA loads of the A (128 x BK) and B
+ *     (BN x BK) tiles of each K step into a ring of STAGES shared-memory
  *     stages, each completing on the stage's "full" mbarrier with its byte
  *     count; before reusing a stage it waits on the stage's "empty" mbarrier;
  *   consumers (warpgroups 1 and 2): each multiplies its 64-row half of the
- *     A tile by the whole B tile with four wgmma m64n256k16 per stage (the
- *     accumulator lives in 128 registers per thread), releases a stage as
+ *     A tile by the whole B tile with four wgmma m64nBN per stage (the
+ *     accumulator lives in BN / 2 registers per thread), releases a stage as
  *     soon as the wgmmas reading it are done, and after the last K step
- *     applies the epilogue (through a small shared-memory buffer, below).
+ *     applies the epilogue (below).
  * setmaxnreg moves registers from the producer (40) to the consumers (232).
  * The producer runs ahead into the next tile while the consumers store the
  * previous one, so loads overlap the epilogue.
  *
- * Shared memory: TMA writes each 64-element (128-byte) row with the 128-byte
+ * Shared memory: TMA writes each 128-byte row of K with the 128-byte
  * swizzle, which is the K-major layout wgmma reads with SBO = 1024 (eight
  * rows); stages are 1024-byte aligned so the swizzle phase starts at 0, and
- * the k16 steps inside a 128-byte row are start-address offsets of 32 bytes.
+ * the wgmma steps inside a 128-byte row are start-address offsets of 32 bytes.
  * Ragged M, N and K need nothing: TMA fills out-of-bounds elements with
- * zeros and the epilogue skips rows and columns past the matrix. K >= 1 (the
- * host sends K = 0 elsewhere).
+ * zeros, TMA stores clip at the matrix edge and the general epilogue skips
+ * rows and columns past the matrix. K >= 1 (the host sends K = 0 elsewhere).
+ *
+ * Two epilogues. The fast one (`fast` != 0: 16-bit or f32 row-major D with
+ * 16-byte aligned rows, no C) works on the accumulators in registers: the
+ * bias, loaded once per tile, comes from shared memory, the activation runs
+ * in f32 with its switch outside the per-element loop, and each 64 x 64
+ * piece goes (packed to 16 bits, or as f32 in two halves) into a swizzled
+ * shared buffer that one thread hands to a TMA store; the next piece's math
+ * overlaps that store. The general one serves every other output (any dtype
+ * and layout, C): accumulators go through a shared buffer and each element
+ * through gemm_epilogue.
  */
 #include "gemm_common.cuh"
+#include "smelt_mma.cuh"
 
 #if !defined(GEMM_AB) || !defined(GEMM_STAGES) || GEMM_ACC != ACC_F32
-#error "gemm_sm90.cu needs GEMM_AB (2 f16, 3 bf16), GEMM_STAGES and GEMM_ACC 1"
+#error "gemm_sm90.cu needs GEMM_AB (1 tf32, 2 f16, 3 bf16, 4 fp8), GEMM_STAGES and GEMM_ACC 1"
 #endif
-#if GEMM_AB == DT_BF16
-#define AB_PTX "bf16"
+/* The wgmma shape and types, and the operands after the descriptors:
+ * scale-d, the input scales (1) and, for 16-bit types only, the transpose
+ * flags (0: both K-major). */
+#if GEMM_AB == DT_F32
+#define WG_KIND "k8.f32.tf32.tf32"
+#define WG_TAIL "1, 1"
+#define AB_SIZE 4
+#elif GEMM_AB == DT_F16
+#define WG_KIND "k16.f32.f16.f16"
+#define WG_TAIL "1, 1, 0, 0"
+#define AB_SIZE 2
+#elif GEMM_AB == DT_BF16
+#define WG_KIND "k16.f32.bf16.bf16"
+#define WG_TAIL "1, 1, 0, 0"
+#define AB_SIZE 2
+#elif GEMM_AB == DT_E4M3 && defined(GEMM_FP8_A) && defined(GEMM_FP8_B)
+#if GEMM_FP8_A == DT_E4M3 && GEMM_FP8_B == DT_E4M3
+#define WG_KIND "k32.f32.e4m3.e4m3"
+#elif GEMM_FP8_A == DT_E4M3
+#define WG_KIND "k32.f32.e4m3.e5m2"
+#elif GEMM_FP8_B == DT_E4M3
+#define WG_KIND "k32.f32.e5m2.e4m3"
 #else
-#define AB_PTX "f16"
+#define WG_KIND "k32.f32.e5m2.e5m2"
+#endif
+#define WG_TAIL "1, 1"
+#define AB_SIZE 1
+#else
+#error "gemm_sm90.cu: GEMM_AB must be 1, 2, 3, or 4 with GEMM_FP8_A and GEMM_FP8_B"
 #endif
 
+#if !defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 64)
+#error "gemm_sm90.cu needs GEMM_BN 256 or 64"
+#endif
 #define BM 128
-#define BN 256
-#define BK 64 /* one 128-byte swizzle row of K */
+#define BN GEMM_BN
+#define BK (128 / AB_SIZE) /* elements: one 128-byte swizzle row of K */
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
-#define A_BYTES (BM * BK * 2)
-#define B_BYTES (BN * BK * 2)
+#define A_BYTES (BM * 128)
+#define B_BYTES (BN * 128)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 
-/* A CUtensorMap, passed by value as a __grid_constant__ parameter (TMA
- * reads it from parameter space; it must be 64-byte aligned there). */
-typedef struct __align__(64) tmap_t {
-  u64 q[16];
-} tmap_t;
-
 /* ---------------------------------------------------------------- PTX wrappers */
-
-static __device__ __forceinline__ u32 smem_u32(const void *p) {
-  u32 r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-/* Arrives and announces the bytes the stage's TMA loads will deliver. */
-static __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-/* Waits until the phase with parity `parity` has completed. */
-static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n"
-      " .reg .pred done;\n"
-      " wait:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-/* TMA: the box at (x = K offset, y = row) of the tensor map into dst. */
-static __device__ __forceinline__ void tma_load(u32 dst, const tmap_t *map, int x, int y, u32 bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
-          "r"(dst),
-      "l"((u64)map), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
 
 /* wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups
  * 1024 bytes apart (SBO); the leading offset is unused for this layout. */
@@ -99,16 +110,14 @@ static __device__ __forceinline__ u64 wgmma_desc(u32 addr) {
   return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 
-static __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-static __device__ __forceinline__ void wgmma_commit(void) {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-#define WGMMA_WAIT(n) asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(n) : "memory")
-
-/* d (64 x 256 per warpgroup) += A (64 x 16) * B (16 x 256). */
+/* d (64 x BN per warpgroup) += A (64 x k) * B (k x BN), k = 32 bytes of K;
+ * wgmma_first: d = A * B, the first step of a tile. d is only written
+ * there, so the previous tile's accumulators are dead once its epilogue has
+ * read them. One pair per tile width (the operand lists are spelled out). */
+#if BN == 256
 static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
   asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." AB_PTX "." AB_PTX " {"
+      "wgmma.mma_async.sync.aligned.m64n256" WG_KIND " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
@@ -117,7 +126,7 @@ static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, 1, 1, 1, 0, 0;\n"
+      "}, %128, %129, 1, " WG_TAIL ";\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -137,11 +146,9 @@ static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
       : "l"(da), "l"(db));
 }
 
-/* d = A * B: the first step of a tile. d is only written, so the previous
- * tile's accumulators are dead once its epilogue has read them. */
 static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
   asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." AB_PTX "." AB_PTX " {"
+      "wgmma.mma_async.sync.aligned.m64n256" WG_KIND " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
@@ -150,7 +157,7 @@ static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, 0, 1, 1, 0, 0;\n"
+      "}, %128, %129, 0, " WG_TAIL ";\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
         "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
         "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
@@ -169,6 +176,55 @@ static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
         "=f"(d[120]), "=f"(d[121]), "=f"(d[122]), "=f"(d[123]), "=f"(d[124]), "=f"(d[125]), "=f"(d[126]), "=f"(d[127])
       : "l"(da), "l"(db));
 }
+#else
+static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64" WG_KIND " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, 1, " WG_TAIL ";\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64" WG_KIND " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, 0, " WG_TAIL ";\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(da), "l"(db));
+}
+#endif
+
+/* The TMA store side (bulk async-groups), kept here: only this kernel uses it. */
+
+/* Shared-memory writes by this thread become visible to the async proxy (TMA). */
+static __device__ __forceinline__ void sm90_fence_async_smem(void) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* The box at (x = column, y = row) of a 2-D tensor map from shared memory src. */
+static __device__ __forceinline__ void sm90_tma_store(const tmap_t *map, int x, int y, u32 src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"((u64)map), "r"(x),
+               "r"(y), "r"(src)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+/* This thread's stores have finished reading shared memory (it may be reused). */
+static __device__ __forceinline__ void sm90_store_wait_read(void) {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+/* This thread's stores are complete (before the CTA exits). */
+static __device__ __forceinline__ void sm90_store_wait(void) {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
 
 /* ---------------------------------------------------------------- epilogue */
 
@@ -186,6 +242,21 @@ static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
 static __device__ __forceinline__ void wg_sync(int c) {
   if (c == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
   else asm volatile("bar.sync 2, 128;" ::: "memory");
+}
+
+/* Consumer c (thread tid) hands its buffer to a TMA store: piece_begin
+ * before filling it waits until the previous store has read it; piece_end
+ * after filling makes every thread's writes visible to the async proxy and
+ * stores the box at (x, y) unless its rows start past M (`rows_in` 0). */
+static __device__ __forceinline__ void piece_begin(int c, int tid) {
+  if (tid == 0) sm90_store_wait_read();
+  wg_sync(c);
+}
+static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int rows_in,
+                                                 u32 buf) {
+  sm90_fence_async_smem();
+  wg_sync(c);
+  if (tid == 0 && rows_in) sm90_tma_store(map, x, y, buf);
 }
 
 /* D[r, c] and D[r, c + 1] from two accumulators. 16-bit row-major outputs
@@ -210,10 +281,102 @@ static __device__ __forceinline__ void store_pair(const gemm_params &P, i64 r, i
   if (c + 1 < p.n) gemm_epilogue(P, p, r, c + 1, v1);
 }
 
+/* The fast epilogue works on pieces of 64 rows x 64 columns. They reach D
+ * through a buffer of 64 rows of 128 bytes in the layout of the D tensor
+ * map's box (128-byte swizzle: the 16-byte chunk j of row r sits at chunk
+ * j ^ (r % 8), which also spreads a warp's eight rows over all banks): a
+ * 16-bit piece in one store, an f32 piece in two of 32 columns. Each
+ * consumer has one buffer (1024-byte aligned) and BN f32 of bias. */
+#define PIECE 64
+#define BUF_BYTES (64 * 128)
+
+/* v[i] = act(v[i]) for one piece's 32 values per thread, with the switch
+ * outside the loop so that each case is straight-line code with eight
+ * independent chains. Rolled over four groups of eight, each pass working
+ * on v[0 .. 7] and rotating the array by eight: a case's code exists once
+ * per eight values, not 32 (the accurate functions are long, and ptxas
+ * time grows with them). */
+static __device__ __forceinline__ void act_piece_n(float *v, int act, float slope) {
+#pragma unroll 1
+  for (int g = 0; g < 4; g++) {
+    float r[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) r[i] = gemm_act(v[i], act, slope);
+#pragma unroll
+    for (int i = 0; i < 24; i++) v[i] = v[i + 8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[24 + i] = r[i];
+  }
+}
+static __device__ __forceinline__ void act_piece(float *v, int act, float slope) {
+  switch (act) {
+    case ACT_RELU: act_piece_n(v, ACT_RELU, slope); break;
+    case ACT_LEAKY_RELU: act_piece_n(v, ACT_LEAKY_RELU, slope); break;
+    case ACT_TANH: act_piece_n(v, ACT_TANH, slope); break;
+    case ACT_SIGMOID: act_piece_n(v, ACT_SIGMOID, slope); break;
+    case ACT_SILU: act_piece_n(v, ACT_SILU, slope); break;
+    case ACT_HARDSWISH: act_piece_n(v, ACT_HARDSWISH, slope); break;
+    case ACT_GELU: act_piece_n(v, ACT_GELU, slope); break;
+    case ACT_GELU_TANH: act_piece_n(v, ACT_GELU_TANH, slope); break;
+    default: break;
+  }
+}
+
+/* Piece q (tile columns 64q .. 64q + 63), whose accumulators the caller
+ * has moved to d[0 .. 31], as v = scale_d * act(alpha_ab * acc + bias),
+ * clamped if asked. v[k] is at row 16 warp + lane/4 + 8 ((k/2) % 2) and
+ * piece column 8 (k/4) + 2 (lane%4) + k%2. `bias` is the tile's BN columns
+ * (zeros without a bias). */
+static __device__ __forceinline__ void fast_piece(const gemm_params &P, const float *d, int q, const float *bias,
+                                                  int lane, float *v) {
+  const float alpha = (float)P.alpha_ab;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const float2 b = *(const float2 *)&bias[PIECE * q + 8 * j + 2 * (lane & 3)];
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[4 * j + e] + (e & 1 ? b.y : b.x);
+  }
+  act_piece(v, P.act, P.slope);
+  const float m = P.dt_d == DT_F16 ? 65504.f : P.dt_d == DT_BF16 ? GEMM_BF16_MAX : GEMM_F32_MAX;
+#pragma unroll
+  for (int k = 0; k < 32; k++) {
+    v[k] *= P.scale_d;
+    if (P.clamp) v[k] = gemm_clampf(v[k], m);
+  }
+}
+
+/* A 16-bit piece into the buffer: v[k] and v[k + 1] (k even) packed into
+ * one word, row 16 warp + lane/4 + 8 ((k/2) % 2), chunk k/4. */
+static __device__ __forceinline__ void put_piece16(u32 buf, const float *v, int bf16, int warp, int lane) {
+  const u32 row = buf + (u32)(16 * warp + (lane >> 2)) * 128u + 4u * (u32)(lane & 3), sw = (u32)(lane >> 2);
+#pragma unroll
+  for (int k = 0; k < 32; k += 2) {
+    const u32 j = (u32)(k / 4), h = (u32)((k / 2) % 2);
+    u32 w;
+    if (bf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(v[k + 1]), "f"(v[k]));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(v[k + 1]), "f"(v[k]));
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(row + h * 8u * 128u + ((j ^ sw) << 4)), "r"(w) : "memory");
+  }
+}
+
+/* Half `half` (piece columns 32 half .. 32 half + 31) of an f32 piece into
+ * the buffer: v[k], v[k + 1] (k even, k/4 in that half) as one 8-byte
+ * store at chunk 2 (k/4 % 4) + (lane%4)/2 of its row. */
+static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int half, int warp, int lane) {
+  const u32 row = buf + (u32)(16 * warp + (lane >> 2)) * 128u + 8u * (u32)(lane & 1), sw = (u32)(lane >> 2);
+#pragma unroll
+  for (int k = 16 * half; k < 16 * half + 16; k += 2) {
+    const u32 c = (u32)(2 * ((k / 4) % 4) + ((lane & 3) >> 1)), h = (u32)((k / 2) % 2);
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(row + h * 8u * 128u + ((c ^ sw) << 4)), "f"(v[k]),
+                 "f"(v[k + 1])
+                 : "memory");
+  }
+}
+
 /* ---------------------------------------------------------------- the main loop */
 
 /* One stage for consumer c: its 64 rows of A (stage + c * 64 rows of 128
- * bytes) times the stage's B, four k16 steps 32 bytes apart. `first`
+ * bytes) times the stage's B, four wgmma steps 32 bytes apart. `first`
  * (a constant at each call) starts the tile's accumulators. */
 static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first) {
   const u32 sa = stage + c * (64 * 128), sb = stage + A_BYTES;
@@ -221,7 +384,7 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
   if (first) wgmma_first(d, wgmma_desc(sa), wgmma_desc(sb));
   else wgmma_step(d, wgmma_desc(sa), wgmma_desc(sb));
 #pragma unroll
-  for (int kk = 1; kk < BK / 16; kk++) wgmma_step(d, wgmma_desc(sa + kk * 32), wgmma_desc(sb + kk * 32));
+  for (int kk = 1; kk < 4; kk++) wgmma_step(d, wgmma_desc(sa + kk * 32), wgmma_desc(sb + kk * 32));
   wgmma_commit();
 }
 
@@ -231,21 +394,71 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
   if (lane == 0) mbar_arrive(bar);
 }
 
+/* ---------------------------------------------------------------- locating a tile */
+
+/* What a tile needs to know about its problem. Plain mode: the launch's
+ * problem and the tensor maps passed by value. Grouped mode (host
+ * scheduling, fast epilogue only): tiles are numbered over all groups in
+ * order, group g owning [first[g], first[g + 1]) of P.group_tiles, and its
+ * A, B and D maps are gmaps[3g .. 3g + 2] in device memory. */
+typedef struct sm90_tile {
+  int tm, tn, ktiles;
+  i64 m, n;
+  u64 bias;
+  i64 bias_s;
+  const tmap_t *ma, *mb, *md;
+} sm90_tile;
+
+/* Tile t; g is the caller's group cursor: tiles come in increasing order,
+ * so the search moves forward (past empty groups) and costs a load or two. */
+static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const tmap_t *tma_a, const tmap_t *tma_b,
+                                                   const tmap_t *tma_d, const tmap_t *gmaps, int t, int *g,
+                                                   sm90_tile *w) {
+  if (P.mode == MODE_GROUPED) {
+    const i64 *first = (const i64 *)P.group_tiles;
+    while (first[*g + 1] <= t) ++*g;
+    const gemm_prob *pg = (const gemm_prob *)P.groups + *g;
+    w->m = pg->m;
+    w->n = pg->n;
+    w->ktiles = (int)((pg->k + BK - 1) / BK);
+    w->bias = pg->bias;
+    w->bias_s = pg->bias_s;
+    w->ma = gmaps + 3 * *g;
+    w->mb = w->ma + 1;
+    w->md = w->ma + 2;
+    gemm_raster((int)(t - first[*g]), (int)((w->m + BM - 1) / BM), (int)((w->n + BN - 1) / BN), P.swizzle, &w->tm,
+                &w->tn);
+    return;
+  }
+  w->m = P.p.m;
+  w->n = P.p.n;
+  w->ktiles = (int)((P.p.k + BK - 1) / BK);
+  w->bias = P.p.bias;
+  w->bias_s = P.p.bias_s;
+  w->ma = tma_a;
+  w->mb = tma_b;
+  w->md = tma_d;
+  gemm_raster(t, P.tiles_m, P.tiles_n, P.swizzle, &w->tm, &w->tn);
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b, const gemm_params P) {
+    gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b,
+              const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Stage s: A at base + s * STAGE_BYTES, B A_BYTES later, all 1024-aligned;
-   * then the consumers' epilogue buffers and the mbarriers. The host asks
-   * for 1024 bytes of alignment slack on top (smelt__gemm_table). */
+   * then the consumers' epilogue buffers (general: two of EPI_BYTES; fast:
+   * two of BUF_BYTES and two bias rows of BN f32, in the same space)
+   * and the mbarriers. The host asks for 1024 bytes of alignment slack on
+   * top (smelt__gemm_table). */
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 epi = base + GEMM_STAGES * STAGE_BYTES;
   const u32 full = epi + CONSUMERS * EPI_BYTES, empty = full + GEMM_STAGES * 8;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int tiles_m = P.tiles_m, tiles_n = P.tiles_n, tiles = tiles_m * tiles_n;
-  const int ktiles = (int)((P.p.k + BK - 1) / BK);
+  /* Grouped: the host puts the total tile count in tiles_m (tiles_n 1). */
+  const int tiles = P.tiles_m * P.tiles_n;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
@@ -259,19 +472,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid != 0) return;
-    int stage = 0;
+    int stage = 0, g = 0;
     u32 phase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int tm, tn;
-      gemm_raster(t, tiles_m, tiles_n, P.swizzle, &tm, &tn);
-      for (int kt = 0; kt < ktiles; kt++) {
+      sm90_tile w;
+      sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, &w);
+      for (int kt = 0; kt < w.ktiles; kt++) {
         /* A fresh barrier counts as having completed the phase before phase
          * 0, so the first pass over the ring does not wait. */
         mbar_wait(empty + 8 * stage, phase ^ 1);
         const u32 bar = full + 8 * stage, sa = base + stage * STAGE_BYTES;
         mbar_expect_tx(bar, STAGE_BYTES);
-        tma_load(sa, &tma_a, kt * BK, tm * BM, bar);
-        tma_load(sa + A_BYTES, &tma_b, kt * BK, tn * BN, bar);
+        tma_load(sa, w.ma, kt * BK, w.tm * BM, bar);
+        tma_load(sa + A_BYTES, w.mb, kt * BK, w.tn * BN, bar);
         if (++stage == GEMM_STAGES) {
           stage = 0;
           phase ^= 1;
@@ -283,12 +496,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
-  int stage = 0;
+  int stage = 0, g = 0;
   u32 phase = 0;
-  float d[128];
+  float d[BN / 2];
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int tm, tn;
-    gemm_raster(t, tiles_m, tiles_n, P.swizzle, &tm, &tn);
+    sm90_tile w;
+    sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, &w);
+    const int tm = w.tm, tn = w.tn, ktiles = w.ktiles;
+    const i64 m0 = (i64)tm * BM + c * 64, n0 = (i64)tn * BN;
+    /* The fast epilogue's bias, columns tid and tid + 128 of the tile,
+     * loaded now so that the load's latency hides behind the main loop. */
+    float bias_lo = 0.f, bias_hi = 0.f;
+    if (fast && P.has_bias) {
+      if (tid < BN && n0 + tid < w.n) bias_lo = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid) * w.bias_s);
+      if (tid + 128 < BN && n0 + tid + 128 < w.n)
+        bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
+    }
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
@@ -313,18 +536,56 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);
-    /* Accumulator i holds row 16 warp + lane/4 + 8 ((i/2) % 2) of this
-     * consumer's 64 rows and column 8 (i/4) + 2 (lane%4) + i%2 of the tile;
-     * EPI_COLS columns at a time go through the buffer. */
-    float *buf = (float *)(smem_raw + (epi - smem_u32(smem_raw))) + c * (EPI_BYTES / 4);
-    const i64 m0 = (i64)tm * BM + c * 64, n0 = (i64)tn * BN;
-    const int rows = P.p.m - m0 < 64 ? (int)(P.p.m - m0) : 64;
+    if (fast) {
+      /* The bias row is free: every thread of this warpgroup finished the
+       * previous tile's pieces (they end with a barrier). */
+      float *bias = (float *)(smem_raw + (epi + CONSUMERS * BUF_BYTES - smem_u32(smem_raw))) + c * BN;
+      if (tid < BN) bias[tid] = bias_lo;
+      if (tid + 128 < BN) bias[tid + 128] = bias_hi;
+      wg_sync(c);
+      const u32 buf = epi + c * BUF_BYTES;
+      /* A rolled loop (the epilogue's code exists once, which keeps the
+       * compile short): each pass takes d[0 .. 31] and moves the next
+       * piece's accumulators down; d is dead after the epilogue. */
+#pragma unroll 1
+      for (int q = 0; q < BN / PIECE; q++) {
+        const i64 x = n0 + q * PIECE;
+        if (x >= w.n) break; /* uniform: the rest of the tile is past N */
+        /* The math overlaps the previous piece's store. */
+        float v[32];
+        fast_piece(P, d, q, bias, lane, v);
 #pragma unroll
+        for (int i = 0; i + 32 < BN / 2; i++) d[i] = d[i + 32];
+        if (P.dt_d != DT_F32) {
+          piece_begin(c, tid);
+          put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
+          piece_end(c, tid, w.md, (int)x, (int)m0, m0 < w.m, buf);
+        } else {
+#pragma unroll
+          for (int half = 0; half < 2; half++) {
+            if (x + 32 * half >= w.n) break; /* uniform */
+            piece_begin(c, tid);
+            put_half32(buf, v, half, warp, lane);
+            piece_end(c, tid, w.md, (int)x + 32 * half, (int)m0, m0 < w.m, buf);
+          }
+        }
+      }
+      continue;
+    }
+    /* The general epilogue (plain mode only: grouped runs take the fast one).
+     * Accumulator i holds row 16 warp + lane/4 + 8 ((i/2) % 2) of this
+     * consumer's 64 rows and column 8 (i/4) + 2 (lane%4) + i%2 of the tile;
+     * EPI_COLS columns at a time go through the buffer, in a rolled loop
+     * (as the fast epilogue's: each pass takes d[0 .. EPI_COLS/2 - 1] and
+     * moves the rest down) so that the long general code exists once. */
+    float *buf = (float *)(smem_raw + (epi - smem_u32(smem_raw))) + c * (EPI_BYTES / 4);
+    const int rows = P.p.m - m0 < 64 ? (int)(P.p.m - m0) : 64;
+#pragma unroll 1
     for (int q = 0; q < BN / EPI_COLS; q++) {
       if (n0 + q * EPI_COLS >= P.p.n) break; /* uniform: the rest of the tile is past N */
 #pragma unroll
       for (int j = 0; j < EPI_COLS / 8; j++) {
-        const int i = 4 * (q * (EPI_COLS / 8) + j), row = warp * 16 + (lane >> 2), col = 8 * j + 2 * (lane & 3);
+        const int i = 4 * j, row = warp * 16 + (lane >> 2), col = 8 * j + 2 * (lane & 3);
         float2 lo, hi;
         lo.x = d[i];
         lo.y = d[i + 1];
@@ -333,6 +594,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         *(float2 *)&buf[row * EPI_LD + col] = lo;
         *(float2 *)&buf[(row + 8) * EPI_LD + col] = hi;
       }
+#pragma unroll
+      for (int i = 0; i + EPI_COLS / 2 < BN / 2; i++) d[i] = d[i + EPI_COLS / 2];
       wg_sync(c);
       const int cols = P.p.n - (n0 + q * EPI_COLS) < EPI_COLS ? (int)(P.p.n - (n0 + q * EPI_COLS)) : EPI_COLS;
       /* Column pairs: a warp stores two rows of EPI_COLS columns. */
@@ -345,6 +608,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       wg_sync(c);
     }
   }
+  /* The last TMA stores read shared memory until they complete. */
+  if (fast && tid == 0) sm90_store_wait();
 #else
   /* wgmma and setmaxnreg exist on sm_90a only. The variant list is compiled
    * for every arch, so elsewhere the kernel is a stub the selector never

@@ -552,8 +552,11 @@ static void test_array(void) {
   }
 }
 
-/* Grouped: problems of their own sizes, some empty, on every backend. */
-static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t (*sizes)[3], int count, int bias) {
+/* Grouped: problems of their own sizes, some empty, on every backend.
+ * `hopper`: D rows 16-byte aligned and the 128 x 256 tile asked for, which
+ * only the Hopper kernel has (so the run fails unless it takes it). */
+static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t (*sizes)[3], int count, int bias,
+                        int hopper) {
   smelt_tensor *t = calloc((size_t)count * 4, sizeof *t);
   gmat *g = calloc((size_t)count * 3, sizeof *g);
   th_buf *bufs = calloc((size_t)count * 4, sizeof *bufs);
@@ -562,7 +565,7 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
     int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
     g[3 * i] = mat_layout(dt, 0, m, k, 0, 0, 0, 0, 1);
     g[3 * i + 1] = mat_layout(dt, 0, k, n, b_col, 0, 0, 0, 1);
-    g[3 * i + 2] = mat_layout(dt, 0, m, n, 0, 1, 0, 0, 0);
+    g[3 * i + 2] = mat_layout(dt, 0, m, n, 0, !hopper, 0, 0, hopper);
     int64_t el[4] = {g[3 * i].storage, g[3 * i + 1].storage, g[3 * i + 2].storage, n + 1};
     for (int j = 0; j < 4; j++) {
       smelt_dtype dj = j == 3 ? SMELT_DTYPE_F32 : dt;
@@ -582,6 +585,7 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
   }
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.epilogue.act = SMELT_ACT_SILU;
+  if (hopper) desc.tile.n = 256;
   CHECK_OK(smelt_gemm_grouped(ctx, &desc, count, t, t + count, NULL, t + 2 * count, bias ? t + 3 * count : NULL));
   for (int i = 0; i < count && !th_failed_now; i++) {
     int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
@@ -616,13 +620,23 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
 
 static void test_grouped(void) {
   static const int64_t small[][3] = {{5, 7, 3}, {0, 4, 4}, {9, 1, 6}, {3, 0, 2}, {2, 3, 0}, {11, 6, 17}};
-  run_grouped(th_cpu(), SMELT_DTYPE_F32, 0, small, 6, 1);
+  run_grouped(th_cpu(), SMELT_DTYPE_F32, 0, small, 6, 1, 0);
   if (!th_cuda()) return;
   static const int64_t big[][3] = {{129, 200, 64}, {0, 64, 64}, {1, 1, 1}, {300, 72, 136}, {64, 0, 8},
                                    {7, 9, 0},      {128, 128, 128}, {65, 257, 40}};
-  run_grouped(th_cuda(), SMELT_DTYPE_F32, 0, small, 6, 1);
-  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, big, 8, 1);
-  run_grouped(th_cuda(), SMELT_DTYPE_F16, 0, big, 8, 0);
+  run_grouped(th_cuda(), SMELT_DTYPE_F32, 0, small, 6, 1, 0);
+  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, big, 8, 1, 0);
+  run_grouped(th_cuda(), SMELT_DTYPE_F16, 0, big, 8, 0, 0);
+  /* The Hopper kernel's grouped mode: empty groups, ragged tiles, one row,
+   * and more tiles than SMs, so CTAs cross group boundaries. */
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(th_cuda()), &di) != SMELT_OK || di.cc_major != 9 ||
+      di.cc_minor != 0)
+    return;
+  static const int64_t hop[][3] = {{129, 200, 64}, {0, 64, 64},     {1, 1, 1},     {300, 72, 136},
+                                   {64, 0, 8},     {128, 128, 128}, {4000, 1100, 24}, {65, 257, 40}};
+  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 1);
+  run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 0, 1);
 }
 
 /* ---------------------------------------------------------------- edges */
@@ -979,8 +993,9 @@ static void test_gpu_unaligned(void) {
 }
 
 /* The Hopper kernel (sm_90a only), forced through its tile: sizes that cut
- * every tile edge, several tiles per persistent CTA, both 16-bit types, and
- * epilogues with C, bias and activations on 16-bit and f32 outputs. */
+ * every tile edge, several tiles per persistent CTA, both 16-bit types, tf32
+ * and fp8, and both epilogues (general: C or fp8 D; fast: 16-bit or f32
+ * row-major D without C) with bias and activations. */
 static void test_gpu_sm90(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
@@ -1003,6 +1018,93 @@ static void test_gpu_sm90(void) {
       s.pad = si == 3 ? 8 : 0;
       if (!check(&s, 0, "sm90")) return;
     }
+  /* The fast epilogue (16-bit row-major D, no C; TMA stores of 64 x 64
+   * pieces): every activation with bias, alpha, slope and scale_d on a
+   * ragged tile; a consumer half wholly past M (m 60) and tiles cut inside
+   * a piece (n 136); one row; 160 tiles over 132 SMs; clamp. */
+  for (int a = 0; a < SMELT_ACT_COUNT; a++) {
+    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, 300, 520, 72);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.n = 256;
+    s.has_bias = 1;
+    s.bias = a % 3 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
+    s.desc.epilogue.act = (smelt_act)a;
+    s.desc.epilogue.alpha = 1.5;
+    s.desc.epilogue.slope = 0.2f;
+    s.desc.epilogue.scale_d = 0.5f;
+    if (!check(&s, 0, "sm90 fast epilogue")) return;
+  }
+  static const int64_t fshapes[][3] = {{60, 136, 100}, {1, 13, 5}, {1200, 4000, 40}, {129, 64, 256}};
+  for (int si = 0; si < 4; si++) {
+    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, si % 2 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F16, fshapes[si][0],
+                   fshapes[si][1], fshapes[si][2]);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.n = 256;
+    s.has_bias = si < 2;
+    s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU_TANH : SMELT_ACT_IDENTITY;
+    if (!check(&s, 0, "sm90 fast epilogue")) return;
+  }
+  for (int clamp = 0; clamp < 2; clamp++) {
+    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 70, 300, 16);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.n = 256;
+    s.desc.epilogue.alpha = 1e6;
+    s.desc.epilogue.clamp = clamp;
+    if (!check(&s, 0, "sm90 fast epilogue clamp")) return;
+  }
+  /* The narrow tile (128 x 64, 8 stages), asked for: both epilogues, ragged
+   * edges, a skinny M, more tiles than SMs. */
+  static const int64_t nshapes[][3] = {{7, 13, 9}, {129, 200, 70}, {128, 4096, 256}, {1000, 3000, 32}};
+  for (int si = 0; si < 4; si++) {
+    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16, nshapes[si][0],
+                   nshapes[si][1], nshapes[si][2]);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.m = 128;
+    s.desc.tile.n = 64;
+    s.has_c = si == 1;
+    s.has_bias = si != 3;
+    s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
+    s.desc.epilogue.act = si == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
+    if (!check(&s, 0, "sm90 narrow")) return;
+  }
+  /* tf32 and fp8 on the same kernel (K steps of 32 and 128 elements):
+   * ragged K, both epilogues, every fp8 pair with its scales. */
+  static const int64_t tshapes[][3] = {{129, 257, 70}, {1003, 1003, 1003}, {300, 520, 333}};
+  for (int si = 0; si < 3; si++) {
+    gspec s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, si == 1 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F32, tshapes[si][0],
+                   tshapes[si][1], tshapes[si][2]);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.n = 256;
+    s.desc.math.op = SMELT_GEMM_MATH_TF32;
+    s.has_c = si == 2;
+    s.has_bias = si >= 1;
+    s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
+    s.desc.epilogue.act = si == 1 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
+    if (!check(&s, 0, "sm90 tf32")) return;
+  }
+  static const smelt_dtype f8[][3] = {{SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16},
+                                      {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2, SMELT_DTYPE_F16},
+                                      {SMELT_DTYPE_E5M2, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16},
+                                      {SMELT_DTYPE_E5M2, SMELT_DTYPE_E5M2, SMELT_DTYPE_E4M3}};
+  for (int fi = 0; fi < 4; fi++) {
+    const int64_t *sh = tshapes[fi % 3];
+    gspec s = spec(f8[fi][0], f8[fi][1], f8[fi][2], sh[0], sh[1], sh[2] + 130);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.n = 256;
+    s.desc.epilogue.scale_a = 0.5f;
+    s.desc.epilogue.scale_b = 2.0f;
+    s.desc.epilogue.scale_d = is_fp8(f8[fi][2]) ? 4.0f : 1.0f;
+    s.has_bias = fi % 2;
+    s.has_c = fi == 2;
+    s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
+    if (!check(&s, 0, "sm90 fp8")) return;
+  }
   /* Chosen without asking once the tiles fill the GPU. */
   const int64_t M = 2048, N = 4096, K = 64;
   th_buf A = th_buf_new(cu, (size_t)(M * K) * 2), B = th_buf_new(cu, (size_t)(K * N) * 2), D = th_buf_new(cu, (size_t)(M * N) * 2);
@@ -1019,6 +1121,13 @@ static void test_gpu_sm90(void) {
   smelt_plan *plan = NULL;
   CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
   if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90") != NULL);
+  smelt_plan_destroy(plan);
+  /* A skinny M (128 rows: 16 wide tiles) takes the narrow tile. */
+  ta.shape[0] = 128;
+  td.shape[0] = 128;
+  plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
+  if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_128x64") != NULL);
   smelt_plan_destroy(plan);
   th_buf_free(&A);
   th_buf_free(&B);
@@ -1065,12 +1174,18 @@ static void test_selector(void) {
   st.split_k = 1;
   st.acc = SMELT_GEMM_ACC_F32;
   st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
-  smelt__gemm_facts f = {1, 1, 1, 1, 1, 8192, 8192, 8192, 1};
+  smelt__gemm_facts f = {1, 1, 1, 1, 1, 8192, 8192, 8192, 1, 1, 8192};
   smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
-  f.m = f.n = 512; /* few tiles: the small mma.sync tile, even on Hopper */
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_64x64x32_s4_w2x2"));
+  f.m = f.n = 512; /* few tiles: the narrow Hopper tile, the small mma.sync tile before Hopper */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_64x64x32_s4_w2x2"));
+  st.desc.math.op = SMELT_GEMM_MATH_TF32; /* no narrow tf32 tile on Hopper */
+  st.dt_a = st.dt_b = SMELT_DTYPE_F32;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_tf32_RC_128x128x16_s4_w2x4"));
+  st.desc.math.op = SMELT_GEMM_MATH_DEFAULT;
+  st.dt_a = st.dt_b = SMELT_DTYPE_BF16;
   st.desc.tile.n = 256; /* ... unless the description asks for the Hopper tile */
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
   pick_name(&st, &f, 8, 0, &s);
@@ -1091,11 +1206,30 @@ static void test_selector(void) {
   st.split_k = 4;
   f.m = f.n = 8192;
   CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
-  st.mode = SMELT_GEMM_MODE_PLAIN;
+  /* Grouped on Hopper: when every group has K >= 1 and a D for the fast
+   * epilogue; otherwise mma.sync. */
+  st.mode = SMELT_GEMM_MODE_GROUPED;
   st.split_k = 1;
-  /* 8-bit types need K-major operands. */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  f.sm90_d = 0;
+  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
+  f.sm90_d = 1;
+  f.k_min = 0;
+  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
+  f.k_min = 8192;
+  st.mode = SMELT_GEMM_MODE_PLAIN;
+  /* fp8 on Hopper: wgmma for 16-bit D; mma.sync for f32 D (fp8 wgmma keeps
+   * fewer accumulator bits than f32) and before Hopper. */
   st.dt_a = st.dt_b = SMELT_DTYPE_E4M3;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_e4m3xe4m3_RC_128x256x128_s4"));
+  st.dt_b = SMELT_DTYPE_E5M2;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_e4m3xe5m2_RC_128x256x128_s4"));
+  st.dt_b = SMELT_DTYPE_E4M3;
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_e4m3xe4m3_RC_128x128x64_s4_w2x4"));
+  st.dt_d = SMELT_DTYPE_F32;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_e4m3xe4m3_RC_128x128x64_s4_w2x4"));
+  st.dt_d = SMELT_DTYPE_BF16;
+  /* 8-bit types need K-major operands. */
   f.b_k = 0;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
   f.b_k = 1;
@@ -1106,8 +1240,12 @@ static void test_selector(void) {
   st.dt_a = st.dt_b = SMELT_DTYPE_F32;
   st.acc = SMELT_GEMM_ACC_F32;
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_simt_accf32"));
+  st.desc.math.op = SMELT_GEMM_MATH_TF32; /* tf32: wgmma on Hopper */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_tf32_RC_128x256x32_s4"));
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_tf32_RC_128x128x16_s4_w2x4"));
   st.desc.math.op = SMELT_GEMM_MATH_3XTF32;
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_3xtf32_RC_128x128x16_s4_w2x4"));
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_3xtf32_RC_128x128x16_s4_w2x4"));
   /* Old GPUs: SIMT only. */
   CHECK(!strcmp(pick_name(&st, &f, 7, 5, &s), "gemm_simt_accf32"));
   st.desc.math.op = SMELT_GEMM_MATH_DEFAULT;

@@ -39,7 +39,14 @@ typedef struct smelt__gemm_facts {
   int a_k, a_mn, b_k, b_mn; /* A / B usable K-major or MN-major by the tensor-op kernels */
   int tma;                  /* K-major A and B rows at least K apart (TMA wants no overlapping rows) */
   int64_t m, n, k, batch;   /* the (first) problem's sizes; batch = problems per launch */
+  int sm90_d;               /* every problem's D suits gemm_sm90's fast epilogue (smelt__gemm_sm90_fast_d) */
+  int64_t k_min;            /* the smallest K over the problems */
 } smelt__gemm_facts;
+
+/* 1 if gemm_sm90's fast epilogue can write p's D: 16-bit or f32,
+ * row-major, rows whole 16-byte units apart and not overlapping, a 16-byte
+ * aligned start (what a TMA store needs), sizes below 2^31, and no C. */
+int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob *p);
 
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f);
 

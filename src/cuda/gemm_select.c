@@ -8,9 +8,11 @@
  * runs whose operands no longer fit the planned kernel.
  *
  * Choice, in order:
- *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16 GEMMs with
- *   row-major A and column-major B, 16-byte aligned, K >= 1, whose 128 x 256
- *   tiles keep at least half the SMs busy;
+ *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
+ *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D and
+ *   no C, with row-major A and column-major B, 16-byte aligned, K >= 1:
+ *   128 x 256 tiles when they keep at least half the SMs busy, else (16-bit
+ *   types) 128 x 64 tiles;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
  *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
  *   newer, and A and B are 16-byte aligned with a unit stride along K or
@@ -19,15 +21,17 @@
  *   otherwise the SIMT kernel of the accumulator type, which takes anything. */
 #include "gemm_cuda.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
   if (k.fam == SMELT__GK_SM90) {
     /* As gemm_sm90.cu lays it out: alignment slack, stages, two 64 x 40
-     * f32 epilogue buffers, 2 x stages mbarriers. */
+     * f32 epilogue buffers (which also hold the fast epilogue's two 8 KiB
+     * pieces and two 1 KiB bias rows), 2 x stages mbarriers. */
     k.threads = 128 * (k.wm + 1);
-    k.smem = 1024 + k.stages * (k.bm + k.bn) * k.bk * 2 + k.wm * 64 * 40 * 4 + 2 * k.stages * 8;
+    k.smem = 1024 + k.stages * (k.bm + k.bn) * 128 + k.wm * 64 * 40 * 4 + 2 * k.stages * 8; /* 128-byte K rows */
   } else if (k.fam == SMELT__GK_SM80) {
     k.threads = k.wm * k.wn * 32;
     int stages = k.stages * (k.bm + k.bn) * 64, tile = k.bm * (k.bn + 8) * 4; /* as SMEM_BYTES in gemm_sm80.cu */
@@ -48,9 +52,22 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
                                       .stages = 1, .wm = 8, .wn = 1});
   static const smelt_gemm_acc red_acc[] = {SMELT_GEMM_ACC_F32, SMELT_GEMM_ACC_F64, SMELT_GEMM_ACC_I32};
   for (int i = 0; i < 3; i++) add(out, &n, (smelt__gemm_kernel){.fam = SMELT__GK_REDUCE, .acc = red_acc[i]});
-  /* Hopper: 16-bit, A row-major and B column-major. */
+  /* Hopper: A row-major and B column-major; BK is one 128-byte row of K
+   * (64 16-bit, 32 tf32, 128 fp8 elements). The wide tiles first (the
+   * selector takes the first that fits), then a narrow 16-bit tile for
+   * skinny problems, with twice the stages (they fit, and such problems
+   * are bound by streaming B). */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
     add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 256, 64, 4, 2, 1, 0, 0});
+  add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, SMELT__TC_TF32, 0, 0, 1, 1, 128, 256, 32, 4, 2,
+                                    1, 0, 0});
+  static const smelt_dtype f8[] = {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2};
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++)
+      add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 256,
+                                        128, 4, 2, 1, 0, 0});
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8, 2, 1, 0, 0});
   /* 16-bit: every layout, a large and a small tile. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
     for (int ak = 1; ak >= 0; ak--)
@@ -65,7 +82,6 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
         add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 16, 4, 2, 4, 0, 0});
   /* 8-bit: K-major only (the mma's byte fragments run along K). */
   add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_I32, SMELT__TC_I8, 0, 0, 1, 1, 128, 128, 64, 4, 2, 4, 0, 0});
-  static const smelt_dtype f8[] = {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2};
   for (int a = 0; a < 2; a++)
     for (int b = 0; b < 2; b++)
       add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 128,
@@ -88,13 +104,28 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       snprintf(src->name, sizeof src->name, "gemm_reduce_acc%s", acc_names[k->acc]);
       src->body = "gemm_reduce.cu";
       return;
-    case SMELT__GK_SM90:
-      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d", tc_names[k->tc], k->bm, k->bn, k->bk,
-               k->stages);
+    case SMELT__GK_SM90: {
+      char kind[32];
+      if (k->tc == SMELT__TC_FP8)
+        snprintf(kind, sizeof kind, "%sx%s", smelt_dtype_name(k->fp8_a), smelt_dtype_name(k->fp8_b));
+      else
+        snprintf(kind, sizeof kind, "%s", tc_names[k->tc]);
+      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d", kind, k->bm, k->bn, k->bk, k->stages);
       src->body = "gemm_sm90.cu";
-      smelt__prelude_define(src, "GEMM_AB", k->tc == SMELT__TC_BF16 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F16);
+      /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
+      const smelt_dtype ab = k->tc == SMELT__TC_BF16  ? SMELT_DTYPE_BF16
+                             : k->tc == SMELT__TC_F16 ? SMELT_DTYPE_F16
+                             : k->tc == SMELT__TC_TF32 ? SMELT_DTYPE_F32
+                                                       : SMELT_DTYPE_E4M3;
+      smelt__prelude_define(src, "GEMM_AB", ab);
+      if (k->tc == SMELT__TC_FP8) {
+        smelt__prelude_define(src, "GEMM_FP8_A", k->fp8_a);
+        smelt__prelude_define(src, "GEMM_FP8_B", k->fp8_b);
+      }
+      smelt__prelude_define(src, "GEMM_BN", k->bn);
       smelt__prelude_define(src, "GEMM_STAGES", k->stages);
       return;
+    }
     case SMELT__GK_SM80: break;
   }
   char kind[32];
@@ -137,16 +168,28 @@ static int fits_axis(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int
   return smelt__gemm_mat_align(x, dt, rows, cols, batch, unit) >= 16;
 }
 
+int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob *p) {
+  const smelt_dtype d = st->dt_d;
+  if (st->has_c || (d != SMELT_DTYPE_BF16 && d != SMELT_DTYPE_F16 && d != SMELT_DTYPE_F32)) return 0;
+  if (p->n > 1 && p->d.cs != 1) return 0;
+  if (p->m > 1 && (p->d.rs < p->n || p->d.rs * (int64_t)smelt_dtype_size(d) % 16 != 0)) return 0;
+  if (p->m >= ((int64_t)1 << 31) || p->n >= ((int64_t)1 << 31)) return 0; /* TMA coordinates are int32 */
+  return (uintptr_t)p->d.data % 16 == 0;
+}
+
 static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, int64_t batch, smelt__gemm_facts *f) {
   f->a_k &= fits_axis(&p->a, st->dt_a, p->m, p->k, batch, 1);
   f->a_mn &= fits_axis(&p->a, st->dt_a, p->m, p->k, batch, 0);
   f->b_k &= fits_axis(&p->b, st->dt_b, p->k, p->n, batch, 0);
   f->b_mn &= fits_axis(&p->b, st->dt_b, p->k, p->n, batch, 1);
   f->tma &= (p->m <= 1 || p->a.rs >= p->k) && (p->n <= 1 || p->b.cs >= p->k);
+  f->sm90_d &= smelt__gemm_sm90_fast_d(st, p);
+  if (p->k < f->k_min) f->k_min = p->k;
 }
 
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f) {
-  f->a_k = f->a_mn = f->b_k = f->b_mn = f->tma = 1;
+  f->a_k = f->a_mn = f->b_k = f->b_mn = f->tma = f->sm90_d = 1;
+  f->k_min = INT64_MAX;
   f->batch = args->count;
   if (st->mode == SMELT_GEMM_MODE_GROUPED) {
     for (int64_t g = 0; g < args->count; g++) prob_facts(st, &args->groups[g], 1, f);
@@ -184,9 +227,19 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
     case SMELT__GK_SIMT: return k->acc == st->acc;
     case SMELT__GK_REDUCE: return 0;
     case SMELT__GK_SM90:
-      /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32). */
-      if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 32) ||
-          f->n >= ((int64_t)1 << 32) || f->k >= ((int64_t)1 << 32))
+      /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32), and
+       * grouped ones (host scheduling) whose every group has K >= 1 and a D
+       * for the fast epilogue (the only one grouped runs have). */
+      if (st->mode == SMELT_GEMM_MODE_GROUPED) {
+        if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !f->tma) return 0;
+      } else if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !f->tma ||
+                 f->m >= ((int64_t)1 << 32) || f->n >= ((int64_t)1 << 32) || f->k >= ((int64_t)1 << 32)) {
+        return 0;
+      }
+      /* fp8 wgmma accumulates with fewer bits than f32 (gemm_sm90.cu): only
+       * for outputs whose own rounding is larger. */
+      if (k->tc == SMELT__TC_FP8 && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
+          st->dt_d != SMELT_DTYPE_E4M3 && st->dt_d != SMELT_DTYPE_E5M2)
         return 0;
       break;
     case SMELT__GK_SM80: break;
@@ -224,15 +277,18 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
   const int want_tc = d->math.opclass != SMELT_GEMM_OPCLASS_SIMT && tc && sm80;
   int best = -1, best_score = -1;
   if (want_tc && dev->cc_major == 9 && dev->cc_minor == 0) {
-    /* Hopper: the persistent wgmma kernel when its 128 x 256 tiles keep at
-     * least half the SMs busy (or the description asks for its tile). */
-    const int64_t tiles = ((f->m + 127) / 128) * ((f->n + 255) / 256);
+    /* Hopper: the persistent wgmma kernel with 128 x 256 tiles when they
+     * keep at least half the SMs busy, else its 128 x 64 tile (16-bit
+     * types; the others go to mma.sync), or the tile the description asks
+     * for. Grouped runs count the first group's tiles once per group. */
+    const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
+                         (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n;
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-      if (!asked && 2 * tiles < dev->sm_count) continue;
-      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent");
+      if (!asked && k->bn == 256 && 2 * wide < dev->sm_count) continue;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s", k->bn == 256 ? "" : ", narrow tile");
       *kernel = i;
       return SMELT_OK;
     }

@@ -140,18 +140,66 @@ static smelt_status pick(smelt_plan *plan, const smelt__gemm_kernel *table, int 
 
 static size_t ws_size(smelt_gemm_acc acc) { return acc == SMELT_GEMM_ACC_F64 ? 8 : 4; }
 
-/* Grouped: uploads the problem list and each group's first tile, then one launch. */
+/* A 2-D tensor map over a K-major operand (or a row-major D, with k its
+ * columns): rows x K elements, rows `rs` elements apart, boxes of
+ * box_rows x bk (bk elements are 128 bytes) with the 128-byte swizzle. */
+static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows, int64_t k,
+                               int64_t rs, int box_rows, int bk) {
+  const uint64_t es = smelt_dtype_size(dt);
+  /* With one row the stride is never used; TMA still wants a valid one. */
+  uint64_t stride = rows > 1 ? (uint64_t)rs * es : ((uint64_t)k * es + 15) / 16 * 16;
+  const uint64_t dims[2] = {(uint64_t)k, (uint64_t)rows}, strides[1] = {stride};
+  const unsigned box[2] = {(unsigned)bk, (unsigned)box_rows}, ones[2] = {1, 1};
+  /* CUtensorMap* enums. fp8 travels as bytes and f32 (tf32 math) as f32:
+   * TMA copies bits, the wgmma reads them as its types. */
+  enum { TMA_U8 = 0, TMA_F16 = 6, TMA_F32 = 7, TMA_BF16 = 9, SWIZZLE_128B = 3, L2_256B = 3 };
+  const int tdt = dt == SMELT_DTYPE_BF16  ? TMA_BF16
+                  : dt == SMELT_DTYPE_F16 ? TMA_F16
+                  : dt == SMELT_DTYPE_F32 ? TMA_F32
+                                          : TMA_U8;
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, tdt, 2, (void *)data, dims, strides, box, ones, 0,
+                                                        SWIZZLE_128B, L2_256B, 0);
+  if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled");
+  return SMELT_OK;
+}
+
+/* Grouped on Hopper: every group's A, B and D tensor maps (D in the fast
+ * epilogue's boxes), three per group in group order; groups
+ * without tiles get none (their maps are never read). */
+static smelt_status sm90_group_maps(const smelt__gemm_state *st, const smelt__gemm_kernel *k,
+                                    const smelt__gemm_args *args, smelt__cu_tensor_map *maps) {
+  for (int64_t g = 0; g < args->count; g++) {
+    const smelt__gemm_prob *p = &args->groups[g];
+    smelt__cu_tensor_map *m = maps + 3 * g;
+    memset(m, 0, 3 * sizeof *m);
+    if (p->m < 1 || p->n < 1) continue;
+    smelt_status s;
+    if ((s = tensor_map(&m[0], st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
+        (s = tensor_map(&m[1], st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn, k->bk)) ||
+        (s = tensor_map(&m[2], st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
+      return s;
+  }
+  return SMELT_OK;
+}
+
+/* Grouped: uploads the problem list and each group's first tile (and, for
+ * the Hopper kernel, the groups' tensor maps), then one launch: a block per
+ * tile, or on Hopper one persistent CTA per SM walking all the tiles. */
 static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
                                 const smelt__gemm_args *args) {
   smelt_ctx *ctx = plan->ctx;
   const int64_t count = args->count;
   if (count > 0x7fffffff)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm_grouped: count=%lld exceeds 2^31 - 1", (long long)count);
+  /* Device layout: the tensor maps first (they need 64-byte alignment),
+   * then the problems and the first tiles. */
+  const int sm90 = k->fam == SMELT__GK_SM90;
+  const size_t maps = sm90 ? (size_t)count * 3 * sizeof(smelt__cu_tensor_map) : 0;
   const size_t probs = (size_t)count * sizeof(smelt__gemm_kprob), firsts = (size_t)(count + 1) * sizeof(int64_t);
-  uint8_t *host = (uint8_t *)malloc(probs + firsts);
+  uint8_t *host = (uint8_t *)malloc(maps + probs + firsts);
   if (!host) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm_grouped: out of host memory");
-  smelt__gemm_kprob *kps = (smelt__gemm_kprob *)host;
-  int64_t *first = (int64_t *)(host + probs), total = 0;
+  smelt__gemm_kprob *kps = (smelt__gemm_kprob *)(host + maps);
+  int64_t *first = (int64_t *)(host + maps + probs), total = 0;
   for (int64_t g = 0; g < count; g++) {
     kprob_of(&kps[g], &args->groups[g]);
     first[g] = total;
@@ -163,18 +211,36 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   if (total > 0x7fffffff)
     s = smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm_grouped: %lld output tiles exceed 2^31 - 1",
                      (long long)total);
-  if (!s && total > 0) s = smelt__cuda_alloc(ctx, probs + firsts, &dev);
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  if (!s && total > 0 && sm90) s = sm90_group_maps(st, k, args, (smelt__cu_tensor_map *)host);
+  if (!s && total > 0) s = smelt__cuda_alloc(ctx, maps + probs + firsts, &dev);
   if (!s && total > 0) {
-    CUresult r = smelt__cu(NULL)->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dev, host, probs + firsts, ctx->cuda->stream);
+    CUresult r = smelt__cu(NULL)->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dev, host, maps + probs + firsts,
+                                                    ctx->cuda->stream);
     if (r) s = smelt__cu_error(r, "smelt_gemm_grouped", "uploading the problem list");
   }
   if (!s && total > 0) {
-    kp->groups = (uint64_t)(uintptr_t)dev;
+    kp->groups = (uint64_t)(uintptr_t)dev + maps;
     kp->group_tiles = kp->groups + probs;
     kp->count = (int)count;
-    void *params[] = {kp};
-    s = smelt__cuda_launch(ctx, "smelt_gemm_grouped", f, (unsigned)total, 1, 1, (unsigned)k->threads,
-                           (unsigned)k->smem, params);
+    if (sm90) {
+      /* The kernel reads only the group maps; its by-value maps are unused,
+       * and tiles_m carries the total tile count. */
+      kp->tiles_m = (int)total;
+      kp->tiles_n = 1;
+      smelt__cu_tensor_map unused;
+      memset(&unused, 0, sizeof unused);
+      int fast = 1;
+      const void *gmaps = dev;
+      void *params[] = {&unused, &unused, &unused, kp, &fast, &gmaps};
+      const int64_t sms = ctx->cuda->info.sm_count;
+      s = smelt__cuda_launch(ctx, "smelt_gemm_grouped", f, (unsigned)(total < sms ? total : sms), 1, 1,
+                             (unsigned)k->threads, (unsigned)k->smem, params);
+    } else {
+      void *params[] = {kp};
+      s = smelt__cuda_launch(ctx, "smelt_gemm_grouped", f, (unsigned)total, 1, 1, (unsigned)k->threads,
+                             (unsigned)k->smem, params);
+    }
   }
   if (dev) {
     smelt_status s2 = smelt__cuda_free(ctx, dev);
@@ -184,33 +250,23 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   return s;
 }
 
-/* A 2-D tensor map over a K-major operand: rows x K elements, rows `rs`
- * elements apart, boxes of box_rows x bk with the 128-byte swizzle. */
-static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows, int64_t k,
-                               int64_t rs, int box_rows, int bk) {
-  const uint64_t es = smelt_dtype_size(dt);
-  /* With one row the stride is never used; TMA still wants a valid one. */
-  uint64_t stride = rows > 1 ? (uint64_t)rs * es : ((uint64_t)k * es + 15) / 16 * 16;
-  const uint64_t dims[2] = {(uint64_t)k, (uint64_t)rows}, strides[1] = {stride};
-  const unsigned box[2] = {(unsigned)bk, (unsigned)box_rows}, ones[2] = {1, 1};
-  enum { TMA_F16 = 6, TMA_BF16 = 9, SWIZZLE_128B = 3, L2_256B = 3 }; /* CUtensorMap* enums */
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, dt == SMELT_DTYPE_BF16 ? TMA_BF16 : TMA_F16, 2,
-                                                        (void *)data, dims, strides, box, ones, 0, SWIZZLE_128B,
-                                                        L2_256B, 0);
-  if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled");
-  return SMELT_OK;
-}
-
 /* Hopper: one persistent CTA per SM (or per tile, when there are fewer). */
 static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, CUfunction f,
                              smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
-  smelt__cu_tensor_map ta, tb;
+  smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
   if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
       (s = tensor_map(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn, k->bk)))
     return s;
+  /* D as boxes of 64 rows of 128 bytes (64 16-bit or 32 f32 columns), the
+   * stores of the fast epilogue; otherwise the map is not read. */
+  int fast = smelt__gemm_sm90_fast_d(st, p);
+  const int d_cols = 128 / (int)smelt_dtype_size(st->dt_d);
+  if (fast && (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
+  if (!fast) td = ta;
   const int64_t tiles = (int64_t)kp->tiles_m * kp->tiles_n, sms = ctx->cuda->info.sm_count;
-  void *params[] = {&ta, &tb, kp};
+  const void *gmaps = NULL; /* grouped runs only */
+  void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps};
   return smelt__cuda_launch(ctx, "smelt_gemm", f, (unsigned)(tiles < sms ? tiles : sms), 1, 1, (unsigned)k->threads,
                             (unsigned)k->smem, params);
 }
