@@ -9,6 +9,7 @@ extern const th_test th_tests_core[];
 extern const th_test th_tests_cache[];
 extern const th_test th_tests_ops[];
 extern const th_test th_tests_gemm[];
+extern const th_test th_tests_attention[];
 extern const th_test th_tests_compile[];
 
 static const struct {
@@ -19,6 +20,7 @@ static const struct {
     {"cache", th_tests_cache},
     {"ops", th_tests_ops},
     {"gemm", th_tests_gemm},
+    {"attention", th_tests_attention},
     {"compile", th_tests_compile},
 };
 

@@ -10,6 +10,7 @@ const smelt__variant_enum_fn smelt__variant_enums[] = {
     smelt__softmax_variants,
     smelt__topk_variants,
     smelt__gemm_variants,
+    smelt__attention_variants,
 };
 const int smelt__variant_enum_count = (int)(sizeof smelt__variant_enums / sizeof smelt__variant_enums[0]);
 

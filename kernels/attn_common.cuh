@@ -1,0 +1,167 @@
+/* What the attention kernels share: the launch parameters (mirrored byte for
+ * byte by smelt__attn_kparams in src/cuda/op_attention.c), locating a
+ * sequence of a batched or varlen call, the mask, and small PTX helpers.
+ *
+ * Prelude: SMELT_DT (2 f16, 3 bf16); the kernel files add their own.
+ *
+ * Rows: a tensor's element (sequence b, row i, head h, d) is at
+ *   batched  p + b * bs + i * rs + h * hs + d
+ *   varlen   p + (cu[b] + i) * rs + h * hs + d      (bs unused)
+ * and the backward's workspaces index rows globally: row b * seqlen_q + i
+ * (batched) or cu_q[b] + i (varlen), rows_q of them in all.
+ *
+ * The mask, the one definition (as smelt__attn_key_range on the host):
+ * query i of a sequence with sq queries and sk keys sees keys
+ * [max(0, i + sk - sq - wl), min(sk - 1, i + sk - sq + wr)], a bound with a
+ * window of -1 being the edge itself. Both ends grow with i, and a row's
+ * range is either empty (only the first rows, when the diagonal starts
+ * left of key 0) or overlaps the next row's, so the keys a block of rows
+ * sees are the single range [lo(first row), hi(last row)].
+ */
+#ifndef SMELT_ATTN_COMMON_CUH
+#define SMELT_ATTN_COMMON_CUH
+
+#include "smelt_mma.cuh"
+
+#if !defined(SMELT_DT) || (SMELT_DT != SMELT_DT_F16 && SMELT_DT != SMELT_DT_BF16)
+#error "attention kernels need SMELT_DT 2 (f16) or 3 (bf16)"
+#endif
+
+#if SMELT_DT == SMELT_DT_BF16
+#define ATTN_MMA mma_16816_bf16
+#define ATTN_PACK pack_bf16x2
+#else
+#define ATTN_MMA mma_16816_f16
+#define ATTN_PACK pack_f16x2
+#endif
+
+#define ATTN_NEG_INF __uint_as_float(0xff800000u)
+#define ATTN_POS_INF __uint_as_float(0x7f800000u)
+#define ATTN_LN2 0.69314718055994530942f
+
+/* A q/k/v-like tensor: data pointer and strides in elements (D has unit stride). */
+typedef struct attn_tensor {
+  u64 p;
+  i64 bs, rs, hs;
+} attn_tensor;
+
+typedef struct attn_params {
+  attn_tensor q, k, v, o, d_o, dq, dk, dv;
+  u64 lse;                  /* f32; 0 when the forward is not asked for it */
+  i64 lse_bs, lse_hs, lse_rs;
+  u64 cu_q, cu_k;           /* varlen: int32 [B + 1]; 0 when batched */
+  u64 dq_acc;               /* backward: f32 [rows_q][H][D], dq before the scale */
+  u64 lse_ws, dsum_ws;      /* backward: f32 [H][rows_q]: LSE * log2(e), rowsum(dO * O) */
+  u64 sem;                  /* deterministic backward: int [B][H][m_tiles], zeroed */
+  i64 rows_q, rows_k;       /* rows of all sequences */
+  i64 wl, wr;               /* windows; -1 unbounded */
+  int B, H, Hk, group;      /* group = H / Hk */
+  int seqlen_q, seqlen_k;   /* batched: Sq, Sk; varlen: the longest */
+  int m_tiles;              /* backward: query tiles per (sequence, head) */
+  int deterministic;
+  int D;
+  int pad;
+  float scale, scale_log2;  /* softmax scale; scale * log2(e) */
+} attn_params;
+
+static_assert(sizeof(attn_tensor) == 32, "attn_tensor must match smelt__attn_ktensor");
+static_assert(sizeof(attn_params) == 416, "attn_params must match smelt__attn_kparams");
+
+/* One sequence: its first global row and its length, queries and keys. */
+typedef struct attn_seq {
+  i64 qrow, krow;
+  int sq, sk;
+} attn_seq;
+
+static __device__ __forceinline__ i64 attn_clamp(i64 v, i64 lo, i64 hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Varlen offsets are clamped into the tensors and lengths to the longest
+ * sequence: bad cu_seqlens give wrong results, never stray accesses. */
+static __device__ __forceinline__ void attn_locate(const attn_params &P, int b, attn_seq &s) {
+  if (P.cu_q) {
+    const int *cq = (const int *)P.cu_q, *ck = (const int *)P.cu_k;
+    const i64 q0 = attn_clamp(cq[b], 0, P.rows_q), q1 = attn_clamp(cq[b + 1], q0, P.rows_q);
+    const i64 k0 = attn_clamp(ck[b], 0, P.rows_k), k1 = attn_clamp(ck[b + 1], k0, P.rows_k);
+    s.qrow = q0;
+    s.krow = k0;
+    s.sq = (int)(q1 - q0 < P.seqlen_q ? q1 - q0 : P.seqlen_q);
+    s.sk = (int)(k1 - k0 < P.seqlen_k ? k1 - k0 : P.seqlen_k);
+  } else {
+    s.qrow = (i64)b * P.seqlen_q;
+    s.krow = (i64)b * P.seqlen_k;
+    s.sq = P.seqlen_q;
+    s.sk = P.seqlen_k;
+  }
+}
+
+/* Element offset of row 0 of head h of sequence b in t (q rows or k rows). */
+static __device__ __forceinline__ i64 attn_base(const attn_params &P, const attn_tensor &t, int b, i64 row0, int h) {
+  return (P.cu_q ? row0 * t.rs : (i64)b * t.bs) + (i64)h * t.hs;
+}
+
+/* The keys query i may see, [*lo, *hi], clamped to [0, sk] and [-1, sk - 1]. */
+static __device__ __forceinline__ void attn_key_range(const attn_params &P, int sq, int sk, i64 i, int *lo, int *hi) {
+  const i64 diag = i + sk - sq;
+  const i64 l = P.wl < 0 || diag - P.wl < 0 ? 0 : diag - P.wl;
+  const i64 h = P.wr < 0 || diag + P.wr > sk - 1 ? sk - 1 : diag + P.wr;
+  *lo = (int)(l > sk ? sk : l);
+  *hi = (int)(h < -1 ? -1 : h);
+}
+
+/* The tiles of bn keys that queries r0..r1 (r1 < sq) see: [*n0, *n1). */
+static __device__ __forceinline__ void attn_key_tiles(const attn_params &P, int sq, int sk, int r0, int r1, int bn,
+                                                      int *n0, int *n1) {
+  int lo0, hi0, lo1, hi1;
+  attn_key_range(P, sq, sk, r0, &lo0, &hi0);
+  attn_key_range(P, sq, sk, r1, &lo1, &hi1);
+  *n0 = lo0 / bn;
+  *n1 = hi1 < lo0 ? *n0 : hi1 / bn + 1;
+}
+
+/* 2^x in one instruction (ex2.approx: 2 ulp; -inf gives +0). */
+static __device__ __forceinline__ float attn_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+static __device__ __forceinline__ void sts32(u32 addr, u32 v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+static __device__ __forceinline__ uint4 lds128(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+/* Shared-memory tiles of 16-bit rows, RB bytes each (a multiple of 128):
+ * 16-byte chunk c of row r sits at chunk c ^ (r % 8), so the 8 rows one
+ * ldmatrix phase reads fall in 8 different bank groups. */
+static __device__ __forceinline__ u32 attn_sw(u32 base, int rb, int r, int c) {
+  return base + (u32)(r * rb) + ((u32)(c ^ (r & 7)) << 4);
+}
+
+/* ldmatrix addresses in those tiles. Within a 16-row block a lane's row
+ * and chunk parity are fixed by the operand pattern, so a load at row block
+ * R (a multiple of 8) and chunk C (even) is tile + R * rb + (off ^ (C << 4))
+ * with off = attn_sw(0, rb, row, parity): the swizzle's XOR commutes with
+ * an even chunk offset, and C << 4 < rb (rows a power of two apart) never
+ * reaches the row bits. One LOP per load, instead of one register for every
+ * address the compiler would otherwise hoist out of the main loop. */
+static __device__ __forceinline__ u32 attn_off_a(int rb, int lane) { /* A, K-contiguous rows */
+  return attn_sw(0, rb, lane & 15, lane >> 4);
+}
+static __device__ __forceinline__ u32 attn_off_b(int rb, int lane) { /* B from n-rows; A transposed */
+  return attn_sw(0, rb, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+}
+static __device__ __forceinline__ u32 attn_off_t(int rb, int lane) { /* B transposed, from k-rows */
+  return attn_sw(0, rb, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+}
+static __device__ __forceinline__ u32 attn_at(u32 tile, int rb, u32 off, int r, int c) {
+  return tile + (u32)(r * rb) + (off ^ ((u32)c << 4));
+}
+/* Hides v's value from the optimizer, so that what is computed from it is
+ * not hoisted out of the loop this sits in. */
+#define ATTN_OPAQUE(v) asm volatile("" : "+r"(v))
+
+#endif /* SMELT_ATTN_COMMON_CUH */

@@ -1,0 +1,318 @@
+/* Hopper (sm_90a) FlashAttention forward: TMA loads on mbarriers, wgmma for
+ * both GEMMs, warp specialization.
+ *
+ * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN (128).
+ *
+ * One CTA per (tile of 128 queries, head, sequence), three warpgroups:
+ *   producer (warpgroup 0, one thread, 40 registers): TMA loads of the Q
+ *     tile once, then of K and V tiles into a ring of two stages, each
+ *     tile completing on its own "full" mbarrier with its byte count; a
+ *     stage is refilled once both consumers have released it ("empty");
+ *   consumers (warpgroups 1 and 2, 232 registers): each owns 64 query rows.
+ *     Per key tile: S = Q Kᵀ with wgmma m64n128k16, A (Q) and B (K) read
+ *     from shared memory; the online softmax of attn_fwd_sm80.cu on the
+ *     accumulators (same fragment layout: rows 16 warp + lane/4 (+8),
+ *     columns 8 i + 2 (lane % 4)); P rounded to the input type in
+ *     registers and O += P V with wgmma m64nDk16 taking P as the register
+ *     A operand and V (d-contiguous, so "MN-major", transposed) from
+ *     shared memory.
+ *   ping-pong: the consumers take turns issuing their wgmmas (two named
+ *     barriers, "consumer c may issue"): 0 issues S, then 1 issues S while 0
+ *     runs its softmax, then 0 issues P V while 1 runs its softmax, and so
+ *     on, so the tensor cores work on one warpgroup's GEMM while the other
+ *     computes exponentials.
+ * setmaxnreg moves registers from the producer to the consumers.
+ *
+ * Shared memory: TMA writes 64-element (128-byte) rows with the 128-byte
+ * swizzle, one panel of 64 columns of D after the other (rows x 128 bytes
+ * each). K-major operands (Q, K) use the descriptor of gemm_sm90.cu (8-row
+ * atoms 1024 bytes apart; k16 steps are 32-byte start offsets); V as an
+ * MN-major B has its 8-key atoms 1024 bytes apart along K (SBO) and its
+ * 64-column panels BN x 128 bytes apart along N (LBO).
+ *
+ * The tensor maps are 4-D (D, rows, heads, batches; varlen: one batch of
+ * packed rows). Rows past a tensor's end arrive as zeros; rows of the next
+ * varlen sequence are masked like any key past the sequence's end. Which
+ * key tiles are visited, and which are masked, is decided as in
+ * attn_fwd_sm80.cu (attn_key_tiles / attn_key_range), by every thread
+ * alike, so producer and consumers agree on the sequence of tiles.
+ */
+#include "attn_common.cuh"
+
+#if !defined(ATTN_D) || !defined(ATTN_BN) || (ATTN_D != 64 && ATTN_D != 128) || ATTN_BN != 128
+#error "attn_fwd_sm90.cu needs ATTN_D 64 or 128 and ATTN_BN 128"
+#endif
+
+#define D ATTN_D
+#define BN ATTN_BN
+#define BM 128
+#define PANELS (D / 64)
+#define CONSUMERS 2
+#define THREADS (128 * (CONSUMERS + 1))
+#define STAGES 2
+#define Q_BYTES (BM * D * 2)
+#define KV_BYTES (BN * D * 2)
+#define NS (BN / 8) /* n8 column groups of S */
+#define NO (D / 8)  /* of O */
+#if SMELT_DT == SMELT_DT_BF16
+#define ATTN_DT_PTX "bf16"
+#else
+#define ATTN_DT_PTX "f16"
+#endif
+
+/* ---------------------------------------------------------------- wgmma */
+
+/* S (64 x 128 per warpgroup) = / += A (64 x 16) B (16 x 128), both from shared memory. */
+static __device__ __forceinline__ void wgmma_ss_n128_first(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0, 1, 1, 0, 0;\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void wgmma_ss_n128(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+}
+
+#if D == 64
+static __device__ __forceinline__ void wgmma_rs_n64(float *d, const u32 *a, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#define wgmma_rs_o wgmma_rs_n64
+#else
+static __device__ __forceinline__ void wgmma_rs_n128(float *d, const u32 *a, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#define wgmma_rs_o wgmma_rs_n128
+#endif
+
+/* K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (SBO); LBO unused. */
+static __device__ __forceinline__ u64 desc_kmajor(u32 addr) {
+  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+/* MN-major (V: d contiguous), 128-byte swizzle: 8-key atoms 1024 bytes
+ * apart (SBO), 64-column panels BN x 128 bytes apart (LBO). */
+static __device__ __forceinline__ u64 desc_mnmajor(u32 addr) {
+  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)((BN * 128) >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+/* The ping-pong's turns: named barrier 1 + c (0 is __syncthreads) over
+ * the 256 consumer threads; the waiting warpgroup's 128 and the passing
+ * one's 128 complete it. */
+static __device__ __forceinline__ void turn_wait(int c) {
+  if (c == 0) asm volatile("bar.sync 1, 256;" ::: "memory");
+  else asm volatile("bar.sync 2, 256;" ::: "memory");
+}
+static __device__ __forceinline__ void turn_pass(int c) {
+  if (c == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+  else asm volatile("bar.arrive 2, 256;" ::: "memory");
+}
+
+/* ---------------------------------------------------------------- the kernel */
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    attn_fwd_sm90(const __grid_constant__ tmap_t tq, const __grid_constant__ tmap_t tk,
+                  const __grid_constant__ tmap_t tv, const attn_params P) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  /* Q, the K stages, the V stages (all 1024-aligned; the host adds 1 KiB of
+   * slack), then the mbarriers: Q full, K full and V full per stage, and
+   * empty per stage. */
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const u32 sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
+  const u32 fullQ = bars, fullK = bars + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+  attn_seq s;
+  const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
+  attn_locate(P, b, s);
+  if (m0 >= s.sq) return;
+  const int hk = h / P.group;
+  const int r1 = (m0 + BM < s.sq ? m0 + BM : s.sq) - 1;
+  int n_lo, n_hi;
+  attn_key_tiles(P, s.sq, s.sk, m0, r1, BN, &n_lo, &n_hi);
+  elem_t *O = (elem_t *)P.o.p + attn_base(P, P.o, b, s.qrow, h);
+  float *L = P.lse ? (float *)P.lse + (P.cu_q ? s.qrow * P.lse_rs : (i64)b * P.lse_bs) + (i64)h * P.lse_hs : 0;
+
+  if (n_lo >= n_hi) {
+    /* No query of this tile sees a key. */
+    const uint4 zero = {0, 0, 0, 0};
+    for (int c = threadIdx.x; c < BM * (D / 8); c += THREADS) {
+      const int r = c / (D / 8), ch = c % (D / 8);
+      if (m0 + r <= r1) *(uint4 *)(O + (i64)(m0 + r) * P.o.rs + ch * 8) = zero;
+    }
+    if (L && threadIdx.x < BM && m0 + (int)threadIdx.x <= r1) L[(i64)(m0 + threadIdx.x) * P.lse_rs] = ATTN_POS_INF;
+    return;
+  }
+
+  if (threadIdx.x == 0) {
+    mbar_init(fullQ, 1);
+    for (int st = 0; st < STAGES; st++) {
+      mbar_init(fullK + 8 * st, 1);
+      mbar_init(fullV + 8 * st, 1);
+      mbar_init(empty + 8 * st, CONSUMERS * 4); /* one arrival per consumer warp */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid != 0) return;
+    /* Tensor coordinates: (d, row, head, batch); varlen rows are packed. */
+    const int qy = P.cu_q ? (int)s.qrow + m0 : m0, ky = P.cu_q ? (int)s.krow : 0, bw = P.cu_q ? 0 : b;
+    mbar_expect_tx(fullQ, Q_BYTES);
+#pragma unroll
+    for (int p = 0; p < PANELS; p++) tma_load_4d(sQ + p * (BM * 128), &tq, p * 64, qy, h, bw, fullQ);
+    for (int n = n_lo, i = 0; n < n_hi; n++, i++) {
+      const int st = i % STAGES;
+      /* A fresh barrier counts as having completed the phase before phase
+       * 0, so the first pass over the ring does not wait. */
+      mbar_wait(empty + 8 * st, ((i / STAGES) & 1) ^ 1);
+      mbar_expect_tx(fullK + 8 * st, KV_BYTES);
+#pragma unroll
+      for (int p = 0; p < PANELS; p++)
+        tma_load_4d(sK + st * KV_BYTES + p * (BN * 128), &tk, p * 64, ky + n * BN, hk, bw, fullK + 8 * st);
+      mbar_expect_tx(fullV + 8 * st, KV_BYTES);
+#pragma unroll
+      for (int p = 0; p < PANELS; p++)
+        tma_load_4d(sV + st * KV_BYTES + p * (BN * 128), &tv, p * 64, ky + n * BN, hk, bw, fullV + 8 * st);
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  int lo_last, hi_first, unused;
+  attn_key_range(P, s.sq, s.sk, r1, &lo_last, &unused);
+  attn_key_range(P, s.sq, s.sk, m0, &unused, &hi_first);
+  const int row0 = m0 + c * 64 + warp * 16 + g;
+  int lo[2], hi[2];
+  attn_key_range(P, s.sq, s.sk, row0, &lo[0], &hi[0]);
+  attn_key_range(P, s.sq, s.sk, row0 + 8, &lo[1], &hi[1]);
+
+  float o[NO][4], sc[NS][4];
+#pragma unroll
+  for (int i = 0; i < NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.f, 0.f};
+  mbar_wait(fullQ, 0);
+  /* Consumer 0 has the first turn. Every turn ends with an arrival on the
+   * other's barrier, but for consumer 1's last: each barrier then sees as
+   * many arrivals as waits (2 per key tile). */
+  if (c == 1) turn_pass(0);
+  const int last = n_hi - n_lo - 1;
+
+  for (int n = n_lo, i = 0; n < n_hi; n++, i++) {
+    const int st = i % STAGES;
+    const u32 ph = (i / STAGES) & 1;
+    mbar_wait(fullK + 8 * st, ph);
+    turn_wait(c);
+    wgmma_fence();
+#pragma unroll
+    for (int p = 0; p < PANELS; p++)
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        const u64 da = desc_kmajor(sQ + p * (BM * 128) + c * (64 * 128) + kk * 32);
+        const u64 db = desc_kmajor(sK + st * KV_BYTES + p * (BN * 128) + kk * 32);
+        if (p == 0 && kk == 0) wgmma_ss_n128_first(&sc[0][0], da, db);
+        else wgmma_ss_n128(&sc[0][0], da, db);
+      }
+    wgmma_commit();
+    turn_pass(c ^ 1);
+    WGMMA_WAIT(0);
+
+    /* The softmax of attn_fwd_sm80.cu, on the same fragment layout. */
+    const int c0 = n * BN;
+    const bool full = c0 >= lo_last && c0 + BN - 1 <= hi_first;
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = sc[nt][e] * P.scale_log2;
+        if (!full) {
+          const int key = c0 + nt * 8 + 2 * t4 + (e & 1);
+          if (key < lo[e >> 1] || key > hi[e >> 1]) x = ATTN_NEG_INF;
+        }
+        sc[nt][e] = x;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float m = mx[r];
+#pragma unroll
+      for (int nt = 0; nt < NS; nt++) m = fmaxf(m, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float ref = m == ATTN_NEG_INF ? 0.f : m;
+      const float alpha = attn_ex2(mx[r] - ref);
+      mx[r] = m;
+      float ls = sum[r] * alpha;
+#pragma unroll
+      for (int j = 0; j < NO; j++) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+#pragma unroll
+      for (int nt = 0; nt < NS; nt++) {
+        const float p0 = attn_ex2(sc[nt][2 * r] - ref), p1 = attn_ex2(sc[nt][2 * r + 1] - ref);
+        sc[nt][2 * r] = p0;
+        sc[nt][2 * r + 1] = p1;
+        ls += p0 + p1;
+      }
+      sum[r] = ls;
+    }
+    u32 pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      pa[kk][0] = ATTN_PACK(sc[2 * kk][0], sc[2 * kk][1]);
+      pa[kk][1] = ATTN_PACK(sc[2 * kk][2], sc[2 * kk][3]);
+      pa[kk][2] = ATTN_PACK(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      pa[kk][3] = ATTN_PACK(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+    }
+
+    mbar_wait(fullV + 8 * st, ph);
+    turn_wait(c);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) wgmma_rs_o(&o[0][0], pa[kk], desc_mnmajor(sV + st * KV_BYTES + kk * (16 * 128)));
+    wgmma_commit();
+    if (c == 0 || i != last) turn_pass(c ^ 1);
+    WGMMA_WAIT(0);
+    /* This warp is done with the stage's K and V. */
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * st);
+  }
+
+  /* O / sum, LSE, and 4-byte stores of column pairs. */
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float l = sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int row = row0 + 8 * r;
+    if (row <= r1) {
+#pragma unroll
+      for (int j = 0; j < NO; j++)
+        *(u32 *)(O + (i64)row * P.o.rs + j * 8 + 2 * t4) = ATTN_PACK(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      if (L && t4 == 0) L[(i64)row * P.lse_rs] = l > 0.f ? (mx[r] + log2f(l)) * ATTN_LN2 : ATTN_POS_INF;
+    }
+  }
+#else
+  /* wgmma, TMA and setmaxnreg exist on sm_90a only. The variant list is
+   * compiled for every arch, so elsewhere the kernel is a stub the
+   * selector never picks (it offers this kernel on cc 9.0 only). */
+  __trap();
+#endif
+}

@@ -1,0 +1,250 @@
+/* CPU reference for attention, in double. Per sequence b and query head h
+ * (kv head hk = h / (H / Hk)) it materializes the whole score matrix:
+ *   S[i][j] = scale · q_i · k_j for visible (i, j), -inf otherwise
+ * forward:  m_i = max_j S[i][j]; a row with no visible key (m_i = -inf) gets
+ *           O = 0 and LSE = +inf; else P = exp(S - m) / l with l = Σ exp(S - m),
+ *           O = P v, LSE = m + log l.
+ * backward: P = exp(S - LSE) from the given LSE (0 where masked or LSE = +inf),
+ *           D_i = Σ_d dO ∘ O (the given O), dP = dO vᵀ, dS = P ∘ (dP - D),
+ *           dq = scale · dS k, and per kv head dk = scale · Σ_group dSᵀ q,
+ *           dv = Σ_group Pᵀ dO, stored once the group is done.
+ * Naive on purpose: it is the oracle the GPU kernels are checked against. */
+#include "../core/attention_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One sequence: its first packed row and length, for queries and keys. */
+typedef struct seq {
+  int64_t q0, sq, k0, sk;
+} seq;
+
+static int64_t cu_at(const smelt_tensor *t, int64_t i) { return ((const int32_t *)t->data)[i * t->strides[0]]; }
+
+/* Varlen: the sequences from cu_seqlens, checked against what the header
+ * promises (start at 0, never decrease, end at the row count, no sequence
+ * longer than max_seqlen) before anything is written. */
+static smelt_status varlen_seqs(const smelt__attn_state *st, const smelt__attn_args *a, seq *out) {
+  for (int w = 0; w < 2; w++) {
+    const smelt_tensor *cu = a->t[w ? SMELT__ATT_CU_K : SMELT__ATT_CU_Q];
+    const char *name = w ? "cu_seqlens_k" : "cu_seqlens_q";
+    const int64_t rows = w ? st->rows_k : st->rows_q, maxlen = w ? st->Sk : st->Sq;
+    if (cu_at(cu, 0) != 0)
+      return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: %s[0]=%lld must be 0", st->op, name,
+                          (long long)cu_at(cu, 0));
+    for (int64_t b = 0; b < st->B; b++) {
+      const int64_t lo = cu_at(cu, b), hi = cu_at(cu, b + 1);
+      if (hi < lo)
+        return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: %s[%lld]=%lld is less than %s[%lld]=%lld (must not decrease)",
+                            st->op, name, (long long)(b + 1), (long long)hi, name, (long long)b, (long long)lo);
+      if (hi - lo > maxlen)
+        return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                            "%s: sequence %lld has %lld rows in %s, more than desc->max_seqlen_%s=%lld", st->op,
+                            (long long)b, (long long)(hi - lo), name, w ? "k" : "q", (long long)maxlen);
+      if (w) {
+        out[b].k0 = lo;
+        out[b].sk = hi - lo;
+      } else {
+        out[b].q0 = lo;
+        out[b].sq = hi - lo;
+      }
+    }
+    if (cu_at(cu, st->B) != rows)
+      return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: %s[%lld]=%lld must equal the %s row count %lld", st->op,
+                          name, (long long)st->B, (long long)cu_at(cu, st->B), w ? "k" : "q", (long long)rows);
+  }
+  return SMELT_OK;
+}
+
+/* Element offset of (b, packed row r, head h, d). */
+static int64_t at(const smelt__attn_view *v, int64_t b, int64_t r, int64_t h, int64_t d) {
+  return b * v->bs + r * v->rs + h * v->hs + d;
+}
+
+/* rows x D elements of one head of one sequence into dst (double). */
+static void load_rows(const smelt__attn_view *v, smelt_dtype dt, int64_t b, int64_t r0, int64_t rows, int64_t h,
+                      int64_t D, double *dst) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t d = 0; d < D; d++) dst[r * D + d] = smelt__load_f64(v->data, dt, at(v, b, r0 + r, h, d));
+}
+
+static void store_rows(const smelt__attn_view *v, smelt_dtype dt, int64_t b, int64_t r0, int64_t rows, int64_t h,
+                       int64_t D, const double *src) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t d = 0; d < D; d++) smelt__store_f64(v->data, dt, at(v, b, r0 + r, h, d), src[r * D + d]);
+}
+
+/* Buffers of one (sequence, head): sized for the longest sequence. */
+typedef struct work {
+  double *q, *k, *v, *o, *d_o, *s, *dq, *dk, *dv, *lse;
+} work;
+
+static void work_free(work *w) {
+  free(w->q);
+  free(w->k);
+  free(w->v);
+  free(w->o);
+  free(w->d_o);
+  free(w->s);
+  free(w->dq);
+  free(w->dk);
+  free(w->dv);
+  free(w->lse);
+}
+
+static int work_new(work *w, int64_t sq, int64_t sk, int64_t D) {
+  memset(w, 0, sizeof *w);
+  const size_t qn = (size_t)(sq > 0 ? sq : 1) * (size_t)D, kn = (size_t)(sk > 0 ? sk : 1) * (size_t)D;
+  w->q = malloc(qn * sizeof(double));
+  w->o = malloc(qn * sizeof(double));
+  w->d_o = malloc(qn * sizeof(double));
+  w->dq = malloc(qn * sizeof(double));
+  w->k = malloc(kn * sizeof(double));
+  w->v = malloc(kn * sizeof(double));
+  w->dk = malloc(kn * sizeof(double));
+  w->dv = malloc(kn * sizeof(double));
+  w->lse = malloc((size_t)(sq > 0 ? sq : 1) * sizeof(double));
+  w->s = malloc((size_t)(sq > 0 ? sq : 1) * (size_t)(sk > 0 ? sk : 1) * sizeof(double));
+  return w->q && w->o && w->d_o && w->dq && w->k && w->v && w->dk && w->dv && w->lse && w->s;
+}
+
+/* S for one head: scale · q kᵀ where visible, -inf elsewhere. [sq][sk] */
+static void scores(const smelt__attn_state *st, const seq *sq, const work *w) {
+  const int64_t D = st->D;
+  for (int64_t i = 0; i < sq->sq; i++) {
+    int64_t lo, hi;
+    smelt__attn_key_range(st->wl, st->wr, sq->sq, sq->sk, i, &lo, &hi);
+    for (int64_t j = 0; j < sq->sk; j++) {
+      double acc = -INFINITY;
+      if (j >= lo && j <= hi) {
+        acc = 0;
+        for (int64_t d = 0; d < D; d++) acc += w->q[i * D + d] * w->k[j * D + d];
+        acc *= st->scale;
+      }
+      w->s[i * sq->sk + j] = acc;
+    }
+  }
+}
+
+static void forward_head(const smelt__attn_state *st, const seq *sq, const work *w) {
+  const int64_t D = st->D, sk = sq->sk;
+  for (int64_t i = 0; i < sq->sq; i++) { /* o[i][:], lse[i] */
+    const double *s = w->s + i * sk;
+    double m = -INFINITY;
+    for (int64_t j = 0; j < sk; j++)
+      if (s[j] > m) m = s[j];
+    double *o = w->o + i * D;
+    for (int64_t d = 0; d < D; d++) o[d] = 0;
+    if (m == -INFINITY) {
+      w->lse[i] = INFINITY;
+      continue;
+    }
+    double l = 0;
+    for (int64_t j = 0; j < sk; j++) l += exp(s[j] - m);
+    for (int64_t j = 0; j < sk; j++) {
+      const double p = exp(s[j] - m) / l;
+      if (p == 0) continue;
+      for (int64_t d = 0; d < D; d++) o[d] += p * w->v[j * D + d];
+    }
+    w->lse[i] = m + log(l);
+  }
+}
+
+/* dq for this head; dk, dv accumulate over the group. S becomes dS. */
+static void backward_head(const smelt__attn_state *st, const seq *sq, const work *w) {
+  const int64_t D = st->D, sk = sq->sk;
+  for (int64_t i = 0; i < sq->sq; i++) {
+    double *s = w->s + i * sk; /* S -> P -> dS, row i */
+    const double *dor = w->d_o + i * D;
+    double di = 0;
+    for (int64_t d = 0; d < D; d++) di += dor[d] * w->o[i * D + d];
+    for (int64_t j = 0; j < sk; j++) {
+      const double p = s[j] == -INFINITY ? 0.0 : exp(s[j] - w->lse[i]);
+      double dp = 0;
+      for (int64_t d = 0; d < D; d++) dp += dor[d] * w->v[j * D + d];
+      for (int64_t d = 0; d < D; d++) w->dv[j * D + d] += p * dor[d];
+      s[j] = p * (dp - di);
+    }
+    for (int64_t d = 0; d < D; d++) {
+      double acc = 0;
+      for (int64_t j = 0; j < sk; j++) acc += s[j] * w->k[j * D + d];
+      w->dq[i * D + d] = st->scale * acc;
+    }
+    for (int64_t j = 0; j < sk; j++)
+      for (int64_t d = 0; d < D; d++) w->dk[j * D + d] += st->scale * s[j] * w->q[i * D + d];
+  }
+}
+
+smelt_status smelt__cpu_attention(const smelt__attn_state *st, const smelt__attn_args *a) {
+  const int64_t B = st->B, H = st->H, Hk = st->Hk, D = st->D, group = H / Hk;
+  if (B == 0) return SMELT_OK;
+  seq *seqs = (seq *)calloc((size_t)B, sizeof *seqs);
+  if (!seqs) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", st->op);
+  smelt_status s = SMELT_OK;
+  if (st->varlen) {
+    s = varlen_seqs(st, a, seqs);
+  } else {
+    for (int64_t b = 0; b < B; b++) seqs[b] = (seq){0, st->Sq, 0, st->Sk};
+  }
+  work w;
+  int64_t mq = 0, mk = 0;
+  for (int64_t b = 0; b < B; b++) {
+    if (seqs[b].sq > mq) mq = seqs[b].sq;
+    if (seqs[b].sk > mk) mk = seqs[b].sk;
+  }
+  if (!s && !work_new(&w, mq, mk, D)) {
+    work_free(&w);
+    s = smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", st->op);
+  }
+  if (s) {
+    free(seqs);
+    return s;
+  }
+  const smelt_dtype dt = a->t[SMELT__ATT_Q]->dtype;
+  smelt__attn_view q, k, v, o, lse, d_o, dq, dk, dv;
+  smelt__attn_view_of(st, a->t[SMELT__ATT_Q], &q);
+  smelt__attn_view_of(st, a->t[SMELT__ATT_K], &k);
+  smelt__attn_view_of(st, a->t[SMELT__ATT_V], &v);
+  smelt__attn_view_of(st, a->t[SMELT__ATT_O], &o);
+  if (a->t[SMELT__ATT_LSE]) smelt__attn_lse_view_of(st, a->t[SMELT__ATT_LSE], &lse);
+  if (st->bwd) {
+    smelt__attn_view_of(st, a->t[SMELT__ATT_DO], &d_o);
+    smelt__attn_view_of(st, a->t[SMELT__ATT_DQ], &dq);
+    smelt__attn_view_of(st, a->t[SMELT__ATT_DK], &dk);
+    smelt__attn_view_of(st, a->t[SMELT__ATT_DV], &dv);
+  }
+  for (int64_t b = 0; b < B; b++) {
+    const seq *sq = &seqs[b];
+    for (int64_t hk = 0; hk < Hk; hk++) {
+      load_rows(&k, dt, b, sq->k0, sq->sk, hk, D, w.k);
+      load_rows(&v, dt, b, sq->k0, sq->sk, hk, D, w.v);
+      for (int64_t j = 0; j < sq->sk * D; j++) w.dk[j] = w.dv[j] = 0;
+      for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+        load_rows(&q, dt, b, sq->q0, sq->sq, h, D, w.q);
+        scores(st, sq, &w);
+        if (!st->bwd) {
+          forward_head(st, sq, &w);
+          store_rows(&o, dt, b, sq->q0, sq->sq, h, D, w.o);
+          if (a->t[SMELT__ATT_LSE])
+            for (int64_t i = 0; i < sq->sq; i++)
+              smelt__store_f64(lse.data, SMELT_DTYPE_F32, b * lse.bs + h * lse.hs + (sq->q0 + i) * lse.rs, w.lse[i]);
+          continue;
+        }
+        load_rows(&o, dt, b, sq->q0, sq->sq, h, D, w.o);
+        load_rows(&d_o, dt, b, sq->q0, sq->sq, h, D, w.d_o);
+        for (int64_t i = 0; i < sq->sq; i++)
+          w.lse[i] = smelt__load_f64(lse.data, SMELT_DTYPE_F32, b * lse.bs + h * lse.hs + (sq->q0 + i) * lse.rs);
+        backward_head(st, sq, &w);
+        store_rows(&dq, dt, b, sq->q0, sq->sq, h, D, w.dq);
+      }
+      if (st->bwd) {
+        store_rows(&dk, dt, b, sq->k0, sq->sk, hk, D, w.dk);
+        store_rows(&dv, dt, b, sq->k0, sq->sk, hk, D, w.dv);
+      }
+    }
+  }
+  work_free(&w);
+  free(seqs);
+  return SMELT_OK;
+}

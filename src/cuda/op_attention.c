@@ -1,0 +1,415 @@
+/* smelt attention on CUDA: the kernel table, the selector, plan and run.
+ *
+ * The table lists every kernel that exists: per dtype (f16, bf16) the
+ * FlashAttention-2 forward (kernels/attn_fwd_sm80.cu) for head dims 64, 96,
+ * 128, 256, the backward (kernels/attn_bwd_sm80.cu) for 64, 96, 128, its
+ * pre/post kernels (kernels/attn_bwd_aux.cu), and the Hopper forward
+ * (kernels/attn_fwd_sm90.cu) for 64 and 128. The variant enumerator walks
+ * the table and the selector only returns its entries, so what can be
+ * picked is what the compile test builds.
+ *
+ * Selection: the Hopper kernel on sm_90 when the head dim has one and the
+ * tensors suit TMA (the same 16-byte rules), else the mma.sync kernel; the
+ * backward always takes the mma.sync kernels. Everything the kernels need
+ * that the core does not check is checked here, with UNSUPPORTED and the
+ * supported set: compute capability 8.0+, the head dim, 16-byte aligned
+ * 16-bit tensors (pointers and strides), the grid's limits and the
+ * device's shared memory.
+ *
+ * Run: the forward is one launch, grid (query tiles, H, B). The backward
+ * takes one workspace from the context's pool (dq's f32 accumulator, LSE ·
+ * log2 e, rowsum(dO ∘ O), and in deterministic mode one counter per
+ * (sequence, head, query tile)), then launches attn_bwd_pre, attn_bwd
+ * (grid (key tiles, Hk, B)) and attn_bwd_dq, and frees the workspace in
+ * stream order. */
+#include "../core/attention_internal.h"
+#include "cuda_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Launch parameters: the host twins of attn_tensor and attn_params in
+ * kernels/attn_common.cuh, byte for byte (both sides assert the sizes). */
+typedef struct smelt__attn_ktensor {
+  uint64_t p;
+  int64_t bs, rs, hs;
+} smelt__attn_ktensor;
+
+typedef struct smelt__attn_kparams {
+  smelt__attn_ktensor q, k, v, o, d_o, dq, dk, dv;
+  uint64_t lse;
+  int64_t lse_bs, lse_hs, lse_rs;
+  uint64_t cu_q, cu_k;
+  uint64_t dq_acc, lse_ws, dsum_ws, sem;
+  int64_t rows_q, rows_k;
+  int64_t wl, wr;
+  int B, H, Hk, group;
+  int seqlen_q, seqlen_k;
+  int m_tiles;
+  int deterministic;
+  int D;
+  int pad;
+  float scale, scale_log2;
+} smelt__attn_kparams;
+
+_Static_assert(sizeof(smelt__attn_ktensor) == 32, "smelt__attn_ktensor must match attn_tensor");
+_Static_assert(sizeof(smelt__attn_kparams) == 416, "smelt__attn_kparams must match attn_params");
+
+/* ---------------------------------------------------------------- the table */
+
+enum { AK_FWD80, AK_FWD90, AK_BWD80, AK_AUX };
+
+typedef struct attn_kernel {
+  int fam;
+  smelt_dtype dt;
+  int d, bn;          /* head dim; keys per tile (forward), per CTA (backward) */
+  int bm;             /* queries per CTA (forward), per step (backward) */
+  int threads, smem;  /* block size, dynamic shared memory bytes */
+} attn_kernel;
+
+#define MAX_KERNELS 32
+#define BWD_BM 64 /* queries per step of attn_bwd (BM in attn_bwd_sm80.cu) */
+
+/* Shared memory as each kernel file lays it out. */
+static int row_bytes(int d) { return (d + 63) / 64 * 64 * 2; }
+
+static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) {
+  attn_kernel k = {fam, dt, d, bn, 0, 0, 0};
+  switch (fam) {
+    case AK_FWD80: /* Q (64 rows), K and V (bn rows each) */
+      k.bm = 64;
+      k.threads = 128;
+      k.smem = (64 + 2 * bn) * row_bytes(d);
+      break;
+    case AK_FWD90: /* 1 KiB alignment slack, Q (128 rows), 2 stages of K and V (bn rows each), 7 mbarriers */
+      k.bm = 128;
+      k.threads = 384;
+      k.smem = 1024 + (128 + 2 * 2 * bn) * d * 2 + 64;
+      break;
+    case AK_BWD80: /* K, V (bn rows), Q and dO (2 x 64 rows), dSᵀ (bn x 64), LSE and D (2 x 64 f32) */
+      k.bm = BWD_BM;
+      k.threads = 256;
+      k.smem = 2 * bn * row_bytes(d) + 4 * BWD_BM * row_bytes(d) + bn * BWD_BM * 2 + 4 * BWD_BM * 4;
+      break;
+    default: k.threads = 256; break;
+  }
+  t[(*n)++] = k;
+}
+
+static int table(attn_kernel *t) {
+  int n = 0;
+  static const smelt_dtype dts[] = {SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
+  for (int i = 0; i < 2; i++) {
+    const smelt_dtype dt = dts[i];
+    /* Keys per tile keep S's registers level with O's: 128 for D 64, 32 for 256. */
+    add(t, &n, AK_FWD80, dt, 64, 128);
+    add(t, &n, AK_FWD80, dt, 96, 64);
+    add(t, &n, AK_FWD80, dt, 128, 64);
+    add(t, &n, AK_FWD80, dt, 256, 32);
+    add(t, &n, AK_FWD90, dt, 64, 128);
+    add(t, &n, AK_FWD90, dt, 128, 128);
+    add(t, &n, AK_BWD80, dt, 64, 128);
+    add(t, &n, AK_BWD80, dt, 96, 128);
+    add(t, &n, AK_BWD80, dt, 128, 128);
+    add(t, &n, AK_AUX, dt, 0, 0);
+  }
+  return n;
+}
+
+/* The one place a variant's source is made (plan and enumerator). */
+static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
+  memset(src, 0, sizeof *src);
+  const char *dt = smelt_dtype_name(k->dt);
+  switch (k->fam) {
+    case AK_FWD80:
+      snprintf(src->name, sizeof src->name, "attn_fwd_sm80_%s_d%d_n%d", dt, k->d, k->bn);
+      src->body = "attn_fwd_sm80.cu";
+      break;
+    case AK_FWD90:
+      snprintf(src->name, sizeof src->name, "attn_fwd_sm90_%s_d%d_n%d", dt, k->d, k->bn);
+      src->body = "attn_fwd_sm90.cu";
+      break;
+    case AK_BWD80:
+      snprintf(src->name, sizeof src->name, "attn_bwd_sm80_%s_d%d_n%d", dt, k->d, k->bn);
+      src->body = "attn_bwd_sm80.cu";
+      break;
+    default:
+      snprintf(src->name, sizeof src->name, "attn_bwd_aux_%s", dt);
+      src->body = "attn_bwd_aux.cu";
+      smelt__prelude_define(src, "SMELT_DT", k->dt);
+      return;
+  }
+  smelt__prelude_define(src, "SMELT_DT", k->dt);
+  smelt__prelude_define(src, "ATTN_D", k->d);
+  if (k->fam != AK_BWD80) smelt__prelude_define(src, "ATTN_BN", k->bn);
+}
+
+int smelt__attention_variants(smelt__kernel_src *out, int max) {
+  attn_kernel t[MAX_KERNELS];
+  const int n = table(t);
+  for (int i = 0; i < n && i < max; i++) make_src(&t[i], &out[i]);
+  return n;
+}
+
+/* ---------------------------------------------------------------- selection */
+
+static const int roles16[] = {SMELT__ATT_Q, SMELT__ATT_K, SMELT__ATT_V, SMELT__ATT_O,
+                              SMELT__ATT_DO, SMELT__ATT_DQ, SMELT__ATT_DK, SMELT__ATT_DV};
+static const char *const role_names[SMELT__ATT_COUNT] = {"q",  "k",  "v",  "o",  "lse", "cu_seqlens_q",
+                                                         "cu_seqlens_k", "d_o", "dq", "dk", "dv"};
+
+/* Every stride of a dim with more than one element (but D's) is a whole
+ * number of 16 bytes: what cp.async and TMA move. */
+static smelt_status check_strides(const smelt__attn_state *st) {
+  for (size_t i = 0; i < sizeof roles16 / sizeof *roles16; i++) {
+    const smelt_tensor *t = &st->t[roles16[i]];
+    if (t->ndim < 0) continue;
+    for (int d = 0; d < t->ndim - 1; d++)
+      if (t->shape[d] > 1 && t->strides[d] % 8)
+        return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                            "%s: %s.strides[%d]=%lld: the CUDA kernels need every stride but D's to be a multiple "
+                            "of 16 bytes (8 elements)",
+                            st->op, role_names[roles16[i]], d, (long long)t->strides[d]);
+  }
+  return SMELT_OK;
+}
+
+/* Data pointers 16-byte aligned (plan: the planned ones; run: the bound ones). */
+static smelt_status check_pointers(const char *op, const smelt_tensor *const *t) {
+  for (size_t i = 0; i < sizeof roles16 / sizeof *roles16; i++) {
+    const smelt_tensor *x = t[roles16[i]];
+    if (x && smelt_tensor_numel(x) > 0 && (uintptr_t)x->data % 16)
+      return smelt__error(SMELT_STATUS_MISALIGNED, "%s: %s.data=%p must be aligned to 16 bytes for the CUDA kernels",
+                          op, role_names[roles16[i]], x->data);
+  }
+  return SMELT_OK;
+}
+
+static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d) {
+  for (int i = 0; i < n; i++)
+    if (t[i].fam == fam && t[i].dt == dt && (fam == AK_AUX || t[i].d == d)) return i;
+  return -1;
+}
+
+/* Picks the kernels for st on dev: *main (forward or backward) and, for
+ * the backward, *aux. `why` says what was chosen. */
+static smelt_status select_kernels(const smelt__attn_state *st, const smelt_device_info *dev, const attn_kernel *t,
+                                   int n, int *main, int *aux, char *why, size_t why_n) {
+  const smelt_dtype dt = st->t[SMELT__ATT_Q].dtype;
+  if (dev->cc_major < 8)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: the CUDA kernels need compute capability 8.0 or newer (device is %s)",
+                        st->op, dev->arch);
+  smelt_status s = check_strides(st);
+  if (s) return s;
+  const int64_t D = st->D;
+  if (st->B > 65535 || st->H > 65535)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: B=%lld and H=%lld must be at most 65535 on CUDA (grid limits)",
+                        st->op, (long long)st->B, (long long)st->H);
+  *aux = -1;
+  int k = -1;
+  if (st->bwd) {
+    if (D <= 256) k = find(t, n, AK_BWD80, dt, (int)D);
+    if (k < 0)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: head dim D=%lld has no CUDA backward kernel (supported: 64, 96, 128)",
+                          st->op, (long long)D);
+    *aux = find(t, n, AK_AUX, dt, 0);
+    snprintf(why, why_n, "FlashAttention-2 backward, mma.sync");
+  } else {
+    if (D <= 256) k = find(t, n, AK_FWD80, dt, (int)D);
+    if (k < 0)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          "%s: head dim D=%lld has no CUDA forward kernel (supported: 64, 96, 128, 256)", st->op,
+                          (long long)D);
+    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D) : -1;
+    if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
+      k = h;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized");
+    } else {
+      snprintf(why, why_n, "FlashAttention-2 forward, mma.sync");
+    }
+  }
+  if (t[k].smem > dev->smem_per_block_optin)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "%s: the D=%lld kernel needs %d bytes of shared memory per block; %s offers %d", st->op,
+                        (long long)D, t[k].smem, dev->name, dev->smem_per_block_optin);
+  *main = k;
+  return SMELT_OK;
+}
+
+enum { F_MAIN, F_PRE, F_DQ };
+
+smelt_status smelt__cuda_attention_plan(smelt_plan *plan) {
+  const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
+  attn_kernel t[MAX_KERNELS];
+  const int n = table(t);
+  char why[96];
+  int main = -1, aux = -1;
+  smelt_status s = select_kernels(st, &plan->ctx->cuda->info, t, n, &main, &aux, why, sizeof why);
+  if (s) return s;
+  const smelt_tensor *planned[SMELT__ATT_COUNT];
+  for (int r = 0; r < SMELT__ATT_COUNT; r++) planned[r] = st->t[r].ndim >= 0 ? &st->t[r] : NULL;
+  if ((s = check_pointers(st->op, planned))) return s;
+  smelt__kernel_src src;
+  static const char *const entry[] = {[AK_FWD80] = "attn_fwd", [AK_FWD90] = "attn_fwd_sm90", [AK_BWD80] = "attn_bwd"};
+  make_src(&t[main], &src);
+  CUfunction f;
+  if ((s = smelt__cuda_function(plan->ctx, &src, entry[t[main].fam], &f))) return s;
+  plan->func[F_MAIN] = f;
+  if (aux >= 0) {
+    smelt__kernel_src asrc;
+    make_src(&t[aux], &asrc);
+    if ((s = smelt__cuda_function(plan->ctx, &asrc, "attn_bwd_pre", &f))) return s;
+    plan->func[F_PRE] = f;
+    if ((s = smelt__cuda_function(plan->ctx, &asrc, "attn_bwd_dq", &f))) return s;
+    plan->func[F_DQ] = f;
+  }
+  plan->variant = main;
+  plan->block = t[main].threads;
+  snprintf(plan->describe, sizeof plan->describe, "%.64s (%.80s)", src.name, why);
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- run */
+
+static void ktensor(const smelt__attn_state *st, const smelt_tensor *t, smelt__attn_ktensor *k) {
+  if (!t) return;
+  smelt__attn_view v;
+  smelt__attn_view_of(st, t, &v);
+  k->p = (uint64_t)(uintptr_t)v.data;
+  k->bs = v.bs;
+  k->rs = v.rs;
+  k->hs = v.hs;
+}
+
+/* A 4-D tensor map over a q/k/v-like tensor for the Hopper kernel: dims
+ * (D, rows, heads, batches), boxes of (D, box_rows, 1, 1), the 128-byte
+ * swizzle when a row is 128 bytes or more (64-element boxes along D). */
+static smelt_status tensor_map(const smelt__attn_state *st, const smelt_tensor *t, int box_rows,
+                               smelt__cu_tensor_map *map) {
+  if (smelt_tensor_numel(t) == 0) {
+    /* No keys: the kernel writes O = 0 and never reads the map. */
+    memset(map, 0, sizeof *map);
+    return SMELT_OK;
+  }
+  smelt__attn_view v;
+  smelt__attn_view_of(st, t, &v);
+  const int64_t heads = st->varlen ? t->shape[1] : t->shape[2];
+  const int64_t rows = st->varlen ? t->shape[0] : t->shape[1], batches = st->varlen ? 1 : t->shape[0];
+  /* TMA wants every stride a multiple of 16 bytes, even where a dim has one element. */
+  const uint64_t rs = rows > 1 ? (uint64_t)v.rs * 2 : (uint64_t)st->D * 2;
+  const uint64_t hs = heads > 1 ? (uint64_t)v.hs * 2 : rs * (uint64_t)(rows > 0 ? rows : 1);
+  const uint64_t bs = batches > 1 ? (uint64_t)v.bs * 2 : hs * (uint64_t)heads;
+  const uint64_t dims[4] = {(uint64_t)st->D, (uint64_t)(rows > 0 ? rows : 1), (uint64_t)heads,
+                            (uint64_t)(batches > 0 ? batches : 1)};
+  const uint64_t strides[3] = {(rs + 15) / 16 * 16, (hs + 15) / 16 * 16, (bs + 15) / 16 * 16};
+  const unsigned box[4] = {64, (unsigned)box_rows, 1, 1}, ones[4] = {1, 1, 1, 1};
+  enum { TMA_F16 = 6, TMA_BF16 = 9, SWIZZLE_128B = 3, L2_256B = 3 }; /* CUtensorMap* enums */
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, t->dtype == SMELT_DTYPE_BF16 ? TMA_BF16 : TMA_F16, 4,
+                                                        t->data, dims, strides, box, ones, 0, SWIZZLE_128B, L2_256B, 0);
+  if (r) return smelt__cu_error(r, st->op, "cuTensorMapEncodeTiled");
+  return SMELT_OK;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
+  const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
+  smelt_ctx *ctx = plan->ctx;
+  smelt_status s = check_pointers(st->op, a->t);
+  if (s) return s;
+  if (st->B == 0 || st->rows_q + st->rows_k == 0) return SMELT_OK;
+  attn_kernel t[MAX_KERNELS];
+  table(t);
+  const attn_kernel *k = &t[plan->variant];
+
+  smelt__attn_kparams kp;
+  memset(&kp, 0, sizeof kp);
+  ktensor(st, a->t[SMELT__ATT_Q], &kp.q);
+  ktensor(st, a->t[SMELT__ATT_K], &kp.k);
+  ktensor(st, a->t[SMELT__ATT_V], &kp.v);
+  ktensor(st, a->t[SMELT__ATT_O], &kp.o);
+  ktensor(st, a->t[SMELT__ATT_DO], &kp.d_o);
+  ktensor(st, a->t[SMELT__ATT_DQ], &kp.dq);
+  ktensor(st, a->t[SMELT__ATT_DK], &kp.dk);
+  ktensor(st, a->t[SMELT__ATT_DV], &kp.dv);
+  if (a->t[SMELT__ATT_LSE]) {
+    smelt__attn_view v;
+    smelt__attn_lse_view_of(st, a->t[SMELT__ATT_LSE], &v);
+    kp.lse = (uint64_t)(uintptr_t)v.data;
+    kp.lse_bs = v.bs;
+    kp.lse_hs = v.hs;
+    kp.lse_rs = v.rs;
+  }
+  if (st->varlen) {
+    kp.cu_q = (uint64_t)(uintptr_t)a->t[SMELT__ATT_CU_Q]->data;
+    kp.cu_k = (uint64_t)(uintptr_t)a->t[SMELT__ATT_CU_K]->data;
+  }
+  kp.rows_q = st->rows_q;
+  kp.rows_k = st->rows_k;
+  /* A window reaching past every key is no window (and keeps the kernels'
+   * sums of row, offset and window inside 64 bits trivially). */
+  kp.wl = st->wl < 0 || st->wl >= st->Sq + st->Sk ? -1 : st->wl;
+  kp.wr = st->wr < 0 || st->wr >= st->Sq + st->Sk ? -1 : st->wr;
+  kp.B = (int)st->B;
+  kp.H = (int)st->H;
+  kp.Hk = (int)st->Hk;
+  kp.group = (int)(st->H / st->Hk);
+  kp.seqlen_q = (int)st->Sq;
+  kp.seqlen_k = (int)st->Sk;
+  kp.D = (int)st->D;
+  kp.scale = (float)st->scale;
+  kp.scale_log2 = (float)(st->scale * 1.4426950408889634);
+  void *params[] = {&kp};
+
+  if (!st->bwd) {
+    const unsigned gx = (unsigned)ceil_div(st->Sq, k->bm);
+    if (gx == 0) return SMELT_OK;
+    if (k->fam == AK_FWD90) {
+      smelt__cu_tensor_map tq, tk, tv;
+      if ((s = tensor_map(st, a->t[SMELT__ATT_Q], k->bm, &tq)) || (s = tensor_map(st, a->t[SMELT__ATT_K], k->bn, &tk)) ||
+          (s = tensor_map(st, a->t[SMELT__ATT_V], k->bn, &tv)))
+        return s;
+      void *p90[] = {&tq, &tk, &tv, &kp};
+      return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], gx, (unsigned)st->H, (unsigned)st->B,
+                                (unsigned)k->threads, (unsigned)k->smem, p90);
+    }
+    return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], gx, (unsigned)st->H, (unsigned)st->B,
+                              (unsigned)k->threads, (unsigned)k->smem, params);
+  }
+
+  /* Backward: one workspace, 256-byte aligned parts. */
+  const int det = st->desc.deterministic || ctx->deterministic;
+  const int64_t m_tiles = ceil_div(st->Sq, BWD_BM);
+  const size_t acc = ((size_t)st->rows_q * (size_t)st->H * (size_t)st->D * 4 + 255) / 256 * 256;
+  const size_t vec = ((size_t)st->rows_q * (size_t)st->H * 4 + 255) / 256 * 256;
+  const size_t sems = det ? (size_t)st->B * (size_t)st->H * (size_t)m_tiles * 4 : 0;
+  void *ws = NULL;
+  if ((s = smelt__cuda_alloc(ctx, acc + 2 * vec + sems, &ws))) return s;
+  kp.dq_acc = (uint64_t)(uintptr_t)ws;
+  kp.lse_ws = kp.dq_acc + acc;
+  kp.dsum_ws = kp.lse_ws + vec;
+  kp.sem = det ? kp.dsum_ws + vec : 0;
+  kp.m_tiles = (int)m_tiles;
+  kp.deterministic = det;
+  if (sems) {
+    CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.sem, 0, sems, ctx->cuda->stream);
+    if (r) s = smelt__cu_error(r, st->op, "clearing the deterministic mode's counters");
+  }
+  const int64_t warps = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
+  const unsigned aux_grid = (unsigned)(ceil_div(warps, 8) < cap ? ceil_div(warps, 8) : cap);
+  if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
+  if (!s)
+    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
+                           (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, params);
+  if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DQ], aux_grid, 1, 1, 256, 0, params);
+  smelt_status s2 = smelt__cuda_free(ctx, ws);
+  return s ? s : s2;
+}
+
+smelt_status smelt__cuda_attention_run(smelt_plan *plan, const smelt__attn_args *a) {
+  const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
+  smelt__nvtx_push(st->op);
+  smelt_status s = run(plan, a);
+  smelt__nvtx_pop();
+  return s;
+}
