@@ -265,7 +265,7 @@ smelt_status smelt__cuda_attention_plan(smelt_plan *plan) {
   }
   plan->variant = main;
   plan->block = t[main].threads;
-  snprintf(plan->describe, sizeof plan->describe, "%.64s (%.80s)", src.name, why);
+  snprintf(plan->describe, sizeof plan->describe, "attention %.60s (%.80s)", src.name, why);
   return SMELT_OK;
 }
 
