@@ -42,11 +42,15 @@
  * Ragged M, N and K need nothing: TMA fills out-of-bounds elements with
  * zeros, TMA stores clip at the matrix edge and the general epilogue skips
  * rows and columns past the matrix. K >= 1 (the host sends K = 0 elsewhere).
+ * TMA stores clip in whole 16-byte units, though: a partial unit at a row's
+ * end is written in full, past column N - 1. So the host takes the fast
+ * epilogue only for rows of whole units (smelt__gemm_sm90_fast_d).
  *
  * Two epilogues. The fast one (`fast` != 0: 16-bit or f32 row-major D with
- * 16-byte aligned rows, no C) works on the accumulators in registers: the
- * bias, loaded once per tile, comes from shared memory, the activation runs
- * in f32 with its switch outside the per-element loop, and each 64 x 64
+ * 16-byte aligned rows of whole 16-byte units, no C) works on the
+ * accumulators in registers: the bias, loaded once per tile, comes from
+ * shared memory, the activation runs in f32 with its switch outside the
+ * per-element loop, and each 64 x 64
  * piece goes (packed to 16 bits, or as f32 in two halves) into a swizzled
  * shared buffer that one thread hands to a TMA store; the next piece's math
  * overlaps that store. The general one serves every other output (any dtype

@@ -591,6 +591,19 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
     int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
     th_buf_download(&bufs[4 * i + 2], host[4 * i + 2], bufs[4 * i + 2].bytes);
     CHECK(th_buf_guards_ok(&bufs[4 * i + 2]));
+    /* Nothing between D's rows was written (the row padding keeps its poison). */
+    const size_t ed = smelt_dtype_size(dt);
+    for (int64_t o = 0; o < g[3 * i + 2].storage; o++) {
+      const int64_t r = g[3 * i + 2].rs ? o / g[3 * i + 2].rs : 0, c = o - r * g[3 * i + 2].rs;
+      if (r < m && c < n) continue;
+      for (size_t b = 0; b < ed; b++)
+        if (((uint8_t *)host[4 * i + 2])[(size_t)o * ed + b] != 0xFF) {
+          th_fail(__FILE__, __LINE__, "grouped group %d: D storage element %lld outside the view was written", i,
+                  (long long)o);
+          o = g[3 * i + 2].storage;
+          break;
+        }
+    }
     double *got = malloc(sizeof(double) * (size_t)(m * n + 1)), *want = malloc(sizeof(double) * (size_t)(m * n + 1));
     for (int64_t r = 0; r < m; r++)
       for (int64_t c = 0; c < n; c++) {
@@ -628,13 +641,15 @@ static void test_grouped(void) {
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, big, 8, 1, 0);
   run_grouped(th_cuda(), SMELT_DTYPE_F16, 0, big, 8, 0, 0);
   /* The Hopper kernel's grouped mode: empty groups, ragged tiles, one row,
-   * and more tiles than SMs, so CTAs cross group boundaries. */
+   * and more tiles than SMs, so CTAs cross group boundaries. N is a
+   * multiple of 8 (rows of whole 16-byte units, which its TMA stores need;
+   * other N take mma.sync). */
   smelt_device_info di;
   if (smelt_device_info_get(smelt_ctx_device_index(th_cuda()), &di) != SMELT_OK || di.cc_major != 9 ||
       di.cc_minor != 0)
     return;
-  static const int64_t hop[][3] = {{129, 200, 64}, {0, 64, 64},     {1, 1, 1},     {300, 72, 136},
-                                   {64, 0, 8},     {128, 128, 128}, {4000, 1100, 24}, {65, 257, 40}};
+  static const int64_t hop[][3] = {{129, 200, 64}, {0, 64, 64},     {1, 8, 1},        {300, 72, 136},
+                                   {64, 0, 8},     {128, 128, 128}, {4000, 1104, 24}, {65, 264, 40}};
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 1);
   run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 0, 1);
 }
@@ -1018,10 +1033,12 @@ static void test_gpu_sm90(void) {
       s.pad = si == 3 ? 8 : 0;
       if (!check(&s, 0, "sm90")) return;
     }
-  /* The fast epilogue (16-bit row-major D, no C; TMA stores of 64 x 64
-   * pieces): every activation with bias, alpha, slope and scale_d on a
-   * ragged tile; a consumer half wholly past M (m 60) and tiles cut inside
-   * a piece (n 136); one row; 160 tiles over 132 SMs; clamp. */
+  /* The fast epilogue (16-bit row-major D, rows of whole 16-byte units, no
+   * C; TMA stores of 64 x 64 pieces; the N of 1, 13 and 1003 above take the
+   * general one, and their D row padding must stay untouched): every
+   * activation with bias, alpha, slope and scale_d on a ragged tile; a
+   * consumer half wholly past M (m 60) and tiles cut inside a piece
+   * (n 136); one row; 160 tiles over 132 SMs; clamp. */
   for (int a = 0; a < SMELT_ACT_COUNT; a++) {
     gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, 300, 520, 72);
     s.b_col = 1;
@@ -1035,7 +1052,7 @@ static void test_gpu_sm90(void) {
     s.desc.epilogue.scale_d = 0.5f;
     if (!check(&s, 0, "sm90 fast epilogue")) return;
   }
-  static const int64_t fshapes[][3] = {{60, 136, 100}, {1, 13, 5}, {1200, 4000, 40}, {129, 64, 256}};
+  static const int64_t fshapes[][3] = {{60, 136, 100}, {1, 40, 5}, {1200, 4000, 40}, {129, 64, 256}};
   for (int si = 0; si < 4; si++) {
     gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, si % 2 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F16, fshapes[si][0],
                    fshapes[si][1], fshapes[si][2]);
@@ -1047,7 +1064,7 @@ static void test_gpu_sm90(void) {
     if (!check(&s, 0, "sm90 fast epilogue")) return;
   }
   for (int clamp = 0; clamp < 2; clamp++) {
-    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 70, 300, 16);
+    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 70, 304, 16);
     s.b_col = 1;
     s.ld16 = 1;
     s.desc.tile.n = 256;
@@ -1073,7 +1090,7 @@ static void test_gpu_sm90(void) {
   }
   /* tf32 and fp8 on the same kernel (K steps of 32 and 128 elements):
    * ragged K, both epilogues, every fp8 pair with its scales. */
-  static const int64_t tshapes[][3] = {{129, 257, 70}, {1003, 1003, 1003}, {300, 520, 333}};
+  static const int64_t tshapes[][3] = {{129, 264, 70}, {1003, 1003, 1003}, {300, 520, 333}};
   for (int si = 0; si < 3; si++) {
     gspec s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, si == 1 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F32, tshapes[si][0],
                    tshapes[si][1], tshapes[si][2]);
@@ -1218,6 +1235,32 @@ static void test_selector(void) {
   CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
   f.k_min = 8192;
   st.mode = SMELT_GEMM_MODE_PLAIN;
+  /* The fast epilogue's TMA stores write a row's last 16-byte unit in full:
+   * only rows of whole units (N * size a multiple of 16) may take it, one
+   * row and one column included. */
+  {
+    static _Alignas(16) uint8_t dbuf[64];
+    smelt__gemm_prob p;
+    memset(&p, 0, sizeof p);
+    p.m = p.n = p.k = 1;
+    p.d.data = dbuf;
+    p.d.rs = 16;
+    p.d.cs = 1;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 0);
+    p.n = 8;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 1);
+    p.m = 7;
+    p.n = 13;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 0);
+    p.n = 16;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 1);
+    st.dt_d = SMELT_DTYPE_F32;
+    p.n = 4;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 1);
+    p.n = 6;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 0);
+    st.dt_d = SMELT_DTYPE_BF16;
+  }
   /* fp8 on Hopper: wgmma for 16-bit D; mma.sync for f32 D (fp8 wgmma keeps
    * fewer accumulator bits than f32) and before Hopper. */
   st.dt_a = st.dt_b = SMELT_DTYPE_E4M3;

@@ -44,8 +44,10 @@ typedef struct smelt__gemm_facts {
 } smelt__gemm_facts;
 
 /* 1 if gemm_sm90's fast epilogue can write p's D: 16-bit or f32,
- * row-major, rows whole 16-byte units apart and not overlapping, a 16-byte
- * aligned start (what a TMA store needs), sizes below 2^31, and no C. */
+ * row-major, rows whole 16-byte units apart and not overlapping, each row
+ * N elements of whole 16-byte units (a TMA store writes a partial unit at
+ * the row's end in full), a 16-byte aligned start (what a TMA store
+ * needs), sizes below 2^31, and no C. */
 int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob *p);
 
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f);

@@ -9,8 +9,9 @@
  *
  * Choice, in order:
  *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
- *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D and
- *   no C, with row-major A and column-major B, 16-byte aligned, K >= 1:
+ *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D
+ *   whose rows are whole 16-byte units (N a multiple of 8) and no C, with
+ *   row-major A and column-major B, 16-byte aligned, K >= 1:
  *   128 x 256 tiles when they keep at least half the SMs busy, else (16-bit
  *   types) 128 x 64 tiles;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
@@ -170,9 +171,16 @@ static int fits_axis(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int
 
 int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob *p) {
   const smelt_dtype d = st->dt_d;
+  const int64_t es = (int64_t)smelt_dtype_size(d);
   if (st->has_c || (d != SMELT_DTYPE_BF16 && d != SMELT_DTYPE_F16 && d != SMELT_DTYPE_F32)) return 0;
   if (p->n > 1 && p->d.cs != 1) return 0;
-  if (p->m > 1 && (p->d.rs < p->n || p->d.rs * (int64_t)smelt_dtype_size(d) % 16 != 0)) return 0;
+  if (p->m > 1 && (p->d.rs < p->n || p->d.rs * es % 16 != 0)) return 0;
+  /* A TMA store clips at the tensor's edge only in whole 16-byte units: a
+   * row whose last unit is partial gets that unit written in full, past
+   * column N - 1 (into the row's padding, the next tensor, or past the
+   * buffer). So every row must end on a 16-byte boundary: N a multiple of
+   * 8 (16-bit) or 4 (f32) elements, which also rules out N = 1. */
+  if (p->n * es % 16 != 0) return 0;
   if (p->m >= ((int64_t)1 << 31) || p->n >= ((int64_t)1 << 31)) return 0; /* TMA coordinates are int32 */
   return (uintptr_t)p->d.data % 16 == 0;
 }
