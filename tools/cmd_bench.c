@@ -11,7 +11,8 @@
 #include <string.h>
 
 static const cli_bench_op *const ops[] = {
-    &cli_bench_copy, &cli_bench_activation, &cli_bench_softmax, &cli_bench_topk, &cli_bench_gemm};
+    &cli_bench_copy, &cli_bench_activation, &cli_bench_softmax, &cli_bench_topk, &cli_bench_gemm,
+    &cli_bench_attention};
 enum { NOPS = sizeof ops / sizeof ops[0] };
 
 static const char *device_opt;

@@ -15,6 +15,7 @@ static const cli_demo_section sections[] = {
     {"softmax", cli_demo_softmax},
     {"topk", cli_demo_topk},
     {"gemm", cli_demo_gemm},
+    {"attention", cli_demo_attention},
 };
 enum { NSECTIONS = sizeof sections / sizeof sections[0] };
 
