@@ -333,6 +333,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 
 #include "smelt/gemm.h"
 #include "smelt/attention.h"
+#include "smelt/peer.h"
 
 #ifdef __cplusplus
 }

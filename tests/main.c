@@ -10,6 +10,7 @@ extern const th_test th_tests_cache[];
 extern const th_test th_tests_ops[];
 extern const th_test th_tests_gemm[];
 extern const th_test th_tests_attention[];
+extern const th_test th_tests_peer[];
 extern const th_test th_tests_compile[];
 
 static const struct {
@@ -21,6 +22,7 @@ static const struct {
     {"ops", th_tests_ops},
     {"gemm", th_tests_gemm},
     {"attention", th_tests_attention},
+    {"peer", th_tests_peer},
     {"compile", th_tests_compile},
 };
 

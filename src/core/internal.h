@@ -87,7 +87,8 @@ typedef enum smelt__op {
   SMELT__OP_SOFTMAX,
   SMELT__OP_TOPK,
   SMELT__OP_GEMM,
-  SMELT__OP_ATTENTION
+  SMELT__OP_ATTENTION,
+  SMELT__OP_PEER
 } smelt__op;
 
 #define SMELT__PLAN_MAX_TENSORS 6
@@ -141,6 +142,7 @@ int smelt__softmax_variants(smelt__kernel_src *out, int max);
 int smelt__topk_variants(smelt__kernel_src *out, int max);
 int smelt__gemm_variants(smelt__kernel_src *out, int max);
 int smelt__attention_variants(smelt__kernel_src *out, int max);
+int smelt__peer_variants(smelt__kernel_src *out, int max);
 extern const smelt__variant_enum_fn smelt__variant_enums[];
 extern const int smelt__variant_enum_count;
 

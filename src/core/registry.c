@@ -11,6 +11,7 @@ const smelt__variant_enum_fn smelt__variant_enums[] = {
     smelt__topk_variants,
     smelt__gemm_variants,
     smelt__attention_variants,
+    smelt__peer_variants,
 };
 const int smelt__variant_enum_count = (int)(sizeof smelt__variant_enums / sizeof smelt__variant_enums[0]);
 

@@ -45,6 +45,9 @@ enum {
   SMELT__CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
   SMELT__CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
   SMELT__CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+  SMELT__CU_MEMHOSTALLOC_PORTABLE = 1,
+  SMELT__CU_MEMHOSTALLOC_DEVICEMAP = 2,
+  SMELT__CU_MEM_ATTACH_GLOBAL = 1,
   SMELT__CU_ERROR_OUT_OF_MEMORY = 2,
   SMELT__CU_ERROR_NOT_READY = 600
 };
@@ -100,6 +103,10 @@ typedef struct smelt__cu_pool_props {
   X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t n, CUstream s))         \
   X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t n, CUstream s))               \
   X(cuMemsetD8Async, (CUdeviceptr p, unsigned char v, size_t n, CUstream s))             \
+  X(cuMemHostAlloc, (void **p, size_t bytes, unsigned int flags))                       \
+  X(cuMemHostGetDevicePointer, (CUdeviceptr * d, void *p, unsigned int flags))          \
+  X(cuMemFreeHost, (void *p))                                                           \
+  X(cuMemAllocManaged, (CUdeviceptr * p, size_t bytes, unsigned int flags))             \
   X(cuMemPoolCreate, (CUmemoryPool * pool, const smelt__cu_pool_props *props))           \
   X(cuMemPoolDestroy, (CUmemoryPool pool))                                              \
   X(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value))                  \

@@ -1,0 +1,110 @@
+/* Device helpers shared by the PEER kernels (peer_route.cu, peer_expert.cu,
+ * peer_util.cu): launch parameter blocks (twins of the host structs in
+ * src/cuda/peer_cuda.h, byte for byte; both sides assert the sizes),
+ * loads and stores of a run-time dtype, the activations, and warp
+ * reductions.
+ *
+ * Only the expert weights' dtype is a compile-time parameter (it is the
+ * stream that decides the speed); activations, parameters and gradients
+ * are read and written through a dtype switch that is uniform across the
+ * grid, so it costs a predictable branch, not a variant. */
+#ifndef SMELT_PEER_COMMON_CUH
+#define SMELT_PEER_COMMON_CUH
+
+#include "smelt_device.cuh"
+
+typedef unsigned char u8;
+
+#define PEER_FULL 0xffffffffu
+#define PEER_MAX_DIMS 4
+#define PEER_MAX_K 32
+#define PEER_MAX_DSUB 256 /* query_dim / product_key_dims */
+#define PEER_NEG_INF __int_as_float(0xff800000)
+
+/* The values of smelt_peer_norm and smelt_peer_gate (include/smelt/peer.h). */
+#define NORM_NONE 0
+#define NORM_LAYERNORM 1
+#define NORM_BATCHNORM 2
+#define NORM_L2 3
+#define GATE_SOFTMAX 0
+#define GATE_SIGMOID 1
+#define GATE_RELU 2
+
+/* Routing kernels (peer_route.cu). Pointers are device addresses, 0 = absent. */
+typedef struct peer_route_params {
+  u64 q;                    /* f32 [T, h*dq]: projected queries (peer_route normalizes them in place) */
+  u64 keys[PEER_MAX_DIMS];  /* sub-key tables, key_dt */
+  u64 norm_w, norm_b, bn_mean, bn_var; /* param_dt, [dq] or [h, dq] */
+  u64 ids;                  /* i64 [T*h, k]: output of peer_route, input of the others */
+  u64 scores, gates;        /* f32 [T*h, k] */
+  u64 qn;                   /* f32 [T*h, dq]: normalized queries (rescore writes, backward reads) */
+  u64 dg, ds;               /* f32 [T*h, k]: d loss / d gate, d loss / d score */
+  u64 dqo;                  /* f32 [T, h*dq]: d loss / d q */
+  u64 pgamma, pbeta;        /* f32 [T*h, dq]: per-row terms of the norm parameters' gradients */
+  i64 T, h, dq, dsub, k, N;
+  i64 n[PEER_MAX_DIMS];
+  i64 param_hs;             /* head stride of the norm parameters: dq, or 0 when shared */
+  i64 key_hs[PEER_MAX_DIMS];/* head stride of each sub-key table: n_i*dsub, or 0 when shared */
+  float norm_eps, l2_eps;
+  int p, norm, key_l2, gate, key_dt, param_dt;
+} peer_route_params;
+static_assert(sizeof(peer_route_params) == 296, "peer_route_params must match the host's smelt__peer_route_params");
+
+/* Expert kernels (peer_expert.cu). */
+typedef struct peer_expert_params {
+  u64 x, y, dy;             /* [T, din], [T, dout], [T, dout] rows at x_rs, y_rs, dy_rs */
+  u64 ids, gates;           /* i64 / f32 [T, hk] */
+  u64 u_host, v_host;       /* the full tables [N, ...] (dense tensors or the store's mapped host tables) */
+  u64 u_cache, v_cache;     /* the store's HBM slots [S, ...] */
+  u64 table;                /* i32 [N]: slot of each expert, -1 = not cached; 0 = no cache */
+  u64 ua, udz, dg;          /* backward: f32 [T*hk, he], [T*hk, he], [T*hk] */
+  u64 dx;                   /* backward: f32 [T, din], 0 = not wanted */
+  i64 T, hk, din, dout, he, N;
+  i64 x_rs, y_rs, dy_rs;
+  i64 chunk;                /* uses staged per round in shared memory */
+  int x_dt, y_dt, dy_dt, act;
+  int groups_out, groups_in;/* thread groups splitting the uses of the up (dout) and dx (din) phases */
+  int he_shift, pad;
+} peer_expert_params;
+static_assert(sizeof(peer_expert_params) == 224, "peer_expert_params must match the host's smelt__peer_expert_params");
+
+/* A value of run-time dtype dt (the smelt_dtype values: 1 f32, 2 f16, 3 bf16). */
+static __device__ __forceinline__ float peer_ld(u64 base, i64 i, int dt) {
+  if (dt == SMELT_DT_F32) return ((const float *)base)[i];
+  const smelt_h16 h = ((const smelt_h16 *)base)[i];
+  return dt == SMELT_DT_F16 ? smelt_f16_to_f32(h) : smelt_bf16_to_f32(h);
+}
+
+static __device__ __forceinline__ void peer_st(u64 base, i64 i, int dt, float v) {
+  if (dt == SMELT_DT_F32) ((float *)base)[i] = v;
+  else ((smelt_h16 *)base)[i] = dt == SMELT_DT_F16 ? smelt_f32_to_f16(v) : smelt_f32_to_bf16(v);
+}
+
+/* The activations of smelt_act the config allows, and their derivatives. */
+static __device__ __forceinline__ float peer_act(int act, float z) {
+  return act == ACT_RELU ? fmaxf(z, 0.f) : 0.5f * z * (1.f + erff(z * 0.70710678118654752f));
+}
+static __device__ __forceinline__ float peer_act_grad(int act, float z) {
+  if (act == ACT_RELU) return z > 0.f ? 1.f : 0.f;
+  return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * expf(-0.5f * z * z);
+}
+
+/* Order-preserving key of a float for "larger is better" ranking (NaN
+ * highest, -0 == +0), as kernels/topk.cu; and its inverse. */
+static __device__ __forceinline__ u32 peer_order_key(float f) {
+  if (f != f) return 0xfffffffeu;
+  const u32 u = f == 0.f ? 0u : __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+static __device__ __forceinline__ float peer_key_value(u32 k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+/* A candidate (score, id) packed so that a larger u64 ranks first: equal
+ * scores order by lower id. 0 means "no candidate": every real one is
+ * larger (the smallest order key, of -inf, is 0x007fffff). */
+static __device__ __forceinline__ u64 peer_pack(float v, u32 id) { return ((u64)peer_order_key(v) << 32) | (u32)~id; }
+static __device__ __forceinline__ float peer_packed_value(u64 c) { return peer_key_value((u32)(c >> 32)); }
+static __device__ __forceinline__ u32 peer_packed_id(u64 c) { return ~(u32)c; }
+
+#endif /* SMELT_PEER_COMMON_CUH */

@@ -1,0 +1,345 @@
+/* PEER experts: y[t] = Σ_{uses u of token t} g_u · act(x[t] · U_e) · V_e
+ * (peer_expert_fwd) and the per-token part of the backward
+ * (peer_expert_bwd): per use a = g act(z), dz, d gate, and dx[t].
+ *
+ * One CTA (256 threads) per token; its h·k uses are staged in rounds of
+ * `chunk` (shared memory holds their gates, pointers and hidden values):
+ *   down  a warp per use streams U_e (d_in·h_e contiguous elements) in
+ *         16-byte loads (SMELT_VEC elements; 1 = scalar loads for rows that
+ *         are not 16-byte aligned), the token's x in shared memory; lane l
+ *         accumulates flat positions l·VEC + e (mod 32·VEC), which all
+ *         belong to hidden unit (l·VEC + e) mod h_e when h_e divides
+ *         32·VEC, so a butterfly over the lanes finishes each z_j;
+ *   up    threads own VEC-column chunks of y and stream V_e rows; when
+ *         d_out/VEC leaves threads idle, `groups_out` groups split the uses
+ *         and their partial rows are added in a fixed order at the end.
+ * Every expert row is read once per use with many loads in flight (8 warps
+ * x 4 unrolled loads in the down phase, a whole CTA in the up phase).
+ *
+ * Expert rows come from the store's HBM slot when the table says the
+ * expert is cached, else from the full table (a dense tensor, or the
+ * store's host tables through the mapping). Both hold the same bytes and
+ * the arithmetic does not depend on where they came from, so cached and
+ * uncached runs are bit-identical.
+ *
+ * Prelude: SMELT_WDT (expert weights dtype), SMELT_VEC (8 for 16-bit
+ * weights, 4 for f32, or 1). */
+#include "peer_common.cuh"
+
+#if !defined(SMELT_WDT) || !defined(SMELT_VEC)
+#error "peer_expert.cu needs SMELT_WDT and SMELT_VEC"
+#endif
+
+#if SMELT_WDT == SMELT_DT_F32
+typedef float welem;
+static __device__ __forceinline__ float wcvt(welem v) { return v; }
+#elif SMELT_WDT == SMELT_DT_F16
+typedef smelt_h16 welem;
+static __device__ __forceinline__ float wcvt(welem v) { return smelt_f16_to_f32(v); }
+#elif SMELT_WDT == SMELT_DT_BF16
+typedef smelt_h16 welem;
+static __device__ __forceinline__ float wcvt(welem v) { return smelt_bf16_to_f32(v); }
+#else
+#error "SMELT_WDT must be 1 (f32), 2 (f16) or 3 (bf16)"
+#endif
+
+#define VEC SMELT_VEC
+#define NT 256
+#define NWARPS (NT / 32)
+#define UP_BATCH 4 /* uses whose V rows one thread loads together */
+
+#if VEC > 1
+static_assert(VEC * sizeof(welem) == 16, "SMELT_VEC must make 16-byte loads");
+#endif
+
+/* VEC consecutive weights as f32. */
+static __device__ __forceinline__ void load_vec(const welem *p, float *w) {
+#if VEC == 1
+  w[0] = wcvt(*p);
+#else
+  const uint4 raw = *(const uint4 *)p;
+  const u32 r[4] = {raw.x, raw.y, raw.z, raw.w};
+#if SMELT_WDT == SMELT_DT_F32
+#pragma unroll
+  for (int i = 0; i < 4; i++) w[i] = __uint_as_float(r[i]);
+#else
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    w[2 * i] = wcvt((smelt_h16)(r[i] & 0xffffu));
+    w[2 * i + 1] = wcvt((smelt_h16)(r[i] >> 16));
+  }
+#endif
+#endif
+}
+
+/* Where expert e's rows are: its cache slot, or the full tables. */
+static __device__ __forceinline__ void expert_rows(const peer_expert_params &P, i64 e, const welem **u,
+                                                   const welem **v) {
+  const int slot = P.table ? ((const int *)P.table)[e] : -1;
+  if (slot >= 0) {
+    *u = (const welem *)P.u_cache + (i64)slot * P.din * P.he;
+    *v = (const welem *)P.v_cache + (i64)slot * P.he * P.dout;
+  } else {
+    *u = (const welem *)P.u_host + e * P.din * P.he;
+    *v = (const welem *)P.v_host + e * P.he * P.dout;
+  }
+}
+
+/* Round j's uses: gates and row pointers into shared memory (NULL for an
+ * id outside [0, N): such a use contributes nothing). */
+static __device__ void stage_uses(const peer_expert_params &P, i64 t, i64 u0, i64 nu, float *gs, const welem **up,
+                                  const welem **vp) {
+  for (i64 j = threadIdx.x; j < nu; j += NT) {
+    const i64 use = t * P.hk + u0 + j, e = ((const i64 *)P.ids)[use];
+    if (e >= 0 && e < P.N) {
+      expert_rows(P, e, &up[j], &vp[j]);
+      gs[j] = ((const float *)P.gates)[use];
+    } else {
+      up[j] = vp[j] = 0;
+      gs[j] = 0.f;
+    }
+  }
+}
+
+/* z = x · U_e for one use (a warp): writes z_j, or f(z_j) when `fn` says
+ * so, to out[0..he). xs: the token's x (f32, shared). */
+static __device__ __forceinline__ void down(const peer_expert_params &P, const welem *ue, const float *xs, float *out,
+                                            float gate, int apply_act, int lane) {
+  const i64 he = P.he, nvec = P.din * he / VEC;
+  const int sh = P.he_shift;
+  float acc[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; e++) acc[e] = 0.f;
+#pragma unroll 4
+  for (i64 f = lane; f < nvec; f += 32) {
+    float w[VEC];
+    load_vec(ue + f * VEC, w);
+    const i64 base = f * VEC;
+    if (he >= VEC) {
+      const float xv = xs[base >> sh];
+#pragma unroll
+      for (int e = 0; e < VEC; e++) acc[e] = fmaf(xv, w[e], acc[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; e++) acc[e] = fmaf(xs[(base + e) >> sh], w[e], acc[e]);
+    }
+  }
+  if (he <= VEC) {
+    /* fold positions of equal residue mod he, then sum over the warp */
+#pragma unroll
+    for (int s = VEC / 2; s >= 1; s >>= 1)
+      if (s >= he) {
+#pragma unroll
+        for (int e = 0; e < s; e++) acc[e] += acc[e + s];
+      }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+      if (e >= he) break;
+      const float z = smelt_warp_sum(acc[e]);
+      if (lane == 0) out[e] = apply_act ? gate * peer_act(P.act, z) : z;
+    }
+  } else {
+    /* lanes l and l + m·(he/VEC) hold the same units */
+    for (int o = 16; o >= (int)(he / VEC); o >>= 1)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) acc[e] += __shfl_xor_sync(PEER_FULL, acc[e], o);
+    if (lane < he / VEC)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) out[lane * VEC + e] = apply_act ? gate * peer_act(P.act, acc[e]) : acc[e];
+  }
+}
+
+static __device__ __forceinline__ i64 round4(i64 n) { return (n + 3) & ~(i64)3; }
+
+/* ---------------------------------------------------------------- forward */
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, dout = P.dout;
+  const int G = P.groups_out;
+  float *xs = smem;                          /* [din] */
+  float *ys = xs + round4(P.din);            /* [G][dout] */
+  float *as = ys + G * round4(dout);         /* [chunk][he]: g act(z) */
+  float *gs = as + round4(chunk * he);       /* [chunk] */
+  const welem **up = (const welem **)(gs + round4(chunk)); /* [chunk]; every region is a multiple of 16 bytes */
+  const welem **vp = up + chunk;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (i64 i = tid; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = tid; i < G * round4(dout); i += NT) ys[i] = 0.f;
+  const int per = NT / G; /* threads per group */
+  const int grp = tid / per, lt = tid - grp * per;
+  const i64 nch = dout / VEC;
+  for (i64 u0 = 0; u0 < P.hk; u0 += chunk) {
+    const i64 nu = P.hk - u0 < chunk ? P.hk - u0 : chunk;
+    __syncthreads(); /* x is staged; the last round's readers of as, gs, up, vp are done */
+    stage_uses(P, t, u0, nu, gs, up, vp);
+    __syncthreads();
+    for (i64 j = warp; j < nu; j += NWARPS)
+      if (up[j]) down(P, up[j], xs, as + j * he, gs[j], 1, lane);
+    __syncthreads();
+    float *yg = ys + grp * round4(dout);
+    for (i64 cc = lt; cc < nch; cc += per) {
+      float acc[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; e++) acc[e] = yg[cc * VEC + e];
+      /* UP_BATCH uses at a time: their loads are issued before the FMAs */
+      for (i64 j0 = grp; j0 < nu; j0 += UP_BATCH * G) {
+        const welem *vb[UP_BATCH];
+#pragma unroll
+        for (int b = 0; b < UP_BATCH; b++) vb[b] = j0 + b * G < nu ? vp[j0 + b * G] : 0;
+        for (i64 jj = 0; jj < he; jj++) {
+          float w[UP_BATCH][VEC];
+#pragma unroll
+          for (int b = 0; b < UP_BATCH; b++) {
+            if (vb[b]) load_vec(vb[b] + jj * dout + cc * VEC, w[b]);
+          }
+#pragma unroll
+          for (int b = 0; b < UP_BATCH; b++) {
+            if (!vb[b]) continue;
+            const float a = as[(j0 + b * G) * he + jj];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) acc[e] = fmaf(a, w[b][e], acc[e]);
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; e++) yg[cc * VEC + e] = acc[e];
+    }
+  }
+  __syncthreads();
+  for (i64 c = tid; c < dout; c += NT) {
+    float s = 0.f;
+    for (int g = 0; g < G; g++) s += ys[g * round4(dout) + c];
+    peer_st(P.y, t * P.y_rs + c, P.y_dt, s);
+  }
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* dx[i0 .. i0+VEC) += Σ_j dz_j U_e[i, j] for one use, h_e < VEC: each load
+ * covers VEC / h_e rows. HE is a literal at every call, so the indices are
+ * static after inlining. */
+static __device__ __forceinline__ void dx_small(const welem *ue, i64 i0, const float *dz, float *acc, int HE) {
+#pragma unroll
+  for (int m = 0; m < HE; m++) {
+    float w[VEC];
+    load_vec(ue + i0 * HE + m * VEC, w);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[(m * VEC + e) / HE] = fmaf(dz[(m * VEC + e) % HE], w[e], acc[(m * VEC + e) / HE]);
+  }
+}
+
+/* The same for h_e >= VEC: row i0 + ii is h_e / VEC loads. */
+static __device__ __forceinline__ void dx_wide(const welem *ue, i64 i0, const float *dz, float *acc, i64 he) {
+#pragma unroll
+  for (int ii = 0; ii < VEC; ii++) {
+    const welem *row = ue + (i0 + ii) * he;
+    float s = 0.f;
+    for (i64 m = 0; m < he; m += VEC) {
+      float w[VEC];
+      load_vec(row + m, w);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) s = fmaf(dz[m + e], w[e], s);
+    }
+    acc[ii] += s;
+  }
+}
+
+/* Per token: z (recomputed), da = dy · V_e[j], and for every use
+ *   ua = g act(z), udz = da g act'(z), dg = Σ_j da act(z)
+ * to global memory (the expert-gradient and routing kernels read them),
+ * and dx[t] = Σ_u Σ_j udz_j U_e[:, j] when P.dx is set. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, din = P.din, dout = P.dout;
+  const int G = P.groups_in;
+  float *xs = smem;                     /* [din] */
+  float *dys = xs + round4(din);        /* [dout] */
+  float *dxs = dys + round4(dout);      /* [G][din] */
+  float *zs = dxs + G * round4(din);    /* [chunk][he] */
+  float *dzs = zs + round4(chunk * he); /* [chunk][he] */
+  float *gs = dzs + round4(chunk * he); /* [chunk] */
+  const welem **up = (const welem **)(gs + round4(chunk));
+  const welem **vp = up + chunk;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = tid; i < dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
+  for (i64 i = tid; i < G * round4(din); i += NT) dxs[i] = 0.f;
+  const int per = NT / G;
+  const int grp = tid / per, lt = tid - grp * per;
+  const i64 nin = din / VEC, nvo = dout / VEC;
+  for (i64 u0 = 0; u0 < P.hk; u0 += chunk) {
+    const i64 nu = P.hk - u0 < chunk ? P.hk - u0 : chunk;
+    __syncthreads();
+    stage_uses(P, t, u0, nu, gs, up, vp);
+    __syncthreads();
+    for (i64 j = warp; j < nu; j += NWARPS) {
+      const i64 use = t * P.hk + u0 + j;
+      if (!up[j]) {
+        for (i64 jj = lane; jj < he; jj += 32) {
+          dzs[j * he + jj] = 0.f;
+          ((float *)P.ua)[use * he + jj] = 0.f;
+          ((float *)P.udz)[use * he + jj] = 0.f;
+        }
+        if (lane == 0) ((float *)P.dg)[use] = 0.f;
+        continue;
+      }
+      down(P, up[j], xs, zs + j * he, 0.f, 0, lane);
+      __syncwarp();
+      const float g = gs[j];
+      float dg = 0.f;
+      for (i64 jj = 0; jj < he; jj++) {
+        const welem *vr = vp[j] + jj * dout;
+        float s = 0.f;
+#pragma unroll 4
+        for (i64 f = lane; f < nvo; f += 32) {
+          float w[VEC];
+          load_vec(vr + f * VEC, w);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) s = fmaf(dys[f * VEC + e], w[e], s);
+        }
+        const float da = smelt_warp_sum(s), z = zs[j * he + jj], av = peer_act(P.act, z);
+        const float dz = da * g * peer_act_grad(P.act, z);
+        dg = fmaf(da, av, dg);
+        if (lane == 0) {
+          dzs[j * he + jj] = dz;
+          ((float *)P.ua)[use * he + jj] = g * av;
+          ((float *)P.udz)[use * he + jj] = dz;
+        }
+      }
+      if (lane == 0) ((float *)P.dg)[use] = dg;
+    }
+    if (!P.dx) continue;
+    __syncthreads();
+    float *dxg = dxs + grp * round4(din);
+    for (i64 ic = lt; ic < nin; ic += per) {
+      float acc[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; e++) acc[e] = dxg[ic * VEC + e];
+      for (i64 j = grp; j < nu; j += G) {
+        const welem *ue = up[j];
+        if (!ue) continue;
+        const float *dz = dzs + j * he;
+        if (he >= VEC) dx_wide(ue, ic * VEC, dz, acc, he);
+#if VEC >= 2
+        else if (he == 1) dx_small(ue, ic * VEC, dz, acc, 1);
+#endif
+#if VEC >= 4
+        else if (he == 2) dx_small(ue, ic * VEC, dz, acc, 2);
+#endif
+#if VEC >= 8
+        else if (he == 4) dx_small(ue, ic * VEC, dz, acc, 4);
+#endif
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; e++) dxg[ic * VEC + e] = acc[e];
+    }
+  }
+  if (!P.dx) return;
+  __syncthreads();
+  for (i64 i = tid; i < din; i += NT) {
+    float s = 0.f;
+    for (int g = 0; g < G; g++) s += dxs[g * round4(din) + i];
+    ((float *)P.dx)[t * din + i] = s;
+  }
+}

@@ -1,0 +1,457 @@
+/* PEER routing: query normalization, sub-key scores, per-dim top-k, the
+ * pairwise candidate combination, the final top-k and the gates, fused in
+ * one kernel per chunk of 64 token rows of one head (peer_route); and the
+ * backward's routing kernels: scores and gates of given ids (peer_rescore),
+ * gates -> scores -> normalized query -> query (peer_route_bwd), and the
+ * sub-key gradients as a sorted segment reduction (peer_dkeys).
+ *
+ * peer_route, per CTA (256 threads, rows t0..t0+63 of head h):
+ *   1. each warp normalizes 8 query rows in place in the f32 workspace the
+ *      projection GEMM wrote (the rows belong to this CTA alone);
+ *   2. per product-key dim i: the rows' slice of dq/p values goes to shared
+ *      memory, then tiles of 64 sub-keys (L2-normalized on load when asked)
+ *      are scored by a 4x4 register tile per thread (f32 FMA, a fixed
+ *      summation order, so runs repeat bit for bit) into a 64x64 tile; each
+ *      warp merges its 8 rows' scores into per-row top-k lists held in
+ *      registers, lane j holding the j-th best (score, id) packed in a u64
+ *      whose order is the ranking (score, then lower id): a candidate above
+ *      the list's k-th entry is inserted with one ballot and one shuffle;
+ *   3. the dim's list is combined with the running list of dims 0..i-1:
+ *      all len x k sums, id = prefix * n_i + a, offered to a fresh list
+ *      (smelt/peer.h explains why this pairwise top-k is exact);
+ *   4. gates over each row's final k entries; ids, scores, gates written.
+ * Shared memory: dsub x 68 floats each for the query slice and the key
+ * tile, the 64x65 score tile, and the running lists (64 x 32 x 8 bytes).
+ *
+ * The score tile is SIMT f32: exact enough that ids match the f64
+ * reference except at genuine near-ties. A tensor-core score tile (bf16
+ * hi/lo split of q) is the next step for the 1M-expert configuration,
+ * where scoring is ~17 GFLOP per 4096 tokens. */
+#include "peer_common.cuh"
+
+#define ROWS 64
+#define KT 64
+#define QS (ROWS + 4) /* row strides that keep float4 alignment and spread banks */
+#define KS (KT + 4)
+#define STS (KT + 1)
+#define NT 256
+#define NWARPS (NT / 32)
+#define RPW (ROWS / NWARPS) /* rows per warp */
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Normalizes the query row of head hh in place: a warp, lanes striding dq. */
+static __device__ void normalize_row(const peer_route_params &P, float *row, i64 hh, int lane) {
+  const i64 dq = P.dq;
+  if (P.norm == NORM_NONE) return;
+  if (P.norm == NORM_L2) {
+    float ss = 0.f;
+    for (i64 c = lane; c < dq; c += 32) ss += row[c] * row[c];
+    const float s = 1.f / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps);
+    for (i64 c = lane; c < dq; c += 32) row[c] *= s;
+    return;
+  }
+  const i64 po = hh * P.param_hs;
+  if (P.norm == NORM_LAYERNORM) {
+    float m = 0.f, v = 0.f;
+    for (i64 c = lane; c < dq; c += 32) m += row[c];
+    m = smelt_warp_sum(m) / (float)dq;
+    for (i64 c = lane; c < dq; c += 32) v += (row[c] - m) * (row[c] - m);
+    const float rstd = rsqrtf(smelt_warp_sum(v) / (float)dq + P.norm_eps);
+    for (i64 c = lane; c < dq; c += 32) {
+      const float w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
+      const float b = P.norm_b ? peer_ld(P.norm_b, po + c, P.param_dt) : 0.f;
+      row[c] = (row[c] - m) * rstd * w + b;
+    }
+    return;
+  }
+  for (i64 c = lane; c < dq; c += 32) { /* batchnorm with running statistics */
+    const float rs = rsqrtf(peer_ld(P.bn_var, po + c, P.param_dt) + P.norm_eps);
+    const float w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
+    const float b = P.norm_b ? peer_ld(P.norm_b, po + c, P.param_dt) : 0.f;
+    row[c] = (row[c] - peer_ld(P.bn_mean, po + c, P.param_dt)) * rs * w + b;
+  }
+}
+
+/* Inserts cand (warp-uniform, not in the list, above its k-th entry) into
+ * the descending list whose j-th entry lane j holds; lanes >= k hold 0. */
+static __device__ __forceinline__ void list_insert(u64 &mine, u64 cand, int k, int lane) {
+  const int pos = __popc(__ballot_sync(PEER_FULL, mine > cand));
+  const u64 up = __shfl_up_sync(PEER_FULL, mine, 1);
+  if (lane == pos) mine = cand;
+  else if (lane > pos) mine = up;
+  if (lane >= k) mine = 0;
+}
+
+/* Every lane offers one candidate (0 = none); those above the list's k-th
+ * entry go in, in lane order (the result does not depend on the order). */
+static __device__ __forceinline__ void list_offer(u64 &mine, u64 cand, int k, int lane) {
+  u64 thr = __shfl_sync(PEER_FULL, mine, k - 1);
+  unsigned m = __ballot_sync(PEER_FULL, cand > thr);
+  while (m) {
+    const int src = __ffs(m) - 1;
+    m &= m - 1;
+    const u64 c = __shfl_sync(PEER_FULL, cand, src);
+    if (c > thr) {
+      list_insert(mine, c, k, lane);
+      thr = __shfl_sync(PEER_FULL, mine, k - 1);
+    }
+  }
+}
+
+/* Gates of a row's scores, lane j holding score j (lanes >= k: on = 0). */
+static __device__ __forceinline__ float gate_of(int gate, float s, bool on) {
+  if (gate == GATE_SOFTMAX) {
+    const float m = smelt_warp_max(on ? s : PEER_NEG_INF);
+    const float e = on ? expf(s - m) : 0.f;
+    return e / smelt_warp_sum(e);
+  }
+  return gate == GATE_SIGMOID ? 1.f / (1.f + expf(-s)) : fmaxf(s, 0.f);
+}
+
+/* ---------------------------------------------------------------- peer_route */
+
+extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 dsub = P.dsub;
+  float *qs = smem;                    /* [dsub][QS]: this dim's query slice, rows contiguous */
+  float *ks = qs + dsub * QS;          /* [dsub][KS]: a tile of sub-keys, keys contiguous */
+  float *st = ks + dsub * KS;          /* [ROWS][STS]: the tile's scores */
+  float *lv = st + ROWS * STS;         /* [ROWS][PEER_MAX_K]: running list, scores */
+  u32 *li = (u32 *)(lv + ROWS * PEER_MAX_K); /* [ROWS][PEER_MAX_K]: running list, ids */
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 t0 = (i64)blockIdx.x * ROWS, hh = blockIdx.y;
+  const i64 hd = P.h * P.dq;
+  const int k = (int)P.k;
+  float *q = (float *)P.q;
+
+  for (int r = warp; r < ROWS; r += NWARPS)
+    if (t0 + r < P.T) normalize_row(P, q + (t0 + r) * hd + hh * P.dq, hh, lane);
+
+  i64 len = 0; /* entries of the running list (min(k, n_0 * ... * n_i)) */
+  for (int i = 0; i < P.p; i++) {
+    const i64 ni = P.n[i];
+    const int ki = (int)(ni < P.k ? ni : P.k);
+    __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qs are done */
+    for (i64 x = tid; x < ROWS * dsub; x += NT) {
+      const i64 r = x / dsub, d = x - r * dsub, t = t0 + r;
+      qs[d * QS + r] = t < P.T ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+    }
+    u64 list[RPW];
+#pragma unroll
+    for (int j = 0; j < RPW; j++) list[j] = 0;
+    const i64 kbase = hh * P.key_hs[i];
+    for (i64 c0 = 0; c0 < ni; c0 += KT) {
+      __syncthreads(); /* the last tile's scores were merged (and qs is written) */
+      for (int c = warp; c < KT; c += NWARPS) {
+        const i64 a = c0 + c;
+        if (a < ni) {
+          float ss = 0.f;
+          for (i64 d = lane; d < dsub; d += 32) {
+            const float v = peer_ld(P.keys[i], kbase + a * dsub + d, P.key_dt);
+            ks[d * KS + c] = v;
+            ss += v * v;
+          }
+          if (P.key_l2) {
+            const float s = 1.f / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps);
+            for (i64 d = lane; d < dsub; d += 32) ks[d * KS + c] *= s;
+          }
+        } else {
+          for (i64 d = lane; d < dsub; d += 32) ks[d * KS + c] = 0.f;
+        }
+      }
+      __syncthreads();
+      {
+        const int rg = tid >> 4, cg = tid & 15;
+        float acc[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+          for (int b = 0; b < 4; b++) acc[a][b] = 0.f;
+        for (i64 d = 0; d < dsub; d++) {
+          const float4 qa = *(const float4 *)&qs[d * QS + rg * 4];
+          const float4 kb = *(const float4 *)&ks[d * KS + cg * 4];
+          const float av[4] = {qa.x, qa.y, qa.z, qa.w}, bv[4] = {kb.x, kb.y, kb.z, kb.w};
+#pragma unroll
+          for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[a][b] = fmaf(av[a], bv[b], acc[a][b]);
+        }
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+          for (int b = 0; b < 4; b++) st[(rg * 4 + a) * STS + cg * 4 + b] = acc[a][b];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < RPW; j++) {
+        const int r = warp * RPW + j;
+        const i64 a0 = c0 + lane, a1 = c0 + lane + 32;
+        list_offer(list[j], a0 < ni ? peer_pack(st[r * STS + lane], (u32)a0) : 0ull, ki, lane);
+        list_offer(list[j], a1 < ni ? peer_pack(st[r * STS + lane + 32], (u32)a1) : 0ull, ki, lane);
+      }
+    }
+    /* combine with the running list; each warp touches only its own rows */
+    if (i == 0) {
+#pragma unroll
+      for (int j = 0; j < RPW; j++) {
+        const int r = warp * RPW + j;
+        if (lane < ki) {
+          lv[r * PEER_MAX_K + lane] = peer_packed_value(list[j]);
+          li[r * PEER_MAX_K + lane] = peer_packed_id(list[j]);
+        }
+      }
+      len = ki;
+      continue;
+    }
+    const i64 total = len * ki;
+    const int kk = (int)(total < P.k ? total : P.k);
+#pragma unroll
+    for (int j = 0; j < RPW; j++) {
+      const int r = warp * RPW + j;
+      u64 fresh = 0;
+      for (i64 c0 = 0; c0 < total; c0 += 32) {
+        const i64 c = c0 + lane;
+        const i64 a = c / ki, b = c - a * ki;
+        const u64 kb = __shfl_sync(PEER_FULL, list[j], (int)(c < total ? b : 0));
+        u64 cand = 0;
+        if (c < total)
+          cand = peer_pack(lv[r * PEER_MAX_K + a] + peer_packed_value(kb),
+                           li[r * PEER_MAX_K + a] * (u32)ni + peer_packed_id(kb));
+        list_offer(fresh, cand, kk, lane);
+      }
+      __syncwarp();
+      if (lane < kk) {
+        lv[r * PEER_MAX_K + lane] = peer_packed_value(fresh);
+        li[r * PEER_MAX_K + lane] = peer_packed_id(fresh);
+      }
+    }
+    len = kk;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < RPW; j++) {
+    const int r = warp * RPW + j;
+    const i64 t = t0 + r;
+    if (t >= P.T) continue;
+    const bool on = lane < k;
+    const float s = on ? lv[r * PEER_MAX_K + lane] : 0.f;
+    const float g = gate_of(P.gate, s, on);
+    if (!on) continue;
+    const i64 o = (t * P.h + hh) * P.k + lane;
+    ((i64 *)P.ids)[o] = (i64)li[r * PEER_MAX_K + lane];
+    if (P.scores) ((float *)P.scores)[o] = s;
+    if (P.gates) ((float *)P.gates)[o] = g;
+  }
+}
+
+/* ---------------------------------------------------------------- backward */
+
+#define RB_WARPS 8 /* rows (warps) per CTA of the per-row kernels */
+
+/* Expert e's digit in dim i (e = ((a_0 n_1 + a_1) n_2 + a_2)...), computed
+ * alone so no per-dim array needs local memory. */
+static __device__ __forceinline__ i64 digit_of(const peer_route_params &P, i64 e, int i) {
+  for (int j = P.p - 1; j > i; j--) e /= P.n[j];
+  return e % P.n[i];
+}
+
+/* Scores and gates of the given ids; the normalized queries to P.qn. A
+ * warp per (token, head) row. Ids outside [0, N) score -inf: gate 0, no
+ * gradient. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_rescore(peer_route_params P) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 row = (i64)blockIdx.x * RB_WARPS + warp;
+  if (row >= P.T * P.h) return;
+  const i64 t = row / P.h, hh = row - t * P.h, dq = P.dq;
+  float *qn = (float *)P.qn + row * dq;
+  const float *q = (const float *)P.q + t * P.h * dq + hh * dq;
+  for (i64 c = lane; c < dq; c += 32) qn[c] = q[c];
+  __syncwarp();
+  normalize_row(P, qn, hh, lane);
+  __syncwarp();
+  float mine = 0.f;
+  for (int j = 0; j < P.k; j++) {
+    const i64 e = ((const i64 *)P.ids)[row * P.k + j];
+    float s = PEER_NEG_INF;
+    if (e >= 0 && e < P.N) {
+      s = 0.f;
+      for (int i = 0; i < P.p; i++) {
+        const i64 kb = hh * P.key_hs[i] + digit_of(P, e, i) * P.dsub;
+        float dot = 0.f, ss = 0.f;
+        for (i64 d = lane; d < P.dsub; d += 32) {
+          const float kv = peer_ld(P.keys[i], kb + d, P.key_dt);
+          dot += qn[i * P.dsub + d] * kv;
+          ss += kv * kv;
+        }
+        dot = smelt_warp_sum(dot);
+        s += P.key_l2 ? dot / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps) : dot;
+      }
+    }
+    if (lane == j) mine = s;
+  }
+  const bool on = lane < P.k;
+  const float g = gate_of(P.gate, mine, on);
+  if (on) {
+    ((float *)P.scores)[row * P.k + lane] = mine;
+    ((float *)P.gates)[row * P.k + lane] = g;
+  }
+}
+
+/* d gate -> d score (P.ds), -> d normalized query -> d query (P.dq), plus
+ * the per-row terms of the norm parameters' gradients. A warp per row;
+ * shared memory per warp: dqn [dq], digits [32][4] and key scales [32][4]. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_params P) {
+  extern __shared__ __align__(16) float sm[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 dq = P.dq, dsub = P.dsub;
+  float *dqn = sm + warp * dq;
+  i64 *dig = (i64 *)(sm + RB_WARPS * dq) + warp * PEER_MAX_K * PEER_MAX_DIMS;
+  float *ksc = (float *)((i64 *)(sm + RB_WARPS * dq) + RB_WARPS * PEER_MAX_K * PEER_MAX_DIMS) +
+               warp * PEER_MAX_K * PEER_MAX_DIMS;
+  const i64 row = (i64)blockIdx.x * RB_WARPS + warp;
+  if (row >= P.T * P.h) return;
+  const i64 t = row / P.h, hh = row - t * P.h;
+  const bool on = lane < P.k;
+  const i64 o = row * P.k + lane;
+  const float s = on ? ((const float *)P.scores)[o] : 0.f;
+  const float g = on ? ((const float *)P.gates)[o] : 0.f;
+  const float dg = on ? ((const float *)P.dg)[o] : 0.f;
+  const i64 e = on ? ((const i64 *)P.ids)[o] : -1;
+  const bool valid = on && e >= 0 && e < P.N;
+  float ds;
+  if (P.gate == GATE_SOFTMAX) ds = g * (dg - smelt_warp_sum(g * dg));
+  else if (P.gate == GATE_SIGMOID) ds = dg * g * (1.f - g);
+  else ds = s > 0.f ? dg : 0.f;
+  if (!valid) ds = 0.f;
+  if (on) ((float *)P.ds)[o] = ds;
+  if (on)
+    for (int i = 0; i < P.p; i++) dig[lane * PEER_MAX_DIMS + i] = digit_of(P, valid ? e : 0, i);
+  for (i64 c = lane; c < dq; c += 32) dqn[c] = 0.f;
+  __syncwarp();
+  for (int j = 0; j < P.k; j++)
+    for (int i = 0; i < P.p; i++) {
+      float sc = 1.f;
+      if (P.key_l2) {
+        const i64 kb = hh * P.key_hs[i] + dig[j * PEER_MAX_DIMS + i] * dsub;
+        float ss = 0.f;
+        for (i64 d = lane; d < dsub; d += 32) {
+          const float kv = peer_ld(P.keys[i], kb + d, P.key_dt);
+          ss += kv * kv;
+        }
+        sc = 1.f / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps);
+      }
+      if (lane == 0) ksc[j * PEER_MAX_DIMS + i] = sc;
+    }
+  __syncwarp();
+  for (int j = 0; j < P.k; j++) {
+    const float dsj = __shfl_sync(PEER_FULL, ds, j);
+    if (dsj == 0.f) continue; /* warp-uniform */
+    for (i64 c = lane; c < dq; c += 32) {
+      const int i = (int)(c / dsub);
+      const i64 d = c - i * dsub;
+      const i64 kb = hh * P.key_hs[i] + dig[j * PEER_MAX_DIMS + i] * dsub;
+      dqn[c] += dsj * peer_ld(P.keys[i], kb + d, P.key_dt) * ksc[j * PEER_MAX_DIMS + i];
+    }
+  }
+  __syncwarp();
+  /* through the query normalization */
+  const float *q = (const float *)P.q + t * P.h * dq + hh * dq;
+  const float *qn = (const float *)P.qn + row * dq;
+  float *dqo = (float *)P.dqo + t * P.h * dq + hh * dq;
+  float *pg = P.pgamma ? (float *)P.pgamma + row * dq : 0;
+  float *pb = P.pbeta ? (float *)P.pbeta + row * dq : 0;
+  const i64 po = hh * P.param_hs;
+  if (P.norm == NORM_NONE) {
+    for (i64 c = lane; c < dq; c += 32) dqo[c] = dqn[c];
+  } else if (P.norm == NORM_L2) {
+    float ss = 0.f, dot = 0.f;
+    for (i64 c = lane; c < dq; c += 32) {
+      ss += q[c] * q[c];
+      dot += qn[c] * dqn[c];
+    }
+    const float nrm = sqrtf(smelt_warp_sum(ss));
+    dot = smelt_warp_sum(dot);
+    for (i64 c = lane; c < dq; c += 32) dqo[c] = nrm > P.l2_eps ? (dqn[c] - qn[c] * dot) / nrm : dqn[c] / P.l2_eps;
+  } else if (P.norm == NORM_LAYERNORM) {
+    float m = 0.f, v = 0.f;
+    for (i64 c = lane; c < dq; c += 32) m += q[c];
+    m = smelt_warp_sum(m) / (float)dq;
+    for (i64 c = lane; c < dq; c += 32) v += (q[c] - m) * (q[c] - m);
+    const float rstd = rsqrtf(smelt_warp_sum(v) / (float)dq + P.norm_eps);
+    float m1 = 0.f, m2 = 0.f;
+    for (i64 c = lane; c < dq; c += 32) {
+      const float xh = (q[c] - m) * rstd, w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
+      m1 += dqn[c] * w;
+      m2 += dqn[c] * w * xh;
+    }
+    m1 = smelt_warp_sum(m1) / (float)dq;
+    m2 = smelt_warp_sum(m2) / (float)dq;
+    for (i64 c = lane; c < dq; c += 32) {
+      const float xh = (q[c] - m) * rstd, w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
+      dqo[c] = rstd * (dqn[c] * w - m1 - xh * m2);
+      if (pg) pg[c] = dqn[c] * xh;
+      if (pb) pb[c] = dqn[c];
+    }
+  } else {
+    for (i64 c = lane; c < dq; c += 32) {
+      const float rs = rsqrtf(peer_ld(P.bn_var, po + c, P.param_dt) + P.norm_eps);
+      const float xh = (q[c] - peer_ld(P.bn_mean, po + c, P.param_dt)) * rs;
+      const float w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
+      dqo[c] = dqn[c] * w * rs;
+      if (pg) pg[c] = dqn[c] * xh;
+      if (pb) pb[c] = dqn[c];
+    }
+  }
+}
+
+/* Sub-key gradients of dim `dim`: the uses sorted by key row (skeys, with
+ * their use index in svals; rows >= nrows mark ids that were out of range)
+ * are summed per row in use order: dCn[row] = Σ ds[use] qn[use's row, slice],
+ * then through the key normalization. A warp per sorted position; the warp
+ * at a segment's start does the segment. Rows no use selected stay as the
+ * caller zeroed them. */
+extern "C" __global__ void __launch_bounds__(NT)
+    peer_dkeys(peer_route_params P, u64 skeys, u64 svals, i64 n, int dim, i64 nrows, u64 dkey, int dkey_dt) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 at = (i64)blockIdx.x * RB_WARPS + warp;
+  if (at >= n) return;
+  const u32 *keys = (const u32 *)skeys, *vals = (const u32 *)svals;
+  const u32 key = keys[at];
+  if ((i64)key >= nrows || (at > 0 && keys[at - 1] == key)) return;
+  const i64 dsub = P.dsub, dq = P.dq;
+  float acc[PEER_MAX_DSUB / 32];
+#pragma unroll
+  for (int m = 0; m < PEER_MAX_DSUB / 32; m++) acc[m] = 0.f;
+  for (i64 s = at; s < n && keys[s] == key; s++) {
+    const i64 use = vals[s], row = use / P.k;
+    const float dsu = ((const float *)P.ds)[use];
+    const float *qr = (const float *)P.qn + row * dq + dim * dsub;
+#pragma unroll
+    for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+      const i64 d = lane + 32 * m;
+      if (d < dsub) acc[m] += dsu * qr[d];
+    }
+  }
+  float c[PEER_MAX_DSUB / 32], ss = 0.f, dot = 0.f;
+  if (P.key_l2) {
+#pragma unroll
+    for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+      const i64 d = lane + 32 * m;
+      c[m] = d < dsub ? peer_ld(P.keys[dim], (i64)key * dsub + d, P.key_dt) : 0.f;
+      ss += c[m] * c[m];
+    }
+    const float nrm = sqrtf(smelt_warp_sum(ss)), div = fmaxf(nrm, P.l2_eps);
+#pragma unroll
+    for (int m = 0; m < PEER_MAX_DSUB / 32; m++) dot += c[m] / div * acc[m];
+    dot = smelt_warp_sum(dot);
+#pragma unroll
+    for (int m = 0; m < PEER_MAX_DSUB / 32; m++)
+      acc[m] = nrm > P.l2_eps ? (acc[m] - c[m] / div * dot) / nrm : acc[m] / P.l2_eps;
+  }
+#pragma unroll
+  for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+    const i64 d = lane + 32 * m;
+    if (d < dsub) peer_st(dkey, (i64)key * dsub + d, dkey_dt, acc[m]);
+  }
+}

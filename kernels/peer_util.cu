@@ -1,0 +1,437 @@
+/* PEER support kernels, independent of the weights' dtype:
+ *   - a stable LSD radix sort of (u32 key, u32 value) pairs, 8 bits a pass
+ *     (peer_sort_hist, peer_scan, peer_sort_scatter), and the keys it sorts
+ *     (peer_use_keys): the backward sorts the uses of each expert and of each
+ *     sub-key so that every gradient row is a sum in a fixed order, written
+ *     once, with no floating-point atomics;
+ *   - the expert-gradient segment sums (peer_du, peer_dv);
+ *   - deterministic column sums (peer_colsum_*: dbq and the norm params);
+ *   - the expert store's batch policy (peer_store_*): per-expert use counts,
+ *     hits and misses in ascending id order, and the CLOCK hand run in
+ *     parallel: the victims of m misses are the first m slots of
+ *     R1 ++ R2, where R1 lists the unpinned slots with a clear reference bit
+ *     and R2 those with a set bit, each in hand order (a sequential hand
+ *     takes the R1 slots in its first revolution, clearing the R2 bits as it
+ *     passes them, then takes R2 slots in the second); then the victims'
+ *     rows are copied from the mapped host tables into their slots.
+ * Scans are two-level: per-block sums, one block scanning them, and the
+ * blocks re-reading their part. */
+#include "peer_common.cuh"
+
+#define NT 256
+#define TILE 1024 /* items per block of the scans: 4 per thread */
+#define SORT_TILE 4096
+#define SORT_BINS 256
+
+/* ---------------------------------------------------------------- block scan */
+
+/* Exclusive prefix of v over the block (NT threads); *total gets the sum. */
+static __device__ __forceinline__ u32 block_scan(u32 v, u32 *warp_sums, u32 *total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  u32 x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const u32 y = __shfl_up_sync(PEER_FULL, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    u32 w = lane < NT / 32 ? warp_sums[lane] : 0u, s = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const u32 y = __shfl_up_sync(PEER_FULL, s, o);
+      if (lane >= o) s += y;
+    }
+    if (lane < NT / 32) warp_sums[lane] = s - w;
+    if (lane == NT / 32 - 1) warp_sums[NT / 32] = s;
+  }
+  __syncthreads();
+  const u32 out = warp_sums[warp] + x - v;
+  *total = warp_sums[NT / 32];
+  __syncthreads();
+  return out;
+}
+
+/* In-place exclusive scan of data[0..count) (u32), one block; the sum goes
+ * to *total_out (u64) when given. */
+extern "C" __global__ void __launch_bounds__(NT) peer_scan(u64 data, i64 count, u64 total_out) {
+  __shared__ u32 ws[NT / 32 + 1];
+  u32 *d = (u32 *)data;
+  u32 carry = 0;
+  for (i64 base = 0; base < count; base += TILE) {
+    const i64 i0 = base + threadIdx.x * 4;
+    u32 v[4], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      v[j] = i0 + j < count ? d[i0 + j] : 0u;
+      sum += v[j];
+    }
+    u32 tot;
+    u32 run = carry + block_scan(sum, ws, &tot);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (i0 + j < count) {
+        d[i0 + j] = run;
+        run += v[j];
+      }
+    carry += tot;
+  }
+  if (threadIdx.x == 0 && total_out) *(u64 *)total_out = carry;
+}
+
+/* ---------------------------------------------------------------- radix sort */
+
+/* hist[d * nblocks + b] = number of keys of tile b with digit d. */
+extern "C" __global__ void __launch_bounds__(NT) peer_sort_hist(u64 keys, i64 n, int shift, u64 hist, i64 nblocks) {
+  __shared__ u32 cnt[SORT_BINS];
+  cnt[threadIdx.x] = 0;
+  __syncthreads();
+  const u32 *k = (const u32 *)keys;
+  const i64 base = (i64)blockIdx.x * SORT_TILE;
+  for (int i = threadIdx.x; i < SORT_TILE; i += NT)
+    if (base + i < n) atomicAdd(&cnt[(k[base + i] >> shift) & (SORT_BINS - 1)], 1u);
+  __syncthreads();
+  ((u32 *)hist)[threadIdx.x * nblocks + blockIdx.x] = cnt[threadIdx.x];
+}
+
+/* One warp per tile walks it in order, 32 keys at a time: keys with equal
+ * digits in a batch rank by lane, and the batch's leader of each digit
+ * advances the digit's cursor, so equal digits keep their input order
+ * (stable). vin == 0: the values are the input positions. */
+extern "C" __global__ void __launch_bounds__(32) peer_sort_scatter(u64 kin, u64 vin, u64 kout, u64 vout, i64 n,
+                                                                   int shift, u64 hist, i64 nblocks) {
+  __shared__ u32 cursor[SORT_BINS];
+  const int lane = threadIdx.x;
+  for (int d = lane; d < SORT_BINS; d += 32) cursor[d] = ((const u32 *)hist)[d * nblocks + blockIdx.x];
+  __syncwarp();
+  const u32 *ki = (const u32 *)kin, *vi = (const u32 *)vin;
+  u32 *ko = (u32 *)kout, *vo = (u32 *)vout;
+  const i64 t0 = (i64)blockIdx.x * SORT_TILE, t1 = t0 + SORT_TILE < n ? t0 + SORT_TILE : n;
+  for (i64 x0 = t0; x0 < t1; x0 += 32) {
+    const i64 x = x0 + lane;
+    const bool in = x < t1;
+    const u32 key = in ? ki[x] : 0u, val = in ? (vi ? vi[x] : (u32)x) : 0u;
+    const u32 d = in ? (key >> shift) & (SORT_BINS - 1) : SORT_BINS + lane;
+    const unsigned peers = __match_any_sync(PEER_FULL, d);
+    const u32 rank = __popc(peers & ((1u << lane) - 1u));
+    const u32 at = in ? cursor[d] + rank : 0u;
+    __syncwarp();
+    if (in) {
+      ko[at] = key;
+      vo[at] = val;
+      if (rank == 0) cursor[d] += __popc(peers);
+    }
+    __syncwarp();
+  }
+}
+
+/* Sort keys of the uses (ids [n] i64): expert e -> (e / div) % mod (mod 0:
+ * none) + (per-head tables) head * table_n; ids outside [0, N) -> sentinel,
+ * which sorts last and is skipped. */
+extern "C" __global__ void __launch_bounds__(NT) peer_use_keys(u64 ids, i64 n, i64 h, i64 k, i64 N, i64 div, i64 mod,
+                                                              i64 table_n, u32 sentinel, u64 keys) {
+  const i64 u = (i64)blockIdx.x * NT + threadIdx.x;
+  if (u >= n) return;
+  const i64 e = ((const i64 *)ids)[u];
+  u32 key = sentinel;
+  if (e >= 0 && e < N) {
+    i64 a = e / div;
+    if (mod) a %= mod;
+    if (table_n) a += ((u / k) % h) * table_n;
+    key = (u32)a;
+  }
+  ((u32 *)keys)[u] = key;
+}
+
+/* ---------------------------------------------------------------- expert gradients */
+
+/* Segment sums over uses sorted by expert (a warp per sorted position; the
+ * warp at a segment's start does it, in use order):
+ *   dV_e[j, c] = Σ ua[use, j] dy[t(use), c]      peer_dv
+ *   dU_e[i, j] = Σ udz[use, j] x[t(use), i]      peer_du
+ * Rows of experts nobody used keep the zeros the caller wrote. */
+extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 skeys, u64 svals, i64 n, i64 N, u64 ua, u64 dy, i64 dy_rs,
+                                                        int dy_dt, i64 hk, i64 he, i64 dout, u64 dv, int dv_dt) {
+  const int lane = threadIdx.x & 31;
+  const i64 at = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
+  if (at >= n) return;
+  const u32 *keys = (const u32 *)skeys, *vals = (const u32 *)svals;
+  const u32 key = keys[at];
+  if ((i64)key >= N || (at > 0 && keys[at - 1] == key)) return;
+  i64 end = at;
+  while (end < n && keys[end] == key) end++;
+  const u32 row = (u32)(he * dout);
+  for (u32 f = lane; f < row; f += 32) {
+    const u32 j = f / (u32)dout, c = f - j * (u32)dout;
+    float s = 0.f;
+    for (i64 m = at; m < end; m++) {
+      const u32 use = vals[m], t = use / (u32)hk;
+      s = fmaf(((const float *)ua)[(i64)use * he + j], peer_ld(dy, (i64)t * dy_rs + c, dy_dt), s);
+    }
+    peer_st(dv, (i64)key * row + f, dv_dt, s);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 skeys, u64 svals, i64 n, i64 N, u64 udz, u64 x, i64 x_rs,
+                                                        int x_dt, i64 hk, i64 he, i64 din, u64 du, int du_dt) {
+  const int lane = threadIdx.x & 31;
+  const i64 at = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
+  if (at >= n) return;
+  const u32 *keys = (const u32 *)skeys, *vals = (const u32 *)svals;
+  const u32 key = keys[at];
+  if ((i64)key >= N || (at > 0 && keys[at - 1] == key)) return;
+  i64 end = at;
+  while (end < n && keys[end] == key) end++;
+  const u32 row = (u32)(din * he);
+  for (u32 f = lane; f < row; f += 32) {
+    const u32 i = f / (u32)he, j = f - i * (u32)he;
+    float s = 0.f;
+    for (i64 m = at; m < end; m++) {
+      const u32 use = vals[m], t = use / (u32)hk;
+      s = fmaf(((const float *)udz)[(i64)use * he + j], peer_ld(x, (i64)t * x_rs + i, x_dt), s);
+    }
+    peer_st(du, (i64)key * row + f, du_dt, s);
+  }
+}
+
+/* ---------------------------------------------------------------- column sums */
+
+#define CS_CHUNKS 32
+
+/* part[ch, c] = Σ_{rows of chunk ch} in[r, c]; grid (ceil(cols / NT), CS_CHUNKS). */
+extern "C" __global__ void __launch_bounds__(NT) peer_colsum_partial(u64 in, i64 rows, i64 cols, u64 part) {
+  const i64 c = (i64)blockIdx.x * NT + threadIdx.x;
+  if (c >= cols) return;
+  const i64 ch = blockIdx.y, r0 = rows * ch / CS_CHUNKS, r1 = rows * (ch + 1) / CS_CHUNKS;
+  const float *p = (const float *)in;
+  float s = 0.f;
+  for (i64 r = r0; r < r1; r++) s += p[r * cols + c];
+  ((float *)part)[ch * cols + c] = s;
+}
+
+/* out[c * out_stride] = Σ_ch part[ch, c], chunks in order. */
+extern "C" __global__ void __launch_bounds__(NT) peer_colsum_final(u64 part, i64 cols, u64 out, i64 out_stride,
+                                                                  int out_dt) {
+  const i64 c = (i64)blockIdx.x * NT + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.f;
+  for (int ch = 0; ch < CS_CHUNKS; ch++) s += ((const float *)part)[ch * cols + c];
+  peer_st(out, c * out_stride, out_dt, s);
+}
+
+/* ---------------------------------------------------------------- the store */
+
+/* Device statistics and scalars of a store (src/cuda/peer_store_cuda.c). */
+enum { ST_LOOKUPS, ST_HITS, ST_MISSES, ST_EVICTIONS, ST_USES_MAPPED, ST_BYTES_STAGED, ST_BYTES_MAPPED, ST_RESIDENT };
+enum { SC_HAND, SC_MISSES, SC_C1, SC_C2, SC_P, SC_LAST };
+
+/* counts[e] = uses of e in the batch (counts zeroed by the caller). */
+extern "C" __global__ void __launch_bounds__(NT) peer_store_count(u64 ids, i64 n, i64 N, u64 counts) {
+  const i64 u = (i64)blockIdx.x * NT + threadIdx.x;
+  if (u >= n) return;
+  const i64 e = ((const i64 *)ids)[u];
+  if (e >= 0 && e < N) atomicAdd((u32 *)counts + e, 1u);
+}
+
+/* Per expert with uses: heat, a lookup; a hit sets its slot's bit and pins
+ * it; misses counted per block (bsum) for their compaction. */
+extern "C" __global__ void __launch_bounds__(NT) peer_store_lookup(u64 counts, i64 N, u64 table, u64 ref, u64 pin,
+                                                                  u32 batch, u64 heat, u64 stats, u64 bsum) {
+  __shared__ u32 acc[3];
+  if (threadIdx.x < 3) acc[threadIdx.x] = 0;
+  __syncthreads();
+  const i64 e0 = (i64)blockIdx.x * TILE + threadIdx.x * 4;
+  u32 lookups = 0, hits = 0, misses = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const i64 e = e0 + j;
+    if (e >= N) break;
+    const u32 c = ((const u32 *)counts)[e];
+    if (!c) continue;
+    ((u64 *)heat)[e] += c;
+    lookups++;
+    const int s = ((const int *)table)[e];
+    if (s >= 0) {
+      hits++;
+      ((u8 *)ref)[s] = 1;
+      ((u32 *)pin)[s] = batch;
+    } else {
+      misses++;
+    }
+  }
+  if (lookups) atomicAdd(&acc[0], lookups);
+  if (hits) atomicAdd(&acc[1], hits);
+  if (misses) atomicAdd(&acc[2], misses);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 *st = (u64 *)stats;
+    if (acc[0]) atomicAdd((unsigned long long *)&st[ST_LOOKUPS], (unsigned long long)acc[0]);
+    if (acc[1]) atomicAdd((unsigned long long *)&st[ST_HITS], (unsigned long long)acc[1]);
+    if (acc[2]) atomicAdd((unsigned long long *)&st[ST_MISSES], (unsigned long long)acc[2]);
+    ((u32 *)bsum)[blockIdx.x] = acc[2];
+  }
+}
+
+/* The misses in ascending id order, with their use counts (bsum scanned). */
+extern "C" __global__ void __launch_bounds__(NT) peer_store_misses(u64 counts, i64 N, u64 table, u64 bsum, u64 miss_e,
+                                                                  u64 miss_uses) {
+  __shared__ u32 ws[NT / 32 + 1];
+  const i64 e0 = (i64)blockIdx.x * TILE + threadIdx.x * 4;
+  u32 flag[4], c[4], mine = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const i64 e = e0 + j;
+    c[j] = e < N ? ((const u32 *)counts)[e] : 0u;
+    flag[j] = c[j] && ((const int *)table)[e] < 0;
+    mine += flag[j];
+  }
+  u32 tot;
+  u32 at = ((const u32 *)bsum)[blockIdx.x] + block_scan(mine, ws, &tot);
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+    if (flag[j]) {
+      ((u32 *)miss_e)[at] = (u32)(e0 + j);
+      ((u32 *)miss_uses)[at] = c[j];
+      at++;
+    }
+}
+
+/* Slot classes at hand-order position q (slot (hand + q) mod S): 1 = R1
+ * (unpinned, bit clear), 2 = R2 (unpinned, bit set), 0 = pinned. */
+static __device__ __forceinline__ int slot_class(u64 ref, u64 pin, u32 batch, i64 s) {
+  if (((const u32 *)pin)[s] == batch) return 0;
+  return ((const u8 *)ref)[s] ? 2 : 1;
+}
+
+extern "C" __global__ void __launch_bounds__(NT) peer_store_slot_count(u64 ref, u64 pin, u32 batch, i64 S, u64 scal,
+                                                                      u64 bsum1, u64 bsum2) {
+  const i64 hand = ((const i64 *)scal)[SC_HAND];
+  const i64 q0 = (i64)blockIdx.x * TILE + threadIdx.x * 4;
+  u32 n1 = 0, n2 = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const i64 q = q0 + j;
+    if (q >= S) break;
+    const int c = slot_class(ref, pin, batch, (hand + q) % S);
+    n1 += c == 1;
+    n2 += c == 2;
+  }
+  __shared__ u32 a1, a2;
+  if (threadIdx.x == 0) a1 = a2 = 0;
+  __syncthreads();
+  if (n1) atomicAdd(&a1, n1);
+  if (n2) atomicAdd(&a2, n2);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ((u32 *)bsum1)[blockIdx.x] = a1;
+    ((u32 *)bsum2)[blockIdx.x] = a2;
+  }
+}
+
+/* rank[s] = the slot's index in R1 ++ R2 (-1 when pinned); the positions of
+ * the m-th victim (SC_P, when m <= |R1|) and of the last one (SC_LAST). */
+extern "C" __global__ void __launch_bounds__(NT) peer_store_slot_rank(u64 ref, u64 pin, u32 batch, i64 S, u64 scal,
+                                                                     u64 bsum1, u64 bsum2, u64 rank) {
+  __shared__ u32 ws[NT / 32 + 1];
+  i64 *sc = (i64 *)scal;
+  const i64 hand = sc[SC_HAND], m = sc[SC_MISSES], c1 = sc[SC_C1], c2 = sc[SC_C2];
+  const i64 admitted = m < c1 + c2 ? m : c1 + c2;
+  const i64 q0 = (i64)blockIdx.x * TILE + threadIdx.x * 4;
+  int cls[4];
+  u32 n1 = 0, n2 = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const i64 q = q0 + j;
+    cls[j] = q < S ? slot_class(ref, pin, batch, (hand + q) % S) : 0;
+    n1 += cls[j] == 1;
+    n2 += cls[j] == 2;
+  }
+  u32 tot;
+  u32 r1 = ((const u32 *)bsum1)[blockIdx.x] + block_scan(n1, ws, &tot);
+  u32 r2 = ((const u32 *)bsum2)[blockIdx.x] + block_scan(n2, ws, &tot);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const i64 q = q0 + j;
+    if (q >= S) break;
+    const i64 s = (hand + q) % S;
+    i64 r = -1;
+    if (cls[j] == 1) r = r1++;
+    else if (cls[j] == 2) r = c1 + r2++;
+    ((i64 *)rank)[s] = r;
+    if (r >= 0 && r == m - 1 && m <= c1) sc[SC_P] = q;
+    if (r >= 0 && r == admitted - 1) sc[SC_LAST] = q;
+  }
+}
+
+/* Victims take their miss (evicting the resident expert); R2 slots the hand
+ * passed lose their bit. */
+extern "C" __global__ void __launch_bounds__(NT) peer_store_assign(u64 rank, i64 S, u64 scal, u64 owner, u64 table,
+                                                                  u64 ref, u64 pin, u32 batch, u64 miss_e,
+                                                                  u64 admit_slot, u64 stats, u64 slot_bytes) {
+  const i64 s = (i64)blockIdx.x * NT + threadIdx.x;
+  if (s >= S) return;
+  const i64 *sc = (const i64 *)scal;
+  const i64 hand = sc[SC_HAND], m = sc[SC_MISSES], c1 = sc[SC_C1];
+  const i64 r = ((const i64 *)rank)[s];
+  if (r < 0) return;
+  const i64 q = (s - hand + S) % S;
+  u64 *st = (u64 *)stats;
+  if (r < m) {
+    const u32 e = ((const u32 *)miss_e)[r];
+    const int old = ((int *)owner)[s];
+    if (old >= 0) {
+      ((int *)table)[old] = -1;
+      atomicAdd((unsigned long long *)&st[ST_EVICTIONS], 1ull);
+    } else {
+      atomicAdd((unsigned long long *)&st[ST_RESIDENT], 1ull);
+    }
+    ((int *)owner)[s] = (int)e;
+    ((int *)table)[e] = (int)s;
+    ((u8 *)ref)[s] = 1;
+    ((u32 *)pin)[s] = batch;
+    ((u32 *)admit_slot)[r] = (u32)s;
+    atomicAdd((unsigned long long *)&st[ST_BYTES_STAGED], (unsigned long long)slot_bytes);
+  } else if (m > 0 && r >= c1 && (m > c1 || q < sc[SC_P])) {
+    ((u8 *)ref)[s] = 0;
+  }
+}
+
+/* Misses in turn (grid-stride over r < m): admitted ones have their rows
+ * copied from the host tables into their slot (16-byte units when `wide`,
+ * else 2-byte units); the others are counted as read through the mapping.
+ * Block 0 then moves the hand past the last victim. */
+extern "C" __global__ void __launch_bounds__(NT)
+    peer_store_finish(u64 scal, i64 S, u64 miss_e, u64 miss_uses, u64 admit_slot, u64 u_host, u64 v_host,
+                      u64 u_cache, u64 v_cache, i64 u_bytes, i64 v_bytes, int wide, u64 stats, u64 slot_bytes) {
+  i64 *sc = (i64 *)scal;
+  const i64 m = sc[SC_MISSES], c12 = sc[SC_C1] + sc[SC_C2];
+  const i64 admitted = m < c12 ? m : c12;
+  for (i64 r = blockIdx.x; r < m; r += gridDim.x) {
+    const u32 e = ((const u32 *)miss_e)[r];
+    if (r >= admitted) {
+      if (threadIdx.x == 0) {
+        const u64 uses = ((const u32 *)miss_uses)[r];
+        u64 *st = (u64 *)stats;
+        atomicAdd((unsigned long long *)&st[ST_USES_MAPPED], (unsigned long long)uses);
+        atomicAdd((unsigned long long *)&st[ST_BYTES_MAPPED], (unsigned long long)(uses * slot_bytes));
+      }
+      continue;
+    }
+    const i64 s = ((const u32 *)admit_slot)[r];
+    const u64 pairs[2][3] = {{u_host + (u64)e * u_bytes, u_cache + (u64)s * u_bytes, (u64)u_bytes},
+                             {v_host + (u64)e * v_bytes, v_cache + (u64)s * v_bytes, (u64)v_bytes}};
+    for (int p = 0; p < 2; p++) {
+      if (wide) {
+        const uint4 *src = (const uint4 *)pairs[p][0];
+        uint4 *dst = (uint4 *)pairs[p][1];
+        for (i64 i = threadIdx.x; i < (i64)(pairs[p][2] / 16); i += NT) dst[i] = src[i];
+      } else {
+        const unsigned short *src = (const unsigned short *)pairs[p][0];
+        unsigned short *dst = (unsigned short *)pairs[p][1];
+        for (i64 i = threadIdx.x; i < (i64)(pairs[p][2] / 2); i += NT) dst[i] = src[i];
+      }
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && admitted > 0) sc[SC_HAND] = (sc[SC_HAND] + sc[SC_LAST] + 1) % S;
+}

@@ -1,0 +1,101 @@
+/* PEER internals shared by the core (validation, plans, the store), the CPU
+ * reference and the CUDA backend: the plan's resolved description, the
+ * store's state, and the backend entry points. */
+#ifndef SMELT_PEER_INTERNAL_H
+#define SMELT_PEER_INTERNAL_H
+
+#include "internal.h"
+
+/* The planned tensors, in one array so plan/run comparisons loop over it. */
+enum {
+  SMELT__PT_X = 0,
+  SMELT__PT_WQ,
+  SMELT__PT_BQ,
+  SMELT__PT_NORM_W,
+  SMELT__PT_NORM_B,
+  SMELT__PT_BN_MEAN,
+  SMELT__PT_BN_VAR,
+  SMELT__PT_KEY0, /* SMELT__PT_KEY0 + i for dim i */
+  SMELT__PT_U = SMELT__PT_KEY0 + SMELT_PEER_MAX_DIMS,
+  SMELT__PT_V,
+  SMELT__PT_COUNT
+};
+
+/* The plan's resolved description (plan->opdata). */
+typedef struct smelt__peer_state {
+  smelt_peer_config cfg;      /* sub_key_sizes filled in */
+  int64_t T, din, dout, N, k, h, he, dq, dsub;
+  int p;
+  int64_t n[SMELT_PEER_MAX_DIMS];
+  int norm_per_head;          /* norm params are [h, dq] (else [dq], shared) */
+  smelt_tensor t[SMELT__PT_COUNT]; /* planned views; ndim -1 = absent */
+  smelt_peer_store *store;    /* NULL: dense u, v */
+  /* CUDA backend state (src/cuda/op_peer.c), freed with cuda_free. */
+  void *cuda;
+  void (*cuda_free)(void *cuda);
+} smelt__peer_state;
+
+/* ---- the store */
+struct smelt__peer_store_cuda;
+
+struct smelt_peer_store {
+  smelt_ctx *ctx;
+  int64_t N, din, dout, he;
+  smelt_dtype dtype;
+  int64_t ulen, vlen;  /* elements of U_e and V_e */
+  uint64_t slot_bytes; /* (ulen + vlen) * dtype size */
+  int64_t slots;
+  double cache_mb;
+  int managed;
+  void *u_host, *v_host; /* the tables (host addresses) */
+  /* Policy state. On the CPU backend these are host arrays; on CUDA they
+   * live on the device (struct smelt__peer_store_cuda) and these are NULL. */
+  int32_t *table;  /* [N] slot of expert, -1 = not resident */
+  int32_t *owner;  /* [S] expert in slot, -1 = free */
+  uint8_t *ref;    /* [S] reference bits */
+  uint32_t *pin;   /* [S] batch number that pinned the slot */
+  uint64_t *heat;  /* [N] uses */
+  int64_t hand;
+  uint32_t batch;  /* batches run; pin[s] == batch means pinned in the current one */
+  smelt_peer_store_stats stats; /* CPU backend counters */
+  struct smelt__peer_store_cuda *cuda;
+};
+
+/* Runs one batch of the policy on the CPU backend's state (ids validated to
+ * be in [0, N)). */
+void smelt__peer_store_batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n);
+
+/* ---- CPU reference (src/cpu/peer.c). Tensors validated. */
+smelt_status smelt__cpu_peer_retrieve(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                                      const smelt_tensor *ids, const smelt_tensor *scores);
+smelt_status smelt__cpu_peer_forward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                                     const smelt_tensor *y, const smelt_tensor *ids, const smelt_tensor *scores);
+smelt_status smelt__cpu_peer_backward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                                      const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g);
+
+/* ---- CUDA backend (src/cuda/op_peer.c, src/cuda/peer_store_cuda.c). */
+smelt_status smelt__cuda_peer_plan(smelt_plan *plan);
+smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
+                                       const smelt_tensor *ids, const smelt_tensor *scores);
+smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
+                                      const smelt_tensor *y, const smelt_tensor *ids, const smelt_tensor *scores);
+smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
+                                       const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g);
+
+smelt_status smelt__cuda_peer_store_create(smelt_peer_store *st);
+void smelt__cuda_peer_store_destroy(smelt_peer_store *st);
+smelt_status smelt__cuda_peer_store_write(smelt_peer_store *st, int64_t first, int64_t count, const void *u_rows,
+                                          const void *v_rows);
+smelt_status smelt__cuda_peer_store_invalidate(smelt_peer_store *st);
+/* One batch of the policy over n ids at ids_dev (i64, device), then the
+ * staging copies; stream-ordered, no host synchronization. */
+smelt_status smelt__cuda_peer_store_batch(smelt_peer_store *st, const int64_t *ids_dev, int64_t n);
+smelt_status smelt__cuda_peer_store_stats(smelt_peer_store *st, smelt_peer_store_stats *out);
+smelt_status smelt__cuda_peer_store_stats_reset(smelt_peer_store *st);
+smelt_status smelt__cuda_peer_store_heat(smelt_peer_store *st, int64_t first, int64_t count, uint64_t *out);
+/* Device addresses the expert kernels read: the table (NULL without a
+ * cache), the slots' U and V arrays and the mapped host tables. */
+void smelt__cuda_peer_store_views(const smelt_peer_store *st, const int32_t **table, const void **u_cache,
+                                  const void **v_cache, const void **u_host, const void **v_host);
+
+#endif /* SMELT_PEER_INTERNAL_H */

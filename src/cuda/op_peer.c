@@ -1,0 +1,660 @@
+/* smelt_peer on CUDA: the plan picks and loads the kernels and plans the
+ * query projection on the GEMM engine; runs take workspace from the
+ * context's pool and launch, all stream-ordered (no host synchronization,
+ * the store's batch policy included).
+ *
+ *   retrieve  GEMM q = x Wq + bq (f32) -> peer_route (ids, scores)
+ *   forward   ... -> peer_route (+ gates) -> store batch -> peer_expert_fwd
+ *   backward  GEMM q -> peer_rescore (qn, scores, gates of the given ids)
+ *             -> peer_expert_bwd (per use a, dz, d gate; dx from experts)
+ *             -> peer_route_bwd (d score, d q, norm-parameter terms)
+ *             -> GEMM dx = dq Wqᵀ + dx_experts, GEMM dWq = xᵀ dq,
+ *                column sums (dbq, norm params), sorted segment sums
+ *                (du, dv per expert; d sub-keys per key row).
+ *
+ * The expert kernels come in one variant per weight dtype and load width:
+ * 16-byte loads need d_in and d_out to be multiples of 16 bytes of weights
+ * and 16-byte aligned tables; otherwise scalar loads (then h_e <= 32). A
+ * run whose dense tables are less aligned than planned takes the scalar
+ * variant, loaded on first use. */
+#include "peer_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OP "smelt_peer"
+
+static const smelt_dtype weight_dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
+
+/* ---------------------------------------------------------------- sources */
+
+void smelt__peer_route_src(smelt__kernel_src *src) {
+  memset(src, 0, sizeof *src);
+  snprintf(src->name, sizeof src->name, "peer_route");
+  src->body = "peer_route.cu";
+}
+
+void smelt__peer_util_src(smelt__kernel_src *src) {
+  memset(src, 0, sizeof *src);
+  snprintf(src->name, sizeof src->name, "peer_util");
+  src->body = "peer_util.cu";
+}
+
+void smelt__peer_expert_src(smelt_dtype wdt, int vec, smelt__kernel_src *src) {
+  memset(src, 0, sizeof *src);
+  snprintf(src->name, sizeof src->name, "peer_expert_%s_%s", smelt_dtype_name(wdt), vec > 1 ? "v16" : "scalar");
+  src->body = "peer_expert.cu";
+  smelt__prelude_define(src, "SMELT_WDT", wdt);
+  smelt__prelude_define(src, "SMELT_VEC", vec);
+}
+
+static int vec_of(smelt_dtype wdt) { return (int)(16 / smelt_dtype_size(wdt)); }
+
+int smelt__peer_variants(smelt__kernel_src *out, int max) {
+  int n = 0;
+  if (n < max) smelt__peer_route_src(&out[n]);
+  n++;
+  if (n < max) smelt__peer_util_src(&out[n]);
+  n++;
+  for (size_t d = 0; d < sizeof weight_dtypes / sizeof *weight_dtypes; d++)
+    for (int v = 0; v < 2; v++, n++)
+      if (n < max) smelt__peer_expert_src(weight_dtypes[d], v ? 1 : vec_of(weight_dtypes[d]), &out[n]);
+  return n;
+}
+
+smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u) {
+  smelt__kernel_src src;
+  smelt__peer_util_src(&src);
+  const struct {
+    CUfunction *f;
+    const char *name;
+  } fns[] = {{&u->scan, "peer_scan"},
+             {&u->sort_hist, "peer_sort_hist"},
+             {&u->sort_scatter, "peer_sort_scatter"},
+             {&u->use_keys, "peer_use_keys"},
+             {&u->du, "peer_du"},
+             {&u->dv, "peer_dv"},
+             {&u->colsum_partial, "peer_colsum_partial"},
+             {&u->colsum_final, "peer_colsum_final"},
+             {&u->store_count, "peer_store_count"},
+             {&u->store_lookup, "peer_store_lookup"},
+             {&u->store_misses, "peer_store_misses"},
+             {&u->store_slot_count, "peer_store_slot_count"},
+             {&u->store_slot_rank, "peer_store_slot_rank"},
+             {&u->store_assign, "peer_store_assign"},
+             {&u->store_finish, "peer_store_finish"}};
+  for (size_t i = 0; i < sizeof fns / sizeof *fns; i++) {
+    smelt_status s = smelt__cuda_function(ctx, &src, fns[i].name, fns[i].f);
+    if (s) return s;
+  }
+  return SMELT_OK;
+}
+
+smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *data, int64_t count, void *total) {
+  void *params[] = {&data, &count, &total};
+  return smelt__cuda_launch(ctx, OP, u->scan, 1, 1, 1, 256, 0, params);
+}
+
+/* ---------------------------------------------------------------- plan state */
+
+/* An expert-kernel variant with its launch shape. */
+typedef struct expert_variant {
+  int vec;
+  CUfunction fwd, bwd;
+  int64_t chunk;
+  int gout, gin;
+  unsigned fwd_smem, bwd_smem;
+} expert_variant;
+
+typedef struct peer_cuda {
+  CUfunction route, rescore, route_bwd, dkeys;
+  smelt__peer_util util;
+  expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
+  smelt_dtype wdt;
+  unsigned route_smem, rbwd_smem;
+  smelt_plan *gemm_q; /* q = x Wq + bq; NULL when T = 0 */
+} peer_cuda;
+
+static void peer_cuda_free(void *p) {
+  peer_cuda *pc = (peer_cuda *)p;
+  if (!pc) return;
+  smelt_plan_destroy(pc->gemm_q);
+  free(pc);
+}
+
+static int64_t r4(int64_t n) { return (n + 3) & ~(int64_t)3; }
+
+/* Thread groups over the uses when the columns (in vec chunks) leave
+ * threads idle: the largest power of two <= 8 that still gives every
+ * thread a column. */
+static int groups_for(int64_t chunks) {
+  int g = 1;
+  while (g < 8 && chunks * 2 * g <= 256) g *= 2;
+  return g;
+}
+
+static unsigned fwd_smem(const smelt__peer_state *ps, int gout, int64_t chunk) {
+  return (unsigned)(4 * (r4(ps->din) + gout * r4(ps->dout) + r4(chunk * ps->he) + r4(chunk)) + 16 * chunk);
+}
+static unsigned bwd_smem(const smelt__peer_state *ps, int gin, int64_t chunk) {
+  return (unsigned)(4 * (r4(ps->din) + r4(ps->dout) + gin * r4(ps->din) + 2 * r4(chunk * ps->he) + r4(chunk)) +
+                    16 * chunk);
+}
+
+/* Chooses the launch shape of a variant and loads it. */
+static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, smelt_dtype wdt, int vec,
+                                expert_variant *ev) {
+  const int smem_max = ctx->cuda->info.smem_per_block_optin;
+  const int64_t hk = ps->h * ps->k;
+  ev->vec = vec;
+  ev->gout = groups_for(ps->dout / vec);
+  ev->gin = groups_for(ps->din / vec);
+  /* Up to 256 uses staged at a time, fewer while that keeps shared memory
+   * under 96 KiB (two CTAs per SM on Hopper and Ampere). */
+  const unsigned budget = smem_max < 96 * 1024 ? (unsigned)smem_max : 96 * 1024;
+  int64_t chunk = hk < 256 ? hk : 256;
+  while (chunk > 1 && (fwd_smem(ps, ev->gout, chunk) > budget || bwd_smem(ps, ev->gin, chunk) > budget)) chunk /= 2;
+  ev->chunk = chunk;
+  ev->fwd_smem = fwd_smem(ps, ev->gout, chunk);
+  ev->bwd_smem = bwd_smem(ps, ev->gin, chunk);
+  const unsigned need = ev->fwd_smem > ev->bwd_smem ? ev->fwd_smem : ev->bwd_smem;
+  if (need > (unsigned)smem_max)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": input_dim=%lld and output_dim=%lld need %u bytes of shared memory per CTA on CUDA; the "
+                           "device allows %d",
+                        (long long)ps->din, (long long)ps->dout, need, smem_max);
+  smelt__kernel_src src;
+  smelt__peer_expert_src(wdt, vec, &src);
+  smelt_status s;
+  if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd", &ev->fwd)) ||
+      (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd", &ev->bwd)))
+    return s;
+  return SMELT_OK;
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Workspace tensors: an f32 or i64 matrix at p. */
+static smelt_tensor dev_tensor(const smelt_ctx *ctx, void *p, smelt_dtype dt, int64_t rows, int64_t cols) {
+  int64_t shape[2] = {rows, cols};
+  return smelt_tensor_make(p, dt, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
+}
+
+smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
+  smelt__peer_state *ps = (smelt__peer_state *)plan->opdata;
+  smelt_ctx *ctx = plan->ctx;
+  const smelt_device_info *dev = &ctx->cuda->info;
+  static const char *const names[SMELT__PT_COUNT] = {"x", "wq", "bq", "norm_weight", "norm_bias", "bn_mean",
+                                                     "bn_var", "sub_keys[0]", "sub_keys[1]", "sub_keys[2]",
+                                                     "sub_keys[3]", "u", "v"};
+  for (int i = 0; i < SMELT__PT_COUNT; i++)
+    if (ps->t[i].ndim >= 0 && ps->t[i].dtype == SMELT_DTYPE_F64)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": %s.dtype=f64 is CPU-only (CUDA: f32, f16, bf16)", names[i]);
+  if (ps->k > 32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": num_experts_per_tok=%lld must be <= 32 on CUDA", (long long)ps->k);
+  if (ps->dsub > 256)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": query_dim / product_key_dims = %lld must be <= 256 on CUDA", (long long)ps->dsub);
+  if (ps->h > 65535)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": num_heads=%lld must be <= 65535 on CUDA", (long long)ps->h);
+  if (ps->he & (ps->he - 1))
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": expert_hidden_size=%lld must be a power of two on CUDA",
+                        (long long)ps->he);
+  const smelt_tensor *u = &ps->t[SMELT__PT_U], *v = &ps->t[SMELT__PT_V];
+  const smelt_dtype wdt = ps->store ? ps->store->dtype : u->dtype;
+  const int V = vec_of(wdt);
+  const int wide = ps->din % V == 0 && ps->dout % V == 0 && ps->he <= 32 * V &&
+                   (ps->store || (aligned16(u->data) && aligned16(v->data)));
+  if (!wide && ps->he > 32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": expert_hidden_size=%lld > 32 needs 16-byte expert rows on CUDA: input_dim=%lld and "
+                           "output_dim=%lld multiples of %d and 16-byte aligned u, v (and h_e <= %d)",
+                        (long long)ps->he, (long long)ps->din, (long long)ps->dout, V, 32 * V);
+  peer_cuda *pc = (peer_cuda *)calloc(1, sizeof *pc);
+  if (!pc) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, OP ": out of host memory");
+  ps->cuda = pc;
+  ps->cuda_free = peer_cuda_free;
+  pc->wdt = wdt;
+  pc->route_smem = (unsigned)(4 * (ps->dsub * (68 + 68) + 64 * 65 + 64 * 32 * 2));
+  pc->rbwd_smem = (unsigned)(4 * 8 * ps->dq + 8 * 32 * 4 * 8 + 8 * 32 * 4 * 4);
+  const unsigned rneed = pc->route_smem > pc->rbwd_smem ? pc->route_smem : pc->rbwd_smem;
+  if (rneed > (unsigned)dev->smem_per_block_optin)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": query_dim=%lld (%lld per product-key dim) needs %u bytes of shared memory per CTA; the "
+                           "device allows %d",
+                        (long long)ps->dq, (long long)ps->dsub, rneed, dev->smem_per_block_optin);
+  smelt__kernel_src src;
+  smelt__peer_route_src(&src);
+  smelt_status s;
+  if ((s = smelt__cuda_function(ctx, &src, "peer_route", &pc->route)) ||
+      (s = smelt__cuda_function(ctx, &src, "peer_rescore", &pc->rescore)) ||
+      (s = smelt__cuda_function(ctx, &src, "peer_route_bwd", &pc->route_bwd)) ||
+      (s = smelt__cuda_function(ctx, &src, "peer_dkeys", &pc->dkeys)) || (s = smelt__peer_util_load(ctx, &pc->util)) ||
+      (s = expert_load(ctx, ps, wdt, wide ? V : 1, &pc->ev[0])))
+    return s;
+  if (ps->T > 0) { /* the projection's GEMM plan, made against a workspace like the runs' */
+    void *q;
+    if ((s = smelt__cuda_alloc(ctx, (size_t)(ps->T * ps->h * ps->dq) * 4, &q))) return s;
+    smelt_tensor qt = dev_tensor(ctx, q, SMELT_DTYPE_F32, ps->T, ps->h * ps->dq);
+    const smelt_tensor *bq = ps->t[SMELT__PT_BQ].ndim >= 0 ? &ps->t[SMELT__PT_BQ] : NULL;
+    s = smelt_gemm_plan(ctx, NULL, &ps->t[SMELT__PT_X], &ps->t[SMELT__PT_WQ], NULL, &qt, bq, &pc->gemm_q);
+    smelt_status s2 = smelt__cuda_free(ctx, q);
+    if (s || s2) return s ? s : s2;
+  }
+  smelt__kernel_src es;
+  smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
+  snprintf(plan->describe, sizeof plan->describe,
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %s", (long long)ps->N, ps->p,
+           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name);
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- run helpers */
+
+/* One pool allocation carved into n regions of 256-byte aligned sizes. */
+static smelt_status ws_alloc(smelt_ctx *ctx, const size_t *bytes, int n, void **base, void **regions) {
+  size_t total = 0, off[32];
+  for (int i = 0; i < n; i++) {
+    off[i] = total;
+    total += (bytes[i] + 255) & ~(size_t)255;
+  }
+  smelt_status s = smelt__cuda_alloc(ctx, total, base);
+  if (s) return s;
+  for (int i = 0; i < n; i++) regions[i] = bytes[i] ? (char *)*base + off[i] : NULL;
+  return SMELT_OK;
+}
+
+static void route_params(const smelt__peer_state *ps, const smelt_peer_weights *w, smelt__peer_route_params *P) {
+  memset(P, 0, sizeof *P);
+  for (int i = 0; i < ps->p; i++) {
+    P->keys[i] = (uint64_t)(uintptr_t)w->sub_keys[i]->data;
+    P->n[i] = ps->n[i];
+    P->key_hs[i] = ps->cfg.per_head_keys ? ps->n[i] * ps->dsub : 0;
+  }
+  const smelt_tensor *np[4] = {w->norm_weight, w->norm_bias, w->bn_mean, w->bn_var};
+  uint64_t *dst[4] = {&P->norm_w, &P->norm_b, &P->bn_mean, &P->bn_var};
+  P->param_dt = SMELT_DTYPE_F32;
+  for (int i = 0; i < 4; i++)
+    if (np[i]) {
+      *dst[i] = (uint64_t)(uintptr_t)np[i]->data;
+      P->param_dt = np[i]->dtype;
+    }
+  P->T = ps->T;
+  P->h = ps->h;
+  P->dq = ps->dq;
+  P->dsub = ps->dsub;
+  P->k = ps->k;
+  P->N = ps->N;
+  P->param_hs = ps->norm_per_head ? ps->dq : 0;
+  P->norm_eps = (float)ps->cfg.norm_eps;
+  P->l2_eps = (float)ps->cfg.l2_eps;
+  P->p = ps->p;
+  P->norm = (int)ps->cfg.query_norm;
+  P->key_l2 = ps->cfg.key_l2_norm != 0;
+  P->gate = (int)ps->cfg.gate;
+  P->key_dt = w->sub_keys[0]->dtype;
+}
+
+/* Run-time tensors the plan did not see (outputs, dy) in f64: CPU-only. */
+static smelt_status no_f64(const smelt_tensor *const *t, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (t[i] && t[i]->dtype == SMELT_DTYPE_F64)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": %s.dtype=f64 is CPU-only (CUDA: f32, f16, bf16)", names[i]);
+  return SMELT_OK;
+}
+
+/* The variant a run's tables can use: the planned one, or the scalar
+ * fallback when dense tables are less aligned than planned. */
+static smelt_status variant_for(smelt_plan *plan, const smelt_peer_weights *w, const expert_variant **out) {
+  smelt__peer_state *ps = (smelt__peer_state *)plan->opdata;
+  peer_cuda *pc = (peer_cuda *)ps->cuda;
+  if (pc->ev[0].vec == 1 || ps->store || (aligned16(w->u->data) && aligned16(w->v->data))) {
+    *out = &pc->ev[0];
+    return SMELT_OK;
+  }
+  if (ps->he > 32)
+    return smelt__error(SMELT_STATUS_MISALIGNED,
+                        OP ": u.data=%p and v.data=%p must be 16-byte aligned as planned (expert_hidden_size=%lld > 32 "
+                           "has no scalar kernel)",
+                        w->u->data, w->v->data, (long long)ps->he);
+  if (!pc->ev[1].vec) {
+    smelt_status s = expert_load(plan->ctx, ps, pc->wdt, 1, &pc->ev[1]);
+    if (s) {
+      pc->ev[1].vec = 0;
+      return s;
+    }
+  }
+  *out = &pc->ev[1];
+  return SMELT_OK;
+}
+
+static int log2i(int64_t v) {
+  int s = 0;
+  while (((int64_t)1 << s) < v) s++;
+  return s;
+}
+
+static void expert_params(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                          const expert_variant *ev, smelt__peer_expert_params *P) {
+  memset(P, 0, sizeof *P);
+  P->x = (uint64_t)(uintptr_t)x->data;
+  P->x_rs = x->strides[0];
+  P->x_dt = x->dtype;
+  P->T = ps->T;
+  P->hk = ps->h * ps->k;
+  P->din = ps->din;
+  P->dout = ps->dout;
+  P->he = ps->he;
+  P->N = ps->N;
+  P->chunk = ev->chunk;
+  P->act = (int)ps->cfg.activation;
+  P->groups_out = ev->gout;
+  P->groups_in = ev->gin;
+  P->he_shift = log2i(ps->he);
+  if (ps->store) {
+    const int32_t *table;
+    const void *uc, *vc, *uh, *vh;
+    smelt__cuda_peer_store_views(ps->store, &table, &uc, &vc, &uh, &vh);
+    P->table = (uint64_t)(uintptr_t)table;
+    P->u_cache = (uint64_t)(uintptr_t)uc;
+    P->v_cache = (uint64_t)(uintptr_t)vc;
+    P->u_host = (uint64_t)(uintptr_t)uh;
+    P->v_host = (uint64_t)(uintptr_t)vh;
+  } else {
+    P->u_host = (uint64_t)(uintptr_t)w->u->data;
+    P->v_host = (uint64_t)(uintptr_t)w->v->data;
+  }
+}
+
+/* q = x Wq + bq into the f32 workspace q [T, h*dq]. */
+static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x, void *q) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const peer_cuda *pc = (const peer_cuda *)ps->cuda;
+  smelt_tensor qt = dev_tensor(plan->ctx, q, SMELT_DTYPE_F32, ps->T, ps->h * ps->dq);
+  return smelt_gemm_run(pc->gemm_q, x, w->wq, NULL, &qt, w->bq);
+}
+
+static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const peer_cuda *pc = (const peer_cuda *)ps->cuda;
+  void *params[] = {P};
+  const int64_t gx = (ps->T + 63) / 64;
+  return smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, params);
+}
+
+/* ---------------------------------------------------------------- retrieve, forward */
+
+smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
+                                       const smelt_tensor *ids, const smelt_tensor *scores) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  if (ps->T == 0) return SMELT_OK;
+  smelt_ctx *ctx = plan->ctx;
+  const size_t bytes[1] = {(size_t)(ps->T * ps->h * ps->dq) * 4};
+  void *base, *q;
+  smelt_status s = ws_alloc(ctx, bytes, 1, &base, &q);
+  if (s) return s;
+  smelt__nvtx_push("smelt_peer_retrieve");
+  s = project(plan, w, x, q);
+  if (!s) {
+    smelt__peer_route_params P;
+    route_params(ps, w, &P);
+    P.q = (uint64_t)(uintptr_t)q;
+    P.ids = (uint64_t)(uintptr_t)ids->data;
+    P.scores = (uint64_t)(uintptr_t)scores->data;
+    s = launch_route(plan, &P);
+  }
+  smelt__nvtx_pop();
+  smelt_status s2 = smelt__cuda_free(ctx, base);
+  return s ? s : s2;
+}
+
+smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
+                                      const smelt_tensor *y, const smelt_tensor *ids, const smelt_tensor *scores) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const smelt_tensor *outs[1] = {y};
+  static const char *const names[1] = {"y"};
+  smelt_status s = no_f64(outs, names, 1);
+  if (s || ps->T == 0) return s;
+  smelt_ctx *ctx = plan->ctx;
+  const expert_variant *ev;
+  if ((s = variant_for(plan, w, &ev))) return s;
+  const int64_t nuse = ps->T * ps->h * ps->k;
+  const size_t bytes[3] = {(size_t)(ps->T * ps->h * ps->dq) * 4, (size_t)nuse * 4, ids ? 0 : (size_t)nuse * 8};
+  void *base, *r[3];
+  if ((s = ws_alloc(ctx, bytes, 3, &base, r))) return s;
+  void *q = r[0], *gates = r[1], *idp = ids ? ids->data : r[2];
+  smelt__nvtx_push("smelt_peer_forward");
+  s = project(plan, w, x, q);
+  if (!s) {
+    smelt__peer_route_params P;
+    route_params(ps, w, &P);
+    P.q = (uint64_t)(uintptr_t)q;
+    P.ids = (uint64_t)(uintptr_t)idp;
+    P.scores = scores ? (uint64_t)(uintptr_t)scores->data : 0;
+    P.gates = (uint64_t)(uintptr_t)gates;
+    s = launch_route(plan, &P);
+  }
+  if (!s && ps->store) s = smelt__cuda_peer_store_batch(ps->store, (const int64_t *)idp, nuse);
+  if (!s) {
+    smelt__peer_expert_params E;
+    expert_params(ps, w, x, ev, &E);
+    E.y = (uint64_t)(uintptr_t)y->data;
+    E.y_rs = y->strides[0];
+    E.y_dt = y->dtype;
+    E.ids = (uint64_t)(uintptr_t)idp;
+    E.gates = (uint64_t)(uintptr_t)gates;
+    void *params[] = {&E};
+    s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)ps->T, 1, 1, 256, ev->fwd_smem, params);
+  }
+  smelt__nvtx_pop();
+  smelt_status s2 = smelt__cuda_free(ctx, base);
+  return s ? s : s2;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* Sorts n (key, use) pairs by key (stable, LSD, 8 bits a pass), keys from
+ * peer_use_keys with the given mapping; max_key bounds the keys (the
+ * sentinel included). On return *keys / *vals point at the sorted arrays
+ * (inside the workspace k0/v0/k1/v1). */
+typedef struct sort_ws {
+  uint32_t *k0, *v0, *k1, *v1, *hist;
+} sort_ws;
+
+static smelt_status sort_uses(smelt_ctx *ctx, const smelt__peer_util *u, const sort_ws *ws, const void *ids, int64_t n,
+                              int64_t h, int64_t k, int64_t N, int64_t div, int64_t mod, int64_t table_n,
+                              uint32_t sentinel, uint32_t **keys, uint32_t **vals) {
+  void *kp = ws->k0;
+  {
+    void *params[] = {(void *)&ids, &n, &h, &k, &N, &div, &mod, &table_n, &sentinel, &kp};
+    smelt_status s = smelt__cuda_launch(ctx, OP, u->use_keys, (unsigned)((n + 255) / 256), 1, 1, 256, 0, params);
+    if (s) return s;
+  }
+  int64_t nblocks = (n + SMELT__PEER_SORT_TILE - 1) / SMELT__PEER_SORT_TILE;
+  int bits = 1;
+  while (bits < 32 && ((uint64_t)sentinel >> bits)) bits++;
+  /* ping-pong: the keys are in kbuf[cur]; the values in vbuf[cur], or the
+   * identity before the first pass (vin NULL) */
+  uint32_t *kbuf[2] = {ws->k0, ws->k1}, *vbuf[2] = {ws->v0, ws->v1};
+  int cur = 0;
+  void *vin = NULL, *hist = ws->hist;
+  for (int shift = 0; shift < bits; shift += 8) {
+    void *kin = kbuf[cur], *kout = kbuf[cur ^ 1], *vout = vbuf[cur ^ 1];
+    void *hp[] = {&kin, &n, &shift, &hist, &nblocks};
+    smelt_status s = smelt__cuda_launch(ctx, OP, u->sort_hist, (unsigned)nblocks, 1, 1, 256, 0, hp);
+    if (!s) s = smelt__peer_scan(ctx, u, hist, 256 * nblocks, NULL);
+    void *sp[] = {&kin, &vin, &kout, &vout, &n, &shift, &hist, &nblocks};
+    if (!s) s = smelt__cuda_launch(ctx, OP, u->sort_scatter, (unsigned)nblocks, 1, 1, 32, 0, sp);
+    if (s) return s;
+    cur ^= 1;
+    vin = vbuf[cur];
+  }
+  *keys = kbuf[cur];
+  *vals = vbuf[cur];
+  return SMELT_OK;
+}
+
+/* out[c * stride] = Σ_r in[r, c] (f32 rows x cols), deterministic. */
+static smelt_status colsum(smelt_ctx *ctx, const smelt__peer_util *u, const void *in, int64_t rows, int64_t cols,
+                           void *part, const smelt_tensor *out) {
+  void *pp[] = {(void *)&in, &rows, &cols, &part};
+  smelt_status s = smelt__cuda_launch(ctx, OP, u->colsum_partial, (unsigned)((cols + 255) / 256), SMELT__PEER_CS_CHUNKS,
+                                      1, 256, 0, pp);
+  if (s) return s;
+  void *o = out->data;
+  int64_t stride = out->ndim == 1 ? out->strides[0] : 1; /* 2-D outputs ([h, dq]) are contiguous */
+  int dt = out->dtype;
+  void *fp[] = {&part, &cols, &o, &stride, &dt};
+  return smelt__cuda_launch(ctx, OP, u->colsum_final, (unsigned)((cols + 255) / 256), 1, 1, 256, 0, fp);
+}
+
+static smelt_status memset0(smelt_ctx *ctx, const smelt_tensor *t) {
+  const size_t bytes = (size_t)smelt_tensor_numel(t) * smelt_dtype_size(t->dtype);
+  if (!bytes) return SMELT_OK;
+  SMELT__CU_CHECK(smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)(uintptr_t)t->data, 0, bytes, ctx->cuda->stream), OP);
+  return SMELT_OK;
+}
+
+enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_PART, W_N };
+
+smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
+                                       const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const peer_cuda *pc = (const peer_cuda *)ps->cuda;
+  smelt_ctx *ctx = plan->ctx;
+  const smelt_tensor *ts[8 + SMELT_PEER_MAX_DIMS] = {dy, g->dx, g->dwq, g->dbq, g->dnorm_weight, g->dnorm_bias, g->du,
+                                                     g->dv};
+  static const char *const names[8 + SMELT_PEER_MAX_DIMS] = {
+      "dy", "dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "du", "dv", "dsub_keys[0]", "dsub_keys[1]",
+      "dsub_keys[2]", "dsub_keys[3]"};
+  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) ts[8 + i] = g->dsub_keys[i];
+  const expert_variant *ev;
+  smelt_status s = no_f64(ts, names, 8 + SMELT_PEER_MAX_DIMS);
+  if (s || (s = variant_for(plan, w, &ev))) return s;
+  const int64_t T = ps->T, h = ps->h, k = ps->k, hd = h * ps->dq, nuse = T * h * k;
+  const int want_norm = g->dnorm_weight || g->dnorm_bias;
+  int want_keys = 0;
+  for (int i = 0; i < ps->p; i++) want_keys |= g->dsub_keys[i] != NULL;
+  const int want_sort = want_keys || g->du || g->dv;
+  const int64_t nblocks = (nuse + SMELT__PEER_SORT_TILE - 1) / SMELT__PEER_SORT_TILE;
+  size_t bytes[W_N] = {0};
+  bytes[W_Q] = (size_t)(T * hd) * 4;
+  bytes[W_QN] = (size_t)(T * hd) * 4;
+  bytes[W_SC] = bytes[W_G] = bytes[W_DG] = bytes[W_DS] = (size_t)nuse * 4;
+  bytes[W_UA] = bytes[W_UDZ] = (size_t)(nuse * ps->he) * 4;
+  bytes[W_DQ] = (size_t)(T * hd) * 4;
+  bytes[W_DX] = g->dx ? (size_t)(T * ps->din) * 4 : 0;
+  bytes[W_PG] = g->dnorm_weight ? (size_t)(T * hd) * 4 : 0;
+  bytes[W_PB] = g->dnorm_bias ? (size_t)(T * hd) * 4 : 0;
+  if (want_sort) {
+    bytes[W_K0] = bytes[W_V0] = bytes[W_K1] = bytes[W_V1] = (size_t)(nuse ? nuse : 1) * 4;
+    bytes[W_HIST] = (size_t)(256 * (nblocks ? nblocks : 1)) * 4;
+  }
+  bytes[W_PART] = (size_t)(SMELT__PEER_CS_CHUNKS * hd) * 4; /* the widest column sum: dbq */
+  void *base, *r[W_N];
+  if ((s = ws_alloc(ctx, bytes, W_N, &base, r))) return s;
+  smelt__nvtx_push("smelt_peer_backward");
+  smelt__peer_route_params P;
+  route_params(ps, w, &P);
+  P.q = (uint64_t)(uintptr_t)r[W_Q];
+  P.qn = (uint64_t)(uintptr_t)r[W_QN];
+  P.ids = (uint64_t)(uintptr_t)ids->data;
+  P.scores = (uint64_t)(uintptr_t)r[W_SC];
+  P.gates = (uint64_t)(uintptr_t)r[W_G];
+  P.dg = (uint64_t)(uintptr_t)r[W_DG];
+  P.ds = (uint64_t)(uintptr_t)r[W_DS];
+  P.dqo = (uint64_t)(uintptr_t)r[W_DQ];
+  P.pgamma = (uint64_t)(uintptr_t)r[W_PG];
+  P.pbeta = (uint64_t)(uintptr_t)r[W_PB];
+  const unsigned rows_grid = (unsigned)((T * h + 7) / 8);
+  void *pp[] = {&P};
+  if (T > 0) s = project(plan, w, x, r[W_Q]);
+  if (!s) s = smelt__cuda_launch(ctx, OP, pc->rescore, rows_grid, 1, 1, 256, 0, pp);
+  if (!s) {
+    smelt__peer_expert_params E;
+    expert_params(ps, w, x, ev, &E);
+    E.dy = (uint64_t)(uintptr_t)dy->data;
+    E.dy_rs = dy->strides[0];
+    E.dy_dt = dy->dtype;
+    E.ids = P.ids;
+    E.gates = P.gates;
+    E.ua = (uint64_t)(uintptr_t)r[W_UA];
+    E.udz = (uint64_t)(uintptr_t)r[W_UDZ];
+    E.dg = P.dg;
+    E.dx = (uint64_t)(uintptr_t)r[W_DX];
+    void *ep[] = {&E};
+    s = smelt__cuda_launch(ctx, OP, ev->bwd, (unsigned)T, 1, 1, 256, ev->bwd_smem, ep);
+  }
+  if (!s) s = smelt__cuda_launch(ctx, OP, pc->route_bwd, rows_grid, 1, 1, 256, pc->rbwd_smem, pp);
+  smelt_tensor dqt = dev_tensor(ctx, r[W_DQ], SMELT_DTYPE_F32, T, hd);
+  if (!s && g->dx) { /* dx = dq Wqᵀ + dx from the experts */
+    smelt_tensor wqt = *w->wq, dxe = dev_tensor(ctx, r[W_DX], SMELT_DTYPE_F32, T, ps->din);
+    wqt.shape[0] = w->wq->shape[1];
+    wqt.shape[1] = w->wq->shape[0];
+    wqt.strides[0] = w->wq->strides[1];
+    wqt.strides[1] = w->wq->strides[0];
+    smelt_gemm_desc d = smelt_gemm_desc_default();
+    d.epilogue.beta = 1.0;
+    s = smelt_gemm(ctx, &d, &dqt, &wqt, &dxe, g->dx, NULL);
+  }
+  if (!s && g->dwq) { /* dWq = xᵀ dq */
+    smelt_tensor xt = *x;
+    xt.shape[0] = x->shape[1];
+    xt.shape[1] = x->shape[0];
+    xt.strides[0] = x->strides[1];
+    xt.strides[1] = x->strides[0];
+    s = smelt_gemm(ctx, NULL, &xt, &dqt, NULL, g->dwq, NULL);
+  }
+  if (!s && g->dbq) s = colsum(ctx, &pc->util, r[W_DQ], T, hd, r[W_PART], g->dbq);
+  if (!s && want_norm) { /* [h, dq] params sum over tokens; [dq] ones over tokens and heads */
+    const int64_t rows = ps->norm_per_head ? T : T * h, cols = ps->norm_per_head ? hd : ps->dq;
+    if (g->dnorm_weight) s = colsum(ctx, &pc->util, r[W_PG], rows, cols, r[W_PART], g->dnorm_weight);
+    if (!s && g->dnorm_bias) s = colsum(ctx, &pc->util, r[W_PB], rows, cols, r[W_PART], g->dnorm_bias);
+  }
+  sort_ws sw = {(uint32_t *)r[W_K0], (uint32_t *)r[W_V0], (uint32_t *)r[W_K1], (uint32_t *)r[W_V1],
+                (uint32_t *)r[W_HIST]};
+  if (!s && (g->du || g->dv)) {
+    if (g->du) s = memset0(ctx, g->du);
+    if (!s && g->dv) s = memset0(ctx, g->dv);
+    uint32_t *sk, *sv;
+    if (!s && nuse > 0) {
+      s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, 1, 0, 0, (uint32_t)ps->N, &sk, &sv);
+      int64_t hk = h * k, he = ps->he, N = ps->N;
+      const unsigned grid = (unsigned)((nuse + 7) / 8);
+      if (!s && g->dv) {
+        void *a = r[W_UA], *dyp = dy->data, *dvp = g->dv->data, *skp = sk, *svp = sv;
+        int64_t dy_rs = dy->strides[0], dout = ps->dout;
+        int dy_dt = dy->dtype, dv_dt = g->dv->dtype;
+        void *vp[] = {&skp, &svp, (void *)&nuse, &N, &a, &dyp, &dy_rs, &dy_dt, &hk, &he, &dout, &dvp, &dv_dt};
+        s = smelt__cuda_launch(ctx, OP, pc->util.dv, grid, 1, 1, 256, 0, vp);
+      }
+      if (!s && g->du) {
+        void *a = r[W_UDZ], *xp = x->data, *dup = g->du->data, *skp = sk, *svp = sv;
+        int64_t x_rs = x->strides[0], din = ps->din;
+        int x_dt = x->dtype, du_dt = g->du->dtype;
+        void *up[] = {&skp, &svp, (void *)&nuse, &N, &a, &xp, &x_rs, &x_dt, &hk, &he, &din, &dup, &du_dt};
+        s = smelt__cuda_launch(ctx, OP, pc->util.du, grid, 1, 1, 256, 0, up);
+      }
+    }
+  }
+  for (int i = 0; i < ps->p && !s; i++) {
+    const smelt_tensor *dk = g->dsub_keys[i];
+    if (!dk) continue;
+    if ((s = memset0(ctx, dk)) || nuse == 0) continue;
+    int64_t div = 1;
+    for (int j = i + 1; j < ps->p; j++) div *= ps->n[j];
+    const int64_t table_n = ps->cfg.per_head_keys ? ps->n[i] : 0;
+    int64_t nrows = (ps->cfg.per_head_keys ? h : 1) * ps->n[i];
+    uint32_t *sk, *sv;
+    s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, div, ps->n[i], table_n, (uint32_t)nrows, &sk, &sv);
+    if (s) break;
+    void *skp = sk, *svp = sv, *dkp = dk->data;
+    int dim = i, dk_dt = dk->dtype;
+    void *kp[] = {&P, &skp, &svp, (void *)&nuse, &dim, &nrows, &dkp, &dk_dt};
+    s = smelt__cuda_launch(ctx, OP, pc->dkeys, (unsigned)((nuse + 7) / 8), 1, 1, 256, 0, kp);
+  }
+  smelt__nvtx_pop();
+  smelt_status s2 = smelt__cuda_free(ctx, base);
+  return s ? s : s2;
+}
