@@ -150,6 +150,14 @@ extern const int smelt__variant_enum_count;
 void smelt__prelude_define(smelt__kernel_src *src, const char *name, long long value);
 
 /* ---- CPU backend (src/cpu): naive, double accumulation. Tensors validated. */
+/* A candidate for the CPU top-k selections (smelt_topk, PEER routing), and
+ * their one order for qsort: descending value, NaN first, then ascending
+ * index — a total order, so qsort's instability is harmless. */
+typedef struct smelt__rank {
+  double v;
+  int64_t i;
+} smelt__rank;
+int smelt__rank_cmp(const void *a, const void *b);
 smelt_status smelt__cpu_activation(const smelt_plan *plan, const smelt_tensor *x,
                                    const smelt_tensor *y);
 smelt_status smelt__cpu_softmax(const smelt_plan *plan, const smelt_tensor *x,

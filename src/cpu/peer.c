@@ -19,20 +19,6 @@
 
 #define OP "smelt_peer"
 
-typedef struct cand {
-  double v;
-  int64_t i;
-} cand;
-
-/* Descending value, NaN first, then ascending index: a total order. */
-static int rank_cmp(const void *pa, const void *pb) {
-  const cand *a = (const cand *)pa, *b = (const cand *)pb;
-  int an = isnan(a->v), bn = isnan(b->v);
-  if (an != bn) return an ? -1 : 1;
-  if (!an && a->v != b->v) return a->v > b->v ? -1 : 1;
-  return (a->i > b->i) - (a->i < b->i);
-}
-
 static double ld(const smelt_tensor *t, int64_t i) {
   return smelt__load_f64(t->data, t->dtype, smelt__tensor_offset(t, i));
 }
@@ -50,7 +36,7 @@ typedef struct ref {
   double *knorm[SMELT_PEER_MAX_DIMS]; /* ||C_i row|| [kh, n_i] */
   const void *u, *v;                /* expert tables (dense tensors or the store's host tables) */
   smelt_dtype wdt;
-  cand *dimbuf, *combbuf, *list, *next; /* selection scratch */
+  smelt__rank *dimbuf, *combbuf, *list, *next; /* selection scratch */
   double *q, *qn;                    /* [h*dq] of the current token, [dq] of the current head */
 } ref;
 
@@ -96,10 +82,10 @@ static smelt_status ref_init(ref *r, const smelt__peer_state *ps, const smelt_pe
     }
   }
   const int64_t kk = ps->k * ps->k;
-  r->dimbuf = (cand *)malloc((size_t)nmax * sizeof(cand));
-  r->combbuf = (cand *)malloc((size_t)kk * sizeof(cand));
-  r->list = (cand *)malloc((size_t)ps->k * sizeof(cand));
-  r->next = (cand *)malloc((size_t)ps->k * sizeof(cand));
+  r->dimbuf = (smelt__rank *)malloc((size_t)nmax * sizeof(smelt__rank));
+  r->combbuf = (smelt__rank *)malloc((size_t)kk * sizeof(smelt__rank));
+  r->list = (smelt__rank *)malloc((size_t)ps->k * sizeof(smelt__rank));
+  r->next = (smelt__rank *)malloc((size_t)ps->k * sizeof(smelt__rank));
   r->q = (double *)malloc((size_t)(ps->h * ps->dq) * sizeof(double));
   r->qn = (double *)malloc((size_t)ps->dq * sizeof(double));
   ok &= r->dimbuf && r->combbuf && r->list && r->next && r->q && r->qn;
@@ -209,10 +195,10 @@ static void select_experts(ref *r, int64_t hh) {
       r->dimbuf[a].v = sub_score(r, i, hh, a);
       r->dimbuf[a].i = a;
     }
-    qsort(r->dimbuf, (size_t)n, sizeof(cand), rank_cmp);
+    qsort(r->dimbuf, (size_t)n, sizeof(smelt__rank), smelt__rank_cmp);
     const int64_t ki = n < k ? n : k;
     if (i == 0) {
-      memcpy(r->list, r->dimbuf, (size_t)ki * sizeof(cand));
+      memcpy(r->list, r->dimbuf, (size_t)ki * sizeof(smelt__rank));
       len = ki;
       continue;
     }
@@ -222,9 +208,9 @@ static void select_experts(ref *r, int64_t hh) {
         r->combbuf[m].v = r->list[a].v + r->dimbuf[b].v;
         r->combbuf[m].i = r->list[a].i * n + r->dimbuf[b].i;
       }
-    qsort(r->combbuf, (size_t)m, sizeof(cand), rank_cmp);
+    qsort(r->combbuf, (size_t)m, sizeof(smelt__rank), smelt__rank_cmp);
     len = m < k ? m : k;
-    memcpy(r->list, r->combbuf, (size_t)len * sizeof(cand));
+    memcpy(r->list, r->combbuf, (size_t)len * sizeof(smelt__rank));
   }
 }
 

@@ -8,14 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct cand {
-  double v;
-  int64_t i;
-} cand;
-
-/* The order of smelt.h; a total order, so qsort's instability is harmless. */
-static int rank_cmp(const void *pa, const void *pb) {
-  const cand *a = (const cand *)pa, *b = (const cand *)pb;
+int smelt__rank_cmp(const void *pa, const void *pb) {
+  const smelt__rank *a = (const smelt__rank *)pa, *b = (const smelt__rank *)pb;
   int an = isnan(a->v), bn = isnan(b->v);
   if (an != bn) return an ? -1 : 1;
   if (!an && a->v != b->v) return a->v > b->v ? -1 : 1;
@@ -28,7 +22,7 @@ smelt_status smelt__cpu_topk(const smelt_plan *plan, const smelt_tensor *x, cons
   const int64_t C = x->shape[x->ndim - 1];
   const int64_t rows = smelt_tensor_numel(x) / C;
   if (rows == 0) return SMELT_OK;
-  cand *row = (cand *)malloc((size_t)C * sizeof *row);
+  smelt__rank *row = (smelt__rank *)malloc((size_t)C * sizeof *row);
   if (!row)
     return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_topk: no host memory for a row of %lld", (long long)C);
   const size_t es = smelt_dtype_size(x->dtype);
@@ -37,7 +31,7 @@ smelt_status smelt__cpu_topk(const smelt_plan *plan, const smelt_tensor *x, cons
       row[j].v = smelt__load_f64(x->data, x->dtype, smelt__tensor_offset(x, r * C + j));
       row[j].i = j;
     }
-    qsort(row, (size_t)C, sizeof *row, rank_cmp);
+    qsort(row, (size_t)C, sizeof *row, smelt__rank_cmp);
     for (int64_t j = 0; j < k; j++) {
       int64_t src = smelt__tensor_offset(x, r * C + row[j].i), dst = smelt__tensor_offset(values, r * k + j);
       memcpy((char *)values->data + dst * (int64_t)es, (const char *)x->data + src * (int64_t)es, es);
