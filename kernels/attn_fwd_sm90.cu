@@ -5,9 +5,11 @@
  *
  * One CTA per (tile of 128 queries, head, sequence), three warpgroups:
  *   producer (warpgroup 0, one thread, 40 registers): TMA loads of the Q
- *     tile once, then of K and V tiles into a ring of two stages, each
+ *     tile once, then of K and V tiles into a ring of three stages, each
  *     tile completing on its own "full" mbarrier with its byte count; a
- *     stage is refilled once both consumers have released it ("empty");
+ *     stage is refilled once both consumers have released it ("empty").
+ *     Three stages (224 KiB with Q at D 128) keep a whole key tile of
+ *     slack: the tile after next loads while the consumers work;
  *   consumers (warpgroups 1 and 2, 232 registers): each owns 64 query rows.
  *     Per key tile: S = Q Kᵀ with wgmma m64n128k16, A (Q) and B (K) read
  *     from shared memory; the online softmax of attn_fwd_sm80.cu on the
@@ -16,11 +18,13 @@
  *     registers and O += P V with wgmma m64nDk16 taking P as the register
  *     A operand and V (d-contiguous, so "MN-major", transposed) from
  *     shared memory.
- *   ping-pong: the consumers take turns issuing their wgmmas (two named
- *     barriers, "consumer c may issue"): 0 issues S, then 1 issues S while 0
- *     runs its softmax, then 0 issues P V while 1 runs its softmax, and so
- *     on, so the tensor cores work on one warpgroup's GEMM while the other
- *     computes exponentials.
+ *   intra-warpgroup pipelining (FlashAttention-3 §3.2): S of tile i and
+ *     P V of tile i - 1 are issued together; the softmax of S_i runs while
+ *     P_{i-1} V_{i-1} is still on the tensor cores, and only O's rescale
+ *     and the packing of P_i wait for it. O, S and P are live at once.
+ *   ping-pong: the consumers take turns issuing those pairs of GEMMs (two
+ *     named barriers, "consumer c may issue"), so the tensor cores work on
+ *     one warpgroup's two GEMMs while the other computes exponentials.
  * setmaxnreg moves registers from the producer to the consumers.
  *
  * Shared memory: TMA writes 64-element (128-byte) rows with the 128-byte
@@ -49,7 +53,7 @@
 #define PANELS (D / 64)
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
-#define STAGES 2
+#define STAGES 3
 #define Q_BYTES (BM * D * 2)
 #define KV_BYTES (BN * D * 2)
 #define NS (BN / 8) /* n8 column groups of S */
@@ -121,6 +125,98 @@ static __device__ __forceinline__ void turn_pass(int c) {
   else asm volatile("bar.arrive 2, 256;" ::: "memory");
 }
 
+/* S (this consumer's 64 rows x BN keys) = Q Kᵀ, Q at q (the consumer's
+ * rows), K at k (a stage). */
+static __device__ __forceinline__ void gemm_s(float *s, u32 q, u32 k) {
+#pragma unroll
+  for (int p = 0; p < PANELS; p++)
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const u64 da = desc_kmajor(q + p * (BM * 128) + kk * 32);
+      const u64 db = desc_kmajor(k + p * (BN * 128) + kk * 32);
+      if (p == 0 && kk == 0) wgmma_ss_n128_first(s, da, db);
+      else wgmma_ss_n128(s, da, db);
+    }
+}
+
+/* O += P V, P in registers (the A fragments of pack_p), V at v (a stage). */
+static __device__ __forceinline__ void gemm_pv(float *o, u32 (*pa)[4], u32 v) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++) wgmma_rs_o(o, pa[kk], desc_mnmajor(v + kk * (16 * 128)));
+}
+
+/* Ordinary arithmetic moves freely across the volatile asm of
+ * wgmma.wait_group, and the compiler sees a wgmma's registers as written
+ * when it is issued. Tying values to an empty volatile asm pins them on
+ * one side of a wait: computed before it, or (for a wgmma's accumulators,
+ * and for what is about to overwrite the registers it reads) used after. */
+static __device__ __forceinline__ void fence_f32(float *r, int n) {
+#pragma unroll
+  for (int i = 0; i < n; i++) asm volatile("" : "+f"(r[i]));
+}
+
+/* ptxas schedules wgmma.wait_group as early as it likes within a basic
+ * block, which would put "P V done" before the softmax that should
+ * overlap it. A wait on an mbarrier phase that has already completed (one
+ * try_wait, a loop ptxas cannot remove) ends the block first. */
+static __device__ __forceinline__ void softmax_done(u32 bar, u32 parity) { mbar_wait(bar, parity); }
+
+/* What the mask needs of a consumer thread's two rows (attn_fwd_sm80.cu):
+ * the tile's bounds for "no key masked" and each row's key range. */
+typedef struct attn_rows {
+  int lo_last, hi_first, lo[2], hi[2], t4;
+} attn_rows;
+
+/* The online softmax of attn_fwd_sm80.cu on one tile of S (keys c0..),
+ * same fragment layout: masks and scales S, updates the running max and
+ * sum, leaves P = 2^(S - max) in s and O's rescale factors in alpha. */
+static __device__ __forceinline__ void softmax_tile(float (*s)[4], int c0, const attn_rows &R, float scale_log2,
+                                                    float *mx, float *sum, float *alpha) {
+  const bool full = c0 >= R.lo_last && c0 + BN - 1 <= R.hi_first;
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[nt][e] * scale_log2;
+      if (!full) {
+        const int key = c0 + nt * 8 + 2 * R.t4 + (e & 1);
+        if (key < R.lo[e >> 1] || key > R.hi[e >> 1]) x = ATTN_NEG_INF;
+      }
+      s[nt][e] = x;
+    }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float m = mx[r];
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) m = fmaxf(m, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const float ref = m == ATTN_NEG_INF ? 0.f : m;
+    alpha[r] = attn_ex2(mx[r] - ref);
+    mx[r] = m;
+    float ls = sum[r] * alpha[r];
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+      const float p0 = attn_ex2(s[nt][2 * r] - ref), p1 = attn_ex2(s[nt][2 * r + 1] - ref);
+      s[nt][2 * r] = p0;
+      s[nt][2 * r + 1] = p1;
+      ls += p0 + p1;
+    }
+    sum[r] = ls;
+  }
+}
+
+/* P rounded to the input type, as wgmma's register A fragments (k16 steps). */
+static __device__ __forceinline__ void pack_p(float (*s)[4], u32 (*pa)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++) {
+    pa[kk][0] = ATTN_PACK(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = ATTN_PACK(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = ATTN_PACK(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = ATTN_PACK(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -135,7 +231,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
   const u32 fullQ = bars, fullK = bars + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
   attn_seq s;
-  const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * BM;
+  /* Query tiles run last first: under a causal mask the last see the most
+   * keys, and starting the longest CTAs first leaves short ones for the
+   * final wave. */
+  const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * BM;
   attn_locate(P, b, s);
   if (m0 >= s.sq) return;
   const int hk = h / P.group;
@@ -195,104 +294,95 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  int lo_last, hi_first, unused;
-  attn_key_range(P, s.sq, s.sk, r1, &lo_last, &unused);
-  attn_key_range(P, s.sq, s.sk, m0, &unused, &hi_first);
+  attn_rows R;
+  int unused;
+  attn_key_range(P, s.sq, s.sk, r1, &R.lo_last, &unused);
+  attn_key_range(P, s.sq, s.sk, m0, &unused, &R.hi_first);
   const int row0 = m0 + c * 64 + warp * 16 + g;
-  int lo[2], hi[2];
-  attn_key_range(P, s.sq, s.sk, row0, &lo[0], &hi[0]);
-  attn_key_range(P, s.sq, s.sk, row0 + 8, &lo[1], &hi[1]);
+  attn_key_range(P, s.sq, s.sk, row0, &R.lo[0], &R.hi[0]);
+  attn_key_range(P, s.sq, s.sk, row0 + 8, &R.lo[1], &R.hi[1]);
+  R.t4 = t4;
 
-  float o[NO][4], sc[NS][4];
+  /* O, S and P are live together (P V runs while the next S is
+   * exponentiated): 64 + 64 + 32 registers for D 128. */
+  float o[NO][4], sc[NS][4], alpha[2];
+  u32 pa[BN / 16][4];
 #pragma unroll
   for (int i = 0; i < NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.f, 0.f};
+  const u32 qc = sQ + c * (64 * 128);
   mbar_wait(fullQ, 0);
-  /* Consumer 0 has the first turn. Every turn ends with an arrival on the
-   * other's barrier, but for consumer 1's last: each barrier then sees as
-   * many arrivals as waits (2 per key tile). */
+  /* Consumer 0 has the first turn. A consumer takes tiles + 1 turns (S of
+   * the first tile; S of tile i with P V of tile i - 1; P V of the last)
+   * and each ends with an arrival on the other's barrier, but for consumer
+   * 1's last: each barrier then sees as many arrivals as waits. */
   if (c == 1) turn_pass(0);
-  const int last = n_hi - n_lo - 1;
+  const int tiles = n_hi - n_lo;
 
-  for (int n = n_lo, i = 0; n < n_hi; n++, i++) {
-    const int st = i % STAGES;
-    const u32 ph = (i / STAGES) & 1;
-    mbar_wait(fullK + 8 * st, ph);
+  mbar_wait(fullK, 0);
+  turn_wait(c);
+  wgmma_fence();
+  gemm_s(&sc[0][0], qc, sK);
+  wgmma_commit();
+  turn_pass(c ^ 1);
+  WGMMA_WAIT(0);
+  fence_f32(&sc[0][0], NS * 4);
+  /* O is still zero: its alpha is not needed. */
+  softmax_tile(sc, n_lo * BN, R, P.scale_log2, mx, sum, alpha);
+  pack_p(sc, pa);
+
+  /* Intra-warpgroup pipelining: in turn i, S_i = Q K_iᵀ and O += P_{i-1} V_{i-1}
+   * are issued together; S_i's softmax runs while the tensor cores still
+   * work on P_{i-1} V_{i-1} (then on the other consumer's two GEMMs), and
+   * only O's rescale and P_i's packing (which overwrites the registers
+   * that GEMM reads) wait for it. */
+  for (int i = 1; i < tiles; i++) {
+    const int st = i % STAGES, pst = (i - 1) % STAGES;
+    mbar_wait(fullK + 8 * st, (i / STAGES) & 1);
+    mbar_wait(fullV + 8 * pst, ((i - 1) / STAGES) & 1);
     turn_wait(c);
     wgmma_fence();
-#pragma unroll
-    for (int p = 0; p < PANELS; p++)
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++) {
-        const u64 da = desc_kmajor(sQ + p * (BM * 128) + c * (64 * 128) + kk * 32);
-        const u64 db = desc_kmajor(sK + st * KV_BYTES + p * (BN * 128) + kk * 32);
-        if (p == 0 && kk == 0) wgmma_ss_n128_first(&sc[0][0], da, db);
-        else wgmma_ss_n128(&sc[0][0], da, db);
-      }
+    gemm_s(&sc[0][0], qc, sK + st * KV_BYTES);
+    wgmma_commit();
+    gemm_pv(&o[0][0], pa, sV + pst * KV_BYTES);
     wgmma_commit();
     turn_pass(c ^ 1);
+    WGMMA_WAIT(1);
+    fence_f32(&sc[0][0], NS * 4);
+    softmax_tile(sc, (n_lo + i) * BN, R, P.scale_log2, mx, sum, alpha);
+    /* These fences keep the softmax from sinking below the wait, the next
+     * ones O's rescale and P's packing from rising above it. */
+    fence_f32(&sc[0][0], NS * 4);
+    fence_f32(sum, 2);
+    fence_f32(alpha, 2);
+    softmax_done(fullV + 8 * pst, ((i - 1) / STAGES) & 1);
     WGMMA_WAIT(0);
-
-    /* The softmax of attn_fwd_sm80.cu, on the same fragment layout. */
-    const int c0 = n * BN;
-    const bool full = c0 >= lo_last && c0 + BN - 1 <= hi_first;
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = sc[nt][e] * P.scale_log2;
-        if (!full) {
-          const int key = c0 + nt * 8 + 2 * t4 + (e & 1);
-          if (key < lo[e >> 1] || key > hi[e >> 1]) x = ATTN_NEG_INF;
-        }
-        sc[nt][e] = x;
-      }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float m = mx[r];
-#pragma unroll
-      for (int nt = 0; nt < NS; nt++) m = fmaxf(m, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float ref = m == ATTN_NEG_INF ? 0.f : m;
-      const float alpha = attn_ex2(mx[r] - ref);
-      mx[r] = m;
-      float ls = sum[r] * alpha;
-#pragma unroll
-      for (int j = 0; j < NO; j++) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
-      }
-#pragma unroll
-      for (int nt = 0; nt < NS; nt++) {
-        const float p0 = attn_ex2(sc[nt][2 * r] - ref), p1 = attn_ex2(sc[nt][2 * r + 1] - ref);
-        sc[nt][2 * r] = p0;
-        sc[nt][2 * r + 1] = p1;
-        ls += p0 + p1;
-      }
-      sum[r] = ls;
-    }
-    u32 pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      pa[kk][0] = ATTN_PACK(sc[2 * kk][0], sc[2 * kk][1]);
-      pa[kk][1] = ATTN_PACK(sc[2 * kk][2], sc[2 * kk][3]);
-      pa[kk][2] = ATTN_PACK(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-      pa[kk][3] = ATTN_PACK(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-    }
-
-    mbar_wait(fullV + 8 * st, ph);
-    turn_wait(c);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) wgmma_rs_o(&o[0][0], pa[kk], desc_mnmajor(sV + st * KV_BYTES + kk * (16 * 128)));
-    wgmma_commit();
-    if (c == 0 || i != last) turn_pass(c ^ 1);
-    WGMMA_WAIT(0);
-    /* This warp is done with the stage's K and V. */
+    fence_f32(&o[0][0], NO * 4);
+    fence_f32(&sc[0][0], NS * 4);
+    /* This warp is done with the stage of tile i - 1. */
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + 8 * st);
+    if (lane == 0) mbar_arrive(empty + 8 * pst);
+#pragma unroll
+    for (int j = 0; j < NO; j++) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+    pack_p(sc, pa);
   }
+
+  /* The last tile's P V; the producer loads nothing more, so its stage is
+   * not released. */
+  const int lst = (tiles - 1) % STAGES;
+  mbar_wait(fullV + 8 * lst, ((tiles - 1) / STAGES) & 1);
+  turn_wait(c);
+  wgmma_fence();
+  gemm_pv(&o[0][0], pa, sV + lst * KV_BYTES);
+  wgmma_commit();
+  if (c == 0) turn_pass(1);
+  WGMMA_WAIT(0);
+  fence_f32(&o[0][0], NO * 4);
 
   /* O / sum, LSE, and 4-byte stores of column pairs. */
 #pragma unroll

@@ -81,10 +81,10 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
       k.threads = 128;
       k.smem = (64 + 2 * bn) * row_bytes(d);
       break;
-    case AK_FWD90: /* 1 KiB alignment slack, Q (128 rows), 2 stages of K and V (bn rows each), 7 mbarriers */
+    case AK_FWD90: /* 1 KiB alignment slack, Q (128 rows), 3 stages of K and V (bn rows each), 10 mbarriers */
       k.bm = 128;
       k.threads = 384;
-      k.smem = 1024 + (128 + 2 * 2 * bn) * d * 2 + 64;
+      k.smem = 1024 + (128 + 3 * 2 * bn) * d * 2 + 80;
       break;
     case AK_BWD80: /* K, V (bn rows), Q and dO (2 x 64 rows), dSᵀ (bn x 64), LSE and D (2 x 64 f32) */
       k.bm = BWD_BM;
