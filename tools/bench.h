@@ -42,6 +42,7 @@ extern const cli_bench_op cli_bench_softmax;
 extern const cli_bench_op cli_bench_topk;
 extern const cli_bench_op cli_bench_gemm;
 extern const cli_bench_op cli_bench_attention;
+extern const cli_bench_op cli_bench_peer;
 
 /* Times a device-to-device copy of `bytes` rotated over `sets` buffer pairs:
  * the bandwidth ceiling every other op is quoted against. */

@@ -12,7 +12,7 @@
 
 static const cli_bench_op *const ops[] = {
     &cli_bench_copy, &cli_bench_activation, &cli_bench_softmax, &cli_bench_topk, &cli_bench_gemm,
-    &cli_bench_attention};
+    &cli_bench_attention, &cli_bench_peer};
 enum { NOPS = sizeof ops / sizeof ops[0] };
 
 static const char *device_opt;

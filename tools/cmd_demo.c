@@ -16,6 +16,7 @@ static const cli_demo_section sections[] = {
     {"topk", cli_demo_topk},
     {"gemm", cli_demo_gemm},
     {"attention", cli_demo_attention},
+    {"peer", cli_demo_peer},
 };
 enum { NSECTIONS = sizeof sections / sizeof sections[0] };
 

@@ -27,6 +27,7 @@ void cli_demo_softmax(cli_demo_env *env);
 void cli_demo_topk(cli_demo_env *env);
 void cli_demo_gemm(cli_demo_env *env);
 void cli_demo_attention(cli_demo_env *env);
+void cli_demo_peer(cli_demo_env *env);
 
 /* A view of rows [row0, row0 + rows) of a contiguous [*, cols] matrix on the
  * context's device; cols == 0 gives the 1-D [rows] view of a vector. */
