@@ -46,6 +46,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from benchlib import fmt, git_commit  # noqa: E402
+
 # The inputs of `smelt bench attention` (tools/bench_attention.c): seeds and ranges.
 SEED_Q, SEED_K, SEED_V, SEED_DO = 0x5EED1501, 0x5EED1502, 0x5EED1503, 0x5EED1504
 RANGE_QK, RANGE_V = (-2.0, 2.0), (-1.0, 1.0)
@@ -250,22 +252,6 @@ def time_sdpa(torch, c, backend, opts):
 
 
 # ---------------------------------------------------------------- main
-
-
-def git_commit():
-    try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return rev + ("-dirty" if dirty else "") if rev else "unknown"
-    except Exception:
-        return "unknown"
-
-
-def fmt(v, spec, width=0):
-    """v formatted, or "-" (right-aligned in `width`) when there is no number."""
-    return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "-".rjust(width)
 
 
 def run_case(torch, c, opts, backends):

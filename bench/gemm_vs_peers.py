@@ -24,7 +24,6 @@ Exit status: 0 when every case ran and met its bar, 1 otherwise.
 import argparse
 import datetime
 import json
-import math
 import os
 import random
 import statistics
@@ -34,6 +33,8 @@ import time
 import warnings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchlib import fmt, git_commit  # noqa: E402
 
 
 # ---------------------------------------------------------------- cases
@@ -242,22 +243,6 @@ def time_peer(torch, peer, opts):
 
 
 # ---------------------------------------------------------------- main
-
-
-def git_commit():
-    try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return rev + ("-dirty" if dirty else "") if rev else "unknown"
-    except Exception:
-        return "unknown"
-
-
-def fmt(v, spec, width=0):
-    """v formatted, or "-" (right-aligned in `width`) when there is no number."""
-    return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "-".rjust(width)
 
 
 def main():

@@ -50,6 +50,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from benchlib import fmt, git_commit  # noqa: E402
+
 SHAPE = dict(tokens=4096, d_in=1024, d_out=1024, n=1024, heads=8, top_k=16, query_dim=256, hidden=1)
 BARS = dict(fwd_speedup=5.0, fwdbwd_speedup=3.0, pct_of_copy=70.0)
 
@@ -170,21 +172,6 @@ def torch_peer(torch, s, opts, errors):
 
 
 # ---------------------------------------------------------------- main
-
-
-def git_commit():
-    try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return rev + ("-dirty" if dirty else "") if rev else "unknown"
-    except Exception:
-        return "unknown"
-
-
-def fmt(v, spec, width=0):
-    return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "-".rjust(width)
 
 
 def ratio(a, b):
