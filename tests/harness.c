@@ -144,6 +144,30 @@ int th_buf_guards_ok(const th_buf *b) {
   return ok;
 }
 
+int64_t th_view_off(const th_view *v, int64_t i) {
+  int64_t off = 0;
+  for (int d = v->ndim - 1; d >= 0; d--) {
+    off += (i % v->shape[d]) * v->strides[d];
+    i /= v->shape[d];
+  }
+  return off;
+}
+
+smelt_tensor th_view_tensor(const th_view *v, const th_buf *b, smelt_dtype dt) {
+  smelt_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = (uint8_t *)b->data + v->offset * (int64_t)smelt_dtype_size(dt);
+  t.dtype = dt;
+  t.device = smelt_ctx_device(b->ctx);
+  t.device_index = smelt_ctx_device_index(b->ctx);
+  t.ndim = v->ndim;
+  for (int d = 0; d < v->ndim; d++) {
+    t.shape[d] = v->shape[d];
+    t.strides[d] = v->strides[d];
+  }
+  return t;
+}
+
 double th_get(const void *host, smelt_dtype dt, int64_t i) { return smelt__load_f64(host, dt, i); }
 
 void th_set(void *host, smelt_dtype dt, int64_t i, double v) { smelt__store_f64(host, dt, i, v); }

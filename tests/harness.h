@@ -101,6 +101,18 @@ void th_buf_download(const th_buf *b, void *host, size_t bytes);
 /* 1 if both guards still hold their pattern. */
 int th_buf_guards_ok(const th_buf *b);
 
+/* ---- strided views into a th_buf: `offset` elements from the payload start,
+ * `storage` elements in the buffer, `numel` the view's element count. */
+typedef struct th_view {
+  int ndim;
+  int64_t shape[SMELT_MAX_DIMS], strides[SMELT_MAX_DIMS];
+  int64_t offset, storage, numel;
+} th_view;
+/* Storage element (relative to offset) of the view's row-major linear index i. */
+int64_t th_view_off(const th_view *v, int64_t i);
+/* The smelt_tensor of the view over b's payload. */
+smelt_tensor th_view_tensor(const th_view *v, const th_buf *b, smelt_dtype dt);
+
 /* ---- host data helpers */
 /* Fills n elements of dtype dt with uniform values in [lo, hi) (rounded to dt). */
 void th_fill_uniform(void *host, smelt_dtype dt, int64_t n, double lo, double hi);

@@ -27,11 +27,10 @@ static int is_cuda(smelt_ctx *ctx) { return smelt_ctx_device(ctx) == SMELT_DEVIC
 
 /* A tensor's memory: logical shape, strides, the element its data starts at
  * in the buffer and the elements the buffer holds. */
-typedef struct tlay {
-  int ndim;
-  int64_t shape[4], strides[4];
-  int64_t offset, storage, numel;
-} tlay;
+typedef th_view tlay;
+
+/* Storage element of row-major linear index i, offset included. */
+static int64_t lay_off(const tlay *l, int64_t i) { return l->offset + th_view_off(l, i); }
 
 /* order: the logical dims from outermost to innermost in memory; pad: spare
  * elements after each line of every dim but the innermost (8 keeps 16-bit
@@ -57,30 +56,6 @@ static tlay lay_make(int ndim, const int64_t *shape, const int *order, int64_t p
   return l;
 }
 
-/* Storage element of row-major linear index i. */
-static int64_t lay_off(const tlay *l, int64_t i) {
-  int64_t off = l->offset;
-  for (int d = l->ndim - 1; d >= 0; d--) {
-    off += (i % l->shape[d]) * l->strides[d];
-    i /= l->shape[d];
-  }
-  return off;
-}
-
-static smelt_tensor lay_tensor(const tlay *l, const th_buf *b, smelt_dtype dt) {
-  smelt_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = (uint8_t *)b->data + l->offset * (int64_t)smelt_dtype_size(dt);
-  t.dtype = dt;
-  t.device = smelt_ctx_device(b->ctx);
-  t.device_index = smelt_ctx_device_index(b->ctx);
-  t.ndim = l->ndim;
-  for (int d = 0; d < l->ndim; d++) {
-    t.shape[d] = l->shape[d];
-    t.strides[d] = l->strides[d];
-  }
-  return t;
-}
 
 static int all_ff(const uint8_t *p, size_t n) {
   for (size_t i = 0; i < n; i++)
@@ -353,8 +328,8 @@ static void run_case(smelt_ctx *ctx, smelt_dtype dt, const acase *c, int bwd) {
 
   th_buf qb = upload(ctx, &lq, dt, qh), kb = upload(ctx, &lk, dt, kh), vb = upload(ctx, &lv, dt, vh);
   th_buf ob = th_buf_new(ctx, (size_t)lo.storage * smelt_dtype_size(dt)), lb = th_buf_new(ctx, (size_t)ll.storage * 4);
-  smelt_tensor qt = lay_tensor(&lq, &qb, dt), kt = lay_tensor(&lk, &kb, dt), vt = lay_tensor(&lv, &vb, dt);
-  smelt_tensor ot = lay_tensor(&lo, &ob, dt), lt = lay_tensor(&ll, &lb, SMELT_DTYPE_F32), cqt, ckt;
+  smelt_tensor qt = th_view_tensor(&lq, &qb, dt), kt = th_view_tensor(&lk, &kb, dt), vt = th_view_tensor(&lv, &vb, dt);
+  smelt_tensor ot = th_view_tensor(&lo, &ob, dt), lt = th_view_tensor(&ll, &lb, SMELT_DTYPE_F32), cqt, ckt;
   th_buf cqb, ckb;
   memset(&cqb, 0, sizeof cqb);
   memset(&ckb, 0, sizeof ckb);
@@ -398,9 +373,9 @@ static void run_case(smelt_ctx *ctx, smelt_dtype dt, const acase *c, int bwd) {
     th_buf dqb = th_buf_new(ctx, (size_t)ldq.storage * smelt_dtype_size(dt)),
            dkb = th_buf_new(ctx, (size_t)ldk.storage * smelt_dtype_size(dt)),
            dvb = th_buf_new(ctx, (size_t)ldv.storage * smelt_dtype_size(dt));
-    smelt_tensor oit = lay_tensor(&lo, &oib, dt), lit = lay_tensor(&ll, &lib, SMELT_DTYPE_F32),
-                 dot_ = lay_tensor(&lo, &dob, dt);
-    smelt_tensor dqt = lay_tensor(&ldq, &dqb, dt), dkt = lay_tensor(&ldk, &dkb, dt), dvt = lay_tensor(&ldv, &dvb, dt);
+    smelt_tensor oit = th_view_tensor(&lo, &oib, dt), lit = th_view_tensor(&ll, &lib, SMELT_DTYPE_F32),
+                 dot_ = th_view_tensor(&lo, &dob, dt);
+    smelt_tensor dqt = th_view_tensor(&ldq, &dqb, dt), dkt = th_view_tensor(&ldk, &dkb, dt), dvt = th_view_tensor(&ldv, &dvb, dt);
     s = c->varlen ? smelt_attention_varlen_bwd(ctx, &desc, &qt, &kt, &vt, &cqt, &ckt, &oit, &dot_, &lit, &dqt, &dkt, &dvt)
                   : smelt_attention_bwd(ctx, &desc, &qt, &kt, &vt, &oit, &dot_, &lit, &dqt, &dkt, &dvt);
     if (s) th_fail(__FILE__, __LINE__, "%s: bwd: %s (%s)", what, smelt_status_name(s), smelt_last_error());
@@ -639,7 +614,7 @@ static void bwd_env_new(bwd_env *e, smelt_ctx *ctx, smelt_dtype dt, const acase 
     double *dense = (double *)malloc((size_t)(lays[i]->numel + 1) * 8);
     uint8_t *h = random_host(lays[i], dt, -2, 2, dense);
     e->b[i] = upload(ctx, lays[i], dt, h);
-    *in[i] = lay_tensor(lays[i], &e->b[i], dt);
+    *in[i] = th_view_tensor(lays[i], &e->b[i], dt);
     free(h);
     free(dense);
   }
@@ -647,13 +622,13 @@ static void bwd_env_new(bwd_env *e, smelt_ctx *ctx, smelt_dtype dt, const acase 
   float *lh = (float *)malloc((size_t)e->ll.storage * 4 + 4);
   for (int64_t i = 0; i < e->ll.storage; i++) lh[i] = (float)th_rand_uniform(2, 4);
   e->b[5] = upload(ctx, &e->ll, SMELT_DTYPE_F32, lh);
-  e->lse = lay_tensor(&e->ll, &e->b[5], SMELT_DTYPE_F32);
+  e->lse = th_view_tensor(&e->ll, &e->b[5], SMELT_DTYPE_F32);
   free(lh);
   smelt_tensor *out[3] = {&e->dq, &e->dk, &e->dv};
   const tlay *olays[3] = {&e->lq, &e->lk, &e->lk};
   for (int i = 0; i < 3; i++) {
     e->b[6 + i] = th_buf_new(ctx, (size_t)olays[i]->storage * smelt_dtype_size(dt));
-    *out[i] = lay_tensor(olays[i], &e->b[6 + i], dt);
+    *out[i] = th_view_tensor(olays[i], &e->b[6 + i], dt);
   }
   if (c->varlen) {
     e->b[9] = cu_upload(ctx, e->g.q0, c->B, &e->cq);
@@ -750,8 +725,8 @@ static void test_plan_reuse(void) {
       ref_forward(&c, &g, qd, kd, vd, oref, lden);
       th_buf qb = upload(ctx, &lq, dt, qh), kb = upload(ctx, &lk, dt, kh), vb = upload(ctx, &lk, dt, vh);
       th_buf ob = th_buf_new(ctx, (size_t)lq.storage * smelt_dtype_size(dt));
-      smelt_tensor qt = lay_tensor(&lq, &qb, dt), kt = lay_tensor(&lk, &kb, dt), vt = lay_tensor(&lk, &vb, dt),
-                   ot = lay_tensor(&lq, &ob, dt);
+      smelt_tensor qt = th_view_tensor(&lq, &qb, dt), kt = th_view_tensor(&lk, &kb, dt), vt = th_view_tensor(&lk, &vb, dt),
+                   ot = th_view_tensor(&lq, &ob, dt);
       if (r == 0) {
         CHECK_OK(smelt_attention_fwd_plan(ctx, &desc, &qt, &kt, &vt, &ot, NULL, &plan));
         if (plan) CHECK(strstr(smelt_plan_describe(plan), "attention") != NULL);

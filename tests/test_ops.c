@@ -32,13 +32,7 @@ static const char *backend_name(smelt_ctx *ctx) { return smelt_ctx_device(ctx) =
 enum { L_CONTIG, L_REVERSED, L_PADDED, L_STEP2, L_BCAST };
 static const char *const layout_names[] = {"contig", "reversed", "padded", "step2", "bcast"};
 
-typedef struct view {
-  int ndim, layout;
-  int64_t shape[SMELT_MAX_DIMS], strides[SMELT_MAX_DIMS];
-  int64_t offset;  /* elements from the buffer start to the view's data */
-  int64_t storage; /* elements the buffer holds */
-  int64_t numel;
-} view;
+typedef th_view view;
 
 /* contig: row-major; reversed: column-major (the transpose of a row-major
  * buffer); padded: unit last stride, 3 spare elements per row and 1 per outer
@@ -48,7 +42,6 @@ static view make_view(int ndim, const int64_t *shape, int layout, int64_t offset
   view v;
   memset(&v, 0, sizeof v);
   v.ndim = ndim;
-  v.layout = layout;
   v.offset = offset;
   v.numel = 1;
   for (int d = 0; d < ndim; d++) {
@@ -75,29 +68,6 @@ static view make_view(int ndim, const int64_t *shape, int layout, int64_t offset
 }
 
 /* Element offset (from the view's data) of row-major index i. */
-static int64_t view_off(const view *v, int64_t i) {
-  int64_t off = 0;
-  for (int d = v->ndim - 1; d >= 0; d--) {
-    off += (i % v->shape[d]) * v->strides[d];
-    i /= v->shape[d];
-  }
-  return off;
-}
-
-static smelt_tensor view_tensor(const view *v, const th_buf *b, smelt_dtype dt) {
-  smelt_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = (uint8_t *)b->data + v->offset * (int64_t)smelt_dtype_size(dt);
-  t.dtype = dt;
-  t.device = smelt_ctx_device(b->ctx);
-  t.device_index = smelt_ctx_device_index(b->ctx);
-  t.ndim = v->ndim;
-  for (int d = 0; d < v->ndim; d++) {
-    t.shape[d] = v->shape[d];
-    t.strides[d] = v->strides[d];
-  }
-  return t;
-}
 
 static const char *shape_text(const view *v, char *buf, size_t n) {
   size_t used = (size_t)snprintf(buf, n, "[");
@@ -122,7 +92,7 @@ static void check_output(const char *what, const view *v, const th_buf *b, smelt
   th_buf_download(b, host, (size_t)v->storage * es);
   int64_t unwritten = -1, stray = -1;
   for (int64_t i = 0; i < v->numel; i++) {
-    int64_t at = v->offset + view_off(v, i);
+    int64_t at = v->offset + th_view_off(v, i);
     hit[at] = 1;
     if (all_ff(host + at * (int64_t)es, es) && unwritten < 0) unwritten = i;
     if (got) got[i] = th_get(host, dt, at);
@@ -170,7 +140,7 @@ static void put_specials(uint8_t *host, const view *v, smelt_dtype dt) {
   static const double sp[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 30.0, -30.0};
   for (size_t s = 0; s < sizeof sp / sizeof *sp && (int64_t)s < v->numel; s++) {
     int64_t i = (int64_t)(th_rand_u64() % (uint64_t)v->numel);
-    th_set(host, dt, v->offset + view_off(v, i), sp[s]);
+    th_set(host, dt, v->offset + th_view_off(v, i), sp[s]);
   }
 }
 
@@ -183,22 +153,22 @@ static void act_case(smelt_ctx *ctx, smelt_dtype dt, smelt_act act, const int64_
   if (specials) put_specials(xh, &xv, dt);
   th_buf xb = upload(ctx, &xv, dt, xh);
   th_buf yb = in_place ? xb : th_buf_new(ctx, (size_t)yv.storage * smelt_dtype_size(dt));
-  smelt_tensor xt = view_tensor(&xv, &xb, dt), yt = view_tensor(&yv, &yb, dt);
+  smelt_tensor xt = th_view_tensor(&xv, &xb, dt), yt = th_view_tensor(&yv, &yb, dt);
   smelt_activation_desc desc = {act, 0.1f};
   char what[200], shp[64];
   snprintf(what, sizeof what, "activation %s %s %s %s x:%s%s y:%s", smelt_act_name(act), smelt_dtype_name(dt),
-           backend_name(ctx), shape_text(&xv, shp, sizeof shp), layout_names[xv.layout], in_place ? " in place" : "",
-           layout_names[yv.layout]);
+           backend_name(ctx), shape_text(&xv, shp, sizeof shp), layout_names[lay[0]], in_place ? " in place" : "",
+           layout_names[in_place ? lay[0] : lay[1]]);
   smelt_status s = smelt_activation(ctx, &desc, &xt, &yt);
   if (s) th_fail(__FILE__, __LINE__, "%s: %s (%s)", what, smelt_status_name(s), smelt_last_error());
   double *got = (double *)malloc((size_t)xv.numel * sizeof *got);
   double *ref = (double *)malloc((size_t)xv.numel * sizeof *ref);
   for (int64_t i = 0; i < xv.numel; i++)
-    ref[i] = smelt_act_apply(act, th_get(xh, dt, xv.offset + view_off(&xv, i)), desc.slope);
+    ref[i] = smelt_act_apply(act, th_get(xh, dt, xv.offset + th_view_off(&xv, i)), desc.slope);
   if (in_place) {
     uint8_t *yh = (uint8_t *)malloc((size_t)xv.storage * smelt_dtype_size(dt));
     th_buf_download(&xb, yh, (size_t)xv.storage * smelt_dtype_size(dt));
-    for (int64_t i = 0; i < xv.numel; i++) got[i] = th_get(yh, dt, xv.offset + view_off(&xv, i));
+    for (int64_t i = 0; i < xv.numel; i++) got[i] = th_get(yh, dt, xv.offset + th_view_off(&xv, i));
     CHECK(th_buf_guards_ok(&xb));
     free(yh);
   } else {
@@ -252,7 +222,7 @@ static void test_activation_plan_reuse(void) {
     view v0 = make_view(1, shape, L_CONTIG, 0);
     uint8_t *h0 = random_storage(&v0, dt, -3, 3);
     th_buf x0 = upload(ctx, &v0, dt, h0), y0 = th_buf_new(ctx, (size_t)v0.storage * 2);
-    smelt_tensor xt = view_tensor(&v0, &x0, dt), yt = view_tensor(&v0, &y0, dt);
+    smelt_tensor xt = th_view_tensor(&v0, &x0, dt), yt = th_view_tensor(&v0, &y0, dt);
     smelt_activation_desc desc = {SMELT_ACT_TANH, 0};
     smelt_plan *plan = NULL;
     CHECK_OK(smelt_activation_plan(ctx, &desc, &xt, &yt, &plan));
@@ -262,7 +232,7 @@ static void test_activation_plan_reuse(void) {
       view v = make_view(1, shape, L_CONTIG, r); /* r = 1, 2: misaligned bases */
       uint8_t *h = random_storage(&v, dt, -3, 3);
       th_buf xb = upload(ctx, &v, dt, h), yb = th_buf_new(ctx, (size_t)v.storage * 2);
-      smelt_tensor x = view_tensor(&v, &xb, dt), y = view_tensor(&v, &yb, dt);
+      smelt_tensor x = th_view_tensor(&v, &xb, dt), y = th_view_tensor(&v, &yb, dt);
       CHECK_OK(smelt_activation_run(plan, &x, &y));
       double got[1003], ref[1003];
       check_output("activation plan reuse", &v, &yb, dt, got);
@@ -310,7 +280,7 @@ static void softmax_specials(uint8_t *h, const view *v, smelt_dtype dt) {
   const int64_t C = v->shape[v->ndim - 1], rows = v->numel / C;
   for (int64_t r = 0; r < rows && r < 4; r++)
     for (int64_t j = 0; j < C; j++) {
-      int64_t at = v->offset + view_off(v, r * C + j);
+      int64_t at = v->offset + th_view_off(v, r * C + j);
       if (r == 1 || (r == 2 && j % 3 == 0)) th_set(h, dt, at, -INFINITY);
       if ((r == 0 || r == 3) && j == C / 2) th_set(h, dt, at, r == 0 ? NAN : INFINITY);
     }
@@ -326,8 +296,8 @@ static void softmax_case(smelt_ctx *ctx, smelt_dtype dt, int ndim, const int64_t
   th_buf xb = upload(ctx, &xv, dt, xh);
   th_buf yb = th_buf_new(ctx, (size_t)yv.storage * smelt_dtype_size(dt));
   th_buf lb = th_buf_new(ctx, (size_t)lv.storage * 4);
-  smelt_tensor xt = view_tensor(&xv, &xb, dt), yt = view_tensor(&yv, &yb, dt);
-  smelt_tensor lt = view_tensor(&lv, &lb, SMELT_DTYPE_F32);
+  smelt_tensor xt = th_view_tensor(&xv, &xb, dt), yt = th_view_tensor(&yv, &yb, dt);
+  smelt_tensor lt = th_view_tensor(&lv, &lb, SMELT_DTYPE_F32);
   char what[200], shp[64];
   snprintf(what, sizeof what, "softmax %s %s %s x:%s y:%s lse:%s", smelt_dtype_name(dt), backend_name(ctx),
            shape_text(&xv, shp, sizeof shp), layout_names[xl], layout_names[yl],
@@ -340,7 +310,7 @@ static void softmax_case(smelt_ctx *ctx, smelt_dtype dt, int ndim, const int64_t
   double *lref = (double *)malloc((size_t)rows * sizeof *lref);
   double *lgot = (double *)malloc((size_t)rows * sizeof *lgot);
   for (int64_t r = 0; r < rows; r++) {
-    for (int64_t j = 0; j < C; j++) row[j] = th_get(xh, dt, xv.offset + view_off(&xv, r * C + j));
+    for (int64_t j = 0; j < C; j++) row[j] = th_get(xh, dt, xv.offset + th_view_off(&xv, r * C + j));
     ref_softmax_row(row, C, ref + r * C, &lref[r]);
   }
   check_output(what, &yv, &yb, dt, got);
@@ -429,7 +399,7 @@ static void topk_case(smelt_ctx *ctx, smelt_dtype dt, int idx_dt, int ndim, cons
   th_buf xb = upload(ctx, &xv, dt, xh);
   th_buf vb = th_buf_new(ctx, (size_t)vv.storage * es);
   th_buf ib = th_buf_new(ctx, (size_t)iv.storage * smelt_dtype_size(it));
-  smelt_tensor xt = view_tensor(&xv, &xb, dt), vt = view_tensor(&vv, &vb, dt), itn = view_tensor(&iv, &ib, it);
+  smelt_tensor xt = th_view_tensor(&xv, &xb, dt), vt = th_view_tensor(&vv, &vb, dt), itn = th_view_tensor(&iv, &ib, it);
   char what[200], shp[64];
   snprintf(what, sizeof what, "topk %s k=%lld %s %s x:%s values:%s indices:%s", smelt_dtype_name(dt), (long long)k,
            backend_name(ctx), shape_text(&xv, shp, sizeof shp), layout_names[xl], layout_names[vl],
@@ -452,17 +422,17 @@ static void topk_case(smelt_ctx *ctx, smelt_dtype dt, int idx_dt, int ndim, cons
       int64_t best = -1;
       for (int64_t c = 0; c < C; c++) {
         if (taken[c]) continue;
-        double xc = th_get(xh, dt, view_off(&xv, r * C + c));
-        if (best < 0 || ranks_before(xc, c, th_get(xh, dt, view_off(&xv, r * C + best)), best)) best = c;
+        double xc = th_get(xh, dt, th_view_off(&xv, r * C + c));
+        if (best < 0 || ranks_before(xc, c, th_get(xh, dt, th_view_off(&xv, r * C + best)), best)) best = c;
       }
       taken[best] = 1;
-      const uint8_t *want = xh + view_off(&xv, r * C + best) * (int64_t)es;
-      const uint8_t *have = vh + (vv.offset + view_off(&vv, r * k + j)) * (int64_t)es;
+      const uint8_t *want = xh + th_view_off(&xv, r * C + best) * (int64_t)es;
+      const uint8_t *have = vh + (vv.offset + th_view_off(&vv, r * k + j)) * (int64_t)es;
       if (memcmp(want, have, es) || (idx_dt >= 0 && igot[r * k + j] != (double)best)) {
         bad = r * k + j;
         th_fail(__FILE__, __LINE__, "%s: row %lld slot %lld: got %g (index %g), want %g (index %lld)", what,
                 (long long)r, (long long)j, vgot[bad], idx_dt >= 0 ? igot[bad] : -1.0,
-                th_get(xh, dt, view_off(&xv, r * C + best)), (long long)best);
+                th_get(xh, dt, th_view_off(&xv, r * C + best)), (long long)best);
       }
     }
   }
@@ -522,9 +492,9 @@ static void test_ops_empty(void) {
     th_buf b = th_buf_new(ctx, 64);
     view v = make_view(2, rows0, L_CONTIG, 0), vk = make_view(2, rows0k, L_CONTIG, 0),
          vl = make_view(1, rows0, L_CONTIG, 0), vc = make_view(2, cols0, L_CONTIG, 0);
-    smelt_tensor x = view_tensor(&v, &b, SMELT_DTYPE_F32), y = x, lse = view_tensor(&vl, &b, SMELT_DTYPE_F32);
-    smelt_tensor vals = view_tensor(&vk, &b, SMELT_DTYPE_F32), idx = view_tensor(&vk, &b, SMELT_DTYPE_I32);
-    smelt_tensor z = view_tensor(&vc, &b, SMELT_DTYPE_BF16);
+    smelt_tensor x = th_view_tensor(&v, &b, SMELT_DTYPE_F32), y = x, lse = th_view_tensor(&vl, &b, SMELT_DTYPE_F32);
+    smelt_tensor vals = th_view_tensor(&vk, &b, SMELT_DTYPE_F32), idx = th_view_tensor(&vk, &b, SMELT_DTYPE_I32);
+    smelt_tensor z = th_view_tensor(&vc, &b, SMELT_DTYPE_BF16);
     x.data = NULL; /* no elements, so no memory is needed */
     smelt_activation_desc desc = {SMELT_ACT_RELU, 0};
     CHECK_OK(smelt_activation(ctx, &desc, &x, &y));
@@ -563,11 +533,11 @@ static bad_env bad_env_new(smelt_ctx *ctx) {
   e.lb = th_buf_new(ctx, (size_t)lv.storage * 4);
   e.vb = th_buf_new(ctx, (size_t)kv.storage * 4);
   e.ib = th_buf_new(ctx, (size_t)kv.storage * 8);
-  e.x = view_tensor(&xv, &e.xb, SMELT_DTYPE_F32);
-  e.y = view_tensor(&xv, &e.yb, SMELT_DTYPE_F32);
-  e.lse = view_tensor(&lv, &e.lb, SMELT_DTYPE_F32);
-  e.vals = view_tensor(&kv, &e.vb, SMELT_DTYPE_F32);
-  e.idx = view_tensor(&kv, &e.ib, SMELT_DTYPE_I64);
+  e.x = th_view_tensor(&xv, &e.xb, SMELT_DTYPE_F32);
+  e.y = th_view_tensor(&xv, &e.yb, SMELT_DTYPE_F32);
+  e.lse = th_view_tensor(&lv, &e.lb, SMELT_DTYPE_F32);
+  e.vals = th_view_tensor(&kv, &e.vb, SMELT_DTYPE_F32);
+  e.idx = th_view_tensor(&kv, &e.ib, SMELT_DTYPE_I64);
   return e;
 }
 
