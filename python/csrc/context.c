@@ -61,7 +61,7 @@ void smpy_tkey_fill(smpy_tkey *k, const smelt_tensor *t) {
 static uint64_t hash_key(const smpy_pkey *key) {
   const uint64_t *w = (const uint64_t *)key;
   uint64_t h = 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < sizeof *key / 8; i++) {
+  for (size_t i = 0; i < smpy_pkey_size(key) / 8; i++) {
     h ^= w[i];
     h *= 0xff51afd7ed558ccdull;
     h ^= h >> 32;
@@ -73,7 +73,7 @@ smelt_plan *smpy_plan_find(smpy_ctx *c, const smpy_pkey *key, uint64_t *hash) {
   *hash = hash_key(key);
   if (!c->plans) return NULL;
   smpy_plan_slot *s = &c->plans[*hash % SMPY_PLAN_SLOTS];
-  if (s->plan && s->hash == *hash && !memcmp(&s->key, key, sizeof *key)) {
+  if (s->plan && s->hash == *hash && s->key.ntensors == key->ntensors && !memcmp(&s->key, key, smpy_pkey_size(key))) {
     c->plan_hits++;
     return s->plan;
   }

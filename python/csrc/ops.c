@@ -7,19 +7,28 @@
  * or import the outputs, find or make the plan, run it on the launch stream,
  * release the DLPack imports. */
 #include "smelt_py.h"
+#include "smelt/attention.h"
+#include "smelt/gemm.h"
 
 #include <string.h>
 
 static PyObject *act_names; /* dict: name -> smelt_act */
 static PyObject *act_tuple; /* the names, in enum order */
 
-enum { OP_ACTIVATION = 1, OP_SOFTMAX, OP_TOPK };
+enum { OP_ACTIVATION = 1, OP_SOFTMAX, OP_TOPK, OP_GEMM, OP_ATTN_FWD, OP_ATTN_VARLEN_FWD, OP_ATTN_BWD, OP_ATTN_VARLEN_BWD };
 
 typedef struct op_args {
   int op;
+  int nt; /* tensors in t (0 = 3, the small ops) */
   smelt_activation_desc desc;
   int64_t k;
-  const smelt_tensor *t[3]; /* op-specific order; NULL = absent */
+  smelt_gemm_desc gemm;
+  smelt_attention_desc attn;
+  /* Op-specific order; NULL = absent.
+   *   gemm:           a, b, c, d, bias
+   *   attention fwd:  q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
+   *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k */
+  const smelt_tensor *t[SMPY_KEY_TENSORS];
 } op_args;
 
 static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **plan) {
@@ -27,6 +36,17 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
     case OP_ACTIVATION: return smelt_activation_plan(ctx, &o->desc, o->t[0], o->t[1], plan);
     case OP_SOFTMAX: return smelt_softmax_plan(ctx, o->t[0], o->t[1], o->t[2], plan);
     case OP_TOPK: return smelt_topk_plan(ctx, o->k, o->t[0], o->t[1], o->t[2], plan);
+    case OP_GEMM: return smelt_gemm_plan(ctx, &o->gemm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
+    case OP_ATTN_FWD: return smelt_attention_fwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
+    case OP_ATTN_VARLEN_FWD:
+      return smelt_attention_varlen_fwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[5], o->t[6], o->t[3], o->t[4],
+                                             plan);
+    case OP_ATTN_BWD:
+      return smelt_attention_bwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6],
+                                      o->t[7], o->t[8], plan);
+    case OP_ATTN_VARLEN_BWD:
+      return smelt_attention_varlen_bwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[9], o->t[10], o->t[3],
+                                             o->t[4], o->t[5], o->t[6], o->t[7], o->t[8], plan);
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -36,6 +56,16 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
     case OP_ACTIVATION: return smelt_activation_run(plan, o->t[0], o->t[1]);
     case OP_SOFTMAX: return smelt_softmax_run(plan, o->t[0], o->t[1], o->t[2]);
     case OP_TOPK: return smelt_topk_run(plan, o->t[0], o->t[1], o->t[2]);
+    case OP_GEMM: return smelt_gemm_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
+    case OP_ATTN_FWD: return smelt_attention_fwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
+    case OP_ATTN_VARLEN_FWD:
+      return smelt_attention_varlen_fwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[5], o->t[6], o->t[3], o->t[4]);
+    case OP_ATTN_BWD:
+      return smelt_attention_bwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6], o->t[7],
+                                     o->t[8]);
+    case OP_ATTN_VARLEN_BWD:
+      return smelt_attention_varlen_bwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[9], o->t[10], o->t[3], o->t[4],
+                                            o->t[5], o->t[6], o->t[7], o->t[8]);
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -50,8 +80,22 @@ static int execute(smpy_call *call, const op_args *o) {
   key.slope = o->desc.slope;
   key.k = o->k;
   key.deterministic = c->deterministic;
-  key.ntensors = 3;
-  for (int i = 0; i < 3; i++) {
+  if (o->op == OP_GEMM) {
+    key.f[0] = o->gemm.epilogue.alpha;
+    key.f[1] = o->gemm.epilogue.beta;
+    key.act = (int32_t)o->gemm.epilogue.act;
+    key.slope = o->gemm.epilogue.slope;
+    key.i[0] = (int64_t)o->gemm.math.op;
+  } else if (o->op >= OP_ATTN_FWD) {
+    key.f[0] = o->attn.scale;
+    key.i[0] = o->attn.causal;
+    key.i[1] = o->attn.window_left;
+    key.i[2] = o->attn.window_right;
+    key.i[3] = o->attn.max_seqlen_q;
+    key.i[4] = o->attn.max_seqlen_k;
+  }
+  key.ntensors = o->nt ? o->nt : 3;
+  for (int i = 0; i < key.ntensors; i++) {
     if (o->t[i])
       smpy_tkey_fill(&key.t[i], o->t[i]);
     else
@@ -261,10 +305,230 @@ done:
   return result;
 }
 
+/* ---- gemm and attention */
+
+static int parse_math(PyObject *o, smelt_gemm_math_op *op) {
+  static const char *names[] = {"default", "tf32", "3xtf32"};
+  if (PyUnicode_Check(o))
+    for (int i = 0; i < 3; i++)
+      if (!PyUnicode_CompareWithASCIIString(o, names[i])) {
+        *op = (smelt_gemm_math_op)i;
+        return 0;
+      }
+  PyObject *r = PyObject_Repr(o);
+  PyObject *b = r ? PyUnicode_AsUTF8String(r) : NULL;
+  smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt.gemm: math=%s is not 'default', 'tf32' or '3xtf32'",
+             b ? PyBytes_AsString(b) : "?");
+  Py_XDECREF(r);
+  Py_XDECREF(b);
+  return -1;
+}
+
+/* None keeps *dt; otherwise a smelt dtype name ('f32', 'bf16', ...). */
+static int parse_dtype_name(PyObject *o, const char *what, smelt_dtype *dt) {
+  if (o == Py_None) return 0;
+  PyObject *b = PyUnicode_Check(o) ? PyUnicode_AsUTF8String(o) : NULL;
+  if (b && !smelt_dtype_from_name(PyBytes_AsString(b), dt)) {
+    Py_DECREF(b);
+    return 0;
+  }
+  Py_XDECREF(b);
+  PyErr_Clear();
+  PyObject *r = PyObject_Repr(o);
+  PyObject *rb = r ? PyUnicode_AsUTF8String(r) : NULL;
+  smpy_raise(SMELT_STATUS_DTYPE_MISMATCH, "%s: %s is not a smelt dtype name ('f32', 'f16', 'bf16', ...)", what,
+             rb ? PyBytes_AsString(rb) : "?");
+  Py_XDECREF(r);
+  Py_XDECREF(rb);
+  return -1;
+}
+
+static PyObject *py_gemm(PyObject *self, PyObject *args) {
+  PyObject *a[13]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream */
+  if (unpack(args, "gemm", 13, a) < 0) return NULL;
+  op_args o;
+  memset(&o, 0, sizeof o);
+  o.op = OP_GEMM;
+  o.nt = 5;
+  o.gemm = smelt_gemm_desc_default();
+  double alpha = PyFloat_AsDouble(a[5]), beta = PyFloat_AsDouble(a[6]), slope = PyFloat_AsDouble(a[8]);
+  if (PyErr_Occurred()) return NULL;
+  o.gemm.epilogue.alpha = alpha;
+  o.gemm.epilogue.beta = beta;
+  o.gemm.epilogue.slope = (float)slope;
+  if (parse_act(a[7], &o.gemm.epilogue.act) < 0 || parse_math(a[9], &o.gemm.math.op) < 0) return NULL;
+
+  smpy_call call;
+  PyObject *out = a[4], *made = NULL, *result = NULL;
+  smelt_tensor *ta, *tb, *tc = NULL, *td, *tbias = NULL;
+  if (smpy_call_begin(&call, "smelt.gemm", a[11], a[12]) < 0) return NULL;
+  if (smpy_call_import(&call, a[0], "a", 0, &ta) < 0 || smpy_call_import(&call, a[1], "b", 0, &tb) < 0) goto done;
+  if (a[2] != Py_None && smpy_call_import(&call, a[2], "c", 0, &tc) < 0) goto done;
+  if (a[3] != Py_None && smpy_call_import(&call, a[3], "bias", 0, &tbias) < 0) goto done;
+  if (out == Py_None) {
+    smelt_dtype dt = ta->dtype;
+    if (parse_dtype_name(a[10], "smelt.gemm: out_dtype", &dt) < 0) goto done;
+    if (ta->ndim < 2 || ta->ndim > 3 || tb->ndim != ta->ndim) {
+      smpy_raise(SMELT_STATUS_SHAPE_MISMATCH,
+                 "smelt.gemm: a and b must both be 2-D [M, K] x [K, N] or 3-D [L, M, K] x [L, K, N], got %d-D and %d-D",
+                 ta->ndim, tb->ndim);
+      goto done;
+    }
+    int64_t shape[3];
+    int nd = ta->ndim;
+    if (nd == 3) shape[0] = ta->shape[0];
+    shape[nd - 2] = ta->shape[nd - 2];
+    shape[nd - 1] = tb->shape[nd - 1];
+    if (!(out = made = smpy_call_alloc(&call, dt, nd, shape))) goto done;
+  }
+  if (smpy_call_import(&call, out, "out", 1, &td) < 0) goto done;
+  o.t[0] = ta;
+  o.t[1] = tb;
+  o.t[2] = tc;
+  o.t[3] = td;
+  o.t[4] = tbias;
+  if (execute(&call, &o) < 0) goto done;
+  Py_INCREF(out);
+  result = out;
+done:
+  smpy_call_end(&call);
+  Py_XDECREF(made);
+  return result;
+}
+
+/* scale, causal, window_left, window_right, max_seqlen_q, max_seqlen_k. */
+static int parse_attn(PyObject **p, smelt_attention_desc *d) {
+  *d = smelt_attention_desc_default();
+  double scale = PyFloat_AsDouble(p[0]);
+  int causal = PyObject_IsTrue(p[1]);
+  long long wl = PyLong_AsLongLong(p[2]), wr = PyLong_AsLongLong(p[3]);
+  long long mq = PyLong_AsLongLong(p[4]), mk = PyLong_AsLongLong(p[5]);
+  if (PyErr_Occurred() || causal < 0) return -1;
+  d->scale = (float)scale;
+  d->causal = causal;
+  d->window_left = wl;
+  d->window_right = wr;
+  d->max_seqlen_q = mq;
+  d->max_seqlen_k = mk;
+  return 0;
+}
+
+static PyObject *py_attention(PyObject *self, PyObject *args) {
+  /* q, k, v, out, lse, want_lse, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream */
+  PyObject *a[16];
+  if (unpack(args, "attention", 16, a) < 0) return NULL;
+  op_args o;
+  memset(&o, 0, sizeof o);
+  int varlen = a[6] != Py_None;
+  o.op = varlen ? OP_ATTN_VARLEN_FWD : OP_ATTN_FWD;
+  o.nt = 7;
+  int want_lse = PyObject_IsTrue(a[5]);
+  if (want_lse < 0 || parse_attn(a + 8, &o.attn) < 0) return NULL;
+
+  smpy_call call;
+  PyObject *out = a[3], *lse = a[4], *made_o = NULL, *made_l = NULL, *result = NULL;
+  smelt_tensor *q, *k, *v, *to, *tl = NULL, *cq = NULL, *ck = NULL;
+  const char *name = varlen ? "smelt.attention_varlen" : "smelt.attention";
+  if (smpy_call_begin(&call, name, a[14], a[15]) < 0) return NULL;
+  if (smpy_call_import(&call, a[0], "q", 0, &q) < 0 || smpy_call_import(&call, a[1], "k", 0, &k) < 0 ||
+      smpy_call_import(&call, a[2], "v", 0, &v) < 0)
+    goto done;
+  if (varlen && (smpy_call_import(&call, a[6], "cu_seqlens_q", 0, &cq) < 0 ||
+                 smpy_call_import(&call, a[7], "cu_seqlens_k", 0, &ck) < 0))
+    goto done;
+  if (out == Py_None || (lse == Py_None && want_lse)) {
+    int nd = varlen ? 3 : 4;
+    if (q->ndim != nd) {
+      smpy_raise(SMELT_STATUS_SHAPE_MISMATCH, "%s: q must be %s, got %d dims", name,
+                 varlen ? "3-D [Tq, H, D]" : "4-D [B, Sq, H, D]", q->ndim);
+      goto done;
+    }
+  }
+  if (out == Py_None && !(out = made_o = smpy_call_alloc(&call, q->dtype, q->ndim, q->shape))) goto done;
+  if (lse == Py_None && want_lse) {
+    int64_t ls[3];
+    if (varlen) {
+      ls[0] = q->shape[1];
+      ls[1] = q->shape[0];
+    } else {
+      ls[0] = q->shape[0];
+      ls[1] = q->shape[2];
+      ls[2] = q->shape[1];
+    }
+    if (!(lse = made_l = smpy_call_alloc(&call, SMELT_DTYPE_F32, varlen ? 2 : 3, ls))) goto done;
+  }
+  if (smpy_call_import(&call, out, "out", 1, &to) < 0) goto done;
+  if (lse != Py_None && smpy_call_import(&call, lse, "lse", 1, &tl) < 0) goto done;
+  o.t[0] = q;
+  o.t[1] = k;
+  o.t[2] = v;
+  o.t[3] = to;
+  o.t[4] = tl;
+  o.t[5] = cq;
+  o.t[6] = ck;
+  if (execute(&call, &o) < 0) goto done;
+  if (want_lse)
+    result = PyTuple_Pack(2, out, lse);
+  else {
+    Py_INCREF(out);
+    result = out;
+  }
+done:
+  smpy_call_end(&call);
+  Py_XDECREF(made_o);
+  Py_XDECREF(made_l);
+  return result;
+}
+
+static PyObject *py_attention_backward(PyObject *self, PyObject *args) {
+  /* q, k, v, o, d_o, lse, dq, dk, dv, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream */
+  PyObject *a[19];
+  if (unpack(args, "attention_backward", 19, a) < 0) return NULL;
+  op_args o;
+  memset(&o, 0, sizeof o);
+  int varlen = a[9] != Py_None;
+  o.op = varlen ? OP_ATTN_VARLEN_BWD : OP_ATTN_BWD;
+  o.nt = 11;
+  if (parse_attn(a + 11, &o.attn) < 0) return NULL;
+
+  static const char *in_names[6] = {"q", "k", "v", "o", "d_o", "lse"};
+  static const char *grad_names[3] = {"dq", "dk", "dv"};
+  smpy_call call;
+  PyObject *grads[3] = {a[6], a[7], a[8]}, *made[3] = {NULL, NULL, NULL}, *result = NULL;
+  smelt_tensor *t[11] = {NULL};
+  if (smpy_call_begin(&call, "smelt.attention_backward", a[17], a[18]) < 0) return NULL;
+  for (int i = 0; i < 6; i++)
+    if (smpy_call_import(&call, a[i], in_names[i], 0, &t[i]) < 0) goto done;
+  if (varlen && (smpy_call_import(&call, a[9], "cu_seqlens_q", 0, &t[9]) < 0 ||
+                 smpy_call_import(&call, a[10], "cu_seqlens_k", 0, &t[10]) < 0))
+    goto done;
+  for (int i = 0; i < 3; i++) {
+    const smelt_tensor *like = i == 0 ? t[0] : t[i]; /* dq like q, dk like k, dv like v */
+    if (grads[i] == Py_None && !(grads[i] = made[i] = smpy_call_alloc(&call, like->dtype, like->ndim, like->shape)))
+      goto done;
+    if (smpy_call_import(&call, grads[i], grad_names[i], 1, &t[6 + i]) < 0) goto done;
+  }
+  for (int i = 0; i < 11; i++) o.t[i] = t[i];
+  if (execute(&call, &o) < 0) goto done;
+  result = PyTuple_Pack(3, grads[0], grads[1], grads[2]);
+done:
+  smpy_call_end(&call);
+  for (int i = 0; i < 3; i++) Py_XDECREF(made[i]);
+  return result;
+}
+
 PyMethodDef smpy_op_methods[] = {
     {"activation", py_activation, METH_VARARGS, "activation(x, out, act, slope, ctx, stream) -> out"},
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
     {"topk", py_topk, METH_VARARGS, "topk(x, k, values, indices, index_dtype, ctx, stream) -> (values, indices)"},
+    {"gemm", py_gemm, METH_VARARGS,
+     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream) -> out"},
+    {"attention", py_attention, METH_VARARGS,
+     "attention(q, k, v, out, lse, want_lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, "
+     "max_seqlen_q, max_seqlen_k, ctx, stream) -> out or (out, lse)"},
+    {"attention_backward", py_attention_backward, METH_VARARGS,
+     "attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, "
+     "window_right, max_seqlen_q, max_seqlen_k, ctx, stream) -> (dq, dk, dv)"},
     {NULL, NULL, 0, NULL}};
 
 int smpy_ops_init(PyObject *module) {

@@ -17,6 +17,8 @@
 #endif
 #include <Python.h>
 
+#include <stddef.h>
+
 #include "dlpack.h"
 #include "smelt.h"
 
@@ -41,14 +43,25 @@ typedef struct smpy_tkey {
   int64_t shape[SMELT_MAX_DIMS], strides[SMELT_MAX_DIMS];
 } smpy_tkey;
 
+#define SMPY_KEY_TENSORS 11
+
 /* Everything a plan depends on: op, parameters, and the layout of each tensor
- * (dtype, device, shape, strides, pointer alignment class). */
+ * (dtype, device, shape, strides, pointer alignment class). Only the first
+ * `ntensors` entries of t take part in hashing and comparison (smpy_pkey_size),
+ * so small ops pay nothing for the room the attention backward needs.
+ * f and i hold op-specific parameters (gemm: alpha, beta, math; attention:
+ * scale, causal, windows, max lengths); unused ones stay zero. */
 typedef struct smpy_pkey {
   int32_t op, act, deterministic, ntensors;
   double slope;
   int64_t k;
-  smpy_tkey t[3];
+  double f[4];
+  int64_t i[6];
+  smpy_tkey t[SMPY_KEY_TENSORS];
 } smpy_pkey;
+
+/* Bytes of key that matter: the header and its first ntensors tensor keys. */
+#define smpy_pkey_size(key) (offsetof(smpy_pkey, t) + (size_t)(key)->ntensors * sizeof(smpy_tkey))
 
 typedef struct smpy_plan_slot {
   uint64_t hash;
@@ -105,7 +118,7 @@ PyObject *smpy_tensor_new(smpy_ctx *c, void *stream, smelt_dtype dt, int ndim, c
 
 /* ---- DLPack consumption (dlpack_in.c) */
 
-#define SMPY_MAX_ARGS 6
+#define SMPY_MAX_ARGS 12
 
 typedef struct smpy_arg {
   smelt_tensor t;

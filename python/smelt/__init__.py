@@ -49,12 +49,16 @@ from ._smelt import (  # noqa: F401
 __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
-    "Tensor", "UnsupportedError", "activation", "default_context", "empty", "info", "softmax", "topk",
+    "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
+    "default_context", "empty", "gemm", "info", "softmax", "topk",
 ]
 
 _c_activation = _C.activation
 _c_softmax = _C.softmax
 _c_topk = _C.topk
+_c_gemm = _C.gemm
+_c_attention = _C.attention
+_c_attention_backward = _C.attention_backward
 
 
 def _probe_torch():
@@ -160,6 +164,142 @@ def topk(x, k, values=None, indices=None, index_dtype="int64", *, ctx=None, stre
         if indices is None and index_dtype is not None:
             indices = np.empty(shape, dtype=np.int32 if index_dtype in ("int32", "i32") else np.int64)
     return _c_topk(x, k, values, indices, index_dtype, ctx, stream)
+
+
+# numpy dtype names -> smelt dtype names (for gemm's out_dtype).
+_DTYPE_NAMES = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16", "int8": "i8",
+                "int32": "i32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def _norm_dtype(d):
+    """A smelt dtype name for d: a smelt name, or a torch/numpy dtype."""
+    if d is None or d.__class__ is str and d not in _DTYPE_NAMES:
+        return d
+    s = str(d)  # 'torch.bfloat16', 'float32', "<class 'numpy.float32'>"
+    for name, short in _DTYPE_NAMES.items():
+        if s == name or s.endswith("." + name) or s.endswith("." + name + "'>"):
+            return short
+    return s  # the C layer names what it accepts
+
+
+def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity", slope=0.01,
+         math="default", out_dtype=None, ctx=None, stream=None):
+    """D = act(alpha · a @ b + beta · c + bias).
+
+    Shapes:  a [M, K], b [K, N], c [M, N], bias [N]  ->  D [M, N]
+             batched: a [L, M, K], b [L, K, N], c [L, M, N], bias [N]  ->  D [L, M, N]
+             (any strides; row- or column-major operands; stride 0 broadcasts)
+    Dtypes:  a, b: f32, f16, bf16, e4m3, e5m2 (any mix, f32 accumulation), f64,
+             or i8 x i8 (i32 accumulation); CPU: the reference for all of them.
+             D has a's dtype unless out_dtype ('f32', 'bf16', torch.float32, ...)
+             or out says otherwise; bias f32/f16/bf16/f64/i32.
+    beta:    defaults to 1 when c is given, else 0 (c is not read when beta is 0).
+    activation: one of smelt.ACTIVATIONS, after alpha, beta and bias; slope
+             is leaky_relu's.
+    math:    for f32 operands: 'default' (exact f32), 'tf32' (~3e-4 rel) or
+             '3xtf32' (~f32 accuracy on tensor cores).
+    out:     where to write D (any strides; may be c exactly, for in place).
+    Returns D.
+    """
+    if beta is None:
+        beta = 0.0 if c is None else 1.0
+    if _is_compiling():
+        return _torch_impl.gemm(a, b, c, bias, out=out, alpha=alpha, beta=beta, activation=activation, slope=slope,
+                                math=math, out_dtype=out_dtype)
+    if out_dtype is not None:
+        out_dtype = _norm_dtype(out_dtype)
+    if out is None and type(a).__module__ == "numpy":
+        np = _sys.modules["numpy"]
+        dt = a.dtype if out_dtype is None else {v: k for k, v in _DTYPE_NAMES.items()}.get(out_dtype, out_dtype)
+        out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=dt)
+    return _c_gemm(a, b, c, bias, out, float(alpha), float(beta), activation, float(slope), math, out_dtype, ctx,
+                   stream)
+
+
+def _window(window):
+    wl, wr = window
+    return int(wl), int(wr)
+
+
+def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None,
+              ctx=None, stream=None):
+    """Scaled dot-product attention (FlashAttention-2 semantics).
+
+    O = softmax(scale · q kᵀ, masked) v per (batch, head); query head h reads
+    kv head h // (H // Hk) (GQA / MQA).
+
+    Shapes:  q [B, Sq, H, D], k and v [B, Sk, Hk, D] (H a multiple of Hk; unit
+             stride along D)  ->  o [B, Sq, H, D], lse [B, H, Sq] (f32, natural log)
+    Dtypes:  f16, bf16 (CUDA; head dims 64, 96, 128, 256); f32, f64 too on the CPU.
+    causal:  bottom-right aligned (the last query sees every key).
+    scale:   softmax scale; None = 1/sqrt(D).
+    window:  (left, right) keys a query sees around its diagonal; -1 = unbounded.
+    A query that sees no key gets o = 0 and lse = +inf.
+    Returns o, or (o, lse) when return_lse is true.
+    """
+    wl, wr = _window(window)
+    if _is_compiling():
+        return _torch_impl.attention(q, k, v, causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
+                                     out=out, lse=lse)
+    want = bool(return_lse) or lse is not None
+    if type(q).__module__ == "numpy":
+        np = _sys.modules["numpy"]
+        if out is None:
+            out = np.empty(q.shape, dtype=q.dtype)
+        if lse is None and want:
+            lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
+    r = _c_attention(q, k, v, out, lse, want, None, None, 0.0 if scale is None else float(scale), bool(causal), wl,
+                     wr, 0, 0, ctx, stream)
+    return r if return_lse or not want else r[0]
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                     window=(-1, -1), return_lse=False, out=None, lse=None, ctx=None, stream=None):
+    """Attention over packed sequences of different lengths.
+
+    Shapes:  q [Tq, H, D], k and v [Tk, Hk, D]; cu_seqlens_q, cu_seqlens_k
+             int32 [B + 1] on the tensors' device (start at 0, non-decreasing,
+             end at Tq / Tk; sequence b is rows cu[b] .. cu[b+1]-1; lengths may
+             be 0)  ->  o [Tq, H, D], lse [H, Tq] (f32)
+    max_seqlen_q / max_seqlen_k: at least the longest sequence (sizes the GPU grid).
+    Masking, dtypes and the rest as smelt.attention, per sequence.
+    Returns o, or (o, lse) when return_lse is true.
+    """
+    wl, wr = _window(window)
+    want = bool(return_lse) or lse is not None
+    if type(q).__module__ == "numpy":
+        np = _sys.modules["numpy"]
+        if out is None:
+            out = np.empty(q.shape, dtype=q.dtype)
+        if lse is None and want:
+            lse = np.empty((q.shape[1], q.shape[0]), dtype=np.float32)
+    r = _c_attention(q, k, v, out, lse, want, cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else float(scale),
+                     bool(causal), wl, wr, int(max_seqlen_q), int(max_seqlen_k), ctx, stream)
+    return r if return_lse or not want else r[0]
+
+
+def attention_backward(q, k, v, o, d_o, lse, *, causal=False, scale=None, window=(-1, -1), cu_seqlens_q=None,
+                       cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dq=None, dk=None, dv=None, ctx=None,
+                       stream=None):
+    """Gradients of attention: (dq, dk, dv) from q, k, v, the forward's o and
+    lse, and d_o = dL/do, with the forward's causal/scale/window.
+
+    Shapes:  as smelt.attention (batched) or smelt.attention_varlen (when
+             cu_seqlens_q/_k are given); dq like q, dk like k, dv like v
+             (dk, dv summed over each kv head's query heads).
+    Dtypes:  f16, bf16 (CUDA; head dims 64, 96, 128); f32, f64 too on the CPU.
+    The context's deterministic mode makes the result bitwise repeatable.
+    Returns (dq, dk, dv).
+    """
+    wl, wr = _window(window)
+    if type(q).__module__ == "numpy":
+        np = _sys.modules["numpy"]
+        dq = np.empty(q.shape, q.dtype) if dq is None else dq
+        dk = np.empty(k.shape, q.dtype) if dk is None else dk
+        dv = np.empty(v.shape, q.dtype) if dv is None else dv
+    return _c_attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                                 0.0 if scale is None else float(scale), bool(causal), wl, wr, int(max_seqlen_q),
+                                 int(max_seqlen_k), ctx, stream)
 
 
 def __getattr__(name):
