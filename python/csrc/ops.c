@@ -192,6 +192,13 @@ done:
   return result;
 }
 
+/* The result of ops with an optional LSE: out, or (out, lse) when asked for. */
+static PyObject *out_and_lse(PyObject *out, PyObject *lse, int want_lse) {
+  if (want_lse) return PyTuple_Pack(2, out, lse);
+  Py_INCREF(out);
+  return out;
+}
+
 static PyObject *py_softmax(PyObject *self, PyObject *args) {
   PyObject *a[6]; /* x, out, lse, want_lse, ctx, stream */
   if (unpack(args, "softmax", 6, a) < 0) return NULL;
@@ -220,12 +227,7 @@ static PyObject *py_softmax(PyObject *self, PyObject *args) {
   o.t[1] = y;
   o.t[2] = l;
   if (execute(&call, &o) < 0) goto done;
-  if (want_lse)
-    result = PyTuple_Pack(2, out, lse);
-  else {
-    Py_INCREF(out);
-    result = out;
-  }
+  result = out_and_lse(out, lse, want_lse);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made_out);
@@ -467,12 +469,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
   o.t[5] = cq;
   o.t[6] = ck;
   if (execute(&call, &o) < 0) goto done;
-  if (want_lse)
-    result = PyTuple_Pack(2, out, lse);
-  else {
-    Py_INCREF(out);
-    result = out;
-  }
+  result = out_and_lse(out, lse, want_lse);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made_o);

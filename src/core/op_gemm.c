@@ -229,6 +229,19 @@ static smelt_status need_c(const char *op, const smelt_gemm_desc *d, const void 
 }
 
 /* Makes the plan around a resolved state and lets the backend pick. */
+/* The planned views a run is checked against: a, b, c (absent: ndim -1), d, bias. */
+static void keep_tensors(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                         const smelt_tensor *d, const smelt_tensor *bias) {
+  plan->ntensors = 5;
+  plan->t[0] = *a;
+  plan->t[1] = *b;
+  plan->t[2].ndim = -1;
+  if (c) plan->t[2] = *c;
+  plan->t[3] = *d;
+  plan->t[4].ndim = -1;
+  if (bias) plan->t[4] = *bias;
+}
+
 static smelt_status finish(smelt_ctx *ctx, smelt__gemm_state *st, const smelt__gemm_args *args, smelt_plan **out) {
   smelt_plan *plan;
   smelt_status s = smelt__plan_new(ctx, SMELT__OP_GEMM, &plan);
@@ -314,14 +327,7 @@ smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const 
   st->prob = args.prob;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  plan->ntensors = 5;
-  plan->t[0] = *a;
-  plan->t[1] = *b;
-  plan->t[2].ndim = -1;
-  if (has_c) plan->t[2] = *c;
-  plan->t[3] = *d;
-  plan->t[4].ndim = -1;
-  if (bias) plan->t[4] = *bias;
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias);
   *out = plan;
   return SMELT_OK;
 }
@@ -419,14 +425,7 @@ smelt_status smelt_gemm_array_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, 
   st->prob = args.prob;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  plan->ntensors = 5;
-  plan->t[0] = *a;
-  plan->t[1] = *b;
-  plan->t[2].ndim = -1;
-  if (has_c) plan->t[2] = *c;
-  plan->t[3] = *d;
-  plan->t[4].ndim = -1;
-  if (bias) plan->t[4] = *bias;
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias);
   *out = plan;
   return SMELT_OK;
 }
