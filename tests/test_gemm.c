@@ -1755,16 +1755,44 @@ static void test_tune_gpu(void) {
   s.desc.epilogue.act = SMELT_ACT_GELU;
   tune_gpu_case(&s, "bf16 RC 384x256x512 bias+gelu");
   /* Few tiles and a long K: split-K slice counts compete too; with C. */
-  s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F32, 64, 96, 8192);
+  s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 64, 96, 4096);
   s.b_col = 1;
   s.ld16 = 1;
   s.has_c = 1;
   s.desc.epilogue.beta = 0.5;
-  tune_gpu_case(&s, "f16 RC 64x96x8192 +C");
+  tune_gpu_case(&s, "f16 RC 64x96x4096 +C");
   /* Batched f32 (SIMT only on CUDA cores: one candidate, still a record). */
   s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 33, 17, 65);
   s.batch = 3;
   tune_gpu_case(&s, "f32 batched 3x33x17x65");
+  /* NO_RECORD times and reports but writes nothing; an empty GEMM is refused. */
+  smelt_ctx *cu = th_cuda();
+  th_buf A = th_buf_new(cu, 64 * 64 * 2), B = th_buf_new(cu, 64 * 64 * 2), D = th_buf_new(cu, 64 * 64 * 2);
+  int64_t shape[2] = {64, 64};
+  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape),
+               tb = smelt_tensor_make(B.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape),
+               td = smelt_tensor_make(D.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape);
+  uint16_t host[64 * 64];
+  for (int i = 0; i < 64 * 64; i++) host[i] = smelt_f32_to_bf16((float)th_rand_uniform(-1, 1));
+  th_buf_upload(&A, host, sizeof host);
+  th_buf_upload(&B, host, sizeof host);
+  smelt_gemm_tune_result *r = (smelt_gemm_tune_result *)calloc(1, sizeof *r);
+  for (int i = 0; i < 2; i++) {
+    CHECK_OK(smelt_gemm_autotune(cu, NULL, &ta, &tb, NULL, &td, NULL, SMELT_GEMM_TUNE_NO_RECORD, r));
+    CHECK_EQ_INT(r->recorded, 0);
+    CHECK(r->count >= 1 && r->cand[r->winner].median_ms > 0);
+    if (i == 0 && r->record_path[0]) unlink(r->record_path); /* a leftover of an earlier run */
+  }
+  CHECK(r->record_path[0] && access(r->record_path, F_OK) != 0);
+  shape[0] = 0;
+  td = smelt_tensor_make(D.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape);
+  ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape);
+  CHECK_STATUS(smelt_gemm_autotune(cu, NULL, &ta, &tb, NULL, &td, NULL, 0, r), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("nothing to time");
+  free(r);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&D);
 }
 
 const th_test th_tests_gemm_tune[] = {

@@ -601,6 +601,13 @@ smelt_status smelt_gemm_autotune(smelt_ctx *ctx, const smelt_gemm_desc *desc, co
   const smelt__gemm_state req = tuning.st;
   const smelt__gemm_facts f = tuning.f;
   const int has_c = ((const smelt__gemm_state *)heur->opdata)->has_c;
+  const int64_t batch = req.mode == SMELT_GEMM_MODE_BATCHED ? req.count : 1;
+  if (req.prob.m < 1 || req.prob.n < 1 || req.prob.k < 1 || batch < 1) {
+    smelt_plan_destroy(heur);
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        OP ": M=%lld, N=%lld, K=%lld, L=%lld: an empty GEMM has nothing to time", (long long)req.prob.m,
+                        (long long)req.prob.n, (long long)req.prob.k, (long long)batch);
+  }
 
   smelt_gemm_tune_result *r = (smelt_gemm_tune_result *)calloc(1, sizeof *r);
   tune_io io;
@@ -655,7 +662,7 @@ smelt_status smelt_gemm_autotune(smelt_ctx *ctx, const smelt_gemm_desc *desc, co
       rec.m = req.prob.m;
       rec.n = req.prob.n;
       rec.k = req.prob.k;
-      rec.l = req.mode == SMELT_GEMM_MODE_BATCHED ? req.count : 1;
+      rec.l = batch;
       s = smelt__gemm_tune_store(&rec);
       r->recorded = s == SMELT_OK;
     }
