@@ -267,6 +267,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns o, or (o, lse) when return_lse is true.
     """
     wl, wr = _window(window)
+    if _is_compiling():
+        return _torch_impl.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
+                                            out=out, lse=lse)
     want = bool(return_lse) or lse is not None
     if type(q).__module__ == "numpy":
         np = _sys.modules["numpy"]

@@ -13,6 +13,11 @@ already imported, or on first use of a smelt op after torch is) registers:
                      int window_right) -> (Tensor o, Tensor lse)
     smelt::attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor lse, bool causal,
                               float? scale, int window_left, int window_right) -> (Tensor dq, Tensor dk, Tensor dv)
+    smelt::attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                            int max_seqlen_q, int max_seqlen_k, bool causal, float? scale, int window_left,
+                            int window_right) -> (Tensor o, Tensor lse)
+    smelt::attention_varlen_backward(q, k, v, o, d_o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, causal, scale, window_left, window_right) -> (dq, dk, dv)
     smelt::peer(Tensor x, Tensor wq, Tensor? bq, Tensor? norm_weight, Tensor? norm_bias, Tensor? bn_mean,
                 Tensor? bn_var, Tensor sk0, Tensor sk1, Tensor? sk2, Tensor? sk3, Tensor u, Tensor v, int k,
                 str activation, str query_norm, float norm_eps, float l2_eps, bool key_l2_norm,
@@ -47,7 +52,7 @@ import torch
 import smelt as _smelt
 from smelt import _smelt as _C
 
-__all__ = ["PEER", "activation", "attention", "gemm", "peer", "softmax", "topk"]
+__all__ = ["PEER", "activation", "attention", "attention_varlen", "gemm", "peer", "softmax", "topk"]
 
 Tensor = torch.Tensor
 _ACTS = frozenset(_smelt.ACTIVATIONS)
@@ -324,6 +329,69 @@ def _attention_backward(ctx, do, dlse):
 
 _attention.register_autograd(_attention_backward, setup_context=_attention_setup)
 
+# ---- attention over packed sequences
+
+
+@torch.library.custom_op("smelt::attention_varlen", mutates_args=())
+def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                      max_seqlen_k: int, causal: bool, scale: Optional[float], window_left: int,
+                      window_right: int) -> tuple[Tensor, Tensor]:
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    _C.attention(q, k, v, o, lse, True, cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else scale, causal,
+                 window_left, window_right, max_seqlen_q, max_seqlen_k, None, None)
+    return o, lse
+
+
+@_attention_varlen.register_fake
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                           window_left, window_right):
+    torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
+                 lambda: "smelt.attention_varlen: q [Tq, H, D], k, v [Tk, Hk, D] must be 3-D")
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("smelt::attention_varlen_backward", mutates_args=())
+def _attention_varlen_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, d_o: Tensor, lse: Tensor,
+                                  cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                  causal: bool, scale: Optional[float], window_left: int,
+                                  window_right: int) -> tuple[Tensor, Tensor, Tensor]:
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    _C.attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                          0.0 if scale is None else scale, causal, window_left, window_right, max_seqlen_q,
+                          max_seqlen_k, None, None)
+    return dq, dk, dv
+
+
+@_attention_varlen_backward_op.register_fake
+def _attention_varlen_backward_fake(q, k, v, o, d_o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    causal, scale, window_left, window_right):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _attention_varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.params = (max_q, max_k, causal, scale, wl, wr)
+
+
+def _attention_varlen_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if do is None:  # only lse was used; lse carries no gradient (FlashAttention's convention)
+        do = torch.zeros_like(o)
+    do = do.contiguous()
+    dq, dk, dv = torch.ops.smelt.attention_varlen_backward(q, k, v, o, do, lse, cu_q, cu_k, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+_attention_varlen.register_autograd(_attention_varlen_backward, setup_context=_attention_varlen_setup)
+
 # ---- PEER
 
 
@@ -565,6 +633,22 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=Fal
     """torch.ops.smelt.attention (differentiable); out/lse are filled by copy. See smelt.attention."""
     o, l = torch.ops.smelt.attention(q, k, v, bool(causal), None if scale is None else float(scale),
                                      int(window[0]), int(window[1]))
+    if out is not None:
+        out.copy_(o)
+        o = out
+    if lse is not None:
+        lse.copy_(l)
+        l = lse
+    return (o, l) if return_lse else o
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
+                     window=(-1, -1), return_lse=False, out=None, lse=None):
+    """torch.ops.smelt.attention_varlen (differentiable in q, k, v); out/lse
+    are filled by copy. See smelt.attention_varlen."""
+    o, l = torch.ops.smelt.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                            int(max_seqlen_k), bool(causal), None if scale is None else float(scale),
+                                            int(window[0]), int(window[1]))
     if out is not None:
         out.copy_(o)
         o = out
