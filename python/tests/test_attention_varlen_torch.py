@@ -82,13 +82,20 @@ def test_varlen_forward_backward_vs_reference(gen, device, causal, lens):
     assert o.dtype == dtype and o.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
     xs = [t.detach().double().requires_grad_() for t in (q, k, v)]
     want = varlen_ref(*xs, cu_q, cu_k, causal)
-    assert rel(o, want) < REL[dtype]
     do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device=device)
     g = torch.autograd.grad(o, (q, k, v), do.to(dtype))
     gr = torch.autograd.grad(want, xs, do)
-    for name, x, y in zip("qkv", g, gr):
+    if dtype == torch.float32:
+        bounds = [REL[dtype]] * 4
+    else:  # the same reference computed by torch in bf16 sets the scale of bf16 error
+        ts = [t.detach().requires_grad_() for t in (q, k, v)]
+        theirs = varlen_ref(*ts, cu_q, cu_k, causal)
+        gt = torch.autograd.grad(theirs, ts, do.to(dtype))
+        bounds = [max(REL[dtype], 3 * rel(t, y)) for t, y in zip((theirs,) + gt, (want,) + gr)]
+    assert rel(o, want) < bounds[0]
+    for name, x, y, bound in zip("qkv", g, gr, bounds[1:]):
         assert x.dtype == dtype and x.shape == y.shape
-        assert rel(x, y) < (1e-5 if dtype == torch.float32 else 3e-2), "d%s: %g" % (name, rel(x, y))
+        assert rel(x, y) < bound, "d%s: %g (bound %g)" % (name, rel(x, y), bound)
     # The plain binding gives the same forward.
     o2 = smelt.attention_varlen(q.detach(), k.detach(), v.detach(), tq, tk, max(lens[0]), max(lens[1]), causal=causal)
     assert torch.equal(o2, o.detach())

@@ -224,7 +224,8 @@ def test_cuda_bf16_vs_reference(gen, cfg):
             [f32["sub_keys.0"], f32["sub_keys.1"]], f32["u"], f32["v"], m.k, m.activation, m.query_norm, m.gate,
             m.key_l2_norm)
     _, own_ids, _ = ref_peer(*args)
-    assert (own_ids == ids).float().mean().item() > 0.95
+    same = (ids.unsqueeze(-1) == own_ids.unsqueeze(-2)).any(-1).float().mean().item()  # set overlap per row
+    assert same > 0.95, same
     want, _, _ = ref_peer(*args, ids=ids)
     assert rel(y, want) < 2e-2
     dy = torch.randn(y.shape, generator=gen).cuda()
