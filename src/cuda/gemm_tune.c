@@ -647,7 +647,8 @@ smelt_status smelt_gemm_autotune(smelt_ctx *ctx, const smelt_gemm_desc *desc, co
     const smelt_gemm_tune_candidate *w = &r->cand[r->winner], *h = &r->cand[r->heuristic];
     if (keyed) smelt__gemm_tune_path(key, r->record_path, sizeof r->record_path);
     if (!keyed)
-      smelt__log(SMELT__LOG_INFO, OP ": mode %s has no record; nothing written", mode_names[req.mode]);
+      smelt__log(SMELT__LOG_WARN, OP ": no record key for this problem (mode %s); nothing written",
+                 mode_names[req.mode]);
     else if (!(flags & SMELT_GEMM_TUNE_NO_RECORD)) {
       smelt__gemm_tune_record rec;
       memset(&rec, 0, sizeof rec);

@@ -7,7 +7,7 @@
 
 #include "gemm_cuda.h"
 
-#define SMELT__TUNE_KEY_MAX 512
+#define SMELT__TUNE_KEY_MAX 768 /* room for any 255-character device name */
 
 /* One record: the winner for a key. */
 typedef struct smelt__gemm_tune_record {
