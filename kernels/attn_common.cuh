@@ -125,28 +125,6 @@ static __device__ __forceinline__ float attn_ex2(float x) {
   return y;
 }
 
-/* 2^x on the FMA pipe, for x <= 0.5 (a softmax exponent), -inf or NaN:
- * x = j + f with j an integer and |f| <= 1/2, 2^f by a degree-5 polynomial
- * (relative error 1.9e-7 in f32, as ex2.approx's 2 ulp), 2^j built in the
- * exponent bits. x below -127 gives 0 (-inf gives exactly 0, as ex2.approx
- * does), NaN stays NaN (max.NaN keeps it; 2^j is then finite). The
- * exponentials of a tile outrun MUFU's 16 per clock per SM before the
- * tensor cores at D 64, so a share of them runs here instead. */
-static __device__ __forceinline__ float attn_ex2_fma(float x) {
-  float xc;
-  asm("max.NaN.f32 %0, %1, 0fC2FE0000;" : "=f"(xc) : "f"(x)); /* max(x, -127) */
-  const float t = xc + 12582912.f;                              /* 1.5 * 2^23: j in the low mantissa bits */
-  const float f = xc - (t - 12582912.f);
-  float p = 1.32647238e-3f;
-  p = fmaf(p, f, 9.67151299e-3f);
-  p = fmaf(p, f, 5.55073358e-2f);
-  p = fmaf(p, f, 2.40222424e-1f);
-  p = fmaf(p, f, 6.93147004e-1f);
-  p = fmaf(p, f, 1.f);
-  /* (j + 127) << 23: t's bits above the mantissa shift out. */
-  return p * __uint_as_float((__float_as_uint(t) << 23) + 0x3f800000u);
-}
-
 /* ---------------------------------------------------------------- online softmax */
 
 /* One thread's two rows of a tile of S in the mma accumulator layout, which
@@ -170,11 +148,9 @@ typedef struct attn_rows {
  * entries becoming -inf. A row's reference is 0 while it has seen only
  * masked keys, which keeps 2^(-inf - ref) = 0 and never forms inf - inf.
  * mx is in units of sgn·S: the row's log2-sum-exp is mx·c + log2(sum).
- * emu of each 8 consecutive n8 groups take their exponentials on the FMA
- * pipe (attn_ex2_fma); ns, emu and the tile's width are compile-time. */
+ * ns is a compile-time constant at every call. */
 static __device__ __forceinline__ void attn_softmax(float (*s)[4], int ns, int c0, const attn_rows &R,
-                                                    float scale_log2, int emu, float *mx, float *sum,
-                                                    float *alpha) {
+                                                    float scale_log2, float *mx, float *sum, float *alpha) {
   const float c = fabsf(scale_log2);
   if (!(scale_log2 > 0.f && c0 >= R.lo_last && c0 + 8 * ns - 1 <= R.hi_first)) {
     const float sgn = scale_log2 > 0.f ? 1.f : -1.f;
@@ -199,9 +175,7 @@ static __device__ __forceinline__ void attn_softmax(float (*s)[4], int ns, int c
     float ls = sum[r] * alpha[r];
 #pragma unroll
     for (int nt = 0; nt < ns; nt++) {
-      const float x0 = fmaf(s[nt][2 * r], c, -ref), x1 = fmaf(s[nt][2 * r + 1], c, -ref);
-      const bool fma_pipe = (nt & 7) < emu;
-      const float p0 = fma_pipe ? attn_ex2_fma(x0) : attn_ex2(x0), p1 = fma_pipe ? attn_ex2_fma(x1) : attn_ex2(x1);
+      const float p0 = attn_ex2(fmaf(s[nt][2 * r], c, -ref)), p1 = attn_ex2(fmaf(s[nt][2 * r + 1], c, -ref));
       s[nt][2 * r] = p0;
       s[nt][2 * r + 1] = p1;
       ls += p0 + p1;

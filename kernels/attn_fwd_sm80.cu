@@ -157,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
     /* Online softmax (attn_common.cuh); a row's keys of an n8 tile live in
      * the 4 threads of a quad. */
     float alpha[2];
-    attn_softmax(sc, NS, n * BN, R, P.scale_log2, 0, mx, sum, alpha);
+    attn_softmax(sc, NS, n * BN, R, P.scale_log2, mx, sum, alpha);
 #pragma unroll
     for (int i = 0; i < NO; i++) {
       o[i][0] *= alpha[0];

@@ -2,11 +2,11 @@
  * both GEMMs, warp specialization.
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN, keys
- * per tile (128, 176 or 192); ATTN_CONS, consumer warpgroups (2 or 3);
- * ATTN_STAGES, the K/V ring's depth; ATTN_EMU, how many of each 8 n8
- * column groups of S take their exponentials on the FMA pipe (0..8).
+ * per tile (128); ATTN_CONS, consumer warpgroups (2 or 3); ATTN_STAGES,
+ * the K/V ring's depth (2..4). docs/PERF.md has the sweep over these
+ * (and over BN 176/192 and an FMA-pipe exp2, both dropped).
  *
- * One CTA per (tile of 64 ATTN_CONS queries, head, sequence), ATTN_CONS + 1
+ * One CTA per (tile of 64 · ATTN_CONS queries, head, sequence), ATTN_CONS + 1
  * warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of the Q tile once, then
  *     of K and V tiles into a ring of ATTN_STAGES stages, each tile
@@ -48,12 +48,12 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || !defined(ATTN_BN) || !defined(ATTN_CONS) || !defined(ATTN_STAGES) || !defined(ATTN_EMU)
-#error "attn_fwd_sm90.cu needs ATTN_D, ATTN_BN, ATTN_CONS, ATTN_STAGES and ATTN_EMU"
+#if !defined(ATTN_D) || !defined(ATTN_BN) || !defined(ATTN_CONS) || !defined(ATTN_STAGES)
+#error "attn_fwd_sm90.cu needs ATTN_D, ATTN_BN, ATTN_CONS and ATTN_STAGES"
 #endif
-#if (ATTN_D != 64 && ATTN_D != 128) || (ATTN_BN != 128 && ATTN_BN != 176 && ATTN_BN != 192) || \
-    (ATTN_CONS != 2 && ATTN_CONS != 3) || ATTN_STAGES < 2 || ATTN_STAGES > 4 || ATTN_EMU < 0 || ATTN_EMU > 8
-#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, 176 or 192, ATTN_CONS 2 or 3, ATTN_STAGES 2..4, ATTN_EMU 0..8"
+#if (ATTN_D != 64 && ATTN_D != 128) || ATTN_BN != 128 || (ATTN_CONS != 2 && ATTN_CONS != 3) || ATTN_STAGES < 2 || \
+    ATTN_STAGES > 4
+#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4"
 #endif
 
 #define D ATTN_D
@@ -84,7 +84,6 @@
 
 /* S (64 x BN per warpgroup) = / += A (64 x 16) B (16 x BN), both from shared
  * memory; O (64 x D) += P (64 x 16, registers) V (16 x D, shared memory). */
-#if BN == 128
 static __device__ __forceinline__ void wgmma_s_first(float *d, u64 da, u64 db) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
@@ -99,37 +98,6 @@ static __device__ __forceinline__ void wgmma_s(float *d, u64 da, u64 db) {
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db));
 }
-#elif BN == 176
-static __device__ __forceinline__ void wgmma_s_first(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, 0, 1, 1, 0, 0;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63]), "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67]), "=f"(d[68]), "=f"(d[69]), "=f"(d[70]), "=f"(d[71]), "=f"(d[72]), "=f"(d[73]), "=f"(d[74]), "=f"(d[75]), "=f"(d[76]), "=f"(d[77]), "=f"(d[78]), "=f"(d[79]), "=f"(d[80]), "=f"(d[81]), "=f"(d[82]), "=f"(d[83]), "=f"(d[84]), "=f"(d[85]), "=f"(d[86]), "=f"(d[87])
-      : "l"(da), "l"(db));
-}
-static __device__ __forceinline__ void wgmma_s(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-      : "l"(da), "l"(db));
-}
-#else
-static __device__ __forceinline__ void wgmma_s_first(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, 0, 1, 1, 0, 0;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63]), "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67]), "=f"(d[68]), "=f"(d[69]), "=f"(d[70]), "=f"(d[71]), "=f"(d[72]), "=f"(d[73]), "=f"(d[74]), "=f"(d[75]), "=f"(d[76]), "=f"(d[77]), "=f"(d[78]), "=f"(d[79]), "=f"(d[80]), "=f"(d[81]), "=f"(d[82]), "=f"(d[83]), "=f"(d[84]), "=f"(d[85]), "=f"(d[86]), "=f"(d[87]), "=f"(d[88]), "=f"(d[89]), "=f"(d[90]), "=f"(d[91]), "=f"(d[92]), "=f"(d[93]), "=f"(d[94]), "=f"(d[95])
-      : "l"(da), "l"(db));
-}
-static __device__ __forceinline__ void wgmma_s(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-      : "l"(da), "l"(db));
-}
-#endif
 
 #if D == 64
 static __device__ __forceinline__ void wgmma_pv(float *d, const u32 *a, u64 db) {
@@ -314,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   WGMMA_WAIT(0);
   fence_f32(&sc[0][0], NS * 4);
   /* O is still zero: its alpha is not needed. */
-  attn_softmax(sc, NS, n_lo * BN, R, P.scale_log2, ATTN_EMU, mx, sum, alpha);
+  attn_softmax(sc, NS, n_lo * BN, R, P.scale_log2, mx, sum, alpha);
   attn_pack_p(sc, pa, BN / 16);
 
   /* Intra-warpgroup pipelining: in turn i, S_i = Q K_iᵀ and O += P_{i-1} V_{i-1}
@@ -335,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     turn_pass(next);
     WGMMA_WAIT(1);
     fence_f32(&sc[0][0], NS * 4);
-    attn_softmax(sc, NS, (n_lo + i) * BN, R, P.scale_log2, ATTN_EMU, mx, sum, alpha);
+    attn_softmax(sc, NS, (n_lo + i) * BN, R, P.scale_log2, mx, sum, alpha);
     /* These fences keep the softmax from sinking below the wait, the next
      * ones O's rescale and P's packing from rising above it. */
     fence_f32(&sc[0][0], NS * 4);
