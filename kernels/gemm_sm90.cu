@@ -94,11 +94,18 @@
 #error "gemm_sm90.cu: GEMM_AB must be 1, 2, 3, or 4 with GEMM_FP8_A and GEMM_FP8_B"
 #endif
 
-#if !defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 64)
-#error "gemm_sm90.cu needs GEMM_BN 256 or 64"
+#if !defined(GEMM_PINGPONG)
+#define GEMM_PINGPONG 0
 #endif
+#if GEMM_PINGPONG ? GEMM_BN != 128 : (!defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 64))
+#error "gemm_sm90.cu needs GEMM_BN 256 or 64 (cooperative) or 128 (GEMM_PINGPONG 1)"
+#endif
+#define PINGPONG GEMM_PINGPONG
 #define BM 128
 #define BN GEMM_BN
+/* Accumulators per consumer thread: its 64 x BN half of the tile
+ * (cooperative) or its whole 128 x 128 tile (ping-pong). */
+#define ACCS (PINGPONG ? 128 : BN / 2)
 #define BK (128 / AB_SIZE) /* elements: one 128-byte swizzle row of K */
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
@@ -178,6 +185,44 @@ static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
         "=f"(d[104]), "=f"(d[105]), "=f"(d[106]), "=f"(d[107]), "=f"(d[108]), "=f"(d[109]), "=f"(d[110]), "=f"(d[111]),
         "=f"(d[112]), "=f"(d[113]), "=f"(d[114]), "=f"(d[115]), "=f"(d[116]), "=f"(d[117]), "=f"(d[118]), "=f"(d[119]),
         "=f"(d[120]), "=f"(d[121]), "=f"(d[122]), "=f"(d[123]), "=f"(d[124]), "=f"(d[125]), "=f"(d[126]), "=f"(d[127])
+      : "l"(da), "l"(db));
+}
+#elif BN == 128
+static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128" WG_KIND " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, 1, " WG_TAIL ";\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128" WG_KIND " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, 0, " WG_TAIL ";\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
+        "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
+        "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
+        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
       : "l"(da), "l"(db));
 }
 #else
@@ -312,16 +357,55 @@ static __device__ __forceinline__ void act_piece_n(float *v, int act, float slop
     for (int i = 0; i < 8; i++) v[24 + i] = r[i];
   }
 }
-static __device__ __forceinline__ void act_piece(float *v, int act, float slope) {
+
+/* The activations with an exp for 16-bit D, in the MUFU forms of
+ * smelt_device.cuh: gelu through smelt_gelu16 (within 2e-5 relative),
+ * sigmoid, silu and gelu_tanh as x / (1 + e^-y) with smelt_fast_exp and
+ * smelt_fast_div (within 1e-5 relative for |y| < 88; beyond, results under
+ * 1.2e-38 flush to 0). f16 rounds at 2^-11 and bf16 at 2^-8 relative, so at
+ * most an output whose exact value lies within 2e-5 of a rounding boundary
+ * rounds the other way (tests/test_gemm.c checks it element by element over
+ * [-16, 16]). They are a third to a half of the accurate forms'
+ * instructions, so they run unrolled (no rotation moves). f32 D keeps
+ * gemm_act's accurate functions. */
+static __device__ __forceinline__ float act16(float x, int act) {
+  switch (act) {
+    case ACT_SIGMOID: return smelt_fast_div(1.f, 1.f + smelt_fast_exp(-x));
+    case ACT_SILU: return smelt_fast_div(x, 1.f + smelt_fast_exp(-x));
+    case ACT_GELU: return smelt_gelu16(x);
+    default: { /* ACT_GELU_TANH */
+      const float z = 0.7978845608f * (x + 0.044715f * x * x * x);
+      return smelt_fast_div(x, 1.f + smelt_fast_exp(-2.f * z));
+    }
+  }
+}
+static __device__ __forceinline__ void act_piece16_n(float *v, int act) {
+#pragma unroll
+  for (int i = 0; i < 32; i++) v[i] = act16(v[i], act);
+}
+
+static __device__ __forceinline__ void act_piece(float *v, int act, float slope, int short_d) {
   switch (act) {
     case ACT_RELU: act_piece_n(v, ACT_RELU, slope); break;
     case ACT_LEAKY_RELU: act_piece_n(v, ACT_LEAKY_RELU, slope); break;
     case ACT_TANH: act_piece_n(v, ACT_TANH, slope); break;
-    case ACT_SIGMOID: act_piece_n(v, ACT_SIGMOID, slope); break;
-    case ACT_SILU: act_piece_n(v, ACT_SILU, slope); break;
+    case ACT_SIGMOID:
+      if (short_d) act_piece16_n(v, ACT_SIGMOID);
+      else act_piece_n(v, ACT_SIGMOID, slope);
+      break;
+    case ACT_SILU:
+      if (short_d) act_piece16_n(v, ACT_SILU);
+      else act_piece_n(v, ACT_SILU, slope);
+      break;
     case ACT_HARDSWISH: act_piece_n(v, ACT_HARDSWISH, slope); break;
-    case ACT_GELU: act_piece_n(v, ACT_GELU, slope); break;
-    case ACT_GELU_TANH: act_piece_n(v, ACT_GELU_TANH, slope); break;
+    case ACT_GELU:
+      if (short_d) act_piece16_n(v, ACT_GELU);
+      else act_piece_n(v, ACT_GELU, slope);
+      break;
+    case ACT_GELU_TANH:
+      if (short_d) act_piece16_n(v, ACT_GELU_TANH);
+      else act_piece_n(v, ACT_GELU_TANH, slope);
+      break;
     default: break;
   }
 }
@@ -340,7 +424,7 @@ static __device__ __forceinline__ void fast_piece(const gemm_params &P, const fl
 #pragma unroll
     for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[4 * j + e] + (e & 1 ? b.y : b.x);
   }
-  act_piece(v, P.act, P.slope);
+  act_piece(v, P.act, P.slope, P.dt_d != DT_F32);
   const float m = P.dt_d == DT_F16 ? 65504.f : P.dt_d == DT_BF16 ? GEMM_BF16_MAX : GEMM_F32_MAX;
 #pragma unroll
   for (int k = 0; k < 32; k++) {
@@ -379,16 +463,31 @@ static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int h
 
 /* ---------------------------------------------------------------- the main loop */
 
-/* One stage for consumer c: its 64 rows of A (stage + c * 64 rows of 128
- * bytes) times the stage's B, four wgmma steps 32 bytes apart. `first`
- * (a constant at each call) starts the tile's accumulators. */
+/* One stage for consumer c. Cooperative: its 64 rows of A (stage + c * 64
+ * rows of 128 bytes) times the stage's B, four wgmma steps 32 bytes apart.
+ * Ping-pong: the stage is c's alone; both 64-row halves of A times B, the
+ * half h into d[64 h ..]. `first` (a constant at each call) starts the
+ * tile's accumulators. */
 static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first) {
-  const u32 sa = stage + c * (64 * 128), sb = stage + A_BYTES;
+  const u32 sb = stage + A_BYTES;
   wgmma_fence();
+#if PINGPONG
+  (void)c;
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const u64 da = wgmma_desc(stage + h * (64 * 128) + kk * 32), db = wgmma_desc(sb + kk * 32);
+      if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
+      else wgmma_step(d + 64 * h, da, db);
+    }
+#else
+  const u32 sa = stage + c * (64 * 128);
   if (first) wgmma_first(d, wgmma_desc(sa), wgmma_desc(sb));
   else wgmma_step(d, wgmma_desc(sa), wgmma_desc(sb));
 #pragma unroll
   for (int kk = 1; kk < 4; kk++) wgmma_step(d, wgmma_desc(sa + kk * 32), wgmma_desc(sb + kk * 32));
+#endif
   wgmma_commit();
 }
 
@@ -467,7 +566,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbar_init(full + 8 * s, 1);              /* the producer's expect_tx */
-      mbar_init(empty + 8 * s, CONSUMERS * 4); /* one arrival per consumer warp */
+      /* One arrival per warp of the consumers that read the stage. */
+      mbar_init(empty + 8 * s, PINGPONG ? 4 : CONSUMERS * 4);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -502,16 +602,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
   int stage = 0, g = 0;
   u32 phase = 0;
-  float d[BN / 2];
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+  float d[ACCS];
+  for (int t = blockIdx.x, j = 0; t < tiles; t += gridDim.x, j++) {
     sm90_tile w;
     sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, &w);
+#if PINGPONG
+    /* The consumers take this CTA's tiles in turn; the producer loads them
+     * all in order, so the other consumer's tile is its ktiles stages of
+     * the ring to step over. */
+    if ((j & 1) != c) {
+      const int s = stage + w.ktiles;
+      phase ^= (u32)((s / GEMM_STAGES) & 1);
+      stage = s % GEMM_STAGES;
+      continue;
+    }
+#endif
     const int tm = w.tm, tn = w.tn, ktiles = w.ktiles;
-    const i64 m0 = (i64)tm * BM + c * 64, n0 = (i64)tn * BN;
+    const i64 m0 = (i64)tm * BM + (PINGPONG ? 0 : c * 64), n0 = (i64)tn * BN;
     /* The fast epilogue's bias, columns tid and tid + 128 of the tile,
      * loaded now so that the load's latency hides behind the main loop. */
     float bias_lo = 0.f, bias_hi = 0.f;
-    if (fast && P.has_bias) {
+    if ((PINGPONG || fast) && P.has_bias) {
       if (tid < BN && n0 + tid < w.n) bias_lo = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid) * w.bias_s);
       if (tid + 128 < BN && n0 + tid + 128 < w.n)
         bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
@@ -540,7 +651,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);
-    if (fast) {
+    if (PINGPONG || fast) {
       /* The bias row is free: every thread of this warpgroup finished the
        * previous tile's pieces (they end with a barrier). */
       float *bias = (float *)(smem_raw + (epi + CONSUMERS * BUF_BYTES - smem_u32(smem_raw))) + c * BN;
@@ -550,32 +661,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const u32 buf = epi + c * BUF_BYTES;
       /* A rolled loop (the epilogue's code exists once, which keeps the
        * compile short): each pass takes d[0 .. 31] and moves the next
-       * piece's accumulators down; d is dead after the epilogue. */
+       * piece's accumulators down; d is dead after the epilogue. Piece p
+       * is rows 64 (p / (BN / 64)) and columns 64 (p % (BN / 64)) of this
+       * consumer's accumulators (one row of pieces when cooperative, two
+       * when ping-pong: the m64 halves of d). */
 #pragma unroll 1
-      for (int q = 0; q < BN / PIECE; q++) {
-        const i64 x = n0 + q * PIECE;
-        if (x >= w.n) break; /* uniform: the rest of the tile is past N */
+      for (int p = 0; p < ACCS / 32; p++) {
+        const int q = p % (BN / PIECE);
+        const i64 x = n0 + q * PIECE, y = m0 + 64 * (p / (BN / PIECE));
         /* The math overlaps the previous piece's store. */
         float v[32];
         fast_piece(P, d, q, bias, lane, v);
 #pragma unroll
-        for (int i = 0; i + 32 < BN / 2; i++) d[i] = d[i + 32];
+        for (int i = 0; i + 32 < ACCS; i++) d[i] = d[i + 32];
+        if (x >= w.n) continue; /* uniform: the piece is past N */
         if (P.dt_d != DT_F32) {
           piece_begin(c, tid);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_end(c, tid, w.md, (int)x, (int)m0, m0 < w.m, buf);
+          piece_end(c, tid, w.md, (int)x, (int)y, y < w.m, buf);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
             piece_begin(c, tid);
             put_half32(buf, v, half, warp, lane);
-            piece_end(c, tid, w.md, (int)x + 32 * half, (int)m0, m0 < w.m, buf);
+            piece_end(c, tid, w.md, (int)x + 32 * half, (int)y, y < w.m, buf);
           }
         }
       }
       continue;
     }
+#if !PINGPONG
     /* The general epilogue (plain mode only: grouped runs take the fast one).
      * Accumulator i holds row 16 warp + lane/4 + 8 ((i/2) % 2) of this
      * consumer's 64 rows and column 8 (i/4) + 2 (lane%4) + i%2 of the tile;
@@ -611,9 +727,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       wg_sync(c);
     }
+#endif
   }
   /* The last TMA stores read shared memory until they complete. */
-  if (fast && tid == 0) sm90_store_wait();
+  if ((PINGPONG || fast) && tid == 0) sm90_store_wait();
 #else
   /* wgmma and setmaxnreg exist on sm_90a only. The variant list is compiled
    * for every arch, so elsewhere the kernel is a stub the selector never

@@ -11,7 +11,10 @@
  *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
  *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D
  *   whose rows are whole 16-byte units (N a multiple of 8) and no C, with
- *   row-major A and column-major B, 16-byte aligned, K >= 1:
+ *   row-major A and column-major B, 16-byte aligned, K >= 1: for 16-bit
+ *   types with tanh, sigmoid, silu, gelu or gelu_tanh, a D the fast
+ *   epilogue writes and at least two 128 x 128 tiles per SM, the ping-pong
+ *   schedule; otherwise the cooperative one with
  *   128 x 256 tiles when they keep at least half the SMs busy, else (16-bit
  *   types) 128 x 64 tiles;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
@@ -25,6 +28,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+/* The Hopper kernel's schedule follows from its tile: 128 x 128 is the
+ * ping-pong one (kernels/gemm_sm90.cu, GEMM_PINGPONG), the others are
+ * cooperative. */
+static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM90 && k->bn == 128; }
 
 static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
   if (k.fam == SMELT__GK_SM90) {
@@ -87,6 +95,12 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
     for (int b = 0; b < 2; b++)
       add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 128,
                                         64, 4, 2, 4, 0, 0});
+  /* The ping-pong schedule (its only tile: 128 x 128, each consumer owning
+   * whole tiles, so one consumer's epilogue overlaps the other's main
+   * loop), 16-bit types, six stages of 32 KiB. Appended last so that the
+   * entries before keep their indices. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 128, 64, 6, 2, 1, 0, 0});
   return n;
 }
 
@@ -111,7 +125,8 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
         snprintf(kind, sizeof kind, "%sx%s", smelt_dtype_name(k->fp8_a), smelt_dtype_name(k->fp8_b));
       else
         snprintf(kind, sizeof kind, "%s", tc_names[k->tc]);
-      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d", kind, k->bm, k->bn, k->bk, k->stages);
+      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d%s", kind, k->bm, k->bn, k->bk, k->stages,
+               pingpong(k) ? "_pp" : "");
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
       const smelt_dtype ab = k->tc == SMELT__TC_BF16  ? SMELT_DTYPE_BF16
@@ -125,6 +140,7 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       }
       smelt__prelude_define(src, "GEMM_BN", k->bn);
       smelt__prelude_define(src, "GEMM_STAGES", k->stages);
+      if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
       return;
     }
     case SMELT__GK_SM80: break;
@@ -249,6 +265,8 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (k->tc == SMELT__TC_FP8 && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
           st->dt_d != SMELT_DTYPE_E4M3 && st->dt_d != SMELT_DTYPE_E5M2)
         return 0;
+      /* The ping-pong kernel has only the fast epilogue. */
+      if (pingpong(k) && !f->sm90_d) return 0;
       break;
     case SMELT__GK_SM80: break;
   }
@@ -292,14 +310,27 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n;
-    for (int i = 0; i < n; i++) {
-      const smelt__gemm_kernel *k = &table[i];
-      if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-      if (!asked && k->bn == 256 && 2 * wide < dev->sm_count) continue;
-      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s", k->bn == 256 ? "" : ", narrow tile");
-      *kernel = i;
-      return SMELT_OK;
-    }
+    /* The ping-pong kernel for activations with an exp or erfc, whose
+     * epilogue is long enough to idle the tensor cores for a tenth of a
+     * tile in the cooperative kernel, when every CTA gets at least two of
+     * its 128 x 128 tiles (one per consumer). */
+    const smelt_act act = d->epilogue.act;
+    const int long_act = act == SMELT_ACT_TANH || act == SMELT_ACT_SIGMOID || act == SMELT_ACT_SILU ||
+                         act == SMELT_ACT_GELU || act == SMELT_ACT_GELU_TANH;
+    const int64_t square = ((f->m + 127) / 128) * ((f->n + 127) / 128) *
+                           (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
+    const int want_pp = !asked && long_act && square >= 2 * (int64_t)dev->sm_count;
+    for (int pass = want_pp ? 0 : 1; pass < 2; pass++)
+      for (int i = 0; i < n; i++) {
+        const smelt__gemm_kernel *k = &table[i];
+        if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
+        if (!asked && pingpong(k) != (pass == 0)) continue;
+        if (!asked && k->bn == 256 && 2 * wide < dev->sm_count) continue;
+        snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s",
+                 pingpong(k) ? ", ping-pong" : k->bn == 256 ? "" : ", narrow tile");
+        *kernel = i;
+        return SMELT_OK;
+      }
   }
   if (want_tc) {
     /* The large tile unless it leaves SMs without work. */
