@@ -266,6 +266,14 @@ static __device__ __forceinline__ void sm90_tma_store(const tmap_t *map, int x, 
                : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
+/* The box at (x, y, z) of a 3-D tensor map (a parallel split's partial
+ * sums: z is the slice, so each slice's rows clip at M on their own). */
+static __device__ __forceinline__ void sm90_tma_store3(const tmap_t *map, int x, int y, int z, u32 src) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"((u64)map),
+               "r"(x), "r"(y), "r"(z), "r"(src)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
 /* This thread's stores have finished reading shared memory (it may be reused). */
 static __device__ __forceinline__ void sm90_store_wait_read(void) {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -293,19 +301,40 @@ static __device__ __forceinline__ void wg_sync(int c) {
   else asm volatile("bar.sync 2, 128;" ::: "memory");
 }
 
+/* Ping-pong turns: a consumer starts a tile's main loop only after the
+ * other consumer has passed every stage wait of the tile before (named
+ * barriers 3 and 4: one consumer arrives, the other waits). Besides
+ * keeping the tensor cores on one main loop at a time, this is what makes
+ * the skipped stages safe: an mbarrier wait knows only the parity of the
+ * phase it waits for, so a consumer that jumped past the other's tile
+ * (ktiles stages, many laps of the ring) must not test a stage's full
+ * barrier while that barrier is more than one phase behind. */
+static __device__ __forceinline__ void pp_wait(int c) {
+  if (c == 0) asm volatile("bar.sync 4, 256;" ::: "memory");
+  else asm volatile("bar.sync 3, 256;" ::: "memory");
+}
+static __device__ __forceinline__ void pp_pass(int c) {
+  if (c == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");
+  else asm volatile("bar.arrive 4, 256;" ::: "memory");
+}
+
 /* Consumer c (thread tid) hands its buffer to a TMA store: piece_begin
  * before filling it waits until the previous store has read it; piece_end
  * after filling makes every thread's writes visible to the async proxy and
- * stores the box at (x, y) unless its rows start past M (`rows_in` 0). */
+ * stores the box at (x, y), or (x, y, z) when z >= 0, unless its rows
+ * start past M (`rows_in` 0). */
 static __device__ __forceinline__ void piece_begin(int c, int tid) {
   if (tid == 0) sm90_store_wait_read();
   wg_sync(c);
 }
-static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int rows_in,
+static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int z, int rows_in,
                                                  u32 buf) {
   sm90_fence_async_smem();
   wg_sync(c);
-  if (tid == 0 && rows_in) sm90_tma_store(map, x, y, buf);
+  if (tid == 0 && rows_in) {
+    if (z >= 0) sm90_tma_store3(map, x, y, z, buf);
+    else sm90_tma_store(map, x, y, buf);
+  }
 }
 
 /* D[r, c] and D[r, c + 1] from two accumulators. 16-bit row-major outputs
@@ -500,12 +529,18 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
 /* ---------------------------------------------------------------- locating a tile */
 
 /* What a tile needs to know about its problem. Plain mode: the launch's
- * problem and the tensor maps passed by value. Grouped mode (host
+ * problem and the tensor maps passed by value. Parallel split-K (plain
+ * with slices): tiles are numbered slice by slice, slice z taking the K
+ * tiles from kt0 = z k_slice / BK on and writing its partial sums (the host
+ * passes an identity epilogue with f32 D) at z of the 3-D D map over the
+ * workspace; gemm_reduce adds the slices and applies the epilogue. Grouped
+ * mode (host
  * scheduling, fast epilogue only): tiles are numbered over all groups in
  * order, group g owning [first[g], first[g + 1]) of P.group_tiles, and its
  * A, B and D maps are gmaps[3g .. 3g + 2] in device memory. */
 typedef struct sm90_tile {
-  int tm, tn, ktiles;
+  int tm, tn, kt0, ktiles;
+  int slice; /* -1 unless a parallel split */
   i64 m, n;
   u64 bias;
   i64 bias_s;
@@ -523,7 +558,9 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
     const gemm_prob *pg = (const gemm_prob *)P.groups + *g;
     w->m = pg->m;
     w->n = pg->n;
+    w->kt0 = 0;
     w->ktiles = (int)((pg->k + BK - 1) / BK);
+    w->slice = -1;
     w->bias = pg->bias;
     w->bias_s = pg->bias_s;
     w->ma = gmaps + 3 * *g;
@@ -535,7 +572,18 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
   }
   w->m = P.p.m;
   w->n = P.p.n;
+  w->kt0 = 0;
   w->ktiles = (int)((P.p.k + BK - 1) / BK);
+  w->slice = -1;
+  if (P.mode == MODE_PARALLEL) {
+    const int per = P.tiles_m * P.tiles_n;
+    w->slice = t / per;
+    t -= w->slice * per;
+    /* k_slice is a whole number of K tiles, and every slice starts below K. */
+    const i64 k0 = (i64)w->slice * P.k_slice, k1 = k0 + P.k_slice < P.p.k ? k0 + P.k_slice : P.p.k;
+    w->kt0 = (int)(k0 / BK);
+    w->ktiles = (int)((k1 - k0 + BK - 1) / BK);
+  }
   w->bias = P.p.bias;
   w->bias_s = P.p.bias_s;
   w->ma = tma_a;
@@ -561,7 +609,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 full = epi + CONSUMERS * EPI_BYTES, empty = full + GEMM_STAGES * 8;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   /* Grouped: the host puts the total tile count in tiles_m (tiles_n 1). */
-  const int tiles = P.tiles_m * P.tiles_n;
+  const int tiles = P.tiles_m * P.tiles_n * (P.mode == MODE_PARALLEL ? P.splits : 1);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
@@ -587,8 +635,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(empty + 8 * stage, phase ^ 1);
         const u32 bar = full + 8 * stage, sa = base + stage * STAGE_BYTES;
         mbar_expect_tx(bar, STAGE_BYTES);
-        tma_load(sa, w.ma, kt * BK, w.tm * BM, bar);
-        tma_load(sa + A_BYTES, w.mb, kt * BK, w.tn * BN, bar);
+        tma_load(sa, w.ma, (w.kt0 + kt) * BK, w.tm * BM, bar);
+        tma_load(sa + A_BYTES, w.mb, (w.kt0 + kt) * BK, w.tn * BN, bar);
         if (++stage == GEMM_STAGES) {
           stage = 0;
           phase ^= 1;
@@ -627,6 +675,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (tid + 128 < BN && n0 + tid + 128 < w.n)
         bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
     }
+#if PINGPONG
+    if (j > 0) pp_wait(c);
+#endif
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
@@ -649,6 +700,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         phase ^= 1;
       }
     }
+#if PINGPONG
+    /* The other consumer's next tile (if there is one) may start: this
+     * tile's stage waits are all behind. */
+    if (t + (int)gridDim.x < tiles) pp_pass(c);
+#endif
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);
     if (PINGPONG || fast) {
@@ -678,14 +734,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (P.dt_d != DT_F32) {
           piece_begin(c, tid);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_end(c, tid, w.md, (int)x, (int)y, y < w.m, buf);
+          piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
             piece_begin(c, tid);
             put_half32(buf, v, half, warp, lane);
-            piece_end(c, tid, w.md, (int)x + 32 * half, (int)y, y < w.m, buf);
+            piece_end(c, tid, w.md, (int)x + 32 * half, (int)y, w.slice, y < w.m, buf);
           }
         }
       }

@@ -149,8 +149,10 @@ static double act_ref(smelt_act a, double x, double slope) {
     case SMELT_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
     case SMELT_ACT_SILU: return x * (1.0 / (1.0 + exp(-x)));
     case SMELT_ACT_HARDSWISH: return x * fmin(fmax(x + 3.0, 0.0), 6.0) / 6.0;
-    case SMELT_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    case SMELT_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
+    /* Without the cancellation of 1 + erf and 1 + tanh, which loses all
+     * relative accuracy in the negative tail (x < -7.4 for bf16's). */
+    case SMELT_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
+    case SMELT_ACT_GELU_TANH: return x / (1.0 + exp(-2.0 * 0.7978845608 * (x + 0.044715 * x * x * x)));
     default: return NAN;
   }
 }
@@ -1093,9 +1095,12 @@ static void test_gpu_sm90(void) {
    * cases have one to five tiles per CTA (247 and 612 tiles over 132
    * CTAs: odd and even counts), ragged M, N and K, a tile whose lower
    * 64-row half lies past M (m 60), f32 and 16-bit D, bias and every
-   * activation with alpha, slope and scale_d. */
-  static const int64_t pshapes[][3] = {{2400, 1600, 200}, {2100, 4488, 72}, {60, 136, 100}, {1003, 1000, 333}};
-  for (int si = 0; si < 4; si++) {
+   * activation with alpha, slope and scale_d; and tiles of more K steps
+   * than stages with three per CTA (k 520, 286 tiles), where a consumer
+   * skips laps of the ring. */
+  static const int64_t pshapes[][3] = {
+      {2400, 1600, 200}, {2100, 4488, 72}, {60, 136, 100}, {1003, 1000, 333}, {1300, 3300, 520}};
+  for (int si = 0; si < 5; si++) {
     gspec s = spec(si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16,
                    si == 2 ? SMELT_DTYPE_F32 : si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, pshapes[si][0],
                    pshapes[si][1], pshapes[si][2]);
@@ -1120,6 +1125,26 @@ static void test_gpu_sm90(void) {
     s.desc.epilogue.slope = 0.2f;
     s.desc.epilogue.scale_d = 0.5f;
     if (!check(&s, 0, "sm90 ping-pong epilogue")) return;
+  }
+  /* Parallel split-K on the Hopper kernel: slices write f32 partial sums
+   * through 3-D TMA stores (each slice's rows clip at M), gemm_reduce
+   * applies the epilogue. Chosen (skinny M, long K: two slices of the
+   * narrow tile) and asked for (3 and 16 slices, ragged M, N and K, C). */
+  static const int64_t kshapes[][4] = {{128, 2048, 2048, 0}, {200, 516, 1000, 3}, {130, 264, 333, 16}};
+  for (int si = 0; si < 3; si++) {
+    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16, kshapes[si][0],
+                   kshapes[si][1], kshapes[si][2]);
+    s.b_col = 1;
+    s.ld16 = 1;
+    if (kshapes[si][3]) {
+      s.desc.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+      s.desc.split_k = (int)kshapes[si][3];
+    }
+    s.has_c = si == 1;
+    s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
+    s.has_bias = 1;
+    s.desc.epilogue.act = si == 2 ? SMELT_ACT_IDENTITY : SMELT_ACT_GELU;
+    if (!check(&s, 0, "sm90 split-K")) return;
   }
   /* tf32 and fp8 on the same kernel (K steps of 32 and 128 elements):
    * ragged K, both epilogues, every fp8 pair with its scales. */
@@ -1179,6 +1204,22 @@ static void test_gpu_sm90(void) {
   CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
   if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_128x64") != NULL);
   smelt_plan_destroy(plan);
+  /* ... and with a long K, two parallel slices of it (128 CTAs). */
+  th_buf A2 = th_buf_new(cu, (size_t)(128 * 4096) * 2), B2 = th_buf_new(cu, (size_t)(4096 * N) * 2);
+  int64_t sa2[2] = {128, 4096};
+  smelt_tensor ta2 = smelt_tensor_make(A2.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di_, 2, sa2), tb2 = tb;
+  tb2.data = B2.data;
+  tb2.shape[0] = 4096;
+  tb2.strides[1] = 4096;
+  plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cu, NULL, &ta2, &tb2, NULL, &td, NULL, &plan));
+  if (plan) {
+    CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_128x64") != NULL);
+    CHECK(strstr(smelt_plan_describe(plan), "split-K parallel 2") != NULL);
+  }
+  smelt_plan_destroy(plan);
+  th_buf_free(&A2);
+  th_buf_free(&B2);
   th_buf_free(&A);
   th_buf_free(&B);
   th_buf_free(&D);
@@ -1357,9 +1398,20 @@ static void test_selector(void) {
   CHECK_MSG("16-byte aligned");
   st.desc.math.opclass = SMELT_GEMM_OPCLASS_AUTO;
   f.a_k = f.a_mn = 1;
-  st.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL; /* split modes stay on mma.sync */
+  /* Parallel splits run on Hopper when the f32 partial sums' rows are whole
+   * 16-byte units (N a multiple of 4), never on the ping-pong kernel;
+   * serial splits stay on mma.sync. */
+  st.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   st.split_k = 4;
   f.m = f.n = 8192;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  st.desc.epilogue.act = SMELT_ACT_GELU;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  st.desc.epilogue.act = SMELT_ACT_IDENTITY;
+  f.n = 8190;
+  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
+  f.n = 8192;
+  st.mode = SMELT_GEMM_MODE_SPLIT_K_SERIAL;
   CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
   /* Grouped on Hopper: when every group has K >= 1 and a D for the fast
    * epilogue; otherwise mma.sync. */

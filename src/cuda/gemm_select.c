@@ -251,11 +251,18 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
     case SMELT__GK_SIMT: return k->acc == st->acc;
     case SMELT__GK_REDUCE: return 0;
     case SMELT__GK_SM90:
-      /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32), and
-       * grouped ones (host scheduling) whose every group has K >= 1 and a D
-       * for the fast epilogue (the only one grouped runs have). */
+      /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32);
+       * parallel splits of them whose f32 partial sums the fast epilogue
+       * can store (N a multiple of 4: rows of whole 16-byte units), except
+       * on the ping-pong kernel; and grouped ones (host scheduling) whose
+       * every group has K >= 1 and a D for the fast epilogue (the only one
+       * grouped runs have). */
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
         if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !f->tma) return 0;
+      } else if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
+        if (pingpong(k) || f->n % 4 != 0 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 31) ||
+            f->n >= ((int64_t)1 << 31) || f->k >= ((int64_t)1 << 32))
+          return 0;
       } else if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !f->tma ||
                  f->m >= ((int64_t)1 << 32) || f->n >= ((int64_t)1 << 32) || f->k >= ((int64_t)1 << 32)) {
         return 0;
