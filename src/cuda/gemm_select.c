@@ -11,12 +11,11 @@
  *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
  *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D
  *   whose rows are whole 16-byte units (N a multiple of 8) and no C, with
- *   row-major A and column-major B, 16-byte aligned, K >= 1: for 16-bit
- *   types with tanh, sigmoid, silu, gelu or gelu_tanh, a D the fast
- *   epilogue writes and at least two 128 x 128 tiles per SM, the ping-pong
- *   schedule; otherwise the cooperative one with
- *   128 x 256 tiles when they keep at least half the SMs busy, else (16-bit
- *   types) 128 x 64 tiles;
+ *   row-major A and column-major B, 16-byte aligned, K >= 1 (and parallel
+ *   splits of such plain GEMMs when asked for, N a multiple of 4): the
+ *   cooperative schedule with 128 x 256 tiles when they keep at least half
+ *   the SMs busy, else (16-bit types) 128 x 64 tiles; its 128 x 128
+ *   ping-pong schedule only when the description asks for that tile;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
  *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
  *   newer, and A and B are 16-byte aligned with a unit stride along K or
@@ -97,8 +96,9 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
                                         64, 4, 2, 4, 0, 0});
   /* The ping-pong schedule (its only tile: 128 x 128, each consumer owning
    * whole tiles, so one consumer's epilogue overlaps the other's main
-   * loop), 16-bit types, six stages of 32 KiB. Appended last so that the
-   * entries before keep their indices. */
+   * loop), 16-bit types, six stages of 32 KiB; taken when asked for (the
+   * selector prefers the cooperative kernel, which ran faster on H100).
+   * Appended last so that the entries before keep their indices. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
     add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 128, 64, 6, 2, 1, 0, 0});
   return n;
@@ -317,27 +317,18 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n;
-    /* The ping-pong kernel for activations with an exp or erfc, whose
-     * epilogue is long enough to idle the tensor cores for a tenth of a
-     * tile in the cooperative kernel, when every CTA gets at least two of
-     * its 128 x 128 tiles (one per consumer). */
-    const smelt_act act = d->epilogue.act;
-    const int long_act = act == SMELT_ACT_TANH || act == SMELT_ACT_SIGMOID || act == SMELT_ACT_SILU ||
-                         act == SMELT_ACT_GELU || act == SMELT_ACT_GELU_TANH;
-    const int64_t square = ((f->m + 127) / 128) * ((f->n + 127) / 128) *
-                           (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
-    const int want_pp = !asked && long_act && square >= 2 * (int64_t)dev->sm_count;
-    for (int pass = want_pp ? 0 : 1; pass < 2; pass++)
-      for (int i = 0; i < n; i++) {
-        const smelt__gemm_kernel *k = &table[i];
-        if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-        if (!asked && pingpong(k) != (pass == 0)) continue;
-        if (!asked && k->bn == 256 && 2 * wide < dev->sm_count) continue;
-        snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s",
-                 pingpong(k) ? ", ping-pong" : k->bn == 256 ? "" : ", narrow tile");
-        *kernel = i;
-        return SMELT_OK;
-      }
+    /* The ping-pong kernel only when asked for (or timed by the autotuner):
+     * on H100 it ran 4% behind the cooperative one at bf16 8192^3, plain
+     * and with bias + GELU alike (docs/PERF.md). */
+    for (int i = 0; i < n; i++) {
+      const smelt__gemm_kernel *k = &table[i];
+      if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
+      if (!asked && (pingpong(k) || (k->bn == 256 && 2 * wide < dev->sm_count))) continue;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s",
+               pingpong(k) ? ", ping-pong" : k->bn == 256 ? "" : ", narrow tile");
+      *kernel = i;
+      return SMELT_OK;
+    }
   }
   if (want_tc) {
     /* The large tile unless it leaves SMs without work. */

@@ -37,21 +37,6 @@ static int choose_split(const smelt__gemm_kernel *k, int64_t m, int64_t n, int64
   return s < 2 ? 1 : (int)s;
 }
 
-/* Split-K for the Hopper kernel, plain runs or parallel splits: its persistent grid
- * fills the GPU once there are as many tiles as SMs, so only a problem with
- * fewer tiles (a skinny M on the narrow tile: 128 x 4096 has 64) splits,
- * by choose_split's rule, into a parallel split whose slices write f32
- * partial sums through the fast epilogue's TMA stores (rows of whole
- * 16-byte units: N a multiple of 4) and gemm_reduce applies the epilogue.
- * Not the ping-pong kernel, which wants two tiles per SM anyway. */
-static int choose_split_sm90(const smelt__gemm_kernel *k, const smelt__gemm_state *st, int64_t m, int64_t n,
-                             int64_t kk, int sm_count) {
-  if ((st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_SPLIT_K_PARALLEL) || k->bn == 128 ||
-      n % 4 != 0)
-    return 1;
-  return choose_split(k, m, n, kk, sm_count);
-}
-
 /* K per slice: a whole number of the kernel's K tiles. */
 static int64_t k_slice_of(const smelt__gemm_kernel *k, int64_t kk, int splits) {
   int64_t s = ceil_div(ceil_div(kk, splits), k->bk) * k->bk;
@@ -84,9 +69,12 @@ smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *arg
   const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   if (st->split_k == 0) {
     /* AUTO left it open (a plain GEMM may become a parallel split) or a
-     * split mode asked us to choose. */
-    st->split_k = k->fam == SMELT__GK_SM90 ? choose_split_sm90(k, st, f.m, f.n, f.k, dev->sm_count)
-                                           : choose_split(k, f.m, f.n, f.k, dev->sm_count);
+     * split mode asked us to choose. The persistent Hopper kernel does not
+     * split by itself: on H100, 128 x 4096 x 4096 in two or four slices of
+     * the narrow tile plus gemm_reduce took 27.6 / 29.0 us against 22.3 us
+     * unsplit on 64 SMs (docs/PERF.md); a split mode asked for gets
+     * choose_split's slices. */
+    st->split_k = k->fam == SMELT__GK_SM90 && !split_mode ? 1 : choose_split(k, f.m, f.n, f.k, dev->sm_count);
     if (!split_mode && st->split_k > 1) st->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   }
   st->kernel = ki;
