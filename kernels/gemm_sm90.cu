@@ -407,10 +407,11 @@ static __device__ __forceinline__ void act_piece_n(float *v, int act, float slop
 /* The activations with an exp for 16-bit D, in the MUFU forms of
  * smelt_device.cuh: gelu through smelt_gelu16 (within 2e-5 relative),
  * sigmoid, silu and gelu_tanh as x / (1 + e^-y) with smelt_fast_exp and
- * smelt_fast_div (within 1e-5 relative for |y| < 88; beyond, results under
- * 1.2e-38 flush to 0). f16 rounds at 2^-11 and bf16 at 2^-8 relative, so at
- * most an output whose exact value lies within 2e-5 of a rounding boundary
- * rounds the other way (tests/test_gemm.c checks it element by element over
+ * smelt_fast_div (within 1e-5 relative while e^-y and its reciprocal stay
+ * above 2^-126; past that, results under max(1, |x|) 2^-126 flush to 0, an
+ * absolute error below 2e-37 for |x| <= 16). f16 rounds at 2^-11 and bf16
+ * at 2^-8 relative, so at most an output whose exact value lies within
+ * 2e-5 of a rounding boundary rounds the other way (tests/test_gemm.c checks it element by element over
  * [-16, 16]). They are a third to a half of the accurate forms'
  * instructions, so they run unrolled (no rotation moves). f32 D keeps
  * gemm_act's accurate functions. */

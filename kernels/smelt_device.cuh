@@ -109,8 +109,9 @@ static __device__ __forceinline__ float smelt_fast_div(float a, float b) {
 /* gelu for 16-bit outputs: x * Phi(x), with Phi(-|x|) = erfc(t)/2, t = |x|/sqrt 2,
  * and erfc(t) = u*q(u)*exp(-t^2), u = 1/(1 + 0.435 t), q a degree-5
  * polynomial fitted to minimise the relative error on [0, 9.5] (3.7e-6; the
- * whole function stays within 2e-5 relative, 0.01 f16 ulp, down to results
- * of 1.2e-38, below which the exp flushes to 0: x < -13.4). It costs about
+ * whole function stays within 2e-5 relative, 0.01 f16 ulp, until the exp
+ * flushes to 0 below 2^-126 (x < -13.4), where results under |x| 2^-126
+ * become 0). It costs about
  * half of erff and a third of erfcf, and unlike 1 + erf it keeps its
  * relative accuracy in the negative tail. */
 static __device__ __forceinline__ float smelt_gelu16(float x) {
