@@ -12,7 +12,8 @@
 #define NT 256
 
 /* Element i: the slices' sum in order, then the epilogue at (r, c). */
-static __device__ __forceinline__ void reduce_one(const gemm_params &P, const ws_t *ws, i64 total, i64 i, i64 r, i64 c) {
+static __device__ __forceinline__ void reduce_one(const gemm_params &P, const ws_t *ws, i64 total, i64 i, i64 r,
+                                                  i64 c) {
   ws_t s = ws[i];
   for (int z = 1; z < P.splits; z++) {
 #if GEMM_ACC == ACC_I32

@@ -411,10 +411,10 @@ static __device__ __forceinline__ void act_piece_n(float *v, int act, float slop
  * above 2^-126; past that, results under max(1, |x|) 2^-126 flush to 0, an
  * absolute error below 2e-37 for |x| <= 16). f16 rounds at 2^-11 and bf16
  * at 2^-8 relative, so at most an output whose exact value lies within
- * 2e-5 of a rounding boundary rounds the other way (tests/test_gemm.c checks it element by element over
- * [-16, 16]). They are a third to a half of the accurate forms'
- * instructions, so they run unrolled (no rotation moves). f32 D keeps
- * gemm_act's accurate functions. */
+ * 2e-5 of a rounding boundary rounds the other way (tests/test_gemm.c
+ * checks it element by element over [-16, 16]). They are a third to a half
+ * of the accurate forms' instructions, so they run unrolled (no rotation
+ * moves). f32 D keeps gemm_act's accurate functions. */
 static __device__ __forceinline__ float act16(float x, int act) {
   switch (act) {
     case ACT_SIGMOID: return smelt_fast_div(1.f, 1.f + smelt_fast_exp(-x));

@@ -1320,8 +1320,8 @@ static void test_gpu_sm90_act16(void) {
             if (!(fabs(got - want) <= ulp) && bad < 0) bad = i * N + j;
           }
         if (bad >= 0 || off > M * N / 20)
-          th_fail(__FILE__, __LINE__, "act %d %s %s: %lld of %lld off by one ulp; first worse at x %.9g (got %.9g, want %.9g)",
-                  (int)acts[a], dn(dd), sched ? "ping-pong" : "cooperative", (long long)off, (long long)(M * N),
+          th_fail(__FILE__, __LINE__,
+                  "act %d %s %s: %lld of %lld off by one ulp; first worse at x %.9g (got %.9g, want %.9g)", (int)acts[a], dn(dd), sched ? "ping-pong" : "cooperative", (long long)off, (long long)(M * N),
                   bad >= 0 ? x[bad % N] + r[bad / N] : 0.0, bad >= 0 ? th_get(hd, dd, bad) : 0.0,
                   bad >= 0 ? convert_ref(act_ref(acts[a], x[bad % N] + r[bad / N], 0), dd, 0) : 0.0);
       }
