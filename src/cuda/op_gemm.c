@@ -257,8 +257,7 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
  * f32 workspace [splits][M][N] as a 3-D map (so each slice's rows clip at
  * M), boxes of one slice x 64 rows x 32 columns (128 bytes) with the
  * 128-byte swizzle. N is a multiple of 4 (smelt__gemm_fits asks it of a
- * Hopper split), so the
- * strides are whole 16-byte units. */
+ * Hopper split), so the strides are whole 16-byte units. */
 static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits) {
   const uint64_t dims[3] = {(uint64_t)n, (uint64_t)m, (uint64_t)splits},
                  strides[2] = {(uint64_t)n * 4, (uint64_t)(m * n) * 4};
