@@ -5,7 +5,8 @@
  * Prelude: GEMM_ACC 1 (f32); GEMM_AB 1 (f32 operands, tf32 math), 2 (f16),
  * 3 (bf16) or 4 (fp8, with GEMM_FP8_A and GEMM_FP8_B each 4 e4m3 or
  * 5 e5m2); GEMM_BN, the tile width: 256, or 64 for problems with too few
- * wide tiles to fill the GPU (a skinny M); GEMM_STAGES.
+ * wide tiles to fill the GPU (a skinny M), or 128 with GEMM_PINGPONG 1
+ * (the ping-pong schedule, below); GEMM_STAGES.
  *
  * Every element type uses the same bytes: a K step (BK) is one 128-byte
  * row of each operand row (32 tf32, 64 16-bit or 128 fp8 elements), and
@@ -33,7 +34,22 @@
  *     applies the epilogue (below).
  * setmaxnreg moves registers from the producer (40) to the consumers (232).
  * The producer runs ahead into the next tile while the consumers store the
- * previous one, so loads overlap the epilogue.
+ * previous one, so loads overlap the epilogue, but the tensor cores idle
+ * during it (both consumers finish their main loops together).
+ *
+ * GEMM_PINGPONG 1 (tile 128 x 128): the consumers take this CTA's tiles in
+ * turn, each multiplying both 64-row halves of its own tile (two wgmma
+ * m64n128 per step, 128 accumulators per thread), so one consumer's
+ * epilogue overlaps the other's main loop. Named barriers hand the main
+ * loop from one consumer to the other (pp_wait, pp_pass); the producer is
+ * unchanged. On H100 it ran about 4% behind the cooperative schedule (its
+ * tiles move a third more bytes from L2 per multiply-add), so the selector
+ * takes it only when asked.
+ *
+ * Parallel split-K (plain runs): tiles are numbered slice by slice, each
+ * slice's K range loaded from its first K tile, and the fast epilogue
+ * writes the slice's f32 partial sums into the workspace through a 3-D map
+ * (sm90_locate); gemm_reduce finishes.
  *
  * Shared memory: TMA writes each 128-byte row of K with the 128-byte
  * swizzle, which is the K-major layout wgmma reads with SBO = 1024 (eight
@@ -50,7 +66,8 @@
  * 16-byte aligned rows of whole 16-byte units, no C) works on the
  * accumulators in registers: the bias, loaded once per tile, comes from
  * shared memory, the activation runs in f32 with its switch outside the
- * per-element loop, and each 64 x 64
+ * per-element loop (for 16-bit D, exp and erfc in MUFU forms: act16), and
+ * each 64 x 64
  * piece goes (packed to 16 bits, or as f32 in two halves) into a swizzled
  * shared buffer that one thread hands to a TMA store; the next piece's math
  * overlaps that store. The general one serves every other output (any dtype
@@ -94,11 +111,18 @@
 #error "gemm_sm90.cu: GEMM_AB must be 1, 2, 3, or 4 with GEMM_FP8_A and GEMM_FP8_B"
 #endif
 
-#if !defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 64)
-#error "gemm_sm90.cu needs GEMM_BN 256 or 64"
+#if !defined(GEMM_PINGPONG)
+#define GEMM_PINGPONG 0
 #endif
+#if GEMM_PINGPONG ? GEMM_BN != 128 : (!defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 64))
+#error "gemm_sm90.cu needs GEMM_BN 256 or 64 (cooperative) or 128 (GEMM_PINGPONG 1)"
+#endif
+#define PINGPONG GEMM_PINGPONG
 #define BM 128
 #define BN GEMM_BN
+/* Accumulators per consumer thread: its 64 x BN half of the tile
+ * (cooperative) or its whole 128 x 128 tile (ping-pong). */
+#define ACCS (PINGPONG ? 128 : BN / 2)
 #define BK (128 / AB_SIZE) /* elements: one 128-byte swizzle row of K */
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
@@ -180,6 +204,44 @@ static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
         "=f"(d[120]), "=f"(d[121]), "=f"(d[122]), "=f"(d[123]), "=f"(d[124]), "=f"(d[125]), "=f"(d[126]), "=f"(d[127])
       : "l"(da), "l"(db));
 }
+#elif BN == 128
+static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128" WG_KIND " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, 1, " WG_TAIL ";\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+}
+
+static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128" WG_KIND " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, 0, " WG_TAIL ";\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
+        "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
+        "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
+        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "l"(da), "l"(db));
+}
 #else
 static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
   asm volatile(
@@ -221,6 +283,14 @@ static __device__ __forceinline__ void sm90_tma_store(const tmap_t *map, int x, 
                : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
+/* The box at (x, y, z) of a 3-D tensor map (a parallel split's partial
+ * sums: z is the slice, so each slice's rows clip at M on their own). */
+static __device__ __forceinline__ void sm90_tma_store3(const tmap_t *map, int x, int y, int z, u32 src) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"((u64)map),
+               "r"(x), "r"(y), "r"(z), "r"(src)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
 /* This thread's stores have finished reading shared memory (it may be reused). */
 static __device__ __forceinline__ void sm90_store_wait_read(void) {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -248,19 +318,40 @@ static __device__ __forceinline__ void wg_sync(int c) {
   else asm volatile("bar.sync 2, 128;" ::: "memory");
 }
 
+/* Ping-pong turns: a consumer starts a tile's main loop only after the
+ * other consumer has passed every stage wait of the tile before (named
+ * barriers 3 and 4: one consumer arrives, the other waits). Besides
+ * keeping the tensor cores on one main loop at a time, this is what makes
+ * the skipped stages safe: an mbarrier wait knows only the parity of the
+ * phase it waits for, so a consumer that jumped past the other's tile
+ * (ktiles stages, many laps of the ring) must not test a stage's full
+ * barrier while that barrier is more than one phase behind. */
+static __device__ __forceinline__ void pp_wait(int c) {
+  if (c == 0) asm volatile("bar.sync 4, 256;" ::: "memory");
+  else asm volatile("bar.sync 3, 256;" ::: "memory");
+}
+static __device__ __forceinline__ void pp_pass(int c) {
+  if (c == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");
+  else asm volatile("bar.arrive 4, 256;" ::: "memory");
+}
+
 /* Consumer c (thread tid) hands its buffer to a TMA store: piece_begin
  * before filling it waits until the previous store has read it; piece_end
  * after filling makes every thread's writes visible to the async proxy and
- * stores the box at (x, y) unless its rows start past M (`rows_in` 0). */
+ * stores the box at (x, y), or (x, y, z) when z >= 0, unless its rows
+ * start past M (`rows_in` 0). */
 static __device__ __forceinline__ void piece_begin(int c, int tid) {
   if (tid == 0) sm90_store_wait_read();
   wg_sync(c);
 }
-static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int rows_in,
+static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int z, int rows_in,
                                                  u32 buf) {
   sm90_fence_async_smem();
   wg_sync(c);
-  if (tid == 0 && rows_in) sm90_tma_store(map, x, y, buf);
+  if (tid == 0 && rows_in) {
+    if (z >= 0) sm90_tma_store3(map, x, y, z, buf);
+    else sm90_tma_store(map, x, y, buf);
+  }
 }
 
 /* D[r, c] and D[r, c + 1] from two accumulators. 16-bit row-major outputs
@@ -312,16 +403,56 @@ static __device__ __forceinline__ void act_piece_n(float *v, int act, float slop
     for (int i = 0; i < 8; i++) v[24 + i] = r[i];
   }
 }
-static __device__ __forceinline__ void act_piece(float *v, int act, float slope) {
+
+/* The activations with an exp for 16-bit D, in the MUFU forms of
+ * smelt_device.cuh: gelu through smelt_gelu16 (within 2e-5 relative),
+ * sigmoid, silu and gelu_tanh as x / (1 + e^-y) with smelt_fast_exp and
+ * smelt_fast_div (within 1e-5 relative while e^-y and its reciprocal stay
+ * above 2^-126; past that, results under max(1, |x|) 2^-126 flush to 0, an
+ * absolute error below 2e-37 for |x| <= 16). f16 rounds at 2^-11 and bf16
+ * at 2^-8 relative, so at most an output whose exact value lies within
+ * 2e-5 of a rounding boundary rounds the other way (tests/test_gemm.c
+ * checks it element by element over [-16, 16]). They are a third to a half
+ * of the accurate forms' instructions, so they run unrolled (no rotation
+ * moves). f32 D keeps gemm_act's accurate functions. */
+static __device__ __forceinline__ float act16(float x, int act) {
+  switch (act) {
+    case ACT_SIGMOID: return smelt_fast_div(1.f, 1.f + smelt_fast_exp(-x));
+    case ACT_SILU: return smelt_fast_div(x, 1.f + smelt_fast_exp(-x));
+    case ACT_GELU: return smelt_gelu16(x);
+    default: { /* ACT_GELU_TANH */
+      const float z = 0.7978845608f * (x + 0.044715f * x * x * x);
+      return smelt_fast_div(x, 1.f + smelt_fast_exp(-2.f * z));
+    }
+  }
+}
+static __device__ __forceinline__ void act_piece16_n(float *v, int act) {
+#pragma unroll
+  for (int i = 0; i < 32; i++) v[i] = act16(v[i], act);
+}
+
+static __device__ __forceinline__ void act_piece(float *v, int act, float slope, int short_d) {
   switch (act) {
     case ACT_RELU: act_piece_n(v, ACT_RELU, slope); break;
     case ACT_LEAKY_RELU: act_piece_n(v, ACT_LEAKY_RELU, slope); break;
     case ACT_TANH: act_piece_n(v, ACT_TANH, slope); break;
-    case ACT_SIGMOID: act_piece_n(v, ACT_SIGMOID, slope); break;
-    case ACT_SILU: act_piece_n(v, ACT_SILU, slope); break;
+    case ACT_SIGMOID:
+      if (short_d) act_piece16_n(v, ACT_SIGMOID);
+      else act_piece_n(v, ACT_SIGMOID, slope);
+      break;
+    case ACT_SILU:
+      if (short_d) act_piece16_n(v, ACT_SILU);
+      else act_piece_n(v, ACT_SILU, slope);
+      break;
     case ACT_HARDSWISH: act_piece_n(v, ACT_HARDSWISH, slope); break;
-    case ACT_GELU: act_piece_n(v, ACT_GELU, slope); break;
-    case ACT_GELU_TANH: act_piece_n(v, ACT_GELU_TANH, slope); break;
+    case ACT_GELU:
+      if (short_d) act_piece16_n(v, ACT_GELU);
+      else act_piece_n(v, ACT_GELU, slope);
+      break;
+    case ACT_GELU_TANH:
+      if (short_d) act_piece16_n(v, ACT_GELU_TANH);
+      else act_piece_n(v, ACT_GELU_TANH, slope);
+      break;
     default: break;
   }
 }
@@ -340,7 +471,7 @@ static __device__ __forceinline__ void fast_piece(const gemm_params &P, const fl
 #pragma unroll
     for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[4 * j + e] + (e & 1 ? b.y : b.x);
   }
-  act_piece(v, P.act, P.slope);
+  act_piece(v, P.act, P.slope, P.dt_d != DT_F32);
   const float m = P.dt_d == DT_F16 ? 65504.f : P.dt_d == DT_BF16 ? GEMM_BF16_MAX : GEMM_F32_MAX;
 #pragma unroll
   for (int k = 0; k < 32; k++) {
@@ -379,16 +510,31 @@ static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int h
 
 /* ---------------------------------------------------------------- the main loop */
 
-/* One stage for consumer c: its 64 rows of A (stage + c * 64 rows of 128
- * bytes) times the stage's B, four wgmma steps 32 bytes apart. `first`
- * (a constant at each call) starts the tile's accumulators. */
+/* One stage for consumer c. Cooperative: its 64 rows of A (stage + c * 64
+ * rows of 128 bytes) times the stage's B, four wgmma steps 32 bytes apart.
+ * Ping-pong: the stage is c's alone; both 64-row halves of A times B, the
+ * half h into d[64 h ..]. `first` (a constant at each call) starts the
+ * tile's accumulators. */
 static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first) {
-  const u32 sa = stage + c * (64 * 128), sb = stage + A_BYTES;
+  const u32 sb = stage + A_BYTES;
   wgmma_fence();
+#if PINGPONG
+  (void)c;
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const u64 da = wgmma_desc(stage + h * (64 * 128) + kk * 32), db = wgmma_desc(sb + kk * 32);
+      if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
+      else wgmma_step(d + 64 * h, da, db);
+    }
+#else
+  const u32 sa = stage + c * (64 * 128);
   if (first) wgmma_first(d, wgmma_desc(sa), wgmma_desc(sb));
   else wgmma_step(d, wgmma_desc(sa), wgmma_desc(sb));
 #pragma unroll
   for (int kk = 1; kk < 4; kk++) wgmma_step(d, wgmma_desc(sa + kk * 32), wgmma_desc(sb + kk * 32));
+#endif
   wgmma_commit();
 }
 
@@ -401,12 +547,18 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
 /* ---------------------------------------------------------------- locating a tile */
 
 /* What a tile needs to know about its problem. Plain mode: the launch's
- * problem and the tensor maps passed by value. Grouped mode (host
+ * problem and the tensor maps passed by value. Parallel split-K (plain
+ * with slices): tiles are numbered slice by slice, slice z taking the K
+ * tiles from kt0 = z k_slice / BK on and writing its partial sums (the host
+ * passes an identity epilogue with f32 D) at z of the 3-D D map over the
+ * workspace; gemm_reduce adds the slices and applies the epilogue. Grouped
+ * mode (host
  * scheduling, fast epilogue only): tiles are numbered over all groups in
  * order, group g owning [first[g], first[g + 1]) of P.group_tiles, and its
  * A, B and D maps are gmaps[3g .. 3g + 2] in device memory. */
 typedef struct sm90_tile {
-  int tm, tn, ktiles;
+  int tm, tn, kt0, ktiles;
+  int slice; /* -1 unless a parallel split */
   i64 m, n;
   u64 bias;
   i64 bias_s;
@@ -424,7 +576,9 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
     const gemm_prob *pg = (const gemm_prob *)P.groups + *g;
     w->m = pg->m;
     w->n = pg->n;
+    w->kt0 = 0;
     w->ktiles = (int)((pg->k + BK - 1) / BK);
+    w->slice = -1;
     w->bias = pg->bias;
     w->bias_s = pg->bias_s;
     w->ma = gmaps + 3 * *g;
@@ -436,7 +590,18 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
   }
   w->m = P.p.m;
   w->n = P.p.n;
+  w->kt0 = 0;
   w->ktiles = (int)((P.p.k + BK - 1) / BK);
+  w->slice = -1;
+  if (P.mode == MODE_PARALLEL) {
+    const int per = P.tiles_m * P.tiles_n;
+    w->slice = t / per;
+    t -= w->slice * per;
+    /* k_slice is a whole number of K tiles, and every slice starts below K. */
+    const i64 k0 = (i64)w->slice * P.k_slice, k1 = k0 + P.k_slice < P.p.k ? k0 + P.k_slice : P.p.k;
+    w->kt0 = (int)(k0 / BK);
+    w->ktiles = (int)((k1 - k0 + BK - 1) / BK);
+  }
   w->bias = P.p.bias;
   w->bias_s = P.p.bias_s;
   w->ma = tma_a;
@@ -462,12 +627,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 full = epi + CONSUMERS * EPI_BYTES, empty = full + GEMM_STAGES * 8;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   /* Grouped: the host puts the total tile count in tiles_m (tiles_n 1). */
-  const int tiles = P.tiles_m * P.tiles_n;
+  const int tiles = P.tiles_m * P.tiles_n * (P.mode == MODE_PARALLEL ? P.splits : 1);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbar_init(full + 8 * s, 1);              /* the producer's expect_tx */
-      mbar_init(empty + 8 * s, CONSUMERS * 4); /* one arrival per consumer warp */
+      /* One arrival per warp of the consumers that read the stage. */
+      mbar_init(empty + 8 * s, PINGPONG ? 4 : CONSUMERS * 4);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -487,8 +653,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(empty + 8 * stage, phase ^ 1);
         const u32 bar = full + 8 * stage, sa = base + stage * STAGE_BYTES;
         mbar_expect_tx(bar, STAGE_BYTES);
-        tma_load(sa, w.ma, kt * BK, w.tm * BM, bar);
-        tma_load(sa + A_BYTES, w.mb, kt * BK, w.tn * BN, bar);
+        tma_load(sa, w.ma, (w.kt0 + kt) * BK, w.tm * BM, bar);
+        tma_load(sa + A_BYTES, w.mb, (w.kt0 + kt) * BK, w.tn * BN, bar);
         if (++stage == GEMM_STAGES) {
           stage = 0;
           phase ^= 1;
@@ -502,20 +668,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
   int stage = 0, g = 0;
   u32 phase = 0;
-  float d[BN / 2];
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+  float d[ACCS];
+  for (int t = blockIdx.x, j = 0; t < tiles; t += gridDim.x, j++) {
     sm90_tile w;
     sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, &w);
+#if PINGPONG
+    /* The consumers take this CTA's tiles in turn; the producer loads them
+     * all in order, so the other consumer's tile is its ktiles stages of
+     * the ring to step over. */
+    if ((j & 1) != c) {
+      const int s = stage + w.ktiles;
+      phase ^= (u32)((s / GEMM_STAGES) & 1);
+      stage = s % GEMM_STAGES;
+      continue;
+    }
+#endif
     const int tm = w.tm, tn = w.tn, ktiles = w.ktiles;
-    const i64 m0 = (i64)tm * BM + c * 64, n0 = (i64)tn * BN;
+    const i64 m0 = (i64)tm * BM + (PINGPONG ? 0 : c * 64), n0 = (i64)tn * BN;
     /* The fast epilogue's bias, columns tid and tid + 128 of the tile,
      * loaded now so that the load's latency hides behind the main loop. */
     float bias_lo = 0.f, bias_hi = 0.f;
-    if (fast && P.has_bias) {
+    if ((PINGPONG || fast) && P.has_bias) {
       if (tid < BN && n0 + tid < w.n) bias_lo = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid) * w.bias_s);
       if (tid + 128 < BN && n0 + tid + 128 < w.n)
         bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
     }
+#if PINGPONG
+    if (j > 0) pp_wait(c);
+#endif
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
@@ -538,9 +718,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         phase ^= 1;
       }
     }
+#if PINGPONG
+    /* The other consumer's next tile (if there is one) may start: this
+     * tile's stage waits are all behind. */
+    if (t + (int)gridDim.x < tiles) pp_pass(c);
+#endif
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);
-    if (fast) {
+    if (PINGPONG || fast) {
       /* The bias row is free: every thread of this warpgroup finished the
        * previous tile's pieces (they end with a barrier). */
       float *bias = (float *)(smem_raw + (epi + CONSUMERS * BUF_BYTES - smem_u32(smem_raw))) + c * BN;
@@ -550,32 +735,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const u32 buf = epi + c * BUF_BYTES;
       /* A rolled loop (the epilogue's code exists once, which keeps the
        * compile short): each pass takes d[0 .. 31] and moves the next
-       * piece's accumulators down; d is dead after the epilogue. */
+       * piece's accumulators down; d is dead after the epilogue. Piece p
+       * is rows 64 (p / (BN / 64)) and columns 64 (p % (BN / 64)) of this
+       * consumer's accumulators (one row of pieces when cooperative, two
+       * when ping-pong: the m64 halves of d). */
 #pragma unroll 1
-      for (int q = 0; q < BN / PIECE; q++) {
-        const i64 x = n0 + q * PIECE;
-        if (x >= w.n) break; /* uniform: the rest of the tile is past N */
+      for (int p = 0; p < ACCS / 32; p++) {
+        const int q = p % (BN / PIECE);
+        const i64 x = n0 + q * PIECE, y = m0 + 64 * (p / (BN / PIECE));
         /* The math overlaps the previous piece's store. */
         float v[32];
         fast_piece(P, d, q, bias, lane, v);
 #pragma unroll
-        for (int i = 0; i + 32 < BN / 2; i++) d[i] = d[i + 32];
+        for (int i = 0; i + 32 < ACCS; i++) d[i] = d[i + 32];
+        if (x >= w.n) continue; /* uniform: the piece is past N */
         if (P.dt_d != DT_F32) {
           piece_begin(c, tid);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_end(c, tid, w.md, (int)x, (int)m0, m0 < w.m, buf);
+          piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
             piece_begin(c, tid);
             put_half32(buf, v, half, warp, lane);
-            piece_end(c, tid, w.md, (int)x + 32 * half, (int)m0, m0 < w.m, buf);
+            piece_end(c, tid, w.md, (int)x + 32 * half, (int)y, w.slice, y < w.m, buf);
           }
         }
       }
       continue;
     }
+#if !PINGPONG
     /* The general epilogue (plain mode only: grouped runs take the fast one).
      * Accumulator i holds row 16 warp + lane/4 + 8 ((i/2) % 2) of this
      * consumer's 64 rows and column 8 (i/4) + 2 (lane%4) + i%2 of the tile;
@@ -611,9 +801,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       wg_sync(c);
     }
+#endif
   }
   /* The last TMA stores read shared memory until they complete. */
-  if (fast && tid == 0) sm90_store_wait();
+  if ((PINGPONG || fast) && tid == 0) sm90_store_wait();
 #else
   /* wgmma and setmaxnreg exist on sm_90a only. The variant list is compiled
    * for every arch, so elsewhere the kernel is a stub the selector never

@@ -12,9 +12,9 @@
  *                offset (the host merges dims first so there are few).
  * The formulas are smelt_act_apply's (the double-precision definition) in
  * float, in forms without cancellation: gelu as 0.5·x·erfc(−x/√2) (f32; a
- * cheaper fit for 16-bit outputs, see gelu16), gelu_tanh as x·sigmoid(2z),
+ * cheaper fit for 16-bit outputs, smelt_gelu16 in smelt_device.cuh), gelu_tanh as x·sigmoid(2z),
  * which equals 0.5·x·(1 + tanh z). exp and the division are single MUFU
- * instructions (fast_exp: ~2 ulp plus 6e-8·|x| relative; fast_div: 1 ulp;
+ * instructions (smelt_fast_exp: ~2 ulp plus 6e-8·|x| relative; smelt_fast_div: 1 ulp;
  * results below 1.2e-38 flush to 0): f16/bf16 must run at copy bandwidth,
  * where the accurate expf and IEEE division would make the kernel
  * compute-bound. In place (y == x) is
@@ -43,40 +43,6 @@
 /* Elements per 16-byte vector. */
 #define VEC (16 / (int)sizeof(elem_t))
 
-/* e^x and a/b on the MUFU unit with denormals flushed to zero. __expf and
- * __fdividef compile to the same MUFU instruction plus a denormal fix-up
- * around it (a third of the 16-bit gelu's instructions); the flush only
- * turns results below 1.2e-38 into 0. */
-static __device__ __forceinline__ float fast_exp(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
-  return y;
-}
-static __device__ __forceinline__ float fast_div(float a, float b) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
-  return a * r;
-}
-
-#if SMELT_DT != SMELT_DT_F32
-/* gelu for 16-bit outputs: x * Phi(x), with Phi(-|x|) = erfc(t)/2, t = |x|/sqrt 2,
- * and erfc(t) = u*q(u)*exp(-t^2), u = 1/(1 + 0.435 t), q a degree-5
- * polynomial fitted to minimise the relative error on [0, 9.5] (3.7e-6; the
- * whole function stays within 2e-5 relative, 0.01 f16 ulp). It costs about
- * half of erff and a third of erfcf, which made the f16 kernel compute-bound
- * (70% of copy bandwidth on H100 with erfcf), and unlike 1 + erf it keeps
- * its relative accuracy in the negative tail. */
-static __device__ __forceinline__ float gelu16(float x) {
-  const float t = fabsf(x) * 0.70710678118654752f;
-  const float u = fast_div(1.f, 1.f + 0.435f * t);
-  const float q =
-      u * (0.245956387f +
-           u * (0.236991762f + u * (0.274866623f + u * (0.0100890354f + u * (0.383840751f + u * -0.15174825f)))));
-  const float h = 0.5f * q * fast_exp(-t * t);
-  return x * (x < 0.f ? h : 1.f - h);
-}
-#endif
-
 static __device__ __forceinline__ float act(float x, float slope) {
   (void)slope; /* only leaky_relu reads it */
 #if SMELT_ACT == ACT_IDENTITY
@@ -88,20 +54,20 @@ static __device__ __forceinline__ float act(float x, float slope) {
 #elif SMELT_ACT == ACT_TANH
   return tanhf(x);
 #elif SMELT_ACT == ACT_SIGMOID
-  return fast_div(1.f, 1.f + fast_exp(-x));
+  return smelt_fast_div(1.f, 1.f + smelt_fast_exp(-x));
 #elif SMELT_ACT == ACT_SILU
-  return fast_div(x, 1.f + fast_exp(-x));
+  return smelt_fast_div(x, 1.f + smelt_fast_exp(-x));
 #elif SMELT_ACT == ACT_HARDSWISH
   return x * fminf(fmaxf(x + 3.f, 0.f), 6.f) * (1.f / 6.f);
 #elif SMELT_ACT == ACT_GELU
 #if SMELT_DT == SMELT_DT_F32
   return 0.5f * x * erfcf(-0.70710678118654752f * x);
 #else
-  return gelu16(x);
+  return smelt_gelu16(x);
 #endif
 #elif SMELT_ACT == ACT_GELU_TANH
   float z = 0.7978845608f * (x + 0.044715f * x * x * x);
-  return fast_div(x, 1.f + fast_exp(-2.f * z));
+  return smelt_fast_div(x, 1.f + smelt_fast_exp(-2.f * z));
 #else
 #error "SMELT_ACT is not a smelt_act value"
 #endif

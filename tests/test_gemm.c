@@ -149,8 +149,10 @@ static double act_ref(smelt_act a, double x, double slope) {
     case SMELT_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
     case SMELT_ACT_SILU: return x * (1.0 / (1.0 + exp(-x)));
     case SMELT_ACT_HARDSWISH: return x * fmin(fmax(x + 3.0, 0.0), 6.0) / 6.0;
-    case SMELT_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    case SMELT_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
+    /* Without the cancellation of 1 + erf and 1 + tanh, which loses all
+     * relative accuracy in the negative tail (x < -7.4 for bf16's). */
+    case SMELT_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
+    case SMELT_ACT_GELU_TANH: return x / (1.0 + exp(-2.0 * 0.7978845608 * (x + 0.044715 * x * x * x)));
     default: return NAN;
   }
 }
@@ -553,8 +555,10 @@ static void test_array(void) {
 }
 
 /* Grouped: problems of their own sizes, some empty, on every backend.
- * `hopper`: D rows 16-byte aligned and the 128 x 256 tile asked for, which
- * only the Hopper kernel has (so the run fails unless it takes it). */
+ * `hopper`: D rows 16-byte aligned and a Hopper tile asked for: 1 the
+ * cooperative 128 x 256, which only the Hopper kernel has (so the run fails
+ * unless it takes it); 2 the ping-pong 128 x 128, which the selector tries
+ * on Hopper before mma.sync's tile of that size. */
 static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t (*sizes)[3], int count, int bias,
                         int hopper) {
   smelt_tensor *t = calloc((size_t)count * 4, sizeof *t);
@@ -585,7 +589,9 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
   }
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.epilogue.act = SMELT_ACT_SILU;
-  if (hopper) desc.tile.n = 256;
+  /* hopper 1: the cooperative Hopper tile; 2: the ping-pong one. */
+  if (hopper) desc.tile.n = hopper == 2 ? 128 : 256;
+  if (hopper == 2) desc.tile.m = 128;
   CHECK_OK(smelt_gemm_grouped(ctx, &desc, count, t, t + count, NULL, t + 2 * count, bias ? t + 3 * count : NULL));
   for (int i = 0; i < count && !th_failed_now; i++) {
     int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
@@ -652,6 +658,7 @@ static void test_grouped(void) {
                                    {64, 0, 8},     {128, 128, 128}, {4000, 1104, 24}, {65, 264, 40}};
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 1);
   run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 0, 1);
+  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 2);
 }
 
 /* ---------------------------------------------------------------- edges */
@@ -1088,6 +1095,73 @@ static void test_gpu_sm90(void) {
     s.desc.epilogue.act = si == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
     if (!check(&s, 0, "sm90 narrow")) return;
   }
+  /* The ping-pong schedule (128 x 128, asked for): each consumer owns
+   * whole tiles and steps over the other's stages of the ring, so the
+   * cases have one to five tiles per CTA (247 and 612 tiles over 132
+   * CTAs: odd and even counts), ragged M, N and K, a tile whose lower
+   * 64-row half lies past M (m 60), f32 and 16-bit D, bias and every
+   * activation with alpha, slope and scale_d; and tiles of more K steps
+   * than stages with three per CTA (k 520, 286 tiles), where a consumer
+   * skips laps of the ring. */
+  static const int64_t pshapes[][3] = {
+      {2400, 1600, 200}, {2100, 4488, 72}, {60, 136, 100}, {1003, 1000, 333}, {1300, 3300, 520}};
+  for (int si = 0; si < 5; si++) {
+    gspec s = spec(si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16,
+                   si == 2 ? SMELT_DTYPE_F32 : si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, pshapes[si][0],
+                   pshapes[si][1], pshapes[si][2]);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.m = 128;
+    s.desc.tile.n = 128;
+    s.has_bias = si != 1;
+    s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU : si == 2 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
+    if (!check(&s, 0, "sm90 ping-pong")) return;
+  }
+  for (int a = 0; a < SMELT_ACT_COUNT; a++) {
+    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, 300, 520, 72);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.m = 128;
+    s.desc.tile.n = 128;
+    s.has_bias = 1;
+    s.bias = a % 3 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
+    s.desc.epilogue.act = (smelt_act)a;
+    s.desc.epilogue.alpha = 1.5;
+    s.desc.epilogue.slope = 0.2f;
+    s.desc.epilogue.scale_d = 0.5f;
+    if (!check(&s, 0, "sm90 ping-pong epilogue")) return;
+  }
+  /* Parallel split-K on the Hopper kernel, asked for: slices write f32
+   * partial sums through 3-D TMA stores (each slice's rows clip at M),
+   * gemm_reduce applies the epilogue. Slices chosen by smelt (2 of the
+   * narrow tile here), 3 and 16; ragged M, N and K; C. */
+  static const int64_t kshapes[][4] = {{128, 2048, 2048, 0}, {200, 516, 1000, 3}, {130, 264, 333, 16}};
+  for (int si = 0; si < 3; si++) {
+    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16, kshapes[si][0],
+                   kshapes[si][1], kshapes[si][2]);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+    s.desc.split_k = (int)kshapes[si][3];
+    s.has_c = si == 1;
+    s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
+    s.has_bias = 1;
+    s.desc.epilogue.act = si == 2 ? SMELT_ACT_IDENTITY : SMELT_ACT_GELU;
+    if (!check(&s, 0, "sm90 split-K")) return;
+  }
+  /* tf32 and fp8 split the same way (K tiles of 32 and 128 elements). */
+  for (int fi = 0; fi < 2; fi++) {
+    gspec s = fi ? spec(SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, 200, 516, 1000)
+                 : spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 200, 516, 1000);
+    s.b_col = 1;
+    s.ld16 = 1;
+    if (!fi) s.desc.math.op = SMELT_GEMM_MATH_TF32;
+    s.desc.tile.n = 256; /* their only Hopper tile (else few tiles take mma.sync) */
+    s.desc.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+    s.desc.split_k = 3;
+    s.has_bias = 1;
+    if (!check(&s, 0, "sm90 split-K")) return;
+  }
   /* tf32 and fp8 on the same kernel (K steps of 32 and 128 elements):
    * ragged K, both epilogues, every fp8 pair with its scales. */
   static const int64_t tshapes[][3] = {{129, 264, 70}, {1003, 1003, 1003}, {300, 520, 333}};
@@ -1146,6 +1220,116 @@ static void test_gpu_sm90(void) {
   CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
   if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_128x64") != NULL);
   smelt_plan_destroy(plan);
+  /* ... also with a long K: no split (two slices and gemm_reduce ran
+   * slower than 64 SMs unsplit). */
+  th_buf A2 = th_buf_new(cu, (size_t)(128 * 4096) * 2), B2 = th_buf_new(cu, (size_t)(4096 * N) * 2);
+  int64_t sa2[2] = {128, 4096};
+  smelt_tensor ta2 = smelt_tensor_make(A2.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di_, 2, sa2), tb2 = tb;
+  tb2.data = B2.data;
+  tb2.shape[0] = 4096;
+  tb2.strides[1] = 4096;
+  plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cu, NULL, &ta2, &tb2, NULL, &td, NULL, &plan));
+  if (plan) {
+    CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_128x64") != NULL);
+    CHECK(strstr(smelt_plan_describe(plan), "split-K") == NULL);
+  }
+  smelt_plan_destroy(plan);
+  th_buf_free(&A2);
+  th_buf_free(&B2);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&D);
+}
+
+/* The fast epilogue's MUFU forms of gelu, gelu_tanh, sigmoid and silu for
+ * 16-bit D (kernels/gemm_sm90.cu, act16), element by element over
+ * [-16, 16]: A [i, 0] = 1, A [i, 1] = r_i and B [0, j] = x_j, B [1, j] = 1
+ * (everything else 0) make acc = x_j + r_i exactly, so D [i, j] must be
+ * act(x_j + r_i) rounded once: every element within one ulp of the
+ * correctly rounded value (or 0 where that is below max(1, |x|) 2^-126:
+ * the MUFU forms flush), and at most 5% of them one ulp off (those whose exact
+ * value lies within the forms' 2e-5 relative error of a rounding
+ * boundary; a wrong coefficient moves far more, by far more). Both
+ * schedules (cooperative 128 x 256, ping-pong 128 x 128). */
+static void test_gpu_sm90_act16(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  const int64_t M = 256, N = 4096, K = 64;
+  th_buf A = th_buf_new(cu, (size_t)(M * K) * 2), B = th_buf_new(cu, (size_t)(K * N) * 2),
+         D = th_buf_new(cu, (size_t)(M * N) * 2);
+  uint16_t *ha = calloc((size_t)(M * K), 2), *hb = calloc((size_t)(K * N), 2), *hd = malloc((size_t)(M * N) * 2);
+  double *x = malloc(sizeof(double) * (size_t)N), *r = malloc(sizeof(double) * (size_t)M);
+  for (int64_t j = 0; j < N; j++) {
+    /* Evenly over [-16, 16] plus, every 16th, a small value near 0. */
+    double v = j % 16 ? -16.0 + 32.0 * ((double)j + 0.5) / (double)N : ldexp((double)(j / 16 % 64) - 32.0, -12);
+    th_set(hb, SMELT_DTYPE_BF16, j * K, v);
+    x[j] = th_get(hb, SMELT_DTYPE_BF16, j * K);
+    th_set(hb, SMELT_DTYPE_BF16, j * K + 1, 1.0);
+  }
+  for (int64_t i = 0; i < M; i++) {
+    th_set(ha, SMELT_DTYPE_BF16, i * K, 1.0);
+    r[i] = ldexp((double)(i % 128) - 64.0, -11); /* exact in bf16; x_j + r_i exact in f32 */
+    th_set(ha, SMELT_DTYPE_BF16, i * K + 1, r[i]);
+  }
+  th_buf_upload(&A, ha, A.bytes);
+  th_buf_upload(&B, hb, B.bytes);
+  int64_t sa[2] = {M, K}, sd[2] = {M, N};
+  int dix = smelt_ctx_device_index(cu);
+  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, dix, 2, sa);
+  smelt_tensor tb = ta;
+  tb.data = B.data;
+  tb.shape[0] = K;
+  tb.shape[1] = N;
+  tb.strides[0] = 1;
+  tb.strides[1] = K;
+  static const smelt_act acts[] = {SMELT_ACT_GELU, SMELT_ACT_GELU_TANH, SMELT_ACT_SIGMOID, SMELT_ACT_SILU};
+  for (int dt = 0; dt < 2; dt++)
+    for (int sched = 0; sched < 2; sched++)
+      for (int a = 0; a < 4; a++) {
+        const smelt_dtype dd = dt ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+        smelt_tensor td = smelt_tensor_make(D.data, dd, SMELT_DEVICE_CUDA, dix, 2, sd);
+        smelt_gemm_desc desc = smelt_gemm_desc_default();
+        desc.tile.m = 128;
+        desc.tile.n = sched ? 128 : 256;
+        desc.epilogue.act = acts[a];
+        smelt_plan *plan = NULL;
+        CHECK_OK(smelt_gemm_plan(cu, &desc, &ta, &tb, NULL, &td, NULL, &plan));
+        REQUIRE(plan);
+        CHECK(strstr(smelt_plan_describe(plan), sched ? "_pp" : "128x256") != NULL);
+        CHECK_OK(smelt_gemm_run(plan, &ta, &tb, NULL, &td, NULL));
+        smelt_plan_destroy(plan);
+        th_buf_download(&D, hd, D.bytes);
+        int64_t off = 0, bad = -1;
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < N; j++) {
+            const double want = convert_ref(act_ref(acts[a], x[j] + r[i], 0), dd, 0),
+                         got = th_get(hd, dd, i * N + j);
+            /* The documented flush: results below max(1, |x|) 2^-126 may be 0. */
+            const double xa = fabs(x[j] + r[i]);
+            if (got == want || (got == 0.0 && fabs(want) < ldexp(xa > 1.0 ? xa : 1.0, -126))) continue;
+            /* One ulp of the output type at want (f16 subnormals: 2^-24). */
+            int e;
+            frexp(want, &e);
+            double ulp = ldexp(1.0, e - 1 - (dt ? 10 : 7));
+            if (dt && ulp < ldexp(1.0, -24)) ulp = ldexp(1.0, -24);
+            off++;
+            if (!(fabs(got - want) <= ulp) && bad < 0) bad = i * N + j;
+          }
+        if (bad >= 0 || off > M * N / 20)
+          th_fail(__FILE__, __LINE__,
+                  "act %d %s %s: %lld of %lld off by one ulp; first worse at x %.9g (got %.9g, want %.9g)", (int)acts[a], dn(dd), sched ? "ping-pong" : "cooperative", (long long)off, (long long)(M * N),
+                  bad >= 0 ? x[bad % N] + r[bad / N] : 0.0, bad >= 0 ? th_get(hd, dd, bad) : 0.0,
+                  bad >= 0 ? convert_ref(act_ref(acts[a], x[bad % N] + r[bad / N], 0), dd, 0) : 0.0);
+      }
+  free(ha);
+  free(hb);
+  free(hd);
+  free(x);
+  free(r);
   th_buf_free(&A);
   th_buf_free(&B);
   th_buf_free(&D);
@@ -1195,6 +1379,18 @@ static void test_selector(void) {
   smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
+  /* The ping-pong kernel only when its tile is asked for (it ran behind
+   * the cooperative one, GELU included), and only with a D its fast
+   * epilogue writes (else the 128 x 128 mma.sync tile). */
+  st.desc.epilogue.act = SMELT_ACT_GELU;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  st.desc.tile.m = st.desc.tile.n = 128;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x128x64_s6_pp"));
+  f.sm90_d = 0;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
+  f.sm90_d = 1;
+  st.desc.tile.m = st.desc.tile.n = 0;
+  st.desc.epilogue.act = SMELT_ACT_IDENTITY;
   f.m = f.n = 512; /* few tiles: the narrow Hopper tile, the small mma.sync tile before Hopper */
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_64x64x32_s4_w2x2"));
@@ -1219,9 +1415,20 @@ static void test_selector(void) {
   CHECK_MSG("16-byte aligned");
   st.desc.math.opclass = SMELT_GEMM_OPCLASS_AUTO;
   f.a_k = f.a_mn = 1;
-  st.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL; /* split modes stay on mma.sync */
+  /* Parallel splits run on Hopper when the f32 partial sums' rows are whole
+   * 16-byte units (N a multiple of 4), never on the ping-pong kernel;
+   * serial splits stay on mma.sync. */
+  st.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   st.split_k = 4;
   f.m = f.n = 8192;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  st.desc.epilogue.act = SMELT_ACT_GELU;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  st.desc.epilogue.act = SMELT_ACT_IDENTITY;
+  f.n = 8190;
+  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
+  f.n = 8192;
+  st.mode = SMELT_GEMM_MODE_SPLIT_K_SERIAL;
   CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128", 25));
   /* Grouped on Hopper: when every group has K >= 1 and a D for the fast
    * epilogue; otherwise mma.sync. */
@@ -1313,6 +1520,7 @@ const th_test th_tests_gemm[] = {
     {"gpu_large", test_gpu_large},
     {"gpu_unaligned", test_gpu_unaligned},
     {"gpu_sm90", test_gpu_sm90},
+    {"gpu_sm90_act16", test_gpu_sm90_act16},
     {0, 0},
 };
 

@@ -11,9 +11,11 @@
  *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
  *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D
  *   whose rows are whole 16-byte units (N a multiple of 8) and no C, with
- *   row-major A and column-major B, 16-byte aligned, K >= 1:
- *   128 x 256 tiles when they keep at least half the SMs busy, else (16-bit
- *   types) 128 x 64 tiles;
+ *   row-major A and column-major B, 16-byte aligned, K >= 1 (and parallel
+ *   splits of such plain GEMMs when asked for, N a multiple of 4): the
+ *   cooperative schedule with 128 x 256 tiles when they keep at least half
+ *   the SMs busy, else (16-bit types) 128 x 64 tiles; its 128 x 128
+ *   ping-pong schedule only when the description asks for that tile;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
  *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
  *   newer, and A and B are 16-byte aligned with a unit stride along K or
@@ -25,6 +27,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+/* The Hopper kernel's schedule follows from its tile: 128 x 128 is the
+ * ping-pong one (kernels/gemm_sm90.cu, GEMM_PINGPONG), the others are
+ * cooperative. */
+static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM90 && k->bn == 128; }
 
 static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
   if (k.fam == SMELT__GK_SM90) {
@@ -87,6 +94,13 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
     for (int b = 0; b < 2; b++)
       add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 128,
                                         64, 4, 2, 4, 0, 0});
+  /* The ping-pong schedule (its only tile: 128 x 128, each consumer owning
+   * whole tiles, so one consumer's epilogue overlaps the other's main
+   * loop), 16-bit types, six stages of 32 KiB; taken when asked for (the
+   * selector prefers the cooperative kernel, which ran faster on H100).
+   * Appended last so that the entries before keep their indices. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 128, 64, 6, 2, 1, 0, 0});
   return n;
 }
 
@@ -111,7 +125,8 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
         snprintf(kind, sizeof kind, "%sx%s", smelt_dtype_name(k->fp8_a), smelt_dtype_name(k->fp8_b));
       else
         snprintf(kind, sizeof kind, "%s", tc_names[k->tc]);
-      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d", kind, k->bm, k->bn, k->bk, k->stages);
+      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d%s", kind, k->bm, k->bn, k->bk, k->stages,
+               pingpong(k) ? "_pp" : "");
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
       const smelt_dtype ab = k->tc == SMELT__TC_BF16  ? SMELT_DTYPE_BF16
@@ -125,6 +140,7 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       }
       smelt__prelude_define(src, "GEMM_BN", k->bn);
       smelt__prelude_define(src, "GEMM_STAGES", k->stages);
+      if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
       return;
     }
     case SMELT__GK_SM80: break;
@@ -235,11 +251,18 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
     case SMELT__GK_SIMT: return k->acc == st->acc;
     case SMELT__GK_REDUCE: return 0;
     case SMELT__GK_SM90:
-      /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32), and
-       * grouped ones (host scheduling) whose every group has K >= 1 and a D
-       * for the fast epilogue (the only one grouped runs have). */
+      /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32);
+       * parallel splits of them whose f32 partial sums the fast epilogue
+       * can store (N a multiple of 4: rows of whole 16-byte units), except
+       * on the ping-pong kernel; and grouped ones (host scheduling) whose
+       * every group has K >= 1 and a D for the fast epilogue (the only one
+       * grouped runs have). */
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
         if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !f->tma) return 0;
+      } else if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
+        if (pingpong(k) || f->n % 4 != 0 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 31) ||
+            f->n >= ((int64_t)1 << 31) || f->k >= ((int64_t)1 << 32))
+          return 0;
       } else if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !f->tma ||
                  f->m >= ((int64_t)1 << 32) || f->n >= ((int64_t)1 << 32) || f->k >= ((int64_t)1 << 32)) {
         return 0;
@@ -249,6 +272,8 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (k->tc == SMELT__TC_FP8 && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
           st->dt_d != SMELT_DTYPE_E4M3 && st->dt_d != SMELT_DTYPE_E5M2)
         return 0;
+      /* The ping-pong kernel has only the fast epilogue. */
+      if (pingpong(k) && !f->sm90_d) return 0;
       break;
     case SMELT__GK_SM80: break;
   }
@@ -292,11 +317,15 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n;
+    /* The ping-pong kernel only when asked for (or timed by the autotuner):
+     * on H100 it ran 4% behind the cooperative one at bf16 8192^3, plain
+     * and with bias + GELU alike (docs/PERF.md). */
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-      if (!asked && k->bn == 256 && 2 * wide < dev->sm_count) continue;
-      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s", k->bn == 256 ? "" : ", narrow tile");
+      if (!asked && (pingpong(k) || (k->bn == 256 && 2 * wide < dev->sm_count))) continue;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s",
+               pingpong(k) ? ", ping-pong" : k->bn == 256 ? "" : ", narrow tile");
       *kernel = i;
       return SMELT_OK;
     }

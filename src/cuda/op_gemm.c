@@ -72,11 +72,14 @@ smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *arg
   const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   if (st->split_k == 0) {
     /* AUTO left it open (a plain GEMM may become a parallel split) or a
-     * split mode asked us to choose. The persistent Hopper kernel fills the
-     * GPU by itself. */
-    st->split_k = tuned_split                  ? tuned_split
-                  : k->fam == SMELT__GK_SM90 ? 1
-                                             : choose_split(k, f.m, f.n, f.k, dev->sm_count);
+     * split mode asked us to choose (a tuning record's split comes first).
+     * The persistent Hopper kernel does not split by itself: on H100, 128 x
+     * 4096 x 4096 in two or four slices of the narrow tile plus gemm_reduce
+     * took 27.6 / 29.0 us against 22.3 us unsplit on 64 SMs (docs/PERF.md);
+     * a split mode asked for gets choose_split's slices. */
+    st->split_k = tuned_split                                 ? tuned_split
+                  : k->fam == SMELT__GK_SM90 && !split_mode ? 1
+                                                            : choose_split(k, f.m, f.n, f.k, dev->sm_count);
     if (!split_mode && st->split_k > 1) st->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   }
   st->kernel = ki;
@@ -255,23 +258,58 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   return s;
 }
 
-/* Hopper: one persistent CTA per SM (or per tile, when there are fewer). */
+/* A parallel split's partial sums as the fast epilogue stores them: the
+ * f32 workspace [splits][M][N] as a 3-D map (so each slice's rows clip at
+ * M), boxes of one slice x 64 rows x 32 columns (128 bytes) with the
+ * 128-byte swizzle. N is a multiple of 4 (smelt__gemm_fits asks it of a
+ * Hopper split), so the strides are whole 16-byte units. */
+static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits) {
+  const uint64_t dims[3] = {(uint64_t)n, (uint64_t)m, (uint64_t)splits},
+                 strides[2] = {(uint64_t)n * 4, (uint64_t)(m * n) * 4};
+  const unsigned box[3] = {32, 64, 1}, ones[3] = {1, 1, 1};
+  enum { TMA_F32 = 7, SWIZZLE_128B = 3, L2_256B = 3 };
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, TMA_F32, 3, (void *)ws, dims, strides, box, ones, 0,
+                                                        SWIZZLE_128B, L2_256B, 0);
+  if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled (split-K workspace)");
+  return SMELT_OK;
+}
+
+/* Hopper: one persistent CTA per SM (or per tile, when there are fewer).
+ * A parallel split runs the slices' tiles in one launch with an identity
+ * epilogue into the workspace (kp->workspace, set by the caller); the
+ * caller then launches gemm_reduce with the real one. */
 static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, CUfunction f,
-                             smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
+                             const smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
   if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
       (s = tensor_map(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn, k->bk)))
     return s;
-  /* D as boxes of 64 rows of 128 bytes (64 16-bit or 32 f32 columns), the
-   * stores of the fast epilogue; otherwise the map is not read. */
-  int fast = smelt__gemm_sm90_fast_d(st, p);
-  const int d_cols = 128 / (int)smelt_dtype_size(st->dt_d);
-  if (fast && (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
-  if (!fast) td = ta;
-  const int64_t tiles = (int64_t)kp->tiles_m * kp->tiles_n, sms = ctx->cuda->info.sm_count;
+  smelt__gemm_kparams kq = *kp;
+  int64_t tiles = (int64_t)kp->tiles_m * kp->tiles_n;
+  int fast;
+  if (kp->mode == SMELT__KMODE_PARALLEL) {
+    kq.alpha_ab = 1.0;
+    kq.scale_d = 1.0f;
+    kq.act = SMELT_ACT_IDENTITY;
+    kq.clamp = kq.has_c = kq.has_bias = 0;
+    kq.dt_d = SMELT_DTYPE_F32;
+    fast = 1;
+    tiles *= kp->splits;
+    if (tiles > 0x7fffffff)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld split-K tiles exceed 2^31 - 1", (long long)tiles);
+    if ((s = workspace_map(&td, (const void *)(uintptr_t)kp->workspace, p->m, p->n, kp->splits))) return s;
+  } else {
+    /* D as boxes of 64 rows of 128 bytes (64 16-bit or 32 f32 columns), the
+     * stores of the fast epilogue; otherwise the map is not read. */
+    fast = smelt__gemm_sm90_fast_d(st, p);
+    const int d_cols = 128 / (int)smelt_dtype_size(st->dt_d);
+    if (fast && (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
+    if (!fast) td = ta;
+  }
+  const int64_t sms = ctx->cuda->info.sm_count;
   const void *gmaps = NULL; /* grouped runs only */
-  void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps};
+  void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps};
   return smelt__cuda_launch(ctx, "smelt_gemm", f, (unsigned)(tiles < sms ? tiles : sms), 1, 1, (unsigned)k->threads,
                             (unsigned)k->smem, params);
 }
@@ -331,7 +369,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld output tiles exceed 2^31 - 1", (long long)tiles);
   kp.tiles_m = (int)tiles_m;
   kp.tiles_n = (int)tiles_n;
-  if (k->fam == SMELT__GK_SM90) return run_sm90(ctx, st, k, f, &kp, &args->prob);
+  if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_PLAIN) return run_sm90(ctx, st, k, f, &kp, &args->prob);
 
   void *ws = NULL;
   int64_t z = kp.mode == SMELT__KMODE_BATCHED || kp.mode == SMELT__KMODE_ARRAY ? args->count : 1;
@@ -351,7 +389,8 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     }
   }
   void *params[] = {&kp};
-  for (int64_t base = 0; base < z && !s; base += 65535) {
+  if (k->fam == SMELT__GK_SM90 && !s) s = run_sm90(ctx, st, k, f, &kp, &args->prob); /* a parallel split */
+  for (int64_t base = 0; base < z && !s && k->fam != SMELT__GK_SM90; base += 65535) {
     kp.batch_base = (int)base;
     const int64_t zc = z - base < 65535 ? z - base : 65535;
     s = smelt__cuda_launch(ctx, "smelt_gemm", f, (unsigned)tiles, 1, (unsigned)zc, (unsigned)k->threads,
