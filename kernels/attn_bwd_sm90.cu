@@ -135,6 +135,17 @@ static __device__ __forceinline__ void red_add2(float *p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
+/* Sᵀ or dPᵀ (64 keys x BM queries) = A Bᵀ, both K-major: A's 64 rows at a
+ * (K's or V's rows of this consumer, panels BN x 128 bytes apart), B's BM
+ * rows at b (Q or dO of a stage, panels BM x 128 bytes apart). */
+static __device__ __forceinline__ void gemm_s(float *d, u32 a, u32 b) {
+#pragma unroll
+  for (int p = 0; p < PANELS; p++)
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_ss_kk(d, desc_k(a + p * (BN * 128) + kk * 32), desc_k(b + p * (BM * 128) + kk * 32), p + kk);
+}
+
 /* The query tiles that see key tile nt (for every head of the group):
  * [*m_lo, *m_hi]. They are contiguous: a tile's first key tile grows with
  * it, and so does its last once its range is non-empty (only the first
@@ -257,9 +268,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     qhi[r] = j < s.sk ? (int)attn_clamp(z, -1, s.sq - 1) : -1;
   }
 
-  if (steps > 0) mbar_wait(fullKV, 0);
   float sp[NQ][4], dp[NQ][4], dq[NDQ][4];
   u32 pa[BM / 16][4], da[BM / 16][4];
+  if (steps > 0) {
+    mbar_wait(fullKV, 0);
+    mbar_wait(full, 0);
+    wgmma_fence();
+    gemm_s(&sp[0][0], sK + c * (64 * 128), base + S_Q);
+    wgmma_commit();
+  }
+  /* Step i finds Sᵀ_i issued (by the step before, which issued it before
+   * adding its dQ, so that the tensor cores work while it does). */
 #pragma unroll 1
   for (int i = 0; i < steps; i++) {
     const int st = i % STAGES, h = hk * P.group + i / nm, m0 = (m_lo + i % nm) * BM;
@@ -270,22 +289,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     attn_key_range(P, s.sq, s.sk, m0, &unused, &hi_first);
     const bool all = r1 == m0 + BM - 1 && n0 >= lo_last && n0 + BN - 1 <= hi_first;
 
-    mbar_wait(full + 8 * st, (i / STAGES) & 1);
-    /* Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, this consumer's 64 keys. */
+    /* dPᵀ = V dOᵀ, this consumer's 64 keys. */
     wgmma_fence();
-#pragma unroll
-    for (int p = 0; p < PANELS; p++)
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++)
-        wgmma_ss_kk(&sp[0][0], desc_k(sK + p * (BN * 128) + c * (64 * 128) + kk * 32),
-                    desc_k(sQ + p * (BM * 128) + kk * 32), p + kk);
-    wgmma_commit();
-#pragma unroll
-    for (int p = 0; p < PANELS; p++)
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++)
-        wgmma_ss_kk(&dp[0][0], desc_k(sV + p * (BN * 128) + c * (64 * 128) + kk * 32),
-                    desc_k(sDO + p * (BM * 128) + kk * 32), p + kk);
+    gemm_s(&dp[0][0], sV + c * (64 * 128), sDO);
     wgmma_commit();
 
     /* Pᵀ while dPᵀ is still on the tensor cores. Entry e of tile qt: key
@@ -349,17 +355,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-      wgmma_ss_tt(&dq[0][0], desc_mn(ds + kk * (16 * 128), BN * 128), desc_mn(sK + c * (BN * 128) + kk * (16 * 128), BN * 128), kk);
+      wgmma_ss_tt(&dq[0][0], desc_mn(ds + kk * (16 * 128), BN * 128),
+                  desc_mn(sK + c * (BN * 128) + kk * (16 * 128), BN * 128), kk);
     wgmma_commit();
-    WGMMA_WAIT(0);
-    fence_f32(&dq[0][0], NDQ * 4);
+    /* dV and dK done: the stage is free (this warp's part), and so are the
+     * A fragments. */
+    WGMMA_WAIT(1);
     fence_f32(&dk[0][0], NO * 4);
     fence_f32(&dv[0][0], NO * 4);
     fence_u32(&pa[0][0], BM / 4);
     fence_u32(&da[0][0], BM / 4);
-    /* This warp is done with the stage. */
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + 8 * st);
+    /* Sᵀ of the next step goes to the tensor cores behind dQ. */
+    if (i + 1 < steps) {
+      const int nst = (i + 1) % STAGES;
+      mbar_wait(full + 8 * nst, ((i + 1) / STAGES) & 1);
+      wgmma_fence();
+      gemm_s(&sp[0][0], sK + c * (64 * 128), base + S_Q + nst * QD_BYTES);
+      wgmma_commit();
+      WGMMA_WAIT(1);
+    } else {
+      WGMMA_WAIT(0);
+    }
+    fence_f32(&dq[0][0], NDQ * 4);
 
     float *acc = (float *)P.dq_acc + ((s.qrow + m0) * P.H + h) * (i64)D + c * (D / 2) + 2 * t4;
 #pragma unroll
