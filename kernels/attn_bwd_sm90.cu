@@ -68,7 +68,13 @@
 #define S_Q (S_V + KV_BYTES)
 #define S_DO (S_Q + STAGES * QD_BYTES)
 #define S_DS (S_DO + STAGES * QD_BYTES)
+#if ATTN_DQ_TMA
+#define DQ_BYTES (BM * (D / 2) * 4) /* a consumer's dQ, f32 */
+#define S_DQ (S_DS + 2 * DS_BYTES)
+#define S_LSE (S_DQ + CONSUMERS * DQ_BYTES)
+#else
 #define S_LSE (S_DS + 2 * DS_BYTES)
+#endif
 #define S_DSUM (S_LSE + STAGES * BM * 4)
 #define S_BAR (S_DSUM + STAGES * BM * 4)
 
@@ -179,7 +185,8 @@ static __device__ __forceinline__ void query_tiles(const attn_params &P, const a
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     attn_bwd_sm90(const __grid_constant__ tmap_t tq, const __grid_constant__ tmap_t tk,
-                  const __grid_constant__ tmap_t tv, const __grid_constant__ tmap_t tdo, const attn_params P) {
+                  const __grid_constant__ tmap_t tv, const __grid_constant__ tmap_t tdo,
+                  const __grid_constant__ tmap_t tdq, const attn_params P) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* 1024-aligned for the swizzle; the host adds 1 KiB of slack. Barriers:
@@ -349,6 +356,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     /* Both consumers' dSᵀ are in shared memory (and visible to wgmma). */
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#if ATTN_DQ_TMA
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
     asm volatile("bar.sync 1, 256;" ::: "memory");
     /* dQ (this consumer's D/2 columns) = dS K: A = dSᵀ (queries
      * contiguous), B = K's panel c (d contiguous); k16 steps are 16 keys. */
@@ -380,6 +390,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
     fence_f32(&dq[0][0], NDQ * 4);
 
+#if ATTN_DQ_TMA
+    {
+      const u32 sdq = base + S_DQ + c * DQ_BYTES;
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int q = warp * 16 + g + 8 * r;
+#pragma unroll
+        for (int j = 0; j < NDQ; j++) {
+          const u32 a = sdq + (j / 4) * (BM * 128) + q * 128 + (((2 * (j % 4) + (t4 >> 1)) ^ (q & 7)) << 4) + (t4 & 1) * 8;
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(dq[j][2 * r]), "f"(dq[j][2 * r + 1]) : "memory");
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (c == 0) asm volatile("bar.sync 2, 128;" ::: "memory");
+      else asm volatile("bar.sync 3, 128;" ::: "memory");
+      if (tid == 0) {
+#pragma unroll
+        for (int bx = 0; bx < D / 64; bx++)
+          asm volatile(
+              "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+                  (u64)&tdq),
+              "r"(c * (D / 2) + bx * 32), "r"(h), "r"((int)(s.qrow + m0)), "r"(sdq + bx * (BM * 128))
+              : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    }
+#else
     float *acc = (float *)P.dq_acc + ((s.qrow + m0) * P.H + h) * (i64)D + c * (D / 2) + 2 * t4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -388,7 +425,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int j = 0; j < NDQ; j++) red_add2(acc + (i64)q * P.H * D + j * 8, dq[j][2 * r], dq[j][2 * r + 1]);
     }
+#endif
   }
+#if ATTN_DQ_TMA
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
 
   /* dK · scale and dV, column pairs, keys of this sequence only. */
   elem_t *dK = (elem_t *)P.dk.p + attn_base(P, P.dk, b, s.krow, hk);

@@ -73,6 +73,7 @@ typedef struct attn_kernel {
 #define MAX_KERNELS 32
 #define BWD_BM 64 /* queries per step of attn_bwd and attn_bwd_sm90 (BM in both files) */
 #define BWD90_STAGES 2 /* STAGES in attn_bwd_sm90.cu */
+#define BWD90_DQ_TMA 0
 
 /* Shared memory as each kernel file lays it out. */
 static int row_bytes(int d) { return (d + 63) / 64 * 64 * 2; }
@@ -100,7 +101,7 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
       k.bm = BWD_BM;
       k.threads = 384;
       k.smem = 1024 + 2 * bn * d * 2 + BWD90_STAGES * 2 * BWD_BM * d * 2 + 2 * bn * BWD_BM * 2 +
-               BWD90_STAGES * 2 * BWD_BM * 4 + 8 * (1 + 2 * BWD90_STAGES);
+               BWD90_STAGES * 2 * BWD_BM * 4 + 8 * (1 + 2 * BWD90_STAGES) + BWD90_DQ_TMA * BWD_BM * d * 4;
       break;
     default: k.threads = 256; break;
   }
@@ -157,6 +158,7 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
   }
   smelt__prelude_define(src, "SMELT_DT", k->dt);
   smelt__prelude_define(src, "ATTN_D", k->d);
+  if (k->fam == AK_BWD90) smelt__prelude_define(src, "ATTN_DQ_TMA", BWD90_DQ_TMA);
   if (k->fam != AK_BWD80 && k->fam != AK_BWD90) smelt__prelude_define(src, "ATTN_BN", k->bn);
 }
 
@@ -350,12 +352,20 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static smelt_status launch_bwd90(smelt_plan *plan, const smelt__attn_args *a, const attn_kernel *k,
                                  smelt__attn_kparams *kp) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
-  smelt__cu_tensor_map tq, tk, tv, tdo;
+  smelt__cu_tensor_map tq, tk, tv, tdo, tdq;
   smelt_status s;
   if ((s = tensor_map(st, a->t[SMELT__ATT_Q], k->bm, &tq)) || (s = tensor_map(st, a->t[SMELT__ATT_K], k->bn, &tk)) ||
       (s = tensor_map(st, a->t[SMELT__ATT_V], k->bn, &tv)) || (s = tensor_map(st, a->t[SMELT__ATT_DO], k->bm, &tdo)))
     return s;
-  void *p90[] = {&tq, &tk, &tv, &tdo, kp};
+  /* dq_acc, f32 [rows_q][H][D]: boxes of 32 columns x 64 rows of one head, 128-byte swizzle. */
+  const uint64_t dims[3] = {(uint64_t)st->D, (uint64_t)st->H, (uint64_t)(st->rows_q > 0 ? st->rows_q : 1)};
+  const uint64_t strides[2] = {(uint64_t)st->D * 4, (uint64_t)st->H * (uint64_t)st->D * 4};
+  const unsigned box[3] = {32, 1, (unsigned)k->bm}, ones[3] = {1, 1, 1};
+  enum { TMA_F32 = 7, SWIZZLE_128B = 3, L2_256B = 3 };
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(&tdq, TMA_F32, 3, (void *)(uintptr_t)kp->dq_acc, dims, strides, box,
+                                                        ones, 0, SWIZZLE_128B, L2_256B, 0);
+  if (r) return smelt__cu_error(r, st->op, "cuTensorMapEncodeTiled");
+  void *p90[] = {&tq, &tk, &tv, &tdo, &tdq, kp};
   return smelt__cuda_launch(plan->ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
                             (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, p90);
 }
