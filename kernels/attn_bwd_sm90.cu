@@ -7,7 +7,7 @@
  * looping over every (query head of the kv head's group, tile of 64
  * queries) that sees one of its keys; dK and dV stay in registers over the
  * whole loop (the GQA sum included) and are written once. Three warpgroups:
- *   producer (warpgroup 0, warp 0; 32 registers): TMA loads of K and V
+ *   producer (warpgroup 0, warp 0; 24 registers): TMA loads of K and V
  *     once, then per step of Q and dO into a ring of STAGES stages, each
  *     completing on its "full" mbarrier; the warp's lanes copy the step's
  *     LSE·log2 e and rowsum(dO ∘ O) (attn_bwd_pre) into the stage with
@@ -215,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, lane = tid & 31;
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (tid >= 32 || steps == 0) return;
     /* Tensor coordinates: (d, row, head, batch); varlen rows are packed. */
     const int qy = P.cu_q ? (int)s.qrow : 0, ky = P.cu_q ? (int)s.krow : 0, bw = P.cu_q ? 0 : b;
@@ -232,17 +232,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       /* A fresh barrier counts as having completed the phase before phase
        * 0, so the first pass over the ring does not wait. */
       mbar_wait(empty + 8 * st, ((i / STAGES) & 1) ^ 1);
-      /* The bulk copies first: the loads below wait on global memory. The
-       * bytes are announced without an arrival; every lane arrives after
-       * its stores. */
-      if (lane == 0) {
-        asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(full + 8 * st), "r"(2 * QD_BYTES) : "memory");
-#pragma unroll
-        for (int p = 0; p < PANELS; p++) {
-          tma_load_4d(base + S_Q + st * QD_BYTES + p * (BM * 128), &tq, p * 64, qy + m0, h, bw, full + 8 * st);
-          tma_load_4d(base + S_DO + st * QD_BYTES + p * (BM * 128), &tdo, p * 64, qy + m0, h, bw, full + 8 * st);
-        }
-      }
       const float *lse = (const float *)P.lse_ws + (i64)h * P.rows_q + s.qrow + m0;
       const float *dsum = (const float *)P.dsum_ws + (i64)h * P.rows_q + s.qrow + m0;
       float *slse = (float *)(smem + S_LSE) + st * BM, *sdsum = (float *)(smem + S_DSUM) + st * BM;
@@ -252,7 +241,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         slse[r] = ok ? lse[r] : ATTN_POS_INF;
         sdsum[r] = ok ? dsum[r] : 0.f;
       }
-      mbar_arrive(full + 8 * st);
+      if (lane == 0) {
+        mbar_expect_tx(full + 8 * st, 2 * QD_BYTES);
+#pragma unroll
+        for (int p = 0; p < PANELS; p++) {
+          tma_load_4d(base + S_Q + st * QD_BYTES + p * (BM * 128), &tq, p * 64, qy + m0, h, bw, full + 8 * st);
+          tma_load_4d(base + S_DO + st * QD_BYTES + p * (BM * 128), &tdo, p * 64, qy + m0, h, bw, full + 8 * st);
+        }
+      } else {
+        mbar_arrive(full + 8 * st);
+      }
     }
     return;
   }
