@@ -1,7 +1,7 @@
 /* Hopper (sm_90a) FlashAttention backward, in the manner of FlashAttention-3:
  * TMA loads on mbarriers, wgmma for all five GEMMs, warp specialization.
  *
- * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128).
+ * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1).
  *
  * One CTA per (tile of 128 keys, kv head, sequence), like attn_bwd_sm80.cu,
  * looping over every (query head of the kv head's group, tile of 64
@@ -27,7 +27,13 @@
  *                                    (after a named barrier); consumer c
  *                                    takes d columns D/2 c .., A and B both
  *                                    MN-major; m64n(D/2)
- *     and adds dQ (before the scale) to dq_acc with red.global.add.v2.f32.
+ *     and adds dQ (before the scale) to dq_acc: with red.global.add.v2.f32,
+ *     or (ATTN_DQ_TMA 1) through a 128-byte-swizzled f32 tile in shared
+ *     memory and one TMA reduce-add (cp.reduce.async.bulk.tensor) per 32
+ *     columns, issued by the warpgroup's first thread; rows past the
+ *     sequence add zeros (their dS is 0) or are clipped at rows_q. The host
+ *     picks (BWD90_DQ_TMA in src/cuda/op_attention.c); both pass the GPU
+ *     tests, and which is faster is still to be timed (docs/PERF.md).
  *     dSᵀ alternates between two buffers, so one barrier per step is
  *     enough: a consumer overwrites a buffer only after the barrier of the
  *     step after, by which the other has finished reading it.
@@ -45,8 +51,8 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || ATTN_D != 128
-#error "attn_bwd_sm90.cu needs ATTN_D 128"
+#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA)
+#error "attn_bwd_sm90.cu needs ATTN_D 128 and ATTN_DQ_TMA"
 #endif
 
 #define D ATTN_D
@@ -137,9 +143,11 @@ static __device__ __forceinline__ void fence_u32(u32 *r, int n) {
   for (int i = 0; i < n; i++) asm volatile("" : "+r"(r[i]));
 }
 
+#if !ATTN_DQ_TMA
 static __device__ __forceinline__ void red_add2(float *p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+#endif
 
 /* Sᵀ or dPᵀ (64 keys x BM queries) = A Bᵀ, both K-major: A's 64 rows at a
  * (K's or V's rows of this consumer, panels BN x 128 bytes apart), B's BM
@@ -214,6 +222,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, lane = tid & 31;
 
+  /* setmaxnreg trades within the registers the launch holds (168 per
+   * thread, the cap of 384 threads): what the producer gives up must cover
+   * what the consumers take, or their setmaxnreg.inc waits forever. */
+  static_assert(24 * 128 + 240 * 128 * CONSUMERS <= 168 * THREADS, "setmaxnreg: over the launch's registers");
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (tid >= 32 || steps == 0) return;

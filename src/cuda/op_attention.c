@@ -73,6 +73,9 @@ typedef struct attn_kernel {
 #define MAX_KERNELS 32
 #define BWD_BM 64 /* queries per step of attn_bwd and attn_bwd_sm90 (BM in both files) */
 #define BWD90_STAGES 2 /* STAGES in attn_bwd_sm90.cu */
+/* attn_bwd_sm90's dQ: 0 adds with red.global.add.v2.f32, 1 through TMA
+ * reduce-add (32 KiB more shared memory); both pass the GPU tests, neither
+ * is timed against the other yet (docs/PERF.md). */
 #define BWD90_DQ_TMA 0
 
 /* Shared memory as each kernel file lays it out. */
