@@ -125,6 +125,84 @@ static __device__ __forceinline__ float attn_ex2(float x) {
   return y;
 }
 
+/* ---------------------------------------------------------------- online softmax */
+
+/* One thread's two rows of a tile of S in the mma accumulator layout, which
+ * wgmma's accumulators share: entry e of n8 group nt is row e / 2, key
+ * c0 + 8 nt + 2 t4 + e % 2. */
+typedef struct attn_rows {
+  int lo_last, hi_first; /* every row of the block sees keys [lo_last, hi_first] */
+  int lo[2], hi[2];      /* this thread's rows' keys */
+  int t4;
+} attn_rows;
+
+/* The online softmax step on one tile of S (ns n8 groups, keys c0..): masks,
+ * updates each row's running max (mx) and sum, leaves P = 2^(scale·log2e·S
+ * - ref) in s and the rescale factors of O (and of the sum) in alpha.
+ *
+ * The max is taken on unscaled scores and the scale folded into one FFMA
+ * per exponent: with c = |scale·log2e| and m the row max of sgn·S (sgn the
+ * scale's sign), p = 2^(fma(sgn·s, c, -m·c)), as exact as scaling first.
+ * Tiles no mask cuts skip the first pass when the scale is positive; the
+ * others (and a negative scale) pay one FMUL per element there, masked
+ * entries becoming -inf. A row's reference is 0 while it has seen only
+ * masked keys, which keeps 2^(-inf - ref) = 0 and never forms inf - inf.
+ * mx is in units of sgn·S: the row's log2-sum-exp is mx·c + log2(sum).
+ * ns is a compile-time constant at every call. */
+static __device__ __forceinline__ void attn_softmax(float (*s)[4], int ns, int c0, const attn_rows &R,
+                                                    float scale_log2, float *mx, float *sum, float *alpha) {
+  const float c = fabsf(scale_log2);
+  if (!(scale_log2 > 0.f && c0 >= R.lo_last && c0 + 8 * ns - 1 <= R.hi_first)) {
+    const float sgn = scale_log2 > 0.f ? 1.f : -1.f;
+#pragma unroll
+    for (int nt = 0; nt < ns; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = c0 + nt * 8 + 2 * R.t4 + (e & 1);
+        s[nt][e] = key < R.lo[e >> 1] || key > R.hi[e >> 1] ? ATTN_NEG_INF : s[nt][e] * sgn;
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float m = mx[r];
+#pragma unroll
+    for (int nt = 0; nt < ns; nt++) m = fmaxf(m, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const float ref = m == ATTN_NEG_INF ? 0.f : m * c;
+    alpha[r] = attn_ex2(__fmul_rn(mx[r], c) - ref); /* 1 exactly when the max stays */
+    mx[r] = m;
+    float ls = sum[r] * alpha[r];
+#pragma unroll
+    for (int nt = 0; nt < ns; nt++) {
+      const float p0 = attn_ex2(fmaf(s[nt][2 * r], c, -ref)), p1 = attn_ex2(fmaf(s[nt][2 * r + 1], c, -ref));
+      s[nt][2 * r] = p0;
+      s[nt][2 * r + 1] = p1;
+      ls += p0 + p1;
+    }
+    sum[r] = ls;
+  }
+}
+
+/* P rounded to the input type as the A operand of O += P V, nk k16 steps:
+ * the accumulator layout of two n8 groups of S is the A layout of one k16
+ * step (mma.sync and wgmma alike), so P never goes through shared memory. */
+static __device__ __forceinline__ void attn_pack_p(float (*s)[4], u32 (*pa)[4], int nk) {
+#pragma unroll
+  for (int kk = 0; kk < nk; kk++) {
+    pa[kk][0] = ATTN_PACK(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = ATTN_PACK(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = ATTN_PACK(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = ATTN_PACK(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+/* A row's LSE (natural log) from its attn_softmax state and its whole sum
+ * (+inf for a row that saw no key). */
+static __device__ __forceinline__ float attn_lse(float mx, float l, float scale_log2) {
+  return l > 0.f ? (mx * fabsf(scale_log2) + log2f(l)) * ATTN_LN2 : ATTN_POS_INF;
+}
+
 static __device__ __forceinline__ void sts32(u32 addr, u32 v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }

@@ -10,16 +10,14 @@
  * running max and sum of each row, and (for D <= 128) Q's fragments. Per
  * tile of BN keys:
  *   S = Q Kᵀ            (scores in f32 accumulators)
- *   S *= scale·log2(e)  masked entries -inf, only on tiles a mask cuts
- *   online softmax      new row max m', O and the sum rescaled by 2^(m - m'),
- *                       P = 2^(S - m') with one ex2 per element
+ *   online softmax      masked entries -inf (only on tiles a mask cuts),
+ *                       new row max m', O and the sum rescaled by 2^(m - m'),
+ *                       P = 2^(scale·log2(e)·S - m') with one FFMA and one
+ *                       ex2 per element (attn_softmax, attn_common.cuh)
  *   O += P V            P rounded to the input type in registers: the
  *                       accumulator layout of two n8 tiles of S is the A
  *                       operand layout of one k16 step, so P never goes
  *                       through shared memory.
- * Scores are scaled before the max, so any sign of scale works. A row's
- * reference is 0 while it has seen only masked keys (-inf), which keeps
- * 2^(-inf - ref) = 0 and never forms inf - inf.
  *
  * Loads (FlashAttention-2's order): one K and one V buffer. V[n] is fetched
  * while S = Q K[n]ᵀ and the softmax run, K[n+1] while O += P V[n]; two
@@ -97,15 +95,16 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
     return;
   }
 
-  /* Tiles every key of which every query of the CTA sees need no mask. */
-  int lo_last, hi_first, unused;
-  attn_key_range(P, s.sq, s.sk, r1, &lo_last, &unused);
-  attn_key_range(P, s.sq, s.sk, m0, &unused, &hi_first);
-  /* This thread's rows: warp * 16 + g and + 8. */
+  /* Tiles every key of which every query of the CTA sees need no mask.
+   * This thread's rows: warp * 16 + g and + 8. */
+  attn_rows R;
+  int unused;
+  attn_key_range(P, s.sq, s.sk, r1, &R.lo_last, &unused);
+  attn_key_range(P, s.sq, s.sk, m0, &unused, &R.hi_first);
   const int row0 = m0 + warp * 16 + g;
-  int lo[2], hi[2];
-  attn_key_range(P, s.sq, s.sk, row0, &lo[0], &hi[0]);
-  attn_key_range(P, s.sq, s.sk, row0 + 8, &lo[1], &hi[1]);
+  attn_key_range(P, s.sq, s.sk, row0, &R.lo[0], &R.hi[0]);
+  attn_key_range(P, s.sq, s.sk, row0 + 8, &R.lo[1], &R.hi[1]);
+  R.t4 = t4;
 
   const u32 sQ = smem_u32(smem), sK = sQ + BM * RB, sV = sK + BN * RB;
   load_tile(sQ, Q, P.q.rs, m0, s.sq, BM, tid);
@@ -155,59 +154,19 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
       }
     }
 
-    /* To the log2 domain; -inf where the mask cuts (entry e of tile nt is
-     * row e / 2 of this thread, key n * BN + nt * 8 + 2 t4 + e % 2). */
-    const int c0 = n * BN;
-    const bool full = c0 >= lo_last && c0 + BN - 1 <= hi_first;
+    /* Online softmax (attn_common.cuh); a row's keys of an n8 tile live in
+     * the 4 threads of a quad. */
+    float alpha[2];
+    attn_softmax(sc, NS, n * BN, R, P.scale_log2, mx, sum, alpha);
 #pragma unroll
-    for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = sc[nt][e] * P.scale_log2;
-        if (!full) {
-          const int key = c0 + nt * 8 + 2 * t4 + (e & 1);
-          if (key < lo[e >> 1] || key > hi[e >> 1]) x = ATTN_NEG_INF;
-        }
-        sc[nt][e] = x;
-      }
-
-    /* Online softmax; a row's 16 keys per n8 tile live in the 4 threads of a quad. */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float m = mx[r];
-#pragma unroll
-      for (int nt = 0; nt < NS; nt++) m = fmaxf(m, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float ref = m == ATTN_NEG_INF ? 0.f : m;
-      const float alpha = attn_ex2(mx[r] - ref);
-      mx[r] = m;
-      float ls = sum[r] * alpha;
-#pragma unroll
-      for (int i = 0; i < NO; i++) {
-        o[i][2 * r] *= alpha;
-        o[i][2 * r + 1] *= alpha;
-      }
-#pragma unroll
-      for (int nt = 0; nt < NS; nt++) {
-        const float p0 = attn_ex2(sc[nt][2 * r] - ref), p1 = attn_ex2(sc[nt][2 * r + 1] - ref);
-        sc[nt][2 * r] = p0;
-        sc[nt][2 * r + 1] = p1;
-        ls += p0 + p1;
-      }
-      sum[r] = ls;
+    for (int i = 0; i < NO; i++) {
+      o[i][0] *= alpha[0];
+      o[i][1] *= alpha[0];
+      o[i][2] *= alpha[1];
+      o[i][3] *= alpha[1];
     }
-
-    /* P as the A operand: k16 step kk is S tiles 2kk (k 0..7) and 2kk + 1. */
     u32 pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      pa[kk][0] = ATTN_PACK(sc[2 * kk][0], sc[2 * kk][1]);
-      pa[kk][1] = ATTN_PACK(sc[2 * kk][2], sc[2 * kk][3]);
-      pa[kk][2] = ATTN_PACK(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-      pa[kk][3] = ATTN_PACK(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-    }
-
+    attn_pack_p(sc, pa, BN / 16);
     /* V[n] has landed and every warp is done with K[n]. */
     CP_ASYNC_WAIT(0);
     __syncthreads();
@@ -239,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
       o[i][2 * r + 1] *= inv;
     }
     const int row = row0 + 8 * r;
-    if (L && t4 == 0 && row <= r1) L[(i64)row * P.lse_rs] = l > 0.f ? (mx[r] + log2f(l)) * ATTN_LN2 : ATTN_POS_INF;
+    if (L && t4 == 0 && row <= r1) L[(i64)row * P.lse_rs] = attn_lse(mx[r], l, P.scale_log2);
   }
 
   /* O through this warp's own Q rows (read by no other warp; every cp.async

@@ -1,31 +1,36 @@
 /* Hopper (sm_90a) FlashAttention forward: TMA loads on mbarriers, wgmma for
  * both GEMMs, warp specialization.
  *
- * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN (128).
+ * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN, keys
+ * per tile (128); ATTN_CONS, consumer warpgroups (2 or 3); ATTN_STAGES,
+ * the K/V ring's depth (2..4). docs/PERF.md has the sweep over these
+ * (and over BN 176/192 and an FMA-pipe exp2, both dropped).
  *
- * One CTA per (tile of 128 queries, head, sequence), three warpgroups:
- *   producer (warpgroup 0, one thread, 40 registers): TMA loads of the Q
- *     tile once, then of K and V tiles into a ring of three stages, each
- *     tile completing on its own "full" mbarrier with its byte count; a
- *     stage is refilled once both consumers have released it ("empty").
- *     Three stages (224 KiB with Q at D 128) keep a whole key tile of
- *     slack: the tile after next loads while the consumers work;
- *   consumers (warpgroups 1 and 2, 232 registers): each owns 64 query rows.
- *     Per key tile: S = Q Kᵀ with wgmma m64n128k16, A (Q) and B (K) read
- *     from shared memory; the online softmax of attn_fwd_sm80.cu on the
- *     accumulators (same fragment layout: rows 16 warp + lane/4 (+8),
- *     columns 8 i + 2 (lane % 4)); P rounded to the input type in
- *     registers and O += P V with wgmma m64nDk16 taking P as the register
- *     A operand and V (d-contiguous, so "MN-major", transposed) from
- *     shared memory.
+ * One CTA per (tile of 64 · ATTN_CONS queries, head, sequence), ATTN_CONS + 1
+ * warpgroups:
+ *   producer (warpgroup 0, one thread): TMA loads of the Q tile once, then
+ *     of K and V tiles into a ring of ATTN_STAGES stages, each tile
+ *     completing on its own "full" mbarrier with its byte count; a stage is
+ *     refilled once every consumer has released it ("empty"). Three stages
+ *     (224 KiB with Q at D 128, BN 128) keep a whole key tile of slack: the
+ *     tile after next loads while the consumers work;
+ *   consumers (warpgroups 1..ATTN_CONS): each owns 64 query rows. Per key
+ *     tile: S = Q Kᵀ with wgmma m64nBNk16, A (Q) and B (K) read from shared
+ *     memory; the online softmax of attn_common.cuh on the accumulators
+ *     (the mma.sync fragment layout: rows 16 warp + lane/4 (+8), columns
+ *     8 i + 2 (lane % 4)); P rounded to the input type in registers and
+ *     O += P V with wgmma m64nDk16 taking P as the register A operand and V
+ *     (d-contiguous, so "MN-major", transposed) from shared memory.
  *   intra-warpgroup pipelining (FlashAttention-3 §3.2): S of tile i and
  *     P V of tile i - 1 are issued together; the softmax of S_i runs while
  *     P_{i-1} V_{i-1} is still on the tensor cores, and only O's rescale
  *     and the packing of P_i wait for it. O, S and P are live at once.
- *   ping-pong: the consumers take turns issuing those pairs of GEMMs (two
- *     named barriers, "consumer c may issue"), so the tensor cores work on
- *     one warpgroup's two GEMMs while the other computes exponentials.
- * setmaxnreg moves registers from the producer to the consumers.
+ *   ping-pong: the consumers take turns, in a ring, issuing those pairs of
+ *     GEMMs (one named barrier per consumer, "consumer c may issue"), so
+ *     the tensor cores work on one warpgroup's two GEMMs while the others
+ *     compute exponentials.
+ * setmaxnreg moves registers from the producer to the consumers (FA3's
+ * split: 24 / 240 with two consumers, 32 / 160 with three).
  *
  * Shared memory: TMA writes 64-element (128-byte) rows with the 128-byte
  * swizzle, one panel of 64 columns of D after the other (rows x 128 bytes
@@ -43,21 +48,32 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || !defined(ATTN_BN) || (ATTN_D != 64 && ATTN_D != 128) || ATTN_BN != 128
-#error "attn_fwd_sm90.cu needs ATTN_D 64 or 128 and ATTN_BN 128"
+#if !defined(ATTN_D) || !defined(ATTN_BN) || !defined(ATTN_CONS) || !defined(ATTN_STAGES)
+#error "attn_fwd_sm90.cu needs ATTN_D, ATTN_BN, ATTN_CONS and ATTN_STAGES"
+#endif
+#if (ATTN_D != 64 && ATTN_D != 128) || ATTN_BN != 128 || (ATTN_CONS != 2 && ATTN_CONS != 3) || ATTN_STAGES < 2 || \
+    ATTN_STAGES > 4
+#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4"
 #endif
 
 #define D ATTN_D
 #define BN ATTN_BN
-#define BM 128
+#define CONSUMERS ATTN_CONS
+#define STAGES ATTN_STAGES
+#define BM (64 * CONSUMERS)
 #define PANELS (D / 64)
-#define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
-#define STAGES 3
 #define Q_BYTES (BM * D * 2)
 #define KV_BYTES (BN * D * 2)
 #define NS (BN / 8) /* n8 column groups of S */
 #define NO (D / 8)  /* of O */
+#if CONSUMERS == 2
+#define PRODUCER_REGS 24
+#define CONSUMER_REGS 240
+#else
+#define PRODUCER_REGS 32
+#define CONSUMER_REGS 160
+#endif
 #if SMELT_DT == SMELT_DT_BF16
 #define ATTN_DT_PTX "bf16"
 #else
@@ -66,16 +82,16 @@
 
 /* ---------------------------------------------------------------- wgmma */
 
-/* S (64 x 128 per warpgroup) = / += A (64 x 16) B (16 x 128), both from shared memory. */
-static __device__ __forceinline__ void wgmma_ss_n128_first(float *d, u64 da, u64 db) {
+/* S (64 x BN per warpgroup) = / += A (64 x 16) B (16 x BN), both from shared
+ * memory; O (64 x D) += P (64 x 16, registers) V (16 x D, shared memory). */
+static __device__ __forceinline__ void wgmma_s_first(float *d, u64 da, u64 db) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0, 1, 1, 0, 0;\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
       : "l"(da), "l"(db));
 }
-
-static __device__ __forceinline__ void wgmma_ss_n128(float *d, u64 da, u64 db) {
+static __device__ __forceinline__ void wgmma_s(float *d, u64 da, u64 db) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
@@ -84,23 +100,21 @@ static __device__ __forceinline__ void wgmma_ss_n128(float *d, u64 da, u64 db) {
 }
 
 #if D == 64
-static __device__ __forceinline__ void wgmma_rs_n64(float *d, const u32 *a, u64 db) {
+static __device__ __forceinline__ void wgmma_pv(float *d, const u32 *a, u64 db) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
-#define wgmma_rs_o wgmma_rs_n64
 #else
-static __device__ __forceinline__ void wgmma_rs_n128(float *d, const u32 *a, u64 db) {
+static __device__ __forceinline__ void wgmma_pv(float *d, const u32 *a, u64 db) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
-#define wgmma_rs_o wgmma_rs_n128
 #endif
 
 /* K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (SBO); LBO unused. */
@@ -114,16 +128,10 @@ static __device__ __forceinline__ u64 desc_mnmajor(u32 addr) {
 }
 
 /* The ping-pong's turns: named barrier 1 + c (0 is __syncthreads) over
- * the 256 consumer threads; the waiting warpgroup's 128 and the passing
- * one's 128 complete it. */
-static __device__ __forceinline__ void turn_wait(int c) {
-  if (c == 0) asm volatile("bar.sync 1, 256;" ::: "memory");
-  else asm volatile("bar.sync 2, 256;" ::: "memory");
-}
-static __device__ __forceinline__ void turn_pass(int c) {
-  if (c == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
-  else asm volatile("bar.arrive 2, 256;" ::: "memory");
-}
+ * 256 threads; the waiting warpgroup's 128 and the passing one's 128
+ * complete it. */
+static __device__ __forceinline__ void turn_wait(int c) { asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory"); }
+static __device__ __forceinline__ void turn_pass(int c) { asm volatile("bar.arrive %0, 256;" ::"r"(1 + c) : "memory"); }
 
 /* S (this consumer's 64 rows x BN keys) = Q Kᵀ, Q at q (the consumer's
  * rows), K at k (a stage). */
@@ -134,15 +142,15 @@ static __device__ __forceinline__ void gemm_s(float *s, u32 q, u32 k) {
     for (int kk = 0; kk < 4; kk++) {
       const u64 da = desc_kmajor(q + p * (BM * 128) + kk * 32);
       const u64 db = desc_kmajor(k + p * (BN * 128) + kk * 32);
-      if (p == 0 && kk == 0) wgmma_ss_n128_first(s, da, db);
-      else wgmma_ss_n128(s, da, db);
+      if (p == 0 && kk == 0) wgmma_s_first(s, da, db);
+      else wgmma_s(s, da, db);
     }
 }
 
-/* O += P V, P in registers (the A fragments of pack_p), V at v (a stage). */
+/* O += P V, P in registers (the A fragments of attn_pack_p), V at v (a stage). */
 static __device__ __forceinline__ void gemm_pv(float *o, u32 (*pa)[4], u32 v) {
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++) wgmma_rs_o(o, pa[kk], desc_mnmajor(v + kk * (16 * 128)));
+  for (int kk = 0; kk < BN / 16; kk++) wgmma_pv(o, pa[kk], desc_mnmajor(v + kk * (16 * 128)));
 }
 
 /* Ordinary arithmetic moves freely across the volatile asm of
@@ -160,62 +168,6 @@ static __device__ __forceinline__ void fence_f32(float *r, int n) {
  * overlap it. A wait on an mbarrier phase that has already completed (one
  * try_wait, a loop ptxas cannot remove) ends the block first. */
 static __device__ __forceinline__ void softmax_done(u32 bar, u32 parity) { mbar_wait(bar, parity); }
-
-/* What the mask needs of a consumer thread's two rows (attn_fwd_sm80.cu):
- * the tile's bounds for "no key masked" and each row's key range. */
-typedef struct attn_rows {
-  int lo_last, hi_first, lo[2], hi[2], t4;
-} attn_rows;
-
-/* The online softmax of attn_fwd_sm80.cu on one tile of S (keys c0..),
- * same fragment layout: masks and scales S, updates the running max and
- * sum, leaves P = 2^(S - max) in s and O's rescale factors in alpha. */
-static __device__ __forceinline__ void softmax_tile(float (*s)[4], int c0, const attn_rows &R, float scale_log2,
-                                                    float *mx, float *sum, float *alpha) {
-  const bool full = c0 >= R.lo_last && c0 + BN - 1 <= R.hi_first;
-#pragma unroll
-  for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float x = s[nt][e] * scale_log2;
-      if (!full) {
-        const int key = c0 + nt * 8 + 2 * R.t4 + (e & 1);
-        if (key < R.lo[e >> 1] || key > R.hi[e >> 1]) x = ATTN_NEG_INF;
-      }
-      s[nt][e] = x;
-    }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    float m = mx[r];
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) m = fmaxf(m, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const float ref = m == ATTN_NEG_INF ? 0.f : m;
-    alpha[r] = attn_ex2(mx[r] - ref);
-    mx[r] = m;
-    float ls = sum[r] * alpha[r];
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) {
-      const float p0 = attn_ex2(s[nt][2 * r] - ref), p1 = attn_ex2(s[nt][2 * r + 1] - ref);
-      s[nt][2 * r] = p0;
-      s[nt][2 * r + 1] = p1;
-      ls += p0 + p1;
-    }
-    sum[r] = ls;
-  }
-}
-
-/* P rounded to the input type, as wgmma's register A fragments (k16 steps). */
-static __device__ __forceinline__ void pack_p(float (*s)[4], u32 (*pa)[4]) {
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++) {
-    pa[kk][0] = ATTN_PACK(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = ATTN_PACK(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = ATTN_PACK(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = ATTN_PACK(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
-}
 
 /* ---------------------------------------------------------------- the kernel */
 
@@ -268,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
     if (tid != 0) return;
     /* Tensor coordinates: (d, row, head, batch); varlen rows are packed. */
     const int qy = P.cu_q ? (int)s.qrow + m0 : m0, ky = P.cu_q ? (int)s.krow : 0, bw = P.cu_q ? 0 : b;
@@ -292,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
   const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   attn_rows R;
   int unused;
@@ -312,11 +264,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.f, 0.f};
   const u32 qc = sQ + c * (64 * 128);
   mbar_wait(fullQ, 0);
-  /* Consumer 0 has the first turn. A consumer takes tiles + 1 turns (S of
-   * the first tile; S of tile i with P V of tile i - 1; P V of the last)
-   * and each ends with an arrival on the other's barrier, but for consumer
-   * 1's last: each barrier then sees as many arrivals as waits. */
-  if (c == 1) turn_pass(0);
+  /* Consumer 0 has the first turn, then the turn goes round the ring. A
+   * consumer takes tiles + 1 turns (S of the first tile; S of tile i with
+   * P V of tile i - 1; P V of the last) and each ends with an arrival on
+   * the next one's barrier, but for the last consumer's last turn: each
+   * barrier then sees as many arrivals as waits. */
+  const int next = c + 1 == CONSUMERS ? 0 : c + 1;
+  if (next == 0) turn_pass(0);
   const int tiles = n_hi - n_lo;
 
   mbar_wait(fullK, 0);
@@ -324,12 +278,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   wgmma_fence();
   gemm_s(&sc[0][0], qc, sK);
   wgmma_commit();
-  turn_pass(c ^ 1);
+  turn_pass(next);
   WGMMA_WAIT(0);
   fence_f32(&sc[0][0], NS * 4);
   /* O is still zero: its alpha is not needed. */
-  softmax_tile(sc, n_lo * BN, R, P.scale_log2, mx, sum, alpha);
-  pack_p(sc, pa);
+  attn_softmax(sc, NS, n_lo * BN, R, P.scale_log2, mx, sum, alpha);
+  attn_pack_p(sc, pa, BN / 16);
 
   /* Intra-warpgroup pipelining: in turn i, S_i = Q K_iᵀ and O += P_{i-1} V_{i-1}
    * are issued together; S_i's softmax runs while the tensor cores still
@@ -346,10 +300,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     wgmma_commit();
     gemm_pv(&o[0][0], pa, sV + pst * KV_BYTES);
     wgmma_commit();
-    turn_pass(c ^ 1);
+    turn_pass(next);
     WGMMA_WAIT(1);
     fence_f32(&sc[0][0], NS * 4);
-    softmax_tile(sc, (n_lo + i) * BN, R, P.scale_log2, mx, sum, alpha);
+    attn_softmax(sc, NS, (n_lo + i) * BN, R, P.scale_log2, mx, sum, alpha);
     /* These fences keep the softmax from sinking below the wait, the next
      * ones O's rescale and P's packing from rising above it. */
     fence_f32(&sc[0][0], NS * 4);
@@ -369,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       o[j][2] *= alpha[1];
       o[j][3] *= alpha[1];
     }
-    pack_p(sc, pa);
+    attn_pack_p(sc, pa, BN / 16);
   }
 
   /* The last tile's P V; the producer loads nothing more, so its stage is
@@ -380,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   wgmma_fence();
   gemm_pv(&o[0][0], pa, sV + lst * KV_BYTES);
   wgmma_commit();
-  if (c == 0) turn_pass(1);
+  if (next != 0) turn_pass(next);
   WGMMA_WAIT(0);
   fence_f32(&o[0][0], NO * 4);
 
@@ -396,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int j = 0; j < NO; j++)
         *(u32 *)(O + (i64)row * P.o.rs + j * 8 + 2 * t4) = ATTN_PACK(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-      if (L && t4 == 0) L[(i64)row * P.lse_rs] = l > 0.f ? (mx[r] + log2f(l)) * ATTN_LN2 : ATTN_POS_INF;
+      if (L && t4 == 0) L[(i64)row * P.lse_rs] = attn_lse(mx[r], l, P.scale_log2);
     }
   }
 #else

@@ -9,6 +9,7 @@ extern const th_test th_tests_core[];
 extern const th_test th_tests_cache[];
 extern const th_test th_tests_ops[];
 extern const th_test th_tests_gemm[];
+extern const th_test th_tests_gemm_tune[];
 extern const th_test th_tests_attention[];
 extern const th_test th_tests_peer[];
 extern const th_test th_tests_compile[];
@@ -21,6 +22,7 @@ static const struct {
     {"cache", th_tests_cache},
     {"ops", th_tests_ops},
     {"gemm", th_tests_gemm},
+    {"gemm_tune", th_tests_gemm_tune},
     {"attention", th_tests_attention},
     {"peer", th_tests_peer},
     {"compile", th_tests_compile},

@@ -263,6 +263,55 @@ static void test_gpu_cold_warm(void) {
   remove_dir(dir);
 }
 
+/* GPU, Hopper: issue 4's compile figures for one Hopper GEMM variant (bf16,
+ * 1024^3): plan + first run in a fresh folder (NVRTC compile + load), then
+ * in a second context from the disk cache. Printed, not asserted: timing
+ * bars belong in the benchmark record, not in a test that can flake. */
+static void test_gpu_gemm_hopper_cold_warm(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  smelt_device_info info;
+  REQUIRE(smelt_device_info_get(0, &info) == SMELT_OK);
+  if (info.cc_major != 9) SKIP("not a Hopper GPU");
+  char dir[64];
+  fresh_cache_dir(dir, sizeof dir);
+  enum { N = 1024 };
+  double times[2];
+  char kernel[160] = "";
+  for (int round = 0; round < 2; round++) {
+    smelt_ctx *ctx;
+    smelt_ctx_options o = smelt_ctx_options_default();
+    o.use_env = 0;
+    o.device = SMELT_DEVICE_CUDA;
+    REQUIRE(smelt_ctx_create(&ctx, &o) == SMELT_OK);
+    void *a, *b, *d;
+    CHECK_OK(smelt_alloc(ctx, (size_t)N * N * 2, &a));
+    CHECK_OK(smelt_alloc(ctx, (size_t)N * N * 2, &b));
+    CHECK_OK(smelt_alloc(ctx, (size_t)N * N * 2, &d));
+    int64_t shape[2] = {N, N};
+    int di = smelt_ctx_device_index(ctx);
+    smelt_tensor ta = smelt_tensor_make(a, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di, 2, shape),
+                 tb = smelt_tensor_make(b, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di, 2, shape),
+                 td = smelt_tensor_make(d, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di, 2, shape);
+    smelt_plan *plan = NULL;
+    double t0 = smelt__now_seconds();
+    CHECK_OK(smelt_gemm_plan(ctx, NULL, &ta, &tb, NULL, &td, NULL, &plan));
+    CHECK_OK(smelt_gemm_run(plan, &ta, &tb, NULL, &td, NULL));
+    CHECK_OK(smelt_ctx_synchronize(ctx));
+    times[round] = smelt__now_seconds() - t0;
+    if (plan) snprintf(kernel, sizeof kernel, "%s", smelt_plan_describe(plan));
+    smelt_plan_destroy(plan);
+    smelt_free(ctx, a);
+    smelt_free(ctx, b);
+    smelt_free(ctx, d);
+    smelt_ctx_destroy(ctx);
+  }
+  CHECK(strstr(kernel, "sm90") != NULL);
+  printf("     hopper gemm (%s): cold (compile + load + run) %.1f ms, warm (disk cache + load + run) %.2f ms\n",
+         kernel, 1e3 * times[0], 1e3 * times[1]);
+  restore_cache_env();
+  remove_dir(dir);
+}
+
 const th_test th_tests_cache[] = {
     {"keys", test_keys},
     {"compile_and_reload", test_compile_and_reload},
@@ -270,5 +319,6 @@ const th_test th_tests_cache[] = {
     {"concurrent_processes", test_concurrent_processes},
     {"unusable_folder", test_unusable_folder},
     {"gpu_cold_warm", test_gpu_cold_warm},
+    {"gpu_gemm_hopper_cold_warm", test_gpu_gemm_hopper_cold_warm},
     {0, 0},
 };

@@ -1315,3 +1315,491 @@ const th_test th_tests_gemm[] = {
     {"gpu_sm90", test_gpu_sm90},
     {0, 0},
 };
+
+/* ---------------------------------------------------------------- gemm_tune: the autotuner */
+
+#include "cuda/gemm_tune.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+/* A fresh cache folder as SMELT_CACHE_DIR (removed by tune_dir_done). */
+static void tune_dir_new(char *dir, size_t n) {
+  snprintf(dir, n, "/tmp/smelt-test-tune-XXXXXX");
+  if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
+  setenv("SMELT_CACHE_DIR", dir, 1);
+}
+
+static void tune_dir_done(const char *dir) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "    could not remove %s\n", dir);
+  const char *keep = getenv("SMELT_TEST_CACHE_DIR");
+  if (keep) setenv("SMELT_CACHE_DIR", keep, 1);
+  else unsetenv("SMELT_CACHE_DIR");
+}
+
+/* A fake H100 and a plain bf16 RC GEMM state as planning sees it (split-K
+ * left to smelt), with operand facts that every tensor-op kernel accepts. */
+static smelt_device_info tune_dev(const char *name) {
+  smelt_device_info dev;
+  memset(&dev, 0, sizeof dev);
+  snprintf(dev.name, sizeof dev.name, "%s", name);
+  dev.sm_count = 132;
+  dev.cc_major = 9;
+  dev.cc_minor = 0;
+  snprintf(dev.arch, sizeof dev.arch, "sm_90a");
+  return dev;
+}
+
+static void tune_state(smelt__gemm_state *st, smelt__gemm_facts *f, int64_t m, int64_t n, int64_t k) {
+  memset(st, 0, sizeof *st);
+  st->desc = smelt_gemm_desc_default();
+  st->mode = SMELT_GEMM_MODE_PLAIN;
+  st->split_k = 0;
+  st->acc = SMELT_GEMM_ACC_F32;
+  st->dt_a = st->dt_b = st->dt_c = st->dt_d = SMELT_DTYPE_BF16;
+  st->count = 1;
+  st->prob.m = m;
+  st->prob.n = n;
+  st->prob.k = k;
+  st->prob.a.rs = k; /* A row-major, B column-major */
+  st->prob.a.cs = 1;
+  st->prob.b.rs = 1;
+  st->prob.b.cs = k;
+  st->prob.d.rs = n;
+  st->prob.d.cs = 1;
+  smelt__gemm_facts ff = {1, 1, 1, 1, 1, m, n, k, 1, 1, k};
+  *f = ff;
+}
+
+static smelt__gemm_tune_record tune_rec(const char *key, const char *kernel, int split) {
+  smelt__gemm_tune_record r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.key, sizeof r.key, "%s", key);
+  snprintf(r.version, sizeof r.version, "%s", SMELT_VERSION_STRING);
+  snprintf(r.kernel, sizeof r.kernel, "%s", kernel);
+  r.split_k = split;
+  r.median_ms = 0.125;
+  snprintf(r.heuristic, sizeof r.heuristic, "gemm_sm90_bf16_RC_128x64x64_s8");
+  r.heuristic_split_k = 1;
+  r.heuristic_ms = 0.25;
+  r.m = r.n = r.k = 512;
+  r.l = 1;
+  return r;
+}
+
+/* The table index of the kernel named `name`, or -1. */
+static int kernel_index(const smelt__gemm_kernel *table, int n, const char *name) {
+  for (int i = 0; i < n; i++) {
+    smelt__kernel_src src;
+    smelt__gemm_kernel_src(&table[i], &src);
+    if (!strcmp(src.name, name)) return i;
+  }
+  return -1;
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  if (!f) {
+    th_fail(__FILE__, __LINE__, "cannot write %s", path);
+    return;
+  }
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Runs lookup with stderr captured and SMELT_LOG=info; the log lands in log. */
+static smelt__tune_verdict lookup_logged(const smelt__gemm_state *st, const smelt__gemm_facts *f,
+                                         const smelt_device_info *dev, const smelt__gemm_kernel *table, int n,
+                                         int *kernel, int *split, char *log, size_t log_n) {
+  char path[] = "/tmp/smelt-test-tune-log-XXXXXX";
+  int fd = mkstemp(path);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  const char *level = getenv("SMELT_LOG");
+  char keep[32] = "";
+  if (level) snprintf(keep, sizeof keep, "%s", level);
+  setenv("SMELT_LOG", "info", 1);
+  smelt__tune_verdict v = smelt__gemm_tune_lookup(st, f, dev, table, n, kernel, split);
+  if (keep[0]) setenv("SMELT_LOG", keep, 1);
+  else unsetenv("SMELT_LOG");
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  ssize_t got = pread(fd, log, log_n - 1, 0);
+  log[got > 0 ? got : 0] = 0;
+  close(fd);
+  unlink(path);
+  return v;
+}
+
+static void test_tune_key(void) {
+  smelt_device_info h100 = tune_dev("NVIDIA H100 80GB HBM3"), other = tune_dev("NVIDIA H200");
+  smelt__gemm_state st;
+  smelt__gemm_facts f;
+  char k1[SMELT__TUNE_KEY_MAX], k2[SMELT__TUNE_KEY_MAX];
+  tune_state(&st, &f, 4096, 4096, 4096);
+  CHECK_EQ_INT(smelt__gemm_tune_key(&st, &h100, k1, sizeof k1), 0);
+  CHECK(strstr(k1, "dev=NVIDIA H100 80GB HBM3|sms=132|cc=9.0|") != NULL);
+  CHECK(strstr(k1, "|layout=RC|") && strstr(k1, "|a=bf16|") && strstr(k1, "|c=-|") && strstr(k1, "|mode=PLAIN|"));
+  /* The shape class: each size rounded up to a power of two. */
+  st.prob.m = 3000;
+  CHECK_EQ_INT(smelt__gemm_tune_key(&st, &h100, k2, sizeof k2), 0);
+  CHECK(!strcmp(k1, k2));
+  st.prob.m = 4097;
+  smelt__gemm_tune_key(&st, &h100, k2, sizeof k2);
+  CHECK(strcmp(k1, k2) != 0 && strstr(k2, "|m=8192|"));
+  st.prob.m = 4096;
+  /* Device, layout, dtypes, epilogue and mode each change the key. */
+  smelt__gemm_tune_key(&st, &other, k2, sizeof k2);
+  CHECK(strcmp(k1, k2) != 0);
+  st.prob.a.rs = 1;
+  st.prob.a.cs = 4096;
+  smelt__gemm_tune_key(&st, &h100, k2, sizeof k2);
+  CHECK(strstr(k2, "|layout=CC|") != NULL);
+  st.prob.a.rs = 4096;
+  st.prob.a.cs = 1;
+  st.desc.epilogue.act = SMELT_ACT_GELU;
+  smelt__gemm_tune_key(&st, &h100, k2, sizeof k2);
+  CHECK(strcmp(k1, k2) != 0 && strstr(k2, "|act=gelu|"));
+  st.desc.epilogue.act = SMELT_ACT_IDENTITY;
+  st.dt_d = SMELT_DTYPE_F32;
+  smelt__gemm_tune_key(&st, &h100, k2, sizeof k2);
+  CHECK(strcmp(k1, k2) != 0);
+  st.dt_d = SMELT_DTYPE_BF16;
+  /* A name with characters a record cannot hold is made safe. */
+  smelt_device_info odd = tune_dev("GPU \"x\"|\\y");
+  smelt__gemm_tune_key(&st, &odd, k2, sizeof k2);
+  CHECK(strstr(k2, "dev=GPU _x___y|") != NULL);
+  /* Array and grouped plans are not tuned. */
+  st.mode = SMELT_GEMM_MODE_GROUPED;
+  CHECK_EQ_INT(smelt__gemm_tune_key(&st, &h100, k2, sizeof k2), -1);
+  st.mode = SMELT_GEMM_MODE_ARRAY;
+  CHECK_EQ_INT(smelt__gemm_tune_key(&st, &h100, k2, sizeof k2), -1);
+}
+
+static void test_tune_record_format(void) {
+  smelt__gemm_tune_record r = tune_rec("gemm-v1|dev=X|sms=1|cc=9.0|m=512", "gemm_sm80_bf16_RC_64x64x32_s4_w2x2", 4), q;
+  char text[2048], why[128];
+  const int len = smelt__gemm_tune_format(&r, text, sizeof text);
+  REQUIRE(len > 0 && (size_t)len == strlen(text));
+  CHECK(text[0] == '{' && strstr(text, "\"kernel\": \"gemm_sm80_bf16_RC_64x64x32_s4_w2x2\""));
+  CHECK_EQ_INT(smelt__gemm_tune_parse(text, &q, why, sizeof why), 0);
+  CHECK(!strcmp(q.key, r.key) && !strcmp(q.kernel, r.kernel) && !strcmp(q.version, r.version) &&
+        !strcmp(q.heuristic, r.heuristic));
+  CHECK_EQ_INT(q.split_k, 4);
+  CHECK_EQ_INT(q.heuristic_split_k, 1);
+  CHECK(q.median_ms == 0.125 && q.heuristic_ms == 0.25);
+  CHECK(q.m == 512 && q.n == 512 && q.k == 512 && q.l == 1);
+  /* Too small a buffer is refused, not cut. */
+  CHECK_EQ_INT(smelt__gemm_tune_format(&r, text, 64), -1);
+  smelt__gemm_tune_format(&r, text, sizeof text);
+  /* Every damage is refused with a reason: truncated, foreign format,
+   * out-of-range or missing fields, repeated fields, escapes. */
+  char bad[2048];
+  snprintf(bad, sizeof bad, "%.*s", len / 2, text);
+  CHECK_EQ_INT(smelt__gemm_tune_parse(bad, &q, why, sizeof why), -1);
+  CHECK(strstr(why, "truncated") != NULL);
+  CHECK_EQ_INT(smelt__gemm_tune_parse("", &q, why, sizeof why), -1);
+  const struct { const char *from, *to, *why; } edits[] = {
+      {"smelt-gemm-tune-1", "smelt-gemm-tune-0", "format"},
+      {"\"split_k\": 4", "\"split_k\": 0", "split_k"},
+      {"\"split_k\": 4", "\"split_k\": 65", "split_k"},
+      {"\"split_k\": 4", "\"split_k\": x", "split_k"},
+      {"\"kernel\": \"gemm_sm80_bf16_RC_64x64x32_s4_w2x2\"", "\"kernel\": \"\"", "kernel"},
+      {"\"kernel\"", "\"kernels\"", "kernel"},
+      {"\"median_ms\": 0.125", "\"median_ms\": -1", "median_ms"},
+      {"[512, 512, 512, 1]", "[512, 512, 512]", "shape"},
+      {"\"heuristic_ms\"", "\"kernel\": \"a\", \"heuristic_ms\"", "kernel"},
+      {"dev=X", "dev=\\X", "key"},
+  };
+  for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+    const char *at = strstr(text, edits[i].from);
+    REQUIRE(at != NULL);
+    snprintf(bad, sizeof bad, "%.*s%s%s", (int)(at - text), text, edits[i].to, at + strlen(edits[i].from));
+    if (smelt__gemm_tune_parse(bad, &q, why, sizeof why) != -1)
+      th_fail(__FILE__, __LINE__, "edit %zu (%s) was accepted", i, edits[i].to);
+    else if (!strstr(why, edits[i].why))
+      th_fail(__FILE__, __LINE__, "edit %zu: reason \"%s\" lacks \"%s\"", i, why, edits[i].why);
+  }
+}
+
+static void test_tune_record_lookup(void) {
+  char dir[64], key[SMELT__TUNE_KEY_MAX], path[700], log[4096], text[2048];
+  tune_dir_new(dir, sizeof dir);
+  smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
+  const int n = smelt__gemm_table(table);
+  smelt_device_info dev = tune_dev("NVIDIA H100 80GB HBM3");
+  smelt__gemm_state st;
+  smelt__gemm_facts f;
+  tune_state(&st, &f, 512, 512, 4096);
+  REQUIRE(smelt__gemm_tune_key(&st, &dev, key, sizeof key) == 0);
+  smelt__gemm_tune_path(key, path, sizeof path);
+  CHECK(strncmp(path, dir, strlen(dir)) == 0 && strstr(path, "/gemm-tune/") && strstr(path, ".json"));
+  int ki = -1, split = 0;
+  /* No record: the heuristic. */
+  CHECK_EQ_INT(smelt__gemm_tune_lookup(&st, &f, &dev, table, n, &ki, &split), SMELT__TUNE_ABSENT);
+  CHECK_EQ_INT(ki, -1);
+  /* A record naming the small mma.sync tile with 4 slices is used as is. */
+  const char *small = "gemm_sm80_bf16_RC_64x64x32_s4_w2x2";
+  smelt__gemm_tune_record r = tune_rec(key, small, 4), q;
+  CHECK_OK(smelt__gemm_tune_store(&r));
+  CHECK_EQ_INT(smelt__gemm_tune_load(key, &q), SMELT__TUNE_USED);
+  CHECK(!strcmp(q.kernel, small) && q.split_k == 4);
+  CHECK_EQ_INT(smelt__gemm_tune_lookup(&st, &f, &dev, table, n, &ki, &split), SMELT__TUNE_USED);
+  CHECK_EQ_INT(ki, kernel_index(table, n, small));
+  CHECK_EQ_INT(split, 4);
+  char why[96] = "";
+  ki = 0;
+  CHECK_EQ_INT(smelt__gemm_tune_choice(&st, &f, &dev, table, n, &ki, why, sizeof why), 4);
+  CHECK(strstr(why, "record") != NULL);
+  /* SMELT_GEMM_TUNE=off: records are not used. */
+  setenv("SMELT_GEMM_TUNE", "off", 1);
+  ki = -1;
+  CHECK_EQ_INT(smelt__gemm_tune_lookup(&st, &f, &dev, table, n, &ki, &split), SMELT__TUNE_OFF);
+  CHECK_EQ_INT(ki, -1);
+  unsetenv("SMELT_GEMM_TUNE");
+  /* A plan that fixed its split has another key: the record is not its. */
+  st.split_k = 2;
+  CHECK_EQ_INT(smelt__gemm_tune_lookup(&st, &f, &dev, table, n, &ki, &split), SMELT__TUNE_ABSENT);
+  st.split_k = 0;
+  /* The Hopper kernel never splits K: a record saying so is unfit. */
+  r = tune_rec(key, "gemm_sm90_bf16_RC_128x64x64_s8", 2);
+  CHECK_OK(smelt__gemm_tune_store(&r));
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_UNFIT);
+  CHECK(strstr(log, "cannot run these operands") != NULL);
+  /* A kernel for other dtypes, or one that does not exist, is unfit. */
+  r = tune_rec(key, "gemm_sm80_f16_RC_64x64x32_s4_w2x2", 1);
+  CHECK_OK(smelt__gemm_tune_store(&r));
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_UNFIT);
+  r = tune_rec(key, "gemm_sm70_bf16_RC_1x1x1", 1);
+  CHECK_OK(smelt__gemm_tune_store(&r));
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_UNFIT);
+  /* ... and so is one whose operands lost the alignment tensor ops need. */
+  r = tune_rec(key, small, 1);
+  CHECK_OK(smelt__gemm_tune_store(&r));
+  f.a_k = f.a_mn = 0;
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_UNFIT);
+  f.a_k = f.a_mn = 1;
+  /* A record of another smelt version is ignored with a log line. */
+  r = tune_rec(key, small, 1);
+  snprintf(r.version, sizeof r.version, "0.0.1");
+  CHECK_OK(smelt__gemm_tune_store(&r));
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_VERSION);
+  CHECK(strstr(log, "written by smelt 0.0.1") != NULL);
+  /* A record made on another GPU, found under this key's name (a copied
+   * cache folder), is ignored with a log line naming both devices. */
+  smelt_device_info h200 = tune_dev("NVIDIA H200");
+  char other[SMELT__TUNE_KEY_MAX];
+  smelt__gemm_tune_key(&st, &h200, other, sizeof other);
+  r = tune_rec(other, small, 1);
+  smelt__gemm_tune_format(&r, text, sizeof text);
+  write_text(path, text);
+  ki = -1;
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_FOREIGN);
+  CHECK(strstr(log, "another device") && strstr(log, "NVIDIA H200") && strstr(log, "NVIDIA H100 80GB HBM3"));
+  CHECK_EQ_INT(ki, -1);
+  /* A corrupt record (cut short, or not text) is ignored with a log line. */
+  r = tune_rec(key, small, 1);
+  int len = smelt__gemm_tune_format(&r, text, sizeof text);
+  text[len / 3] = 0;
+  write_text(path, text);
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_CORRUPT);
+  CHECK(strstr(log, "is corrupt") && strstr(log, path));
+  {
+    FILE *fp = fopen(path, "wb");
+    REQUIRE(fp != NULL);
+    const char junk[] = {'{', 0, '}'};
+    fwrite(junk, 1, sizeof junk, fp);
+    fclose(fp);
+  }
+  CHECK_EQ_INT(lookup_logged(&st, &f, &dev, table, n, &ki, &split, log, sizeof log), SMELT__TUNE_CORRUPT);
+  CHECK_EQ_INT(ki, -1);
+  /* A fresh store replaces it; no temp files are left behind. */
+  CHECK_OK(smelt__gemm_tune_store(&r));
+  CHECK_EQ_INT(smelt__gemm_tune_lookup(&st, &f, &dev, table, n, &ki, &split), SMELT__TUNE_USED);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "ls -A '%s/gemm-tune' | grep -q tmp", dir);
+  CHECK(system(cmd) != 0);
+  /* Without a usable cache folder nothing is read, and a store says why. */
+  setenv("SMELT_CACHE_DIR", "/proc/smelt-no-such-folder", 1);
+  CHECK_EQ_INT(smelt__gemm_tune_lookup(&st, &f, &dev, table, n, &ki, &split), SMELT__TUNE_ABSENT);
+  CHECK_STATUS(smelt__gemm_tune_store(&r), SMELT_STATUS_CACHE_ERROR);
+  CHECK_MSG("no usable cache folder");
+  tune_dir_done(dir);
+}
+
+static void test_tune_bad_inputs(void) {
+  int64_t shape[2] = {8, 8};
+  static float buf[3][64];
+  smelt_tensor a = smelt_tensor_make(buf[0], SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, shape),
+               b = smelt_tensor_make(buf[1], SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, shape),
+               d = smelt_tensor_make(buf[2], SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, shape);
+  smelt_gemm_tune_result r;
+  CHECK_STATUS(smelt_gemm_autotune(NULL, NULL, &a, &b, NULL, &d, NULL, 0, &r), SMELT_STATUS_NULL_POINTER);
+  CHECK_MSG("ctx is NULL");
+  CHECK_STATUS(smelt_gemm_autotune(th_cpu(), NULL, &a, &b, NULL, &d, NULL, 0x10, &r), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("flags=0x10");
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  desc.mode = SMELT_GEMM_MODE_GROUPED;
+  CHECK_STATUS(smelt_gemm_autotune(th_cpu(), &desc, &a, &b, NULL, &d, NULL, 0, &r), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("desc.mode=GROUPED is not tuned");
+  desc = smelt_gemm_desc_default();
+  desc.epilogue.beta = 1.0;
+  CHECK_STATUS(smelt_gemm_autotune(th_cpu(), &desc, &a, &b, &d, &d, NULL, 0, &r), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("D is C (in place)");
+  CHECK_STATUS(smelt_gemm_autotune(th_cpu(), NULL, &a, &b, NULL, &d, NULL, 0, &r), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("needs a CUDA context");
+  smelt_ctx *cu = th_cuda();
+  if (!cu) return;
+  /* On a GPU, what planning refuses the tuner refuses the same way. */
+  CHECK_STATUS(smelt_gemm_autotune(cu, NULL, &a, &b, NULL, &d, NULL, 0, &r), SMELT_STATUS_WRONG_DEVICE);
+  CHECK_STATUS(smelt_gemm_autotune(cu, NULL, NULL, &b, NULL, &d, NULL, 0, &r), SMELT_STATUS_NULL_POINTER);
+}
+
+/* GPU: tunes s, checks the result against the CPU reference, then checks
+ * that a fresh plan takes the recorded winner (and computes correctly),
+ * and that SMELT_GEMM_TUNE=off brings the heuristic back. */
+static void tune_gpu_case(const gspec *s, const char *what) {
+  smelt_ctx *cu = th_cuda();
+  ginputs in;
+  inputs_new(s, &in);
+  const int64_t L = s->batch > 0 ? s->batch : 1, n = L * s->m * s->n;
+  double *ref = (double *)malloc(sizeof(double) * (size_t)n), *got = (double *)malloc(sizeof(double) * (size_t)n);
+  CHECK_OK(run_case(th_cpu(), s, &in, ref));
+  const size_t ed = smelt_dtype_size(s->d);
+  th_buf A = th_buf_new(cu, (size_t)in.ga.storage * smelt_dtype_size(s->a)),
+         B = th_buf_new(cu, (size_t)in.gb.storage * smelt_dtype_size(s->b)),
+         C = th_buf_new(cu, (size_t)in.gc.storage * smelt_dtype_size(s->c)), D = th_buf_new(cu, (size_t)in.gd.storage * ed),
+         Bias = th_buf_new(cu, (size_t)(s->n + 1) * smelt_dtype_size(s->bias));
+  th_buf_upload(&A, in.a, A.bytes);
+  th_buf_upload(&B, in.b, B.bytes);
+  th_buf_upload(&C, in.c, C.bytes);
+  th_buf_upload(&Bias, in.bias, Bias.bytes);
+  smelt_tensor ta = mat_tensor(&in.ga, A.data, cu), tb = mat_tensor(&in.gb, B.data, cu),
+               tc = mat_tensor(&in.gc, C.data, cu), td = mat_tensor(&in.gd, D.data, cu);
+  int64_t bshape[1] = {s->n};
+  smelt_tensor tbias = smelt_tensor_make(Bias.data, s->bias, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 1, bshape);
+  const smelt_tensor *pc = s->has_c ? &tc : NULL, *pbias = s->has_bias ? &tbias : NULL;
+  uint8_t *host = (uint8_t *)malloc(D.bytes);
+  smelt_gemm_tune_result *r = (smelt_gemm_tune_result *)calloc(1, sizeof *r);
+  smelt_status st = smelt_gemm_autotune(cu, &s->desc, &ta, &tb, pc, &td, pbias, 0, r);
+  if (st != SMELT_OK) th_fail(__FILE__, __LINE__, "%s: autotune: %s (%s)", what, smelt_status_name(st), smelt_last_error());
+  if (st == SMELT_OK) {
+    printf("    %s: %d candidates, winner %s split-K %d %.4f ms (heuristic %s %.4f ms)\n", what, r->count,
+           r->cand[r->winner].kernel, r->cand[r->winner].split_k, (double)r->cand[r->winner].median_ms,
+           r->cand[r->heuristic].kernel, (double)r->cand[r->heuristic].median_ms);
+    CHECK(r->count >= 1 && r->winner >= 0 && r->winner < r->count && r->cand[r->heuristic].heuristic);
+    CHECK(r->cand[r->winner].correct && r->cand[r->winner].status == SMELT_OK && r->cand[r->winner].median_ms > 0);
+    CHECK_EQ_INT(r->recorded, 1);
+    CHECK(access(r->record_path, R_OK) == 0);
+    /* D holds the GEMM's result. */
+    CHECK_OK(smelt_ctx_synchronize(cu));
+    th_buf_download(&D, host, D.bytes);
+    for (int64_t l = 0; l < L; l++)
+      for (int64_t i = 0; i < s->m; i++)
+        for (int64_t j = 0; j < s->n; j++) got[(l * s->m + i) * s->n + j] = th_get(host, s->d, mat_off(&in.gd, l, i, j));
+    CHECK(th_compare(what, got, ref, n, bound_of(s), 0));
+    CHECK(th_buf_guards_ok(&D));
+    /* A second plan takes the record's winner and computes correctly. */
+    smelt_plan *plan = NULL;
+    CHECK_OK(smelt_gemm_plan(cu, &s->desc, &ta, &tb, pc, &td, pbias, &plan));
+    if (plan) {
+      const char *desc = smelt_plan_describe(plan);
+      printf("    plan: %s\n", desc);
+      CHECK(strncmp(desc, r->cand[r->winner].kernel, strlen(r->cand[r->winner].kernel)) == 0);
+      CHECK(strstr(desc, "tuned: from the record") != NULL);
+      memset(host, 0xFF, D.bytes);
+      th_buf_upload(&D, host, D.bytes);
+      CHECK_OK(smelt_gemm_run(plan, &ta, &tb, pc, &td, pbias));
+      CHECK_OK(smelt_ctx_synchronize(cu));
+      th_buf_download(&D, host, D.bytes);
+      for (int64_t l = 0; l < L; l++)
+        for (int64_t i = 0; i < s->m; i++)
+          for (int64_t j = 0; j < s->n; j++)
+            got[(l * s->m + i) * s->n + j] = th_get(host, s->d, mat_off(&in.gd, l, i, j));
+      CHECK(th_compare(what, got, ref, n, bound_of(s), 0));
+      smelt_plan_destroy(plan);
+    }
+    setenv("SMELT_GEMM_TUNE", "off", 1);
+    plan = NULL;
+    CHECK_OK(smelt_gemm_plan(cu, &s->desc, &ta, &tb, pc, &td, pbias, &plan));
+    if (plan) CHECK(strstr(smelt_plan_describe(plan), "tuned") == NULL);
+    smelt_plan_destroy(plan);
+    unsetenv("SMELT_GEMM_TUNE");
+  }
+  /* The record stays out of the suite's cache: later GEMM tests see the heuristic. */
+  if (r->record_path[0]) unlink(r->record_path);
+  free(r);
+  free(host);
+  free(ref);
+  free(got);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&C);
+  th_buf_free(&D);
+  th_buf_free(&Bias);
+  inputs_free(&in);
+}
+
+static void test_tune_gpu(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  /* A plain bf16 linear layer with bias + GELU (Hopper and mma.sync kernels compete). */
+  gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 384, 256, 512);
+  s.b_col = 1;
+  s.ld16 = 1;
+  s.has_bias = 1;
+  s.bias = SMELT_DTYPE_BF16;
+  s.desc.epilogue.act = SMELT_ACT_GELU;
+  tune_gpu_case(&s, "bf16 RC 384x256x512 bias+gelu");
+  /* Few tiles and a long K: split-K slice counts compete too; with C. */
+  s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 64, 96, 4096);
+  s.b_col = 1;
+  s.ld16 = 1;
+  s.has_c = 1;
+  s.desc.epilogue.beta = 0.5;
+  tune_gpu_case(&s, "f16 RC 64x96x4096 +C");
+  /* Batched f32 (SIMT only on CUDA cores: one candidate, still a record). */
+  s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 33, 17, 65);
+  s.batch = 3;
+  tune_gpu_case(&s, "f32 batched 3x33x17x65");
+  /* NO_RECORD times and reports but writes nothing; an empty GEMM is refused. */
+  smelt_ctx *cu = th_cuda();
+  th_buf A = th_buf_new(cu, 64 * 64 * 2), B = th_buf_new(cu, 64 * 64 * 2), D = th_buf_new(cu, 64 * 64 * 2);
+  int64_t shape[2] = {64, 64};
+  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape),
+               tb = smelt_tensor_make(B.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape),
+               td = smelt_tensor_make(D.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape);
+  uint16_t host[64 * 64];
+  for (int i = 0; i < 64 * 64; i++) host[i] = smelt_f32_to_bf16((float)th_rand_uniform(-1, 1));
+  th_buf_upload(&A, host, sizeof host);
+  th_buf_upload(&B, host, sizeof host);
+  smelt_gemm_tune_result *r = (smelt_gemm_tune_result *)calloc(1, sizeof *r);
+  for (int i = 0; i < 2; i++) {
+    CHECK_OK(smelt_gemm_autotune(cu, NULL, &ta, &tb, NULL, &td, NULL, SMELT_GEMM_TUNE_NO_RECORD, r));
+    CHECK_EQ_INT(r->recorded, 0);
+    CHECK(r->count >= 1 && r->cand[r->winner].median_ms > 0);
+    if (i == 0 && r->record_path[0]) unlink(r->record_path); /* a leftover of an earlier run */
+  }
+  CHECK(r->record_path[0] && access(r->record_path, F_OK) != 0);
+  shape[0] = 0;
+  td = smelt_tensor_make(D.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape);
+  ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2, shape);
+  CHECK_STATUS(smelt_gemm_autotune(cu, NULL, &ta, &tb, NULL, &td, NULL, 0, r), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("nothing to time");
+  free(r);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&D);
+}
+
+const th_test th_tests_gemm_tune[] = {
+    {"key", test_tune_key},
+    {"record_format", test_tune_record_format},
+    {"record_lookup", test_tune_record_lookup},
+    {"bad_inputs", test_tune_bad_inputs},
+    {"gpu", test_tune_gpu},
+    {0, 0},
+};

@@ -16,7 +16,9 @@
  * Batched operands are stacked densely ([L, M, K] ...). Grouped problems are
  * stacked as MoE expert GEMMs keep them: A and D along rows (tokens sorted by
  * expert), one B [K, N] per group. The CPU backend has no tensor cores:
- * tf32 there is exact f32, which is also what the check compares against. */
+ * tf32 there is exact f32, which is also what the check compares against.
+ * --autotune runs smelt_gemm_autotune on the problem first (its table goes
+ * to stderr) and then times the plan that takes the recorded winner. */
 #include "bench.h"
 
 #include <math.h>
@@ -27,7 +29,7 @@ static int64_t opt_m = 4096, opt_n = 4096, opt_k = 4096, opt_batch = 1, opt_grou
 static const char *opt_dtype = "bf16", *opt_out_dtype = NULL, *opt_layout = "RC", *opt_epilogue = "none";
 static const char *opt_alpha = "1", *opt_beta = "0", *opt_split_mode = NULL, *opt_opclass = "auto";
 static const char *opt_tile = NULL, *opt_group_ms = NULL;
-static int opt_check;
+static int opt_check, opt_autotune;
 
 static const cli_opt options[] = {
     {"m", CLI_OPT_INT, &opt_m, "M", "rows of A and D (per group) (default 4096)"},
@@ -51,6 +53,9 @@ static const cli_opt options[] = {
     {"group-ms", CLI_OPT_STRING, &opt_group_ms, "M1,M2,..",
      "grouped GEMM with these rows per group, sharing N and K"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare one run against the CPU backend (windows of D)"},
+    {"autotune", CLI_OPT_FLAG, &opt_autotune, NULL,
+     "time every candidate kernel first (table on stderr), record the winner in the cache folder, then bench the "
+     "plan that uses it"},
     {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
 };
 
@@ -156,6 +161,8 @@ static void parse_mode(const cli_doc *doc) {
   if ((opt_batch > 1 || st.grouped) && split)
     cli_usage_error(doc->command, "split-K serves plain GEMMs only (not --batch or grouped)");
   if (opt_batch > 1 && st.grouped) cli_usage_error(doc->command, "--batch and grouped mode do not combine");
+  if (opt_autotune && st.grouped)
+    cli_usage_error(doc->command, "--autotune tunes plain, split-K and batched GEMMs, not grouped ones");
   if (st.grouped) d->mode = SMELT_GEMM_MODE_GROUPED;
   else if (opt_batch > 1) d->mode = SMELT_GEMM_MODE_BATCHED;
 }
@@ -488,6 +495,31 @@ static void check(const void *ha, const void *hb, const void *hc, const void *hb
            ok ? "ok" : "fail", rel, bound, s.max_abs, (long long)s.nan_mismatch, (long long)s.elems);
 }
 
+/* ---------------------------------------------------------------- autotune */
+
+/* Tunes the problem on set 0 and prints every candidate's time to stderr
+ * (stdout stays the results, one line or one JSON object per case). */
+static void autotune(smelt_ctx *ctx) {
+  smelt_gemm_tune_result *r = cli_malloc(sizeof *r);
+  const smelt_tensor *c = st.has_c ? st.tc : NULL, *bias = st.has_bias ? st.tbias : NULL;
+  CLI_TRY(smelt_gemm_autotune(ctx, &st.desc, st.ta, st.tb, c, st.td, bias, 0, r));
+  fprintf(stderr, "autotune: %d candidates (median of 15 runs each)\n", r->count);
+  for (int i = 0; i < r->count; i++) {
+    const smelt_gemm_tune_candidate *k = &r->cand[i];
+    char what[64];
+    if (k->status) snprintf(what, sizeof what, "failed: %s", smelt_status_name(k->status));
+    else if (!k->correct) snprintf(what, sizeof what, "WRONG (rel err %.1e): left out", k->rel_err);
+    else snprintf(what, sizeof what, "%10.4f ms", (double)k->median_ms);
+    fprintf(stderr, "  %c %-44s split-K %2d  %s%s\n", i == r->winner ? '*' : ' ', k->kernel, k->split_k, what,
+            k->heuristic ? "  (heuristic)" : "");
+  }
+  const smelt_gemm_tune_candidate *w = &r->cand[r->winner], *h = &r->cand[r->heuristic];
+  fprintf(stderr, "autotune: winner %s split-K %d, %.4f ms vs the heuristic's %.4f ms (%.2fx); record %s\n", w->kernel,
+          w->split_k, (double)w->median_ms, (double)h->median_ms,
+          w->median_ms > 0 ? (double)(h->median_ms / w->median_ms) : 0.0, r->record_path);
+  free(r);
+}
+
 /* ---------------------------------------------------------------- setup */
 
 static void *host_fill(smelt_dtype dt, size_t n, uint64_t seed, double lo, double hi) {
@@ -519,6 +551,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   st.td = cli_malloc(nv * sizeof *st.td);
   st.tbias = cli_malloc(nv * sizeof *st.tbias);
   bind(0);
+  if (opt_autotune) autotune(ctx);
   const smelt_tensor *tc = st.has_c ? st.tc : NULL, *tbias = st.has_bias ? st.tbias : NULL;
   if (st.grouped)
     CLI_TRY(smelt_gemm_grouped_plan(ctx, &st.desc, st.count, st.ta, st.tb, tc, st.td, tbias, &st.plan));

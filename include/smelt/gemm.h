@@ -193,6 +193,68 @@ SMELT_API smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc 
                                           const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
                                           const smelt_tensor *d, const smelt_tensor *bias);
 
+/* ---------------------------------------------------------------- autotuning */
+
+/* smelt_gemm_autotune times every kernel (and, where smelt may choose one,
+ * split-K slice count) that could serve the GEMM smelt_gemm_plan would make
+ * for these arguments, on the context's stream: each candidate is planned,
+ * run once and compared with the heuristic choice's output (relative L2
+ * within the output dtype's tolerance, NaN where it has NaN; a candidate
+ * that differs is never a winner), then run 3 times to warm up and 15 times
+ * between device events. The fastest correct one wins, and a record of it
+ * goes to the cache folder ($SMELT_CACHE_DIR/gemm-tune/, one small JSON
+ * file per key, written atomically). Later plans on any context look the
+ * record up first and take its kernel when it is valid for this device and
+ * this version of smelt and fits the operands; otherwise the heuristic.
+ *
+ * The record's key: device name, SM count and compute capability; the
+ * dtypes of A, B, C, D and bias; accumulator, math op and opclass; the
+ * layouts of A and B (row- or column-major); activation; mode and the asked
+ * split_k; the asked tile; and the shape class: M, N, K and the batch each
+ * rounded up to a power of two. Plain, split-K and batched GEMMs are tuned
+ * (2-D or 3-D operands, as smelt_gemm_plan takes them); array and grouped
+ * ones use the heuristic.
+ *
+ * The arguments are smelt_gemm_plan's. D is written many times and holds
+ * the GEMM's result on return; C is read; D must not be C (in place), since
+ * every run would then read the previous one's output. Needs a CUDA
+ * context. `out` (may be NULL) gets every candidate's times. When the
+ * record cannot be written (no usable cache folder, a full disk) the call
+ * returns SMELT_STATUS_CACHE_ERROR or IO_ERROR, with `out` filled all the
+ * same. A candidate must beat the heuristic by 2% to win, so timing noise
+ * alone never moves the choice.
+ *
+ * SMELT_GEMM_TUNE=off makes plans ignore the records (the heuristic
+ * always); tuning still runs and writes them. */
+#define SMELT_GEMM_TUNE_MAX_CANDIDATES 64
+
+enum {
+  SMELT_GEMM_TUNE_NO_RECORD = 1u << 0 /* time and report, but write no record */
+};
+
+typedef struct smelt_gemm_tune_candidate {
+  char kernel[96];     /* the kernel's module name ("gemm_sm80_bf16_RC_128x128x32_s4_w2x4") */
+  int split_k;         /* slices of K; 1 = none */
+  int heuristic;       /* 1 for what planning picks without a record */
+  smelt_status status; /* SMELT_OK, or why it could not be planned or run */
+  int correct;         /* its output matched the heuristic choice's */
+  double rel_err;      /* ||D - D_heuristic|| / ||D_heuristic|| (relative L2, f64) */
+  float median_ms;     /* median of the timed runs; 0 when not timed */
+} smelt_gemm_tune_candidate;
+
+typedef struct smelt_gemm_tune_result {
+  int count;             /* candidates (at most SMELT_GEMM_TUNE_MAX_CANDIDATES) */
+  int winner;            /* index of the fastest correct candidate */
+  int heuristic;         /* index of the heuristic's choice */
+  int recorded;          /* 1 when the record was written */
+  char record_path[512]; /* where the record is (or would be); "" without a cache folder */
+  smelt_gemm_tune_candidate cand[SMELT_GEMM_TUNE_MAX_CANDIDATES];
+} smelt_gemm_tune_result;
+
+SMELT_API smelt_status smelt_gemm_autotune(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                           const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                           const smelt_tensor *bias, unsigned flags, smelt_gemm_tune_result *out);
+
 #ifdef __cplusplus
 }
 #endif

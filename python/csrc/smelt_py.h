@@ -118,7 +118,7 @@ PyObject *smpy_tensor_new(smpy_ctx *c, void *stream, smelt_dtype dt, int ndim, c
 
 /* ---- DLPack consumption (dlpack_in.c) */
 
-#define SMPY_MAX_ARGS 12
+#define SMPY_MAX_ARGS 32
 
 typedef struct smpy_arg {
   smelt_tensor t;
@@ -159,6 +159,7 @@ PyObject *smpy_dlpack_stream_int(void *stream);
 
 /* ---- ops (ops.c) */
 extern PyMethodDef smpy_op_methods[];
+extern PyMethodDef smpy_peer_methods[]; /* peer.c */
 int smpy_ops_init(PyObject *module);
 
 #if defined(__GNUC__)

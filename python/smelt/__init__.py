@@ -50,7 +50,7 @@ __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
     "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
-    "default_context", "empty", "gemm", "info", "softmax", "topk",
+    "default_context", "empty", "gemm", "info", "peer", "peer_backward", "peer_retrieve", "softmax", "topk",
 ]
 
 _c_activation = _C.activation
@@ -59,6 +59,7 @@ _c_topk = _C.topk
 _c_gemm = _C.gemm
 _c_attention = _C.attention
 _c_attention_backward = _C.attention_backward
+_c_peer = _C.peer
 
 
 def _probe_torch():
@@ -266,6 +267,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns o, or (o, lse) when return_lse is true.
     """
     wl, wr = _window(window)
+    if _is_compiling():
+        return _torch_impl.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
+                                            out=out, lse=lse)
     want = bool(return_lse) or lse is not None
     if type(q).__module__ == "numpy":
         np = _sys.modules["numpy"]
@@ -300,6 +305,171 @@ def attention_backward(q, k, v, o, d_o, lse, *, causal=False, scale=None, window
     return _c_attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                                  0.0 if scale is None else float(scale), bool(causal), wl, wr, int(max_seqlen_q),
                                  int(max_seqlen_k), ctx, stream)
+
+
+# ---- PEER
+
+
+def _is_numpy(x):
+    return type(x).__module__ == "numpy"
+
+
+def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps):
+    """The smelt_peer_config of these tensors: every size comes from a shape."""
+    sub_keys = tuple(sub_keys)
+    p = len(sub_keys)
+    if not 2 <= p <= 4:
+        raise ArgumentError("smelt.peer: sub_keys has %d tables; product_key_dims must be 2..4" % p)
+    per_head = len(sub_keys[0].shape) == 3
+    query_dim = p * int(sub_keys[0].shape[-1])
+    heads = int(sub_keys[0].shape[0]) if per_head else int(wq.shape[1]) // max(query_dim, 1)
+    return {
+        "input_dim": int(x.shape[-1]), "output_dim": int(v.shape[-1]), "num_experts": int(u.shape[0]),
+        "num_experts_per_tok": int(k), "num_heads": heads, "expert_hidden_size": int(u.shape[-1]),
+        "query_dim": query_dim, "product_key_dims": p,
+        "sub_key_sizes": [int(t.shape[-2]) for t in sub_keys], "activation": activation,
+        "query_norm": query_norm, "norm_eps": float(norm_eps), "l2_eps": float(l2_eps),
+        "key_l2_norm": bool(key_l2_norm), "per_head_keys": per_head, "gate": gate,
+    }
+
+
+def _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v):
+    sk = tuple(sub_keys) + (None,) * (4 - len(sub_keys))
+    return (wq, bq, norm_weight, norm_bias, bn_mean, bn_var) + sk[:4] + (u, v)
+
+
+
+
+def _peer_outs_numpy(x, cfg, names):
+    np = _sys.modules["numpy"]
+    sel = (x.shape[0], cfg["num_heads"], cfg["num_experts_per_tok"])
+    made = {"y": lambda: np.empty((x.shape[0], cfg["output_dim"]), x.dtype),
+            "ids": lambda: np.empty(sel, np.int64), "scores": lambda: np.empty(sel, np.float32)}
+    return [made[n]() for n in names]
+
+
+def peer_retrieve(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
+                  bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False,
+                  gate="softmax", ids=None, scores=None, ctx=None, stream=None):
+    """PEER's retrieval alone: for each token and head, the k experts with
+    the largest product-key score (ties to the lower id), best first.
+    Arguments as smelt.peer.
+
+    Returns (ids [T, h, k] int64, scores [T, h, k] float32: the score sums
+    before gating).
+    """
+    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    if _is_numpy(x):
+        mi, ms = _peer_outs_numpy(x, cfg, ("ids", "scores"))
+        ids = mi if ids is None else ids
+        scores = ms if scores is None else scores
+    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    return _c_peer(0, cfg, x, w, (), (True if ids is None else ids, True if scores is None else scores), ctx, stream)
+
+
+def peer(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None, bn_var=None,
+         activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False, gate="softmax",
+         return_ids=False, out=None, ids=None, scores=None, ctx=None, stream=None):
+    """PEER (Mixture of A Million Experts): product-key retrieval of k
+    singleton experts per token and head, gated and summed.
+
+        y[t] = Σ_h Σ_{e ∈ top-k} g_e · act(x[t] · u[e]) · v[e]
+
+    Shapes:  x [T, d_in] (unit column stride); wq [d_in, h·dq]; bq [h·dq];
+             sub_keys: p = 2..4 tables [n_i, dq/p] (shared) or [h, n_i, dq/p]
+             (per head); u [N, d_in, h_e], v [N, h_e, d_out] with N = Π n_i;
+             norm_weight, norm_bias, bn_mean, bn_var [dq] or [h, dq].
+             Every size (h, dq, p, n_i, N, h_e, d_out) is read from the shapes.
+    Dtypes:  f32, f16, bf16 each (u and v alike), f64 too on the CPU; f32 math
+             on the GPU, f64 on the CPU reference.
+    k:       experts per token and head (num_experts_per_tok).
+    activation: 'gelu' (erf) or 'relu', inside each expert.
+    query_norm: 'none', 'layernorm' (norm_weight/norm_bias optional),
+             'batchnorm' (inference: bn_mean, bn_var required) or 'l2';
+             norm_eps for the first two, l2_eps the L2 floor.
+    key_l2_norm: L2-normalize sub-key rows before scoring.
+    gate:    'softmax' over a head's k scores, 'sigmoid' or 'relu' each.
+    out:     where to write y [T, d_out] (x's dtype when allocated).
+    return_ids: also return the selection (ids, scores), e.g. to keep ids
+             for peer_backward; ids=/scores= given also computes them.
+    Returns y, or (y, ids, scores) when return_ids is true.
+    """
+    if _is_compiling():
+        return _torch_impl.peer(x, wq, sub_keys, u, v, k=k, bq=bq, norm_weight=norm_weight, norm_bias=norm_bias,
+                                bn_mean=bn_mean, bn_var=bn_var, activation=activation, query_norm=query_norm,
+                                norm_eps=norm_eps, l2_eps=l2_eps, key_l2_norm=key_l2_norm, gate=gate,
+                                return_ids=return_ids, out=out, ids=ids, scores=scores)
+    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    want = bool(return_ids)
+    if _is_numpy(x):
+        my, mi, ms = _peer_outs_numpy(x, cfg, ("y", "ids", "scores"))
+        out = my if out is None else out
+        ids = mi if ids is None and want else ids
+        scores = ms if scores is None and want else scores
+    outs = (True if out is None else out, True if ids is None and want else ids,
+            True if scores is None and want else scores)
+    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    y, i, s = _c_peer(1, cfg, x, w, (), outs, ctx, stream)
+    return (y, i, s) if want else y
+
+
+_PEER_GRADS = ("dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "dsub_keys", "du", "dv")
+
+
+def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
+                  bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False,
+                  gate="softmax", needs=None, out=None, ctx=None, stream=None):
+    """Gradients of sum(y * dy) for PEER's forward with the experts in ids
+    (its ids output: scores and gates are recomputed, the selection is not
+    differentiated). Deterministic: every element is summed in a fixed order.
+    Arguments as smelt.peer, and:
+
+    ids:     [T, h, k] int64 from smelt.peer(..., return_ids=True).
+    dy:      [T, d_out], dL/dy.
+    needs:   which gradients to compute, among 'dx', 'dwq', 'dbq',
+             'dnorm_weight', 'dnorm_bias' (layernorm/batchnorm), 'dsub_keys',
+             'du', 'dv' (dense, like u and v); None = every one whose
+             parameter is given (bn_mean and bn_var are statistics: no gradient).
+    out:     dict of the same names to tensors to write (dsub_keys a list).
+    Returns a dict name -> gradient (dsub_keys a list, one per table).
+    """
+    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    sub_keys = tuple(sub_keys)
+    p = len(sub_keys)
+    affine = query_norm in ("layernorm", "batchnorm")
+    like = {"dx": x, "dwq": wq, "dbq": bq, "dnorm_weight": norm_weight if affine else None,
+            "dnorm_bias": norm_bias if affine else None, "dsub_keys": sub_keys, "du": u, "dv": v}
+    if needs is None:
+        needs = [n for n in _PEER_GRADS if like[n] is not None]
+    out = dict(out or {})
+    for n in list(needs) + list(out):
+        if n not in like:
+            raise ArgumentError("smelt.peer_backward: no gradient named %r (known: %s)" % (n, ", ".join(_PEER_GRADS)))
+    npy = _is_numpy(x)
+    np = _sys.modules["numpy"] if npy else None
+
+    def slot(name, param, given):
+        if given is not None:
+            return given
+        if name not in needs:
+            return None
+        if param is None:
+            raise ArgumentError("smelt.peer_backward: %s is asked for but its parameter is absent" % name)
+        return np.empty(param.shape, param.dtype) if npy else True
+
+    flat = [slot(n, like[n], out.get(n)) for n in _PEER_GRADS[:5]]
+    given_sk = list(out.get("dsub_keys") or [None] * p)
+    flat += [slot("dsub_keys", sub_keys[i], given_sk[i]) for i in range(p)] + [None] * (4 - p)
+    flat += [slot(n, like[n], out.get(n)) for n in ("du", "dv")]
+    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    r = _c_peer(2, cfg, x, w, (ids, dy), tuple(flat), ctx, stream)
+    grads = {n: r[i] for i, n in enumerate(_PEER_GRADS[:5]) if r[i] is not None}
+    if r[5] is not None:
+        grads["dsub_keys"] = list(r[5:5 + p])
+    for i, n in ((9, "du"), (10, "dv")):
+        if r[i] is not None:
+            grads[n] = r[i]
+    return grads
 
 
 def __getattr__(name):

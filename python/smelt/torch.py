@@ -13,6 +13,21 @@ already imported, or on first use of a smelt op after torch is) registers:
                      int window_right) -> (Tensor o, Tensor lse)
     smelt::attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor lse, bool causal,
                               float? scale, int window_left, int window_right) -> (Tensor dq, Tensor dk, Tensor dv)
+    smelt::attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                            int max_seqlen_q, int max_seqlen_k, bool causal, float? scale, int window_left,
+                            int window_right) -> (Tensor o, Tensor lse)
+    smelt::attention_varlen_backward(q, k, v, o, d_o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, causal, scale, window_left, window_right) -> (dq, dk, dv)
+    smelt::peer(Tensor x, Tensor wq, Tensor? bq, Tensor? norm_weight, Tensor? norm_bias, Tensor? bn_mean,
+                Tensor? bn_var, Tensor sk0, Tensor sk1, Tensor? sk2, Tensor? sk3, Tensor u, Tensor v, int k,
+                str activation, str query_norm, float norm_eps, float l2_eps, bool key_l2_norm,
+                str gate) -> (Tensor y, Tensor ids, Tensor scores)
+    smelt::peer_backward(Tensor x, Tensor ids, Tensor dy, <the weights and options of smelt::peer>,
+                         bool[] needs) -> (dx, dwq, dbq, dnorm_weight, dnorm_bias, dsk0..3, du, dv)
+                         (empty tensors where needs is false)
+
+and the module smelt.torch.PEER, whose parameters train through smelt's
+PEER backward kernels.
 
 Each has a fake (meta) implementation, so torch.compile and torch.export
 trace it without graph breaks, and the functional ones have autograd
@@ -20,7 +35,8 @@ formulas written in torch ops (activation: act'(x); softmax: the usual
 y * (dy - sum(dy * y)) plus the logsumexp's gradient; topk: a scatter of the
 values' gradient; gemm: the matmul formulas through act'(pre-activation),
 recomputed with smelt; attention: smelt's own backward kernel, with the
-convention of FlashAttention that lse carries no gradient). The functional ops mutate nothing; activation_out declares
+convention of FlashAttention that lse carries no gradient; peer: smelt's
+PEER backward, the selection itself not differentiated). The functional ops mutate nothing; activation_out declares
 its one mutation. Kernels run on torch's current stream with no copies.
 
 The functions of this module mirror smelt.activation / softmax / topk and
@@ -36,7 +52,7 @@ import torch
 import smelt as _smelt
 from smelt import _smelt as _C
 
-__all__ = ["activation", "attention", "gemm", "softmax", "topk"]
+__all__ = ["PEER", "activation", "attention", "attention_varlen", "gemm", "peer", "softmax", "topk"]
 
 Tensor = torch.Tensor
 _ACTS = frozenset(_smelt.ACTIVATIONS)
@@ -313,6 +329,254 @@ def _attention_backward(ctx, do, dlse):
 
 _attention.register_autograd(_attention_backward, setup_context=_attention_setup)
 
+# ---- attention over packed sequences
+
+
+@torch.library.custom_op("smelt::attention_varlen", mutates_args=())
+def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                      max_seqlen_k: int, causal: bool, scale: Optional[float], window_left: int,
+                      window_right: int) -> tuple[Tensor, Tensor]:
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    _C.attention(q, k, v, o, lse, True, cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else scale, causal,
+                 window_left, window_right, max_seqlen_q, max_seqlen_k, None, None)
+    return o, lse
+
+
+@_attention_varlen.register_fake
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                           window_left, window_right):
+    torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
+                 lambda: "smelt.attention_varlen: q [Tq, H, D], k, v [Tk, Hk, D] must be 3-D")
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("smelt::attention_varlen_backward", mutates_args=())
+def _attention_varlen_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, d_o: Tensor, lse: Tensor,
+                                  cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                  causal: bool, scale: Optional[float], window_left: int,
+                                  window_right: int) -> tuple[Tensor, Tensor, Tensor]:
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    _C.attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                          0.0 if scale is None else scale, causal, window_left, window_right, max_seqlen_q,
+                          max_seqlen_k, None, None)
+    return dq, dk, dv
+
+
+@_attention_varlen_backward_op.register_fake
+def _attention_varlen_backward_fake(q, k, v, o, d_o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    causal, scale, window_left, window_right):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _attention_varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.params = (max_q, max_k, causal, scale, wl, wr)
+
+
+def _attention_varlen_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if do is None:  # only lse was used; lse carries no gradient (FlashAttention's convention)
+        do = torch.zeros_like(o)
+    do = do.contiguous()
+    dq, dk, dv = torch.ops.smelt.attention_varlen_backward(q, k, v, o, do, lse, cu_q, cu_k, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+_attention_varlen.register_autograd(_attention_varlen_backward, setup_context=_attention_varlen_setup)
+
+# ---- PEER
+
+
+def _sub_keys(sk0, sk1, sk2, sk3):
+    return tuple(t for t in (sk0, sk1, sk2, sk3) if t is not None)
+
+
+def _peer_heads(wq, sub_keys):
+    dq = len(sub_keys) * sub_keys[0].shape[-1]
+    return sub_keys[0].shape[0] if sub_keys[0].dim() == 3 else wq.shape[1] // dq
+
+
+@torch.library.custom_op("smelt::peer", mutates_args=())
+def _peer(x: Tensor, wq: Tensor, bq: Optional[Tensor], norm_weight: Optional[Tensor], norm_bias: Optional[Tensor],
+          bn_mean: Optional[Tensor], bn_var: Optional[Tensor], sk0: Tensor, sk1: Tensor, sk2: Optional[Tensor],
+          sk3: Optional[Tensor], u: Tensor, v: Tensor, k: int, activation: str, query_norm: str, norm_eps: float,
+          l2_eps: float, key_l2_norm: bool, gate: str) -> tuple[Tensor, Tensor, Tensor]:
+    sub_keys = _sub_keys(sk0, sk1, sk2, sk3)
+    cfg = _smelt._peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    sel = (x.shape[0], cfg["num_heads"], k)
+    y = x.new_empty((x.shape[0], v.shape[-1]))
+    ids = x.new_empty(sel, dtype=torch.int64)
+    scores = x.new_empty(sel, dtype=torch.float32)
+    w = _smelt._peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    _C.peer(1, cfg, x, w, (), (y, ids, scores), None, None)
+    return y, ids, scores
+
+
+@_peer.register_fake
+def _peer_fake(x, wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sk0, sk1, sk2, sk3, u, v, k, activation,
+               query_norm, norm_eps, l2_eps, key_l2_norm, gate):
+    torch._check(x.dim() == 2, lambda: "smelt.peer: x must be 2-D [T, input_dim]")
+    sel = (x.shape[0], _peer_heads(wq, _sub_keys(sk0, sk1, sk2, sk3)), k)
+    return (x.new_empty((x.shape[0], v.shape[-1])), x.new_empty(sel, dtype=torch.int64),
+            x.new_empty(sel, dtype=torch.float32))
+
+
+# Gradient order of smelt::peer_backward and the smelt::peer input each belongs to.
+_PEER_GRAD_INPUTS = (0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12)
+
+
+@torch.library.custom_op("smelt::peer_backward", mutates_args=())
+def _peer_backward_op(x: Tensor, ids: Tensor, dy: Tensor, wq: Tensor, bq: Optional[Tensor],
+                      norm_weight: Optional[Tensor], norm_bias: Optional[Tensor], bn_mean: Optional[Tensor],
+                      bn_var: Optional[Tensor], sk0: Tensor, sk1: Tensor, sk2: Optional[Tensor], sk3: Optional[Tensor],
+                      u: Tensor, v: Tensor, k: int, activation: str, query_norm: str, norm_eps: float, l2_eps: float,
+                      key_l2_norm: bool, gate: str, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                               Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                               Tensor]:
+    sub_keys = _sub_keys(sk0, sk1, sk2, sk3)
+    cfg = _smelt._peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    like = (x, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v)
+    outs = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None else None
+                 for t, need in zip(like, needs))
+    w = _smelt._peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    _C.peer(2, cfg, x, w, (ids, dy), outs, None, None)
+    return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+
+@_peer_backward_op.register_fake
+def _peer_backward_fake(x, ids, dy, wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sk0, sk1, sk2, sk3, u, v, k,
+                        activation, query_norm, norm_eps, l2_eps, key_l2_norm, gate, needs):
+    like = (x, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v)
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None
+                 else x.new_empty(0) for t, need in zip(like, needs))
+
+
+def _peer_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:13], output[1])
+    ctx.params = tuple(inputs[13:])
+
+
+def _peer_backward(ctx, dy, dids, dscores):
+    *saved, ids = ctx.saved_tensors
+    x, wq, bq, nw, nb, bm, bv, sk0, sk1, sk2, sk3, u, v = saved
+    needs = [bool(ctx.needs_input_grad[i]) and saved[i] is not None for i in _PEER_GRAD_INPUTS]
+    grads = [None] * 20
+    if not any(needs):
+        return tuple(grads)
+    dy = torch.zeros((x.shape[0], v.shape[-1]), dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
+    got = torch.ops.smelt.peer_backward(x, ids, dy, wq, bq, nw, nb, bm, bv, sk0, sk1, sk2, sk3, u, v, *ctx.params,
+                                        needs)
+    for j, i in enumerate(_PEER_GRAD_INPUTS):
+        if needs[j]:
+            grads[i] = got[j]
+    return tuple(grads)
+
+
+_peer.register_autograd(_peer_backward, setup_context=_peer_setup)
+
+
+class PEER(torch.nn.Module):
+    """A PEER layer (He 2024, "Mixture of A Million Experts") on smelt's
+    fused kernels: y = Σ_h Σ_{e ∈ top-k} g_e · act(x · u[e]) · v[e], with the
+    experts of each head retrieved by product keys.
+
+    Parameters (all trained through smelt's backward):
+        wq [input_dim, num_heads · query_dim], bq [num_heads · query_dim] (query_bias)
+        sub_keys[i] [n_i, query_dim / p], or [num_heads, n_i, query_dim / p] with per_head_keys
+        u [num_experts, input_dim, expert_hidden_size], v [num_experts, expert_hidden_size, output_dim]
+        norm_weight, norm_bias [query_dim] (query_norm 'layernorm' or 'batchnorm')
+    Buffers: bn_mean, bn_var [query_dim] (query_norm 'batchnorm': inference-
+    style normalization with these running statistics, which the layer does
+    not update).
+
+    sub_key_sizes defaults to num_experts^(1/p) each (a whole number). x is
+    [..., input_dim]; the result [..., output_dim] has x's dtype. u and v
+    get dense gradients (rows of unused experts are zero).
+    """
+
+    def __init__(self, input_dim, output_dim, num_experts, num_experts_per_tok=16, num_heads=8,
+                 expert_hidden_size=1, query_dim=256, product_key_dims=2, sub_key_sizes=None, activation="gelu",
+                 query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False, per_head_keys=False,
+                 gate="softmax", query_bias=True, device=None, dtype=None):
+        super().__init__()
+        p = int(product_key_dims)
+        if not 2 <= p <= 4 or query_dim % p:
+            raise ValueError("smelt.torch.PEER: product_key_dims=%r must be 2..4 and divide query_dim=%r"
+                             % (product_key_dims, query_dim))
+        if sub_key_sizes is None:
+            n = round(num_experts ** (1.0 / p))
+            if n ** p != num_experts:
+                raise ValueError("smelt.torch.PEER: num_experts=%d is not a whole number to the power %d; give "
+                                 "sub_key_sizes" % (num_experts, p))
+            sub_key_sizes = [n] * p
+        if len(sub_key_sizes) != p or math.prod(sub_key_sizes) != num_experts:
+            raise ValueError("smelt.torch.PEER: sub_key_sizes=%r must be %d sizes whose product is num_experts=%d"
+                             % (sub_key_sizes, p, num_experts))
+        if query_norm not in ("none", "layernorm", "batchnorm", "l2"):
+            raise ValueError("smelt.torch.PEER: query_norm=%r is not 'none', 'layernorm', 'batchnorm' or 'l2'"
+                             % (query_norm,))
+        f = {"device": device, "dtype": dtype}
+        self.input_dim, self.output_dim, self.num_experts = input_dim, output_dim, num_experts
+        self.k, self.num_heads, self.query_dim = num_experts_per_tok, num_heads, query_dim
+        self.activation, self.query_norm, self.gate = activation, query_norm, gate
+        self.norm_eps, self.l2_eps, self.key_l2_norm = float(norm_eps), float(l2_eps), bool(key_l2_norm)
+        self.wq = torch.nn.Parameter(torch.empty(input_dim, num_heads * query_dim, **f))
+        self.bq = torch.nn.Parameter(torch.empty(num_heads * query_dim, **f)) if query_bias else None
+        lead = (num_heads,) if per_head_keys else ()
+        self.sub_keys = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.empty(*lead, n, query_dim // p, **f)) for n in sub_key_sizes])
+        self.u = torch.nn.Parameter(torch.empty(num_experts, input_dim, expert_hidden_size, **f))
+        self.v = torch.nn.Parameter(torch.empty(num_experts, expert_hidden_size, output_dim, **f))
+        affine = query_norm in ("layernorm", "batchnorm")
+        self.norm_weight = torch.nn.Parameter(torch.empty(query_dim, **f)) if affine else None
+        self.norm_bias = torch.nn.Parameter(torch.empty(query_dim, **f)) if affine else None
+        if query_norm == "batchnorm":
+            self.register_buffer("bn_mean", torch.zeros(query_dim, **f))
+            self.register_buffer("bn_var", torch.ones(query_dim, **f))
+        else:
+            self.bn_mean = self.bn_var = None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """wq and bq as torch.nn.Linear initializes them; sub-keys N(0, 1);
+        u ~ N(0, 1/input_dim) and v ~ N(0, 1/expert_hidden_size), so an
+        expert's output starts at unit scale; norm affine 1 and 0."""
+        bound = 1.0 / math.sqrt(self.input_dim)
+        torch.nn.init.uniform_(self.wq, -bound, bound)
+        if self.bq is not None:
+            torch.nn.init.uniform_(self.bq, -bound, bound)
+        for t in self.sub_keys:
+            torch.nn.init.normal_(t)
+        torch.nn.init.normal_(self.u, std=1.0 / math.sqrt(self.input_dim))
+        torch.nn.init.normal_(self.v, std=1.0 / math.sqrt(self.u.shape[-1]))
+        if self.norm_weight is not None:
+            torch.nn.init.ones_(self.norm_weight)
+            torch.nn.init.zeros_(self.norm_bias)
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        sk = list(self.sub_keys) + [None] * (4 - len(self.sub_keys))
+        y, _, _ = torch.ops.smelt.peer(x.reshape(-1, x.shape[-1]), self.wq, self.bq, self.norm_weight,
+                                       self.norm_bias, self.bn_mean, self.bn_var, sk[0], sk[1], sk[2], sk[3], self.u,
+                                       self.v, self.k, self.activation, self.query_norm, self.norm_eps, self.l2_eps,
+                                       self.key_l2_norm, self.gate)
+        return y.reshape(*lead, y.shape[-1])
+
+    def extra_repr(self):
+        return ("input_dim=%d, output_dim=%d, num_experts=%d, k=%d, heads=%d, query_dim=%d, p=%d, activation=%s, "
+                "query_norm=%s, gate=%s" % (self.input_dim, self.output_dim, self.num_experts, self.k,
+                                            self.num_heads, self.query_dim, len(self.sub_keys), self.activation,
+                                            self.query_norm, self.gate))
+
+
 # ---- the Python-facing functions (what smelt.* routes to under torch.compile)
 
 
@@ -376,6 +640,39 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=Fal
         lse.copy_(l)
         l = lse
     return (o, l) if return_lse else o
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
+                     window=(-1, -1), return_lse=False, out=None, lse=None):
+    """torch.ops.smelt.attention_varlen (differentiable in q, k, v); out/lse
+    are filled by copy. See smelt.attention_varlen."""
+    o, l = torch.ops.smelt.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                            int(max_seqlen_k), bool(causal), None if scale is None else float(scale),
+                                            int(window[0]), int(window[1]))
+    if out is not None:
+        out.copy_(o)
+        o = out
+    if lse is not None:
+        lse.copy_(l)
+        l = lse
+    return (o, l) if return_lse else o
+
+
+def peer(x, wq, sub_keys, u, v, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None, bn_var=None,
+         activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False, gate="softmax",
+         return_ids=False, out=None, ids=None, scores=None):
+    """torch.ops.smelt.peer (differentiable in x and every parameter; ids
+    and scores carry no gradient); out/ids/scores are filled by copy. See
+    smelt.peer."""
+    sk = list(sub_keys) + [None] * (4 - len(sub_keys))
+    y, i, s = torch.ops.smelt.peer(x, wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sk[0], sk[1], sk[2], sk[3], u,
+                                   v, int(k), activation, query_norm, float(norm_eps), float(l2_eps),
+                                   bool(key_l2_norm), gate)
+    for given, got in ((out, y), (ids, i), (scores, s)):
+        if given is not None:
+            given.copy_(got)
+    y = y if out is None else out
+    return (y, i if ids is None else ids, s if scores is None else scores) if return_ids else y
 
 
 # Route smelt.* through these ops while torch.compile traces.

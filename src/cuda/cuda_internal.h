@@ -178,6 +178,11 @@ void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[6
  * and store. *cached = 1 on a disk hit. Caller frees *cubin. */
 smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, void **cubin,
                               size_t *size, int *cached, double *seconds);
+/* Writes head then body to `path` in `dir` so readers see all or nothing: a
+ * temp file in dir (named after `tag`), fsync, rename. Returns 0, or -1 with
+ * errno set. The kernel cache and the GEMM tuning records write through it. */
+int smelt__cache_write_atomic(const char *dir, const char *path, const char *tag, const void *head, size_t head_n,
+                              const void *body, size_t body_n);
 /* Process-wide counters. */
 void smelt__jit_stats(uint64_t *compiles, uint64_t *disk_hits, double *compile_seconds);
 

@@ -57,6 +57,12 @@ void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *a
  * kernel serves). `why` gets a short reason for the choice. */
 smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
                                 const smelt__gemm_kernel *table, int n, int *kernel, char *why, size_t why_n);
+/* Every main kernel the selector may pick for st on dev under the
+ * description's opclass and tile, in table order (the autotuner's
+ * candidates, src/cuda/gemm_tune.c): writes up to max table indices and
+ * returns the count. */
+int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
+                           const smelt__gemm_kernel *table, int n, int *out, int max);
 /* The reduction kernel for a main kernel's accumulator. */
 int smelt__gemm_reduce_kernel(const smelt__gemm_kernel *table, int n, smelt_gemm_acc acc);
 /* 1 if table kernel k can run the operands described by f. */

@@ -367,3 +367,21 @@ int smelt__gemm_reduce_kernel(const smelt__gemm_kernel *table, int n, smelt_gemm
     if (table[i].fam == SMELT__GK_REDUCE && table[i].acc == want) return i;
   return -1;
 }
+
+int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
+                           const smelt__gemm_kernel *table, int n, int *out, int max) {
+  const smelt_gemm_desc *d = &st->desc;
+  const int tensor_ok = d->math.opclass != SMELT_GEMM_OPCLASS_SIMT && tc_kind(st) && dev->cc_major >= 8;
+  const int hopper = dev->cc_major == 9 && dev->cc_minor == 0;
+  int count = 0;
+  for (int i = 0; i < n; i++) {
+    const smelt__gemm_kernel *k = &table[i];
+    if (k->fam == SMELT__GK_REDUCE || !smelt__gemm_fits(k, st, f) || !tile_ok(k, &d->tile)) continue;
+    if (k->fam == SMELT__GK_SIMT ? d->math.opclass == SMELT_GEMM_OPCLASS_TENSOR_OP
+                                 : !tensor_ok || (k->fam == SMELT__GK_SM90 && !hopper))
+      continue;
+    if (count < max) out[count] = i;
+    count++;
+  }
+  return count;
+}

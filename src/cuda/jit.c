@@ -165,15 +165,25 @@ static int write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-static void write_entry(const char *dir, const char *path, const char *key, const void *bin, size_t n) {
+int smelt__cache_write_atomic(const char *dir, const char *path, const char *tag, const void *head, size_t head_n,
+                              const void *body, size_t body_n) {
   static int counter;
-  char tmp[600];
-  snprintf(tmp, sizeof tmp, "%s/.%s.%d.%d.tmp", dir, key, (int)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+  char tmp[700];
+  snprintf(tmp, sizeof tmp, "%s/.%s.%d.%d.tmp", dir, tag, (int)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    warn_once("cannot write to kernel cache folder %s (%s); kernels stay in memory only", dir, strerror(errno));
-    return;
+  if (fd < 0) return -1;
+  int ok = write_all(fd, head, head_n) == 0 && write_all(fd, body, body_n) == 0 && fsync(fd) == 0;
+  ok = (close(fd) == 0) && ok;
+  if (!ok || rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    errno = e;
+    return -1;
   }
+  return 0;
+}
+
+static void write_entry(const char *dir, const char *path, const char *key, const void *bin, size_t n) {
   uint8_t head[HEADER_BYTES];
   memcpy(head, ENTRY_MAGIC, 8);
   memcpy(head + 8, key, 64);
@@ -182,12 +192,8 @@ static void write_entry(const char *dir, const char *path, const char *key, cons
   smelt__sha256_init(&h);
   smelt__sha256_update(&h, bin, n);
   smelt__sha256_final(&h, head + 80);
-  int ok = write_all(fd, head, sizeof head) == 0 && write_all(fd, bin, n) == 0 && fsync(fd) == 0;
-  ok = (close(fd) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
+  if (smelt__cache_write_atomic(dir, path, key, head, sizeof head, bin, n) != 0)
     warn_once("cannot write to kernel cache folder %s (%s); kernels stay in memory only", dir, strerror(errno));
-    unlink(tmp);
-  }
 }
 
 smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, void **cubin, size_t *size,

@@ -17,6 +17,7 @@
  * a group with other strides) takes the selector's choice for them instead,
  * loaded once and kept in the plan. */
 #include "gemm_cuda.h"
+#include "gemm_tune.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,13 +66,17 @@ smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *arg
   int ki;
   smelt_status s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
   if (s) return s;
+  /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and split. */
+  const int tuned_split = smelt__gemm_tune_choice(st, &f, dev, table, n, &ki, why, sizeof why);
   const smelt__gemm_kernel *k = &table[ki];
   const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   if (st->split_k == 0) {
     /* AUTO left it open (a plain GEMM may become a parallel split) or a
      * split mode asked us to choose. The persistent Hopper kernel fills the
      * GPU by itself. */
-    st->split_k = k->fam == SMELT__GK_SM90 ? 1 : choose_split(k, f.m, f.n, f.k, dev->sm_count);
+    st->split_k = tuned_split                  ? tuned_split
+                  : k->fam == SMELT__GK_SM90 ? 1
+                                             : choose_split(k, f.m, f.n, f.k, dev->sm_count);
     if (!split_mode && st->split_k > 1) st->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   }
   st->kernel = ki;
