@@ -341,16 +341,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     /* Pᵀ and dSᵀ rounded to the input type as A fragments (k16 steps over
      * queries); dSᵀ also to shared memory, row = key, for dQ. */
     const int krow = c * 64 + warp * 16 + g;
+    attn_pack_p(sp, pa, BM / 16);
+    attn_pack_p(dp, da, BM / 16);
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) {
-      pa[kk][0] = ATTN_PACK(sp[2 * kk][0], sp[2 * kk][1]);
-      pa[kk][1] = ATTN_PACK(sp[2 * kk][2], sp[2 * kk][3]);
-      pa[kk][2] = ATTN_PACK(sp[2 * kk + 1][0], sp[2 * kk + 1][1]);
-      pa[kk][3] = ATTN_PACK(sp[2 * kk + 1][2], sp[2 * kk + 1][3]);
-      da[kk][0] = ATTN_PACK(dp[2 * kk][0], dp[2 * kk][1]);
-      da[kk][1] = ATTN_PACK(dp[2 * kk][2], dp[2 * kk][3]);
-      da[kk][2] = ATTN_PACK(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      da[kk][3] = ATTN_PACK(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
       sts32(attn_sw(ds, 128, krow, 2 * kk) + 4 * t4, da[kk][0]);
       sts32(attn_sw(ds, 128, krow + 8, 2 * kk) + 4 * t4, da[kk][1]);
       sts32(attn_sw(ds, 128, krow, 2 * kk + 1) + 4 * t4, da[kk][2]);
