@@ -754,6 +754,41 @@ static void test_plan_reuse(void) {
   }
 }
 
+/* The Hopper backward (kernels/attn_bwd_sm90.cu: D 128 on cc 9.0, the
+ * atomic mode): the plan must name it, and its cases cut every edge of
+ * its tiles (128 keys, 64 queries): several of each, causal with Sq != Sk
+ * both ways (fully masked rows), GQA 2 and 8, a two-sided window with a
+ * negative scale, ragged ends, padded and head-major layouts, varlen with
+ * empty sequences. Deterministic mode (test_deterministic) stays on the
+ * mma.sync kernel and is compared with this one there. */
+static void test_values_hopper_bwd(void) {
+  smelt_ctx *ctx = th_cuda();
+  if (!ctx) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(ctx), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  static const acase cases[] = {
+      {2, 300, 300, 4, 2, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
+      {1, 130, 400, 2, 1, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_PADDED},
+      {1, 400, 130, 2, 2, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
+      {1, 257, 257, 8, 1, 128, 0, 70, 10, -0.15f, 0, NSEQ0, NSEQ0, LAY_PADDED},
+      {4, 0, 0, 4, 2, 128, 0, -1, -1, 0, 1, {1, 200, 0, 65}, {130, 129, 9, 0}, LAY_CONTIG},
+      {3, 0, 0, 2, 1, 128, 1, -1, -1, 0, 1, {64, 129, 300}, {64, 250, 300}, LAY_HEADMAJOR},
+  };
+  bwd_env e;
+  bwd_env_new(&e, ctx, SMELT_DTYPE_BF16, &cases[0]);
+  smelt_attention_desc d = desc_of(&e.c, &e.g);
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_attention_bwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.d_o, &e.lse, &e.dq, &e.dk, &e.dv, &plan));
+  if (plan && !strstr(smelt_plan_describe(plan), "attn_bwd_sm90"))
+    th_fail(__FILE__, __LINE__, "the D 128 backward on sm_90 took %s", smelt_plan_describe(plan));
+  smelt_plan_destroy(plan);
+  bwd_env_free(&e);
+  static const smelt_dtype dts[] = {SMELT_DTYPE_BF16, SMELT_DTYPE_F16};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 1);
+}
+
 /* Empty batches and sequences plan and run; no keys means O = 0, LSE = +inf,
  * dq = 0. */
 static void test_empty(void) {
@@ -1387,6 +1422,7 @@ const th_test th_tests_attention[] = {
     {"values_long", test_values_long},
     {"values_cpu_dtypes", test_values_cpu_dtypes},
     {"finite_differences", test_finite_differences},
+    {"values_hopper_bwd", test_values_hopper_bwd},
     {"deterministic", test_deterministic},
     {"plan_reuse", test_plan_reuse},
     {"empty", test_empty},

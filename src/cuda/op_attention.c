@@ -3,14 +3,17 @@
  * The table lists every kernel that exists: per dtype (f16, bf16) the
  * FlashAttention-2 forward (kernels/attn_fwd_sm80.cu) for head dims 64, 96,
  * 128, 256, the backward (kernels/attn_bwd_sm80.cu) for 64, 96, 128, its
- * pre/post kernels (kernels/attn_bwd_aux.cu), and the Hopper forward
- * (kernels/attn_fwd_sm90.cu) for 64 and 128. The variant enumerator walks
+ * pre/post kernels (kernels/attn_bwd_aux.cu), the Hopper forward
+ * (kernels/attn_fwd_sm90.cu) for 64 and 128 and the Hopper backward
+ * (kernels/attn_bwd_sm90.cu) for 128. The variant enumerator walks
  * the table and the selector only returns its entries, so what can be
  * picked is what the compile test builds.
  *
  * Selection: the Hopper kernel on sm_90 when the head dim has one and the
  * tensors suit TMA (the same 16-byte rules), else the mma.sync kernel; the
- * backward always takes the mma.sync kernels. Everything the kernels need
+ * backward likewise, except that its deterministic mode (which the
+ * context's flag may turn on after planning) always runs the mma.sync
+ * kernel: a Hopper backward plan loads both and run picks. Everything the kernels need
  * that the core does not check is checked here, with UNSUPPORTED and the
  * supported set: compute capability 8.0+, the head dim, 16-byte aligned
  * 16-bit tensors (pointers and strides), the grid's limits and the
@@ -19,8 +22,8 @@
  * Run: the forward is one launch, grid (query tiles, H, B). The backward
  * takes one workspace from the context's pool (dq's f32 accumulator, LSE ·
  * log2 e, rowsum(dO ∘ O), and in deterministic mode one counter per
- * (sequence, head, query tile)), then launches attn_bwd_pre, attn_bwd
- * (grid (key tiles, Hk, B)) and attn_bwd_dq, and frees the workspace in
+ * (sequence, head, query tile)), then launches attn_bwd_pre, attn_bwd or
+ * attn_bwd_sm90 (grid (key tiles, Hk, B)) and attn_bwd_dq, and frees the workspace in
  * stream order. */
 #include "../core/attention_internal.h"
 #include "cuda_internal.h"
@@ -57,7 +60,7 @@ _Static_assert(sizeof(smelt__attn_kparams) == 416, "smelt__attn_kparams must mat
 
 /* ---------------------------------------------------------------- the table */
 
-enum { AK_FWD80, AK_FWD90, AK_BWD80, AK_AUX };
+enum { AK_FWD80, AK_FWD90, AK_BWD80, AK_BWD90, AK_AUX };
 
 typedef struct attn_kernel {
   int fam;
@@ -69,7 +72,12 @@ typedef struct attn_kernel {
 } attn_kernel;
 
 #define MAX_KERNELS 32
-#define BWD_BM 64 /* queries per step of attn_bwd (BM in attn_bwd_sm80.cu) */
+#define BWD_BM 64 /* queries per step of attn_bwd and attn_bwd_sm90 (BM in both files) */
+#define BWD90_STAGES 2 /* STAGES in attn_bwd_sm90.cu */
+/* attn_bwd_sm90's dQ: 0 adds with red.global.add.v2.f32, 1 through TMA
+ * reduce-add (32 KiB more shared memory); both pass the GPU tests, neither
+ * is timed against the other yet (docs/PERF.md). */
+#define BWD90_DQ_TMA 0
 
 /* Shared memory as each kernel file lays it out. */
 static int row_bytes(int d) { return (d + 63) / 64 * 64 * 2; }
@@ -86,6 +94,13 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
       k.bm = BWD_BM;
       k.threads = 256;
       k.smem = 2 * bn * row_bytes(d) + 4 * BWD_BM * row_bytes(d) + bn * BWD_BM * 2 + 4 * BWD_BM * 4;
+      break;
+    case AK_BWD90: /* 1 KiB alignment slack, K, V (bn rows), stages of Q and dO (64 rows each), 2 x dSᵀ (bn x 64),
+                      stages of LSE and rowsum (64 f32 each), 1 + 2 x stages mbarriers */
+      k.bm = BWD_BM;
+      k.threads = 384;
+      k.smem = 1024 + 2 * bn * d * 2 + BWD90_STAGES * 2 * BWD_BM * d * 2 + 2 * bn * BWD_BM * 2 +
+               BWD90_STAGES * 2 * BWD_BM * 4 + 8 * (1 + 2 * BWD90_STAGES) + BWD90_DQ_TMA * BWD_BM * d * 4;
       break;
     default: k.threads = 256; break;
   }
@@ -118,6 +133,7 @@ static int table(attn_kernel *t) {
     add(t, &n, AK_BWD80, dt, 64, 128);
     add(t, &n, AK_BWD80, dt, 96, 128);
     add(t, &n, AK_BWD80, dt, 128, 128);
+    add(t, &n, AK_BWD90, dt, 128, 128);
     add(t, &n, AK_AUX, dt, 0, 0);
   }
   return n;
@@ -142,6 +158,10 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
       snprintf(src->name, sizeof src->name, "attn_bwd_sm80_%s_d%d_n%d", dt, k->d, k->bn);
       src->body = "attn_bwd_sm80.cu";
       break;
+    case AK_BWD90:
+      snprintf(src->name, sizeof src->name, "attn_bwd_sm90_%s_d%d_n%d", dt, k->d, k->bn);
+      src->body = "attn_bwd_sm90.cu";
+      break;
     default:
       snprintf(src->name, sizeof src->name, "attn_bwd_aux_%s", dt);
       src->body = "attn_bwd_aux.cu";
@@ -150,7 +170,8 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
   }
   smelt__prelude_define(src, "SMELT_DT", k->dt);
   smelt__prelude_define(src, "ATTN_D", k->d);
-  if (k->fam != AK_BWD80) smelt__prelude_define(src, "ATTN_BN", k->bn);
+  if (k->fam == AK_BWD90) smelt__prelude_define(src, "ATTN_DQ_TMA", BWD90_DQ_TMA);
+  if (k->fam != AK_BWD80 && k->fam != AK_BWD90) smelt__prelude_define(src, "ATTN_BN", k->bn);
 }
 
 int smelt__attention_variants(smelt__kernel_src *out, int max) {
@@ -201,9 +222,11 @@ static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d) {
 }
 
 /* Picks the kernels for st on dev: *main (forward or backward) and, for
- * the backward, *aux. `why` says what was chosen. */
+ * the backward, *aux and, when *main is the Hopper backward, *det (the
+ * mma.sync backward, for the deterministic mode; else -1). `why` says what
+ * was chosen. */
 static smelt_status select_kernels(const smelt__attn_state *st, const smelt_device_info *dev, const attn_kernel *t,
-                                   int n, int *main, int *aux, char *why, size_t why_n) {
+                                   int n, int *main, int *aux, int *det, char *why, size_t why_n) {
   const smelt_dtype dt = st->t[SMELT__ATT_Q].dtype;
   if (dev->cc_major < 8)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: the CUDA kernels need compute capability 8.0 or newer (device is %s)",
@@ -215,6 +238,7 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: B=%lld and H=%lld must be at most 65535 on CUDA (grid limits)",
                         st->op, (long long)st->B, (long long)st->H);
   *aux = -1;
+  *det = -1;
   int k = -1;
   if (st->bwd) {
     if (D <= 256) k = find(t, n, AK_BWD80, dt, (int)D);
@@ -222,7 +246,14 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
       return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: head dim D=%lld has no CUDA backward kernel (supported: 64, 96, 128)",
                           st->op, (long long)D);
     *aux = find(t, n, AK_AUX, dt, 0);
-    snprintf(why, why_n, "FlashAttention-2 backward, mma.sync");
+    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_BWD90, dt, (int)D) : -1;
+    if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
+      *det = k;
+      k = h;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized; deterministic: mma.sync");
+    } else {
+      snprintf(why, why_n, "FlashAttention-2 backward, mma.sync");
+    }
   } else {
     if (D <= 256) k = find(t, n, AK_FWD80, dt, (int)D);
     if (k < 0)
@@ -237,7 +268,7 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
       snprintf(why, why_n, "FlashAttention-2 forward, mma.sync");
     }
   }
-  if (t[k].smem > dev->smem_per_block_optin)
+  if (t[*det >= 0 ? *det : k].smem > dev->smem_per_block_optin)
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
                         "%s: the D=%lld kernel needs %d bytes of shared memory per block; %s offers %d", st->op,
                         (long long)D, t[k].smem, dev->name, dev->smem_per_block_optin);
@@ -245,21 +276,22 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
   return SMELT_OK;
 }
 
-enum { F_MAIN, F_PRE, F_DQ };
+enum { F_MAIN, F_PRE, F_DQ, F_DET };
 
 smelt_status smelt__cuda_attention_plan(smelt_plan *plan) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   attn_kernel t[MAX_KERNELS];
   const int n = table(t);
   char why[96];
-  int main = -1, aux = -1;
-  smelt_status s = select_kernels(st, &plan->ctx->cuda->info, t, n, &main, &aux, why, sizeof why);
+  int main = -1, aux = -1, det = -1;
+  smelt_status s = select_kernels(st, &plan->ctx->cuda->info, t, n, &main, &aux, &det, why, sizeof why);
   if (s) return s;
   const smelt_tensor *planned[SMELT__ATT_COUNT];
   for (int r = 0; r < SMELT__ATT_COUNT; r++) planned[r] = st->t[r].ndim >= 0 ? &st->t[r] : NULL;
   if ((s = check_pointers(st->op, planned))) return s;
   smelt__kernel_src src;
-  static const char *const entry[] = {[AK_FWD80] = "attn_fwd", [AK_FWD90] = "attn_fwd_sm90", [AK_BWD80] = "attn_bwd"};
+  static const char *const entry[] = {[AK_FWD80] = "attn_fwd", [AK_FWD90] = "attn_fwd_sm90", [AK_BWD80] = "attn_bwd",
+                                      [AK_BWD90] = "attn_bwd_sm90"};
   make_src(&t[main], &src);
   CUfunction f;
   if ((s = smelt__cuda_function(plan->ctx, &src, entry[t[main].fam], &f))) return s;
@@ -271,6 +303,12 @@ smelt_status smelt__cuda_attention_plan(smelt_plan *plan) {
     plan->func[F_PRE] = f;
     if ((s = smelt__cuda_function(plan->ctx, &asrc, "attn_bwd_dq", &f))) return s;
     plan->func[F_DQ] = f;
+  }
+  if (det >= 0) {
+    smelt__kernel_src dsrc;
+    make_src(&t[det], &dsrc);
+    if ((s = smelt__cuda_function(plan->ctx, &dsrc, entry[t[det].fam], &f))) return s;
+    plan->func[F_DET] = f;
   }
   plan->variant = main;
   plan->block = t[main].threads;
@@ -321,6 +359,29 @@ static smelt_status tensor_map(const smelt__attn_state *st, const smelt_tensor *
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* attn_bwd_sm90: tensor maps over Q and dO (boxes of 64 rows), K and V
+ * (boxes of bn rows), then the launch, grid (key tiles, Hk, B). */
+static smelt_status launch_bwd90(smelt_plan *plan, const smelt__attn_args *a, const attn_kernel *k,
+                                 smelt__attn_kparams *kp) {
+  const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
+  smelt__cu_tensor_map tq, tk, tv, tdo, tdq;
+  smelt_status s;
+  if ((s = tensor_map(st, a->t[SMELT__ATT_Q], k->bm, &tq)) || (s = tensor_map(st, a->t[SMELT__ATT_K], k->bn, &tk)) ||
+      (s = tensor_map(st, a->t[SMELT__ATT_V], k->bn, &tv)) || (s = tensor_map(st, a->t[SMELT__ATT_DO], k->bm, &tdo)))
+    return s;
+  /* dq_acc, f32 [rows_q][H][D]: boxes of 32 columns x 64 rows of one head, 128-byte swizzle. */
+  const uint64_t dims[3] = {(uint64_t)st->D, (uint64_t)st->H, (uint64_t)(st->rows_q > 0 ? st->rows_q : 1)};
+  const uint64_t strides[2] = {(uint64_t)st->D * 4, (uint64_t)st->H * (uint64_t)st->D * 4};
+  const unsigned box[3] = {32, 1, (unsigned)k->bm}, ones[3] = {1, 1, 1};
+  enum { TMA_F32 = 7, SWIZZLE_128B = 3, L2_256B = 3 };
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(&tdq, TMA_F32, 3, (void *)(uintptr_t)kp->dq_acc, dims, strides, box,
+                                                        ones, 0, SWIZZLE_128B, L2_256B, 0);
+  if (r) return smelt__cu_error(r, st->op, "cuTensorMapEncodeTiled");
+  void *p90[] = {&tq, &tk, &tv, &tdo, &tdq, kp};
+  return smelt__cuda_launch(plan->ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
+                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, p90);
+}
+
 static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   smelt_ctx *ctx = plan->ctx;
@@ -328,7 +389,7 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   if (s) return s;
   if (st->B == 0 || st->rows_q + st->rows_k == 0) return SMELT_OK;
   attn_kernel t[MAX_KERNELS];
-  table(t);
+  const int nt = table(t);
   const attn_kernel *k = &t[plan->variant];
 
   smelt__attn_kparams kp;
@@ -407,9 +468,17 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   const int64_t warps = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
   const unsigned aux_grid = (unsigned)(ceil_div(warps, 8) < cap ? ceil_div(warps, 8) : cap);
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
-  if (!s)
+  if (!s && k->fam == AK_BWD90 && det) {
+    /* The deterministic mode runs the mma.sync kernel the plan also loaded. */
+    const attn_kernel *k80 = &t[find(t, nt, AK_BWD80, k->dt, k->d)];
+    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DET], (unsigned)ceil_div(st->Sk, k80->bn),
+                           (unsigned)st->Hk, (unsigned)st->B, (unsigned)k80->threads, (unsigned)k80->smem, params);
+  } else if (!s && k->fam == AK_BWD90) {
+    s = launch_bwd90(plan, a, k, &kp);
+  } else if (!s) {
     s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, params);
+  }
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DQ], aux_grid, 1, 1, 256, 0, params);
   smelt_status s2 = smelt__cuda_free(ctx, ws);
   return s ? s : s2;
