@@ -25,6 +25,7 @@
  * Prelude: SMELT_WDT (expert weights dtype), SMELT_VEC (8 for 16-bit
  * weights, 4 for f32, or 1). */
 #include "peer_common.cuh"
+#include "smelt_mma.cuh"
 
 #if !defined(SMELT_WDT) || !defined(SMELT_VEC)
 #error "peer_expert.cu needs SMELT_WDT and SMELT_VEC"
@@ -151,68 +152,161 @@ static __device__ __forceinline__ void down(const peer_expert_params &P, const w
 
 static __device__ __forceinline__ i64 round4(i64 n) { return (n + 3) & ~(i64)3; }
 
+/* Rows of use j of a round. slot == NULL: the rows in memory (up[j],
+ * vp[j]; NULL for an invalid use); else the copies of the rows in the
+ * pipeline's shared-memory slot, use j at slot + j·row (U, then V at du). */
+static __device__ __forceinline__ const welem *use_u(const welem *const *up, i64 j, const welem *slot, i64 row) {
+  return slot ? (up[j] ? slot + j * row : 0) : up[j];
+}
+static __device__ __forceinline__ const welem *use_v(const welem *const *vp, i64 j, const welem *slot, i64 row,
+                                                    i64 du) {
+  return slot ? (vp[j] ? slot + j * row + du : 0) : vp[j];
+}
+
 /* ---------------------------------------------------------------- forward */
+
+/* One round of nu uses (pointers and gates from index 0 of up, vp, gs):
+ * as[j] = g act(x · U_e) per use (a warp each), then the up phase adds
+ * Σ_j as[j] V_e into the groups' partial rows ys. The caller synchronizes
+ * before (rows, x and the staged uses ready; the last round's readers of
+ * as done). */
+static __device__ void fwd_round(const peer_expert_params &P, i64 nu, const welem *const *up, const welem *const *vp,
+                                 const float *gs, const welem *slot, i64 row, i64 du, const float *xs, float *as,
+                                 float *ys) {
+  const i64 he = P.he, dout = P.dout;
+  const int G = P.groups_out, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = NT / G; /* threads per group */
+  const int grp = tid / per, lt = tid - grp * per;
+  const i64 nch = dout / VEC;
+  for (i64 j = warp; j < nu; j += NWARPS) {
+    const welem *ue = use_u(up, j, slot, row);
+    if (ue) down(P, ue, xs, as + j * he, gs[j], 1, lane);
+  }
+  __syncthreads();
+  float *yg = ys + grp * round4(dout);
+  for (i64 cc = lt; cc < nch; cc += per) {
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = yg[cc * VEC + e];
+    /* UP_BATCH uses at a time: their loads are issued before the FMAs */
+    for (i64 j0 = grp; j0 < nu; j0 += UP_BATCH * G) {
+      const welem *vb[UP_BATCH];
+#pragma unroll
+      for (int b = 0; b < UP_BATCH; b++) vb[b] = j0 + b * G < nu ? use_v(vp, j0 + b * G, slot, row, du) : 0;
+      for (i64 jj = 0; jj < he; jj++) {
+        float w[UP_BATCH][VEC];
+#pragma unroll
+        for (int b = 0; b < UP_BATCH; b++) {
+          if (vb[b]) load_vec(vb[b] + jj * dout + cc * VEC, w[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < UP_BATCH; b++) {
+          if (!vb[b]) continue;
+          const float a = as[(j0 + b * G) * he + jj];
+#pragma unroll
+          for (int e = 0; e < VEC; e++) acc[e] = fmaf(a, w[b][e], acc[e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) yg[cc * VEC + e] = acc[e];
+  }
+}
+
+/* y[t] = the groups' rows summed in group order. */
+static __device__ void fwd_store(const peer_expert_params &P, i64 t, const float *ys) {
+  __syncthreads();
+  for (i64 c = threadIdx.x; c < P.dout; c += NT) {
+    float s = 0.f;
+    for (int g = 0; g < P.groups_out; g++) s += ys[g * round4(P.dout) + c];
+    peer_st(P.y, t * P.y_rs + c, P.y_dt, s);
+  }
+}
 
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd(peer_expert_params P) {
   extern __shared__ __align__(16) float smem[];
   const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, dout = P.dout;
-  const int G = P.groups_out;
   float *xs = smem;                          /* [din] */
   float *ys = xs + round4(P.din);            /* [G][dout] */
-  float *as = ys + G * round4(dout);         /* [chunk][he]: g act(z) */
+  float *as = ys + P.groups_out * round4(dout); /* [chunk][he]: g act(z) */
   float *gs = as + round4(chunk * he);       /* [chunk] */
   const welem **up = (const welem **)(gs + round4(chunk)); /* [chunk]; every region is a multiple of 16 bytes */
   const welem **vp = up + chunk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   for (i64 i = tid; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
-  for (i64 i = tid; i < G * round4(dout); i += NT) ys[i] = 0.f;
-  const int per = NT / G; /* threads per group */
-  const int grp = tid / per, lt = tid - grp * per;
-  const i64 nch = dout / VEC;
+  for (i64 i = tid; i < P.groups_out * round4(dout); i += NT) ys[i] = 0.f;
   for (i64 u0 = 0; u0 < P.hk; u0 += chunk) {
     const i64 nu = P.hk - u0 < chunk ? P.hk - u0 : chunk;
     __syncthreads(); /* x is staged; the last round's readers of as, gs, up, vp are done */
     stage_uses(P, t, u0, nu, gs, up, vp);
     __syncthreads();
-    for (i64 j = warp; j < nu; j += NWARPS)
-      if (up[j]) down(P, up[j], xs, as + j * he, gs[j], 1, lane);
-    __syncthreads();
-    float *yg = ys + grp * round4(dout);
-    for (i64 cc = lt; cc < nch; cc += per) {
-      float acc[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; e++) acc[e] = yg[cc * VEC + e];
-      /* UP_BATCH uses at a time: their loads are issued before the FMAs */
-      for (i64 j0 = grp; j0 < nu; j0 += UP_BATCH * G) {
-        const welem *vb[UP_BATCH];
-#pragma unroll
-        for (int b = 0; b < UP_BATCH; b++) vb[b] = j0 + b * G < nu ? vp[j0 + b * G] : 0;
-        for (i64 jj = 0; jj < he; jj++) {
-          float w[UP_BATCH][VEC];
-#pragma unroll
-          for (int b = 0; b < UP_BATCH; b++) {
-            if (vb[b]) load_vec(vb[b] + jj * dout + cc * VEC, w[b]);
-          }
-#pragma unroll
-          for (int b = 0; b < UP_BATCH; b++) {
-            if (!vb[b]) continue;
-            const float a = as[(j0 + b * G) * he + jj];
-#pragma unroll
-            for (int e = 0; e < VEC; e++) acc[e] = fmaf(a, w[b][e], acc[e]);
-          }
-        }
+    fwd_round(P, nu, up, vp, gs, 0, 0, 0, xs, as, ys);
+  }
+  fwd_store(P, t, ys);
+}
+
+#if VEC > 1
+/* ---------------------------------------------------------------- pipelined variants */
+
+/* The pipelined kernels (peer_expert_fwd_pipe, peer_expert_bwd_pipe) read
+ * the same rows in the same order with the same arithmetic as the kernels
+ * above, but stream them into shared memory with cp.async: stages of
+ * P.stage_uses uses (U row, then V row, each use's pair contiguous), with
+ * PIPE_STAGES - 1 stages in flight while one is computed. The bytes in
+ * flight then no longer depend on registers or on how far a warp unrolls:
+ * 3 stages of up to 16 KiB per CTA, two CTAs per SM. All of a token's uses
+ * are staged once (gates and row pointers: 20 bytes per use). */
+#define PIPE_STAGES 4
+
+/* Copies of stage st's rows into slot st mod PIPE_STAGES, then a commit
+ * (an empty group past the last stage keeps every thread's group count in
+ * step with the stage index). */
+static __device__ __forceinline__ void pipe_issue(const peer_expert_params &P, i64 st, i64 nst, const welem *const *up,
+                                                  const welem *const *vp, welem *buf, i64 row, i64 du) {
+  if (st < nst) {
+    const i64 B = P.stage_uses, u0 = st * B, nb = P.hk - u0 < B ? P.hk - u0 : B;
+    welem *slot = buf + (st % PIPE_STAGES) * B * row;
+    for (i64 b = 0; b < nb; b++) {
+      const welem *u = up[u0 + b], *v = vp[u0 + b];
+      if (!u) continue;
+      const u32 dst = smem_u32(slot + b * row);
+      for (i64 r = threadIdx.x; r < row / VEC; r += NT) {
+        const welem *src = r * VEC < du ? u + r * VEC : v + (r * VEC - du);
+        cp_async16(dst + (u32)(r * 16), src, 16);
       }
-#pragma unroll
-      for (int e = 0; e < VEC; e++) yg[cc * VEC + e] = acc[e];
     }
   }
-  __syncthreads();
-  for (i64 c = tid; c < dout; c += NT) {
-    float s = 0.f;
-    for (int g = 0; g < G; g++) s += ys[g * round4(dout) + c];
-    peer_st(P.y, t * P.y_rs + c, P.y_dt, s);
-  }
+  cp_async_commit();
 }
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd_pipe(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, he = P.he, dout = P.dout, hk = P.hk, B = P.stage_uses;
+  const i64 du = P.din * he, row = du + he * dout;
+  welem *buf = (welem *)smem;                            /* [PIPE_STAGES][B][row]: whole 16-byte units */
+  float *xs = (float *)(buf + PIPE_STAGES * B * row);    /* [din] */
+  float *ys = xs + round4(P.din);                        /* [G][dout] */
+  float *as = ys + P.groups_out * round4(dout);          /* [B][he] */
+  float *gs = as + round4(B * he);                       /* [hk] */
+  const welem **up = (const welem **)(gs + round4(hk)); /* [hk] */
+  const welem **vp = up + hk;
+  const int tid = threadIdx.x;
+  for (i64 i = tid; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = tid; i < P.groups_out * round4(dout); i += NT) ys[i] = 0.f;
+  stage_uses(P, t, 0, hk, gs, up, vp);
+  __syncthreads();
+  const i64 nst = (hk + B - 1) / B;
+  for (int st = 0; st < PIPE_STAGES - 1; st++) pipe_issue(P, st, nst, up, vp, buf, row, du);
+  for (i64 st = 0; st < nst; st++) {
+    CP_ASYNC_WAIT(PIPE_STAGES - 2);
+    __syncthreads(); /* stage st landed; the last stage's readers of its slot and of as are done */
+    pipe_issue(P, st + PIPE_STAGES - 1, nst, up, vp, buf, row, du);
+    const i64 u0 = st * B, nb = hk - u0 < B ? hk - u0 : B;
+    fwd_round(P, nb, up + u0, vp + u0, gs + u0, buf + (st % PIPE_STAGES) * B * row, row, du, xs, as, ys);
+  }
+  fwd_store(P, t, ys);
+}
+#endif
 
 /* ---------------------------------------------------------------- backward */
 
@@ -245,101 +339,152 @@ static __device__ __forceinline__ void dx_wide(const welem *ue, i64 i0, const fl
   }
 }
 
-/* Per token: z (recomputed), da = dy · V_e[j], and for every use
+/* One round of the backward's nu uses (index 0 = use u0 of token t):
+ * per use (a warp) z (recomputed), da = dy · V_e[j], and
  *   ua = g act(z), udz = da g act'(z), dg = Σ_j da act(z)
- * to global memory (the expert-gradient and routing kernels read them),
- * and dx[t] = Σ_u Σ_j udz_j U_e[:, j] when P.dx is set. */
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_params P) {
-  extern __shared__ __align__(16) float smem[];
-  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, din = P.din, dout = P.dout;
-  const int G = P.groups_in;
-  float *xs = smem;                     /* [din] */
-  float *dys = xs + round4(din);        /* [dout] */
-  float *dxs = dys + round4(dout);      /* [G][din] */
-  float *zs = dxs + G * round4(din);    /* [chunk][he] */
-  float *dzs = zs + round4(chunk * he); /* [chunk][he] */
-  float *gs = dzs + round4(chunk * he); /* [chunk] */
-  const welem **up = (const welem **)(gs + round4(chunk));
-  const welem **vp = up + chunk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
-  for (i64 i = tid; i < dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
-  for (i64 i = tid; i < G * round4(din); i += NT) dxs[i] = 0.f;
+ * to global memory (the expert-gradient and routing kernels read them);
+ * then, when P.dx is set, the groups' partial rows dxs += Σ_j udz_j U_e[:, j].
+ * The caller synchronizes before, as for fwd_round. */
+static __device__ void bwd_round(const peer_expert_params &P, i64 t, i64 u0, i64 nu, const welem *const *up,
+                                 const welem *const *vp, const float *gs, const welem *slot, i64 row, i64 du,
+                                 const float *xs, const float *dys, float *zs, float *dzs, float *dxs) {
+  const i64 he = P.he, din = P.din, dout = P.dout;
+  const int G = P.groups_in, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int per = NT / G;
   const int grp = tid / per, lt = tid - grp * per;
   const i64 nin = din / VEC, nvo = dout / VEC;
+  for (i64 j = warp; j < nu; j += NWARPS) {
+    const i64 use = t * P.hk + u0 + j;
+    const welem *ue = use_u(up, j, slot, row);
+    if (!ue) {
+      for (i64 jj = lane; jj < he; jj += 32) {
+        dzs[j * he + jj] = 0.f;
+        ((float *)P.ua)[use * he + jj] = 0.f;
+        ((float *)P.udz)[use * he + jj] = 0.f;
+      }
+      if (lane == 0) ((float *)P.dg)[use] = 0.f;
+      continue;
+    }
+    down(P, ue, xs, zs + j * he, 0.f, 0, lane);
+    __syncwarp();
+    const welem *ve = use_v(vp, j, slot, row, du);
+    const float g = gs[j];
+    float dg = 0.f;
+    for (i64 jj = 0; jj < he; jj++) {
+      const welem *vr = ve + jj * dout;
+      float s = 0.f;
+#pragma unroll 4
+      for (i64 f = lane; f < nvo; f += 32) {
+        float w[VEC];
+        load_vec(vr + f * VEC, w);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) s = fmaf(dys[f * VEC + e], w[e], s);
+      }
+      const float da = smelt_warp_sum(s), z = zs[j * he + jj], av = peer_act(P.act, z);
+      const float dz = da * g * peer_act_grad(P.act, z);
+      dg = fmaf(da, av, dg);
+      if (lane == 0) {
+        dzs[j * he + jj] = dz;
+        ((float *)P.ua)[use * he + jj] = g * av;
+        ((float *)P.udz)[use * he + jj] = dz;
+      }
+    }
+    if (lane == 0) ((float *)P.dg)[use] = dg;
+  }
+  if (!P.dx) return;
+  __syncthreads();
+  float *dxg = dxs + grp * round4(din);
+  for (i64 ic = lt; ic < nin; ic += per) {
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = dxg[ic * VEC + e];
+    for (i64 j = grp; j < nu; j += G) {
+      const welem *ue = use_u(up, j, slot, row);
+      if (!ue) continue;
+      const float *dz = dzs + j * he;
+      if (he >= VEC) dx_wide(ue, ic * VEC, dz, acc, he);
+#if VEC >= 2
+      else if (he == 1) dx_small(ue, ic * VEC, dz, acc, 1);
+#endif
+#if VEC >= 4
+      else if (he == 2) dx_small(ue, ic * VEC, dz, acc, 2);
+#endif
+#if VEC >= 8
+      else if (he == 4) dx_small(ue, ic * VEC, dz, acc, 4);
+#endif
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) dxg[ic * VEC + e] = acc[e];
+  }
+}
+
+/* dx[t] = the groups' rows summed in group order (f32). */
+static __device__ void bwd_store(const peer_expert_params &P, i64 t, const float *dxs) {
+  if (!P.dx) return;
+  __syncthreads();
+  for (i64 i = threadIdx.x; i < P.din; i += NT) {
+    float s = 0.f;
+    for (int g = 0; g < P.groups_in; g++) s += dxs[g * round4(P.din) + i];
+    ((float *)P.dx)[t * P.din + i] = s;
+  }
+}
+
+/* Loads the token's x and dy into shared memory and zeroes the dx rows. */
+static __device__ void bwd_prologue(const peer_expert_params &P, i64 t, float *xs, float *dys, float *dxs) {
+  for (i64 i = threadIdx.x; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = threadIdx.x; i < P.dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
+  for (i64 i = threadIdx.x; i < P.groups_in * round4(P.din); i += NT) dxs[i] = 0.f;
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, din = P.din;
+  float *xs = smem;                          /* [din] */
+  float *dys = xs + round4(din);             /* [dout] */
+  float *dxs = dys + round4(P.dout);         /* [G][din] */
+  float *zs = dxs + P.groups_in * round4(din); /* [chunk][he] */
+  float *dzs = zs + round4(chunk * he);      /* [chunk][he] */
+  float *gs = dzs + round4(chunk * he);      /* [chunk] */
+  const welem **up = (const welem **)(gs + round4(chunk));
+  const welem **vp = up + chunk;
+  bwd_prologue(P, t, xs, dys, dxs);
   for (i64 u0 = 0; u0 < P.hk; u0 += chunk) {
     const i64 nu = P.hk - u0 < chunk ? P.hk - u0 : chunk;
     __syncthreads();
     stage_uses(P, t, u0, nu, gs, up, vp);
     __syncthreads();
-    for (i64 j = warp; j < nu; j += NWARPS) {
-      const i64 use = t * P.hk + u0 + j;
-      if (!up[j]) {
-        for (i64 jj = lane; jj < he; jj += 32) {
-          dzs[j * he + jj] = 0.f;
-          ((float *)P.ua)[use * he + jj] = 0.f;
-          ((float *)P.udz)[use * he + jj] = 0.f;
-        }
-        if (lane == 0) ((float *)P.dg)[use] = 0.f;
-        continue;
-      }
-      down(P, up[j], xs, zs + j * he, 0.f, 0, lane);
-      __syncwarp();
-      const float g = gs[j];
-      float dg = 0.f;
-      for (i64 jj = 0; jj < he; jj++) {
-        const welem *vr = vp[j] + jj * dout;
-        float s = 0.f;
-#pragma unroll 4
-        for (i64 f = lane; f < nvo; f += 32) {
-          float w[VEC];
-          load_vec(vr + f * VEC, w);
-#pragma unroll
-          for (int e = 0; e < VEC; e++) s = fmaf(dys[f * VEC + e], w[e], s);
-        }
-        const float da = smelt_warp_sum(s), z = zs[j * he + jj], av = peer_act(P.act, z);
-        const float dz = da * g * peer_act_grad(P.act, z);
-        dg = fmaf(da, av, dg);
-        if (lane == 0) {
-          dzs[j * he + jj] = dz;
-          ((float *)P.ua)[use * he + jj] = g * av;
-          ((float *)P.udz)[use * he + jj] = dz;
-        }
-      }
-      if (lane == 0) ((float *)P.dg)[use] = dg;
-    }
-    if (!P.dx) continue;
-    __syncthreads();
-    float *dxg = dxs + grp * round4(din);
-    for (i64 ic = lt; ic < nin; ic += per) {
-      float acc[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; e++) acc[e] = dxg[ic * VEC + e];
-      for (i64 j = grp; j < nu; j += G) {
-        const welem *ue = up[j];
-        if (!ue) continue;
-        const float *dz = dzs + j * he;
-        if (he >= VEC) dx_wide(ue, ic * VEC, dz, acc, he);
-#if VEC >= 2
-        else if (he == 1) dx_small(ue, ic * VEC, dz, acc, 1);
-#endif
-#if VEC >= 4
-        else if (he == 2) dx_small(ue, ic * VEC, dz, acc, 2);
-#endif
-#if VEC >= 8
-        else if (he == 4) dx_small(ue, ic * VEC, dz, acc, 4);
-#endif
-      }
-#pragma unroll
-      for (int e = 0; e < VEC; e++) dxg[ic * VEC + e] = acc[e];
-    }
+    bwd_round(P, t, u0, nu, up, vp, gs, 0, 0, 0, xs, dys, zs, dzs, dxs);
   }
-  if (!P.dx) return;
-  __syncthreads();
-  for (i64 i = tid; i < din; i += NT) {
-    float s = 0.f;
-    for (int g = 0; g < G; g++) s += dxs[g * round4(din) + i];
-    ((float *)P.dx)[t * din + i] = s;
-  }
+  bwd_store(P, t, dxs);
 }
+
+#if VEC > 1
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_pipe(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, he = P.he, din = P.din, hk = P.hk, B = P.stage_uses;
+  const i64 du = din * he, row = du + he * P.dout;
+  welem *buf = (welem *)smem;                         /* [PIPE_STAGES][B][row] */
+  float *xs = (float *)(buf + PIPE_STAGES * B * row); /* [din] */
+  float *dys = xs + round4(din);                      /* [dout] */
+  float *dxs = dys + round4(P.dout);                  /* [G][din] */
+  float *zs = dxs + P.groups_in * round4(din);        /* [B][he] */
+  float *dzs = zs + round4(B * he);                   /* [B][he] */
+  float *gs = dzs + round4(B * he);                   /* [hk] */
+  const welem **up = (const welem **)(gs + round4(hk));
+  const welem **vp = up + hk;
+  bwd_prologue(P, t, xs, dys, dxs);
+  stage_uses(P, t, 0, hk, gs, up, vp);
+  __syncthreads();
+  const i64 nst = (hk + B - 1) / B;
+  for (int st = 0; st < PIPE_STAGES - 1; st++) pipe_issue(P, st, nst, up, vp, buf, row, du);
+  for (i64 st = 0; st < nst; st++) {
+    CP_ASYNC_WAIT(PIPE_STAGES - 2);
+    __syncthreads();
+    pipe_issue(P, st + PIPE_STAGES - 1, nst, up, vp, buf, row, du);
+    const i64 u0 = st * B, nb = hk - u0 < B ? hk - u0 : B;
+    bwd_round(P, t, u0, nb, up + u0, vp + u0, gs + u0, buf + (st % PIPE_STAGES) * B * row, row, du, xs, dys, zs, dzs,
+              dxs);
+  }
+  bwd_store(P, t, dxs);
+}
+#endif

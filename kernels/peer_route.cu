@@ -9,30 +9,36 @@
  *   1. each warp normalizes 8 query rows in place in the f32 workspace the
  *      projection GEMM wrote (the rows belong to this CTA alone);
  *   2. per product-key dim i: the rows' slice of dq/p values goes to shared
- *      memory, then tiles of 64 sub-keys (L2-normalized on load when asked)
- *      are scored by a 4x4 register tile per thread (f32 FMA, a fixed
- *      summation order, so runs repeat bit for bit) into a 64x64 tile; each
- *      warp merges its 8 rows' scores into per-row top-k lists held in
- *      registers, lane j holding the j-th best (score, id) packed in a u64
- *      whose order is the ranking (score, then lower id): a candidate above
- *      the list's k-th entry is inserted with one ballot and one shuffle;
+ *      memory split into two bf16 parts (hi = bf16(q), lo = bf16(q - hi)),
+ *      then tiles of 64 sub-keys (L2-normalized on load when asked, split
+ *      the same way) are scored on tensor cores (mma.sync m16n8k16, f32
+ *      accumulators): hi·hi + lo·hi + hi·lo, which is q·k to ~2^-16
+ *      relative (the lo·lo term is below that) and exact whenever q and k
+ *      have at most 16 significant bits, as with the tests' exact data; the
+ *      hi·lo product is skipped for bf16 keys without L2 normalization
+ *      (their lo part is zero). The mma order is fixed, so runs repeat bit
+ *      for bit. Each warp then merges its 8 rows' scores of the 64x64 tile
+ *      into per-row top-k lists held in registers, lane j holding the j-th
+ *      best (score, id) packed in a u64 whose order is the ranking (score,
+ *      then lower id): a candidate above the list's k-th entry is inserted
+ *      with one ballot and one shuffle;
  *   3. the dim's list is combined with the running list of dims 0..i-1:
  *      all len x k sums, id = prefix * n_i + a, offered to a fresh list
  *      (smelt/peer.h explains why this pairwise top-k is exact);
  *   4. gates over each row's final k entries; ids, scores, gates written.
- * Shared memory: dsub x 68 floats each for the query slice and the key
- * tile, the 64x65 score tile, and the running lists (64 x 32 x 8 bytes).
+ * Shared memory: the hi and lo parts of the query slice and of the key
+ * tile (64 x DS bf16 each, DS = dsub rounded up to 16, plus 8 so that the
+ * fragment loads hit 32 distinct banks), the 64x65 score tile, and the
+ * running lists (64 x 32 x 8 bytes).
  *
- * The score tile is SIMT f32: exact enough that ids match the f64
- * reference except at genuine near-ties. A tensor-core score tile (bf16
- * hi/lo split of q) is the next step for the 1M-expert configuration,
- * where scoring is ~17 GFLOP per 4096 tokens. */
+ * 2·T·h·n·dq FLOP of scores (17 GFLOP for 4096 tokens, 8 heads, 1024²
+ * experts, dq 256) take ~0.5 ms on the SIMT f32 units and tens of
+ * microseconds on tensor cores, three products each included. */
 #include "peer_common.cuh"
+#include "smelt_mma.cuh"
 
 #define ROWS 64
 #define KT 64
-#define QS (ROWS + 4) /* row strides that keep float4 alignment and spread banks */
-#define KS (KT + 4)
 #define STS (KT + 1)
 #define NT 256
 #define NWARPS (NT / 32)
@@ -71,6 +77,19 @@ static __device__ void normalize_row(const peer_route_params &P, float *row, i64
     const float b = P.norm_b ? peer_ld(P.norm_b, po + c, P.param_dt) : 0.f;
     row[c] = (row[c] - peer_ld(P.bn_mean, po + c, P.param_dt)) * rs * w + b;
   }
+}
+
+/* v = hi + lo + O(2^-16 |v|), both bf16; lo = 0 for non-finite hi. */
+static __device__ __forceinline__ void split_bf16(float v, smelt_h16 *hi, smelt_h16 *lo) {
+  const smelt_h16 h = smelt_f32_to_bf16(v);
+  const float hv = smelt_bf16_to_f32(h);
+  *hi = h;
+  *lo = smelt_f32_to_bf16(isfinite(hv) ? v - hv : 0.f);
+}
+
+/* The 32-bit word of two bf16 at row r, column c (even) of a [.][DS] array. */
+static __device__ __forceinline__ u32 w32(const smelt_h16 *a, int ds, int r, int c) {
+  return *(const u32 *)&a[r * ds + c];
 }
 
 /* Inserts cand (warp-uniform, not in the list, above its k-th entry) into
@@ -114,15 +133,21 @@ static __device__ __forceinline__ float gate_of(int gate, float s, bool on) {
 extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
-  float *qs = smem;                    /* [dsub][QS]: this dim's query slice, rows contiguous */
-  float *ks = qs + dsub * QS;          /* [dsub][KS]: a tile of sub-keys, keys contiguous */
-  float *st = ks + dsub * KS;          /* [ROWS][STS]: the tile's scores */
-  float *lv = st + ROWS * STS;         /* [ROWS][PEER_MAX_K]: running list, scores */
-  u32 *li = (u32 *)(lv + ROWS * PEER_MAX_K); /* [ROWS][PEER_MAX_K]: running list, ids */
+  const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
+  float *st = smem;                           /* [ROWS][STS]: the tile's scores */
+  float *lv = st + ROWS * STS;                /* [ROWS][PEER_MAX_K]: running list, scores */
+  u32 *li = (u32 *)(lv + ROWS * PEER_MAX_K);  /* [ROWS][PEER_MAX_K]: running list, ids */
+  smelt_h16 *qh = (smelt_h16 *)(li + ROWS * PEER_MAX_K); /* [ROWS][DS]: this dim's query slice, hi part */
+  smelt_h16 *ql = qh + ROWS * DS;             /* lo part */
+  smelt_h16 *kh = ql + ROWS * DS;             /* [KT][DS]: a tile of sub-keys, hi part */
+  smelt_h16 *kl = kh + KT * DS;               /* lo part */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;     /* mma fragment coordinates */
+  const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32; /* the warp's 16 rows x 32 keys of the tile */
   const i64 t0 = (i64)blockIdx.x * ROWS, hh = blockIdx.y;
   const i64 hd = P.h * P.dq;
   const int k = (int)P.k;
+  const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
   float *q = (float *)P.q;
 
   for (int r = warp; r < ROWS; r += NWARPS)
@@ -132,55 +157,67 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P)
   for (int i = 0; i < P.p; i++) {
     const i64 ni = P.n[i];
     const int ki = (int)(ni < P.k ? ni : P.k);
-    __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qs are done */
-    for (i64 x = tid; x < ROWS * dsub; x += NT) {
-      const i64 r = x / dsub, d = x - r * dsub, t = t0 + r;
-      qs[d * QS + r] = t < P.T ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+    __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
+    for (i64 x = tid; x < ROWS * dpad; x += NT) {
+      const i64 r = x / dpad, d = x - r * dpad, t = t0 + r;
+      const float v = t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+      split_bf16(v, &qh[r * DS + d], &ql[r * DS + d]);
     }
     u64 list[RPW];
 #pragma unroll
     for (int j = 0; j < RPW; j++) list[j] = 0;
     const i64 kbase = hh * P.key_hs[i];
     for (i64 c0 = 0; c0 < ni; c0 += KT) {
-      __syncthreads(); /* the last tile's scores were merged (and qs is written) */
+      __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
       for (int c = warp; c < KT; c += NWARPS) {
         const i64 a = c0 + c;
-        if (a < ni) {
-          float ss = 0.f;
-          for (i64 d = lane; d < dsub; d += 32) {
-            const float v = peer_ld(P.keys[i], kbase + a * dsub + d, P.key_dt);
-            ks[d * KS + c] = v;
-            ss += v * v;
-          }
-          if (P.key_l2) {
-            const float s = 1.f / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps);
-            for (i64 d = lane; d < dsub; d += 32) ks[d * KS + c] *= s;
-          }
-        } else {
-          for (i64 d = lane; d < dsub; d += 32) ks[d * KS + c] = 0.f;
+        float v[PEER_MAX_DSUB / 32], ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+          const i64 d = lane + 32 * m;
+          v[m] = a < ni && d < dsub ? peer_ld(P.keys[i], kbase + a * dsub + d, P.key_dt) : 0.f;
+          ss += v[m] * v[m];
+        }
+        const float sc = P.key_l2 ? 1.f / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps) : 1.f;
+#pragma unroll
+        for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+          const int d = lane + 32 * m;
+          if (d < dpad) split_bf16(P.key_l2 ? v[m] * sc : v[m], &kh[c * DS + d], &kl[c * DS + d]);
         }
       }
       __syncthreads();
       {
-        const int rg = tid >> 4, cg = tid & 15;
         float acc[4][4];
 #pragma unroll
-        for (int a = 0; a < 4; a++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-          for (int b = 0; b < 4; b++) acc[a][b] = 0.f;
-        for (i64 d = 0; d < dsub; d++) {
-          const float4 qa = *(const float4 *)&qs[d * QS + rg * 4];
-          const float4 kb = *(const float4 *)&ks[d * KS + cg * 4];
-          const float av[4] = {qa.x, qa.y, qa.z, qa.w}, bv[4] = {kb.x, kb.y, kb.z, kb.w};
+          for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+        for (int k0 = 0; k0 < dpad; k0 += 16) {
+          const int ca = k0 + 2 * tq;
+          const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
+                             w32(qh, DS, rm + g + 8, ca + 8)};
+          const u32 al[4] = {w32(ql, DS, rm + g, ca), w32(ql, DS, rm + g + 8, ca), w32(ql, DS, rm + g, ca + 8),
+                             w32(ql, DS, rm + g + 8, ca + 8)};
 #pragma unroll
-          for (int a = 0; a < 4; a++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) acc[a][b] = fmaf(av[a], bv[b], acc[a][b]);
+          for (int nt = 0; nt < 4; nt++) {
+            const int key = cn + nt * 8 + g;
+            const u32 bh[2] = {w32(kh, DS, key, ca), w32(kh, DS, key, ca + 8)};
+            mma_16816_bf16(acc[nt], ah, bh);
+            mma_16816_bf16(acc[nt], al, bh);
+            if (key_lo) {
+              const u32 bl[2] = {w32(kl, DS, key, ca), w32(kl, DS, key, ca + 8)};
+              mma_16816_bf16(acc[nt], ah, bl);
+            }
+          }
         }
 #pragma unroll
-        for (int a = 0; a < 4; a++)
-#pragma unroll
-          for (int b = 0; b < 4; b++) st[(rg * 4 + a) * STS + cg * 4 + b] = acc[a][b];
+        for (int nt = 0; nt < 4; nt++) {
+          const int col = cn + nt * 8 + 2 * tq;
+          st[(rm + g) * STS + col] = acc[nt][0];
+          st[(rm + g) * STS + col + 1] = acc[nt][1];
+          st[(rm + g + 8) * STS + col] = acc[nt][2];
+          st[(rm + g + 8) * STS + col + 1] = acc[nt][3];
+        }
       }
       __syncthreads();
 #pragma unroll
@@ -298,6 +335,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_rescore(peer_route_para
   }
 }
 
+/* d q at flat index i: f32 for the column sums, and rounded to the GEMMs'
+ * 16-bit operand dtype when asked (the dx and dWq GEMMs then run on tensor
+ * cores instead of mixing f32 with 16-bit operands on the SIMT path). */
+static __device__ __forceinline__ void put_dq(const peer_route_params &P, i64 i, float v) {
+  ((float *)P.dqo)[i] = v;
+  if (P.dq16) peer_st(P.dq16, i, P.dq16_dt, v);
+}
+
 /* d gate -> d score (P.ds), -> d normalized query -> d query (P.dq), plus
  * the per-row terms of the norm parameters' gradients. A warp per row;
  * shared memory per warp: dqn [dq], digits [32][4] and key scales [32][4]. */
@@ -358,12 +403,12 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
   /* through the query normalization */
   const float *q = (const float *)P.q + t * P.h * dq + hh * dq;
   const float *qn = (const float *)P.qn + row * dq;
-  float *dqo = (float *)P.dqo + t * P.h * dq + hh * dq;
+  const i64 qo = t * P.h * dq + hh * dq;
   float *pg = P.pgamma ? (float *)P.pgamma + row * dq : 0;
   float *pb = P.pbeta ? (float *)P.pbeta + row * dq : 0;
   const i64 po = hh * P.param_hs;
   if (P.norm == NORM_NONE) {
-    for (i64 c = lane; c < dq; c += 32) dqo[c] = dqn[c];
+    for (i64 c = lane; c < dq; c += 32) put_dq(P, qo + c, dqn[c]);
   } else if (P.norm == NORM_L2) {
     float ss = 0.f, dot = 0.f;
     for (i64 c = lane; c < dq; c += 32) {
@@ -372,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
     }
     const float nrm = sqrtf(smelt_warp_sum(ss));
     dot = smelt_warp_sum(dot);
-    for (i64 c = lane; c < dq; c += 32) dqo[c] = nrm > P.l2_eps ? (dqn[c] - qn[c] * dot) / nrm : dqn[c] / P.l2_eps;
+    for (i64 c = lane; c < dq; c += 32) put_dq(P, qo + c, nrm > P.l2_eps ? (dqn[c] - qn[c] * dot) / nrm : dqn[c] / P.l2_eps);
   } else if (P.norm == NORM_LAYERNORM) {
     float m = 0.f, v = 0.f;
     for (i64 c = lane; c < dq; c += 32) m += q[c];
@@ -389,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
     m2 = smelt_warp_sum(m2) / (float)dq;
     for (i64 c = lane; c < dq; c += 32) {
       const float xh = (q[c] - m) * rstd, w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
-      dqo[c] = rstd * (dqn[c] * w - m1 - xh * m2);
+      put_dq(P, qo + c, rstd * (dqn[c] * w - m1 - xh * m2));
       if (pg) pg[c] = dqn[c] * xh;
       if (pb) pb[c] = dqn[c];
     }
@@ -398,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
       const float rs = rsqrtf(peer_ld(P.bn_var, po + c, P.param_dt) + P.norm_eps);
       const float xh = (q[c] - peer_ld(P.bn_mean, po + c, P.param_dt)) * rs;
       const float w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
-      dqo[c] = dqn[c] * w * rs;
+      put_dq(P, qo + c, dqn[c] * w * rs);
       if (pg) pg[c] = dqn[c] * xh;
       if (pb) pb[c] = dqn[c];
     }

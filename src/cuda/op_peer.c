@@ -98,11 +98,13 @@ smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *d
 
 /* ---------------------------------------------------------------- plan state */
 
-/* An expert-kernel variant with its launch shape. */
+/* An expert-kernel variant with its launch shape: the pipelined kernels
+ * when a stage holds at least one use (stage_uses > 0), else the kernels
+ * that read rows straight from memory in rounds of `chunk` uses. */
 typedef struct expert_variant {
   int vec;
   CUfunction fwd, bwd;
-  int64_t chunk;
+  int64_t chunk, stage_uses;
   int gout, gin;
   unsigned fwd_smem, bwd_smem;
 } expert_variant;
@@ -142,6 +144,22 @@ static unsigned bwd_smem(const smelt__peer_state *ps, int gin, int64_t chunk) {
                     16 * chunk);
 }
 
+/* The pipelined kernels (kernels/peer_expert.cu): PEER_PIPE_STAGES slots
+ * of stage_uses uses' rows each, up to PEER_STAGE_BYTES a slot. */
+#define PEER_PIPE_STAGES 4
+#define PEER_STAGE_BYTES (16 * 1024)
+
+static unsigned pipe_fwd_smem(const smelt__peer_state *ps, int gout, int64_t su, int64_t row_bytes) {
+  const int64_t hk = ps->h * ps->k;
+  return (unsigned)(PEER_PIPE_STAGES * su * row_bytes + 4 * (r4(ps->din) + gout * r4(ps->dout) + r4(su * ps->he) + r4(hk)) +
+                    16 * hk);
+}
+static unsigned pipe_bwd_smem(const smelt__peer_state *ps, int gin, int64_t su, int64_t row_bytes) {
+  const int64_t hk = ps->h * ps->k;
+  return (unsigned)(PEER_PIPE_STAGES * su * row_bytes +
+                    4 * (r4(ps->din) + r4(ps->dout) + gin * r4(ps->din) + 2 * r4(su * ps->he) + r4(hk)) + 16 * hk);
+}
+
 /* Chooses the launch shape of a variant and loads it. */
 static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, smelt_dtype wdt, int vec,
                                 expert_variant *ev) {
@@ -150,9 +168,31 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   ev->vec = vec;
   ev->gout = groups_for(ps->dout / vec);
   ev->gin = groups_for(ps->din / vec);
-  /* Up to 256 uses staged at a time, fewer while that keeps shared memory
-   * under 96 KiB (two CTAs per SM on Hopper and Ampere). */
+  /* Shared memory under 96 KiB keeps two CTAs per SM on Hopper and Ampere. */
   const unsigned budget = smem_max < 96 * 1024 ? (unsigned)smem_max : 96 * 1024;
+  smelt__kernel_src src;
+  smelt__peer_expert_src(wdt, vec, &src);
+  smelt_status s;
+  /* Pipelined when 16-byte rows of one use fit a stage and the token's
+   * uses and stages fit the budget: as many uses per stage as fit. */
+  const int64_t row_bytes = (ps->din + ps->dout) * ps->he * (int64_t)smelt_dtype_size(wdt);
+  ev->stage_uses = 0;
+  if (vec > 1 && row_bytes <= PEER_STAGE_BYTES && hk > 0) {
+    int64_t su = PEER_STAGE_BYTES / row_bytes;
+    if (su > hk) su = hk;
+    if (pipe_fwd_smem(ps, ev->gout, su, row_bytes) <= budget && pipe_bwd_smem(ps, ev->gin, su, row_bytes) <= budget) {
+      ev->stage_uses = su;
+      ev->chunk = hk;
+      ev->fwd_smem = pipe_fwd_smem(ps, ev->gout, su, row_bytes);
+      ev->bwd_smem = pipe_bwd_smem(ps, ev->gin, su, row_bytes);
+      if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd_pipe", &ev->fwd)) ||
+          (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd_pipe", &ev->bwd)))
+        return s;
+      return SMELT_OK;
+    }
+  }
+  /* Up to 256 uses staged at a time, fewer while that keeps shared memory
+   * under the budget. */
   int64_t chunk = hk < 256 ? hk : 256;
   while (chunk > 1 && (fwd_smem(ps, ev->gout, chunk) > budget || bwd_smem(ps, ev->gin, chunk) > budget)) chunk /= 2;
   ev->chunk = chunk;
@@ -164,9 +204,6 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
                         OP ": input_dim=%lld and output_dim=%lld need %u bytes of shared memory per CTA on CUDA; the "
                            "device allows %d",
                         (long long)ps->din, (long long)ps->dout, need, smem_max);
-  smelt__kernel_src src;
-  smelt__peer_expert_src(wdt, vec, &src);
-  smelt_status s;
   if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd", &ev->fwd)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd", &ev->bwd)))
     return s;
@@ -216,7 +253,11 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   ps->cuda = pc;
   ps->cuda_free = peer_cuda_free;
   pc->wdt = wdt;
-  pc->route_smem = (unsigned)(4 * (ps->dsub * (68 + 68) + 64 * 65 + 64 * 32 * 2));
+  /* As peer_route.cu lays it out: the score tile and the running lists in
+   * f32/u32, then hi and lo bf16 parts of the query slice and the key tile,
+   * 64 rows of DS = round16(dsub) + 8 each. */
+  const int64_t route_ds = ((ps->dsub + 15) & ~(int64_t)15) + 8;
+  pc->route_smem = (unsigned)(4 * (64 * 65 + 64 * 32 * 2) + 2 * 4 * 64 * route_ds);
   pc->rbwd_smem = (unsigned)(4 * 8 * ps->dq + 8 * 32 * 4 * 8 + 8 * 32 * 4 * 4);
   const unsigned rneed = pc->route_smem > pc->rbwd_smem ? pc->route_smem : pc->rbwd_smem;
   if (rneed > (unsigned)dev->smem_per_block_optin)
@@ -352,6 +393,7 @@ static void expert_params(const smelt__peer_state *ps, const smelt_peer_weights 
   P->groups_out = ev->gout;
   P->groups_in = ev->gin;
   P->he_shift = log2i(ps->he);
+  P->stage_uses = (int)ev->stage_uses;
   if (ps->store) {
     const int32_t *table;
     const void *uc, *vc, *uh, *vh;
@@ -516,7 +558,7 @@ static smelt_status memset0(smelt_ctx *ctx, const smelt_tensor *t) {
   return SMELT_OK;
 }
 
-enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_PART, W_N };
+enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DQ16, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_PART, W_N };
 
 smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
                                        const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g) {
@@ -544,6 +586,11 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   bytes[W_SC] = bytes[W_G] = bytes[W_DG] = bytes[W_DS] = (size_t)nuse * 4;
   bytes[W_UA] = bytes[W_UDZ] = (size_t)(nuse * ps->he) * 4;
   bytes[W_DQ] = (size_t)(T * hd) * 4;
+  /* With 16-bit Wq, dq also goes out in Wq's dtype: the dx GEMM (and dWq's,
+   * when x has that dtype too) then runs on tensor cores. */
+  const smelt_dtype qdt = w->wq->dtype;
+  const int dq16 = (qdt == SMELT_DTYPE_BF16 || qdt == SMELT_DTYPE_F16) && (g->dx || g->dwq);
+  bytes[W_DQ16] = dq16 ? (size_t)(T * hd) * 2 : 0;
   bytes[W_DX] = g->dx ? (size_t)(T * ps->din) * 4 : 0;
   bytes[W_PG] = g->dnorm_weight ? (size_t)(T * hd) * 4 : 0;
   bytes[W_PB] = g->dnorm_bias ? (size_t)(T * hd) * 4 : 0;
@@ -567,6 +614,8 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   P.dqo = (uint64_t)(uintptr_t)r[W_DQ];
   P.pgamma = (uint64_t)(uintptr_t)r[W_PG];
   P.pbeta = (uint64_t)(uintptr_t)r[W_PB];
+  P.dq16 = (uint64_t)(uintptr_t)r[W_DQ16];
+  P.dq16_dt = (int)qdt;
   const unsigned rows_grid = (unsigned)((T * h + 7) / 8);
   void *pp[] = {&P};
   if (T > 0) s = project(plan, w, x, r[W_Q]);
@@ -588,6 +637,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   }
   if (!s) s = smelt__cuda_launch(ctx, OP, pc->route_bwd, rows_grid, 1, 1, 256, pc->rbwd_smem, pp);
   smelt_tensor dqt = dev_tensor(ctx, r[W_DQ], SMELT_DTYPE_F32, T, hd);
+  smelt_tensor dq16t = dq16 ? dev_tensor(ctx, r[W_DQ16], qdt, T, hd) : dqt;
   if (!s && g->dx) { /* dx = dq Wqᵀ + dx from the experts */
     smelt_tensor wqt = *w->wq, dxe = dev_tensor(ctx, r[W_DX], SMELT_DTYPE_F32, T, ps->din);
     wqt.shape[0] = w->wq->shape[1];
@@ -596,7 +646,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     wqt.strides[1] = w->wq->strides[0];
     smelt_gemm_desc d = smelt_gemm_desc_default();
     d.epilogue.beta = 1.0;
-    s = smelt_gemm(ctx, &d, &dqt, &wqt, &dxe, g->dx, NULL);
+    s = smelt_gemm(ctx, &d, &dq16t, &wqt, &dxe, g->dx, NULL);
   }
   if (!s && g->dwq) { /* dWq = xᵀ dq */
     smelt_tensor xt = *x;
@@ -604,7 +654,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     xt.shape[1] = x->shape[0];
     xt.strides[0] = x->strides[1];
     xt.strides[1] = x->strides[0];
-    s = smelt_gemm(ctx, NULL, &xt, &dqt, NULL, g->dwq, NULL);
+    s = smelt_gemm(ctx, NULL, &xt, x->dtype == dq16t.dtype ? &dq16t : &dqt, NULL, g->dwq, NULL);
   }
   if (!s && g->dbq) s = colsum(ctx, &pc->util, r[W_DQ], T, hd, r[W_PART], g->dbq);
   if (!s && want_norm) { /* [h, dq] params sum over tokens; [dq] ones over tokens and heads */
