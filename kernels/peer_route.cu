@@ -450,25 +450,27 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
   }
 }
 
-/* Sub-key gradients of dim `dim`: the uses sorted by key row (skeys, with
- * their use index in svals; rows >= nrows mark ids that were out of range)
- * are summed per row in use order: dCn[row] = Σ ds[use] qn[use's row, slice],
- * then through the key normalization. A warp per sorted position; the warp
- * at a segment's start does the segment. Rows no use selected stay as the
- * caller zeroed them. */
+/* Sub-key gradients of dim `dim`, a CTA per key row (all nrows rows are
+ * written, zeros where no use selected the row): the row's uses, a run of
+ * the uses sorted by key row (bounds from peer_seg_bounds, use indices in
+ * svals), are dealt to the warps in a fixed interleave (warp w takes the
+ * run's positions w, w + 8, ...); each warp sums ds[use] qn[use's row,
+ * slice] in its order and the warps' sums are added in warp order, so the
+ * result is deterministic. Then through the key normalization. */
 extern "C" __global__ void __launch_bounds__(NT)
-    peer_dkeys(peer_route_params P, u64 skeys, u64 svals, i64 n, int dim, i64 nrows, u64 dkey, int dkey_dt) {
+    peer_dkeys(peer_route_params P, u64 bounds, u64 svals, int dim, i64 nrows, u64 dkey, int dkey_dt) {
+  __shared__ float part[NWARPS][PEER_MAX_DSUB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const i64 at = (i64)blockIdx.x * RB_WARPS + warp;
-  if (at >= n) return;
-  const u32 *keys = (const u32 *)skeys, *vals = (const u32 *)svals;
-  const u32 key = keys[at];
-  if ((i64)key >= nrows || (at > 0 && keys[at - 1] == key)) return;
+  const i64 key = blockIdx.x;
+  if (key >= nrows) return;
+  const u32 b0 = ((const u32 *)bounds)[2 * key], b1 = ((const u32 *)bounds)[2 * key + 1];
+  const u32 *vals = (const u32 *)svals;
   const i64 dsub = P.dsub, dq = P.dq;
   float acc[PEER_MAX_DSUB / 32];
 #pragma unroll
   for (int m = 0; m < PEER_MAX_DSUB / 32; m++) acc[m] = 0.f;
-  for (i64 s = at; s < n && keys[s] == key; s++) {
+#pragma unroll 4
+  for (u32 s = b0 + warp; s < b1; s += NWARPS) {
     const i64 use = vals[s], row = use / P.k;
     const float dsu = ((const float *)P.ds)[use];
     const float *qr = (const float *)P.qn + row * dq + dim * dsub;
@@ -478,12 +480,21 @@ extern "C" __global__ void __launch_bounds__(NT)
       if (d < dsub) acc[m] += dsu * qr[d];
     }
   }
+#pragma unroll
+  for (int m = 0; m < PEER_MAX_DSUB / 32; m++) part[warp][lane + 32 * m] = acc[m];
+  __syncthreads();
+  if (warp) return;
+#pragma unroll
+  for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+    acc[m] = part[0][lane + 32 * m];
+    for (int w = 1; w < NWARPS; w++) acc[m] += part[w][lane + 32 * m];
+  }
   float c[PEER_MAX_DSUB / 32], ss = 0.f, dot = 0.f;
   if (P.key_l2) {
 #pragma unroll
     for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
       const i64 d = lane + 32 * m;
-      c[m] = d < dsub ? peer_ld(P.keys[dim], (i64)key * dsub + d, P.key_dt) : 0.f;
+      c[m] = d < dsub ? peer_ld(P.keys[dim], key * dsub + d, P.key_dt) : 0.f;
       ss += c[m] * c[m];
     }
     const float nrm = sqrtf(smelt_warp_sum(ss)), div = fmaxf(nrm, P.l2_eps);
@@ -497,6 +508,6 @@ extern "C" __global__ void __launch_bounds__(NT)
 #pragma unroll
   for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
     const i64 d = lane + 32 * m;
-    if (d < dsub) peer_st(dkey, (i64)key * dsub + d, dkey_dt, acc[m]);
+    if (d < dsub) peer_st(dkey, key * dsub + d, dkey_dt, acc[m]);
   }
 }

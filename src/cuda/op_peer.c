@@ -73,6 +73,7 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u) {
              {&u->sort_hist, "peer_sort_hist"},
              {&u->sort_scatter, "peer_sort_scatter"},
              {&u->use_keys, "peer_use_keys"},
+             {&u->seg_bounds, "peer_seg_bounds"},
              {&u->du, "peer_du"},
              {&u->dv, "peer_dv"},
              {&u->colsum_partial, "peer_colsum_partial"},
@@ -551,6 +552,16 @@ static smelt_status colsum(smelt_ctx *ctx, const smelt__peer_util *u, const void
   return smelt__cuda_launch(ctx, OP, u->colsum_final, (unsigned)((cols + 255) / 256), 1, 1, 256, 0, fp);
 }
 
+/* bounds[2 r], bounds[2 r + 1] = the run of key r in the n sorted keys
+ * (empty for rows without uses), r < nrows. */
+static smelt_status seg_bounds(smelt_ctx *ctx, const smelt__peer_util *u, void *skeys, int64_t n, int64_t nrows,
+                               void *bounds) {
+  SMELT__CU_CHECK(smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)(uintptr_t)bounds, 0, (size_t)nrows * 8, ctx->cuda->stream),
+                  OP);
+  void *params[] = {&skeys, &n, &nrows, &bounds};
+  return smelt__cuda_launch(ctx, OP, u->seg_bounds, (unsigned)((n + 255) / 256), 1, 1, 256, 0, params);
+}
+
 static smelt_status memset0(smelt_ctx *ctx, const smelt_tensor *t) {
   const size_t bytes = (size_t)smelt_tensor_numel(t) * smelt_dtype_size(t->dtype);
   if (!bytes) return SMELT_OK;
@@ -558,7 +569,7 @@ static smelt_status memset0(smelt_ctx *ctx, const smelt_tensor *t) {
   return SMELT_OK;
 }
 
-enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DQ16, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_PART, W_N };
+enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DQ16, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_BND, W_PART, W_N };
 
 smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
                                        const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g) {
@@ -586,10 +597,13 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   bytes[W_SC] = bytes[W_G] = bytes[W_DG] = bytes[W_DS] = (size_t)nuse * 4;
   bytes[W_UA] = bytes[W_UDZ] = (size_t)(nuse * ps->he) * 4;
   bytes[W_DQ] = (size_t)(T * hd) * 4;
-  /* With 16-bit Wq, dq also goes out in Wq's dtype: the dx GEMM (and dWq's,
-   * when x has that dtype too) then runs on tensor cores. */
+  /* dq also goes out in Wq's dtype when that is 16-bit and a gradient the
+   * GEMMs produce is wanted in it too (its own rounding is then as large as
+   * dq's): the dx GEMM (dq Wqᵀ) and the dWq GEMM (xᵀ dq, when x has that
+   * dtype) then run on tensor cores. f32 gradients keep f32 dq (SIMT). */
   const smelt_dtype qdt = w->wq->dtype;
-  const int dq16 = (qdt == SMELT_DTYPE_BF16 || qdt == SMELT_DTYPE_F16) && (g->dx || g->dwq);
+  const int dx16 = g->dx && g->dx->dtype == qdt, dwq16 = g->dwq && g->dwq->dtype == qdt && x->dtype == qdt;
+  const int dq16 = (qdt == SMELT_DTYPE_BF16 || qdt == SMELT_DTYPE_F16) && (dx16 || dwq16);
   bytes[W_DQ16] = dq16 ? (size_t)(T * hd) * 2 : 0;
   bytes[W_DX] = g->dx ? (size_t)(T * ps->din) * 4 : 0;
   bytes[W_PG] = g->dnorm_weight ? (size_t)(T * hd) * 4 : 0;
@@ -597,6 +611,11 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   if (want_sort) {
     bytes[W_K0] = bytes[W_V0] = bytes[W_K1] = bytes[W_V1] = (size_t)(nuse ? nuse : 1) * 4;
     bytes[W_HIST] = (size_t)(256 * (nblocks ? nblocks : 1)) * 4;
+    /* segment bounds of the longest table sorted: experts or a dim's key rows */
+    int64_t rows = g->du || g->dv ? ps->N : 1;
+    for (int i = 0; i < ps->p; i++)
+      if (g->dsub_keys[i] && (ps->cfg.per_head_keys ? h : 1) * ps->n[i] > rows) rows = (ps->cfg.per_head_keys ? h : 1) * ps->n[i];
+    bytes[W_BND] = (size_t)rows * 8;
   }
   bytes[W_PART] = (size_t)(SMELT__PEER_CS_CHUNKS * hd) * 4; /* the widest column sum: dbq */
   void *base, *r[W_N];
@@ -646,7 +665,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     wqt.strides[1] = w->wq->strides[0];
     smelt_gemm_desc d = smelt_gemm_desc_default();
     d.epilogue.beta = 1.0;
-    s = smelt_gemm(ctx, &d, &dq16t, &wqt, &dxe, g->dx, NULL);
+    s = smelt_gemm(ctx, &d, dx16 ? &dq16t : &dqt, &wqt, &dxe, g->dx, NULL);
   }
   if (!s && g->dwq) { /* dWq = xᵀ dq */
     smelt_tensor xt = *x;
@@ -654,7 +673,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     xt.shape[1] = x->shape[0];
     xt.strides[0] = x->strides[1];
     xt.strides[1] = x->strides[0];
-    s = smelt_gemm(ctx, NULL, &xt, x->dtype == dq16t.dtype ? &dq16t : &dqt, NULL, g->dwq, NULL);
+    s = smelt_gemm(ctx, NULL, &xt, dwq16 ? &dq16t : &dqt, NULL, g->dwq, NULL);
   }
   if (!s && g->dbq) s = colsum(ctx, &pc->util, r[W_DQ], T, hd, r[W_PART], g->dbq);
   if (!s && want_norm) { /* [h, dq] params sum over tokens; [dq] ones over tokens and heads */
@@ -664,45 +683,51 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   }
   sort_ws sw = {(uint32_t *)r[W_K0], (uint32_t *)r[W_V0], (uint32_t *)r[W_K1], (uint32_t *)r[W_V1],
                 (uint32_t *)r[W_HIST]};
-  if (!s && (g->du || g->dv)) {
+  if (!s && (g->du || g->dv) && nuse == 0) {
     if (g->du) s = memset0(ctx, g->du);
     if (!s && g->dv) s = memset0(ctx, g->dv);
+  } else if (!s && (g->du || g->dv)) { /* every row written: zeros where no use selected the expert */
     uint32_t *sk, *sv;
-    if (!s && nuse > 0) {
-      s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, 1, 0, 0, (uint32_t)ps->N, &sk, &sv);
-      int64_t hk = h * k, he = ps->he, N = ps->N;
-      const unsigned grid = (unsigned)((nuse + 7) / 8);
-      if (!s && g->dv) {
-        void *a = r[W_UA], *dyp = dy->data, *dvp = g->dv->data, *skp = sk, *svp = sv;
-        int64_t dy_rs = dy->strides[0], dout = ps->dout;
-        int dy_dt = dy->dtype, dv_dt = g->dv->dtype;
-        void *vp[] = {&skp, &svp, (void *)&nuse, &N, &a, &dyp, &dy_rs, &dy_dt, &hk, &he, &dout, &dvp, &dv_dt};
-        s = smelt__cuda_launch(ctx, OP, pc->util.dv, grid, 1, 1, 256, 0, vp);
-      }
-      if (!s && g->du) {
-        void *a = r[W_UDZ], *xp = x->data, *dup = g->du->data, *skp = sk, *svp = sv;
-        int64_t x_rs = x->strides[0], din = ps->din;
-        int x_dt = x->dtype, du_dt = g->du->dtype;
-        void *up[] = {&skp, &svp, (void *)&nuse, &N, &a, &xp, &x_rs, &x_dt, &hk, &he, &din, &dup, &du_dt};
-        s = smelt__cuda_launch(ctx, OP, pc->util.du, grid, 1, 1, 256, 0, up);
-      }
+    int64_t hk = h * k, he = ps->he, N = ps->N;
+    void *bnd = r[W_BND];
+    s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, 1, 0, 0, (uint32_t)ps->N, &sk, &sv);
+    if (!s) s = seg_bounds(ctx, &pc->util, sk, nuse, N, bnd);
+    const unsigned grid = (unsigned)((N + 7) / 8);
+    if (!s && g->dv) {
+      void *a = r[W_UA], *dyp = dy->data, *dvp = g->dv->data, *svp = sv;
+      int64_t dy_rs = dy->strides[0], dout = ps->dout;
+      int dy_dt = dy->dtype, dv_dt = g->dv->dtype;
+      void *vp[] = {&bnd, &svp, &N, &a, &dyp, &dy_rs, &dy_dt, &hk, &he, &dout, &dvp, &dv_dt};
+      s = smelt__cuda_launch(ctx, OP, pc->util.dv, grid, 1, 1, 256, 0, vp);
+    }
+    if (!s && g->du) {
+      void *a = r[W_UDZ], *xp = x->data, *dup = g->du->data, *svp = sv;
+      int64_t x_rs = x->strides[0], din = ps->din;
+      int x_dt = x->dtype, du_dt = g->du->dtype;
+      void *up[] = {&bnd, &svp, &N, &a, &xp, &x_rs, &x_dt, &hk, &he, &din, &dup, &du_dt};
+      s = smelt__cuda_launch(ctx, OP, pc->util.du, grid, 1, 1, 256, 0, up);
     }
   }
   for (int i = 0; i < ps->p && !s; i++) {
     const smelt_tensor *dk = g->dsub_keys[i];
     if (!dk) continue;
-    if ((s = memset0(ctx, dk)) || nuse == 0) continue;
+    if (nuse == 0) {
+      s = memset0(ctx, dk);
+      continue;
+    }
     int64_t div = 1;
     for (int j = i + 1; j < ps->p; j++) div *= ps->n[j];
     const int64_t table_n = ps->cfg.per_head_keys ? ps->n[i] : 0;
     int64_t nrows = (ps->cfg.per_head_keys ? h : 1) * ps->n[i];
     uint32_t *sk, *sv;
+    void *bnd = r[W_BND];
     s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, div, ps->n[i], table_n, (uint32_t)nrows, &sk, &sv);
+    if (!s) s = seg_bounds(ctx, &pc->util, sk, nuse, nrows, bnd);
     if (s) break;
-    void *skp = sk, *svp = sv, *dkp = dk->data;
+    void *svp = sv, *dkp = dk->data;
     int dim = i, dk_dt = dk->dtype;
-    void *kp[] = {&P, &skp, &svp, (void *)&nuse, &dim, &nrows, &dkp, &dk_dt};
-    s = smelt__cuda_launch(ctx, OP, pc->dkeys, (unsigned)((nuse + 7) / 8), 1, 1, 256, 0, kp);
+    void *kp[] = {&P, &bnd, &svp, &dim, &nrows, &dkp, &dk_dt};
+    s = smelt__cuda_launch(ctx, OP, pc->dkeys, (unsigned)nrows, 1, 1, 256, 0, kp);
   }
   smelt__nvtx_pop();
   smelt_status s2 = smelt__cuda_free(ctx, base);
