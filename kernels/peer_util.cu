@@ -96,32 +96,61 @@ extern "C" __global__ void __launch_bounds__(NT) peer_sort_hist(u64 keys, i64 n,
   ((u32 *)hist)[threadIdx.x * nblocks + blockIdx.x] = cnt[threadIdx.x];
 }
 
-/* One warp per tile walks it in order, 32 keys at a time: keys with equal
- * digits in a batch rank by lane, and the batch's leader of each digit
- * advances the digit's cursor, so equal digits keep their input order
- * (stable). vin == 0: the values are the input positions. */
-extern "C" __global__ void __launch_bounds__(32) peer_sort_scatter(u64 kin, u64 vin, u64 kout, u64 vout, i64 n,
+/* A CTA per tile, a warp per eighth of it (SCATTER_PER keys a lane, held in
+ * registers, loaded at once): each warp counts its digits, the counts are
+ * turned into each warp's start per digit (the tile's offset from the
+ * scanned histogram, then warps in order), and each warp walks its part in
+ * order, 32 keys at a time: keys with equal digits in a batch rank by lane
+ * and the batch's leader of each digit advances the warp's cursor. Equal
+ * digits thus keep their input order (stable). vin == 0: the values are
+ * the input positions. */
+#define SCATTER_PER (SORT_TILE / NT)
+extern "C" __global__ void __launch_bounds__(NT) peer_sort_scatter(u64 kin, u64 vin, u64 kout, u64 vout, i64 n,
                                                                    int shift, u64 hist, i64 nblocks) {
-  __shared__ u32 cursor[SORT_BINS];
-  const int lane = threadIdx.x;
-  for (int d = lane; d < SORT_BINS; d += 32) cursor[d] = ((const u32 *)hist)[d * nblocks + blockIdx.x];
-  __syncwarp();
+  __shared__ u32 cursor[NT / 32][SORT_BINS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < (NT / 32) * SORT_BINS; i += NT) (&cursor[0][0])[i] = 0;
   const u32 *ki = (const u32 *)kin, *vi = (const u32 *)vin;
   u32 *ko = (u32 *)kout, *vo = (u32 *)vout;
-  const i64 t0 = (i64)blockIdx.x * SORT_TILE, t1 = t0 + SORT_TILE < n ? t0 + SORT_TILE : n;
-  for (i64 x0 = t0; x0 < t1; x0 += 32) {
-    const i64 x = x0 + lane;
-    const bool in = x < t1;
-    const u32 key = in ? ki[x] : 0u, val = in ? (vi ? vi[x] : (u32)x) : 0u;
-    const u32 d = in ? (key >> shift) & (SORT_BINS - 1) : SORT_BINS + lane;
+  const i64 s0 = (i64)blockIdx.x * SORT_TILE + warp * (SORT_TILE / (NT / 32));
+  u32 key[SCATTER_PER], val[SCATTER_PER];
+#pragma unroll
+  for (int i = 0; i < SCATTER_PER; i++) {
+    const i64 x = s0 + 32 * i + lane;
+    key[i] = x < n ? ki[x] : 0u;
+    val[i] = x < n ? (vi ? vi[x] : (u32)x) : 0u;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < SCATTER_PER; i++) {
+    const bool in = s0 + 32 * i + lane < n;
+    const u32 d = in ? (key[i] >> shift) & (SORT_BINS - 1) : SORT_BINS + lane;
+    const unsigned peers = __match_any_sync(PEER_FULL, d);
+    if (in && __ffs(peers) - 1 == lane) cursor[warp][d] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < SORT_BINS; d += NT) {
+    u32 run = ((const u32 *)hist)[d * nblocks + blockIdx.x];
+    for (int w = 0; w < NT / 32; w++) {
+      const u32 c = cursor[w][d];
+      cursor[w][d] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < SCATTER_PER; i++) {
+    const bool in = s0 + 32 * i + lane < n;
+    const u32 d = in ? (key[i] >> shift) & (SORT_BINS - 1) : SORT_BINS + lane;
     const unsigned peers = __match_any_sync(PEER_FULL, d);
     const u32 rank = __popc(peers & ((1u << lane) - 1u));
-    const u32 at = in ? cursor[d] + rank : 0u;
+    const u32 at = in ? cursor[warp][d] + rank : 0u;
     __syncwarp();
     if (in) {
-      ko[at] = key;
-      vo[at] = val;
-      if (rank == 0) cursor[d] += __popc(peers);
+      ko[at] = key[i];
+      vo[at] = val[i];
+      if (rank == 0) cursor[warp][d] += __popc(peers);
     }
     __syncwarp();
   }

@@ -286,9 +286,12 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   }
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
+  char pipe[48] = "";
+  if (pc->ev[0].stage_uses)
+    snprintf(pipe, sizeof pipe, " (pipelined, %lld uses a stage)", (long long)pc->ev[0].stage_uses);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %s", (long long)ps->N, ps->p,
-           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name);
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %s%s", (long long)ps->N, ps->p,
+           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name, pipe);
   return SMELT_OK;
 }
 
@@ -528,7 +531,7 @@ static smelt_status sort_uses(smelt_ctx *ctx, const smelt__peer_util *u, const s
     smelt_status s = smelt__cuda_launch(ctx, OP, u->sort_hist, (unsigned)nblocks, 1, 1, 256, 0, hp);
     if (!s) s = smelt__peer_scan(ctx, u, hist, 256 * nblocks, NULL);
     void *sp[] = {&kin, &vin, &kout, &vout, &n, &shift, &hist, &nblocks};
-    if (!s) s = smelt__cuda_launch(ctx, OP, u->sort_scatter, (unsigned)nblocks, 1, 1, 32, 0, sp);
+    if (!s) s = smelt__cuda_launch(ctx, OP, u->sort_scatter, (unsigned)nblocks, 1, 1, 256, 0, sp);
     if (s) return s;
     cur ^= 1;
     vin = vbuf[cur];
