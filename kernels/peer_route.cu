@@ -158,8 +158,9 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P)
     const i64 ni = P.n[i];
     const int ki = (int)(ni < P.k ? ni : P.k);
     __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
-    for (i64 x = tid; x < ROWS * dpad; x += NT) {
-      const i64 r = x / dpad, d = x - r * dpad, t = t0 + r;
+    for (int x = tid; x < ROWS * dpad; x += NT) {
+      const int r = x / dpad, d = x - r * dpad;
+      const i64 t = t0 + r;
       const float v = t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
       split_bf16(v, &qh[r * DS + d], &ql[r * DS + d]);
     }
@@ -249,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P)
       u64 fresh = 0;
       for (i64 c0 = 0; c0 < total; c0 += 32) {
         const i64 c = c0 + lane;
-        const i64 a = c / ki, b = c - a * ki;
+        const int a = (int)c / ki, b = (int)c - a * ki;
         const u64 kb = __shfl_sync(PEER_FULL, list[j], (int)(c < total ? b : 0));
         u64 cand = 0;
         if (c < total)
@@ -307,14 +308,22 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_rescore(peer_route_para
   __syncwarp();
   normalize_row(P, qn, hh, lane);
   __syncwarp();
+  /* lane j < k finds use j's key rows (the divisions once per lane) */
+  const i64 e_mine = lane < P.k ? ((const i64 *)P.ids)[row * P.k + lane] : -1;
+  const int ok_mine = e_mine >= 0 && e_mine < P.N;
+  i64 kb_mine[PEER_MAX_DIMS];
+#pragma unroll
+  for (int i = 0; i < PEER_MAX_DIMS; i++)
+    kb_mine[i] = ok_mine && i < P.p ? hh * P.key_hs[i] + digit_of(P, e_mine, i) * P.dsub : 0;
   float mine = 0.f;
   for (int j = 0; j < P.k; j++) {
-    const i64 e = ((const i64 *)P.ids)[row * P.k + j];
     float s = PEER_NEG_INF;
-    if (e >= 0 && e < P.N) {
+    if (__shfl_sync(PEER_FULL, ok_mine, j)) {
       s = 0.f;
-      for (int i = 0; i < P.p; i++) {
-        const i64 kb = hh * P.key_hs[i] + digit_of(P, e, i) * P.dsub;
+#pragma unroll
+      for (int i = 0; i < PEER_MAX_DIMS; i++) {
+        const i64 kb = __shfl_sync(PEER_FULL, kb_mine[i], j);
+        if (i >= P.p) continue;
         float dot = 0.f, ss = 0.f;
         for (i64 d = lane; d < P.dsub; d += 32) {
           const float kv = peer_ld(P.keys[i], kb + d, P.key_dt);
@@ -392,11 +401,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
   for (int j = 0; j < P.k; j++) {
     const float dsj = __shfl_sync(PEER_FULL, ds, j);
     if (dsj == 0.f) continue; /* warp-uniform */
-    for (i64 c = lane; c < dq; c += 32) {
-      const int i = (int)(c / dsub);
-      const i64 d = c - i * dsub;
+    for (int i = 0; i < P.p; i++) {
       const i64 kb = hh * P.key_hs[i] + dig[j * PEER_MAX_DIMS + i] * dsub;
-      dqn[c] += dsj * peer_ld(P.keys[i], kb + d, P.key_dt) * ksc[j * PEER_MAX_DIMS + i];
+      const float sc = ksc[j * PEER_MAX_DIMS + i];
+      for (i64 d = lane; d < dsub; d += 32) dqn[i * dsub + d] += dsj * peer_ld(P.keys[i], kb + d, P.key_dt) * sc;
     }
   }
   __syncwarp();

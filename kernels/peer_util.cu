@@ -228,9 +228,9 @@ extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, 
   const i64 row = he * dout;
   for (i64 f0 = (i64)lane * SEG_E; f0 < row; f0 += 32 * SEG_E) {
     /* element f0 + x is (j[x], c[x]) of the [he, dout] row; one division per pass */
-    i64 jx[SEG_E], cx[SEG_E];
-    jx[0] = f0 / dout;
-    cx[0] = f0 - jx[0] * dout;
+    u32 jx[SEG_E], cx[SEG_E];
+    jx[0] = (u32)f0 / (u32)dout; /* rows are < 2^32 elements */
+    cx[0] = (u32)f0 - jx[0] * (u32)dout;
 #pragma unroll
     for (int x = 1; x < SEG_E; x++) {
       jx[x] = jx[x - 1];

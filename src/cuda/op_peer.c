@@ -175,10 +175,14 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   smelt__peer_expert_src(wdt, vec, &src);
   smelt_status s;
   /* Pipelined when 16-byte rows of one use fit a stage and the token's
-   * uses and stages fit the budget: as many uses per stage as fit. */
+   * uses and stages fit the budget: as many uses per stage as fit.
+   * SMELT_PEER_EXPERT_PIPE=0 keeps the round kernels (for comparing the
+   * two on a device: which streams the rows faster depends on it). */
   const int64_t row_bytes = (ps->din + ps->dout) * ps->he * (int64_t)smelt_dtype_size(wdt);
+  const char *pipe_env = smelt__getenv("SMELT_PEER_EXPERT_PIPE");
+  const int pipe_ok = !pipe_env || strcmp(pipe_env, "0") != 0;
   ev->stage_uses = 0;
-  if (vec > 1 && row_bytes <= PEER_STAGE_BYTES && hk > 0) {
+  if (pipe_ok && vec > 1 && row_bytes <= PEER_STAGE_BYTES && hk > 0) {
     int64_t su = PEER_STAGE_BYTES / row_bytes;
     if (su > hk) su = hk;
     if (pipe_fwd_smem(ps, ev->gout, su, row_bytes) <= budget && pipe_bwd_smem(ps, ev->gin, su, row_bytes) <= budget) {
