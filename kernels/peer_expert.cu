@@ -253,10 +253,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd(peer_expert_
  * above, but stream them into shared memory with cp.async: stages of
  * P.stage_uses uses (U row, then V row, each use's pair contiguous), with
  * PIPE_STAGES - 1 stages in flight while one is computed. The bytes in
- * flight then no longer depend on registers or on how far a warp unrolls:
- * 3 stages of up to 16 KiB per CTA, two CTAs per SM. All of a token's uses
- * are staged once (gates and row pointers: 20 bytes per use). */
-#define PIPE_STAGES 4
+ * flight then no longer depend on registers or on how far a warp unrolls.
+ * A stage's compute is a few dependent phases separated by barriers, about
+ * as long for 8 uses (a warp each) as for 4, so stages are large (up to
+ * 32 KiB: 8 uses of d_in = d_out = 1024, h_e 1, bf16) and double-buffered,
+ * two CTAs per SM. (4 stages of 16 KiB measured 1.16 TB/s on an H100,
+ * compute-bound at ~3.7 us a stage.) All of a token's uses are staged
+ * once (gates and row pointers: 20 bytes per use). */
+#define PIPE_STAGES 2
 
 /* Copies of stage st's rows into slot st mod PIPE_STAGES, then a commit
  * (an empty group past the last stage keeps every thread's group count in

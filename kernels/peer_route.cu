@@ -17,19 +17,26 @@
  *      have at most 16 significant bits, as with the tests' exact data; the
  *      hi·lo product is skipped for bf16 keys without L2 normalization
  *      (their lo part is zero). The mma order is fixed, so runs repeat bit
- *      for bit. Each warp then merges its 8 rows' scores of the 64x64 tile
- *      into per-row top-k lists held in registers, lane j holding the j-th
- *      best (score, id) packed in a u64 whose order is the ranking (score,
- *      then lower id): a candidate above the list's k-th entry is inserted
- *      with one ballot and one shuffle;
+ *      for bit. Four threads per row then merge its 64 scores of the tile,
+ *      16 each, into lists of their 16 (k <= 16) or 32 best held in
+ *      registers: a (score, id) packed in a u64 whose order is the ranking
+ *      (score, then lower id), candidates sorted by a bitonic network and
+ *      merged into the list by a bitonic merge, skipped when none beats
+ *      the list's last entry; after the dim's last tile the row's four
+ *      lists are merged through shuffles (each thread ends with the row's
+ *      list). Independent lists per thread keep the merge throughput-bound
+ *      (the earlier warp-wide insertion of one candidate at a time was a
+ *      chain of dependent shuffles per candidate);
  *   3. the dim's list is combined with the running list of dims 0..i-1:
- *      all len x k sums, id = prefix * n_i + a, offered to a fresh list
- *      (smelt/peer.h explains why this pairwise top-k is exact);
+ *      all len x k sums, id = prefix * n_i + a, offered (a quarter of the
+ *      prefixes per thread) to fresh lists merged as in 2 (smelt/peer.h
+ *      explains why this pairwise top-k is exact);
  *   4. gates over each row's final k entries; ids, scores, gates written.
- * Shared memory: the hi and lo parts of the query slice and of the key
- * tile (64 x DS bf16 each, DS = dsub rounded up to 16, plus 8 so that the
- * fragment loads hit 32 distinct banks), the 64x65 score tile, and the
- * running lists (64 x 32 x 8 bytes).
+ * Shared memory: the 64x65 score tile (which also holds the dim's lists
+ * while they are combined), the running lists (64 x 32 x 8 bytes), and the
+ * hi and lo parts of the query slice and of the key tile (64 x DS bf16
+ * each, DS = dsub rounded up to 16, plus 8 so that the fragment loads hit
+ * 32 distinct banks).
  *
  * 2·T·h·n·dq FLOP of scores (17 GFLOP for 4096 tokens, 8 heads, 1024²
  * experts, dq 256) take ~0.5 ms on the SIMT f32 units and tens of
@@ -42,7 +49,6 @@
 #define STS (KT + 1)
 #define NT 256
 #define NWARPS (NT / 32)
-#define RPW (ROWS / NWARPS) /* rows per warp */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -92,29 +98,73 @@ static __device__ __forceinline__ u32 w32(const smelt_h16 *a, int ds, int r, int
   return *(const u32 *)&a[r * ds + c];
 }
 
-/* Inserts cand (warp-uniform, not in the list, above its k-th entry) into
- * the descending list whose j-th entry lane j holds; lanes >= k hold 0. */
-static __device__ __forceinline__ void list_insert(u64 &mine, u64 cand, int k, int lane) {
-  const int pos = __popc(__ballot_sync(PEER_FULL, mine > cand));
-  const u64 up = __shfl_up_sync(PEER_FULL, mine, 1);
-  if (lane == pos) mine = cand;
-  else if (lane > pos) mine = up;
-  if (lane >= k) mine = 0;
+/* Lists of candidates as u64 arrays in registers, sorted descending by
+ * bitonic networks (every index static once n is a literal). */
+static __device__ __forceinline__ void cmp_swap(u64 *a, int i, int j) { /* a[i] >= a[j] after */
+  const u64 x = a[i], y = a[j];
+  a[i] = x > y ? x : y;
+  a[j] = x > y ? y : x;
 }
 
-/* Every lane offers one candidate (0 = none); those above the list's k-th
- * entry go in, in lane order (the result does not depend on the order). */
-static __device__ __forceinline__ void list_offer(u64 &mine, u64 cand, int k, int lane) {
-  u64 thr = __shfl_sync(PEER_FULL, mine, k - 1);
-  unsigned m = __ballot_sync(PEER_FULL, cand > thr);
-  while (m) {
-    const int src = __ffs(m) - 1;
-    m &= m - 1;
-    const u64 c = __shfl_sync(PEER_FULL, cand, src);
-    if (c > thr) {
-      list_insert(mine, c, k, lane);
-      thr = __shfl_sync(PEER_FULL, mine, k - 1);
+static __device__ __forceinline__ void sort_desc(u64 *a, int n) {
+#pragma unroll
+  for (int size = 2; size <= n; size <<= 1)
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+      for (int i = 0; i < n; i++) {
+        const int j = i ^ stride;
+        if (j > i) {
+          if ((i & size) == 0) cmp_swap(a, i, j);
+          else cmp_swap(a, j, i);
+        }
+      }
+}
+
+/* A bitonic sequence of n sorted descending. */
+static __device__ __forceinline__ void merge_desc(u64 *a, int n) {
+#pragma unroll
+  for (int stride = n >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+      const int j = i ^ stride;
+      if (j > i) cmp_swap(a, i, j);
     }
+}
+
+/* L (kl, descending) becomes the kl best of L and the CN candidates c
+ * (descending): max(L[i], c[kl-1-i]) is bitonic and holds them. */
+#define CN 16 /* candidates per thread and step: a quarter of a 64-key tile row */
+static __device__ __forceinline__ void merge_into(u64 *L, const u64 *c, int kl) {
+#pragma unroll
+  for (int i = 0; i < kl; i++) {
+    const int j = kl - 1 - i;
+    if (j < CN) L[i] = L[i] > c[j] ? L[i] : c[j];
+  }
+  merge_desc(L, kl);
+}
+
+/* Offers the CN candidates c (any order, 0 = none) to L. */
+static __device__ __forceinline__ void offer(u64 *L, u64 *c, int kl) {
+  u64 m = c[0];
+#pragma unroll
+  for (int j = 1; j < CN; j++) m = m > c[j] ? m : c[j];
+  if (m <= L[kl - 1]) return;
+  sort_desc(c, CN);
+  merge_into(L, c, kl);
+}
+
+/* The four threads of a row (lanes 4r..4r+3) end with the same list: the
+ * kl best of their four. */
+static __device__ __forceinline__ void row_merge(u64 *L, int kl) {
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    u64 other[PEER_MAX_K];
+#pragma unroll
+    for (int i = 0; i < kl; i++) other[i] = __shfl_xor_sync(PEER_FULL, L[i], o);
+#pragma unroll
+    for (int i = 0; i < kl; i++) L[i] = L[i] > other[kl - 1 - i] ? L[i] : other[kl - 1 - i];
+    merge_desc(L, kl);
   }
 }
 
@@ -130,7 +180,11 @@ static __device__ __forceinline__ float gate_of(int gate, float s, bool on) {
 
 /* ---------------------------------------------------------------- peer_route */
 
-extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
+/* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
+ * for k <= 16, peer_route32 above). Each row of the CTA's 64 is merged by
+ * four threads (row tid / 4, tile columns 16 (tid % 4) ...), each keeping
+ * a list of its KL best in registers. */
+static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
@@ -147,6 +201,8 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P)
   const i64 t0 = (i64)blockIdx.x * ROWS, hh = blockIdx.y;
   const i64 hd = P.h * P.dq;
   const int k = (int)P.k;
+  const int mr = tid >> 2, mq = tid & 3; /* the merge's row and quarter */
+  u64 L[PEER_MAX_K];
   const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
   float *q = (float *)P.q;
 
@@ -164,9 +220,8 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P)
       const float v = t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
       split_bf16(v, &qh[r * DS + d], &ql[r * DS + d]);
     }
-    u64 list[RPW];
 #pragma unroll
-    for (int j = 0; j < RPW; j++) list[j] = 0;
+    for (int j = 0; j < KL; j++) L[j] = 0;
     const i64 kbase = hh * P.key_hs[i];
     for (i64 c0 = 0; c0 < ni; c0 += KT) {
       __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
@@ -221,67 +276,91 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P)
         }
       }
       __syncthreads();
+      {
+        u64 c[CN];
 #pragma unroll
-      for (int j = 0; j < RPW; j++) {
-        const int r = warp * RPW + j;
-        const i64 a0 = c0 + lane, a1 = c0 + lane + 32;
-        list_offer(list[j], a0 < ni ? peer_pack(st[r * STS + lane], (u32)a0) : 0ull, ki, lane);
-        list_offer(list[j], a1 < ni ? peer_pack(st[r * STS + lane + 32], (u32)a1) : 0ull, ki, lane);
+        for (int j = 0; j < CN; j++) {
+          const int col = mq * CN + j;
+          c[j] = c0 + col < ni ? peer_pack(st[mr * STS + col], (u32)(c0 + col)) : 0ull;
+        }
+        offer(L, c, KL);
       }
     }
-    /* combine with the running list; each warp touches only its own rows */
-    if (i == 0) {
+    row_merge(L, KL);
+    if (i > 0) {
+      /* combine with the running list: all len x ki sums, id = prefix * n_i
+       * + a; the dim's list goes to shared memory (over the score tile) */
+      u64 *dl = (u64 *)st; /* [ROWS][KL] */
+      __syncthreads(); /* every warp is done with the score tile */
 #pragma unroll
-      for (int j = 0; j < RPW; j++) {
-        const int r = warp * RPW + j;
-        if (lane < ki) {
-          lv[r * PEER_MAX_K + lane] = peer_packed_value(list[j]);
-          li[r * PEER_MAX_K + lane] = peer_packed_id(list[j]);
+      for (int j = 0; j < KL; j++)
+        if ((j & 3) == mq) dl[mr * KL + j] = L[j];
+      __syncwarp();
+      const i64 total = len * ki;
+      u64 F[PEER_MAX_K];
+#pragma unroll
+      for (int j = 0; j < KL; j++) F[j] = 0;
+      for (int a = mq; a < len; a += 4) {
+        const float va = lv[mr * PEER_MAX_K + a];
+        const u32 pa = li[mr * PEER_MAX_K + a] * (u32)ni;
+#pragma unroll
+        for (int b0 = 0; b0 < KL; b0 += CN) {
+          if (b0 >= ki) break;
+          u64 c[CN];
+#pragma unroll
+          for (int j = 0; j < CN; j++) {
+            const u64 e = b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
+            c[j] = e ? peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)) : 0ull;
+          }
+          offer(F, c, KL);
         }
       }
+      row_merge(F, KL);
+#pragma unroll
+      for (int j = 0; j < KL; j++) L[j] = F[j];
+      len = total < P.k ? total : P.k;
+    } else {
       len = ki;
-      continue;
     }
-    const i64 total = len * ki;
-    const int kk = (int)(total < P.k ? total : P.k);
-#pragma unroll
-    for (int j = 0; j < RPW; j++) {
-      const int r = warp * RPW + j;
-      u64 fresh = 0;
-      for (i64 c0 = 0; c0 < total; c0 += 32) {
-        const i64 c = c0 + lane;
-        const int a = (int)c / ki, b = (int)c - a * ki;
-        const u64 kb = __shfl_sync(PEER_FULL, list[j], (int)(c < total ? b : 0));
-        u64 cand = 0;
-        if (c < total)
-          cand = peer_pack(lv[r * PEER_MAX_K + a] + peer_packed_value(kb),
-                           li[r * PEER_MAX_K + a] * (u32)ni + peer_packed_id(kb));
-        list_offer(fresh, cand, kk, lane);
-      }
+    if (i + 1 < P.p) {
       __syncwarp();
-      if (lane < kk) {
-        lv[r * PEER_MAX_K + lane] = peer_packed_value(fresh);
-        li[r * PEER_MAX_K + lane] = peer_packed_id(fresh);
-      }
-    }
-    len = kk;
-  }
-  __syncwarp();
 #pragma unroll
-  for (int j = 0; j < RPW; j++) {
-    const int r = warp * RPW + j;
-    const i64 t = t0 + r;
-    if (t >= P.T) continue;
-    const bool on = lane < k;
-    const float s = on ? lv[r * PEER_MAX_K + lane] : 0.f;
-    const float g = gate_of(P.gate, s, on);
-    if (!on) continue;
-    const i64 o = (t * P.h + hh) * P.k + lane;
-    ((i64 *)P.ids)[o] = (i64)li[r * PEER_MAX_K + lane];
+      for (int j = 0; j < KL; j++)
+        if ((j & 3) == mq && j < len) {
+          lv[mr * PEER_MAX_K + j] = peer_packed_value(L[j]);
+          li[mr * PEER_MAX_K + j] = peer_packed_id(L[j]);
+        }
+    }
+  }
+  /* gates over the row's k entries (every thread of the row computes
+   * them, each writes the entries j = its quarter mod 4) */
+  const i64 t = t0 + mr;
+  if (t >= P.T) return;
+  float m = PEER_NEG_INF, sum = 0.f;
+  if (P.gate == GATE_SOFTMAX) {
+#pragma unroll
+    for (int j = 0; j < KL; j++)
+      if (j < k) m = fmaxf(m, peer_packed_value(L[j]));
+#pragma unroll
+    for (int j = 0; j < KL; j++)
+      if (j < k) sum += expf(peer_packed_value(L[j]) - m);
+  }
+#pragma unroll
+  for (int j = 0; j < KL; j++) {
+    if (j >= k || (j & 3) != mq) continue;
+    const float s = peer_packed_value(L[j]);
+    const float g = P.gate == GATE_SOFTMAX ? expf(s - m) / sum
+                    : P.gate == GATE_SIGMOID ? 1.f / (1.f + expf(-s))
+                                             : fmaxf(s, 0.f);
+    const i64 o = (t * P.h + hh) * P.k + j;
+    ((i64 *)P.ids)[o] = (i64)peer_packed_id(L[j]);
     if (P.scores) ((float *)P.scores)[o] = s;
     if (P.gates) ((float *)P.gates)[o] = g;
   }
 }
+
+extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32); }
 
 /* ---------------------------------------------------------------- backward */
 

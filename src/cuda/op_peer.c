@@ -147,8 +147,8 @@ static unsigned bwd_smem(const smelt__peer_state *ps, int gin, int64_t chunk) {
 
 /* The pipelined kernels (kernels/peer_expert.cu): PEER_PIPE_STAGES slots
  * of stage_uses uses' rows each, up to PEER_STAGE_BYTES a slot. */
-#define PEER_PIPE_STAGES 4
-#define PEER_STAGE_BYTES (16 * 1024)
+#define PEER_PIPE_STAGES 2
+#define PEER_STAGE_BYTES (32 * 1024)
 
 static unsigned pipe_fwd_smem(const smelt__peer_state *ps, int gout, int64_t su, int64_t row_bytes) {
   const int64_t hk = ps->h * ps->k;
@@ -273,7 +273,8 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   smelt__kernel_src src;
   smelt__peer_route_src(&src);
   smelt_status s;
-  if ((s = smelt__cuda_function(ctx, &src, "peer_route", &pc->route)) ||
+  /* lists of 16 entries per merge thread when k allows, else 32 */
+  if ((s = smelt__cuda_function(ctx, &src, ps->k <= 16 ? "peer_route" : "peer_route32", &pc->route)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_rescore", &pc->rescore)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_route_bwd", &pc->route_bwd)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_dkeys", &pc->dkeys)) || (s = smelt__peer_util_load(ctx, &pc->util)) ||
