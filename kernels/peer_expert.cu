@@ -492,3 +492,249 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_pipe(peer_ex
   bwd_store(P, t, dxs);
 }
 #endif
+
+#if VEC > 1
+/* ---------------------------------------------------------------- warp-streamed variants */
+
+/* The warp-streamed kernels (peer_expert_fwd_warp, peer_expert_bwd_warp):
+ * each warp takes the token's uses warp, warp + 8, ... and streams their
+ * rows (U then V, one use a slot) through a ring of P.stage_uses slots of
+ * its own with cp.async, the next slots' copies in flight while it
+ * computes one; a use is computed by its warp alone, with the running y
+ * (or dx) columns in registers (lane l: 16-byte chunks l + 32 m, m < WS_CH),
+ * so no CTA barrier separates one use from the next. The warps' rows are
+ * added in warp order at the end. Same products as the other kernels;
+ * other summation orders (the results differ by rounding, and repeat bit
+ * for bit). For h_e <= VEC and rows of at most 32·WS_CH chunks. */
+#define WS_CH 4
+
+/* z[e] = x · U[:, e] for e < h_e <= VEC, in every lane. */
+static __device__ __forceinline__ void down_all(const peer_expert_params &P, const welem *ue, const float *xs,
+                                                float *z, int lane) {
+  const i64 he = P.he, nvec = P.din * he / VEC;
+  const int sh = P.he_shift;
+  float acc[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; e++) acc[e] = 0.f;
+#pragma unroll 4
+  for (i64 f = lane; f < nvec; f += 32) {
+    float w[VEC];
+    load_vec(ue + f * VEC, w);
+    const i64 base = f * VEC;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = fmaf(xs[(base + e) >> sh], w[e], acc[e]);
+  }
+#pragma unroll
+  for (int s = VEC / 2; s >= 1; s >>= 1)
+    if (s >= he) {
+#pragma unroll
+      for (int e = 0; e < s; e++) acc[e] += acc[e + s];
+    }
+#pragma unroll
+  for (int e = 0; e < VEC; e++) z[e] = e < he ? smelt_warp_sum(acc[e]) : 0.f;
+}
+
+/* Copies use n of this warp (use warp + NWARPS n) into its slot n mod S,
+ * then a commit (empty past the warp's last use). */
+static __device__ __forceinline__ void ws_issue(const peer_expert_params &P, i64 n, i64 nw, const welem *const *up,
+                                                const welem *const *vp, welem *ring, i64 row, i64 du, int warp,
+                                                int lane) {
+  if (n < nw) {
+    const i64 j = warp + NWARPS * n;
+    const welem *u = up[j], *v = vp[j];
+    if (u) {
+      const u32 dst = smem_u32(ring + (n % P.stage_uses) * row);
+      for (i64 r = lane; r < row / VEC; r += 32) {
+        const welem *src = r * VEC < du ? u + r * VEC : v + (r * VEC - du);
+        cp_async16(dst + (u32)(r * 16), src, 16);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+static __device__ __forceinline__ void ws_wait(int slots) {
+  if (slots >= 3) CP_ASYNC_WAIT(1);
+  else CP_ASYNC_WAIT(0);
+  __syncwarp();
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd_warp(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk, S = P.stage_uses;
+  const i64 du = din * he, row = du + he * dout, nco = dout / VEC;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  welem *ring = (welem *)smem + warp * S * row;           /* [NWARPS][S][row] */
+  float *xs = (float *)((welem *)smem + NWARPS * S * row); /* [din] */
+  float *gs = xs + round4(din);                           /* [hk] */
+  const welem **up = (const welem **)(gs + round4(hk));  /* [hk] */
+  const welem **vp = up + hk;
+  for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  stage_uses(P, t, 0, hk, gs, up, vp);
+  __syncthreads();
+  const i64 nw = warp < hk ? (hk - warp + NWARPS - 1) / NWARPS : 0;
+  float y[WS_CH][VEC];
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) y[m][e] = 0.f;
+  for (int n = 0; n < S - 1; n++) ws_issue(P, n, nw, up, vp, ring, row, du, warp, lane);
+  for (i64 n = 0; n < nw; n++) {
+    ws_wait((int)S);
+    ws_issue(P, n + S - 1, nw, up, vp, ring, row, du, warp, lane); /* into the slot use n - 1 left */
+    const i64 j = warp + NWARPS * n;
+    if (!up[j]) continue;
+    const welem *slot = ring + (n % S) * row;
+    float z[VEC];
+    down_all(P, slot, xs, z, lane);
+    const float g = gs[j];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, z[e]) : 0.f;
+    const welem *v = slot + du;
+#pragma unroll
+    for (int m = 0; m < WS_CH; m++) {
+      const i64 cc = lane + 32 * m;
+      if (cc >= nco) break;
+#pragma unroll
+      for (int jj = 0; jj < VEC; jj++) {
+        if (jj >= he) break;
+        float w[VEC];
+        load_vec(v + jj * dout + cc * VEC, w);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) y[m][e] = fmaf(z[jj], w[e], y[m][e]);
+      }
+    }
+    __syncwarp(); /* the slot is read before a later issue refills it */
+  }
+  /* the warps' rows, added in warp order (over the ring) */
+  __syncthreads();
+  float *yp = (float *)smem; /* [NWARPS][dout] */
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++) {
+    const i64 cc = lane + 32 * m;
+    if (cc < nco)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) yp[warp * dout + cc * VEC + e] = y[m][e];
+  }
+  __syncthreads();
+  for (i64 c = tid; c < dout; c += NT) {
+    float s = yp[c];
+    for (int w = 1; w < NWARPS; w++) s += yp[w * dout + c];
+    peer_st(P.y, t * P.y_rs + c, P.y_dt, s);
+  }
+}
+
+/* Per use: z, da = dy · V_e[j], ua, udz, dg to global memory (as
+ * bwd_round), and dx[t] += Σ_j udz_j U_e[:, j] in registers: lane l holds
+ * the rows of U's 16-byte chunks l + 32 m (VEC / h_e rows each). */
+/* acc[r] += Σ_j dz_j w[r HE + j] over one chunk of U (VEC / HE rows); HE
+ * is a literal at every call, so every index is static. */
+static __device__ __forceinline__ void dx_chunk(float *acc, const float *w, const float *dz, int HE) {
+#pragma unroll
+  for (int e = 0; e < VEC; e++) acc[e / HE] = fmaf(dz[e % HE], w[e], acc[e / HE]);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk, S = P.stage_uses;
+  const i64 du = din * he, row = du + he * dout, ncu = du / VEC, nco = dout / VEC;
+  const int sh = P.he_shift;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  welem *ring = (welem *)smem + warp * S * row;
+  float *xs = (float *)((welem *)smem + NWARPS * S * row); /* [din] */
+  float *dys = xs + round4(din);                          /* [dout] */
+  float *gs = dys + round4(dout);                         /* [hk] */
+  const welem **up = (const welem **)(gs + round4(hk));
+  const welem **vp = up + hk;
+  for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = tid; i < dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
+  stage_uses(P, t, 0, hk, gs, up, vp);
+  __syncthreads();
+  const i64 nw = warp < hk ? (hk - warp + NWARPS - 1) / NWARPS : 0;
+  float dxa[WS_CH][VEC]; /* [m][r]: dx of row (lane + 32 m) VEC / h_e + r, r < VEC / h_e */
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) dxa[m][e] = 0.f;
+  for (int n = 0; n < S - 1; n++) ws_issue(P, n, nw, up, vp, ring, row, du, warp, lane);
+  for (i64 n = 0; n < nw; n++) {
+    ws_wait((int)S);
+    ws_issue(P, n + S - 1, nw, up, vp, ring, row, du, warp, lane);
+    const i64 j = warp + NWARPS * n, use = t * hk + j;
+    if (!up[j]) {
+      for (i64 jj = lane; jj < he; jj += 32) {
+        ((float *)P.ua)[use * he + jj] = 0.f;
+        ((float *)P.udz)[use * he + jj] = 0.f;
+      }
+      if (lane == 0) ((float *)P.dg)[use] = 0.f;
+      continue;
+    }
+    const welem *slot = ring + (n % S) * row, *v = slot + du;
+    float z[VEC], da[VEC];
+    down_all(P, slot, xs, z, lane);
+#pragma unroll
+    for (int jj = 0; jj < VEC; jj++) {
+      float s = 0.f;
+      if (jj < he) {
+        for (i64 cc = lane; cc < nco; cc += 32) {
+          float w[VEC];
+          load_vec(v + jj * dout + cc * VEC, w);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) s = fmaf(dys[cc * VEC + e], w[e], s);
+        }
+      }
+      da[jj] = jj < he ? smelt_warp_sum(s) : 0.f;
+    }
+    const float g = gs[j];
+    float dg = 0.f, dz[VEC];
+#pragma unroll
+    for (int jj = 0; jj < VEC; jj++) {
+      dz[jj] = 0.f;
+      if (jj >= he) continue;
+      const float av = peer_act(P.act, z[jj]);
+      dz[jj] = da[jj] * g * peer_act_grad(P.act, z[jj]);
+      dg = fmaf(da[jj], av, dg);
+      if (lane == jj) {
+        ((float *)P.ua)[use * he + jj] = g * av;
+        ((float *)P.udz)[use * he + jj] = dz[jj];
+      }
+    }
+    if (lane == 0) ((float *)P.dg)[use] = dg;
+    if (P.dx) {
+#pragma unroll
+      for (int m = 0; m < WS_CH; m++) {
+        const i64 f = lane + 32 * m;
+        if (f >= ncu) break;
+        float w[VEC];
+        load_vec(slot + f * VEC, w);
+        if (he == 1) dx_chunk(dxa[m], w, dz, 1);
+#if VEC >= 4
+        else if (he == 2) dx_chunk(dxa[m], w, dz, 2);
+        else if (he == 4) dx_chunk(dxa[m], w, dz, 4);
+#endif
+#if VEC >= 8
+        else if (he == 8) dx_chunk(dxa[m], w, dz, 8);
+#endif
+      }
+    }
+    __syncwarp();
+  }
+  if (!P.dx) return;
+  __syncthreads();
+  float *dp = (float *)smem; /* [NWARPS][din] */
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++) {
+    const i64 f = lane + 32 * m;
+    if (f < ncu)
+#pragma unroll
+      for (int r = 0; r < VEC; r++)
+        if (r < (VEC >> sh)) dp[warp * din + ((f * VEC) >> sh) + r] = dxa[m][r];
+  }
+  __syncthreads();
+  for (i64 i = tid; i < din; i += NT) {
+    float s = dp[i];
+    for (int w = 1; w < NWARPS; w++) s += dp[w * din + i];
+    ((float *)P.dx)[t * din + i] = s;
+  }
+}
+#endif

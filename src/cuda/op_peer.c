@@ -99,11 +99,15 @@ smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *d
 
 /* ---------------------------------------------------------------- plan state */
 
-/* An expert-kernel variant with its launch shape: the pipelined kernels
- * when a stage holds at least one use (stage_uses > 0), else the kernels
- * that read rows straight from memory in rounds of `chunk` uses. */
+/* The expert kernels of kernels/peer_expert.cu, in order of preference. */
+typedef enum expert_kind { EK_WARP, EK_STAGE, EK_ROWS } expert_kind;
+
+/* An expert-kernel variant with its launch shape: stage_uses is the uses
+ * per stage (EK_STAGE) or the slots per warp (EK_WARP); chunk the uses per
+ * round (EK_ROWS). */
 typedef struct expert_variant {
   int vec;
+  expert_kind kind;
   CUfunction fwd, bwd;
   int64_t chunk, stage_uses;
   int gout, gin;
@@ -161,6 +165,18 @@ static unsigned pipe_bwd_smem(const smelt__peer_state *ps, int gin, int64_t su, 
                     4 * (r4(ps->din) + r4(ps->dout) + gin * r4(ps->din) + 2 * r4(su * ps->he) + r4(hk)) + 16 * hk);
 }
 
+/* The warp-streamed kernels: NWARPS rings of `slots` uses' rows, x (and
+ * dy), gates and row pointers. */
+#define PEER_WS_CH 4 /* kernels/peer_expert.cu's WS_CH */
+static unsigned warp_fwd_smem(const smelt__peer_state *ps, int64_t slots, int64_t row_bytes) {
+  const int64_t hk = ps->h * ps->k;
+  return (unsigned)(8 * slots * row_bytes + 4 * (r4(ps->din) + r4(hk)) + 16 * hk);
+}
+static unsigned warp_bwd_smem(const smelt__peer_state *ps, int64_t slots, int64_t row_bytes) {
+  const int64_t hk = ps->h * ps->k;
+  return (unsigned)(8 * slots * row_bytes + 4 * (r4(ps->din) + r4(ps->dout) + r4(hk)) + 16 * hk);
+}
+
 /* Chooses the launch shape of a variant and loads it. */
 static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, smelt_dtype wdt, int vec,
                                 expert_variant *ev) {
@@ -174,18 +190,41 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   smelt__kernel_src src;
   smelt__peer_expert_src(wdt, vec, &src);
   smelt_status s;
-  /* Pipelined when 16-byte rows of one use fit a stage and the token's
-   * uses and stages fit the budget: as many uses per stage as fit.
-   * SMELT_PEER_EXPERT_PIPE=0 keeps the round kernels (for comparing the
-   * two on a device: which streams the rows faster depends on it). */
+  /* SMELT_PEER_EXPERT_KERNEL=stage or rows starts the choice below that
+   * kind (for comparing them on a device; the default is the first that
+   * fits). */
+  const char *kind_env = smelt__getenv("SMELT_PEER_EXPERT_KERNEL");
+  const expert_kind first = kind_env && strcmp(kind_env, "rows") == 0    ? EK_ROWS
+                            : kind_env && strcmp(kind_env, "stage") == 0 ? EK_STAGE
+                                                                         : EK_WARP;
   const int64_t row_bytes = (ps->din + ps->dout) * ps->he * (int64_t)smelt_dtype_size(wdt);
-  const char *pipe_env = smelt__getenv("SMELT_PEER_EXPERT_PIPE");
-  const int pipe_ok = !pipe_env || strcmp(pipe_env, "0") != 0;
   ev->stage_uses = 0;
-  if (pipe_ok && vec > 1 && row_bytes <= PEER_STAGE_BYTES && hk > 0) {
+  /* Warp-streamed when h_e <= the load width, the rows a lane keeps (y and
+   * dx) fit its WS_CH chunks, and three (else two) slots a warp fit half
+   * the SM's shared memory (two CTAs per SM). */
+  const unsigned half = (unsigned)(smem_max / 2 - 1024);
+  if (first == EK_WARP && vec > 1 && ps->he <= vec && ps->din * ps->he <= 32 * PEER_WS_CH * vec &&
+      ps->dout <= 32 * PEER_WS_CH * vec && hk > 0) {
+    for (int64_t slots = 3; slots >= 2; slots--) {
+      if (warp_fwd_smem(ps, slots, row_bytes) > half || warp_bwd_smem(ps, slots, row_bytes) > half) continue;
+      ev->kind = EK_WARP;
+      ev->stage_uses = slots;
+      ev->chunk = hk;
+      ev->fwd_smem = warp_fwd_smem(ps, slots, row_bytes);
+      ev->bwd_smem = warp_bwd_smem(ps, slots, row_bytes);
+      if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd_warp", &ev->fwd)) ||
+          (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd_warp", &ev->bwd)))
+        return s;
+      return SMELT_OK;
+    }
+  }
+  /* Pipelined when 16-byte rows of one use fit a stage and the token's
+   * uses and stages fit the budget: as many uses per stage as fit. */
+  if (first <= EK_STAGE && vec > 1 && row_bytes <= PEER_STAGE_BYTES && hk > 0) {
     int64_t su = PEER_STAGE_BYTES / row_bytes;
     if (su > hk) su = hk;
     if (pipe_fwd_smem(ps, ev->gout, su, row_bytes) <= budget && pipe_bwd_smem(ps, ev->gin, su, row_bytes) <= budget) {
+      ev->kind = EK_STAGE;
       ev->stage_uses = su;
       ev->chunk = hk;
       ev->fwd_smem = pipe_fwd_smem(ps, ev->gout, su, row_bytes);
@@ -198,6 +237,7 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   }
   /* Up to 256 uses staged at a time, fewer while that keeps shared memory
    * under the budget. */
+  ev->kind = EK_ROWS;
   int64_t chunk = hk < 256 ? hk : 256;
   while (chunk > 1 && (fwd_smem(ps, ev->gout, chunk) > budget || bwd_smem(ps, ev->gin, chunk) > budget)) chunk /= 2;
   ev->chunk = chunk;
@@ -291,11 +331,15 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   }
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
-  char pipe[48] = "";
-  if (pc->ev[0].stage_uses)
+  char pipe[40];
+  if (pc->ev[0].kind == EK_STAGE)
     snprintf(pipe, sizeof pipe, " (pipelined, %lld uses a stage)", (long long)pc->ev[0].stage_uses);
+  else if (pc->ev[0].kind == EK_WARP)
+    snprintf(pipe, sizeof pipe, " (warp-streamed, %lld slots a warp)", (long long)pc->ev[0].stage_uses);
+  else
+    snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %s%s", (long long)ps->N, ps->p,
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %.32s%.36s", (long long)ps->N, ps->p,
            (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name, pipe);
   return SMELT_OK;
 }
