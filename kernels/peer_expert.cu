@@ -536,14 +536,14 @@ static __device__ __forceinline__ void down_all(const peer_expert_params &P, con
 
 /* Copies use n of this warp (use warp + NWARPS n) into its slot n mod S,
  * then a commit (empty past the warp's last use). */
-static __device__ __forceinline__ void ws_issue(const peer_expert_params &P, i64 n, i64 nw, const welem *const *up,
+static __device__ __forceinline__ void ws_issue(const peer_expert_params &P, int n, int nw, const welem *const *up,
                                                 const welem *const *vp, welem *ring, i64 row, i64 du, int warp,
                                                 int lane) {
   if (n < nw) {
     const i64 j = warp + NWARPS * n;
     const welem *u = up[j], *v = vp[j];
     if (u) {
-      const u32 dst = smem_u32(ring + (n % P.stage_uses) * row);
+      const u32 dst = smem_u32(ring + (i64)(n % P.stage_uses) * row);
       for (i64 r = lane; r < row / VEC; r += 32) {
         const welem *src = r * VEC < du ? u + r * VEC : v + (r * VEC - du);
         cp_async16(dst + (u32)(r * 16), src, 16);
@@ -561,30 +561,31 @@ static __device__ __forceinline__ void ws_wait(int slots) {
 
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd_warp(peer_expert_params P) {
   extern __shared__ __align__(16) float smem[];
-  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk, S = P.stage_uses;
+  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk;
+  const int S = P.stage_uses;
   const i64 du = din * he, row = du + he * dout, nco = dout / VEC;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  welem *ring = (welem *)smem + warp * S * row;           /* [NWARPS][S][row] */
-  float *xs = (float *)((welem *)smem + NWARPS * S * row); /* [din] */
+  welem *ring = (welem *)smem + (i64)warp * S * row;           /* [NWARPS][S][row] */
+  float *xs = (float *)((welem *)smem + (i64)NWARPS * S * row); /* [din] */
   float *gs = xs + round4(din);                           /* [hk] */
   const welem **up = (const welem **)(gs + round4(hk));  /* [hk] */
   const welem **vp = up + hk;
   for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
   stage_uses(P, t, 0, hk, gs, up, vp);
   __syncthreads();
-  const i64 nw = warp < hk ? (hk - warp + NWARPS - 1) / NWARPS : 0;
+  const int nw = warp < hk ? (int)((hk - warp + NWARPS - 1) / NWARPS) : 0;
   float y[WS_CH][VEC];
 #pragma unroll
   for (int m = 0; m < WS_CH; m++)
 #pragma unroll
     for (int e = 0; e < VEC; e++) y[m][e] = 0.f;
   for (int n = 0; n < S - 1; n++) ws_issue(P, n, nw, up, vp, ring, row, du, warp, lane);
-  for (i64 n = 0; n < nw; n++) {
-    ws_wait((int)S);
+  for (int n = 0; n < nw; n++) {
+    ws_wait(S);
     ws_issue(P, n + S - 1, nw, up, vp, ring, row, du, warp, lane); /* into the slot use n - 1 left */
     const i64 j = warp + NWARPS * n;
     if (!up[j]) continue;
-    const welem *slot = ring + (n % S) * row;
+    const welem *slot = ring + (i64)(n % S) * row;
     float z[VEC];
     down_all(P, slot, xs, z, lane);
     const float g = gs[j];
@@ -636,12 +637,13 @@ static __device__ __forceinline__ void dx_chunk(float *acc, const float *w, cons
 
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_expert_params P) {
   extern __shared__ __align__(16) float smem[];
-  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk, S = P.stage_uses;
+  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk;
+  const int S = P.stage_uses;
   const i64 du = din * he, row = du + he * dout, ncu = du / VEC, nco = dout / VEC;
   const int sh = P.he_shift;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  welem *ring = (welem *)smem + warp * S * row;
-  float *xs = (float *)((welem *)smem + NWARPS * S * row); /* [din] */
+  welem *ring = (welem *)smem + (i64)warp * S * row;
+  float *xs = (float *)((welem *)smem + (i64)NWARPS * S * row); /* [din] */
   float *dys = xs + round4(din);                          /* [dout] */
   float *gs = dys + round4(dout);                         /* [hk] */
   const welem **up = (const welem **)(gs + round4(hk));
@@ -650,15 +652,15 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
   for (i64 i = tid; i < dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
   stage_uses(P, t, 0, hk, gs, up, vp);
   __syncthreads();
-  const i64 nw = warp < hk ? (hk - warp + NWARPS - 1) / NWARPS : 0;
+  const int nw = warp < hk ? (int)((hk - warp + NWARPS - 1) / NWARPS) : 0;
   float dxa[WS_CH][VEC]; /* [m][r]: dx of row (lane + 32 m) VEC / h_e + r, r < VEC / h_e */
 #pragma unroll
   for (int m = 0; m < WS_CH; m++)
 #pragma unroll
     for (int e = 0; e < VEC; e++) dxa[m][e] = 0.f;
   for (int n = 0; n < S - 1; n++) ws_issue(P, n, nw, up, vp, ring, row, du, warp, lane);
-  for (i64 n = 0; n < nw; n++) {
-    ws_wait((int)S);
+  for (int n = 0; n < nw; n++) {
+    ws_wait(S);
     ws_issue(P, n + S - 1, nw, up, vp, ring, row, du, warp, lane);
     const i64 j = warp + NWARPS * n, use = t * hk + j;
     if (!up[j]) {
@@ -669,7 +671,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
       if (lane == 0) ((float *)P.dg)[use] = 0.f;
       continue;
     }
-    const welem *slot = ring + (n % S) * row, *v = slot + du;
+    const welem *slot = ring + (i64)(n % S) * row, *v = slot + du;
     float z[VEC], da[VEC];
     down_all(P, slot, xs, z, lane);
 #pragma unroll
