@@ -55,26 +55,23 @@ static __device__ __forceinline__ u32 block_scan(u32 v, u32 *warp_sums, u32 *tot
 }
 
 /* In-place exclusive scan of data[0..count) (u32), one block; the sum goes
- * to *total_out (u64) when given. SCAN_PER values a thread per chunk: the
- * chunks are sequential (each a latency-bound round trip), so few and
- * large (a sort pass's 32K-entry histogram is 8 chunks). */
-#define SCAN_PER 16
+ * to *total_out (u64) when given. */
 extern "C" __global__ void __launch_bounds__(NT) peer_scan(u64 data, i64 count, u64 total_out) {
   __shared__ u32 ws[NT / 32 + 1];
   u32 *d = (u32 *)data;
   u32 carry = 0;
-  for (i64 base = 0; base < count; base += NT * SCAN_PER) {
-    const i64 i0 = base + threadIdx.x * SCAN_PER;
-    u32 v[SCAN_PER], sum = 0;
+  for (i64 base = 0; base < count; base += TILE) {
+    const i64 i0 = base + threadIdx.x * 4;
+    u32 v[4], sum = 0;
 #pragma unroll
-    for (int j = 0; j < SCAN_PER; j++) {
+    for (int j = 0; j < 4; j++) {
       v[j] = i0 + j < count ? d[i0 + j] : 0u;
       sum += v[j];
     }
     u32 tot;
     u32 run = carry + block_scan(sum, ws, &tot);
 #pragma unroll
-    for (int j = 0; j < SCAN_PER; j++)
+    for (int j = 0; j < 4; j++)
       if (i0 + j < count) {
         d[i0 + j] = run;
         run += v[j];
