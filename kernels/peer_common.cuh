@@ -65,7 +65,7 @@ typedef struct peer_expert_params {
   i64 chunk;                /* uses staged per round in shared memory */
   int x_dt, y_dt, dy_dt, act;
   int groups_out, groups_in;/* thread groups splitting the uses of the up (dout) and dx (din) phases */
-  int he_shift, stage_uses;  /* log2(h_e); uses per stage of the pipelined kernels */
+  int he_shift, stage_uses;  /* log2(h_e); slots per warp of the warp-streamed kernels */
 } peer_expert_params;
 static_assert(sizeof(peer_expert_params) == 224, "peer_expert_params must match the host's smelt__peer_expert_params");
 

@@ -15,6 +15,12 @@
  *         and their partial rows are added in a fixed order at the end.
  * Every expert row is read once per use with many loads in flight (8 warps
  * x 4 unrolled loads in the down phase, a whole CTA in the up phase).
+ * These "round" kernels take any shape; the warp-streamed kernels at the
+ * end (h_e <= VEC, rows a lane can keep in registers) stream the rows
+ * with cp.async and no CTA barrier per use, and are the faster ones
+ * (docs/PERF.md: 0.89 vs ~1.1 ms for the issue's forward on an H100).
+ * A third variant, CTA-wide cp.async stages between barriers, measured
+ * slower than the round kernels (per-stage barrier latency) and was removed.
  *
  * Expert rows come from the store's HBM slot when the table says the
  * expert is cached, else from the full table (a dense tensor, or the
@@ -152,17 +158,6 @@ static __device__ __forceinline__ void down(const peer_expert_params &P, const w
 
 static __device__ __forceinline__ i64 round4(i64 n) { return (n + 3) & ~(i64)3; }
 
-/* Rows of use j of a round. slot == NULL: the rows in memory (up[j],
- * vp[j]; NULL for an invalid use); else the copies of the rows in the
- * pipeline's shared-memory slot, use j at slot + j·row (U, then V at du). */
-static __device__ __forceinline__ const welem *use_u(const welem *const *up, i64 j, const welem *slot, i64 row) {
-  return slot ? (up[j] ? slot + j * row : 0) : up[j];
-}
-static __device__ __forceinline__ const welem *use_v(const welem *const *vp, i64 j, const welem *slot, i64 row,
-                                                    i64 du) {
-  return slot ? (vp[j] ? slot + j * row + du : 0) : vp[j];
-}
-
 /* ---------------------------------------------------------------- forward */
 
 /* One round of nu uses (pointers and gates from index 0 of up, vp, gs):
@@ -171,16 +166,14 @@ static __device__ __forceinline__ const welem *use_v(const welem *const *vp, i64
  * before (rows, x and the staged uses ready; the last round's readers of
  * as done). */
 static __device__ void fwd_round(const peer_expert_params &P, i64 nu, const welem *const *up, const welem *const *vp,
-                                 const float *gs, const welem *slot, i64 row, i64 du, const float *xs, float *as,
-                                 float *ys) {
+                                 const float *gs, const float *xs, float *as, float *ys) {
   const i64 he = P.he, dout = P.dout;
   const int G = P.groups_out, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int per = NT / G; /* threads per group */
   const int grp = tid / per, lt = tid - grp * per;
   const i64 nch = dout / VEC;
   for (i64 j = warp; j < nu; j += NWARPS) {
-    const welem *ue = use_u(up, j, slot, row);
-    if (ue) down(P, ue, xs, as + j * he, gs[j], 1, lane);
+    if (up[j]) down(P, up[j], xs, as + j * he, gs[j], 1, lane);
   }
   __syncthreads();
   float *yg = ys + grp * round4(dout);
@@ -192,7 +185,7 @@ static __device__ void fwd_round(const peer_expert_params &P, i64 nu, const wele
     for (i64 j0 = grp; j0 < nu; j0 += UP_BATCH * G) {
       const welem *vb[UP_BATCH];
 #pragma unroll
-      for (int b = 0; b < UP_BATCH; b++) vb[b] = j0 + b * G < nu ? use_v(vp, j0 + b * G, slot, row, du) : 0;
+      for (int b = 0; b < UP_BATCH; b++) vb[b] = j0 + b * G < nu ? vp[j0 + b * G] : 0;
       for (i64 jj = 0; jj < he; jj++) {
         float w[UP_BATCH][VEC];
 #pragma unroll
@@ -240,77 +233,11 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd(peer_expert_
     __syncthreads(); /* x is staged; the last round's readers of as, gs, up, vp are done */
     stage_uses(P, t, u0, nu, gs, up, vp);
     __syncthreads();
-    fwd_round(P, nu, up, vp, gs, 0, 0, 0, xs, as, ys);
+    fwd_round(P, nu, up, vp, gs, xs, as, ys);
   }
   fwd_store(P, t, ys);
 }
 
-#if VEC > 1
-/* ---------------------------------------------------------------- pipelined variants */
-
-/* The pipelined kernels (peer_expert_fwd_pipe, peer_expert_bwd_pipe) read
- * the same rows in the same order with the same arithmetic as the kernels
- * above, but stream them into shared memory with cp.async: stages of
- * P.stage_uses uses (U row, then V row, each use's pair contiguous), with
- * PIPE_STAGES - 1 stages in flight while one is computed. The bytes in
- * flight then no longer depend on registers or on how far a warp unrolls.
- * A stage's compute is a few dependent phases separated by barriers, about
- * as long for 8 uses (a warp each) as for 4, so stages are large (up to
- * 32 KiB: 8 uses of d_in = d_out = 1024, h_e 1, bf16) and double-buffered,
- * two CTAs per SM. (4 stages of 16 KiB measured 1.16 TB/s on an H100,
- * compute-bound at ~3.7 us a stage.) All of a token's uses are staged
- * once (gates and row pointers: 20 bytes per use). */
-#define PIPE_STAGES 2
-
-/* Copies of stage st's rows into slot st mod PIPE_STAGES, then a commit
- * (an empty group past the last stage keeps every thread's group count in
- * step with the stage index). */
-static __device__ __forceinline__ void pipe_issue(const peer_expert_params &P, i64 st, i64 nst, const welem *const *up,
-                                                  const welem *const *vp, welem *buf, i64 row, i64 du) {
-  if (st < nst) {
-    const i64 B = P.stage_uses, u0 = st * B, nb = P.hk - u0 < B ? P.hk - u0 : B;
-    welem *slot = buf + (st % PIPE_STAGES) * B * row;
-    for (i64 b = 0; b < nb; b++) {
-      const welem *u = up[u0 + b], *v = vp[u0 + b];
-      if (!u) continue;
-      const u32 dst = smem_u32(slot + b * row);
-      for (i64 r = threadIdx.x; r < row / VEC; r += NT) {
-        const welem *src = r * VEC < du ? u + r * VEC : v + (r * VEC - du);
-        cp_async16(dst + (u32)(r * 16), src, 16);
-      }
-    }
-  }
-  cp_async_commit();
-}
-
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd_pipe(peer_expert_params P) {
-  extern __shared__ __align__(16) float smem[];
-  const i64 t = blockIdx.x, he = P.he, dout = P.dout, hk = P.hk, B = P.stage_uses;
-  const i64 du = P.din * he, row = du + he * dout;
-  welem *buf = (welem *)smem;                            /* [PIPE_STAGES][B][row]: whole 16-byte units */
-  float *xs = (float *)(buf + PIPE_STAGES * B * row);    /* [din] */
-  float *ys = xs + round4(P.din);                        /* [G][dout] */
-  float *as = ys + P.groups_out * round4(dout);          /* [B][he] */
-  float *gs = as + round4(B * he);                       /* [hk] */
-  const welem **up = (const welem **)(gs + round4(hk)); /* [hk] */
-  const welem **vp = up + hk;
-  const int tid = threadIdx.x;
-  for (i64 i = tid; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
-  for (i64 i = tid; i < P.groups_out * round4(dout); i += NT) ys[i] = 0.f;
-  stage_uses(P, t, 0, hk, gs, up, vp);
-  __syncthreads();
-  const i64 nst = (hk + B - 1) / B;
-  for (int st = 0; st < PIPE_STAGES - 1; st++) pipe_issue(P, st, nst, up, vp, buf, row, du);
-  for (i64 st = 0; st < nst; st++) {
-    CP_ASYNC_WAIT(PIPE_STAGES - 2);
-    __syncthreads(); /* stage st landed; the last stage's readers of its slot and of as are done */
-    pipe_issue(P, st + PIPE_STAGES - 1, nst, up, vp, buf, row, du);
-    const i64 u0 = st * B, nb = hk - u0 < B ? hk - u0 : B;
-    fwd_round(P, nb, up + u0, vp + u0, gs + u0, buf + (st % PIPE_STAGES) * B * row, row, du, xs, as, ys);
-  }
-  fwd_store(P, t, ys);
-}
-#endif
 
 /* ---------------------------------------------------------------- backward */
 
@@ -350,8 +277,8 @@ static __device__ __forceinline__ void dx_wide(const welem *ue, i64 i0, const fl
  * then, when P.dx is set, the groups' partial rows dxs += Σ_j udz_j U_e[:, j].
  * The caller synchronizes before, as for fwd_round. */
 static __device__ void bwd_round(const peer_expert_params &P, i64 t, i64 u0, i64 nu, const welem *const *up,
-                                 const welem *const *vp, const float *gs, const welem *slot, i64 row, i64 du,
-                                 const float *xs, const float *dys, float *zs, float *dzs, float *dxs) {
+                                 const welem *const *vp, const float *gs, const float *xs, const float *dys, float *zs,
+                                 float *dzs, float *dxs) {
   const i64 he = P.he, din = P.din, dout = P.dout;
   const int G = P.groups_in, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int per = NT / G;
@@ -359,7 +286,7 @@ static __device__ void bwd_round(const peer_expert_params &P, i64 t, i64 u0, i64
   const i64 nin = din / VEC, nvo = dout / VEC;
   for (i64 j = warp; j < nu; j += NWARPS) {
     const i64 use = t * P.hk + u0 + j;
-    const welem *ue = use_u(up, j, slot, row);
+    const welem *ue = up[j];
     if (!ue) {
       for (i64 jj = lane; jj < he; jj += 32) {
         dzs[j * he + jj] = 0.f;
@@ -371,7 +298,7 @@ static __device__ void bwd_round(const peer_expert_params &P, i64 t, i64 u0, i64
     }
     down(P, ue, xs, zs + j * he, 0.f, 0, lane);
     __syncwarp();
-    const welem *ve = use_v(vp, j, slot, row, du);
+    const welem *ve = vp[j];
     const float g = gs[j];
     float dg = 0.f;
     for (i64 jj = 0; jj < he; jj++) {
@@ -403,7 +330,7 @@ static __device__ void bwd_round(const peer_expert_params &P, i64 t, i64 u0, i64
 #pragma unroll
     for (int e = 0; e < VEC; e++) acc[e] = dxg[ic * VEC + e];
     for (i64 j = grp; j < nu; j += G) {
-      const welem *ue = use_u(up, j, slot, row);
+      const welem *ue = up[j];
       if (!ue) continue;
       const float *dz = dzs + j * he;
       if (he >= VEC) dx_wide(ue, ic * VEC, dz, acc, he);
@@ -457,41 +384,11 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_
     __syncthreads();
     stage_uses(P, t, u0, nu, gs, up, vp);
     __syncthreads();
-    bwd_round(P, t, u0, nu, up, vp, gs, 0, 0, 0, xs, dys, zs, dzs, dxs);
+    bwd_round(P, t, u0, nu, up, vp, gs, xs, dys, zs, dzs, dxs);
   }
   bwd_store(P, t, dxs);
 }
 
-#if VEC > 1
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_pipe(peer_expert_params P) {
-  extern __shared__ __align__(16) float smem[];
-  const i64 t = blockIdx.x, he = P.he, din = P.din, hk = P.hk, B = P.stage_uses;
-  const i64 du = din * he, row = du + he * P.dout;
-  welem *buf = (welem *)smem;                         /* [PIPE_STAGES][B][row] */
-  float *xs = (float *)(buf + PIPE_STAGES * B * row); /* [din] */
-  float *dys = xs + round4(din);                      /* [dout] */
-  float *dxs = dys + round4(P.dout);                  /* [G][din] */
-  float *zs = dxs + P.groups_in * round4(din);        /* [B][he] */
-  float *dzs = zs + round4(B * he);                   /* [B][he] */
-  float *gs = dzs + round4(B * he);                   /* [hk] */
-  const welem **up = (const welem **)(gs + round4(hk));
-  const welem **vp = up + hk;
-  bwd_prologue(P, t, xs, dys, dxs);
-  stage_uses(P, t, 0, hk, gs, up, vp);
-  __syncthreads();
-  const i64 nst = (hk + B - 1) / B;
-  for (int st = 0; st < PIPE_STAGES - 1; st++) pipe_issue(P, st, nst, up, vp, buf, row, du);
-  for (i64 st = 0; st < nst; st++) {
-    CP_ASYNC_WAIT(PIPE_STAGES - 2);
-    __syncthreads();
-    pipe_issue(P, st + PIPE_STAGES - 1, nst, up, vp, buf, row, du);
-    const i64 u0 = st * B, nb = hk - u0 < B ? hk - u0 : B;
-    bwd_round(P, t, u0, nb, up + u0, vp + u0, gs + u0, buf + (st % PIPE_STAGES) * B * row, row, du, xs, dys, zs, dzs,
-              dxs);
-  }
-  bwd_store(P, t, dxs);
-}
-#endif
 
 #if VEC > 1
 /* ---------------------------------------------------------------- warp-streamed variants */
@@ -503,9 +400,11 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_pipe(peer_ex
  * computes one; a use is computed by its warp alone, with the running y
  * (or dx) columns in registers (lane l: 16-byte chunks l + 32 m, m < WS_CH),
  * so no CTA barrier separates one use from the next. The warps' rows are
- * added in warp order at the end. Same products as the other kernels;
+ * added in warp order at the end. Same products as the round kernels;
  * other summation orders (the results differ by rounding, and repeat bit
- * for bit). For h_e <= VEC and rows of at most 32·WS_CH chunks. */
+ * for bit). For h_e <= VEC and rows of at most 32·WS_CH chunks. The
+ * bytes in flight are the slots: 2 a warp, 16 warps an SM, 128 KiB for
+ * the issue's 4 KiB uses. */
 #define WS_CH 4
 
 /* z[e] = x · U[:, e] for e < h_e <= VEC, in every lane. */

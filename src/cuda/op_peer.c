@@ -100,11 +100,10 @@ smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *d
 /* ---------------------------------------------------------------- plan state */
 
 /* The expert kernels of kernels/peer_expert.cu, in order of preference. */
-typedef enum expert_kind { EK_WARP, EK_STAGE, EK_ROWS } expert_kind;
+typedef enum expert_kind { EK_WARP, EK_ROWS } expert_kind;
 
-/* An expert-kernel variant with its launch shape: stage_uses is the uses
- * per stage (EK_STAGE) or the slots per warp (EK_WARP); chunk the uses per
- * round (EK_ROWS). */
+/* An expert-kernel variant with its launch shape: stage_uses is the slots
+ * per warp (EK_WARP); chunk the uses per round (EK_ROWS). */
 typedef struct expert_variant {
   int vec;
   expert_kind kind;
@@ -149,22 +148,6 @@ static unsigned bwd_smem(const smelt__peer_state *ps, int gin, int64_t chunk) {
                     16 * chunk);
 }
 
-/* The pipelined kernels (kernels/peer_expert.cu): PEER_PIPE_STAGES slots
- * of stage_uses uses' rows each, up to PEER_STAGE_BYTES a slot. */
-#define PEER_PIPE_STAGES 2
-#define PEER_STAGE_BYTES (32 * 1024)
-
-static unsigned pipe_fwd_smem(const smelt__peer_state *ps, int gout, int64_t su, int64_t row_bytes) {
-  const int64_t hk = ps->h * ps->k;
-  return (unsigned)(PEER_PIPE_STAGES * su * row_bytes + 4 * (r4(ps->din) + gout * r4(ps->dout) + r4(su * ps->he) + r4(hk)) +
-                    16 * hk);
-}
-static unsigned pipe_bwd_smem(const smelt__peer_state *ps, int gin, int64_t su, int64_t row_bytes) {
-  const int64_t hk = ps->h * ps->k;
-  return (unsigned)(PEER_PIPE_STAGES * su * row_bytes +
-                    4 * (r4(ps->din) + r4(ps->dout) + gin * r4(ps->din) + 2 * r4(su * ps->he) + r4(hk)) + 16 * hk);
-}
-
 /* The warp-streamed kernels: NWARPS rings of `slots` uses' rows, x (and
  * dy), gates and row pointers. */
 #define PEER_WS_CH 4 /* kernels/peer_expert.cu's WS_CH */
@@ -190,13 +173,10 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   smelt__kernel_src src;
   smelt__peer_expert_src(wdt, vec, &src);
   smelt_status s;
-  /* SMELT_PEER_EXPERT_KERNEL=stage or rows starts the choice below that
-   * kind (for comparing them on a device; the default is the first that
-   * fits). */
+  /* SMELT_PEER_EXPERT_KERNEL=rows takes the round kernels even where the
+   * warp-streamed ones fit (for comparing the two on a device). */
   const char *kind_env = smelt__getenv("SMELT_PEER_EXPERT_KERNEL");
-  const expert_kind first = kind_env && strcmp(kind_env, "rows") == 0    ? EK_ROWS
-                            : kind_env && strcmp(kind_env, "stage") == 0 ? EK_STAGE
-                                                                         : EK_WARP;
+  const expert_kind first = kind_env && strcmp(kind_env, "rows") == 0 ? EK_ROWS : EK_WARP;
   const int64_t row_bytes = (ps->din + ps->dout) * ps->he * (int64_t)smelt_dtype_size(wdt);
   ev->stage_uses = 0;
   /* Warp-streamed when h_e <= the load width, the rows a lane keeps (y and
@@ -214,23 +194,6 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
       ev->bwd_smem = warp_bwd_smem(ps, slots, row_bytes);
       if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd_warp", &ev->fwd)) ||
           (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd_warp", &ev->bwd)))
-        return s;
-      return SMELT_OK;
-    }
-  }
-  /* Pipelined when 16-byte rows of one use fit a stage and the token's
-   * uses and stages fit the budget: as many uses per stage as fit. */
-  if (first <= EK_STAGE && vec > 1 && row_bytes <= PEER_STAGE_BYTES && hk > 0) {
-    int64_t su = PEER_STAGE_BYTES / row_bytes;
-    if (su > hk) su = hk;
-    if (pipe_fwd_smem(ps, ev->gout, su, row_bytes) <= budget && pipe_bwd_smem(ps, ev->gin, su, row_bytes) <= budget) {
-      ev->kind = EK_STAGE;
-      ev->stage_uses = su;
-      ev->chunk = hk;
-      ev->fwd_smem = pipe_fwd_smem(ps, ev->gout, su, row_bytes);
-      ev->bwd_smem = pipe_bwd_smem(ps, ev->gin, su, row_bytes);
-      if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd_pipe", &ev->fwd)) ||
-          (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd_pipe", &ev->bwd)))
         return s;
       return SMELT_OK;
     }
@@ -332,9 +295,7 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
   char pipe[40];
-  if (pc->ev[0].kind == EK_STAGE)
-    snprintf(pipe, sizeof pipe, " (pipelined, %lld uses a stage)", (long long)pc->ev[0].stage_uses);
-  else if (pc->ev[0].kind == EK_WARP)
+  if (pc->ev[0].kind == EK_WARP)
     snprintf(pipe, sizeof pipe, " (warp-streamed, %lld slots a warp)", (long long)pc->ev[0].stage_uses);
   else
     snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
