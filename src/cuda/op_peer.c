@@ -4,19 +4,21 @@
  * the store's batch policy included).
  *
  *   retrieve  GEMM q = x Wq + bq (f32) -> peer_route (ids, scores)
- *   forward   ... -> peer_route (+ gates) -> store batch -> peer_expert_fwd
+ *   forward   ... -> peer_route (+ gates) -> store batch -> expert forward
  *   backward  GEMM q -> peer_rescore (qn, scores, gates of the given ids)
- *             -> peer_expert_bwd (per use a, dz, d gate; dx from experts)
+ *             -> expert backward (per use a, dz, d gate; dx from experts)
  *             -> peer_route_bwd (d score, d q, norm-parameter terms)
  *             -> GEMM dx = dq Wqᵀ + dx_experts, GEMM dWq = xᵀ dq,
  *                column sums (dbq, norm params), sorted segment sums
- *                (du, dv per expert; d sub-keys per key row).
+ *                (du, dv: a warp per expert row, every row written;
+ *                d sub-keys: a CTA per key row).
  *
- * The expert kernels come in one variant per weight dtype and load width:
+ * The expert kernels come in one module per weight dtype and load width:
  * 16-byte loads need d_in and d_out to be multiples of 16 bytes of weights
  * and 16-byte aligned tables; otherwise scalar loads (then h_e <= 32). A
  * run whose dense tables are less aligned than planned takes the scalar
- * variant, loaded on first use. */
+ * variant, loaded on first use. With 16-byte loads the warp-streamed
+ * kernels are taken where they fit (expert_load), else the round kernels. */
 #include "peer_cuda.h"
 
 #include <stdio.h>
