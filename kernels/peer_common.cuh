@@ -41,14 +41,15 @@ typedef struct peer_route_params {
   u64 dg, ds;               /* f32 [T*h, k]: d loss / d gate, d loss / d score */
   u64 dqo;                  /* f32 [T, h*dq]: d loss / d q */
   u64 pgamma, pbeta;        /* f32 [T*h, dq]: per-row terms of the norm parameters' gradients */
+  u64 dq16;                 /* dq16_dt [T, h*dq]: dqo rounded for the tensor-core GEMMs, 0 = not wanted */
   i64 T, h, dq, dsub, k, N;
   i64 n[PEER_MAX_DIMS];
   i64 param_hs;             /* head stride of the norm parameters: dq, or 0 when shared */
   i64 key_hs[PEER_MAX_DIMS];/* head stride of each sub-key table: n_i*dsub, or 0 when shared */
   float norm_eps, l2_eps;
-  int p, norm, key_l2, gate, key_dt, param_dt;
+  int p, norm, key_l2, gate, key_dt, param_dt, dq16_dt;
 } peer_route_params;
-static_assert(sizeof(peer_route_params) == 296, "peer_route_params must match the host's smelt__peer_route_params");
+static_assert(sizeof(peer_route_params) == 312, "peer_route_params must match the host's smelt__peer_route_params");
 
 /* Expert kernels (peer_expert.cu). */
 typedef struct peer_expert_params {
@@ -64,7 +65,7 @@ typedef struct peer_expert_params {
   i64 chunk;                /* uses staged per round in shared memory */
   int x_dt, y_dt, dy_dt, act;
   int groups_out, groups_in;/* thread groups splitting the uses of the up (dout) and dx (din) phases */
-  int he_shift, pad;
+  int he_shift, stage_uses;  /* log2(h_e); slots per warp of the warp-streamed kernels */
 } peer_expert_params;
 static_assert(sizeof(peer_expert_params) == 224, "peer_expert_params must match the host's smelt__peer_expert_params");
 

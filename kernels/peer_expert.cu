@@ -15,6 +15,12 @@
  *         and their partial rows are added in a fixed order at the end.
  * Every expert row is read once per use with many loads in flight (8 warps
  * x 4 unrolled loads in the down phase, a whole CTA in the up phase).
+ * These "round" kernels take any shape; the warp-streamed kernels at the
+ * end (h_e <= VEC, rows a lane can keep in registers) stream the rows
+ * with cp.async and no CTA barrier per use, and are the faster ones
+ * (docs/PERF.md: 0.89 vs ~1.1 ms for the issue's forward on an H100).
+ * A third variant, CTA-wide cp.async stages between barriers, measured
+ * slower than the round kernels (per-stage barrier latency) and was removed.
  *
  * Expert rows come from the store's HBM slot when the table says the
  * expert is cached, else from the full table (a dense tensor, or the
@@ -25,6 +31,7 @@
  * Prelude: SMELT_WDT (expert weights dtype), SMELT_VEC (8 for 16-bit
  * weights, 4 for f32, or 1). */
 #include "peer_common.cuh"
+#include "smelt_mma.cuh"
 
 #if !defined(SMELT_WDT) || !defined(SMELT_VEC)
 #error "peer_expert.cu needs SMELT_WDT and SMELT_VEC"
@@ -153,66 +160,84 @@ static __device__ __forceinline__ i64 round4(i64 n) { return (n + 3) & ~(i64)3; 
 
 /* ---------------------------------------------------------------- forward */
 
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd(peer_expert_params P) {
-  extern __shared__ __align__(16) float smem[];
-  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, dout = P.dout;
-  const int G = P.groups_out;
-  float *xs = smem;                          /* [din] */
-  float *ys = xs + round4(P.din);            /* [G][dout] */
-  float *as = ys + G * round4(dout);         /* [chunk][he]: g act(z) */
-  float *gs = as + round4(chunk * he);       /* [chunk] */
-  const welem **up = (const welem **)(gs + round4(chunk)); /* [chunk]; every region is a multiple of 16 bytes */
-  const welem **vp = up + chunk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (i64 i = tid; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
-  for (i64 i = tid; i < G * round4(dout); i += NT) ys[i] = 0.f;
+/* One round of nu uses (pointers and gates from index 0 of up, vp, gs):
+ * as[j] = g act(x · U_e) per use (a warp each), then the up phase adds
+ * Σ_j as[j] V_e into the groups' partial rows ys. The caller synchronizes
+ * before (rows, x and the staged uses ready; the last round's readers of
+ * as done). */
+static __device__ void fwd_round(const peer_expert_params &P, i64 nu, const welem *const *up, const welem *const *vp,
+                                 const float *gs, const float *xs, float *as, float *ys) {
+  const i64 he = P.he, dout = P.dout;
+  const int G = P.groups_out, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int per = NT / G; /* threads per group */
   const int grp = tid / per, lt = tid - grp * per;
   const i64 nch = dout / VEC;
+  for (i64 j = warp; j < nu; j += NWARPS) {
+    if (up[j]) down(P, up[j], xs, as + j * he, gs[j], 1, lane);
+  }
+  __syncthreads();
+  float *yg = ys + grp * round4(dout);
+  for (i64 cc = lt; cc < nch; cc += per) {
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = yg[cc * VEC + e];
+    /* UP_BATCH uses at a time: their loads are issued before the FMAs */
+    for (i64 j0 = grp; j0 < nu; j0 += UP_BATCH * G) {
+      const welem *vb[UP_BATCH];
+#pragma unroll
+      for (int b = 0; b < UP_BATCH; b++) vb[b] = j0 + b * G < nu ? vp[j0 + b * G] : 0;
+      for (i64 jj = 0; jj < he; jj++) {
+        float w[UP_BATCH][VEC];
+#pragma unroll
+        for (int b = 0; b < UP_BATCH; b++) {
+          if (vb[b]) load_vec(vb[b] + jj * dout + cc * VEC, w[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < UP_BATCH; b++) {
+          if (!vb[b]) continue;
+          const float a = as[(j0 + b * G) * he + jj];
+#pragma unroll
+          for (int e = 0; e < VEC; e++) acc[e] = fmaf(a, w[b][e], acc[e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) yg[cc * VEC + e] = acc[e];
+  }
+}
+
+/* y[t] = the groups' rows summed in group order. */
+static __device__ void fwd_store(const peer_expert_params &P, i64 t, const float *ys) {
+  __syncthreads();
+  for (i64 c = threadIdx.x; c < P.dout; c += NT) {
+    float s = 0.f;
+    for (int g = 0; g < P.groups_out; g++) s += ys[g * round4(P.dout) + c];
+    peer_st(P.y, t * P.y_rs + c, P.y_dt, s);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, dout = P.dout;
+  float *xs = smem;                          /* [din] */
+  float *ys = xs + round4(P.din);            /* [G][dout] */
+  float *as = ys + P.groups_out * round4(dout); /* [chunk][he]: g act(z) */
+  float *gs = as + round4(chunk * he);       /* [chunk] */
+  const welem **up = (const welem **)(gs + round4(chunk)); /* [chunk]; every region is a multiple of 16 bytes */
+  const welem **vp = up + chunk;
+  const int tid = threadIdx.x;
+  for (i64 i = tid; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = tid; i < P.groups_out * round4(dout); i += NT) ys[i] = 0.f;
   for (i64 u0 = 0; u0 < P.hk; u0 += chunk) {
     const i64 nu = P.hk - u0 < chunk ? P.hk - u0 : chunk;
     __syncthreads(); /* x is staged; the last round's readers of as, gs, up, vp are done */
     stage_uses(P, t, u0, nu, gs, up, vp);
     __syncthreads();
-    for (i64 j = warp; j < nu; j += NWARPS)
-      if (up[j]) down(P, up[j], xs, as + j * he, gs[j], 1, lane);
-    __syncthreads();
-    float *yg = ys + grp * round4(dout);
-    for (i64 cc = lt; cc < nch; cc += per) {
-      float acc[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; e++) acc[e] = yg[cc * VEC + e];
-      /* UP_BATCH uses at a time: their loads are issued before the FMAs */
-      for (i64 j0 = grp; j0 < nu; j0 += UP_BATCH * G) {
-        const welem *vb[UP_BATCH];
-#pragma unroll
-        for (int b = 0; b < UP_BATCH; b++) vb[b] = j0 + b * G < nu ? vp[j0 + b * G] : 0;
-        for (i64 jj = 0; jj < he; jj++) {
-          float w[UP_BATCH][VEC];
-#pragma unroll
-          for (int b = 0; b < UP_BATCH; b++) {
-            if (vb[b]) load_vec(vb[b] + jj * dout + cc * VEC, w[b]);
-          }
-#pragma unroll
-          for (int b = 0; b < UP_BATCH; b++) {
-            if (!vb[b]) continue;
-            const float a = as[(j0 + b * G) * he + jj];
-#pragma unroll
-            for (int e = 0; e < VEC; e++) acc[e] = fmaf(a, w[b][e], acc[e]);
-          }
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < VEC; e++) yg[cc * VEC + e] = acc[e];
-    }
+    fwd_round(P, nu, up, vp, gs, xs, as, ys);
   }
-  __syncthreads();
-  for (i64 c = tid; c < dout; c += NT) {
-    float s = 0.f;
-    for (int g = 0; g < G; g++) s += ys[g * round4(dout) + c];
-    peer_st(P.y, t * P.y_rs + c, P.y_dt, s);
-  }
+  fwd_store(P, t, ys);
 }
+
 
 /* ---------------------------------------------------------------- backward */
 
@@ -245,101 +270,372 @@ static __device__ __forceinline__ void dx_wide(const welem *ue, i64 i0, const fl
   }
 }
 
-/* Per token: z (recomputed), da = dy · V_e[j], and for every use
+/* One round of the backward's nu uses (index 0 = use u0 of token t):
+ * per use (a warp) z (recomputed), da = dy · V_e[j], and
  *   ua = g act(z), udz = da g act'(z), dg = Σ_j da act(z)
- * to global memory (the expert-gradient and routing kernels read them),
- * and dx[t] = Σ_u Σ_j udz_j U_e[:, j] when P.dx is set. */
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_params P) {
-  extern __shared__ __align__(16) float smem[];
-  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, din = P.din, dout = P.dout;
-  const int G = P.groups_in;
-  float *xs = smem;                     /* [din] */
-  float *dys = xs + round4(din);        /* [dout] */
-  float *dxs = dys + round4(dout);      /* [G][din] */
-  float *zs = dxs + G * round4(din);    /* [chunk][he] */
-  float *dzs = zs + round4(chunk * he); /* [chunk][he] */
-  float *gs = dzs + round4(chunk * he); /* [chunk] */
-  const welem **up = (const welem **)(gs + round4(chunk));
-  const welem **vp = up + chunk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
-  for (i64 i = tid; i < dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
-  for (i64 i = tid; i < G * round4(din); i += NT) dxs[i] = 0.f;
+ * to global memory (the expert-gradient and routing kernels read them);
+ * then, when P.dx is set, the groups' partial rows dxs += Σ_j udz_j U_e[:, j].
+ * The caller synchronizes before, as for fwd_round. */
+static __device__ void bwd_round(const peer_expert_params &P, i64 t, i64 u0, i64 nu, const welem *const *up,
+                                 const welem *const *vp, const float *gs, const float *xs, const float *dys, float *zs,
+                                 float *dzs, float *dxs) {
+  const i64 he = P.he, din = P.din, dout = P.dout;
+  const int G = P.groups_in, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int per = NT / G;
   const int grp = tid / per, lt = tid - grp * per;
   const i64 nin = din / VEC, nvo = dout / VEC;
+  for (i64 j = warp; j < nu; j += NWARPS) {
+    const i64 use = t * P.hk + u0 + j;
+    const welem *ue = up[j];
+    if (!ue) {
+      for (i64 jj = lane; jj < he; jj += 32) {
+        dzs[j * he + jj] = 0.f;
+        ((float *)P.ua)[use * he + jj] = 0.f;
+        ((float *)P.udz)[use * he + jj] = 0.f;
+      }
+      if (lane == 0) ((float *)P.dg)[use] = 0.f;
+      continue;
+    }
+    down(P, ue, xs, zs + j * he, 0.f, 0, lane);
+    __syncwarp();
+    const welem *ve = vp[j];
+    const float g = gs[j];
+    float dg = 0.f;
+    for (i64 jj = 0; jj < he; jj++) {
+      const welem *vr = ve + jj * dout;
+      float s = 0.f;
+#pragma unroll 4
+      for (i64 f = lane; f < nvo; f += 32) {
+        float w[VEC];
+        load_vec(vr + f * VEC, w);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) s = fmaf(dys[f * VEC + e], w[e], s);
+      }
+      const float da = smelt_warp_sum(s), z = zs[j * he + jj], av = peer_act(P.act, z);
+      const float dz = da * g * peer_act_grad(P.act, z);
+      dg = fmaf(da, av, dg);
+      if (lane == 0) {
+        dzs[j * he + jj] = dz;
+        ((float *)P.ua)[use * he + jj] = g * av;
+        ((float *)P.udz)[use * he + jj] = dz;
+      }
+    }
+    if (lane == 0) ((float *)P.dg)[use] = dg;
+  }
+  if (!P.dx) return;
+  __syncthreads();
+  float *dxg = dxs + grp * round4(din);
+  for (i64 ic = lt; ic < nin; ic += per) {
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = dxg[ic * VEC + e];
+    for (i64 j = grp; j < nu; j += G) {
+      const welem *ue = up[j];
+      if (!ue) continue;
+      const float *dz = dzs + j * he;
+      if (he >= VEC) dx_wide(ue, ic * VEC, dz, acc, he);
+#if VEC >= 2
+      else if (he == 1) dx_small(ue, ic * VEC, dz, acc, 1);
+#endif
+#if VEC >= 4
+      else if (he == 2) dx_small(ue, ic * VEC, dz, acc, 2);
+#endif
+#if VEC >= 8
+      else if (he == 4) dx_small(ue, ic * VEC, dz, acc, 4);
+#endif
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) dxg[ic * VEC + e] = acc[e];
+  }
+}
+
+/* dx[t] = the groups' rows summed in group order (f32). */
+static __device__ void bwd_store(const peer_expert_params &P, i64 t, const float *dxs) {
+  if (!P.dx) return;
+  __syncthreads();
+  for (i64 i = threadIdx.x; i < P.din; i += NT) {
+    float s = 0.f;
+    for (int g = 0; g < P.groups_in; g++) s += dxs[g * round4(P.din) + i];
+    ((float *)P.dx)[t * P.din + i] = s;
+  }
+}
+
+/* Loads the token's x and dy into shared memory and zeroes the dx rows. */
+static __device__ void bwd_prologue(const peer_expert_params &P, i64 t, float *xs, float *dys, float *dxs) {
+  for (i64 i = threadIdx.x; i < P.din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = threadIdx.x; i < P.dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
+  for (i64 i = threadIdx.x; i < P.groups_in * round4(P.din); i += NT) dxs[i] = 0.f;
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, chunk = P.chunk, he = P.he, din = P.din;
+  float *xs = smem;                          /* [din] */
+  float *dys = xs + round4(din);             /* [dout] */
+  float *dxs = dys + round4(P.dout);         /* [G][din] */
+  float *zs = dxs + P.groups_in * round4(din); /* [chunk][he] */
+  float *dzs = zs + round4(chunk * he);      /* [chunk][he] */
+  float *gs = dzs + round4(chunk * he);      /* [chunk] */
+  const welem **up = (const welem **)(gs + round4(chunk));
+  const welem **vp = up + chunk;
+  bwd_prologue(P, t, xs, dys, dxs);
   for (i64 u0 = 0; u0 < P.hk; u0 += chunk) {
     const i64 nu = P.hk - u0 < chunk ? P.hk - u0 : chunk;
     __syncthreads();
     stage_uses(P, t, u0, nu, gs, up, vp);
     __syncthreads();
-    for (i64 j = warp; j < nu; j += NWARPS) {
-      const i64 use = t * P.hk + u0 + j;
-      if (!up[j]) {
-        for (i64 jj = lane; jj < he; jj += 32) {
-          dzs[j * he + jj] = 0.f;
-          ((float *)P.ua)[use * he + jj] = 0.f;
-          ((float *)P.udz)[use * he + jj] = 0.f;
-        }
-        if (lane == 0) ((float *)P.dg)[use] = 0.f;
-        continue;
-      }
-      down(P, up[j], xs, zs + j * he, 0.f, 0, lane);
-      __syncwarp();
-      const float g = gs[j];
-      float dg = 0.f;
-      for (i64 jj = 0; jj < he; jj++) {
-        const welem *vr = vp[j] + jj * dout;
-        float s = 0.f;
+    bwd_round(P, t, u0, nu, up, vp, gs, xs, dys, zs, dzs, dxs);
+  }
+  bwd_store(P, t, dxs);
+}
+
+
+#if VEC > 1
+/* ---------------------------------------------------------------- warp-streamed variants */
+
+/* The warp-streamed kernels (peer_expert_fwd_warp, peer_expert_bwd_warp):
+ * each warp takes the token's uses warp, warp + 8, ... and streams their
+ * rows (U then V, one use a slot) through a ring of P.stage_uses slots of
+ * its own with cp.async, the next slots' copies in flight while it
+ * computes one; a use is computed by its warp alone, with the running y
+ * (or dx) columns in registers (lane l: 16-byte chunks l + 32 m, m < WS_CH),
+ * so no CTA barrier separates one use from the next. The warps' rows are
+ * added in warp order at the end. Same products as the round kernels;
+ * other summation orders (the results differ by rounding, and repeat bit
+ * for bit). For h_e <= VEC and rows of at most 32·WS_CH chunks. The
+ * bytes in flight are the slots: 2 a warp, 16 warps an SM, 128 KiB for
+ * the issue's 4 KiB uses. */
+#define WS_CH 4
+
+/* z[e] = x · U[:, e] for e < h_e <= VEC, in every lane. */
+static __device__ __forceinline__ void down_all(const peer_expert_params &P, const welem *ue, const float *xs,
+                                                float *z, int lane) {
+  const i64 he = P.he, nvec = P.din * he / VEC;
+  const int sh = P.he_shift;
+  float acc[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; e++) acc[e] = 0.f;
 #pragma unroll 4
-        for (i64 f = lane; f < nvo; f += 32) {
-          float w[VEC];
-          load_vec(vr + f * VEC, w);
+  for (i64 f = lane; f < nvec; f += 32) {
+    float w[VEC];
+    load_vec(ue + f * VEC, w);
+    const i64 base = f * VEC;
 #pragma unroll
-          for (int e = 0; e < VEC; e++) s = fmaf(dys[f * VEC + e], w[e], s);
-        }
-        const float da = smelt_warp_sum(s), z = zs[j * he + jj], av = peer_act(P.act, z);
-        const float dz = da * g * peer_act_grad(P.act, z);
-        dg = fmaf(da, av, dg);
-        if (lane == 0) {
-          dzs[j * he + jj] = dz;
-          ((float *)P.ua)[use * he + jj] = g * av;
-          ((float *)P.udz)[use * he + jj] = dz;
+    for (int e = 0; e < VEC; e++) acc[e] = fmaf(xs[(base + e) >> sh], w[e], acc[e]);
+  }
+#pragma unroll
+  for (int s = VEC / 2; s >= 1; s >>= 1)
+    if (s >= he) {
+#pragma unroll
+      for (int e = 0; e < s; e++) acc[e] += acc[e + s];
+    }
+#pragma unroll
+  for (int e = 0; e < VEC; e++) z[e] = e < he ? smelt_warp_sum(acc[e]) : 0.f;
+}
+
+/* Copies use n of this warp (use warp + NWARPS n) into its slot n mod S,
+ * then a commit (empty past the warp's last use). */
+static __device__ __forceinline__ void ws_issue(const peer_expert_params &P, int n, int nw, const welem *const *up,
+                                                const welem *const *vp, welem *ring, i64 row, i64 du, int warp,
+                                                int lane) {
+  if (n < nw) {
+    const i64 j = warp + NWARPS * n;
+    const welem *u = up[j], *v = vp[j];
+    if (u) {
+      const u32 dst = smem_u32(ring + (i64)(n % P.stage_uses) * row);
+      for (i64 r = lane; r < row / VEC; r += 32) {
+        const welem *src = r * VEC < du ? u + r * VEC : v + (r * VEC - du);
+        cp_async16(dst + (u32)(r * 16), src, 16);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+static __device__ __forceinline__ void ws_wait(int slots) {
+  if (slots >= 3) CP_ASYNC_WAIT(1);
+  else CP_ASYNC_WAIT(0);
+  __syncwarp();
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd_warp(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk;
+  const int S = P.stage_uses;
+  const i64 du = din * he, row = du + he * dout, nco = dout / VEC;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  welem *ring = (welem *)smem + (i64)warp * S * row;           /* [NWARPS][S][row] */
+  float *xs = (float *)((welem *)smem + (i64)NWARPS * S * row); /* [din] */
+  float *gs = xs + round4(din);                           /* [hk] */
+  const welem **up = (const welem **)(gs + round4(hk));  /* [hk] */
+  const welem **vp = up + hk;
+  for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  stage_uses(P, t, 0, hk, gs, up, vp);
+  __syncthreads();
+  const int nw = warp < hk ? (int)((hk - warp + NWARPS - 1) / NWARPS) : 0;
+  float y[WS_CH][VEC];
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) y[m][e] = 0.f;
+  for (int n = 0; n < S - 1; n++) ws_issue(P, n, nw, up, vp, ring, row, du, warp, lane);
+  for (int n = 0; n < nw; n++) {
+    ws_wait(S);
+    ws_issue(P, n + S - 1, nw, up, vp, ring, row, du, warp, lane); /* into the slot use n - 1 left */
+    const i64 j = warp + NWARPS * n;
+    if (!up[j]) continue;
+    const welem *slot = ring + (i64)(n % S) * row;
+    float z[VEC];
+    down_all(P, slot, xs, z, lane);
+    const float g = gs[j];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, z[e]) : 0.f;
+    const welem *v = slot + du;
+#pragma unroll
+    for (int m = 0; m < WS_CH; m++) {
+      const i64 cc = lane + 32 * m;
+      if (cc >= nco) break;
+#pragma unroll
+      for (int jj = 0; jj < VEC; jj++) {
+        if (jj >= he) break;
+        float w[VEC];
+        load_vec(v + jj * dout + cc * VEC, w);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) y[m][e] = fmaf(z[jj], w[e], y[m][e]);
+      }
+    }
+    __syncwarp(); /* the slot is read before a later issue refills it */
+  }
+  /* the warps' rows, added in warp order (over the ring) */
+  __syncthreads();
+  float *yp = (float *)smem; /* [NWARPS][dout] */
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++) {
+    const i64 cc = lane + 32 * m;
+    if (cc < nco)
+#pragma unroll
+      for (int e = 0; e < VEC; e++) yp[warp * dout + cc * VEC + e] = y[m][e];
+  }
+  __syncthreads();
+  for (i64 c = tid; c < dout; c += NT) {
+    float s = yp[c];
+    for (int w = 1; w < NWARPS; w++) s += yp[w * dout + c];
+    peer_st(P.y, t * P.y_rs + c, P.y_dt, s);
+  }
+}
+
+/* Per use: z, da = dy · V_e[j], ua, udz, dg to global memory (as
+ * bwd_round), and dx[t] += Σ_j udz_j U_e[:, j] in registers: lane l holds
+ * the rows of U's 16-byte chunks l + 32 m (VEC / h_e rows each). */
+/* acc[r] += Σ_j dz_j w[r HE + j] over one chunk of U (VEC / HE rows); HE
+ * is a literal at every call, so every index is static. */
+static __device__ __forceinline__ void dx_chunk(float *acc, const float *w, const float *dz, int HE) {
+#pragma unroll
+  for (int e = 0; e < VEC; e++) acc[e / HE] = fmaf(dz[e % HE], w[e], acc[e / HE]);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  const i64 t = blockIdx.x, he = P.he, din = P.din, dout = P.dout, hk = P.hk;
+  const int S = P.stage_uses;
+  const i64 du = din * he, row = du + he * dout, ncu = du / VEC, nco = dout / VEC;
+  const int sh = P.he_shift;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  welem *ring = (welem *)smem + (i64)warp * S * row;
+  float *xs = (float *)((welem *)smem + (i64)NWARPS * S * row); /* [din] */
+  float *dys = xs + round4(din);                          /* [dout] */
+  float *gs = dys + round4(dout);                         /* [hk] */
+  const welem **up = (const welem **)(gs + round4(hk));
+  const welem **vp = up + hk;
+  for (i64 i = tid; i < din; i += NT) xs[i] = peer_ld(P.x, t * P.x_rs + i, P.x_dt);
+  for (i64 i = tid; i < dout; i += NT) dys[i] = peer_ld(P.dy, t * P.dy_rs + i, P.dy_dt);
+  stage_uses(P, t, 0, hk, gs, up, vp);
+  __syncthreads();
+  const int nw = warp < hk ? (int)((hk - warp + NWARPS - 1) / NWARPS) : 0;
+  float dxa[WS_CH][VEC]; /* [m][r]: dx of row (lane + 32 m) VEC / h_e + r, r < VEC / h_e */
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) dxa[m][e] = 0.f;
+  for (int n = 0; n < S - 1; n++) ws_issue(P, n, nw, up, vp, ring, row, du, warp, lane);
+  for (int n = 0; n < nw; n++) {
+    ws_wait(S);
+    ws_issue(P, n + S - 1, nw, up, vp, ring, row, du, warp, lane);
+    const i64 j = warp + NWARPS * n, use = t * hk + j;
+    if (!up[j]) {
+      for (i64 jj = lane; jj < he; jj += 32) {
+        ((float *)P.ua)[use * he + jj] = 0.f;
+        ((float *)P.udz)[use * he + jj] = 0.f;
+      }
+      if (lane == 0) ((float *)P.dg)[use] = 0.f;
+      continue;
+    }
+    const welem *slot = ring + (i64)(n % S) * row, *v = slot + du;
+    float z[VEC], da[VEC];
+    down_all(P, slot, xs, z, lane);
+#pragma unroll
+    for (int jj = 0; jj < VEC; jj++) {
+      float s = 0.f;
+      if (jj < he) {
+        for (i64 cc = lane; cc < nco; cc += 32) {
+          float w[VEC];
+          load_vec(v + jj * dout + cc * VEC, w);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) s = fmaf(dys[cc * VEC + e], w[e], s);
         }
       }
-      if (lane == 0) ((float *)P.dg)[use] = dg;
+      da[jj] = jj < he ? smelt_warp_sum(s) : 0.f;
     }
-    if (!P.dx) continue;
-    __syncthreads();
-    float *dxg = dxs + grp * round4(din);
-    for (i64 ic = lt; ic < nin; ic += per) {
-      float acc[VEC];
+    const float g = gs[j];
+    float dg = 0.f, dz[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; e++) acc[e] = dxg[ic * VEC + e];
-      for (i64 j = grp; j < nu; j += G) {
-        const welem *ue = up[j];
-        if (!ue) continue;
-        const float *dz = dzs + j * he;
-        if (he >= VEC) dx_wide(ue, ic * VEC, dz, acc, he);
-#if VEC >= 2
-        else if (he == 1) dx_small(ue, ic * VEC, dz, acc, 1);
-#endif
+    for (int jj = 0; jj < VEC; jj++) {
+      dz[jj] = 0.f;
+      if (jj >= he) continue;
+      const float av = peer_act(P.act, z[jj]);
+      dz[jj] = da[jj] * g * peer_act_grad(P.act, z[jj]);
+      dg = fmaf(da[jj], av, dg);
+      if (lane == jj) {
+        ((float *)P.ua)[use * he + jj] = g * av;
+        ((float *)P.udz)[use * he + jj] = dz[jj];
+      }
+    }
+    if (lane == 0) ((float *)P.dg)[use] = dg;
+    if (P.dx) {
+#pragma unroll
+      for (int m = 0; m < WS_CH; m++) {
+        const i64 f = lane + 32 * m;
+        if (f >= ncu) break;
+        float w[VEC];
+        load_vec(slot + f * VEC, w);
+        if (he == 1) dx_chunk(dxa[m], w, dz, 1);
 #if VEC >= 4
-        else if (he == 2) dx_small(ue, ic * VEC, dz, acc, 2);
+        else if (he == 2) dx_chunk(dxa[m], w, dz, 2);
+        else if (he == 4) dx_chunk(dxa[m], w, dz, 4);
 #endif
 #if VEC >= 8
-        else if (he == 4) dx_small(ue, ic * VEC, dz, acc, 4);
+        else if (he == 8) dx_chunk(dxa[m], w, dz, 8);
 #endif
       }
-#pragma unroll
-      for (int e = 0; e < VEC; e++) dxg[ic * VEC + e] = acc[e];
     }
+    __syncwarp();
   }
   if (!P.dx) return;
   __syncthreads();
+  float *dp = (float *)smem; /* [NWARPS][din] */
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++) {
+    const i64 f = lane + 32 * m;
+    if (f < ncu)
+#pragma unroll
+      for (int r = 0; r < VEC; r++)
+        if (r < (VEC >> sh)) dp[warp * din + ((f * VEC) >> sh) + r] = dxa[m][r];
+  }
+  __syncthreads();
   for (i64 i = tid; i < din; i += NT) {
-    float s = 0.f;
-    for (int g = 0; g < G; g++) s += dxs[g * round4(din) + i];
+    float s = dp[i];
+    for (int w = 1; w < NWARPS; w++) s += dp[w * din + i];
     ((float *)P.dx)[t * din + i] = s;
   }
 }
+#endif

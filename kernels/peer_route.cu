@@ -9,34 +9,46 @@
  *   1. each warp normalizes 8 query rows in place in the f32 workspace the
  *      projection GEMM wrote (the rows belong to this CTA alone);
  *   2. per product-key dim i: the rows' slice of dq/p values goes to shared
- *      memory, then tiles of 64 sub-keys (L2-normalized on load when asked)
- *      are scored by a 4x4 register tile per thread (f32 FMA, a fixed
- *      summation order, so runs repeat bit for bit) into a 64x64 tile; each
- *      warp merges its 8 rows' scores into per-row top-k lists held in
- *      registers, lane j holding the j-th best (score, id) packed in a u64
- *      whose order is the ranking (score, then lower id): a candidate above
- *      the list's k-th entry is inserted with one ballot and one shuffle;
+ *      memory split into two bf16 parts (hi = bf16(q), lo = bf16(q - hi)),
+ *      then tiles of 64 sub-keys (L2-normalized on load when asked, split
+ *      the same way) are scored on tensor cores (mma.sync m16n8k16, f32
+ *      accumulators): hi·hi + lo·hi + hi·lo, which is q·k to ~2^-16
+ *      relative (the lo·lo term is below that) and exact whenever q and k
+ *      have at most 16 significant bits, as with the tests' exact data; the
+ *      hi·lo product is skipped for bf16 keys without L2 normalization
+ *      (their lo part is zero). The mma order is fixed, so runs repeat bit
+ *      for bit. Four threads per row then merge its 64 scores of the tile,
+ *      16 each, into lists of their 16 (k <= 16) or 32 best held in
+ *      registers: a (score, id) packed in a u64 whose order is the ranking
+ *      (score, then lower id), candidates sorted by a bitonic network and
+ *      merged into the list by a bitonic merge, skipped when none beats
+ *      the list's last entry; after the dim's last tile the row's four
+ *      lists are merged through shuffles (each thread ends with the row's
+ *      list). Independent lists per thread keep the merge throughput-bound
+ *      (the earlier warp-wide insertion of one candidate at a time was a
+ *      chain of dependent shuffles per candidate);
  *   3. the dim's list is combined with the running list of dims 0..i-1:
- *      all len x k sums, id = prefix * n_i + a, offered to a fresh list
- *      (smelt/peer.h explains why this pairwise top-k is exact);
+ *      all len x k sums, id = prefix * n_i + a, offered (a quarter of the
+ *      prefixes per thread) to fresh lists merged as in 2 (smelt/peer.h
+ *      explains why this pairwise top-k is exact);
  *   4. gates over each row's final k entries; ids, scores, gates written.
- * Shared memory: dsub x 68 floats each for the query slice and the key
- * tile, the 64x65 score tile, and the running lists (64 x 32 x 8 bytes).
+ * Shared memory: the 64x65 score tile (which also holds the dim's lists
+ * while they are combined), the running lists (64 x 32 x 8 bytes), and the
+ * hi and lo parts of the query slice and of the key tile (64 x DS bf16
+ * each, DS = dsub rounded up to 16, plus 8 so that the fragment loads hit
+ * 32 distinct banks).
  *
- * The score tile is SIMT f32: exact enough that ids match the f64
- * reference except at genuine near-ties. A tensor-core score tile (bf16
- * hi/lo split of q) is the next step for the 1M-expert configuration,
- * where scoring is ~17 GFLOP per 4096 tokens. */
+ * 2·T·h·n·dq FLOP of scores (17 GFLOP for 4096 tokens, 8 heads, 1024²
+ * experts, dq 256) take ~0.5 ms on the SIMT f32 units and tens of
+ * microseconds on tensor cores, three products each included. */
 #include "peer_common.cuh"
+#include "smelt_mma.cuh"
 
 #define ROWS 64
 #define KT 64
-#define QS (ROWS + 4) /* row strides that keep float4 alignment and spread banks */
-#define KS (KT + 4)
 #define STS (KT + 1)
 #define NT 256
 #define NWARPS (NT / 32)
-#define RPW (ROWS / NWARPS) /* rows per warp */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -73,29 +85,86 @@ static __device__ void normalize_row(const peer_route_params &P, float *row, i64
   }
 }
 
-/* Inserts cand (warp-uniform, not in the list, above its k-th entry) into
- * the descending list whose j-th entry lane j holds; lanes >= k hold 0. */
-static __device__ __forceinline__ void list_insert(u64 &mine, u64 cand, int k, int lane) {
-  const int pos = __popc(__ballot_sync(PEER_FULL, mine > cand));
-  const u64 up = __shfl_up_sync(PEER_FULL, mine, 1);
-  if (lane == pos) mine = cand;
-  else if (lane > pos) mine = up;
-  if (lane >= k) mine = 0;
+/* v = hi + lo + O(2^-16 |v|), both bf16; lo = 0 for non-finite hi. */
+static __device__ __forceinline__ void split_bf16(float v, smelt_h16 *hi, smelt_h16 *lo) {
+  const smelt_h16 h = smelt_f32_to_bf16(v);
+  const float hv = smelt_bf16_to_f32(h);
+  *hi = h;
+  *lo = smelt_f32_to_bf16(isfinite(hv) ? v - hv : 0.f);
 }
 
-/* Every lane offers one candidate (0 = none); those above the list's k-th
- * entry go in, in lane order (the result does not depend on the order). */
-static __device__ __forceinline__ void list_offer(u64 &mine, u64 cand, int k, int lane) {
-  u64 thr = __shfl_sync(PEER_FULL, mine, k - 1);
-  unsigned m = __ballot_sync(PEER_FULL, cand > thr);
-  while (m) {
-    const int src = __ffs(m) - 1;
-    m &= m - 1;
-    const u64 c = __shfl_sync(PEER_FULL, cand, src);
-    if (c > thr) {
-      list_insert(mine, c, k, lane);
-      thr = __shfl_sync(PEER_FULL, mine, k - 1);
+/* The 32-bit word of two bf16 at row r, column c (even) of a [.][DS] array. */
+static __device__ __forceinline__ u32 w32(const smelt_h16 *a, int ds, int r, int c) {
+  return *(const u32 *)&a[r * ds + c];
+}
+
+/* Lists of candidates as u64 arrays in registers, sorted descending by
+ * bitonic networks (every index static once n is a literal). */
+static __device__ __forceinline__ void cmp_swap(u64 *a, int i, int j) { /* a[i] >= a[j] after */
+  const u64 x = a[i], y = a[j];
+  a[i] = x > y ? x : y;
+  a[j] = x > y ? y : x;
+}
+
+static __device__ __forceinline__ void sort_desc(u64 *a, int n) {
+#pragma unroll
+  for (int size = 2; size <= n; size <<= 1)
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+      for (int i = 0; i < n; i++) {
+        const int j = i ^ stride;
+        if (j > i) {
+          if ((i & size) == 0) cmp_swap(a, i, j);
+          else cmp_swap(a, j, i);
+        }
+      }
+}
+
+/* A bitonic sequence of n sorted descending. */
+static __device__ __forceinline__ void merge_desc(u64 *a, int n) {
+#pragma unroll
+  for (int stride = n >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+      const int j = i ^ stride;
+      if (j > i) cmp_swap(a, i, j);
     }
+}
+
+/* L (kl, descending) becomes the kl best of L and the CN candidates c
+ * (descending): max(L[i], c[kl-1-i]) is bitonic and holds them. */
+#define CN 16 /* candidates per thread and step: a quarter of a 64-key tile row */
+static __device__ __forceinline__ void merge_into(u64 *L, const u64 *c, int kl) {
+#pragma unroll
+  for (int i = 0; i < kl; i++) {
+    const int j = kl - 1 - i;
+    if (j < CN) L[i] = L[i] > c[j] ? L[i] : c[j];
+  }
+  merge_desc(L, kl);
+}
+
+/* Offers the CN candidates c (any order, 0 = none) to L. */
+static __device__ __forceinline__ void offer(u64 *L, u64 *c, int kl) {
+  u64 m = c[0];
+#pragma unroll
+  for (int j = 1; j < CN; j++) m = m > c[j] ? m : c[j];
+  if (m <= L[kl - 1]) return;
+  sort_desc(c, CN);
+  merge_into(L, c, kl);
+}
+
+/* The four threads of a row (lanes 4r..4r+3) end with the same list: the
+ * kl best of their four. */
+static __device__ __forceinline__ void row_merge(u64 *L, int kl) {
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    u64 other[PEER_MAX_K];
+#pragma unroll
+    for (int i = 0; i < kl; i++) other[i] = __shfl_xor_sync(PEER_FULL, L[i], o);
+#pragma unroll
+    for (int i = 0; i < kl; i++) L[i] = L[i] > other[kl - 1 - i] ? L[i] : other[kl - 1 - i];
+    merge_desc(L, kl);
   }
 }
 
@@ -111,18 +180,30 @@ static __device__ __forceinline__ float gate_of(int gate, float s, bool on) {
 
 /* ---------------------------------------------------------------- peer_route */
 
-extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
+/* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
+ * for k <= 16, peer_route32 above). Each row of the CTA's 64 is merged by
+ * four threads (row tid / 4, tile columns 16 (tid % 4) ...), each keeping
+ * a list of its KL best in registers. */
+static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
-  float *qs = smem;                    /* [dsub][QS]: this dim's query slice, rows contiguous */
-  float *ks = qs + dsub * QS;          /* [dsub][KS]: a tile of sub-keys, keys contiguous */
-  float *st = ks + dsub * KS;          /* [ROWS][STS]: the tile's scores */
-  float *lv = st + ROWS * STS;         /* [ROWS][PEER_MAX_K]: running list, scores */
-  u32 *li = (u32 *)(lv + ROWS * PEER_MAX_K); /* [ROWS][PEER_MAX_K]: running list, ids */
+  const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
+  float *st = smem;                           /* [ROWS][STS]: the tile's scores */
+  float *lv = st + ROWS * STS;                /* [ROWS][PEER_MAX_K]: running list, scores */
+  u32 *li = (u32 *)(lv + ROWS * PEER_MAX_K);  /* [ROWS][PEER_MAX_K]: running list, ids */
+  smelt_h16 *qh = (smelt_h16 *)(li + ROWS * PEER_MAX_K); /* [ROWS][DS]: this dim's query slice, hi part */
+  smelt_h16 *ql = qh + ROWS * DS;             /* lo part */
+  smelt_h16 *kh = ql + ROWS * DS;             /* [KT][DS]: a tile of sub-keys, hi part */
+  smelt_h16 *kl = kh + KT * DS;               /* lo part */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;     /* mma fragment coordinates */
+  const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32; /* the warp's 16 rows x 32 keys of the tile */
   const i64 t0 = (i64)blockIdx.x * ROWS, hh = blockIdx.y;
   const i64 hd = P.h * P.dq;
   const int k = (int)P.k;
+  const int mr = tid >> 2, mq = tid & 3; /* the merge's row and quarter */
+  u64 L[PEER_MAX_K];
+  const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
   float *q = (float *)P.q;
 
   for (int r = warp; r < ROWS; r += NWARPS)
@@ -132,118 +213,154 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P)
   for (int i = 0; i < P.p; i++) {
     const i64 ni = P.n[i];
     const int ki = (int)(ni < P.k ? ni : P.k);
-    __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qs are done */
-    for (i64 x = tid; x < ROWS * dsub; x += NT) {
-      const i64 r = x / dsub, d = x - r * dsub, t = t0 + r;
-      qs[d * QS + r] = t < P.T ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+    __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
+    for (int x = tid; x < ROWS * dpad; x += NT) {
+      const int r = x / dpad, d = x - r * dpad;
+      const i64 t = t0 + r;
+      const float v = t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+      split_bf16(v, &qh[r * DS + d], &ql[r * DS + d]);
     }
-    u64 list[RPW];
 #pragma unroll
-    for (int j = 0; j < RPW; j++) list[j] = 0;
+    for (int j = 0; j < KL; j++) L[j] = 0;
     const i64 kbase = hh * P.key_hs[i];
     for (i64 c0 = 0; c0 < ni; c0 += KT) {
-      __syncthreads(); /* the last tile's scores were merged (and qs is written) */
+      __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
       for (int c = warp; c < KT; c += NWARPS) {
         const i64 a = c0 + c;
-        if (a < ni) {
-          float ss = 0.f;
-          for (i64 d = lane; d < dsub; d += 32) {
-            const float v = peer_ld(P.keys[i], kbase + a * dsub + d, P.key_dt);
-            ks[d * KS + c] = v;
-            ss += v * v;
-          }
-          if (P.key_l2) {
-            const float s = 1.f / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps);
-            for (i64 d = lane; d < dsub; d += 32) ks[d * KS + c] *= s;
-          }
-        } else {
-          for (i64 d = lane; d < dsub; d += 32) ks[d * KS + c] = 0.f;
+        float v[PEER_MAX_DSUB / 32], ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+          const i64 d = lane + 32 * m;
+          v[m] = a < ni && d < dsub ? peer_ld(P.keys[i], kbase + a * dsub + d, P.key_dt) : 0.f;
+          ss += v[m] * v[m];
+        }
+        const float sc = P.key_l2 ? 1.f / fmaxf(sqrtf(smelt_warp_sum(ss)), P.l2_eps) : 1.f;
+#pragma unroll
+        for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+          const int d = lane + 32 * m;
+          if (d < dpad) split_bf16(P.key_l2 ? v[m] * sc : v[m], &kh[c * DS + d], &kl[c * DS + d]);
         }
       }
       __syncthreads();
       {
-        const int rg = tid >> 4, cg = tid & 15;
         float acc[4][4];
 #pragma unroll
-        for (int a = 0; a < 4; a++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-          for (int b = 0; b < 4; b++) acc[a][b] = 0.f;
-        for (i64 d = 0; d < dsub; d++) {
-          const float4 qa = *(const float4 *)&qs[d * QS + rg * 4];
-          const float4 kb = *(const float4 *)&ks[d * KS + cg * 4];
-          const float av[4] = {qa.x, qa.y, qa.z, qa.w}, bv[4] = {kb.x, kb.y, kb.z, kb.w};
+          for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+        for (int k0 = 0; k0 < dpad; k0 += 16) {
+          const int ca = k0 + 2 * tq;
+          const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
+                             w32(qh, DS, rm + g + 8, ca + 8)};
+          const u32 al[4] = {w32(ql, DS, rm + g, ca), w32(ql, DS, rm + g + 8, ca), w32(ql, DS, rm + g, ca + 8),
+                             w32(ql, DS, rm + g + 8, ca + 8)};
 #pragma unroll
-          for (int a = 0; a < 4; a++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) acc[a][b] = fmaf(av[a], bv[b], acc[a][b]);
+          for (int nt = 0; nt < 4; nt++) {
+            const int key = cn + nt * 8 + g;
+            const u32 bh[2] = {w32(kh, DS, key, ca), w32(kh, DS, key, ca + 8)};
+            mma_16816_bf16(acc[nt], ah, bh);
+            mma_16816_bf16(acc[nt], al, bh);
+            if (key_lo) {
+              const u32 bl[2] = {w32(kl, DS, key, ca), w32(kl, DS, key, ca + 8)};
+              mma_16816_bf16(acc[nt], ah, bl);
+            }
+          }
         }
 #pragma unroll
-        for (int a = 0; a < 4; a++)
-#pragma unroll
-          for (int b = 0; b < 4; b++) st[(rg * 4 + a) * STS + cg * 4 + b] = acc[a][b];
+        for (int nt = 0; nt < 4; nt++) {
+          const int col = cn + nt * 8 + 2 * tq;
+          st[(rm + g) * STS + col] = acc[nt][0];
+          st[(rm + g) * STS + col + 1] = acc[nt][1];
+          st[(rm + g + 8) * STS + col] = acc[nt][2];
+          st[(rm + g + 8) * STS + col + 1] = acc[nt][3];
+        }
       }
       __syncthreads();
+      {
+        u64 c[CN];
 #pragma unroll
-      for (int j = 0; j < RPW; j++) {
-        const int r = warp * RPW + j;
-        const i64 a0 = c0 + lane, a1 = c0 + lane + 32;
-        list_offer(list[j], a0 < ni ? peer_pack(st[r * STS + lane], (u32)a0) : 0ull, ki, lane);
-        list_offer(list[j], a1 < ni ? peer_pack(st[r * STS + lane + 32], (u32)a1) : 0ull, ki, lane);
+        for (int j = 0; j < CN; j++) {
+          const int col = mq * CN + j;
+          c[j] = c0 + col < ni ? peer_pack(st[mr * STS + col], (u32)(c0 + col)) : 0ull;
+        }
+        offer(L, c, KL);
       }
     }
-    /* combine with the running list; each warp touches only its own rows */
-    if (i == 0) {
+    row_merge(L, KL);
+    if (i > 0) {
+      /* combine with the running list: all len x ki sums, id = prefix * n_i
+       * + a; the dim's list goes to shared memory (over the score tile) */
+      u64 *dl = (u64 *)st; /* [ROWS][KL] */
+      __syncthreads(); /* every warp is done with the score tile */
 #pragma unroll
-      for (int j = 0; j < RPW; j++) {
-        const int r = warp * RPW + j;
-        if (lane < ki) {
-          lv[r * PEER_MAX_K + lane] = peer_packed_value(list[j]);
-          li[r * PEER_MAX_K + lane] = peer_packed_id(list[j]);
+      for (int j = 0; j < KL; j++)
+        if ((j & 3) == mq) dl[mr * KL + j] = L[j];
+      __syncwarp();
+      const i64 total = len * ki;
+      u64 F[PEER_MAX_K];
+#pragma unroll
+      for (int j = 0; j < KL; j++) F[j] = 0;
+      for (int a = mq; a < len; a += 4) {
+        const float va = lv[mr * PEER_MAX_K + a];
+        const u32 pa = li[mr * PEER_MAX_K + a] * (u32)ni;
+#pragma unroll
+        for (int b0 = 0; b0 < KL; b0 += CN) {
+          if (b0 >= ki) break;
+          u64 c[CN];
+#pragma unroll
+          for (int j = 0; j < CN; j++) {
+            const u64 e = b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
+            c[j] = e ? peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)) : 0ull;
+          }
+          offer(F, c, KL);
         }
       }
+      row_merge(F, KL);
+#pragma unroll
+      for (int j = 0; j < KL; j++) L[j] = F[j];
+      len = total < P.k ? total : P.k;
+    } else {
       len = ki;
-      continue;
     }
-    const i64 total = len * ki;
-    const int kk = (int)(total < P.k ? total : P.k);
-#pragma unroll
-    for (int j = 0; j < RPW; j++) {
-      const int r = warp * RPW + j;
-      u64 fresh = 0;
-      for (i64 c0 = 0; c0 < total; c0 += 32) {
-        const i64 c = c0 + lane;
-        const i64 a = c / ki, b = c - a * ki;
-        const u64 kb = __shfl_sync(PEER_FULL, list[j], (int)(c < total ? b : 0));
-        u64 cand = 0;
-        if (c < total)
-          cand = peer_pack(lv[r * PEER_MAX_K + a] + peer_packed_value(kb),
-                           li[r * PEER_MAX_K + a] * (u32)ni + peer_packed_id(kb));
-        list_offer(fresh, cand, kk, lane);
-      }
+    if (i + 1 < P.p) {
       __syncwarp();
-      if (lane < kk) {
-        lv[r * PEER_MAX_K + lane] = peer_packed_value(fresh);
-        li[r * PEER_MAX_K + lane] = peer_packed_id(fresh);
-      }
-    }
-    len = kk;
-  }
-  __syncwarp();
 #pragma unroll
-  for (int j = 0; j < RPW; j++) {
-    const int r = warp * RPW + j;
-    const i64 t = t0 + r;
-    if (t >= P.T) continue;
-    const bool on = lane < k;
-    const float s = on ? lv[r * PEER_MAX_K + lane] : 0.f;
-    const float g = gate_of(P.gate, s, on);
-    if (!on) continue;
-    const i64 o = (t * P.h + hh) * P.k + lane;
-    ((i64 *)P.ids)[o] = (i64)li[r * PEER_MAX_K + lane];
+      for (int j = 0; j < KL; j++)
+        if ((j & 3) == mq && j < len) {
+          lv[mr * PEER_MAX_K + j] = peer_packed_value(L[j]);
+          li[mr * PEER_MAX_K + j] = peer_packed_id(L[j]);
+        }
+    }
+  }
+  /* gates over the row's k entries (every thread of the row computes
+   * them, each writes the entries j = its quarter mod 4) */
+  const i64 t = t0 + mr;
+  if (t >= P.T) return;
+  float m = PEER_NEG_INF, sum = 0.f;
+  if (P.gate == GATE_SOFTMAX) {
+#pragma unroll
+    for (int j = 0; j < KL; j++)
+      if (j < k) m = fmaxf(m, peer_packed_value(L[j]));
+#pragma unroll
+    for (int j = 0; j < KL; j++)
+      if (j < k) sum += expf(peer_packed_value(L[j]) - m);
+  }
+#pragma unroll
+  for (int j = 0; j < KL; j++) {
+    if (j >= k || (j & 3) != mq) continue;
+    const float s = peer_packed_value(L[j]);
+    const float g = P.gate == GATE_SOFTMAX ? expf(s - m) / sum
+                    : P.gate == GATE_SIGMOID ? 1.f / (1.f + expf(-s))
+                                             : fmaxf(s, 0.f);
+    const i64 o = (t * P.h + hh) * P.k + j;
+    ((i64 *)P.ids)[o] = (i64)peer_packed_id(L[j]);
     if (P.scores) ((float *)P.scores)[o] = s;
     if (P.gates) ((float *)P.gates)[o] = g;
   }
 }
+
+extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32); }
 
 /* ---------------------------------------------------------------- backward */
 
@@ -270,14 +387,22 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_rescore(peer_route_para
   __syncwarp();
   normalize_row(P, qn, hh, lane);
   __syncwarp();
+  /* lane j < k finds use j's key rows (the divisions once per lane) */
+  const i64 e_mine = lane < P.k ? ((const i64 *)P.ids)[row * P.k + lane] : -1;
+  const int ok_mine = e_mine >= 0 && e_mine < P.N;
+  i64 kb_mine[PEER_MAX_DIMS];
+#pragma unroll
+  for (int i = 0; i < PEER_MAX_DIMS; i++)
+    kb_mine[i] = ok_mine && i < P.p ? hh * P.key_hs[i] + digit_of(P, e_mine, i) * P.dsub : 0;
   float mine = 0.f;
   for (int j = 0; j < P.k; j++) {
-    const i64 e = ((const i64 *)P.ids)[row * P.k + j];
     float s = PEER_NEG_INF;
-    if (e >= 0 && e < P.N) {
+    if (__shfl_sync(PEER_FULL, ok_mine, j)) {
       s = 0.f;
-      for (int i = 0; i < P.p; i++) {
-        const i64 kb = hh * P.key_hs[i] + digit_of(P, e, i) * P.dsub;
+#pragma unroll
+      for (int i = 0; i < PEER_MAX_DIMS; i++) {
+        const i64 kb = __shfl_sync(PEER_FULL, kb_mine[i], j);
+        if (i >= P.p) continue;
         float dot = 0.f, ss = 0.f;
         for (i64 d = lane; d < P.dsub; d += 32) {
           const float kv = peer_ld(P.keys[i], kb + d, P.key_dt);
@@ -296,6 +421,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_rescore(peer_route_para
     ((float *)P.scores)[row * P.k + lane] = mine;
     ((float *)P.gates)[row * P.k + lane] = g;
   }
+}
+
+/* d q at flat index i: f32 for the column sums, and rounded to the GEMMs'
+ * 16-bit operand dtype when asked (the dx and dWq GEMMs then run on tensor
+ * cores instead of mixing f32 with 16-bit operands on the SIMT path). */
+static __device__ __forceinline__ void put_dq(const peer_route_params &P, i64 i, float v) {
+  ((float *)P.dqo)[i] = v;
+  if (P.dq16) peer_st(P.dq16, i, P.dq16_dt, v);
 }
 
 /* d gate -> d score (P.ds), -> d normalized query -> d query (P.dq), plus
@@ -347,23 +480,22 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
   for (int j = 0; j < P.k; j++) {
     const float dsj = __shfl_sync(PEER_FULL, ds, j);
     if (dsj == 0.f) continue; /* warp-uniform */
-    for (i64 c = lane; c < dq; c += 32) {
-      const int i = (int)(c / dsub);
-      const i64 d = c - i * dsub;
+    for (int i = 0; i < P.p; i++) {
       const i64 kb = hh * P.key_hs[i] + dig[j * PEER_MAX_DIMS + i] * dsub;
-      dqn[c] += dsj * peer_ld(P.keys[i], kb + d, P.key_dt) * ksc[j * PEER_MAX_DIMS + i];
+      const float sc = ksc[j * PEER_MAX_DIMS + i];
+      for (i64 d = lane; d < dsub; d += 32) dqn[i * dsub + d] += dsj * peer_ld(P.keys[i], kb + d, P.key_dt) * sc;
     }
   }
   __syncwarp();
   /* through the query normalization */
   const float *q = (const float *)P.q + t * P.h * dq + hh * dq;
   const float *qn = (const float *)P.qn + row * dq;
-  float *dqo = (float *)P.dqo + t * P.h * dq + hh * dq;
+  const i64 qo = t * P.h * dq + hh * dq;
   float *pg = P.pgamma ? (float *)P.pgamma + row * dq : 0;
   float *pb = P.pbeta ? (float *)P.pbeta + row * dq : 0;
   const i64 po = hh * P.param_hs;
   if (P.norm == NORM_NONE) {
-    for (i64 c = lane; c < dq; c += 32) dqo[c] = dqn[c];
+    for (i64 c = lane; c < dq; c += 32) put_dq(P, qo + c, dqn[c]);
   } else if (P.norm == NORM_L2) {
     float ss = 0.f, dot = 0.f;
     for (i64 c = lane; c < dq; c += 32) {
@@ -372,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
     }
     const float nrm = sqrtf(smelt_warp_sum(ss));
     dot = smelt_warp_sum(dot);
-    for (i64 c = lane; c < dq; c += 32) dqo[c] = nrm > P.l2_eps ? (dqn[c] - qn[c] * dot) / nrm : dqn[c] / P.l2_eps;
+    for (i64 c = lane; c < dq; c += 32) put_dq(P, qo + c, nrm > P.l2_eps ? (dqn[c] - qn[c] * dot) / nrm : dqn[c] / P.l2_eps);
   } else if (P.norm == NORM_LAYERNORM) {
     float m = 0.f, v = 0.f;
     for (i64 c = lane; c < dq; c += 32) m += q[c];
@@ -389,7 +521,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
     m2 = smelt_warp_sum(m2) / (float)dq;
     for (i64 c = lane; c < dq; c += 32) {
       const float xh = (q[c] - m) * rstd, w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
-      dqo[c] = rstd * (dqn[c] * w - m1 - xh * m2);
+      put_dq(P, qo + c, rstd * (dqn[c] * w - m1 - xh * m2));
       if (pg) pg[c] = dqn[c] * xh;
       if (pb) pb[c] = dqn[c];
     }
@@ -398,32 +530,34 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_bwd(peer_route_pa
       const float rs = rsqrtf(peer_ld(P.bn_var, po + c, P.param_dt) + P.norm_eps);
       const float xh = (q[c] - peer_ld(P.bn_mean, po + c, P.param_dt)) * rs;
       const float w = P.norm_w ? peer_ld(P.norm_w, po + c, P.param_dt) : 1.f;
-      dqo[c] = dqn[c] * w * rs;
+      put_dq(P, qo + c, dqn[c] * w * rs);
       if (pg) pg[c] = dqn[c] * xh;
       if (pb) pb[c] = dqn[c];
     }
   }
 }
 
-/* Sub-key gradients of dim `dim`: the uses sorted by key row (skeys, with
- * their use index in svals; rows >= nrows mark ids that were out of range)
- * are summed per row in use order: dCn[row] = Σ ds[use] qn[use's row, slice],
- * then through the key normalization. A warp per sorted position; the warp
- * at a segment's start does the segment. Rows no use selected stay as the
- * caller zeroed them. */
+/* Sub-key gradients of dim `dim`, a CTA per key row (all nrows rows are
+ * written, zeros where no use selected the row): the row's uses, a run of
+ * the uses sorted by key row (bounds from peer_seg_bounds, use indices in
+ * svals), are dealt to the warps in a fixed interleave (warp w takes the
+ * run's positions w, w + 8, ...); each warp sums ds[use] qn[use's row,
+ * slice] in its order and the warps' sums are added in warp order, so the
+ * result is deterministic. Then through the key normalization. */
 extern "C" __global__ void __launch_bounds__(NT)
-    peer_dkeys(peer_route_params P, u64 skeys, u64 svals, i64 n, int dim, i64 nrows, u64 dkey, int dkey_dt) {
+    peer_dkeys(peer_route_params P, u64 bounds, u64 svals, int dim, i64 nrows, u64 dkey, int dkey_dt) {
+  __shared__ float part[NWARPS][PEER_MAX_DSUB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const i64 at = (i64)blockIdx.x * RB_WARPS + warp;
-  if (at >= n) return;
-  const u32 *keys = (const u32 *)skeys, *vals = (const u32 *)svals;
-  const u32 key = keys[at];
-  if ((i64)key >= nrows || (at > 0 && keys[at - 1] == key)) return;
+  const i64 key = blockIdx.x;
+  if (key >= nrows) return;
+  const u32 b0 = ((const u32 *)bounds)[2 * key], b1 = ((const u32 *)bounds)[2 * key + 1];
+  const u32 *vals = (const u32 *)svals;
   const i64 dsub = P.dsub, dq = P.dq;
   float acc[PEER_MAX_DSUB / 32];
 #pragma unroll
   for (int m = 0; m < PEER_MAX_DSUB / 32; m++) acc[m] = 0.f;
-  for (i64 s = at; s < n && keys[s] == key; s++) {
+#pragma unroll 4
+  for (u32 s = b0 + warp; s < b1; s += NWARPS) {
     const i64 use = vals[s], row = use / P.k;
     const float dsu = ((const float *)P.ds)[use];
     const float *qr = (const float *)P.qn + row * dq + dim * dsub;
@@ -433,12 +567,21 @@ extern "C" __global__ void __launch_bounds__(NT)
       if (d < dsub) acc[m] += dsu * qr[d];
     }
   }
+#pragma unroll
+  for (int m = 0; m < PEER_MAX_DSUB / 32; m++) part[warp][lane + 32 * m] = acc[m];
+  __syncthreads();
+  if (warp) return;
+#pragma unroll
+  for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
+    acc[m] = part[0][lane + 32 * m];
+    for (int w = 1; w < NWARPS; w++) acc[m] += part[w][lane + 32 * m];
+  }
   float c[PEER_MAX_DSUB / 32], ss = 0.f, dot = 0.f;
   if (P.key_l2) {
 #pragma unroll
     for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
       const i64 d = lane + 32 * m;
-      c[m] = d < dsub ? peer_ld(P.keys[dim], (i64)key * dsub + d, P.key_dt) : 0.f;
+      c[m] = d < dsub ? peer_ld(P.keys[dim], key * dsub + d, P.key_dt) : 0.f;
       ss += c[m] * c[m];
     }
     const float nrm = sqrtf(smelt_warp_sum(ss)), div = fmaxf(nrm, P.l2_eps);
@@ -452,6 +595,6 @@ extern "C" __global__ void __launch_bounds__(NT)
 #pragma unroll
   for (int m = 0; m < PEER_MAX_DSUB / 32; m++) {
     const i64 d = lane + 32 * m;
-    if (d < dsub) peer_st(dkey, (i64)key * dsub + d, dkey_dt, acc[m]);
+    if (d < dsub) peer_st(dkey, key * dsub + d, dkey_dt, acc[m]);
   }
 }

@@ -4,7 +4,8 @@
  *     (peer_use_keys): the backward sorts the uses of each expert and of each
  *     sub-key so that every gradient row is a sum in a fixed order, written
  *     once, with no floating-point atomics;
- *   - the expert-gradient segment sums (peer_du, peer_dv);
+ *   - the runs of equal keys in a sorted array (peer_seg_bounds) and the
+ *     expert-gradient segment sums over them (peer_du, peer_dv);
  *   - deterministic column sums (peer_colsum_*: dbq and the norm params);
  *   - the expert store's batch policy (peer_store_*): per-expert use counts,
  *     hits and misses in ascending id order, and the CLOCK hand run in
@@ -95,32 +96,61 @@ extern "C" __global__ void __launch_bounds__(NT) peer_sort_hist(u64 keys, i64 n,
   ((u32 *)hist)[threadIdx.x * nblocks + blockIdx.x] = cnt[threadIdx.x];
 }
 
-/* One warp per tile walks it in order, 32 keys at a time: keys with equal
- * digits in a batch rank by lane, and the batch's leader of each digit
- * advances the digit's cursor, so equal digits keep their input order
- * (stable). vin == 0: the values are the input positions. */
-extern "C" __global__ void __launch_bounds__(32) peer_sort_scatter(u64 kin, u64 vin, u64 kout, u64 vout, i64 n,
+/* A CTA per tile, a warp per eighth of it (SCATTER_PER keys a lane, held in
+ * registers, loaded at once): each warp counts its digits, the counts are
+ * turned into each warp's start per digit (the tile's offset from the
+ * scanned histogram, then warps in order), and each warp walks its part in
+ * order, 32 keys at a time: keys with equal digits in a batch rank by lane
+ * and the batch's leader of each digit advances the warp's cursor. Equal
+ * digits thus keep their input order (stable). vin == 0: the values are
+ * the input positions. */
+#define SCATTER_PER (SORT_TILE / NT)
+extern "C" __global__ void __launch_bounds__(NT) peer_sort_scatter(u64 kin, u64 vin, u64 kout, u64 vout, i64 n,
                                                                    int shift, u64 hist, i64 nblocks) {
-  __shared__ u32 cursor[SORT_BINS];
-  const int lane = threadIdx.x;
-  for (int d = lane; d < SORT_BINS; d += 32) cursor[d] = ((const u32 *)hist)[d * nblocks + blockIdx.x];
-  __syncwarp();
+  __shared__ u32 cursor[NT / 32][SORT_BINS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < (NT / 32) * SORT_BINS; i += NT) (&cursor[0][0])[i] = 0;
   const u32 *ki = (const u32 *)kin, *vi = (const u32 *)vin;
   u32 *ko = (u32 *)kout, *vo = (u32 *)vout;
-  const i64 t0 = (i64)blockIdx.x * SORT_TILE, t1 = t0 + SORT_TILE < n ? t0 + SORT_TILE : n;
-  for (i64 x0 = t0; x0 < t1; x0 += 32) {
-    const i64 x = x0 + lane;
-    const bool in = x < t1;
-    const u32 key = in ? ki[x] : 0u, val = in ? (vi ? vi[x] : (u32)x) : 0u;
-    const u32 d = in ? (key >> shift) & (SORT_BINS - 1) : SORT_BINS + lane;
+  const i64 s0 = (i64)blockIdx.x * SORT_TILE + warp * (SORT_TILE / (NT / 32));
+  u32 key[SCATTER_PER], val[SCATTER_PER];
+#pragma unroll
+  for (int i = 0; i < SCATTER_PER; i++) {
+    const i64 x = s0 + 32 * i + lane;
+    key[i] = x < n ? ki[x] : 0u;
+    val[i] = x < n ? (vi ? vi[x] : (u32)x) : 0u;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < SCATTER_PER; i++) {
+    const bool in = s0 + 32 * i + lane < n;
+    const u32 d = in ? (key[i] >> shift) & (SORT_BINS - 1) : SORT_BINS + lane;
+    const unsigned peers = __match_any_sync(PEER_FULL, d);
+    if (in && __ffs(peers) - 1 == lane) cursor[warp][d] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < SORT_BINS; d += NT) {
+    u32 run = ((const u32 *)hist)[d * nblocks + blockIdx.x];
+    for (int w = 0; w < NT / 32; w++) {
+      const u32 c = cursor[w][d];
+      cursor[w][d] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < SCATTER_PER; i++) {
+    const bool in = s0 + 32 * i + lane < n;
+    const u32 d = in ? (key[i] >> shift) & (SORT_BINS - 1) : SORT_BINS + lane;
     const unsigned peers = __match_any_sync(PEER_FULL, d);
     const u32 rank = __popc(peers & ((1u << lane) - 1u));
-    const u32 at = in ? cursor[d] + rank : 0u;
+    const u32 at = in ? cursor[warp][d] + rank : 0u;
     __syncwarp();
     if (in) {
-      ko[at] = key;
-      vo[at] = val;
-      if (rank == 0) cursor[d] += __popc(peers);
+      ko[at] = key[i];
+      vo[at] = val[i];
+      if (rank == 0) cursor[warp][d] += __popc(peers);
     }
     __syncwarp();
   }
@@ -144,54 +174,108 @@ extern "C" __global__ void __launch_bounds__(NT) peer_use_keys(u64 ids, i64 n, i
   ((u32 *)keys)[u] = key;
 }
 
+/* ---------------------------------------------------------------- segments */
+
+/* bounds[2 key], bounds[2 key + 1] = the first and one past the last
+ * position of key's run in the sorted keys (keys >= nrows skipped); rows
+ * without uses keep the zeros the caller wrote (an empty run). */
+extern "C" __global__ void __launch_bounds__(NT) peer_seg_bounds(u64 skeys, i64 n, i64 nrows, u64 bounds) {
+  const i64 s = (i64)blockIdx.x * NT + threadIdx.x;
+  if (s >= n) return;
+  const u32 *keys = (const u32 *)skeys;
+  const u32 key = keys[s];
+  if ((i64)key >= nrows) return;
+  u32 *b = (u32 *)bounds;
+  if (s == 0 || keys[s - 1] != key) b[2 * (i64)key] = (u32)s;
+  if (s == n - 1 || keys[s + 1] != key) b[2 * (i64)key + 1] = (u32)(s + 1);
+}
+
 /* ---------------------------------------------------------------- expert gradients */
 
-/* Segment sums over uses sorted by expert (a warp per sorted position; the
- * warp at a segment's start does it, in use order):
+#define SEG_E 8 /* contiguous elements per lane and pass */
+
+/* Stores v[0..SEG_E) at out[i..]: one 16-byte store when the dtype is
+ * 16-bit and the address allows it, else element by element (up to n). */
+static __device__ __forceinline__ void seg_store(u64 out, i64 i, int dt, const float *v, i64 n) {
+  if (n == SEG_E && dt != SMELT_DT_F32 && ((out + 2 * (u64)i) & 15) == 0) {
+    u32 w[SEG_E / 2];
+#pragma unroll
+    for (int e = 0; e < SEG_E / 2; e++) {
+      const smelt_h16 lo = dt == SMELT_DT_F16 ? smelt_f32_to_f16(v[2 * e]) : smelt_f32_to_bf16(v[2 * e]);
+      const smelt_h16 hi = dt == SMELT_DT_F16 ? smelt_f32_to_f16(v[2 * e + 1]) : smelt_f32_to_bf16(v[2 * e + 1]);
+      w[e] = (u32)lo | ((u32)hi << 16);
+    }
+    *(uint4 *)((smelt_h16 *)out + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < SEG_E; e++)
+    if (e < n) peer_st(out, i + e, dt, v[e]);
+}
+
+/* Expert gradient rows, a warp per expert e (every row written: rows no
+ * use selected get zeros), each row a sum over e's uses in sorted (use)
+ * order, lane l covering elements [8 (l + 32 m), +8):
  *   dV_e[j, c] = Σ ua[use, j] dy[t(use), c]      peer_dv
- *   dU_e[i, j] = Σ udz[use, j] x[t(use), i]      peer_du
- * Rows of experts nobody used keep the zeros the caller wrote. */
-extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 skeys, u64 svals, i64 n, i64 N, u64 ua, u64 dy, i64 dy_rs,
+ *   dU_e[i, j] = Σ udz[use, j] x[t(use), i]      peer_du */
+extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, i64 N, u64 ua, u64 dy, i64 dy_rs,
                                                         int dy_dt, i64 hk, i64 he, i64 dout, u64 dv, int dv_dt) {
   const int lane = threadIdx.x & 31;
-  const i64 at = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
-  if (at >= n) return;
-  const u32 *keys = (const u32 *)skeys, *vals = (const u32 *)svals;
-  const u32 key = keys[at];
-  if ((i64)key >= N || (at > 0 && keys[at - 1] == key)) return;
-  i64 end = at;
-  while (end < n && keys[end] == key) end++;
-  const u32 row = (u32)(he * dout);
-  for (u32 f = lane; f < row; f += 32) {
-    const u32 j = f / (u32)dout, c = f - j * (u32)dout;
-    float s = 0.f;
-    for (i64 m = at; m < end; m++) {
-      const u32 use = vals[m], t = use / (u32)hk;
-      s = fmaf(((const float *)ua)[(i64)use * he + j], peer_ld(dy, (i64)t * dy_rs + c, dy_dt), s);
+  const i64 e = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
+  if (e >= N) return;
+  const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
+  const u32 *vals = (const u32 *)svals;
+  const i64 row = he * dout;
+  for (i64 f0 = (i64)lane * SEG_E; f0 < row; f0 += 32 * SEG_E) {
+    /* element f0 + x is (j[x], c[x]) of the [he, dout] row; one division per pass */
+    u32 jx[SEG_E], cx[SEG_E];
+    jx[0] = (u32)f0 / (u32)dout; /* rows are < 2^32 elements */
+    cx[0] = (u32)f0 - jx[0] * (u32)dout;
+#pragma unroll
+    for (int x = 1; x < SEG_E; x++) {
+      jx[x] = jx[x - 1];
+      cx[x] = cx[x - 1] + 1;
+      if (cx[x] == dout) cx[x] = 0, jx[x]++;
     }
-    peer_st(dv, (i64)key * row + f, dv_dt, s);
+    const int nx = row - f0 < SEG_E ? (int)(row - f0) : SEG_E;
+    float s[SEG_E];
+#pragma unroll
+    for (int x = 0; x < SEG_E; x++) s[x] = 0.f;
+    for (u32 m = b0; m < b1; m++) {
+      const u32 use = vals[m], t = use / (u32)hk;
+      const float *a = (const float *)ua + (i64)use * he;
+#pragma unroll
+      for (int x = 0; x < SEG_E; x++)
+        if (x < nx) s[x] = fmaf(a[jx[x]], peer_ld(dy, (i64)t * dy_rs + cx[x], dy_dt), s[x]);
+    }
+    seg_store(dv, e * row + f0, dv_dt, s, nx);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 skeys, u64 svals, i64 n, i64 N, u64 udz, u64 x, i64 x_rs,
+extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 bounds, u64 svals, i64 N, u64 udz, u64 x, i64 x_rs,
                                                         int x_dt, i64 hk, i64 he, i64 din, u64 du, int du_dt) {
   const int lane = threadIdx.x & 31;
-  const i64 at = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
-  if (at >= n) return;
-  const u32 *keys = (const u32 *)skeys, *vals = (const u32 *)svals;
-  const u32 key = keys[at];
-  if ((i64)key >= N || (at > 0 && keys[at - 1] == key)) return;
-  i64 end = at;
-  while (end < n && keys[end] == key) end++;
-  const u32 row = (u32)(din * he);
-  for (u32 f = lane; f < row; f += 32) {
-    const u32 i = f / (u32)he, j = f - i * (u32)he;
-    float s = 0.f;
-    for (i64 m = at; m < end; m++) {
+  const i64 e = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
+  if (e >= N) return;
+  const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
+  const u32 *vals = (const u32 *)svals;
+  const i64 row = din * he;
+  const int sh = __ffsll(he) - 1; /* h_e is a power of two */
+  for (i64 f0 = (i64)lane * SEG_E; f0 < row; f0 += 32 * SEG_E) {
+    const int nx = row - f0 < SEG_E ? (int)(row - f0) : SEG_E;
+    float s[SEG_E];
+#pragma unroll
+    for (int y = 0; y < SEG_E; y++) s[y] = 0.f;
+    for (u32 m = b0; m < b1; m++) {
       const u32 use = vals[m], t = use / (u32)hk;
-      s = fmaf(((const float *)udz)[(i64)use * he + j], peer_ld(x, (i64)t * x_rs + i, x_dt), s);
+      const float *a = (const float *)udz + (i64)use * he;
+#pragma unroll
+      for (int y = 0; y < SEG_E; y++) {
+        const i64 f = f0 + y;
+        if (y < nx) s[y] = fmaf(a[f & (he - 1)], peer_ld(x, (i64)t * x_rs + (f >> sh), x_dt), s[y]);
+      }
     }
-    peer_st(du, (i64)key * row + f, du_dt, s);
+    seg_store(du, e * row + f0, du_dt, s, nx);
   }
 }
 

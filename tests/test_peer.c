@@ -760,6 +760,22 @@ static void test_peer_backward_cuda(void) {
       free(a);
       free(b);
     }
+    /* gradients in the 16-bit dtype of x and Wq: dq is rounded to it for
+     * the tensor-core GEMMs (dx, dWq), within the dtype's bound */
+    if (!s && c->xdt != F32) {
+      dgrads g16;
+      dgrads_init(&g16, &dg, &pr, c->xdt, 1);
+      CHECK_OK(smelt_peer_backward(gpu, &pr.cfg, &dg.w, &dg.t[B_X], &ig.t, &dyg.t, &g16.g));
+      for (int gi = 0; gi < G_COUNT; gi++) {
+        if (!gc.has[gi]) continue;
+        double *a = out_get(what, &gc.o[gi]), *b = out_get(what, &g16.o[gi]);
+        if (!th_compare(grad_names[gi], b, a, smelt_tensor_numel(&gc.o[gi].t), y_bound(gpu, c->xdt), 1e-6))
+          th_fail(__FILE__, __LINE__, "%s: %s in %s", what, grad_names[gi], smelt_dtype_name(c->xdt));
+        free(a);
+        free(b);
+      }
+      dgrads_free(&g16);
+    }
     /* deterministic: a second run gives the same bytes */
     if (!s) {
       dgrads g2;

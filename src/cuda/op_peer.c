@@ -4,19 +4,21 @@
  * the store's batch policy included).
  *
  *   retrieve  GEMM q = x Wq + bq (f32) -> peer_route (ids, scores)
- *   forward   ... -> peer_route (+ gates) -> store batch -> peer_expert_fwd
+ *   forward   ... -> peer_route (+ gates) -> store batch -> expert forward
  *   backward  GEMM q -> peer_rescore (qn, scores, gates of the given ids)
- *             -> peer_expert_bwd (per use a, dz, d gate; dx from experts)
+ *             -> expert backward (per use a, dz, d gate; dx from experts)
  *             -> peer_route_bwd (d score, d q, norm-parameter terms)
  *             -> GEMM dx = dq Wqᵀ + dx_experts, GEMM dWq = xᵀ dq,
  *                column sums (dbq, norm params), sorted segment sums
- *                (du, dv per expert; d sub-keys per key row).
+ *                (du, dv: a warp per expert row, every row written;
+ *                d sub-keys: a CTA per key row).
  *
- * The expert kernels come in one variant per weight dtype and load width:
+ * The expert kernels come in one module per weight dtype and load width:
  * 16-byte loads need d_in and d_out to be multiples of 16 bytes of weights
  * and 16-byte aligned tables; otherwise scalar loads (then h_e <= 32). A
  * run whose dense tables are less aligned than planned takes the scalar
- * variant, loaded on first use. */
+ * variant, loaded on first use. With 16-byte loads the warp-streamed
+ * kernels are taken where they fit (expert_load), else the round kernels. */
 #include "peer_cuda.h"
 
 #include <stdio.h>
@@ -73,6 +75,7 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u) {
              {&u->sort_hist, "peer_sort_hist"},
              {&u->sort_scatter, "peer_sort_scatter"},
              {&u->use_keys, "peer_use_keys"},
+             {&u->seg_bounds, "peer_seg_bounds"},
              {&u->du, "peer_du"},
              {&u->dv, "peer_dv"},
              {&u->colsum_partial, "peer_colsum_partial"},
@@ -98,11 +101,16 @@ smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *d
 
 /* ---------------------------------------------------------------- plan state */
 
-/* An expert-kernel variant with its launch shape. */
+/* The expert kernels of kernels/peer_expert.cu, in order of preference. */
+typedef enum expert_kind { EK_WARP, EK_ROWS } expert_kind;
+
+/* An expert-kernel variant with its launch shape: stage_uses is the slots
+ * per warp (EK_WARP); chunk the uses per round (EK_ROWS). */
 typedef struct expert_variant {
   int vec;
+  expert_kind kind;
   CUfunction fwd, bwd;
-  int64_t chunk;
+  int64_t chunk, stage_uses;
   int gout, gin;
   unsigned fwd_smem, bwd_smem;
 } expert_variant;
@@ -142,6 +150,18 @@ static unsigned bwd_smem(const smelt__peer_state *ps, int gin, int64_t chunk) {
                     16 * chunk);
 }
 
+/* The warp-streamed kernels: NWARPS rings of `slots` uses' rows, x (and
+ * dy), gates and row pointers. */
+#define PEER_WS_CH 4 /* kernels/peer_expert.cu's WS_CH */
+static unsigned warp_fwd_smem(const smelt__peer_state *ps, int64_t slots, int64_t row_bytes) {
+  const int64_t hk = ps->h * ps->k;
+  return (unsigned)(8 * slots * row_bytes + 4 * (r4(ps->din) + r4(hk)) + 16 * hk);
+}
+static unsigned warp_bwd_smem(const smelt__peer_state *ps, int64_t slots, int64_t row_bytes) {
+  const int64_t hk = ps->h * ps->k;
+  return (unsigned)(8 * slots * row_bytes + 4 * (r4(ps->din) + r4(ps->dout) + r4(hk)) + 16 * hk);
+}
+
 /* Chooses the launch shape of a variant and loads it. */
 static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, smelt_dtype wdt, int vec,
                                 expert_variant *ev) {
@@ -150,9 +170,39 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   ev->vec = vec;
   ev->gout = groups_for(ps->dout / vec);
   ev->gin = groups_for(ps->din / vec);
-  /* Up to 256 uses staged at a time, fewer while that keeps shared memory
-   * under 96 KiB (two CTAs per SM on Hopper and Ampere). */
+  /* Shared memory under 96 KiB keeps two CTAs per SM on Hopper and Ampere. */
   const unsigned budget = smem_max < 96 * 1024 ? (unsigned)smem_max : 96 * 1024;
+  smelt__kernel_src src;
+  smelt__peer_expert_src(wdt, vec, &src);
+  smelt_status s;
+  /* SMELT_PEER_EXPERT_KERNEL=rows takes the round kernels even where the
+   * warp-streamed ones fit (for comparing the two on a device). */
+  const char *kind_env = smelt__getenv("SMELT_PEER_EXPERT_KERNEL");
+  const expert_kind first = kind_env && strcmp(kind_env, "rows") == 0 ? EK_ROWS : EK_WARP;
+  const int64_t row_bytes = (ps->din + ps->dout) * ps->he * (int64_t)smelt_dtype_size(wdt);
+  ev->stage_uses = 0;
+  /* Warp-streamed when h_e <= the load width, the rows a lane keeps (y and
+   * dx) fit its WS_CH chunks, and three (else two) slots a warp fit half
+   * the SM's shared memory (two CTAs per SM). */
+  const unsigned half = (unsigned)(smem_max / 2 - 1024);
+  if (first == EK_WARP && vec > 1 && ps->he <= vec && ps->din * ps->he <= 32 * PEER_WS_CH * vec &&
+      ps->dout <= 32 * PEER_WS_CH * vec && hk > 0) {
+    for (int64_t slots = 3; slots >= 2; slots--) {
+      if (warp_fwd_smem(ps, slots, row_bytes) > half || warp_bwd_smem(ps, slots, row_bytes) > half) continue;
+      ev->kind = EK_WARP;
+      ev->stage_uses = slots;
+      ev->chunk = hk;
+      ev->fwd_smem = warp_fwd_smem(ps, slots, row_bytes);
+      ev->bwd_smem = warp_bwd_smem(ps, slots, row_bytes);
+      if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd_warp", &ev->fwd)) ||
+          (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd_warp", &ev->bwd)))
+        return s;
+      return SMELT_OK;
+    }
+  }
+  /* Up to 256 uses staged at a time, fewer while that keeps shared memory
+   * under the budget. */
+  ev->kind = EK_ROWS;
   int64_t chunk = hk < 256 ? hk : 256;
   while (chunk > 1 && (fwd_smem(ps, ev->gout, chunk) > budget || bwd_smem(ps, ev->gin, chunk) > budget)) chunk /= 2;
   ev->chunk = chunk;
@@ -164,9 +214,6 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
                         OP ": input_dim=%lld and output_dim=%lld need %u bytes of shared memory per CTA on CUDA; the "
                            "device allows %d",
                         (long long)ps->din, (long long)ps->dout, need, smem_max);
-  smelt__kernel_src src;
-  smelt__peer_expert_src(wdt, vec, &src);
-  smelt_status s;
   if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd", &ev->fwd)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd", &ev->bwd)))
     return s;
@@ -216,7 +263,11 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   ps->cuda = pc;
   ps->cuda_free = peer_cuda_free;
   pc->wdt = wdt;
-  pc->route_smem = (unsigned)(4 * (ps->dsub * (68 + 68) + 64 * 65 + 64 * 32 * 2));
+  /* As peer_route.cu lays it out: the score tile and the running lists in
+   * f32/u32, then hi and lo bf16 parts of the query slice and the key tile,
+   * 64 rows of DS = round16(dsub) + 8 each. */
+  const int64_t route_ds = ((ps->dsub + 15) & ~(int64_t)15) + 8;
+  pc->route_smem = (unsigned)(4 * (64 * 65 + 64 * 32 * 2) + 2 * 4 * 64 * route_ds);
   pc->rbwd_smem = (unsigned)(4 * 8 * ps->dq + 8 * 32 * 4 * 8 + 8 * 32 * 4 * 4);
   const unsigned rneed = pc->route_smem > pc->rbwd_smem ? pc->route_smem : pc->rbwd_smem;
   if (rneed > (unsigned)dev->smem_per_block_optin)
@@ -227,7 +278,8 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   smelt__kernel_src src;
   smelt__peer_route_src(&src);
   smelt_status s;
-  if ((s = smelt__cuda_function(ctx, &src, "peer_route", &pc->route)) ||
+  /* lists of 16 entries per merge thread when k allows, else 32 */
+  if ((s = smelt__cuda_function(ctx, &src, ps->k <= 16 ? "peer_route" : "peer_route32", &pc->route)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_rescore", &pc->rescore)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_route_bwd", &pc->route_bwd)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_dkeys", &pc->dkeys)) || (s = smelt__peer_util_load(ctx, &pc->util)) ||
@@ -244,9 +296,14 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   }
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
+  char pipe[40];
+  if (pc->ev[0].kind == EK_WARP)
+    snprintf(pipe, sizeof pipe, " (warp-streamed, %lld slots a warp)", (long long)pc->ev[0].stage_uses);
+  else
+    snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %s", (long long)ps->N, ps->p,
-           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name);
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %.32s%.36s", (long long)ps->N, ps->p,
+           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name, pipe);
   return SMELT_OK;
 }
 
@@ -352,6 +409,7 @@ static void expert_params(const smelt__peer_state *ps, const smelt_peer_weights 
   P->groups_out = ev->gout;
   P->groups_in = ev->gin;
   P->he_shift = log2i(ps->he);
+  P->stage_uses = (int)ev->stage_uses;
   if (ps->store) {
     const int32_t *table;
     const void *uc, *vc, *uh, *vh;
@@ -485,7 +543,7 @@ static smelt_status sort_uses(smelt_ctx *ctx, const smelt__peer_util *u, const s
     smelt_status s = smelt__cuda_launch(ctx, OP, u->sort_hist, (unsigned)nblocks, 1, 1, 256, 0, hp);
     if (!s) s = smelt__peer_scan(ctx, u, hist, 256 * nblocks, NULL);
     void *sp[] = {&kin, &vin, &kout, &vout, &n, &shift, &hist, &nblocks};
-    if (!s) s = smelt__cuda_launch(ctx, OP, u->sort_scatter, (unsigned)nblocks, 1, 1, 32, 0, sp);
+    if (!s) s = smelt__cuda_launch(ctx, OP, u->sort_scatter, (unsigned)nblocks, 1, 1, 256, 0, sp);
     if (s) return s;
     cur ^= 1;
     vin = vbuf[cur];
@@ -509,6 +567,16 @@ static smelt_status colsum(smelt_ctx *ctx, const smelt__peer_util *u, const void
   return smelt__cuda_launch(ctx, OP, u->colsum_final, (unsigned)((cols + 255) / 256), 1, 1, 256, 0, fp);
 }
 
+/* bounds[2 r], bounds[2 r + 1] = the run of key r in the n sorted keys
+ * (empty for rows without uses), r < nrows. */
+static smelt_status seg_bounds(smelt_ctx *ctx, const smelt__peer_util *u, void *skeys, int64_t n, int64_t nrows,
+                               void *bounds) {
+  SMELT__CU_CHECK(smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)(uintptr_t)bounds, 0, (size_t)nrows * 8, ctx->cuda->stream),
+                  OP);
+  void *params[] = {&skeys, &n, &nrows, &bounds};
+  return smelt__cuda_launch(ctx, OP, u->seg_bounds, (unsigned)((n + 255) / 256), 1, 1, 256, 0, params);
+}
+
 static smelt_status memset0(smelt_ctx *ctx, const smelt_tensor *t) {
   const size_t bytes = (size_t)smelt_tensor_numel(t) * smelt_dtype_size(t->dtype);
   if (!bytes) return SMELT_OK;
@@ -516,7 +584,7 @@ static smelt_status memset0(smelt_ctx *ctx, const smelt_tensor *t) {
   return SMELT_OK;
 }
 
-enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_PART, W_N };
+enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DQ16, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_BND, W_PART, W_N };
 
 smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
                                        const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g) {
@@ -544,12 +612,25 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   bytes[W_SC] = bytes[W_G] = bytes[W_DG] = bytes[W_DS] = (size_t)nuse * 4;
   bytes[W_UA] = bytes[W_UDZ] = (size_t)(nuse * ps->he) * 4;
   bytes[W_DQ] = (size_t)(T * hd) * 4;
+  /* dq also goes out in Wq's dtype when that is 16-bit and a gradient the
+   * GEMMs produce is wanted in it too (its own rounding is then as large as
+   * dq's): the dx GEMM (dq Wqᵀ) and the dWq GEMM (xᵀ dq, when x has that
+   * dtype) then run on tensor cores. f32 gradients keep f32 dq (SIMT). */
+  const smelt_dtype qdt = w->wq->dtype;
+  const int dx16 = g->dx && g->dx->dtype == qdt, dwq16 = g->dwq && g->dwq->dtype == qdt && x->dtype == qdt;
+  const int dq16 = (qdt == SMELT_DTYPE_BF16 || qdt == SMELT_DTYPE_F16) && (dx16 || dwq16);
+  bytes[W_DQ16] = dq16 ? (size_t)(T * hd) * 2 : 0;
   bytes[W_DX] = g->dx ? (size_t)(T * ps->din) * 4 : 0;
   bytes[W_PG] = g->dnorm_weight ? (size_t)(T * hd) * 4 : 0;
   bytes[W_PB] = g->dnorm_bias ? (size_t)(T * hd) * 4 : 0;
   if (want_sort) {
     bytes[W_K0] = bytes[W_V0] = bytes[W_K1] = bytes[W_V1] = (size_t)(nuse ? nuse : 1) * 4;
     bytes[W_HIST] = (size_t)(256 * (nblocks ? nblocks : 1)) * 4;
+    /* segment bounds of the longest table sorted: experts or a dim's key rows */
+    int64_t rows = g->du || g->dv ? ps->N : 1;
+    for (int i = 0; i < ps->p; i++)
+      if (g->dsub_keys[i] && (ps->cfg.per_head_keys ? h : 1) * ps->n[i] > rows) rows = (ps->cfg.per_head_keys ? h : 1) * ps->n[i];
+    bytes[W_BND] = (size_t)rows * 8;
   }
   bytes[W_PART] = (size_t)(SMELT__PEER_CS_CHUNKS * hd) * 4; /* the widest column sum: dbq */
   void *base, *r[W_N];
@@ -567,6 +648,8 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   P.dqo = (uint64_t)(uintptr_t)r[W_DQ];
   P.pgamma = (uint64_t)(uintptr_t)r[W_PG];
   P.pbeta = (uint64_t)(uintptr_t)r[W_PB];
+  P.dq16 = (uint64_t)(uintptr_t)r[W_DQ16];
+  P.dq16_dt = (int)qdt;
   const unsigned rows_grid = (unsigned)((T * h + 7) / 8);
   void *pp[] = {&P};
   if (T > 0) s = project(plan, w, x, r[W_Q]);
@@ -588,6 +671,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   }
   if (!s) s = smelt__cuda_launch(ctx, OP, pc->route_bwd, rows_grid, 1, 1, 256, pc->rbwd_smem, pp);
   smelt_tensor dqt = dev_tensor(ctx, r[W_DQ], SMELT_DTYPE_F32, T, hd);
+  smelt_tensor dq16t = dq16 ? dev_tensor(ctx, r[W_DQ16], qdt, T, hd) : dqt;
   if (!s && g->dx) { /* dx = dq Wqᵀ + dx from the experts */
     smelt_tensor wqt = *w->wq, dxe = dev_tensor(ctx, r[W_DX], SMELT_DTYPE_F32, T, ps->din);
     wqt.shape[0] = w->wq->shape[1];
@@ -596,7 +680,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     wqt.strides[1] = w->wq->strides[0];
     smelt_gemm_desc d = smelt_gemm_desc_default();
     d.epilogue.beta = 1.0;
-    s = smelt_gemm(ctx, &d, &dqt, &wqt, &dxe, g->dx, NULL);
+    s = smelt_gemm(ctx, &d, dx16 ? &dq16t : &dqt, &wqt, &dxe, g->dx, NULL);
   }
   if (!s && g->dwq) { /* dWq = xᵀ dq */
     smelt_tensor xt = *x;
@@ -604,7 +688,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     xt.shape[1] = x->shape[0];
     xt.strides[0] = x->strides[1];
     xt.strides[1] = x->strides[0];
-    s = smelt_gemm(ctx, NULL, &xt, &dqt, NULL, g->dwq, NULL);
+    s = smelt_gemm(ctx, NULL, &xt, dwq16 ? &dq16t : &dqt, NULL, g->dwq, NULL);
   }
   if (!s && g->dbq) s = colsum(ctx, &pc->util, r[W_DQ], T, hd, r[W_PART], g->dbq);
   if (!s && want_norm) { /* [h, dq] params sum over tokens; [dq] ones over tokens and heads */
@@ -614,45 +698,51 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   }
   sort_ws sw = {(uint32_t *)r[W_K0], (uint32_t *)r[W_V0], (uint32_t *)r[W_K1], (uint32_t *)r[W_V1],
                 (uint32_t *)r[W_HIST]};
-  if (!s && (g->du || g->dv)) {
+  if (!s && (g->du || g->dv) && nuse == 0) {
     if (g->du) s = memset0(ctx, g->du);
     if (!s && g->dv) s = memset0(ctx, g->dv);
+  } else if (!s && (g->du || g->dv)) { /* every row written: zeros where no use selected the expert */
     uint32_t *sk, *sv;
-    if (!s && nuse > 0) {
-      s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, 1, 0, 0, (uint32_t)ps->N, &sk, &sv);
-      int64_t hk = h * k, he = ps->he, N = ps->N;
-      const unsigned grid = (unsigned)((nuse + 7) / 8);
-      if (!s && g->dv) {
-        void *a = r[W_UA], *dyp = dy->data, *dvp = g->dv->data, *skp = sk, *svp = sv;
-        int64_t dy_rs = dy->strides[0], dout = ps->dout;
-        int dy_dt = dy->dtype, dv_dt = g->dv->dtype;
-        void *vp[] = {&skp, &svp, (void *)&nuse, &N, &a, &dyp, &dy_rs, &dy_dt, &hk, &he, &dout, &dvp, &dv_dt};
-        s = smelt__cuda_launch(ctx, OP, pc->util.dv, grid, 1, 1, 256, 0, vp);
-      }
-      if (!s && g->du) {
-        void *a = r[W_UDZ], *xp = x->data, *dup = g->du->data, *skp = sk, *svp = sv;
-        int64_t x_rs = x->strides[0], din = ps->din;
-        int x_dt = x->dtype, du_dt = g->du->dtype;
-        void *up[] = {&skp, &svp, (void *)&nuse, &N, &a, &xp, &x_rs, &x_dt, &hk, &he, &din, &dup, &du_dt};
-        s = smelt__cuda_launch(ctx, OP, pc->util.du, grid, 1, 1, 256, 0, up);
-      }
+    int64_t hk = h * k, he = ps->he, N = ps->N;
+    void *bnd = r[W_BND];
+    s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, 1, 0, 0, (uint32_t)ps->N, &sk, &sv);
+    if (!s) s = seg_bounds(ctx, &pc->util, sk, nuse, N, bnd);
+    const unsigned grid = (unsigned)((N + 7) / 8);
+    if (!s && g->dv) {
+      void *a = r[W_UA], *dyp = dy->data, *dvp = g->dv->data, *svp = sv;
+      int64_t dy_rs = dy->strides[0], dout = ps->dout;
+      int dy_dt = dy->dtype, dv_dt = g->dv->dtype;
+      void *vp[] = {&bnd, &svp, &N, &a, &dyp, &dy_rs, &dy_dt, &hk, &he, &dout, &dvp, &dv_dt};
+      s = smelt__cuda_launch(ctx, OP, pc->util.dv, grid, 1, 1, 256, 0, vp);
+    }
+    if (!s && g->du) {
+      void *a = r[W_UDZ], *xp = x->data, *dup = g->du->data, *svp = sv;
+      int64_t x_rs = x->strides[0], din = ps->din;
+      int x_dt = x->dtype, du_dt = g->du->dtype;
+      void *up[] = {&bnd, &svp, &N, &a, &xp, &x_rs, &x_dt, &hk, &he, &din, &dup, &du_dt};
+      s = smelt__cuda_launch(ctx, OP, pc->util.du, grid, 1, 1, 256, 0, up);
     }
   }
   for (int i = 0; i < ps->p && !s; i++) {
     const smelt_tensor *dk = g->dsub_keys[i];
     if (!dk) continue;
-    if ((s = memset0(ctx, dk)) || nuse == 0) continue;
+    if (nuse == 0) {
+      s = memset0(ctx, dk);
+      continue;
+    }
     int64_t div = 1;
     for (int j = i + 1; j < ps->p; j++) div *= ps->n[j];
     const int64_t table_n = ps->cfg.per_head_keys ? ps->n[i] : 0;
     int64_t nrows = (ps->cfg.per_head_keys ? h : 1) * ps->n[i];
     uint32_t *sk, *sv;
+    void *bnd = r[W_BND];
     s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, div, ps->n[i], table_n, (uint32_t)nrows, &sk, &sv);
+    if (!s) s = seg_bounds(ctx, &pc->util, sk, nuse, nrows, bnd);
     if (s) break;
-    void *skp = sk, *svp = sv, *dkp = dk->data;
+    void *svp = sv, *dkp = dk->data;
     int dim = i, dk_dt = dk->dtype;
-    void *kp[] = {&P, &skp, &svp, (void *)&nuse, &dim, &nrows, &dkp, &dk_dt};
-    s = smelt__cuda_launch(ctx, OP, pc->dkeys, (unsigned)((nuse + 7) / 8), 1, 1, 256, 0, kp);
+    void *kp[] = {&P, &bnd, &svp, &dim, &nrows, &dkp, &dk_dt};
+    s = smelt__cuda_launch(ctx, OP, pc->dkeys, (unsigned)nrows, 1, 1, 256, 0, kp);
   }
   smelt__nvtx_pop();
   smelt_status s2 = smelt__cuda_free(ctx, base);

@@ -10,17 +10,17 @@
 
 typedef struct smelt__peer_route_params {
   uint64_t q, keys[SMELT_PEER_MAX_DIMS], norm_w, norm_b, bn_mean, bn_var, ids, scores, gates, qn, dg, ds, dqo, pgamma,
-      pbeta;
+      pbeta, dq16;
   int64_t T, h, dq, dsub, k, N, n[SMELT_PEER_MAX_DIMS], param_hs, key_hs[SMELT_PEER_MAX_DIMS];
   float norm_eps, l2_eps;
-  int p, norm, key_l2, gate, key_dt, param_dt;
+  int p, norm, key_l2, gate, key_dt, param_dt, dq16_dt;
 } smelt__peer_route_params;
-_Static_assert(sizeof(smelt__peer_route_params) == 296, "smelt__peer_route_params must match peer_route_params");
+_Static_assert(sizeof(smelt__peer_route_params) == 312, "smelt__peer_route_params must match peer_route_params");
 
 typedef struct smelt__peer_expert_params {
   uint64_t x, y, dy, ids, gates, u_host, v_host, u_cache, v_cache, table, ua, udz, dg, dx;
   int64_t T, hk, din, dout, he, N, x_rs, y_rs, dy_rs, chunk;
-  int x_dt, y_dt, dy_dt, act, groups_out, groups_in, he_shift, pad;
+  int x_dt, y_dt, dy_dt, act, groups_out, groups_in, he_shift, stage_uses;
 } smelt__peer_expert_params;
 _Static_assert(sizeof(smelt__peer_expert_params) == 224, "smelt__peer_expert_params must match peer_expert_params");
 
@@ -37,7 +37,7 @@ void smelt__peer_expert_src(smelt_dtype wdt, int vec, smelt__kernel_src *src);
 
 /* The util module's functions a caller needs. */
 typedef struct smelt__peer_util {
-  CUfunction scan, sort_hist, sort_scatter, use_keys, du, dv, colsum_partial, colsum_final;
+  CUfunction scan, sort_hist, sort_scatter, use_keys, seg_bounds, du, dv, colsum_partial, colsum_final;
   CUfunction store_count, store_lookup, store_misses, store_slot_count, store_slot_rank, store_assign, store_finish;
 } smelt__peer_util;
 smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u);
