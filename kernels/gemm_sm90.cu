@@ -63,8 +63,10 @@
  * the matrix edge (odd tile counts) still loads (TMA fills zeros), runs
  * and arrives like any other, but stores nothing, so the CTAs' pipelines
  * stay in step. A cluster barrier after the barriers' init (before any
- * remote arrival or multicast) and one before exit (no CTA leaves while a
- * peer may still arrive on its barriers).
+ * remote arrival or multicast); before exit, the producer waits until
+ * every stage's last fill was released by all the cluster's consumers,
+ * so no CTA leaves while a peer may still arrive on its barriers (as
+ * CUTLASS's load tail does).
  *
  * Parallel split-K (plain runs): tiles are numbered slice by slice, each
  * slice's K range loaded from its first K tile, and the fast epilogue
@@ -340,17 +342,22 @@ static __device__ __forceinline__ u32 cluster_rank(void) {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-/* Every (non-exited) thread of the cluster has arrived; release / acquire,
- * so memory operations before it are visible to the cluster after it. Not
- * .aligned: the producer warp's lanes arrive from different places. */
+/* Every thread of the cluster has arrived. Relaxed: it follows the
+ * barriers' init, which fence.mbarrier_init already released to the
+ * cluster (a .release arrival would cost a MEMBAR.ALL.GPU). */
 static __device__ __forceinline__ void cluster_sync(void) {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
-/* Arrives on the mbarrier at this CTA's offset `bar` in CTA `rank` of the cluster. */
+/* Arrives on the mbarrier at this CTA's offset `bar` in CTA `rank` of the
+ * cluster. With the default .release.cta semantics, as CUTLASS's consumer
+ * release does: what it orders is the end of this warp's wgmma reads of
+ * the stage (wgmma.wait_group has returned), and .release.cluster costs a
+ * MEMBAR.ALL.GPU per arrival, which on H100 stalled every K step by
+ * ~0.4-0.7 us (a first version ran at 0.57 of cuBLAS; docs/PERF.md). */
 static __device__ __forceinline__ void mbar_arrive_rank(u32 bar, u32 rank) {
   u32 remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 /* tma_load into every CTA of `mask` (bit r: rank r), each at its own
  * offset dst, completing on each one's mbarrier at offset bar. */
@@ -728,12 +735,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (tid != 0) {
-#if CLUSTER > 1
-      cluster_sync(); /* the exit barrier (below) */
-#endif
-      return;
-    }
+    if (tid != 0) return;
     int stage = 0, g = 0;
     u32 phase = 0;
     for (int t = unit0; t < tiles; t += units_step) {
@@ -766,7 +768,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
     }
 #if CLUSTER > 1
-    cluster_sync();
+    /* No exit while a peer may still arrive on this CTA's barriers: wait
+     * until the consumers of every CTA have released each stage's last
+     * fill (the peers' multicasts into our stages are all awaited by our
+     * own consumers). A stage never filled passes at once. */
+    for (int s = 0; s < GEMM_STAGES; s++) {
+      mbar_wait(empty + 8 * stage, phase ^ 1);
+      if (++stage == GEMM_STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
 #endif
     return;
   }
@@ -912,10 +924,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   }
   /* The last TMA stores read shared memory until they complete. */
   if ((PINGPONG || fast) && tid == 0) sm90_store_wait();
-#if CLUSTER > 1
-  /* No CTA exits while a peer may still arrive on its barriers. */
-  cluster_sync();
-#endif
 #else
   /* wgmma and setmaxnreg exist on sm_90a only. The variant list is compiled
    * for every arch, so elsewhere the kernel is a stub the selector never

@@ -1140,34 +1140,6 @@ static void test_gpu_sm90(void) {
     s.desc.epilogue.scale_d = 0.5f;
     if (!check(&s, 0, "sm90 ping-pong epilogue")) return;
   }
-  /* Clusters with TMA multicast, asked for through desc.tile.cluster_m/n:
-   * pairs along M on the wide tile (B shared), pairs and quads along N on
-   * the narrow tile (A shared). Tile counts that are not multiples of the
-   * cluster (the out-of-range tile of a unit loads zeros, stores nothing
-   * and still arrives on the barriers): 3 x 3, 1 x 65 and 19 x 7 wide, 9
-   * and 65 narrow columns; ragged M, N and K; K with more steps than
-   * stages (333 and 1000); more units than clusters (so clusters walk
-   * several units); one row; both epilogues (f32 D with C takes the
-   * general one), bias and activations. */
-  static const int cls[][2] = {{2, 1}, {1, 2}, {1, 4}};
-  static const int64_t cshapes[][3] = {{300, 520, 333}, {129, 72, 70},   {128, 4104, 1000},
-                                       {2400, 1600, 72}, {60, 136, 100}, {1, 8, 1}};
-  for (int ci = 0; ci < 3; ci++)
-    for (int si = 0; si < 6; si++) {
-      const smelt_dtype dt = (ci + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-      gspec s = spec(dt, dt, si == 1 ? SMELT_DTYPE_F32 : dt, cshapes[si][0], cshapes[si][1], cshapes[si][2]);
-      s.b_col = 1;
-      s.ld16 = 1;
-      s.desc.tile.cluster_m = cls[ci][0];
-      s.desc.tile.cluster_n = cls[ci][1];
-      s.has_c = si == 1;
-      s.has_bias = si != 3;
-      s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
-      s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU : si == 4 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
-      char what[48];
-      snprintf(what, sizeof what, "sm90 cluster %dx%d", cls[ci][0], cls[ci][1]);
-      if (!check(&s, 0, what)) return;
-    }
   /* Parallel split-K on the Hopper kernel, asked for: slices write f32
    * partial sums through 3-D TMA stores (each slice's rows clip at M),
    * gemm_reduce applies the epilogue. Slices chosen by smelt (2 of the
@@ -1277,6 +1249,43 @@ static void test_gpu_sm90(void) {
   th_buf_free(&A);
   th_buf_free(&B);
   th_buf_free(&D);
+}
+
+/* Clusters with TMA multicast (kernels/gemm_sm90.cu), asked for through
+ * desc.tile.cluster_m / cluster_n. */
+static void test_gpu_sm90_cluster(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  /* Pairs along M on the wide tile (B shared), pairs and quads along N on
+   * the narrow tile (A shared). Tile counts that are not multiples of the
+   * cluster (the out-of-range tile of a unit loads zeros, stores nothing
+   * and still arrives on the barriers): 3 x 3, 1 x 65 and 19 x 7 wide, 9
+   * and 65 narrow columns; ragged M, N and K; K with more steps than
+   * stages (333 and 1000); more units than clusters (so clusters walk
+   * several units); one row; both epilogues (f32 D with C takes the
+   * general one), bias and activations. */
+  static const int cls[][2] = {{2, 1}, {1, 2}, {1, 4}};
+  static const int64_t cshapes[][3] = {{300, 520, 333}, {129, 72, 70},   {128, 4104, 1000},
+                                       {2400, 1600, 72}, {60, 136, 100}, {1, 8, 1}};
+  for (int ci = 0; ci < 3; ci++)
+    for (int si = 0; si < 6; si++) {
+      const smelt_dtype dt = (ci + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+      gspec s = spec(dt, dt, si == 1 ? SMELT_DTYPE_F32 : dt, cshapes[si][0], cshapes[si][1], cshapes[si][2]);
+      s.b_col = 1;
+      s.ld16 = 1;
+      s.desc.tile.cluster_m = cls[ci][0];
+      s.desc.tile.cluster_n = cls[ci][1];
+      s.has_c = si == 1;
+      s.has_bias = si != 3;
+      s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
+      s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU : si == 4 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
+      char what[48];
+      snprintf(what, sizeof what, "sm90 cluster %dx%d", cls[ci][0], cls[ci][1]);
+      if (!check(&s, 0, what)) return;
+    }
 }
 
 /* The fast epilogue's MUFU forms of gelu, gelu_tanh, sigmoid and silu for
@@ -1573,6 +1582,7 @@ const th_test th_tests_gemm[] = {
     {"gpu_large", test_gpu_large},
     {"gpu_unaligned", test_gpu_unaligned},
     {"gpu_sm90", test_gpu_sm90},
+    {"gpu_sm90_cluster", test_gpu_sm90_cluster},
     {"gpu_sm90_act16", test_gpu_sm90_act16},
     {0, 0},
 };
