@@ -15,7 +15,8 @@
  *   splits of such plain GEMMs when asked for, N a multiple of 4): the
  *   cooperative schedule with 128 x 256 tiles when they keep at least half
  *   the SMs busy, else (16-bit types) 128 x 64 tiles; its 128 x 128
- *   ping-pong schedule only when the description asks for that tile;
+ *   ping-pong schedule only when the description asks for that tile, and
+ *   its cluster variants (TMA multicast) only when it asks for a cluster;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
  *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
  *   newer, and A and B are 16-byte aligned with a unit stride along K or
@@ -347,7 +348,10 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):
      * on H100 it ran 4% behind the cooperative one at bf16 8192^3, plain
-     * and with bias + GELU alike (docs/PERF.md). */
+     * and with bias + GELU alike (docs/PERF.md). The cluster kernels
+     * likewise: pairs sharing B matched it at bf16 4096^3 and 8192^3 and
+     * lost 8% with bias + GELU and 3% on 64 uneven groups; pairs and quads
+     * sharing A lost 5% on 128 x 4096 x 4096 (docs/PERF.md, fourth round). */
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
