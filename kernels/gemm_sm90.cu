@@ -46,6 +46,28 @@
  * tiles move a third more bytes from L2 per multiply-add), so the selector
  * takes it only when asked.
  *
+ * Clusters (GEMM_CLUSTER_M or GEMM_CLUSTER_N, 2 or 4, the other 1;
+ * cooperative schedule only): the CTAs of a cluster take output tiles
+ * side by side, CM consecutive tile rows of one tile column (they share
+ * the B tile) or CN consecutive tile columns of one tile row (they share
+ * the A tile). Each CTA loads 1/CM of the shared tile with a multicast TMA
+ * load that lands in every CTA of the cluster at the same shared-memory
+ * offset and completes on every CTA's full barrier there, so L2 sends the
+ * shared operand once per cluster instead of once per CTA. A full barrier
+ * expects the whole stage's bytes (its own loads plus its peers'
+ * multicasts); a stage may be refilled only when the consumers of every
+ * CTA have released it (a peer's multicast writes into our shared
+ * memory), so each consumer warp arrives on the empty barrier of every CTA
+ * in the cluster (lane r on rank r's, through mapa). The cluster walks
+ * tile groups ("units", rastered like tiles) together; a unit's tile past
+ * the matrix edge (odd tile counts) still loads (TMA fills zeros), runs
+ * and arrives like any other, but stores nothing, so the CTAs' pipelines
+ * stay in step. A cluster barrier after the barriers' init (before any
+ * remote arrival or multicast); before exit, the producer waits until
+ * every stage's last fill was released by all the cluster's consumers,
+ * so no CTA leaves while a peer may still arrive on its barriers (as
+ * CUTLASS's load tail does).
+ *
  * Parallel split-K (plain runs): tiles are numbered slice by slice, each
  * slice's K range loaded from its first K tile, and the fast epilogue
  * writes the slice's f32 partial sums into the workspace through a 3-D map
@@ -118,6 +140,18 @@
 #error "gemm_sm90.cu needs GEMM_BN 256 or 64 (cooperative) or 128 (GEMM_PINGPONG 1)"
 #endif
 #define PINGPONG GEMM_PINGPONG
+#if !defined(GEMM_CLUSTER_M)
+#define GEMM_CLUSTER_M 1
+#endif
+#if !defined(GEMM_CLUSTER_N)
+#define GEMM_CLUSTER_N 1
+#endif
+#define CM GEMM_CLUSTER_M
+#define CN GEMM_CLUSTER_N
+#define CLUSTER (CM * CN)
+#if CLUSTER > 1 && (PINGPONG || (CM > 1 && CN > 1) || (CLUSTER != 2 && CLUSTER != 4))
+#error "gemm_sm90.cu: a cluster is 2 or 4 CTAs along M or along N, cooperative schedule only"
+#endif
 #define BM 128
 #define BN GEMM_BN
 /* Accumulators per consumer thread: its 64 x BN half of the tile
@@ -298,6 +332,41 @@ static __device__ __forceinline__ void sm90_store_wait_read(void) {
 /* This thread's stores are complete (before the CTA exits). */
 static __device__ __forceinline__ void sm90_store_wait(void) {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+/* Cluster side, kept here: only this kernel uses it. */
+
+/* This CTA's rank in its cluster. */
+static __device__ __forceinline__ u32 cluster_rank(void) {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+/* Every thread of the cluster has arrived. Relaxed: it follows the
+ * barriers' init, which fence.mbarrier_init already released to the
+ * cluster (a .release arrival would cost a MEMBAR.ALL.GPU). */
+static __device__ __forceinline__ void cluster_sync(void) {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+/* Arrives on the mbarrier at this CTA's offset `bar` in CTA `rank` of the
+ * cluster. With the default .release.cta semantics, as CUTLASS's consumer
+ * release does: what it orders is the end of this warp's wgmma reads of
+ * the stage (wgmma.wait_group has returned), and .release.cluster costs a
+ * MEMBAR.ALL.GPU per arrival, which on H100 stalled every K step by
+ * ~0.4-0.7 us (a first version ran at 0.57 of cuBLAS; docs/PERF.md). */
+static __device__ __forceinline__ void mbar_arrive_rank(u32 bar, u32 rank) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+/* tma_load into every CTA of `mask` (bit r: rank r), each at its own
+ * offset dst, completing on each one's mbarrier at offset bar. */
+static __device__ __forceinline__ void tma_load_mc(u32 dst, const tmap_t *map, int x, int y, u32 bar, u32 mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+      "l"((u64)map), "r"(x), "r"(y), "r"(bar), "h"((unsigned short)mask)
+      : "memory");
 }
 
 /* ---------------------------------------------------------------- epilogue */
@@ -538,10 +607,15 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
   wgmma_commit();
 }
 
-/* A consumer warp is done reading a stage: one arrival per warp. */
+/* A consumer warp is done reading a stage: one arrival per warp, on this
+ * CTA's empty barrier or, in a cluster, on every CTA's (lane r on rank r's). */
 static __device__ __forceinline__ void release(u32 bar, int lane) {
   __syncwarp();
+#if CLUSTER > 1
+  if (lane < CLUSTER) mbar_arrive_rank(bar, (u32)lane);
+#else
   if (lane == 0) mbar_arrive(bar);
+#endif
 }
 
 /* ---------------------------------------------------------------- locating a tile */
@@ -565,10 +639,21 @@ typedef struct sm90_tile {
   const tmap_t *ma, *mb, *md;
 } sm90_tile;
 
-/* Tile t; g is the caller's group cursor: tiles come in increasing order,
- * so the search moves forward (past empty groups) and costs a load or two. */
+/* Units: a cluster's CM x CN tiles (one tile without clusters), rastered
+ * as tiles are (the band counted in units); the tile of cluster rank
+ * `rank` in unit (um, un). */
+static __device__ __forceinline__ void unit_tile(int t, int tiles_m, int tiles_n, int band, u32 rank, sm90_tile *w) {
+  int um, un;
+  gemm_raster(t, (tiles_m + CM - 1) / CM, (tiles_n + CN - 1) / CN, (band + CM - 1) / CM, &um, &un);
+  w->tm = um * CM + (CM > 1 ? (int)rank : 0);
+  w->tn = un * CN + (CN > 1 ? (int)rank : 0);
+}
+
+/* Unit t (a tile without clusters); g is the caller's group cursor: units
+ * come in increasing order, so the search moves forward (past empty
+ * groups) and costs a load or two. Grouped: P.group_tiles counts units. */
 static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const tmap_t *tma_a, const tmap_t *tma_b,
-                                                   const tmap_t *tma_d, const tmap_t *gmaps, int t, int *g,
+                                                   const tmap_t *tma_d, const tmap_t *gmaps, int t, int *g, u32 rank,
                                                    sm90_tile *w) {
   if (P.mode == MODE_GROUPED) {
     const i64 *first = (const i64 *)P.group_tiles;
@@ -584,8 +669,7 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
     w->ma = gmaps + 3 * *g;
     w->mb = w->ma + 1;
     w->md = w->ma + 2;
-    gemm_raster((int)(t - first[*g]), (int)((w->m + BM - 1) / BM), (int)((w->n + BN - 1) / BN), P.swizzle, &w->tm,
-                &w->tn);
+    unit_tile((int)(t - first[*g]), (int)((w->m + BM - 1) / BM), (int)((w->n + BN - 1) / BN), P.swizzle, rank, w);
     return;
   }
   w->m = P.p.m;
@@ -594,7 +678,7 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
   w->ktiles = (int)((P.p.k + BK - 1) / BK);
   w->slice = -1;
   if (P.mode == MODE_PARALLEL) {
-    const int per = P.tiles_m * P.tiles_n;
+    const int per = ((P.tiles_m + CM - 1) / CM) * ((P.tiles_n + CN - 1) / CN);
     w->slice = t / per;
     t -= w->slice * per;
     /* k_slice is a whole number of K tiles, and every slice starts below K. */
@@ -607,7 +691,7 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
   w->ma = tma_a;
   w->mb = tma_b;
   w->md = tma_d;
-  gemm_raster(t, P.tiles_m, P.tiles_n, P.swizzle, &w->tm, &w->tn);
+  unit_tile(t, P.tiles_m, P.tiles_n, P.swizzle, rank, w);
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -626,41 +710,76 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 epi = base + GEMM_STAGES * STAGE_BYTES;
   const u32 full = epi + CONSUMERS * EPI_BYTES, empty = full + GEMM_STAGES * 8;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  /* Grouped: the host puts the total tile count in tiles_m (tiles_n 1). */
-  const int tiles = P.tiles_m * P.tiles_n * (P.mode == MODE_PARALLEL ? P.splits : 1);
+  /* Grouped: the host puts the total unit count in tiles_m (tiles_n 1). */
+  const int tiles = P.mode == MODE_GROUPED ? P.tiles_m
+                                           : ((P.tiles_m + CM - 1) / CM) * ((P.tiles_n + CN - 1) / CN) *
+                                                 (P.mode == MODE_PARALLEL ? P.splits : 1);
+  /* The cluster walks units together: cluster c of gridDim.x / CLUSTER. */
+  const u32 rank = CLUSTER > 1 ? cluster_rank() : 0;
+  const int unit0 = blockIdx.x / CLUSTER, units_step = gridDim.x / CLUSTER;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbar_init(full + 8 * s, 1);              /* the producer's expect_tx */
-      /* One arrival per warp of the consumers that read the stage. */
-      mbar_init(empty + 8 * s, PINGPONG ? 4 : CONSUMERS * 4);
+      /* One arrival per warp of the consumers that read the stage, in
+       * every CTA of the cluster. */
+      mbar_init(empty + 8 * s, PINGPONG ? 4 : CONSUMERS * 4 * CLUSTER);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+#if CLUSTER > 1
+  cluster_sync(); /* the peers' barriers are initialized before any multicast or remote arrival */
+#else
   __syncthreads();
+#endif
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid != 0) return;
     int stage = 0, g = 0;
     u32 phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int t = unit0; t < tiles; t += units_step) {
       sm90_tile w;
-      sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, &w);
+      sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w);
       for (int kt = 0; kt < w.ktiles; kt++) {
         /* A fresh barrier counts as having completed the phase before phase
          * 0, so the first pass over the ring does not wait. */
         mbar_wait(empty + 8 * stage, phase ^ 1);
         const u32 bar = full + 8 * stage, sa = base + stage * STAGE_BYTES;
+        const int x = (w.kt0 + kt) * BK;
         mbar_expect_tx(bar, STAGE_BYTES);
-        tma_load(sa, w.ma, (w.kt0 + kt) * BK, w.tm * BM, bar);
-        tma_load(sa + A_BYTES, w.mb, (w.kt0 + kt) * BK, w.tn * BN, bar);
+#if CM > 1
+        /* B is shared: this CTA's 1/CM of its rows, to every CTA. */
+        tma_load(sa, w.ma, x, w.tm * BM, bar);
+        tma_load_mc(sa + A_BYTES + rank * (B_BYTES / CM), w.mb, x, w.tn * BN + (int)rank * (BN / CM), bar,
+                    (1u << CLUSTER) - 1);
+#elif CN > 1
+        /* A is shared: this CTA's 1/CN of its rows, to every CTA. */
+        tma_load_mc(sa + rank * (A_BYTES / CN), w.ma, x, w.tm * BM + (int)rank * (BM / CN), bar, (1u << CLUSTER) - 1);
+        tma_load(sa + A_BYTES, w.mb, x, w.tn * BN, bar);
+#else
+        tma_load(sa, w.ma, x, w.tm * BM, bar);
+        tma_load(sa + A_BYTES, w.mb, x, w.tn * BN, bar);
+#endif
         if (++stage == GEMM_STAGES) {
           stage = 0;
           phase ^= 1;
         }
       }
     }
+#if CLUSTER > 1
+    /* No exit while a peer may still arrive on this CTA's barriers: wait
+     * until the consumers of every CTA have released each stage's last
+     * fill (the peers' multicasts into our stages are all awaited by our
+     * own consumers). A stage never filled passes at once. */
+    for (int s = 0; s < GEMM_STAGES; s++) {
+      mbar_wait(empty + 8 * stage, phase ^ 1);
+      if (++stage == GEMM_STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+#endif
     return;
   }
 
@@ -669,9 +788,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   int stage = 0, g = 0;
   u32 phase = 0;
   float d[ACCS];
-  for (int t = blockIdx.x, j = 0; t < tiles; t += gridDim.x, j++) {
+  for (int t = unit0, j = 0; t < tiles; t += units_step, j++) {
     sm90_tile w;
-    sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, &w);
+    sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w);
 #if PINGPONG
     /* The consumers take this CTA's tiles in turn; the producer loads them
      * all in order, so the other consumer's tile is its ktiles stages of
@@ -721,7 +840,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if PINGPONG
     /* The other consumer's next tile (if there is one) may start: this
      * tile's stage waits are all behind. */
-    if (t + (int)gridDim.x < tiles) pp_pass(c);
+    if (t + units_step < tiles) pp_pass(c);
 #endif
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);

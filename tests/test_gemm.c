@@ -589,9 +589,12 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
   }
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.epilogue.act = SMELT_ACT_SILU;
-  /* hopper 1: the cooperative Hopper tile; 2: the ping-pong one. */
-  if (hopper) desc.tile.n = hopper == 2 ? 128 : 256;
+  /* hopper 1: the cooperative Hopper tile; 2: the ping-pong one; 3: pairs
+   * along M (B multicast); 4: quads along N (A multicast, narrow tile). */
+  if (hopper && hopper <= 2) desc.tile.n = hopper == 2 ? 128 : 256;
   if (hopper == 2) desc.tile.m = 128;
+  if (hopper == 3) desc.tile.cluster_m = 2;
+  if (hopper == 4) desc.tile.cluster_n = 4;
   CHECK_OK(smelt_gemm_grouped(ctx, &desc, count, t, t + count, NULL, t + 2 * count, bias ? t + 3 * count : NULL));
   for (int i = 0; i < count && !th_failed_now; i++) {
     int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
@@ -659,6 +662,8 @@ static void test_grouped(void) {
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 1);
   run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 0, 1);
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 2);
+  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 3);
+  run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 0, 4);
 }
 
 /* ---------------------------------------------------------------- edges */
@@ -770,7 +775,11 @@ static void test_bad_inputs(void) {
   BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "desc.tile.m=-8");
   d = smelt_gemm_desc_default();
   d.tile.cluster_m = 2;
-  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_UNSUPPORTED, "cluster=2x0");
+  d.tile.cluster_n = 2;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_UNSUPPORTED, "cluster=2x2");
+  d = smelt_gemm_desc_default();
+  d.tile.cluster_n = 3;
+  BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_UNSUPPORTED, "cluster=0x3");
   d = smelt_gemm_desc_default();
   d.epilogue.alpha = NAN;
   BAD(smelt_gemm(cpu, &d, &e.ta, &e.tb, NULL, &e.td, NULL), SMELT_STATUS_INVALID_ARGUMENT, "alpha=nan must be finite");
@@ -1242,6 +1251,43 @@ static void test_gpu_sm90(void) {
   th_buf_free(&D);
 }
 
+/* Clusters with TMA multicast (kernels/gemm_sm90.cu), asked for through
+ * desc.tile.cluster_m / cluster_n. */
+static void test_gpu_sm90_cluster(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  /* Pairs along M on the wide tile (B shared), pairs and quads along N on
+   * the narrow tile (A shared). Tile counts that are not multiples of the
+   * cluster (the out-of-range tile of a unit loads zeros, stores nothing
+   * and still arrives on the barriers): 3 x 3, 1 x 65 and 19 x 7 wide, 9
+   * and 65 narrow columns; ragged M, N and K; K with more steps than
+   * stages (333 and 1000); more units than clusters (so clusters walk
+   * several units); one row; both epilogues (f32 D with C takes the
+   * general one), bias and activations. */
+  static const int cls[][2] = {{2, 1}, {1, 2}, {1, 4}};
+  static const int64_t cshapes[][3] = {{300, 520, 333}, {129, 72, 70},   {128, 4104, 1000},
+                                       {2400, 1600, 72}, {60, 136, 100}, {1, 8, 1}};
+  for (int ci = 0; ci < 3; ci++)
+    for (int si = 0; si < 6; si++) {
+      const smelt_dtype dt = (ci + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+      gspec s = spec(dt, dt, si == 1 ? SMELT_DTYPE_F32 : dt, cshapes[si][0], cshapes[si][1], cshapes[si][2]);
+      s.b_col = 1;
+      s.ld16 = 1;
+      s.desc.tile.cluster_m = cls[ci][0];
+      s.desc.tile.cluster_n = cls[ci][1];
+      s.has_c = si == 1;
+      s.has_bias = si != 3;
+      s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
+      s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU : si == 4 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
+      char what[48];
+      snprintf(what, sizeof what, "sm90 cluster %dx%d", cls[ci][0], cls[ci][1]);
+      if (!check(&s, 0, what)) return;
+    }
+}
+
 /* The fast epilogue's MUFU forms of gelu, gelu_tanh, sigmoid and silu for
  * 16-bit D (kernels/gemm_sm90.cu, act16), element by element over
  * [-16, 16]: A [i, 0] = 1, A [i, 1] = r_i and B [0, j] = x_j, B [1, j] = 1
@@ -1390,6 +1436,22 @@ static void test_selector(void) {
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
   f.sm90_d = 1;
   st.desc.tile.m = st.desc.tile.n = 0;
+  /* Cluster kernels when their cluster is asked for; a cluster no kernel
+   * of that tile has, or a tile the cluster kernels lack, is an error. */
+  st.desc.tile.cluster_m = 2;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4_c2x1"));
+  st.desc.tile.cluster_m = 0;
+  st.desc.tile.cluster_n = 4;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8_c1x4"));
+  st.desc.tile.cluster_n = 2;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8_c1x2"));
+  st.desc.tile.n = 256;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "") && s == SMELT_STATUS_UNSUPPORTED);
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "") && s == SMELT_STATUS_UNSUPPORTED);
+  st.desc.tile.n = 0;
+  st.desc.tile.cluster_n = 1;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+  st.desc.tile.cluster_n = 0;
   st.desc.epilogue.act = SMELT_ACT_IDENTITY;
   f.m = f.n = 512; /* few tiles: the narrow Hopper tile, the small mma.sync tile before Hopper */
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
@@ -1520,6 +1582,7 @@ const th_test th_tests_gemm[] = {
     {"gpu_large", test_gpu_large},
     {"gpu_unaligned", test_gpu_unaligned},
     {"gpu_sm90", test_gpu_sm90},
+    {"gpu_sm90_cluster", test_gpu_sm90_cluster},
     {"gpu_sm90_act16", test_gpu_sm90_act16},
     {0, 0},
 };

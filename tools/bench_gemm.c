@@ -28,7 +28,7 @@
 static int64_t opt_m = 4096, opt_n = 4096, opt_k = 4096, opt_batch = 1, opt_groups = 0, opt_split_k = 0;
 static const char *opt_dtype = "bf16", *opt_out_dtype = NULL, *opt_layout = "RC", *opt_epilogue = "none";
 static const char *opt_alpha = "1", *opt_beta = "0", *opt_split_mode = NULL, *opt_opclass = "auto";
-static const char *opt_tile = NULL, *opt_group_ms = NULL;
+static const char *opt_tile = NULL, *opt_cluster = NULL, *opt_group_ms = NULL;
 static int opt_check, opt_autotune;
 
 static const cli_opt options[] = {
@@ -48,6 +48,7 @@ static const cli_opt options[] = {
     {"split-k-mode", CLI_OPT_STRING, &opt_split_mode, "MODE", "serial or parallel (default: AUTO mode)"},
     {"opclass", CLI_OPT_STRING, &opt_opclass, "OC", "auto, simt or tensorop (default auto)"},
     {"tile", CLI_OPT_STRING, &opt_tile, "MxNxK", "threadblock tile to ask for (default: smelt chooses)"},
+    {"cluster", CLI_OPT_STRING, &opt_cluster, "MxN", "thread block cluster to ask for, e.g. 2x1 (default: smelt chooses)"},
     {"batch", CLI_OPT_INT, &opt_batch, "L", "batched GEMM of L problems, strided (default 1: plain)"},
     {"groups", CLI_OPT_INT, &opt_groups, "G", "grouped GEMM of G problems of M x N x K (default 0: not grouped)"},
     {"group-ms", CLI_OPT_STRING, &opt_group_ms, "M1,M2,..",
@@ -156,6 +157,12 @@ static void parse_mode(const cli_doc *doc) {
     if (sscanf(opt_tile, "%dx%dx%d%n", &d->tile.m, &d->tile.n, &d->tile.k, &used) != 3 || opt_tile[used] != '\0' ||
         d->tile.m < 1 || d->tile.n < 1 || d->tile.k < 1)
       cli_usage_error(doc->command, "--tile '%s' is not MxNxK (e.g. 128x256x64)", opt_tile);
+  }
+  if (opt_cluster) {
+    int used = 0;
+    if (sscanf(opt_cluster, "%dx%d%n", &d->tile.cluster_m, &d->tile.cluster_n, &used) != 2 ||
+        opt_cluster[used] != '\0' || d->tile.cluster_m < 1 || d->tile.cluster_n < 1)
+      cli_usage_error(doc->command, "--cluster '%s' is not MxN (e.g. 2x1)", opt_cluster);
   }
   int split = opt_split_mode || opt_split_k > 1;
   if ((opt_batch > 1 || st.grouped) && split)
@@ -269,7 +276,8 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
     len += (size_t)snprintf(extra + len, sizeof extra - len, " alpha=%g beta=%g", e->alpha, e->beta);
   if (opt_split_k) len += (size_t)snprintf(extra + len, sizeof extra - len, " split_k=%lld", (long long)opt_split_k);
   if (st.desc.math.opclass) len += (size_t)snprintf(extra + len, sizeof extra - len, " opclass=%s", opclass_name());
-  if (opt_tile) snprintf(extra + len, sizeof extra - len, " tile=%s", tile);
+  if (opt_tile) len += (size_t)snprintf(extra + len, sizeof extra - len, " tile=%s", tile);
+  if (opt_cluster) snprintf(extra + len, sizeof extra - len, " cluster=%s", opt_cluster);
   snprintf(c->params_text, sizeof c->params_text,
            "m=%lld n=%lld k=%lld dtype=%s out=%s layout=%s epilogue=%s mode=%s%s",
            (long long)m, (long long)N, (long long)K, opt_dtype, smelt_dtype_name(st.dt_d), opt_layout, opt_epilogue,

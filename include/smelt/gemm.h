@@ -87,7 +87,7 @@ typedef struct smelt_gemm_tile {
   int m, n, k;              /* threadblock tile in elements */
   int stages;               /* shared-memory pipeline depth */
   int warps_m, warps_n;     /* warp layout over the tile */
-  int cluster_m, cluster_n; /* thread block cluster (1 x 1 today) */
+  int cluster_m, cluster_n; /* thread block cluster: 1 x 1, or 2 or 4 along one axis (Hopper, TMA multicast) */
   int swizzle;              /* rasterization: output tiles are visited in bands of `swizzle` tile rows
                                (1 = row by row), so concurrently running tiles share A and B in L2 */
 } smelt_gemm_tile;

@@ -65,9 +65,13 @@ static smelt_status check_desc(const smelt_gemm_desc *d) {
       (s = check_finite("slope", e->slope)) || (s = check_finite("scale_a", e->scale_a)) ||
       (s = check_finite("scale_b", e->scale_b)) || (s = check_finite("scale_d", e->scale_d)))
     return s;
-  if (t->cluster_m > 1 || t->cluster_n > 1)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": desc.tile.cluster=%dx%d is not available (supported: 1x1)",
-                        t->cluster_m, t->cluster_n);
+  /* Clusters exist along one axis, of 2 or 4 CTAs (the Hopper kernels
+   * with TMA multicast; the CUDA selector says which tiles have which). */
+  const int cm = t->cluster_m > 1 ? t->cluster_m : 1, cn = t->cluster_n > 1 ? t->cluster_n : 1;
+  if ((cm > 1 && cn > 1) || (cm != 1 && cm != 2 && cm != 4) || (cn != 1 && cn != 2 && cn != 4))
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": desc.tile.cluster=%dx%d is not available (supported: 1x1, 2x1, 1x2, 1x4)", t->cluster_m,
+                        t->cluster_n);
   return SMELT_OK;
 }
 

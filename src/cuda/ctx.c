@@ -152,6 +152,59 @@ smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, un
   return SMELT_OK;
 }
 
+static void cluster_config(smelt_ctx *ctx, smelt__cu_launch_config *c, smelt__cu_launch_attr *a, unsigned gx,
+                           unsigned cluster, unsigned block, unsigned smem) {
+  memset(c, 0, sizeof *c);
+  memset(a, 0, sizeof *a);
+  a->id = SMELT__CU_LAUNCH_ATTR_CLUSTER_DIMENSION;
+  a->value.cluster_dim.x = cluster;
+  a->value.cluster_dim.y = a->value.cluster_dim.z = 1;
+  c->grid_x = gx;
+  c->grid_y = c->grid_z = 1;
+  c->block_x = block;
+  c->block_y = c->block_z = 1;
+  c->smem = smem;
+  c->stream = ctx->cuda->stream;
+  c->attrs = a;
+  c->num_attrs = 1;
+}
+
+smelt_status smelt__cuda_launch_cluster(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned cluster,
+                                        unsigned block, unsigned smem, void **params) {
+  if (gx == 0) return SMELT_OK;
+  if (gx % cluster != 0)
+    return smelt__error(SMELT_STATUS_INTERNAL, "%s: grid %u is not a multiple of the cluster size %u", op, gx, cluster);
+  smelt_status s = smelt__cuda_bind(ctx, op);
+  if (s) return s;
+  const smelt__cu_api *cu = smelt__cu(NULL);
+  if (smem > 48 * 1024)
+    SMELT__CU_CHECK(cu->cuFuncSetAttribute(f, SMELT__CU_FUNC_ATTR_MAX_DYN_SMEM, (int)smem), op);
+  smelt__cu_launch_config c;
+  smelt__cu_launch_attr a;
+  cluster_config(ctx, &c, &a, gx, cluster, block, smem);
+  SMELT__CU_CHECK(cu->cuLaunchKernelEx(&c, f, params, NULL), op);
+  return SMELT_OK;
+}
+
+smelt_status smelt__cuda_max_clusters(smelt_ctx *ctx, const char *op, CUfunction f, unsigned cluster, unsigned block,
+                                      unsigned smem, int *n) {
+  smelt_status s = smelt__cuda_bind(ctx, op);
+  if (s) return s;
+  const smelt__cu_api *cu = smelt__cu(NULL);
+  /* The occupancy query counts the dynamic shared memory the function allows. */
+  if (smem > 48 * 1024)
+    SMELT__CU_CHECK(cu->cuFuncSetAttribute(f, SMELT__CU_FUNC_ATTR_MAX_DYN_SMEM, (int)smem), op);
+  smelt__cu_launch_config c;
+  smelt__cu_launch_attr a;
+  cluster_config(ctx, &c, &a, cluster, cluster, block, smem);
+  SMELT__CU_CHECK(cu->cuOccupancyMaxActiveClusters(n, f, &c), op);
+  if (*n < 1)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "%s: no cluster of %u blocks of %u threads and %u bytes fits the device", op, cluster, block,
+                        smem);
+  return SMELT_OK;
+}
+
 smelt_status smelt__cuda_alloc(smelt_ctx *ctx, size_t bytes, void **out) {
   smelt_status s = smelt__cuda_bind(ctx, "smelt_alloc");
   if (s) return s;

@@ -57,6 +57,28 @@ typedef struct smelt__cu_tensor_map {
   _Alignas(128) uint64_t opaque[16];
 } smelt__cu_tensor_map;
 
+/* CUlaunchAttribute with the one value we set, the cluster shape
+ * (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), and CUlaunchConfig, in the CUDA
+ * 12/13 layouts (the value is a 64-byte, 8-byte aligned union). */
+enum { SMELT__CU_LAUNCH_ATTR_CLUSTER_DIMENSION = 4 };
+typedef struct smelt__cu_launch_attr {
+  int id;
+  char pad[4];
+  union {
+    char raw[64];
+    uint64_t align;
+    struct {
+      unsigned x, y, z;
+    } cluster_dim;
+  } value;
+} smelt__cu_launch_attr;
+typedef struct smelt__cu_launch_config {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem;
+  CUstream stream;
+  smelt__cu_launch_attr *attrs;
+  unsigned num_attrs;
+} smelt__cu_launch_config;
+
 /* CUmemPoolProps (CUDA 12/13 layout). */
 typedef struct smelt__cu_pool_props {
   int allocType;   /* 1 = pinned */
@@ -94,6 +116,8 @@ typedef struct smelt__cu_pool_props {
   X(cuLaunchKernel, (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,  \
                      unsigned by, unsigned bz, unsigned smem, CUstream s, void **params,  \
                      void **extra))                                                     \
+  X(cuLaunchKernelEx, (const smelt__cu_launch_config *config, CUfunction f, void **params, void **extra)) \
+  X(cuOccupancyMaxActiveClusters, (int *n, CUfunction f, const smelt__cu_launch_config *config)) \
   X(cuMemAlloc, (CUdeviceptr * p, size_t bytes))                                        \
   X(cuMemFree, (CUdeviceptr p))                                                         \
   X(cuMemGetInfo, (size_t * free_b, size_t * total_b))                                  \
@@ -215,6 +239,14 @@ smelt_status smelt__cuda_function(smelt_ctx *ctx, const smelt__kernel_src *src, 
 smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx,
                                 unsigned gy, unsigned gz, unsigned block, unsigned smem,
                                 void **params);
+/* Launch of gx blocks (a multiple of `cluster`) in clusters of `cluster`
+ * blocks along x (cuLaunchKernelEx with the cluster shape). */
+smelt_status smelt__cuda_launch_cluster(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned cluster,
+                                        unsigned block, unsigned smem, void **params);
+/* How many clusters of `cluster` blocks (block threads, smem bytes each)
+ * can run at once on the device: the grid of a persistent cluster kernel. */
+smelt_status smelt__cuda_max_clusters(smelt_ctx *ctx, const char *op, CUfunction f, unsigned cluster, unsigned block,
+                                      unsigned smem, int *n);
 /* Pool allocation on the context's stream. */
 smelt_status smelt__cuda_alloc(smelt_ctx *ctx, size_t bytes, void **out);
 smelt_status smelt__cuda_free(smelt_ctx *ctx, void *p);

@@ -25,6 +25,7 @@ typedef struct smelt__gemm_kernel {
   int a_kmajor, b_kmajor;   /* tensor ops: which axis of A and B has unit stride */
   int bm, bn, bk, stages, wm, wn; /* sm90: wm = consumer warpgroups */
   int threads, smem;        /* launch: block size and dynamic shared memory bytes */
+  int cluster_m, cluster_n; /* sm90: CTAs per cluster along M (sharing B) or N (sharing A), else 1 */
 } smelt__gemm_kernel;
 
 /* Every kernel the selector can pick, in a fixed order; returns the count. */

@@ -15,7 +15,8 @@
  *   splits of such plain GEMMs when asked for, N a multiple of 4): the
  *   cooperative schedule with 128 x 256 tiles when they keep at least half
  *   the SMs busy, else (16-bit types) 128 x 64 tiles; its 128 x 128
- *   ping-pong schedule only when the description asks for that tile;
+ *   ping-pong schedule only when the description asks for that tile, and
+ *   its cluster variants (TMA multicast) only when it asks for a cluster;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
  *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
  *   newer, and A and B are 16-byte aligned with a unit stride along K or
@@ -32,6 +33,8 @@
  * ping-pong one (kernels/gemm_sm90.cu, GEMM_PINGPONG), the others are
  * cooperative. */
 static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM90 && k->bn == 128; }
+
+static int clustered(const smelt__gemm_kernel *k) { return k->cluster_m * k->cluster_n > 1; }
 
 static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
   if (k.fam == SMELT__GK_SM90) {
@@ -57,50 +60,70 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
                                             SMELT_GEMM_ACC_I32};
   for (int i = 0; i < 4; i++)
     add(out, &n, (smelt__gemm_kernel){.fam = SMELT__GK_SIMT, .acc = simt_acc[i], .bm = 64, .bn = 64, .bk = 16,
-                                      .stages = 1, .wm = 8, .wn = 1});
+                                      .stages = 1, .wm = 8, .wn = 1, .cluster_m = 1, .cluster_n = 1});
   static const smelt_gemm_acc red_acc[] = {SMELT_GEMM_ACC_F32, SMELT_GEMM_ACC_F64, SMELT_GEMM_ACC_I32};
-  for (int i = 0; i < 3; i++) add(out, &n, (smelt__gemm_kernel){.fam = SMELT__GK_REDUCE, .acc = red_acc[i]});
+  for (int i = 0; i < 3; i++)
+    add(out, &n, (smelt__gemm_kernel){.fam = SMELT__GK_REDUCE, .acc = red_acc[i], .cluster_m = 1, .cluster_n = 1});
   /* Hopper: A row-major and B column-major; BK is one 128-byte row of K
    * (64 16-bit, 32 tf32, 128 fp8 elements). The wide tiles first (the
    * selector takes the first that fits), then a narrow 16-bit tile for
    * skinny problems, with twice the stages (they fit, and such problems
    * are bound by streaming B). */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 256, 64, 4, 2, 1, 0, 0});
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 256, 64, 4,
+                                      2, 1, 0, 0, 1, 1});
   add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, SMELT__TC_TF32, 0, 0, 1, 1, 128, 256, 32, 4, 2,
-                                    1, 0, 0});
+                                    1, 0, 0, 1, 1});
   static const smelt_dtype f8[] = {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2};
   for (int a = 0; a < 2; a++)
     for (int b = 0; b < 2; b++)
       add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 256,
-                                        128, 4, 2, 1, 0, 0});
+                                        128, 4, 2, 1, 0, 0, 1, 1});
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8, 2, 1, 0, 0});
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8,
+                                      2, 1, 0, 0, 1, 1});
   /* 16-bit: every layout, a large and a small tile. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
     for (int ak = 1; ak >= 0; ak--)
       for (int bk = 1; bk >= 0; bk--) {
-        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 32, 4, 2, 4, 0, 0});
-        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 64, 64, 32, 4, 2, 2, 0, 0});
+        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 32, 4,
+                                          2, 4, 0, 0, 1, 1});
+        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 64, 64, 32, 4,
+                                          2, 2, 0, 0, 1, 1});
       }
   /* tf32 and 3xtf32: every layout. */
   for (int tc = SMELT__TC_TF32; tc <= SMELT__TC_3XTF32; tc++)
     for (int ak = 1; ak >= 0; ak--)
       for (int bk = 1; bk >= 0; bk--)
-        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 16, 4, 2, 4, 0, 0});
+        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 16, 4,
+                                          2, 4, 0, 0, 1, 1});
   /* 8-bit: K-major only (the mma's byte fragments run along K). */
-  add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_I32, SMELT__TC_I8, 0, 0, 1, 1, 128, 128, 64, 4, 2, 4, 0, 0});
+  add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_I32, SMELT__TC_I8, 0, 0, 1, 1, 128, 128, 64, 4,
+                                    2, 4, 0, 0, 1, 1});
   for (int a = 0; a < 2; a++)
     for (int b = 0; b < 2; b++)
       add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 128,
-                                        64, 4, 2, 4, 0, 0});
+                                        64, 4, 2, 4, 0, 0, 1, 1});
   /* The ping-pong schedule (its only tile: 128 x 128, each consumer owning
    * whole tiles, so one consumer's epilogue overlaps the other's main
    * loop), 16-bit types, six stages of 32 KiB; taken when asked for (the
    * selector prefers the cooperative kernel, which ran faster on H100).
    * Appended last so that the entries before keep their indices. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 128, 64, 6, 2, 1, 0, 0});
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 128, 64, 6,
+                                      2, 1, 0, 0, 1, 1});
+  /* Clusters with TMA multicast (16-bit types, cooperative schedule): the
+   * wide tile in pairs along M sharing B (square problems), the narrow tile
+   * in pairs and quads along N sharing A (skinny M: every CTA needs the same
+   * rows of A). Appended last, as the ping-pong entries. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 256, 64, 4,
+                                      2, 1, 0, 0, 2, 1});
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8,
+                                      2, 1, 0, 0, 1, 2});
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8,
+                                      2, 1, 0, 0, 1, 4});
+  }
   return n;
 }
 
@@ -125,8 +148,10 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
         snprintf(kind, sizeof kind, "%sx%s", smelt_dtype_name(k->fp8_a), smelt_dtype_name(k->fp8_b));
       else
         snprintf(kind, sizeof kind, "%s", tc_names[k->tc]);
-      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d%s", kind, k->bm, k->bn, k->bk, k->stages,
-               pingpong(k) ? "_pp" : "");
+      char cl[16] = "";
+      if (clustered(k)) snprintf(cl, sizeof cl, "_c%dx%d", k->cluster_m, k->cluster_n);
+      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d%s%s", kind, k->bm, k->bn, k->bk, k->stages,
+               pingpong(k) ? "_pp" : "", cl);
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
       const smelt_dtype ab = k->tc == SMELT__TC_BF16  ? SMELT_DTYPE_BF16
@@ -141,6 +166,8 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       smelt__prelude_define(src, "GEMM_BN", k->bn);
       smelt__prelude_define(src, "GEMM_STAGES", k->stages);
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
+      if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
+      if (k->cluster_n > 1) smelt__prelude_define(src, "GEMM_CLUSTER_N", k->cluster_n);
       return;
     }
     case SMELT__GK_SM80: break;
@@ -254,13 +281,13 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32);
        * parallel splits of them whose f32 partial sums the fast epilogue
        * can store (N a multiple of 4: rows of whole 16-byte units), except
-       * on the ping-pong kernel; and grouped ones (host scheduling) whose
+       * on the ping-pong and cluster kernels; and grouped ones (host scheduling) whose
        * every group has K >= 1 and a D for the fast epilogue (the only one
        * grouped runs have). */
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
         if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !f->tma) return 0;
       } else if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
-        if (pingpong(k) || f->n % 4 != 0 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 31) ||
+        if (pingpong(k) || clustered(k) || f->n % 4 != 0 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 31) ||
             f->n >= ((int64_t)1 << 31) || f->k >= ((int64_t)1 << 32))
           return 0;
       } else if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !f->tma ||
@@ -285,7 +312,8 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
 static int tile_ok(const smelt__gemm_kernel *k, const smelt_gemm_tile *t) {
   return (!t->m || t->m == k->bm) && (!t->n || t->n == k->bn) && (!t->k || t->k == k->bk) &&
          (!t->stages || t->stages == k->stages) && (!t->warps_m || t->warps_m == k->wm) &&
-         (!t->warps_n || t->warps_n == k->wn);
+         (!t->warps_n || t->warps_n == k->wn) && (!t->cluster_m || t->cluster_m == k->cluster_m) &&
+         (!t->cluster_n || t->cluster_n == k->cluster_n);
 }
 
 /* Lists the tiles of the kernels that fit (for the UNSUPPORTED message). */
@@ -296,8 +324,9 @@ static void list_tiles(const smelt__gemm_kernel *table, int n, const smelt__gemm
   for (int i = 0; i < n && used < len; i++) {
     const smelt__gemm_kernel *k = &table[i];
     if (!smelt__gemm_fits(k, st, f) || (k->fam == SMELT__GK_SM80 || k->fam == SMELT__GK_SM90) != tensor_op) continue;
-    used += (size_t)snprintf(buf + used, len - used, "%s%dx%dx%d stages %d warps %dx%d", used ? ", " : "", k->bm,
-                             k->bn, k->bk, k->stages, k->wm, k->wn);
+    used += (size_t)snprintf(buf + used, len - used, "%s%dx%dx%d stages %d warps %dx%d cluster %dx%d",
+                             used ? ", " : "", k->bm, k->bn, k->bk, k->stages, k->wm, k->wn, k->cluster_m,
+                             k->cluster_n);
   }
   if (!buf[0]) snprintf(buf, len, "none");
 }
@@ -316,16 +345,20 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * for. Grouped runs count the first group's tiles once per group. */
     const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
-    const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n;
+    const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):
      * on H100 it ran 4% behind the cooperative one at bf16 8192^3, plain
-     * and with bias + GELU alike (docs/PERF.md). */
+     * and with bias + GELU alike (docs/PERF.md). The cluster kernels
+     * likewise: pairs sharing B matched it at bf16 4096^3 and 8192^3 and
+     * lost 8% with bias + GELU and 3% on 64 uneven groups; pairs and quads
+     * sharing A lost 5% on 128 x 4096 x 4096 (docs/PERF.md, fourth round). */
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-      if (!asked && (pingpong(k) || (k->bn == 256 && 2 * wide < dev->sm_count))) continue;
-      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s",
-               pingpong(k) ? ", ping-pong" : k->bn == 256 ? "" : ", narrow tile");
+      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && 2 * wide < dev->sm_count))) continue;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s%s",
+               pingpong(k) ? ", ping-pong" : k->bn == 256 ? "" : ", narrow tile",
+               clustered(k) ? ", cluster multicast" : "");
       *kernel = i;
       return SMELT_OK;
     }
@@ -369,8 +402,9 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
                           tc == SMELT__TC_I8 || tc == SMELT__TC_FP8 ? " (8-bit types)" : " or along M/N",
                           f->a_k ? "ok" : "no", f->a_mn ? "ok" : "no", f->b_k ? "ok" : "no", f->b_mn ? "ok" : "no");
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                        "smelt_gemm: desc.tile %dx%dx%d stages %d warps %dx%d matches no tensor-op kernel (available: %s)",
-                        t->m, t->n, t->k, t->stages, t->warps_m, t->warps_n, tiles);
+                        "smelt_gemm: desc.tile %dx%dx%d stages %d warps %dx%d cluster %dx%d matches no tensor-op kernel "
+                        "(available: %s)",
+                        t->m, t->n, t->k, t->stages, t->warps_m, t->warps_n, t->cluster_m, t->cluster_n, tiles);
   }
   for (int i = 0; i < n; i++)
     if (table[i].fam == SMELT__GK_SIMT && smelt__gemm_fits(&table[i], st, f) && tile_ok(&table[i], t)) {
@@ -384,9 +418,9 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
   char tiles[256];
   list_tiles(table, n, st, f, 0, tiles, sizeof tiles);
   return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                      "smelt_gemm: desc.tile %dx%dx%d stages %d warps %dx%d matches no kernel for these operands "
-                      "(SIMT: %s)",
-                      t->m, t->n, t->k, t->stages, t->warps_m, t->warps_n, tiles);
+                      "smelt_gemm: desc.tile %dx%dx%d stages %d warps %dx%d cluster %dx%d matches no kernel for these "
+                      "operands (SIMT: %s)",
+                      t->m, t->n, t->k, t->stages, t->warps_m, t->warps_n, t->cluster_m, t->cluster_n, tiles);
 }
 
 int smelt__gemm_reduce_kernel(const smelt__gemm_kernel *table, int n, smelt_gemm_acc acc) {

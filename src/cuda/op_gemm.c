@@ -171,9 +171,35 @@ static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const 
   return SMELT_OK;
 }
 
+/* Hopper: output tiles of an m x n problem in units of a cluster's tiles
+ * (kernels/gemm_sm90.cu walks units; one tile without clusters). */
+static int64_t sm90_units(const smelt__gemm_kernel *k, int64_t m, int64_t n) {
+  return ceil_div(ceil_div(m, k->bm), k->cluster_m) * ceil_div(ceil_div(n, k->bn), k->cluster_n);
+}
+
+/* Hopper launch: one persistent CTA per SM (or per unit, when there are
+ * fewer); with clusters, as many clusters as can run at once (a cluster
+ * needs its CTAs in one GPC, so that can be fewer than SMs / size). */
+static smelt_status sm90_launch(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, CUfunction f,
+                                int64_t units, void **params) {
+  const int cl = k->cluster_m * k->cluster_n;
+  if (cl == 1) {
+    const int64_t sms = ctx->cuda->info.sm_count;
+    return smelt__cuda_launch(ctx, op, f, (unsigned)(units < sms ? units : sms), 1, 1, (unsigned)k->threads,
+                              (unsigned)k->smem, params);
+  }
+  int most;
+  smelt_status s = smelt__cuda_max_clusters(ctx, op, f, (unsigned)cl, (unsigned)k->threads, (unsigned)k->smem, &most);
+  if (s) return s;
+  const int64_t clusters = units < most ? units : most;
+  return smelt__cuda_launch_cluster(ctx, op, f, (unsigned)(clusters * cl), (unsigned)cl, (unsigned)k->threads,
+                                    (unsigned)k->smem, params);
+}
+
 /* Grouped on Hopper: every group's A, B and D tensor maps (D in the fast
- * epilogue's boxes), three per group in group order; groups
- * without tiles get none (their maps are never read). */
+ * epilogue's boxes; a multicast operand in boxes of a cluster rank's
+ * share), three per group in group order; groups without tiles get none
+ * (their maps are never read). */
 static smelt_status sm90_group_maps(const smelt__gemm_state *st, const smelt__gemm_kernel *k,
                                     const smelt__gemm_args *args, smelt__cu_tensor_map *maps) {
   for (int64_t g = 0; g < args->count; g++) {
@@ -182,8 +208,8 @@ static smelt_status sm90_group_maps(const smelt__gemm_state *st, const smelt__ge
     memset(m, 0, 3 * sizeof *m);
     if (p->m < 1 || p->n < 1) continue;
     smelt_status s;
-    if ((s = tensor_map(&m[0], st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
-        (s = tensor_map(&m[1], st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn, k->bk)) ||
+    if ((s = tensor_map(&m[0], st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm / k->cluster_n, k->bk)) ||
+        (s = tensor_map(&m[1], st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn / k->cluster_m, k->bk)) ||
         (s = tensor_map(&m[2], st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
       return s;
   }
@@ -211,7 +237,9 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   for (int64_t g = 0; g < count; g++) {
     kprob_of(&kps[g], &args->groups[g]);
     first[g] = total;
-    total += ceil_div(args->groups[g].m, k->bm) * ceil_div(args->groups[g].n, k->bn);
+    /* Hopper: units (a cluster's tiles), which the kernel walks. */
+    total += sm90 ? sm90_units(k, args->groups[g].m, args->groups[g].n)
+                  : ceil_div(args->groups[g].m, k->bm) * ceil_div(args->groups[g].n, k->bn);
   }
   first[count] = total;
   smelt_status s = SMELT_OK;
@@ -233,7 +261,7 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
     kp->count = (int)count;
     if (sm90) {
       /* The kernel reads only the group maps; its by-value maps are unused,
-       * and tiles_m carries the total tile count. */
+       * and tiles_m carries the total unit count. */
       kp->tiles_m = (int)total;
       kp->tiles_n = 1;
       smelt__cu_tensor_map unused;
@@ -241,9 +269,7 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
       int fast = 1;
       const void *gmaps = dev;
       void *params[] = {&unused, &unused, &unused, kp, &fast, &gmaps};
-      const int64_t sms = ctx->cuda->info.sm_count;
-      s = smelt__cuda_launch(ctx, "smelt_gemm_grouped", f, (unsigned)(total < sms ? total : sms), 1, 1,
-                             (unsigned)k->threads, (unsigned)k->smem, params);
+      s = sm90_launch(ctx, "smelt_gemm_grouped", k, f, total, params);
     } else {
       void *params[] = {kp};
       s = smelt__cuda_launch(ctx, "smelt_gemm_grouped", f, (unsigned)total, 1, 1, (unsigned)k->threads,
@@ -274,19 +300,20 @@ static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int
   return SMELT_OK;
 }
 
-/* Hopper: one persistent CTA per SM (or per tile, when there are fewer).
- * A parallel split runs the slices' tiles in one launch with an identity
- * epilogue into the workspace (kp->workspace, set by the caller); the
- * caller then launches gemm_reduce with the real one. */
+/* Hopper: persistent CTAs (sm90_launch). A multicast operand's map has
+ * boxes of a cluster rank's share of the tile's rows. A parallel split
+ * runs the slices' tiles in one launch with an identity epilogue into the
+ * workspace (kp->workspace, set by the caller); the caller then launches
+ * gemm_reduce with the real one. */
 static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, CUfunction f,
                              const smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
-  if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
-      (s = tensor_map(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn, k->bk)))
+  if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm / k->cluster_n, k->bk)) ||
+      (s = tensor_map(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn / k->cluster_m, k->bk)))
     return s;
   smelt__gemm_kparams kq = *kp;
-  int64_t tiles = (int64_t)kp->tiles_m * kp->tiles_n;
+  int64_t tiles = sm90_units(k, p->m, p->n);
   int fast;
   if (kp->mode == SMELT__KMODE_PARALLEL) {
     kq.alpha_ab = 1.0;
@@ -307,11 +334,9 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     if (fast && (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
     if (!fast) td = ta;
   }
-  const int64_t sms = ctx->cuda->info.sm_count;
   const void *gmaps = NULL; /* grouped runs only */
   void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps};
-  return smelt__cuda_launch(ctx, "smelt_gemm", f, (unsigned)(tiles < sms ? tiles : sms), 1, 1, (unsigned)k->threads,
-                            (unsigned)k->smem, params);
+  return sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
 }
 
 static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
