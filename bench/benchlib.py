@@ -10,7 +10,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def git_commit():
-    """The short HEAD of the repository, "-dirty" when tracked files changed."""
+    """The short HEAD of the repository, "-dirty" when tracked files changed.
+    A tree exported without .git (git archive, as the GPU runs use) is
+    inside some other checkout or none: SMELT_COMMIT names its commit."""
+    if os.environ.get("SMELT_COMMIT"):
+        return os.environ["SMELT_COMMIT"]
     try:
         rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
