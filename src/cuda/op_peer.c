@@ -315,8 +315,9 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   else
     snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %.32s%.36s", (long long)ps->N, ps->p,
-           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name, pipe);
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + %s + %.32s%.36s", (long long)ps->N, ps->p,
+           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
+           presplit ? "split keys + peer_route_pre" : "peer_route (sort)", es.name, pipe);
   return SMELT_OK;
 }
 
