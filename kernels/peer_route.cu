@@ -459,7 +459,9 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params 
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
   route_rows(P, 16, 1, khi, klo);
 }
-extern "C" __global__ void __launch_bounds__(NT) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
+/* At most 128 registers (2 CTAs an SM where the shared memory allows;
+ * unbounded it takes 152): 8 bytes of spill. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
   route_rows(P, 32, 1, khi, klo);
 }
 
