@@ -499,6 +499,60 @@ static void test_peer_retrieve_ties(void) {
 }
 
 /* Relative L2 bound of y per output dtype (f32 math on the GPU). */
+/* Sub-key tables of several 64-key tiles and partial ones (tile copies and
+ * the filtered merge across tiles), more than one CTA of 64 rows, lists of
+ * 16 and 32: both CUDA routing kernels (SMELT_PEER_ROUTE_KERNEL=presplit,
+ * the default, and sort) against the reference, and against each other bit
+ * for bit. Exact data have many equal scores across tiles (ties by id). */
+static void test_peer_retrieve_tiles(void) {
+  static const pcase tile_cases[] = {
+      {2, {100, 130}, 16, 2, 32, 16, 16, 1, 70, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      {2, {200, 65}, 20, 3, 40, 12, 8, 1, 66, L2, 1, 1, 0, SIGMOID, GELU, 0, F32, F32, F32},
+      {3, {70, 64, 3}, 16, 2, 30, 8, 8, 1, 67, NONE, 0, 1, 0, SOFTMAX, RELU, 1, F32, F32, F32},
+      {2, {129, 9}, 8, 2, 8, 8, 8, 1, 65, LN, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, F16},
+  };
+  static const char *const kernels[2] = {"presplit", "sort"};
+  FOR_EACH_BACKEND(ctx) {
+    for (int tc = 0; tc < (int)(sizeof tile_cases / sizeof *tile_cases); tc++) {
+      const pcase *c = &tile_cases[tc];
+      prob pr;
+      prob_init(&pr, c);
+      dprob d;
+      dprob_init(&d, ctx, &pr, 1);
+      int64_t os[3] = {c->T, c->h, c->k};
+      double *gi[2] = {NULL, NULL}, *gs[2] = {NULL, NULL};
+      for (int kv = 0; kv < (is_cuda(ctx) ? 2 : 1); kv++) {
+        obuf ids = out_new(ctx, SMELT_DTYPE_I64, 3, os), sc = out_new(ctx, F32, 3, os);
+        char what[280], nm[200];
+        snprintf(what, sizeof what, "tiles %s %s %s", is_cuda(ctx) ? "cuda" : "cpu", is_cuda(ctx) ? kernels[kv] : "",
+                 case_name(c, nm, sizeof nm));
+        setenv("SMELT_PEER_ROUTE_KERNEL", kernels[kv], 1);
+        smelt_status s = smelt_peer_retrieve(ctx, &pr.cfg, &d.w, &d.t[B_X], &ids.t, &sc.t);
+        unsetenv("SMELT_PEER_ROUTE_KERNEL");
+        if (s) th_fail(__FILE__, __LINE__, "%s: %s (%s)", what, smelt_status_name(s), smelt_last_error());
+        gi[kv] = out_get(what, &ids);
+        gs[kv] = out_get(what, &sc);
+        if (!s) check_retrieval(what, &pr, gi[kv], gs[kv], id_tol(ctx, c), is_cuda(ctx) ? 1e-4 : 1e-6);
+        out_free(&ids);
+        out_free(&sc);
+      }
+      if (gi[1]) {
+        int64_t differ = 0;
+        for (int64_t i = 0; i < c->T * c->h * c->k; i++) differ += gi[0][i] != gi[1][i] || gs[0][i] != gs[1][i];
+        if (differ)
+          th_fail(__FILE__, __LINE__, "tiles case %d: presplit and sort routing differ in %lld of %lld entries", tc,
+                  (long long)differ, (long long)(c->T * c->h * c->k));
+      }
+      for (int kv = 0; kv < 2; kv++) {
+        free(gi[kv]);
+        free(gs[kv]);
+      }
+      dprob_free(&d);
+      prob_free(&pr);
+    }
+  }
+}
+
 static double y_bound(smelt_ctx *ctx, smelt_dtype dt) {
   if (!is_cuda(ctx)) return dt == F64 ? 1e-12 : dt == F32 ? 1e-6 : dt == F16 ? 1e-3 : 8e-3;
   return dt == F32 ? 2e-5 : dt == F16 ? 2e-3 : 1e-2;
@@ -1089,6 +1143,11 @@ static void test_peer_bad_inputs(void) {
     cfg = good; cfg.input_dim = 0;
     CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "input_dim=0", "2^31");
     cfg = good;
+    if (is_cuda(ctx)) { /* the routing kernel's switch */
+      setenv("SMELT_PEER_ROUTE_KERNEL", "fast", 1);
+      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "SMELT_PEER_ROUTE_KERNEL=\"fast\"", "presplit or sort");
+      unsetenv("SMELT_PEER_ROUTE_KERNEL");
+    }
     /* the weights */
     w.wq = NULL;
     CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_NULL_POINTER, "weights.wq", "NULL");
@@ -1363,6 +1422,7 @@ static void test_peer_bad_inputs(void) {
 const th_test th_tests_peer[] = {
     {"retrieve", test_peer_retrieve},
     {"retrieve_ties", test_peer_retrieve_ties},
+    {"retrieve_tiles", test_peer_retrieve_tiles},
     {"forward", test_peer_forward},
     {"plan_reuse", test_peer_plan_reuse},
     {"gradcheck", test_peer_gradcheck},

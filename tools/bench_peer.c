@@ -24,6 +24,22 @@
  * are then the products of low sub-key ids, with Zipf-like (not exactly
  * Zipf) frequencies; uniform routing is plain random weights.
  *
+ * --zipf S benches the store alone on expert ids drawn from an exact
+ * Zipf(S) distribution over the N experts (rank r with probability
+ * r^-S / H(N, S), ranks mapped to ids by a fixed bijection r -> (A r + B)
+ * mod N so that hot experts lie scattered over the host tables): the
+ * forward's routing cannot be steered to exact Zipf ids, so each timed run
+ * is one batch of T·h·k such ids through smelt_peer_store_prefetch, the
+ * code path the forward runs between routing and the expert kernel (count,
+ * look up, CLOCK, stage the admitted misses into HBM slots). Nothing reads
+ * the experts afterwards: misses not admitted are counted as "mapped"
+ * (bytes the expert kernel would read through the mapping), not moved.
+ * The runner's GB/s then counts only the ids read per batch; the miss
+ * path's rate is the store's staged bytes over the batch time, reported
+ * after the counters as a sustained figure (host clock over consecutive
+ * batches, launch gaps and the policy's own kernels included, so a lower
+ * bound on the copy's rate). Every rotated set is an independent draw.
+ *
  * Large expert tables are filled by tiling one random pattern whose length
  * (2^22 + 13 elements) is prime to every row size, so rows differ and the
  * fill costs one pattern, not N rows, of random numbers.
@@ -46,7 +62,7 @@
 static int64_t opt_tokens = 4096, opt_d_model = 1024, opt_d_out = 0, opt_experts = 1 << 20, opt_heads = 8;
 static int64_t opt_top_k = 16, opt_query_dim = 256, opt_hidden = 1, opt_dims = 2, opt_cache_mb = 0;
 static int64_t opt_check_tokens = 8;
-static const char *opt_dtype = "bf16", *opt_routing = "uniform";
+static const char *opt_dtype = "bf16", *opt_routing = "uniform", *opt_zipf = NULL;
 static int opt_bwd, opt_check;
 
 static const cli_opt options[] = {
@@ -63,6 +79,9 @@ static const cli_opt options[] = {
     {"cache-mb", CLI_OPT_INT, &opt_cache_mb, "MB",
      "0: U, V dense in device memory; > 0: a store with host tables and an HBM cache of MB MiB (default 0)"},
     {"routing", CLI_OPT_STRING, &opt_routing, "R", "uniform or zipf (skewed sub-key scores; default uniform)"},
+    {"zipf", CLI_OPT_STRING, &opt_zipf, "S",
+     "bench the store alone (needs --cache-mb > 0) on batches of tokens x heads x top-k expert ids drawn from an "
+     "exact Zipf(S) distribution over the experts, S > 0 (e.g. 1.1)"},
     {"bwd", CLI_OPT_FLAG, &opt_bwd, NULL, "time the backward (dx, dWq, d sub-keys, dU, dV) instead of the forward"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare a few tokens of one run against the CPU backend"},
     {"check-tokens", CLI_OPT_INT, &opt_check_tokens, "N", "tokens checked (default 8)"},
@@ -79,6 +98,7 @@ static struct {
   smelt_peer_config cfg;
   smelt_dtype dt;
   int zipf;
+  double zipf_s; /* > 0: --zipf, the store alone on exact Zipf ids */
   int64_t T, din, dout, N, H, K, dq, he, P, n; /* n: sub-keys per dim */
   size_t es, nx, ny, nids, nwq, nkey, nu, nv;  /* element counts; nkey per dim */
   uint64_t expert_bytes;                       /* U and V rows read per run */
@@ -130,6 +150,14 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   else cli_usage_error(doc->command, "--routing '%s' is not one of: uniform, zipf", opt_routing);
   if (st.T * st.H * st.K > ((int64_t)1 << 34) / st.he)
     cli_usage_error(doc->command, "tokens x heads x top-k x expert-hidden exceeds 2^34");
+  if (opt_zipf) {
+    char *end;
+    st.zipf_s = strtod(opt_zipf, &end);
+    if (*end || !(st.zipf_s > 0) || !isfinite(st.zipf_s))
+      cli_usage_error(doc->command, "--zipf '%s' is not an exponent > 0 (e.g. 1.1)", opt_zipf);
+    if (!opt_cache_mb || opt_bwd || opt_check)
+      cli_usage_error(doc->command, "--zipf benches the store alone: it needs --cache-mb > 0, without --bwd or --check");
+  }
 
   st.cfg = smelt_peer_config_default();
   st.cfg.input_dim = st.din;
@@ -151,7 +179,11 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   st.nv = (size_t)st.N * (size_t)(st.he * st.dout);
   const uint64_t es = st.es, keys = es * st.nkey * (uint64_t)st.P, wq = es * (st.nwq + (uint64_t)(st.H * st.dq));
   st.expert_bytes = (uint64_t)st.nids * (uint64_t)((st.din + st.dout) * st.he) * es;
-  if (opt_bwd) {
+  if (st.zipf_s > 0) {
+    /* The batch reads its ids; what it stages is counted by the store. */
+    c->traffic_bytes = 8 * (uint64_t)st.nids;
+    c->set_bytes = 8 * (uint64_t)st.nids;
+  } else if (opt_bwd) {
     /* Reads x, dy, ids, Wq, bq, sub-keys and the rows; writes dx, dWq, dbq,
      * d sub-keys, and the dense dU, dV when there is no store. */
     c->traffic_bytes = st.expert_bytes + es * (2 * st.nx + st.ny) + 8 * (uint64_t)st.nids + 2 * (wq + keys) +
@@ -165,20 +197,24 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   c->flops = 2.0 * (double)st.T * (double)st.H * (double)st.dq * (double)(st.din + st.n) +
              2.0 * (double)st.nids * (double)((st.din + st.dout) * st.he);
   if (opt_bwd) c->flops *= 2.0;
+  if (st.zipf_s > 0) c->flops = 0;
+  char routing[48];
+  if (st.zipf_s > 0) snprintf(routing, sizeof routing, "zipf_ids(%g)", st.zipf_s);
+  else snprintf(routing, sizeof routing, "%s", opt_routing);
 
   snprintf(c->params_text, sizeof c->params_text,
            "%s tokens=%lld d_in=%lld d_out=%lld experts=%lld (%lld^%lld) heads=%lld top_k=%lld query_dim=%lld "
            "expert_hidden=%lld dtype=%s cache_mb=%lld routing=%s",
-           opt_bwd ? "bwd" : "fwd", (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N,
+           st.zipf_s > 0 ? "store" : opt_bwd ? "bwd" : "fwd", (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N,
            (long long)st.n, (long long)st.P, (long long)st.H, (long long)st.K, (long long)st.dq, (long long)st.he,
-           smelt_dtype_name(st.dt), (long long)opt_cache_mb, opt_routing);
+           smelt_dtype_name(st.dt), (long long)opt_cache_mb, routing);
   snprintf(c->params_json, sizeof c->params_json,
            "\"tokens\":%lld,\"d_in\":%lld,\"d_out\":%lld,\"experts\":%lld,\"product_dims\":%lld,\"heads\":%lld,"
            "\"top_k\":%lld,\"query_dim\":%lld,\"expert_hidden\":%lld,\"dtype\":\"%s\",\"cache_mb\":%lld,"
            "\"routing\":\"%s\",\"bwd\":%s,\"expert_bytes\":%llu",
            (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N, (long long)st.P, (long long)st.H,
            (long long)st.K, (long long)st.dq, (long long)st.he, smelt_dtype_name(st.dt), (long long)opt_cache_mb,
-           opt_routing, opt_bwd ? "true" : "false", (unsigned long long)st.expert_bytes);
+           routing, opt_bwd ? "true" : "false", (unsigned long long)st.expert_bytes);
 }
 
 /* ---------------------------------------------------------------- views and runs */
@@ -251,8 +287,14 @@ static void run_bwd(int set) {
   CLI_TRY(smelt_peer_backward_run(st.plan, &wv.w, &x, &ids, &dy, &g));
 }
 
+static void run_zipf(int set) {
+  smelt_tensor ids = dense(st.ids[set], SMELT_DTYPE_I64, 3, st.T, st.H, st.K);
+  CLI_TRY(smelt_peer_store_prefetch(st.store, &ids));
+}
+
 static void run(int set) {
-  if (opt_bwd) run_bwd(set);
+  if (st.zipf_s > 0) run_zipf(set);
+  else if (opt_bwd) run_bwd(set);
   else run_fwd(set, 0);
 }
 
@@ -455,10 +497,75 @@ static void poison(void *dev, size_t bytes) {
   free(p);
 }
 
+/* ---------------------------------------------------------------- exact Zipf ids */
+
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b) {
+  while (b) {
+    const uint64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+/* Sets of st.nids expert ids, each an independent draw from Zipf(s) over
+ * ranks 1..N (inverse CDF: binary search in the cumulative weights), rank
+ * r -> id (A (r-1) + B) mod N with A prime to N (a bijection). */
+static void zipf_setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
+  const int64_t N = st.N;
+  double *cdf = cli_malloc((size_t)N * sizeof *cdf), sum = 0;
+  for (int64_t r = 0; r < N; r++) cdf[r] = sum += pow((double)(r + 1), -st.zipf_s);
+  uint64_t A = ((uint64_t)((double)N * 0.6180339887498949) | 1u) % (uint64_t)N;
+  while (A == 0 || gcd_u64(A, (uint64_t)N) != 1) A = (A + 1) % (uint64_t)N;
+  const uint64_t B = (uint64_t)N / 3;
+  int64_t *h = cli_malloc(st.nids * 8);
+  uint64_t rng = 0x5EED1607u;
+  st.ids = cli_bench_alloc_sets(ctx, st.nids * 8, sets);
+  for (int s = 0; s < sets; s++) {
+    for (size_t i = 0; i < st.nids; i++) {
+      const double u = (double)(splitmix64(&rng) >> 11) * 0x1.0p-53 * sum;
+      int64_t lo = 0, hi = N - 1; /* the first rank whose cumulative weight exceeds u */
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (cdf[mid] > u) hi = mid;
+        else lo = mid + 1;
+      }
+      h[i] = (int64_t)(((uint64_t)lo * A + B) % (uint64_t)N);
+    }
+    CLI_TRY(smelt_memcpy_h2d(ctx, st.ids[s], h, st.nids * 8));
+  }
+  free(h);
+  free(cdf);
+  snprintf(c->kernel, sizeof c->kernel, "smelt_peer_store_prefetch (the forward's store batch) on exact Zipf(%g) ids",
+           st.zipf_s);
+}
+
 static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   st.ctx = ctx;
   st.sets = sets;
   st.c = c;
+  if (st.zipf_s > 0) {
+    /* The store alone: its tables stay as created (zeroed); the copies
+     * move the same bytes whatever they hold. */
+    smelt_peer_store_options o = smelt_peer_store_options_default();
+    o.num_experts = st.N;
+    o.input_dim = st.din;
+    o.output_dim = st.dout;
+    o.expert_hidden_size = st.he;
+    o.dtype = st.dt;
+    o.cache_mb = (double)opt_cache_mb;
+    o.use_env = 0;
+    CLI_TRY(smelt_peer_store_create(ctx, &o, &st.store));
+    zipf_setup(ctx, sets, c);
+    return;
+  }
   const size_t es = st.es;
   host_weights hw = make_weights();
   void *hx = host_fill(st.nx, st.dt, SEED_X, -1.0, 1.0);
@@ -571,7 +678,9 @@ static void report_store(void) {
            100.0 * s.hit_rate, cli_fmt_bytes(s.bytes_staged, staged, sizeof staged),
            cli_fmt_bytes(s.bytes_mapped, mapped, sizeof mapped));
   char more[384];
-  snprintf(more, sizeof more,
+  more[0] = 0;
+  if (st.zipf_s <= 0) /* --zipf reports its warm-cache counters instead (params_json has room for one set) */
+    snprintf(more, sizeof more,
            ",\"store_batches\":%llu,\"store_lookups\":%llu,\"store_hits\":%llu,\"store_evictions\":%llu,"
            "\"store_uses_mapped\":%llu,\"store_bytes_staged\":%llu,\"store_bytes_mapped\":%llu,"
            "\"store_slots\":%lld,\"store_hit_rate\":%.6f",
@@ -586,8 +695,42 @@ static void report_store(void) {
   fprintf(stderr, "%s%s", buf, buf[0] && buf[strlen(buf) - 1] == '\n' ? "" : "\n");
 }
 
+/* --zipf: after the runner's batches (the cache warm), consecutive batches
+ * over every set on the host clock: staged bytes over elapsed time is the
+ * miss path's sustained rate, policy kernels and launch gaps included. */
+static void report_sustained(void) {
+  const int rounds = st.sets >= 20 ? 1 : (20 + st.sets - 1) / st.sets;
+  CLI_TRY(smelt_peer_store_stats_reset(st.store));
+  const double t0 = cli_now_seconds();
+  for (int r = 0; r < rounds; r++)
+    for (int set = 0; set < st.sets; set++) run_zipf(set);
+  CLI_TRY(smelt_ctx_synchronize(st.ctx));
+  const double sec = cli_now_seconds() - t0;
+  smelt_peer_store_stats s;
+  CLI_TRY(smelt_peer_store_stats_get(st.store, &s));
+  const double gbps = sec > 0 ? (double)s.bytes_staged / sec / 1e9 : 0;
+  const double per = s.batches ? (double)s.bytes_staged / (double)s.batches : 0;
+  fprintf(stderr,
+          "zipf(%g) ids, warm cache: %llu batches of %zu ids in %.1f ms (%.3f ms a batch), %llu lookups, hit rate "
+          "%.1f%%, %.1f MB staged a batch, %.1f MB a batch counted as mapped (not moved: no expert kernel runs); "
+          "miss path %.1f GB/s sustained (staged bytes / elapsed)\n",
+          st.zipf_s, (unsigned long long)s.batches, st.nids, 1e3 * sec, s.batches ? 1e3 * sec / (double)s.batches : 0,
+          (unsigned long long)s.lookups, 100.0 * s.hit_rate, per / 1e6,
+          s.batches ? (double)s.bytes_mapped / (double)s.batches / 1e6 : 0, gbps);
+  char more[320];
+  snprintf(more, sizeof more,
+           ",\"warm_batches\":%llu,\"warm_ms\":%.4f,\"warm_lookups\":%llu,\"warm_hit_rate\":%.6f,"
+           "\"warm_bytes_staged\":%llu,\"warm_bytes_mapped\":%llu,\"store_slots\":%lld,\"miss_path_gbps\":%.3f",
+           (unsigned long long)s.batches, 1e3 * sec, (unsigned long long)s.lookups, s.hit_rate,
+           (unsigned long long)s.bytes_staged, (unsigned long long)s.bytes_mapped, (long long)s.slots, gbps);
+  cli_bench_case *c = st.c;
+  const size_t len = strlen(c->params_json);
+  if (len + strlen(more) < sizeof c->params_json) memcpy(c->params_json + len, more, strlen(more) + 1);
+}
+
 static void teardown(void) {
   if (st.store) report_store();
+  if (st.zipf_s > 0) report_sustained();
   smelt_plan_destroy(st.plan);
   void **bufs[] = {st.x, st.y, st.ids, st.dy, st.dx};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

@@ -117,6 +117,7 @@ typedef struct expert_variant {
 
 typedef struct peer_cuda {
   CUfunction route, rescore, route_bwd, dkeys;
+  CUfunction split_keys; /* peer_split_keys when route is a presplit variant, else NULL */
   smelt__peer_util util;
   expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
   smelt_dtype wdt;
@@ -275,11 +276,23 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
                         OP ": query_dim=%lld (%lld per product-key dim) needs %u bytes of shared memory per CTA; the "
                            "device allows %d",
                         (long long)ps->dq, (long long)ps->dsub, rneed, dev->smem_per_block_optin);
+  /* SMELT_PEER_ROUTE_KERNEL=sort takes the routing kernel that splits the
+   * key tiles itself and merges by sorting networks (for comparing the two
+   * on a device); the default, presplit, splits the sub-keys once per call
+   * (peer_split_keys). Same results bit for bit. */
+  const char *route_env = smelt__getenv("SMELT_PEER_ROUTE_KERNEL");
+  if (route_env && strcmp(route_env, "sort") != 0 && strcmp(route_env, "presplit") != 0)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit or sort)",
+                        route_env);
+  const int presplit = !route_env || strcmp(route_env, "presplit") == 0;
   smelt__kernel_src src;
   smelt__peer_route_src(&src);
   smelt_status s;
   /* lists of 16 entries per merge thread when k allows, else 32 */
-  if ((s = smelt__cuda_function(ctx, &src, ps->k <= 16 ? "peer_route" : "peer_route32", &pc->route)) ||
+  const char *route_fn = presplit ? (ps->k <= 16 ? "peer_route_pre" : "peer_route32_pre")
+                                  : (ps->k <= 16 ? "peer_route" : "peer_route32");
+  if ((s = smelt__cuda_function(ctx, &src, route_fn, &pc->route)) ||
+      (presplit && (s = smelt__cuda_function(ctx, &src, "peer_split_keys", &pc->split_keys))) ||
       (s = smelt__cuda_function(ctx, &src, "peer_rescore", &pc->rescore)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_route_bwd", &pc->route_bwd)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_dkeys", &pc->dkeys)) || (s = smelt__peer_util_load(ctx, &pc->util)) ||
@@ -302,8 +315,9 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   else
     snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + peer_route + %.32s%.36s", (long long)ps->N, ps->p,
-           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he, es.name, pipe);
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + %s + %.32s%.36s", (long long)ps->N, ps->p,
+           (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
+           presplit ? "split keys + peer_route_pre" : "peer_route (sort)", es.name, pipe);
   return SMELT_OK;
 }
 
@@ -436,9 +450,26 @@ static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const
 static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   const peer_cuda *pc = (const peer_cuda *)ps->cuda;
-  void *params[] = {P};
   const int64_t gx = (ps->T + 63) / 64;
-  return smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, params);
+  if (!pc->split_keys) {
+    void *params[] = {P};
+    return smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, params);
+  }
+  /* the split sub-keys, hi and lo parts [rows][dpad] bf16, live for this call */
+  int64_t rows = 0;
+  for (int i = 0; i < ps->p; i++) rows += (ps->cfg.per_head_keys ? ps->h : 1) * ps->n[i];
+  const int64_t dpad = (ps->dsub + 15) & ~(int64_t)15;
+  const size_t bytes[2] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2};
+  void *base, *r[2];
+  smelt_status s = ws_alloc(plan->ctx, bytes, 2, &base, r);
+  if (s) return s;
+  uint64_t khi = (uint64_t)(uintptr_t)r[0], klo = (uint64_t)(uintptr_t)r[1];
+  void *sp[] = {P, &khi, &klo, &rows};
+  s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
+  void *rp[] = {P, &khi, &klo};
+  if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, rp);
+  smelt_status s2 = smelt__cuda_free(plan->ctx, base);
+  return s ? s : s2;
 }
 
 /* ---------------------------------------------------------------- retrieve, forward */
