@@ -1,7 +1,8 @@
 /* Hopper (sm_90a) FlashAttention backward, in the manner of FlashAttention-3:
  * TMA loads on mbarriers, wgmma for all five GEMMs, warp specialization.
  *
- * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1).
+ * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1);
+ * ATTN_STAGES (2 or 3).
  *
  * One CTA per (tile of 128 keys, kv head, sequence), like attn_bwd_sm80.cu,
  * looping over every (query head of the kv head's group, tile of 64
@@ -32,11 +33,14 @@
  *     memory and one TMA reduce-add (cp.reduce.async.bulk.tensor) per 32
  *     columns, issued by the warpgroup's first thread; rows past the
  *     sequence add zeros (their dS is 0) or are clipped at rows_q. The host
- *     picks (BWD90_DQ_TMA in src/cuda/op_attention.c); both pass the GPU
- *     tests, and which is faster is still to be timed (docs/PERF.md).
- *     dSᵀ alternates between two buffers, so one barrier per step is
- *     enough: a consumer overwrites a buffer only after the barrier of the
- *     step after, by which the other has finished reading it.
+ *     picks (BWD90_DQ_TMA in src/cuda/op_attention.c): TMA, 1.1x faster on
+ *     the H100 (docs/PERF.md).
+ *     Issue order per step: Sᵀ and dPᵀ; dV (so that the tensor cores work
+ *     while dSᵀ is stored and the consumers meet); dQ, then dK (which runs
+ *     while dQ is added). dSᵀ alternates between two buffers, so one
+ *     barrier per step is enough: a consumer overwrites a buffer only after
+ *     the barrier of the step after, by which the other has finished
+ *     reading it.
  * attn_bwd_dq (kernels/attn_bwd_aux.cu) scales dq_acc into dq.
  *
  * Masks and ragged ends as in attn_bwd_sm80.cu: a thread's two keys see the

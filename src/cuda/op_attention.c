@@ -78,7 +78,7 @@ typedef struct attn_kernel {
  * red.global.add.v2.f32 (0) or through a shared f32 tile and TMA
  * reduce-add (1, 32 KiB more shared memory). */
 #define BWD90_STAGES 2
-#define BWD90_DQ_TMA 0
+#define BWD90_DQ_TMA 1
 /* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
 _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 * BWD_BM * 2 +
                        BWD90_STAGES * 8 * BWD_BM + 8 * (1 + 2 * BWD90_STAGES) +
@@ -478,8 +478,9 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
     CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.sem, 0, sems, ctx->cuda->stream);
     if (r) s = smelt__cu_error(r, st->op, "clearing the deterministic mode's counters");
   }
-  const int64_t warps = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
-  const unsigned aux_grid = (unsigned)(ceil_div(warps, 8) < cap ? ceil_div(warps, 8) : cap);
+  /* attn_bwd_pre and attn_bwd_dq: 16 (row, head) pairs per block of 8 warps. */
+  const int64_t pairs = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
+  const unsigned aux_grid = (unsigned)(ceil_div(pairs, 16) < cap ? ceil_div(pairs, 16) : cap);
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
   if (!s && k->fam == AK_BWD90 && det) {
     /* The deterministic mode runs the mma.sync kernel the plan also loaded. */
