@@ -2,7 +2,7 @@
  * TMA loads on mbarriers, wgmma for all five GEMMs, warp specialization.
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1);
- * ATTN_STAGES (2 or 3); ATTN_LPT (0 or 1: the block order below).
+ * ATTN_STAGES (2 or 3); ATTN_EARLY_DV (0 or 1).
  *
  * One CTA per (tile of 128 keys, kv head, sequence), like attn_bwd_sm80.cu,
  * looping over every (query head of the kv head's group, tile of 64
@@ -55,8 +55,8 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA) || !defined(ATTN_STAGES) || !defined(ATTN_LPT)
-#error "attn_bwd_sm90.cu needs ATTN_D 128, ATTN_DQ_TMA, ATTN_STAGES and ATTN_LPT"
+#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA) || !defined(ATTN_STAGES) || !defined(ATTN_EARLY_DV)
+#error "attn_bwd_sm90.cu needs ATTN_D 128, ATTN_DQ_TMA, ATTN_STAGES and ATTN_EARLY_DV"
 #endif
 
 #define D ATTN_D
@@ -164,22 +164,11 @@ static __device__ __forceinline__ void gemm_s(float *d, u32 a, u32 b) {
       wgmma_ss_kk(d, desc_k(a + p * (BN * 128) + kk * 32), desc_k(b + p * (BM * 128) + kk * 32), p + kk);
 }
 
-/* Whether query tile m (rows m BM .. of sq) sees key tile nt. */
-static __device__ __forceinline__ bool tile_sees(const attn_params &P, const attn_seq &s, int m, int nt) {
-  const int r0 = m * BM, r1 = (r0 + BM < s.sq ? r0 + BM : s.sq) - 1;
-  int a, z;
-  attn_key_tiles(P, s.sq, s.sk, r0, r1, BN, &a, &z);
-  return nt >= a && nt < z;
-}
-
 /* The query tiles that see key tile nt (for every head of the group):
  * [*m_lo, *m_hi]. They are contiguous: a tile's first key tile grows with
  * it, and so does its last once its range is non-empty (only the first
  * rows have empty ranges). Candidates as in attn_bwd_sm80.cu, widened by a
- * tile each way; the ends are found by testing exactly with
- * attn_key_tiles from each end of the candidates inwards (a few tests,
- * where testing every candidate took thousands of instructions per thread
- * at 16k queries, before the first load). */
+ * tile each way, then tested exactly with attn_key_tiles. */
 static __device__ __forceinline__ void query_tiles(const attn_params &P, const attn_seq &s, int nt, int *m_lo,
                                                    int *m_hi) {
   const i64 off = (i64)s.sk - s.sq, n0 = (i64)nt * BN;
@@ -191,35 +180,17 @@ static __device__ __forceinline__ void query_tiles(const attn_params &P, const a
   m_first = m_first < 0 ? 0 : m_first;
   m_last = m_last > m_tiles - 1 ? m_tiles - 1 : m_last;
   if (i_min > i_max) m_last = -1;
-  int m = m_first;
-  while (m <= m_last && !tile_sees(P, s, m, nt)) m++;
-  int z = m_last;
-  while (z > m && !tile_sees(P, s, z, nt)) z--;
-  *m_lo = m <= m_last ? m : 0;
-  *m_hi = m <= m_last ? z : -1;
-}
-
-/* This block's (sequence b, kv head hk, key tile nt). With ATTN_LPT and
- * a right window (causal), key tile nt is seen by the queries from about
- * nt BN on, so the first key tiles carry the most steps: blocks take
- * their tiles in the order of their linear id (the order they start in),
- * key tile slowest, so that the longest go first and the short ones fill
- * the last wave. Otherwise every key tile of a head runs at about the same
- * time and they share its Q and dO in L2. A function, so that the
- * epilogue recomputes b and hk instead of holding registers. */
-static __device__ __forceinline__ void block_tile(const attn_params &P, int *b, int *hk, int *nt) {
-#if ATTN_LPT
-  if (P.wr >= 0) {
-    const int id = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), heads = gridDim.y * gridDim.z;
-    *nt = id / heads;
-    *hk = id % heads % gridDim.y;
-    *b = id % heads / gridDim.y;
-    return;
+  *m_lo = 0;
+  *m_hi = -1;
+  for (int m = m_first; m <= m_last; m++) {
+    const int r0 = m * BM, r1 = (r0 + BM < s.sq ? r0 + BM : s.sq) - 1;
+    int a, z;
+    attn_key_tiles(P, s.sq, s.sk, r0, r1, BN, &a, &z);
+    if (nt >= a && nt < z) {
+      if (*m_hi < *m_lo) *m_lo = m;
+      *m_hi = m;
+    }
   }
-#endif
-  *b = blockIdx.z;
-  *hk = blockIdx.y;
-  *nt = blockIdx.x;
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -237,9 +208,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 sK = base + S_K, sV = base + S_V, sDS = base + S_DS;
   const u32 fullKV = base + S_BAR, full = fullKV + 8, empty = full + 8 * STAGES;
   attn_seq s;
-  int b, hk, nt;
-  block_tile(P, &b, &hk, &nt);
-  const int n0 = nt * BN;
+  const int b = blockIdx.z, hk = blockIdx.y, nt = blockIdx.x, n0 = nt * BN;
   attn_locate(P, b, s);
   if (n0 >= s.sk) return;
   int m_lo, m_hi;
@@ -363,7 +332,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         sp[qt][e] = vis ? attn_ex2(x) : 0.f;
       }
     }
+#if ATTN_EARLY_DV
+    /* dV += Pᵀ dO behind dPᵀ, so that the tensor cores work while dSᵀ is
+     * made (Pᵀ stays in f32 for dSᵀ too). */
+    attn_pack_p(sp, pa, BM / 16);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dv[0][0], pa[kk], desc_mn(sDO + kk * (16 * 128), BM * 128));
+    wgmma_commit();
+    WGMMA_WAIT(1);
+#else
     WGMMA_WAIT(0);
+#endif
     fence_f32(&dp[0][0], NQ * 4);
 #pragma unroll
     for (int qt = 0; qt < NQ; qt++) {
@@ -376,6 +356,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
      * queries); dSᵀ also to shared memory, row = key, for dQ. */
     const int krow = c * 64 + warp * 16 + g;
     attn_pack_p(dp, da, BM / 16);
+#if !ATTN_EARLY_DV
     /* dV += Pᵀ dO goes to the tensor cores first, so that they work while
      * dSᵀ is stored and the consumers meet. B is d-contiguous, 64-column
      * panels BM x 128 bytes apart; k16 steps are 16 query rows. */
@@ -384,6 +365,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dv[0][0], pa[kk], desc_mn(sDO + kk * (16 * 128), BM * 128));
     wgmma_commit();
+#endif
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) {
       sts32(attn_sw(ds, 128, krow, 2 * kk) + 4 * t4, da[kk][0]);
@@ -464,7 +446,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
 
   /* dK · scale and dV, column pairs, keys of this sequence only. */
-  block_tile(P, &b, &hk, &nt);
   elem_t *dK = (elem_t *)P.dk.p + attn_base(P, P.dk, b, s.krow, hk);
   elem_t *dV = (elem_t *)P.dv.p + attn_base(P, P.dv, b, s.krow, hk);
 #pragma unroll
