@@ -2,7 +2,7 @@
  * TMA loads on mbarriers, wgmma for all five GEMMs, warp specialization.
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1);
- * ATTN_STAGES (2 or 3); ATTN_EARLY_DV (0 or 1).
+ * ATTN_STAGES (2 or 3).
  *
  * One CTA per (tile of 128 keys, kv head, sequence), like attn_bwd_sm80.cu,
  * looping over every (query head of the kv head's group, tile of 64
@@ -55,8 +55,8 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA) || !defined(ATTN_STAGES) || !defined(ATTN_EARLY_DV)
-#error "attn_bwd_sm90.cu needs ATTN_D 128, ATTN_DQ_TMA, ATTN_STAGES and ATTN_EARLY_DV"
+#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA) || !defined(ATTN_STAGES)
+#error "attn_bwd_sm90.cu needs ATTN_D 128, ATTN_DQ_TMA and ATTN_STAGES"
 #endif
 
 #define D ATTN_D
@@ -332,18 +332,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         sp[qt][e] = vis ? attn_ex2(x) : 0.f;
       }
     }
-#if ATTN_EARLY_DV
-    /* dV += Pᵀ dO behind dPᵀ, so that the tensor cores work while dSᵀ is
-     * made (Pᵀ stays in f32 for dSᵀ too). */
-    attn_pack_p(sp, pa, BM / 16);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dv[0][0], pa[kk], desc_mn(sDO + kk * (16 * 128), BM * 128));
-    wgmma_commit();
-    WGMMA_WAIT(1);
-#else
     WGMMA_WAIT(0);
-#endif
     fence_f32(&dp[0][0], NQ * 4);
 #pragma unroll
     for (int qt = 0; qt < NQ; qt++) {
@@ -355,17 +344,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     /* Pᵀ and dSᵀ rounded to the input type as A fragments (k16 steps over
      * queries); dSᵀ also to shared memory, row = key, for dQ. */
     const int krow = c * 64 + warp * 16 + g;
+    attn_pack_p(sp, pa, BM / 16);
     attn_pack_p(dp, da, BM / 16);
-#if !ATTN_EARLY_DV
     /* dV += Pᵀ dO goes to the tensor cores first, so that they work while
      * dSᵀ is stored and the consumers meet. B is d-contiguous, 64-column
      * panels BM x 128 bytes apart; k16 steps are 16 query rows. */
-    attn_pack_p(sp, pa, BM / 16);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dv[0][0], pa[kk], desc_mn(sDO + kk * (16 * 128), BM * 128));
     wgmma_commit();
-#endif
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) {
       sts32(attn_sw(ds, 128, krow, 2 * kk) + 4 * t4, da[kk][0]);
