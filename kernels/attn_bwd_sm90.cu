@@ -294,10 +294,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   if (steps > 0) mbar_wait(fullKV, 0);
   float sp[NQ][4], dp[NQ][4], dq[NDQ][4];
   u32 pa[BM / 16][4], da[BM / 16][4];
-  /* Every wgmma group is waited for in the step that issues it: an Sᵀ
-   * issued for the next step, in flight across the loop's back edge with
-   * dK, dV and dQ live, left ptxas short of registers, and it serialized
-   * every wgmma of the kernel (C7515; docs/PERF.md). */
+  /* Every wgmma group is waited for in the step that issues it: with an
+   * Sᵀ issued for the next step in flight across the loop's back edge
+   * (dK, dV and dQ live), ptxas serialized every wgmma of the kernel
+   * (C7515; docs/PERF.md). */
 #pragma unroll 1
   for (int i = 0; i < steps; i++) {
     const int st = i % STAGES, h = hk * P.group + i / nm, m0 = (m_lo + i % nm) * BM;
