@@ -8,9 +8,13 @@
  *                   lse_ws[h][r]  = LSE · log2(e) (+inf stays +inf)
  *                   dq_acc[r][h][:] = 0
  *   attn_bwd_dq   dq[r][h][:] = scale · dq_acc[r][h][:], rounded to the dtype.
- * One warp per (row, head), two elements per lane per step (D is even);
- * rows are global (see attn_common.cuh), so varlen needs no sequence
- * lookup: batched row r is sequence r / Sq, row r % Sq.
+ * Half a warp per (row, head), eight elements per lane per step in
+ * 16-byte accesses (two per lane in 4-byte ones where a row is not 16-byte
+ * aligned or D is not a multiple of 8): these are bound by memory (O, dO
+ * and dq_acc's zeros, then dq_acc and dq), and wide accesses move more
+ * bytes per instruction in flight. Rows are global (see attn_common.cuh),
+ * so varlen needs no sequence lookup: batched row r is sequence r / Sq,
+ * row r % Sq.
  */
 #include "attn_common.cuh"
 
@@ -27,23 +31,57 @@ static __device__ __forceinline__ float2 load2(const elem_t *p) {
   return make_float2(load_elem((elem_t)(w & 0xffffu)), load_elem((elem_t)(w >> 16)));
 }
 
+/* Σ over the 16 lanes of a half warp. */
+static __device__ __forceinline__ float half_warp_sum(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+static __device__ __forceinline__ bool aligned16(const void *a, const void *b) {
+  return (((unsigned long long)a | (unsigned long long)b) & 15) == 0;
+}
+
+/* (row, head) pairs: half warp hw of global warp gw takes pair 2 gw + hw,
+ * then every 2 x (warps in the grid)-th. */
+static __device__ __forceinline__ i64 first_pair() {
+  return 2 * (((i64)blockIdx.x * NT + threadIdx.x) >> 5) + ((threadIdx.x >> 4) & 1);
+}
+static __device__ __forceinline__ i64 pair_stride() { return 2 * (i64)gridDim.x * (NT / 32); }
+
 extern "C" __global__ void __launch_bounds__(NT) attn_bwd_pre(const attn_params P) {
-  const int lane = threadIdx.x & 31;
   const i64 total = P.rows_q * P.H;
-  for (i64 w = ((i64)blockIdx.x * NT + threadIdx.x) >> 5; w < total; w += (i64)gridDim.x * (NT / 32)) {
-    const i64 r = w / P.H;
-    const int h = (int)(w % P.H);
+  const int hl = threadIdx.x & 15;
+  /* The bound is the warp's first pair, so both halves run every
+   * iteration (the shuffles need the whole warp). */
+  for (i64 w = first_pair(); w - ((threadIdx.x >> 4) & 1) < total; w += pair_stride()) {
+    const bool ok = w < total;
+    const i64 r = ok ? w / P.H : 0;
+    const int h = ok ? (int)(w % P.H) : 0;
     const elem_t *o = (const elem_t *)P.o.p + row_off(P, P.o, r, h);
     const elem_t *d_o = (const elem_t *)P.d_o.p + row_off(P, P.d_o, r, h);
     float *acc = (float *)P.dq_acc + (r * P.H + h) * P.D;
     float s = 0.f;
-    for (int d = 2 * lane; d < P.D; d += 64) {
-      const float2 a = load2(o + d), b = load2(d_o + d);
-      s += a.x * b.x + a.y * b.y;
-      *(float2 *)(acc + d) = make_float2(0.f, 0.f);
+    if (ok && P.D % 8 == 0 && aligned16(o, d_o)) {
+      for (int d = 8 * hl; d < P.D; d += 128) {
+        const uint4 a = *(const uint4 *)(o + d), b = *(const uint4 *)(d_o + d);
+        const u32 aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          s += load_elem((elem_t)(aw[k] & 0xffffu)) * load_elem((elem_t)(bw[k] & 0xffffu)) +
+               load_elem((elem_t)(aw[k] >> 16)) * load_elem((elem_t)(bw[k] >> 16));
+        *(float4 *)(acc + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+        *(float4 *)(acc + d + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    } else if (ok) {
+      for (int d = 2 * hl; d < P.D; d += 32) {
+        const float2 a = load2(o + d), b = load2(d_o + d);
+        s += a.x * b.x + a.y * b.y;
+        *(float2 *)(acc + d) = make_float2(0.f, 0.f);
+      }
     }
-    s = smelt_warp_sum(s);
-    if (lane == 0) {
+    s = half_warp_sum(s);
+    if (ok && hl == 0) {
       const i64 lo = P.cu_q ? (i64)h * P.lse_hs + r * P.lse_rs
                             : (r / P.seqlen_q) * P.lse_bs + (i64)h * P.lse_hs + (r % P.seqlen_q) * P.lse_rs;
       ((float *)P.dsum_ws)[(i64)h * P.rows_q + r] = s;
@@ -53,16 +91,24 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_pre(const attn_params 
 }
 
 extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dq(const attn_params P) {
-  const int lane = threadIdx.x & 31;
   const i64 total = P.rows_q * P.H;
-  for (i64 w = ((i64)blockIdx.x * NT + threadIdx.x) >> 5; w < total; w += (i64)gridDim.x * (NT / 32)) {
+  const int hl = threadIdx.x & 15;
+  for (i64 w = first_pair(); w < total; w += pair_stride()) {
     const i64 r = w / P.H;
     const int h = (int)(w % P.H);
     const float *acc = (const float *)P.dq_acc + (r * P.H + h) * P.D;
     elem_t *dq = (elem_t *)P.dq.p + row_off(P, P.dq, r, h);
-    for (int d = 2 * lane; d < P.D; d += 64) {
-      const float2 a = *(const float2 *)(acc + d);
-      *(u32 *)(dq + d) = ATTN_PACK(a.x * P.scale, a.y * P.scale);
+    if (P.D % 8 == 0 && aligned16(dq, acc)) {
+      for (int d = 8 * hl; d < P.D; d += 128) {
+        const float4 a = *(const float4 *)(acc + d), b = *(const float4 *)(acc + d + 4);
+        *(uint4 *)(dq + d) = make_uint4(ATTN_PACK(a.x * P.scale, a.y * P.scale), ATTN_PACK(a.z * P.scale, a.w * P.scale),
+                                        ATTN_PACK(b.x * P.scale, b.y * P.scale), ATTN_PACK(b.z * P.scale, b.w * P.scale));
+      }
+    } else {
+      for (int d = 2 * hl; d < P.D; d += 32) {
+        const float2 a = *(const float2 *)(acc + d);
+        *(u32 *)(dq + d) = ATTN_PACK(a.x * P.scale, a.y * P.scale);
+      }
     }
   }
 }

@@ -1,7 +1,8 @@
 /* Hopper (sm_90a) FlashAttention backward, in the manner of FlashAttention-3:
  * TMA loads on mbarriers, wgmma for all five GEMMs, warp specialization.
  *
- * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1).
+ * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1);
+ * ATTN_STAGES (2 or 3).
  *
  * One CTA per (tile of 128 keys, kv head, sequence), like attn_bwd_sm80.cu,
  * looping over every (query head of the kv head's group, tile of 64
@@ -32,11 +33,14 @@
  *     memory and one TMA reduce-add (cp.reduce.async.bulk.tensor) per 32
  *     columns, issued by the warpgroup's first thread; rows past the
  *     sequence add zeros (their dS is 0) or are clipped at rows_q. The host
- *     picks (BWD90_DQ_TMA in src/cuda/op_attention.c); both pass the GPU
- *     tests, and which is faster is still to be timed (docs/PERF.md).
- *     dSᵀ alternates between two buffers, so one barrier per step is
- *     enough: a consumer overwrites a buffer only after the barrier of the
- *     step after, by which the other has finished reading it.
+ *     picks (BWD90_DQ_TMA in src/cuda/op_attention.c): TMA, 1.1x faster on
+ *     the H100 (docs/PERF.md).
+ *     Issue order per step: Sᵀ and dPᵀ; dV (so that the tensor cores work
+ *     while dSᵀ is stored and the consumers meet); dQ, then dK (which runs
+ *     while dQ is added). dSᵀ alternates between two buffers, so one
+ *     barrier per step is enough: a consumer overwrites a buffer only after
+ *     the barrier of the step after, by which the other has finished
+ *     reading it.
  * attn_bwd_dq (kernels/attn_bwd_aux.cu) scales dq_acc into dq.
  *
  * Masks and ragged ends as in attn_bwd_sm80.cu: a thread's two keys see the
@@ -51,8 +55,8 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA)
-#error "attn_bwd_sm90.cu needs ATTN_D 128 and ATTN_DQ_TMA"
+#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA) || !defined(ATTN_STAGES)
+#error "attn_bwd_sm90.cu needs ATTN_D 128, ATTN_DQ_TMA and ATTN_STAGES"
 #endif
 
 #define D ATTN_D
@@ -61,7 +65,7 @@
 #define PANELS (D / 64)
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
-#define STAGES 2
+#define STAGES ATTN_STAGES
 #define KV_BYTES (BN * D * 2)
 #define QD_BYTES (BM * D * 2)
 #define DS_BYTES (BN * BM * 2)
@@ -287,17 +291,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     qhi[r] = j < s.sk ? (int)attn_clamp(z, -1, s.sq - 1) : -1;
   }
 
+  if (steps > 0) mbar_wait(fullKV, 0);
   float sp[NQ][4], dp[NQ][4], dq[NDQ][4];
   u32 pa[BM / 16][4], da[BM / 16][4];
-  if (steps > 0) {
-    mbar_wait(fullKV, 0);
-    mbar_wait(full, 0);
-    wgmma_fence();
-    gemm_s(&sp[0][0], sK + c * (64 * 128), base + S_Q);
-    wgmma_commit();
-  }
-  /* Step i finds Sᵀ_i issued (by the step before, which issued it before
-   * adding its dQ, so that the tensor cores work while it does). */
+  /* Every wgmma group is waited for in the step that issues it: with an
+   * Sᵀ issued for the next step in flight across the loop's back edge
+   * (dK, dV and dQ live), ptxas serialized every wgmma of the kernel
+   * (C7515; docs/PERF.md). */
 #pragma unroll 1
   for (int i = 0; i < steps; i++) {
     const int st = i % STAGES, h = hk * P.group + i / nm, m0 = (m_lo + i % nm) * BM;
@@ -308,8 +308,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     attn_key_range(P, s.sq, s.sk, m0, &unused, &hi_first);
     const bool all = r1 == m0 + BM - 1 && n0 >= lo_last && n0 + BN - 1 <= hi_first;
 
-    /* dPᵀ = V dOᵀ, this consumer's 64 keys. */
+    /* Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, this consumer's 64 keys. */
+    mbar_wait(full + 8 * st, (i / STAGES) & 1);
     wgmma_fence();
+    gemm_s(&sp[0][0], sK + c * (64 * 128), sQ);
+    wgmma_commit();
     gemm_s(&dp[0][0], sV + c * (64 * 128), sDO);
     wgmma_commit();
 
@@ -343,6 +346,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int krow = c * 64 + warp * 16 + g;
     attn_pack_p(sp, pa, BM / 16);
     attn_pack_p(dp, da, BM / 16);
+    /* dV += Pᵀ dO goes to the tensor cores first, so that they work while
+     * dSᵀ is stored and the consumers meet. B is d-contiguous, 64-column
+     * panels BM x 128 bytes apart; k16 steps are 16 query rows. */
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dv[0][0], pa[kk], desc_mn(sDO + kk * (16 * 128), BM * 128));
+    wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) {
       sts32(attn_sw(ds, 128, krow, 2 * kk) + 4 * t4, da[kk][0]);
@@ -351,15 +361,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       sts32(attn_sw(ds, 128, krow + 8, 2 * kk + 1) + 4 * t4, da[kk][3]);
     }
 
-    /* dV += Pᵀ dO, dK += dSᵀ Q: B is d-contiguous, 64-column panels BM x
-     * 128 bytes apart; k16 steps are 16 query rows. */
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dv[0][0], pa[kk], desc_mn(sDO + kk * (16 * 128), BM * 128));
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dk[0][0], da[kk], desc_mn(sQ + kk * (16 * 128), BM * 128));
-    wgmma_commit();
-
     /* Both consumers' dSᵀ are in shared memory (and visible to wgmma). */
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #if ATTN_DQ_TMA
@@ -367,34 +368,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
     asm volatile("bar.sync 1, 256;" ::: "memory");
     /* dQ (this consumer's D/2 columns) = dS K: A = dSᵀ (queries
-     * contiguous), B = K's panel c (d contiguous); k16 steps are 16 keys. */
+     * contiguous), B = K's panel c (d contiguous); k16 steps are 16 keys.
+     * Then dK += dSᵀ Q, which runs while dQ is added. */
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
       wgmma_ss_tt(&dq[0][0], desc_mn(ds + kk * (16 * 128), BN * 128),
                   desc_mn(sK + c * (BN * 128) + kk * (16 * 128), BN * 128), kk);
     wgmma_commit();
-    /* dV and dK done: the stage is free (this warp's part), and so are the
-     * A fragments. */
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) wgmma_rs_n128(&dk[0][0], da[kk], desc_mn(sQ + kk * (16 * 128), BM * 128));
+    wgmma_commit();
+    /* dV and dQ done (groups retire in order); dK still running. */
     WGMMA_WAIT(1);
-    fence_f32(&dk[0][0], NO * 4);
     fence_f32(&dv[0][0], NO * 4);
-    fence_u32(&pa[0][0], BM / 4);
-    fence_u32(&da[0][0], BM / 4);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + 8 * st);
-    /* Sᵀ of the next step goes to the tensor cores behind dQ. */
-    if (i + 1 < steps) {
-      const int nst = (i + 1) % STAGES;
-      mbar_wait(full + 8 * nst, ((i + 1) / STAGES) & 1);
-      wgmma_fence();
-      gemm_s(&sp[0][0], sK + c * (64 * 128), base + S_Q + nst * QD_BYTES);
-      wgmma_commit();
-      WGMMA_WAIT(1);
-    } else {
-      WGMMA_WAIT(0);
-    }
     fence_f32(&dq[0][0], NDQ * 4);
+    fence_u32(&pa[0][0], BM / 4);
 
 #if ATTN_DQ_TMA
     {
@@ -432,6 +421,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int j = 0; j < NDQ; j++) red_add2(acc + (i64)q * P.H * D + j * 8, dq[j][2 * r], dq[j][2 * r + 1]);
     }
 #endif
+    /* dK done: this warp is done with the stage and the A fragments. */
+    WGMMA_WAIT(0);
+    fence_f32(&dk[0][0], NO * 4);
+    fence_u32(&da[0][0], BM / 4);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * st);
   }
 #if ATTN_DQ_TMA
   if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");

@@ -73,11 +73,18 @@ typedef struct attn_kernel {
 
 #define MAX_KERNELS 32
 #define BWD_BM 64 /* queries per step of attn_bwd and attn_bwd_sm90 (BM in both files) */
-#define BWD90_STAGES 2 /* STAGES in attn_bwd_sm90.cu */
-/* attn_bwd_sm90's dQ: 0 adds with red.global.add.v2.f32, 1 through TMA
- * reduce-add (32 KiB more shared memory); both pass the GPU tests, neither
- * is timed against the other yet (docs/PERF.md). */
-#define BWD90_DQ_TMA 0
+/* attn_bwd_sm90's options (docs/PERF.md has their timings): STAGES, the
+ * depth of the Q/dO ring (2 or 3); DQ_TMA, dQ added with
+ * red.global.add.v2.f32 (0) or through a shared f32 tile and TMA
+ * reduce-add (1, 32 KiB more shared memory). */
+#define BWD90_STAGES 2
+#define BWD90_DQ_TMA 1
+/* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
+_Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 * BWD_BM * 2 +
+                       BWD90_STAGES * 8 * BWD_BM + 8 * (1 + 2 * BWD90_STAGES) +
+                       BWD90_DQ_TMA * BWD_BM * 128 * 4 <=
+                   227 * 1024,
+               "attn_bwd_sm90's options take more shared memory than an H100 block has");
 
 /* Shared memory as each kernel file lays it out. */
 static int row_bytes(int d) { return (d + 63) / 64 * 64 * 2; }
@@ -96,11 +103,14 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
       k.smem = 2 * bn * row_bytes(d) + 4 * BWD_BM * row_bytes(d) + bn * BWD_BM * 2 + 4 * BWD_BM * 4;
       break;
     case AK_BWD90: /* 1 KiB alignment slack, K, V (bn rows), stages of Q and dO (64 rows each), 2 x dSᵀ (bn x 64),
-                      stages of LSE and rowsum (64 f32 each), 1 + 2 x stages mbarriers */
+                      stages of LSE and rowsum (64 f32 each), 1 + 2 x stages mbarriers, the dQ tiles
+                      (64 x d f32) with TMA */
       k.bm = BWD_BM;
       k.threads = 384;
+      k.stages = BWD90_STAGES;
       k.smem = 1024 + 2 * bn * d * 2 + BWD90_STAGES * 2 * BWD_BM * d * 2 + 2 * bn * BWD_BM * 2 +
-               BWD90_STAGES * 2 * BWD_BM * 4 + 8 * (1 + 2 * BWD90_STAGES) + BWD90_DQ_TMA * BWD_BM * d * 4;
+               BWD90_STAGES * 2 * BWD_BM * 4 + 8 * (1 + 2 * BWD90_STAGES) +
+               BWD90_DQ_TMA * BWD_BM * d * 4;
       break;
     default: k.threads = 256; break;
   }
@@ -170,7 +180,10 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
   }
   smelt__prelude_define(src, "SMELT_DT", k->dt);
   smelt__prelude_define(src, "ATTN_D", k->d);
-  if (k->fam == AK_BWD90) smelt__prelude_define(src, "ATTN_DQ_TMA", BWD90_DQ_TMA);
+  if (k->fam == AK_BWD90) {
+    smelt__prelude_define(src, "ATTN_STAGES", BWD90_STAGES);
+    smelt__prelude_define(src, "ATTN_DQ_TMA", BWD90_DQ_TMA);
+  }
   if (k->fam != AK_BWD80 && k->fam != AK_BWD90) smelt__prelude_define(src, "ATTN_BN", k->bn);
 }
 
@@ -465,8 +478,9 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
     CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.sem, 0, sems, ctx->cuda->stream);
     if (r) s = smelt__cu_error(r, st->op, "clearing the deterministic mode's counters");
   }
-  const int64_t warps = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
-  const unsigned aux_grid = (unsigned)(ceil_div(warps, 8) < cap ? ceil_div(warps, 8) : cap);
+  /* attn_bwd_pre and attn_bwd_dq: 16 (row, head) pairs per block of 8 warps. */
+  const int64_t pairs = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
+  const unsigned aux_grid = (unsigned)(ceil_div(pairs, 16) < cap ? ceil_div(pairs, 16) : cap);
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
   if (!s && k->fam == AK_BWD90 && det) {
     /* The deterministic mode runs the mma.sync kernel the plan also loaded. */
