@@ -2,11 +2,12 @@
  * TMA loads on mbarriers, wgmma for all five GEMMs, warp specialization.
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1);
- * ATTN_STAGES (2 or 3).
+ * ATTN_STAGES (2 or 3); ATTN_SPREAD (0 or 1: the query tile order, below).
  *
  * One CTA per (tile of 128 keys, kv head, sequence), like attn_bwd_sm80.cu,
  * looping over every (query head of the kv head's group, tile of 64
- * queries) that sees one of its keys; dK and dV stay in registers over the
+ * queries) that sees one of its keys (with ATTN_SPREAD from a query tile
+ * that depends on the key tile: next_step below); dK and dV stay in registers over the
  * whole loop (the GQA sum included) and are written once. Three warpgroups:
  *   producer (warpgroup 0, warp 0; 24 registers): TMA loads of K and V
  *     once, then per step of Q and dO into a ring of STAGES stages, each
@@ -55,8 +56,8 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA) || !defined(ATTN_STAGES)
-#error "attn_bwd_sm90.cu needs ATTN_D 128, ATTN_DQ_TMA and ATTN_STAGES"
+#if !defined(ATTN_D) || ATTN_D != 128 || !defined(ATTN_DQ_TMA) || !defined(ATTN_STAGES) || !defined(ATTN_SPREAD)
+#error "attn_bwd_sm90.cu needs ATTN_D 128, ATTN_DQ_TMA, ATTN_STAGES and ATTN_SPREAD"
 #endif
 
 #define D ATTN_D
@@ -199,6 +200,17 @@ static __device__ __forceinline__ void query_tiles(const attn_params &P, const a
   *m_hi = m <= m_last ? z : -1;
 }
 
+/* The step after (query tile m_lo + j, head h): tiles from rot up to the
+ * last, then from the first, then the next head. With ATTN_SPREAD, rot
+ * spreads over the key tiles of the grid, so that the key tiles of a head,
+ * which run at the same time, add their dQ into different query tiles of
+ * dq_acc instead of all into the same one; without it rot is 0. Counters,
+ * not i / nm and i % nm: no divisions per step. */
+static __device__ __forceinline__ void next_step(int *j, int *h, int nm, int rot) {
+  *j = *j + 1 == nm ? 0 : *j + 1;
+  *h += *j == rot;
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -220,6 +232,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   int m_lo, m_hi;
   query_tiles(P, s, nt, &m_lo, &m_hi);
   const int nm = m_hi - m_lo + 1, steps = P.group * nm;
+  const int rot = ATTN_SPREAD ? (int)((i64)nt * nm / gridDim.x) : 0; /* < nm, or 0 */
 
   if (threadIdx.x == 0) {
     mbar_init(fullKV, 1);
@@ -249,8 +262,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         tma_load_4d(sV + p * (BN * 128), &tv, p * 64, ky + n0, hk, bw, fullKV);
       }
     }
-    for (int i = 0; i < steps; i++) {
-      const int st = i % STAGES, h = hk * P.group + i / nm, m0 = (m_lo + i % nm) * BM;
+    for (int i = 0, j = rot, h = hk * P.group; i < steps; i++, next_step(&j, &h, nm, rot)) {
+      const int st = i % STAGES, m0 = (m_lo + j) * BM;
       /* A fresh barrier counts as having completed the phase before phase
        * 0, so the first pass over the ring does not wait. */
       mbar_wait(empty + 8 * st, ((i / STAGES) & 1) ^ 1);
@@ -305,8 +318,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
    * (dK, dV and dQ live), ptxas serialized every wgmma of the kernel
    * (C7515; docs/PERF.md). */
 #pragma unroll 1
-  for (int i = 0; i < steps; i++) {
-    const int st = i % STAGES, h = hk * P.group + i / nm, m0 = (m_lo + i % nm) * BM;
+  for (int i = 0, j = rot, h = hk * P.group; i < steps; i++, next_step(&j, &h, nm, rot)) {
+    const int st = i % STAGES, m0 = (m_lo + j) * BM;
     const int r1 = (m0 + BM < s.sq ? m0 + BM : s.sq) - 1;
     const u32 sQ = base + S_Q + st * QD_BYTES, sDO = base + S_DO + st * QD_BYTES, ds = sDS + (i & 1) * DS_BYTES;
     int lo_last, hi_first, unused;

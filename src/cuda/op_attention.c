@@ -79,6 +79,10 @@ typedef struct attn_kernel {
  * reduce-add (1, 32 KiB more shared memory). */
 #define BWD90_STAGES 2
 #define BWD90_DQ_TMA 1
+/* SPREAD: each block starts its query tiles at an offset, so that the
+ * blocks of a head add into different dQ rows at a time (1: 1.03-1.04x at
+ * S4k, 4 bytes spilled), or all walk them from the first (0). */
+#define BWD90_SPREAD 1
 /* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
 _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 * BWD_BM * 2 +
                        BWD90_STAGES * 8 * BWD_BM + 8 * (1 + 2 * BWD90_STAGES) +
@@ -183,6 +187,7 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
   if (k->fam == AK_BWD90) {
     smelt__prelude_define(src, "ATTN_STAGES", BWD90_STAGES);
     smelt__prelude_define(src, "ATTN_DQ_TMA", BWD90_DQ_TMA);
+    smelt__prelude_define(src, "ATTN_SPREAD", BWD90_SPREAD);
   }
   if (k->fam != AK_BWD80 && k->fam != AK_BWD90) smelt__prelude_define(src, "ATTN_BN", k->bn);
 }
