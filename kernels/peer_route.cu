@@ -216,12 +216,13 @@ static __device__ __forceinline__ void insert_desc(u64 *L, u64 x, int kl) {
  * random scores this is ~40% fewer instructions per dim than offer alone
  * (a simulation of 16 tiles of 16 candidates a thread). */
 #define FILTER_CUT 8
-static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u32 id0, int nv, int kl) {
+static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u32 id0, int nv, int kl, int THR,
+                                                      float rthr) {
   const u64 thr = L[kl - 1];
   u32 mask = 0;
 #pragma unroll
-  for (int j = 0; j < CN; j++)
-    if (j < nv && peer_pack(sr[j], id0 + j) > thr) mask |= 1u << j;
+  for (int j = 0; j < CN; j++) /* with THR, only scores >= rthr (or NaN: !(s < rthr)) */
+    if (j < nv && (!THR || !(sr[j] < rthr)) && peer_pack(sr[j], id0 + j) > thr) mask |= 1u << j;
   if (__reduce_max_sync(PEER_FULL, (unsigned)__popc(mask)) > FILTER_CUT) {
     u64 c[CN];
 #pragma unroll
@@ -272,6 +273,40 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
   cp_async_commit();
 }
 
+/* THR's threshold of merge row mr, from the first pass's column maxima gm
+ * (each thread holds rows rm + g (e < 2) and rm + g + 8 (e >= 2), 8
+ * columns each; a row's 64 columns are spread over the 4 lanes tq of its
+ * warp and over the two warps of cn 0 and 32). Each column is a disjoint
+ * group of the row's candidates, so a thread's m-th largest column maximum
+ * (m = ceil(k / 8)) has m distinct candidates at or above it, and the
+ * minimum over the row's 8 threads has 8m >= k: it is <= the row's k-th
+ * best score (an empty column, -inf, only lowers it). Columns that held
+ * only NaN count as -inf too, which is safe the same way; NaN scores pass
+ * the second pass's test (!(s < thr)), as they rank highest. Exchanged
+ * through the score tile's columns 0 and 1 (free in the first pass). */
+static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st, int k, int warp, int g, int tq,
+                                                      int mr) {
+  float t1[2] = {PEER_NEG_INF, PEER_NEG_INF}, t2[2] = {PEER_NEG_INF, PEER_NEG_INF};
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int r = e >> 1;
+      t2[r] = fmaxf(t2[r], fminf(t1[r], gm[nt][e]));
+      t1[r] = fmaxf(t1[r], gm[nt][e]);
+    }
+  const int rm = (warp >> 1) * 16;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float t = k <= 8 ? t1[r] : t2[r];
+    t = fminf(t, __shfl_xor_sync(PEER_FULL, t, 1));
+    t = fminf(t, __shfl_xor_sync(PEER_FULL, t, 2));
+    if (tq == 0) st[(rm + g + 8 * r) * STS + (warp & 1)] = t;
+  }
+  __syncthreads();
+  return fminf(st[mr * STS], st[mr * STS + 1]);
+}
+
 /* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
  * for k <= 16, peer_route32 above). Each row of the CTA's 64 is merged by
  * four threads (row tid / 4, tile columns 16 (tid % 4) ...), each keeping
@@ -285,8 +320,8 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
  * the tile merge takes offer_filtered. Without PRE (SMELT_PEER_ROUTE_KERNEL
  * =sort) warps load, normalize and split each tile between barriers and
  * merge with offer. Both give the same ids and scores bit for bit. */
-static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE, u64 khi,
-                                                  u64 klo) {
+static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
+                                                  const int THR, u64 khi, u64 klo) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
@@ -327,58 +362,79 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const i64 kbase = hh * P.key_hs[i];
     const i64 row0 = PRE ? split_row0(P, i, hh) : 0;
     if (PRE) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
-    for (i64 c0 = 0; c0 < ni; c0 += KT) {
-      if (PRE) CP_ASYNC_WAIT(0);
-      __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
-      for (int c = warp; !PRE && c < KT; c += NWARPS)
-        split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
-      if (!PRE) __syncthreads();
-      {
-        float acc[4][4];
+    float rthr = PEER_NEG_INF; /* THR: the merge row's threshold (<= its ki-th best score) */
+    float gm[4][4];            /* THR, pass 0: the largest score of each accumulator's column, over the tiles */
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
-        for (int k0 = 0; k0 < dpad; k0 += 16) {
-          const int ca = k0 + 2 * tq;
-          const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
-                             w32(qh, DS, rm + g + 8, ca + 8)};
-          const u32 al[4] = {w32(ql, DS, rm + g, ca), w32(ql, DS, rm + g + 8, ca), w32(ql, DS, rm + g, ca + 8),
-                             w32(ql, DS, rm + g + 8, ca + 8)};
+      for (int e = 0; e < 4; e++) gm[nt][e] = PEER_NEG_INF;
+    for (int pass = THR ? 0 : 1; pass < 2; pass++) {
+      for (i64 c0 = 0; c0 < ni; c0 += KT) {
+        if (PRE) CP_ASYNC_WAIT(0);
+        __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
+        for (int c = warp; !PRE && c < KT; c += NWARPS)
+          split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
+        if (!PRE) __syncthreads();
+        {
+          float acc[4][4];
 #pragma unroll
-          for (int nt = 0; nt < 4; nt++) {
-            const int key = cn + nt * 8 + g;
-            const u32 bh[2] = {w32(kh, DS, key, ca), w32(kh, DS, key, ca + 8)};
-            mma_16816_bf16(acc[nt], ah, bh);
-            mma_16816_bf16(acc[nt], al, bh);
-            if (key_lo) {
-              const u32 bl[2] = {w32(kl, DS, key, ca), w32(kl, DS, key, ca + 8)};
-              mma_16816_bf16(acc[nt], ah, bl);
+          for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+          for (int k0 = 0; k0 < dpad; k0 += 16) {
+            const int ca = k0 + 2 * tq;
+            const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
+                               w32(qh, DS, rm + g + 8, ca + 8)};
+            const u32 al[4] = {w32(ql, DS, rm + g, ca), w32(ql, DS, rm + g + 8, ca), w32(ql, DS, rm + g, ca + 8),
+                               w32(ql, DS, rm + g + 8, ca + 8)};
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+              const int key = cn + nt * 8 + g;
+              const u32 bh[2] = {w32(kh, DS, key, ca), w32(kh, DS, key, ca + 8)};
+              mma_16816_bf16(acc[nt], ah, bh);
+              mma_16816_bf16(acc[nt], al, bh);
+              if (key_lo) {
+                const u32 bl[2] = {w32(kl, DS, key, ca), w32(kl, DS, key, ca + 8)};
+                mma_16816_bf16(acc[nt], ah, bl);
+              }
+            }
+          }
+          if (pass == 0) { /* THR's first pass: only the column maxima (fmaxf skips NaN) */
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+              for (int e = 0; e < 4; e++)
+                if (c0 + cn + nt * 8 + 2 * tq + (e & 1) < ni) gm[nt][e] = fmaxf(gm[nt][e], acc[nt][e]);
+          } else {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+              const int col = cn + nt * 8 + 2 * tq;
+              st[(rm + g) * STS + col] = acc[nt][0];
+              st[(rm + g) * STS + col + 1] = acc[nt][1];
+              st[(rm + g + 8) * STS + col] = acc[nt][2];
+              st[(rm + g + 8) * STS + col + 1] = acc[nt][3];
             }
           }
         }
+        __syncthreads(); /* the scores are in st; kh, kl are free */
+        if (PRE) {
+          if (c0 + KT < ni) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
+          else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* pass 1's first */
+          if (pass == 0) {
+            if (c0 + KT >= ni) rthr = row_threshold(gm, st, k, warp, g, tq, mr);
+            continue;
+          }
+          const i64 left = ni - c0 - mq * CN;
+          offer_filtered(L, st + mr * STS + mq * CN, (u32)(c0 + mq * CN), left < CN ? (int)left : CN, KL, THR, rthr);
+        } else {
+          u64 c[CN];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-          const int col = cn + nt * 8 + 2 * tq;
-          st[(rm + g) * STS + col] = acc[nt][0];
-          st[(rm + g) * STS + col + 1] = acc[nt][1];
-          st[(rm + g + 8) * STS + col] = acc[nt][2];
-          st[(rm + g + 8) * STS + col + 1] = acc[nt][3];
+          for (int j = 0; j < CN; j++) {
+            const int col = mq * CN + j;
+            c[j] = c0 + col < ni ? peer_pack(st[mr * STS + col], (u32)(c0 + col)) : 0ull;
+          }
+          offer(L, c, KL);
         }
-      }
-      __syncthreads(); /* the scores are in st; kh, kl are free */
-      if (PRE) {
-        if (c0 + KT < ni) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
-        const i64 left = ni - c0 - mq * CN;
-        offer_filtered(L, st + mr * STS + mq * CN, (u32)(c0 + mq * CN), left < CN ? (int)left : CN, KL);
-      } else {
-        u64 c[CN];
-#pragma unroll
-        for (int j = 0; j < CN; j++) {
-          const int col = mq * CN + j;
-          c[j] = c0 + col < ni ? peer_pack(st[mr * STS + col], (u32)(c0 + col)) : 0ull;
-        }
-        offer(L, c, KL);
       }
     }
     row_merge(L, KL);
@@ -454,15 +510,19 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16, 0, 0, 0); }
-extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32, 0, 0, 0); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16, 0, 0, 0, 0); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32, 0, 0, 0, 0); }
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, khi, klo);
+  route_rows(P, 16, 1, 0, khi, klo);
+}
+/* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
+extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
+  route_rows(P, 16, 1, 1, khi, klo);
 }
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, khi, klo);
+  route_rows(P, 32, 1, 0, khi, klo);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in
