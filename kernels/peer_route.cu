@@ -37,7 +37,10 @@
  * overlapping each copy with the previous tile's merge, and merges a tile
  * by testing each candidate against the list's last entry and inserting
  * the few that beat it (offer_filtered); SMELT_PEER_ROUTE_KERNEL=sort keeps
- * the per-tile split and the sorting-network merge described above.
+ * the per-tile split and the sorting-network merge described above, and
+ * SMELT_PEER_ROUTE_KERNEL=thr (peer_route_thr, k <= 16) scores each dim
+ * twice, first for a per-row threshold, then merging only the scores at or
+ * above it (route_rows's THR).
  * Shared memory: the 64x65 score tile (which also holds the dim's lists
  * while they are combined), the running lists (64 x 32 x 8 bytes), and the
  * hi and lo parts of the query slice and of the key tile (64 x DS bf16
@@ -207,7 +210,11 @@ static __device__ __forceinline__ void insert_desc(u64 *L, u64 x, int kl) {
 }
 
 /* Offers the up to CN scores sr[0..nv) (ids id0 + j) to L. Only those
- * that beat L's last entry as the step began can enter; after a dim's
+ * that beat L's last entry as the step began can enter; with THR, only
+ * those at or above the row's threshold rthr (NaN included: !(s < rthr))
+ * are offered instead (~9 of 256 a thread and dim with random scores, too
+ * few to fill L, so the test against L's last entry would only cost;
+ * inserting one that no longer beats L leaves L as it was). After a dim's
  * first tiles few do, so they are inserted one at a time (~100
  * instructions each against ~1200 for offer's sort and merge). The warp
  * runs as many insertions as its busiest thread needs, so when some
@@ -221,8 +228,8 @@ static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u
   const u64 thr = L[kl - 1];
   u32 mask = 0;
 #pragma unroll
-  for (int j = 0; j < CN; j++) /* with THR, only scores >= rthr (or NaN: !(s < rthr)) */
-    if (j < nv && (!THR || !(sr[j] < rthr)) && peer_pack(sr[j], id0 + j) > thr) mask |= 1u << j;
+  for (int j = 0; j < CN; j++)
+    if (j < nv && (THR ? !(sr[j] < rthr) : peer_pack(sr[j], id0 + j) > thr)) mask |= 1u << j;
   if (__reduce_max_sync(PEER_FULL, (unsigned)__popc(mask)) > FILTER_CUT) {
     u64 c[CN];
 #pragma unroll
@@ -319,7 +326,17 @@ static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st,
  * conversion, normalization or load latency between the barriers), and
  * the tile merge takes offer_filtered. Without PRE (SMELT_PEER_ROUTE_KERNEL
  * =sort) warps load, normalize and split each tile between barriers and
- * merge with offer. Both give the same ids and scores bit for bit. */
+ * merge with offer. Both give the same ids and scores bit for bit.
+ *
+ * THR (a literal, with PRE: peer_route_thr) scores each dim's tiles twice.
+ * Pass 0 keeps, in registers, the largest score of each accumulator column
+ * over the tiles (no score tile, no merge: the mma, 16 fmaxf and the
+ * barriers the copies need), and turns them into a per-row threshold at or
+ * below the row's k-th best (row_threshold); pass 1 scores the tiles again
+ * (the same mma in the same order: the same bits) and merges only the
+ * scores at or above the threshold (~3.6% with random scores). Same ids
+ * and scores as PRE bit for bit: the lists are exact top-k of a subset
+ * that holds the row's top k. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
                                                   const int THR, u64 khi, u64 klo) {
   extern __shared__ __align__(16) float smem[];
