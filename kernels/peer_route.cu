@@ -223,6 +223,7 @@ static __device__ __forceinline__ void insert_desc(u64 *L, u64 x, int kl) {
  * random scores this is ~40% fewer instructions per dim than offer alone
  * (a simulation of 16 tiles of 16 candidates a thread). */
 #define FILTER_CUT 8
+#define BCAP 31 /* THR 2's buffer slots a row: 64 x 31 u64 and 64 counters fit the score tile */
 static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u32 id0, int nv, int kl, int THR,
                                                       float rthr) {
   const u64 thr = L[kl - 1];
@@ -314,6 +315,35 @@ static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st,
   return fminf(st[mr * STS], st[mr * STS + 1]);
 }
 
+/* THR 2's threshold of merge row mr: the exact k-th largest of the row's
+ * 64 column maxima gm (k <= 16), at or below the row's k-th best since the
+ * k largest are k distinct candidates. The maxima go to the score tile
+ * (free in the first pass), each of the row's four merge threads sorts its
+ * 16 (packed with the column, as candidates are, so the network is
+ * offer's) and row_merge takes the row's 16 best. Every merge thread
+ * returns the threshold; it is also left at column 64 of the row. */
+static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k, int warp, int g, int tq, int mr,
+                                                int mq) {
+  const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32;
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) st[(rm + g + 8 * (e >> 1)) * STS + cn + nt * 8 + 2 * tq + (e & 1)] = gm[nt][e];
+  __syncthreads();
+  u64 c[CN];
+#pragma unroll
+  for (int j = 0; j < CN; j++) c[j] = peer_pack(st[mr * STS + mq * CN + j], (u32)(mq * CN + j));
+  sort_desc(c, CN);
+  row_merge(c, CN);
+  u64 m = ~0ull; /* c[k - 1], the least of the first k (an index would put c in local memory) */
+#pragma unroll
+  for (int j = 0; j < CN; j++)
+    if (j < k) m = m < c[j] ? m : c[j];
+  const float t = peer_packed_value(m);
+  if (mq == 0) st[mr * STS + KT] = t;
+  return t;
+}
+
 /* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
  * for k <= 16, peer_route32 above). Each row of the CTA's 64 is merged by
  * four threads (row tid / 4, tile columns 16 (tid % 4) ...), each keeping
@@ -380,12 +410,23 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const i64 row0 = PRE ? split_row0(P, i, hh) : 0;
     if (PRE) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
     float rthr = PEER_NEG_INF; /* THR: the merge row's threshold (<= its ki-th best score) */
+    float rt[2];               /* THR 2: the thresholds of the mma rows rm + g and rm + g + 8 */
     float gm[4][4];            /* THR, pass 0: the largest score of each accumulator's column, over the tiles */
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) gm[nt][e] = PEER_NEG_INF;
-    for (int pass = THR ? 0 : 1; pass < 2; pass++) {
+    u64 *buf = (u64 *)st;                  /* THR 2, pass 1: [ROWS][BCAP] the rows' scores >= threshold */
+    u32 *cnt = (u32 *)(buf + ROWS * BCAP); /* [ROWS]: how many each row has (past BCAP: overflow) */
+    int overflow = 0;                      /* THR 2: some row of the CTA had more than BCAP (CTA-uniform) */
+    /* pass 0: THR's column maxima; 1: THR 2's buffered scores; 2: the
+     * merge through the score tile (THR 2: only after an overflow) */
+    for (int pass = THR ? 0 : 2; pass < 3; pass++) {
+      if (pass == 1 && THR != 2) continue;
+      if (pass == 2 && THR == 2) {
+        if (!overflow) break;
+        tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
+      }
       for (i64 c0 = 0; c0 < ni; c0 += KT) {
         if (PRE) CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
@@ -422,6 +463,17 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
 #pragma unroll
               for (int e = 0; e < 4; e++)
                 if (c0 + cn + nt * 8 + 2 * tq + (e & 1) < ni) gm[nt][e] = fmaxf(gm[nt][e], acc[nt][e]);
+          } else if (pass == 1) { /* THR 2: the scores >= the row's threshold (NaN too) to its buffer */
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+              for (int e = 0; e < 4; e++) {
+                const int col = cn + nt * 8 + 2 * tq + (e & 1), r = rm + g + 8 * (e >> 1);
+                if (c0 + col < ni && !(acc[nt][e] < rt[e >> 1])) {
+                  const u32 slot = atomicAdd(&cnt[r], 1u);
+                  if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(acc[nt][e], (u32)(c0 + col));
+                }
+              }
           } else {
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
@@ -433,12 +485,26 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
             }
           }
         }
-        __syncthreads(); /* the scores are in st; kh, kl are free */
+        __syncthreads(); /* the scores are in st (or buf); kh, kl are free */
         if (PRE) {
           if (c0 + KT < ni) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
-          else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* pass 1's first */
-          if (pass == 0) {
-            if (c0 + KT >= ni) rthr = row_threshold(gm, st, k, warp, g, tq, mr);
+          else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
+          if (pass < 2) {
+            if (c0 + KT < ni) continue;
+            if (pass == 1) { /* the buffered scores, unless some row overflowed (rows past T, all zeros, do not count) */
+              const u32 n = cnt[mr];
+              overflow = __syncthreads_or(n > BCAP && t0 + mr < P.T);
+              for (u32 j = mq; !overflow && j < n && j < BCAP; j += 4) insert_desc(L, buf[mr * BCAP + j], KL);
+            } else if (THR == 2) {
+              rthr = row_kth(gm, st, k, warp, g, tq, mr, mq);
+              __syncthreads(); /* column KT holds the rows' thresholds */
+              rt[0] = st[(rm + g) * STS + KT];
+              rt[1] = st[(rm + g + 8) * STS + KT];
+              __syncthreads(); /* read before the counters are zeroed (the buffer is over the score tile) */
+              if (tid < ROWS) cnt[tid] = 0;
+            } else {
+              rthr = row_threshold(gm, st, k, warp, g, tq, mr);
+            }
             continue;
           }
           const i64 left = ni - c0 - mq * CN;
@@ -535,6 +601,12 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_param
 /* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
 extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
   route_rows(P, 16, 1, 1, khi, klo);
+}
+/* The exact k-th column maximum as the threshold, the scores above it to
+ * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
+ * registers, for 2 CTAs an SM (unbounded it takes 156): 32 bytes of spill. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
+  route_rows(P, 16, 1, 2, khi, klo);
 }
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */

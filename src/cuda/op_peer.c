@@ -279,23 +279,27 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   /* SMELT_PEER_ROUTE_KERNEL=sort takes the routing kernel that splits the
    * key tiles itself and merges by sorting networks; thr (k <= 16) takes
    * peer_route_thr, which scores each dim's tiles twice, first for a
-   * per-row threshold, then merging only the scores at or above it (for k
-   * > 16 thr takes the default's kernel; the plan's description says
-   * which). The default, presplit, splits the sub-keys once per call
-   * (peer_split_keys), as thr does. Same results bit for bit. */
+   * per-row threshold, then merging only the scores at or above it; buf (k
+   * <= 16) takes peer_route_buf, a tighter threshold whose scores go to
+   * per-row buffers, merged once per dim (for k > 16 both take the
+   * default's kernel; the plan's description says which). The default,
+   * presplit, splits the sub-keys once per call (peer_split_keys), as thr
+   * and buf do. Same results bit for bit. */
   const char *route_env = smelt__getenv("SMELT_PEER_ROUTE_KERNEL");
   if (route_env && strcmp(route_env, "sort") != 0 && strcmp(route_env, "presplit") != 0 &&
-      strcmp(route_env, "thr") != 0)
+      strcmp(route_env, "thr") != 0 && strcmp(route_env, "buf") != 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit, sort or thr)",
+                        OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit, sort, thr or buf)",
                         route_env);
   const int thr = route_env && strcmp(route_env, "thr") == 0 && ps->k <= 16;
+  const int buf = route_env && strcmp(route_env, "buf") == 0 && ps->k <= 16;
   const int presplit = !route_env || strcmp(route_env, "sort") != 0;
   smelt__kernel_src src;
   smelt__peer_route_src(&src);
   smelt_status s;
   /* lists of 16 entries per merge thread when k allows, else 32 */
   const char *route_fn = thr        ? "peer_route_thr"
+                         : buf      ? "peer_route_buf"
                          : presplit ? (ps->k <= 16 ? "peer_route_pre" : "peer_route32_pre")
                                     : (ps->k <= 16 ? "peer_route" : "peer_route32");
   if ((s = smelt__cuda_function(ctx, &src, route_fn, &pc->route)) ||
@@ -324,8 +328,11 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   snprintf(plan->describe, sizeof plan->describe,
            "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + %s + %.32s%.36s", (long long)ps->N, ps->p,
            (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
-           thr ? "split keys + peer_route_thr" : presplit ? "split keys + peer_route_pre" : "peer_route (sort)", es.name,
-           pipe);
+           thr ? "split keys + peer_route_thr"
+           : buf ? "split keys + peer_route_buf"
+           : presplit ? "split keys + peer_route_pre"
+                      : "peer_route (sort)",
+           es.name, pipe);
   return SMELT_OK;
 }
 
