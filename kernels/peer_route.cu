@@ -281,6 +281,40 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
   cp_async_commit();
 }
 
+/* The warp's 16 x 32 block of a tile's scores (rows rm.., keys cn..) as
+ * route_rows's w32 loop computes them, the same mma on the same fragments
+ * in the same order (so the same bits), with the fragments loaded by
+ * ldmatrix: per 16-wide k step 4 ldmatrix.x4 (6 with lo keys) instead of
+ * 16 (24) 32-bit loads. Rows of DS bf16 are 16-byte aligned and 8 rows at
+ * DS = dpad + 8 hit distinct 16-byte bank groups. Matrices of an x4: for
+ * A (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
+ * k 8-15) = a0..a3; for B, keys of nt and nt + 1 at k 0-7 and 8-15 = the
+ * b0, b1 of nt and of nt + 1. */
+static __device__ __forceinline__ void score_tile_ldsm(float (*acc)[4], const smelt_h16 *qh, const smelt_h16 *ql,
+                                                       const smelt_h16 *kh, const smelt_h16 *kl, int ds, int dpad,
+                                                       int rm, int cn, int lane, int key_lo) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const int arow = rm + lr + (lm & 1) * 8, acol = (lm >> 1) * 8;
+  const int brow = cn + (lm >> 1) * 8 + lr, bcol = (lm & 1) * 8;
+  for (int k0 = 0; k0 < dpad; k0 += 16) {
+    u32 ah[4], al[4];
+    ldsm_x4(smem_u32(qh + arow * ds + k0 + acol), ah);
+    ldsm_x4(smem_u32(ql + arow * ds + k0 + acol), al);
+#pragma unroll
+    for (int np = 0; np < 4; np += 2) {
+      u32 bh[4], bl[4];
+      ldsm_x4(smem_u32(kh + (brow + np * 8) * ds + k0 + bcol), bh);
+      if (key_lo) ldsm_x4(smem_u32(kl + (brow + np * 8) * ds + k0 + bcol), bl);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        mma_16816_bf16(acc[np + h], ah, bh + 2 * h);
+        mma_16816_bf16(acc[np + h], al, bh + 2 * h);
+        if (key_lo) mma_16816_bf16(acc[np + h], ah, bl + 2 * h);
+      }
+    }
+  }
+}
+
 /* THR's threshold of merge row mr, from the first pass's column maxima gm
  * (each thread holds rows rm + g (e < 2) and rm + g + 8 (e >= 2), 8
  * columns each; a row's 64 columns are spread over the 4 lanes tq of its
@@ -421,6 +455,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     int overflow = 0;                      /* THR 2: some row of the CTA had more than BCAP (CTA-uniform) */
     /* pass 0: THR's column maxima; 1: THR 2's buffered scores; 2: the
      * merge through the score tile (THR 2: only after an overflow) */
+#pragma unroll
     for (int pass = THR ? 0 : 2; pass < 3; pass++) {
       if (pass == 1 && THR != 2) continue;
       if (pass == 2 && THR == 2) {
@@ -439,7 +474,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
           for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
-          for (int k0 = 0; k0 < dpad; k0 += 16) {
+          if (THR) score_tile_ldsm(acc, qh, ql, kh, kl, DS, dpad, rm, cn, lane, key_lo);
+          for (int k0 = 0; !THR && k0 < dpad; k0 += 16) {
             const int ca = k0 + 2 * tq;
             const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
                                w32(qh, DS, rm + g + 8, ca + 8)};
@@ -604,7 +640,8 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_param
 }
 /* The exact k-th column maximum as the threshold, the scores above it to
  * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
- * registers, for 2 CTAs an SM (unbounded it takes 156): 32 bytes of spill. */
+ * registers, for 2 CTAs an SM (unbounded it takes more): 8 bytes of spill
+ * on sm_90a, none on sm_80. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
   route_rows(P, 16, 1, 2, khi, klo);
 }
