@@ -462,9 +462,17 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         if (!overflow) break;
         tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
       }
+      /* THR's passes 0 and 1 without lo keys: kl is free, so the tiles
+       * alternate between kh (even) and kl (odd) and each tile's copy is
+       * issued before the previous tile's scores (those passes have no
+       * merge for a copy to fly behind) */
+      const int db = THR && pass < 2 && !key_lo;
       for (i64 c0 = 0; c0 < ni; c0 += KT) {
+        const int odd = db && ((c0 / KT) & 1);
         if (PRE) CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
+        if (db && c0 + KT < ni) /* into the buffer the last tile used: every warp is past it */
+          tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
         for (int c = warp; !PRE && c < KT; c += NWARPS)
           split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
         if (!PRE) __syncthreads();
@@ -474,7 +482,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
           for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
-          if (THR) score_tile_ldsm(acc, qh, ql, kh, kl, DS, dpad, rm, cn, lane, key_lo);
+          if (THR) score_tile_ldsm(acc, qh, ql, odd ? kl : kh, kl, DS, dpad, rm, cn, lane, key_lo);
           for (int k0 = 0; !THR && k0 < dpad; k0 += 16) {
             const int ca = k0 + 2 * tq;
             const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
@@ -523,8 +531,9 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         }
         __syncthreads(); /* the scores are in st (or buf); kh, kl are free */
         if (PRE) {
-          if (c0 + KT < ni) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
-          else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
+          if (c0 + KT < ni) {
+            if (!db) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
+          } else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
           if (pass < 2) {
             if (c0 + KT < ni) continue;
             if (pass == 1) { /* the buffered scores, unless some row overflowed (rows past T, all zeros, do not count) */
@@ -640,8 +649,7 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_param
 }
 /* The exact k-th column maximum as the threshold, the scores above it to
  * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
- * registers, for 2 CTAs an SM (unbounded it takes more): 8 bytes of spill
- * on sm_90a, none on sm_80. */
+ * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
   route_rows(P, 16, 1, 2, khi, klo);
 }
