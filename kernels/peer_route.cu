@@ -392,13 +392,17 @@ static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k
  * =sort) warps load, normalize and split each tile between barriers and
  * merge with offer. Both give the same ids and scores bit for bit.
  *
- * THR (a literal, with PRE: peer_route_thr) scores each dim's tiles twice.
- * Pass 0 keeps, in registers, the largest score of each accumulator column
- * over the tiles (no score tile, no merge: the mma, 16 fmaxf and the
- * barriers the copies need), and turns them into a per-row threshold at or
- * below the row's k-th best (row_threshold); pass 1 scores the tiles again
- * (the same mma in the same order: the same bits) and merges only the
- * scores at or above the threshold (~3.6% with random scores). Same ids
+ * THR (a literal, 1 or 2, with PRE: peer_route_thr, peer_route_buf)
+ * scores each dim's tiles twice. Pass 0 keeps, in registers, the largest
+ * score of each accumulator column over the tiles (no score tile, no
+ * merge: the mma, 16 fmaxf and the barriers the copies need), and turns
+ * them into a per-row threshold at or below the row's k-th best
+ * (row_threshold, THR 1; row_kth, THR 2). THR 1 then scores the tiles
+ * again (the same mma in the same order: the same bits) and merges only
+ * the scores at or above the threshold (~3.6% with random scores) through
+ * the score tile (pass 2). THR 2 scores them again into per-row buffers
+ * (pass 1: ~1.8%), inserted into the lists once per dim; if a row of the
+ * CTA overflowed its buffer, the CTA runs pass 2 as THR 1 does. Same ids
  * and scores as PRE bit for bit: the lists are exact top-k of a subset
  * that holds the row's top k. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
