@@ -37,7 +37,10 @@
  * overlapping each copy with the previous tile's merge, and merges a tile
  * by testing each candidate against the list's last entry and inserting
  * the few that beat it (offer_filtered); SMELT_PEER_ROUTE_KERNEL=sort keeps
- * the per-tile split and the sorting-network merge described above.
+ * the per-tile split and the sorting-network merge described above, and
+ * SMELT_PEER_ROUTE_KERNEL=thr (peer_route_thr, k <= 16) scores each dim
+ * twice, first for a per-row threshold, then merging only the scores at or
+ * above it (route_rows's THR).
  * Shared memory: the 64x65 score tile (which also holds the dim's lists
  * while they are combined), the running lists (64 x 32 x 8 bytes), and the
  * hi and lo parts of the query slice and of the key tile (64 x DS bf16
@@ -207,7 +210,11 @@ static __device__ __forceinline__ void insert_desc(u64 *L, u64 x, int kl) {
 }
 
 /* Offers the up to CN scores sr[0..nv) (ids id0 + j) to L. Only those
- * that beat L's last entry as the step began can enter; after a dim's
+ * that beat L's last entry as the step began can enter; with THR, only
+ * those at or above the row's threshold rthr (NaN included: !(s < rthr))
+ * are offered instead (~9 of 256 a thread and dim with random scores, too
+ * few to fill L, so the test against L's last entry would only cost;
+ * inserting one that no longer beats L leaves L as it was). After a dim's
  * first tiles few do, so they are inserted one at a time (~100
  * instructions each against ~1200 for offer's sort and merge). The warp
  * runs as many insertions as its busiest thread needs, so when some
@@ -216,12 +223,14 @@ static __device__ __forceinline__ void insert_desc(u64 *L, u64 x, int kl) {
  * random scores this is ~40% fewer instructions per dim than offer alone
  * (a simulation of 16 tiles of 16 candidates a thread). */
 #define FILTER_CUT 8
-static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u32 id0, int nv, int kl) {
+#define BCAP 31 /* THR 2's buffer slots a row: 64 x 31 u64 and 64 counters fit the score tile */
+static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u32 id0, int nv, int kl, int THR,
+                                                      float rthr) {
   const u64 thr = L[kl - 1];
   u32 mask = 0;
 #pragma unroll
   for (int j = 0; j < CN; j++)
-    if (j < nv && peer_pack(sr[j], id0 + j) > thr) mask |= 1u << j;
+    if (j < nv && (THR ? !(sr[j] < rthr) : peer_pack(sr[j], id0 + j) > thr)) mask |= 1u << j;
   if (__reduce_max_sync(PEER_FULL, (unsigned)__popc(mask)) > FILTER_CUT) {
     u64 c[CN];
 #pragma unroll
@@ -272,6 +281,103 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
   cp_async_commit();
 }
 
+/* The warp's 16 x 32 block of a tile's scores (rows rm.., keys cn..) as
+ * route_rows's w32 loop computes them, the same mma on the same fragments
+ * in the same order (so the same bits), with the fragments loaded by
+ * ldmatrix: per 16-wide k step 4 ldmatrix.x4 (6 with lo keys) instead of
+ * 16 (24) 32-bit loads. Rows of DS bf16 are 16-byte aligned and 8 rows at
+ * DS = dpad + 8 hit distinct 16-byte bank groups. Matrices of an x4: for
+ * A (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
+ * k 8-15) = a0..a3; for B, keys of nt and nt + 1 at k 0-7 and 8-15 = the
+ * b0, b1 of nt and of nt + 1. */
+static __device__ __forceinline__ void score_tile_ldsm(float (*acc)[4], const smelt_h16 *qh, const smelt_h16 *ql,
+                                                       const smelt_h16 *kh, const smelt_h16 *kl, int ds, int dpad,
+                                                       int rm, int cn, int lane, int key_lo) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const int arow = rm + lr + (lm & 1) * 8, acol = (lm >> 1) * 8;
+  const int brow = cn + (lm >> 1) * 8 + lr, bcol = (lm & 1) * 8;
+  for (int k0 = 0; k0 < dpad; k0 += 16) {
+    u32 ah[4], al[4];
+    ldsm_x4(smem_u32(qh + arow * ds + k0 + acol), ah);
+    ldsm_x4(smem_u32(ql + arow * ds + k0 + acol), al);
+#pragma unroll
+    for (int np = 0; np < 4; np += 2) {
+      u32 bh[4], bl[4];
+      ldsm_x4(smem_u32(kh + (brow + np * 8) * ds + k0 + bcol), bh);
+      if (key_lo) ldsm_x4(smem_u32(kl + (brow + np * 8) * ds + k0 + bcol), bl);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        mma_16816_bf16(acc[np + h], ah, bh + 2 * h);
+        mma_16816_bf16(acc[np + h], al, bh + 2 * h);
+        if (key_lo) mma_16816_bf16(acc[np + h], ah, bl + 2 * h);
+      }
+    }
+  }
+}
+
+/* THR's threshold of merge row mr, from the first pass's column maxima gm
+ * (each thread holds rows rm + g (e < 2) and rm + g + 8 (e >= 2), 8
+ * columns each; a row's 64 columns are spread over the 4 lanes tq of its
+ * warp and over the two warps of cn 0 and 32). Each column is a disjoint
+ * group of the row's candidates, so a thread's m-th largest column maximum
+ * (m = ceil(k / 8)) has m distinct candidates at or above it, and the
+ * minimum over the row's 8 threads has 8m >= k: it is <= the row's k-th
+ * best score (an empty column, -inf, only lowers it). Columns that held
+ * only NaN count as -inf too, which is safe the same way; NaN scores pass
+ * the second pass's test (!(s < thr)), as they rank highest. Exchanged
+ * through the score tile's columns 0 and 1 (free in the first pass). */
+static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st, int k, int warp, int g, int tq,
+                                                      int mr) {
+  float t1[2] = {PEER_NEG_INF, PEER_NEG_INF}, t2[2] = {PEER_NEG_INF, PEER_NEG_INF};
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int r = e >> 1;
+      t2[r] = fmaxf(t2[r], fminf(t1[r], gm[nt][e]));
+      t1[r] = fmaxf(t1[r], gm[nt][e]);
+    }
+  const int rm = (warp >> 1) * 16;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float t = k <= 8 ? t1[r] : t2[r];
+    t = fminf(t, __shfl_xor_sync(PEER_FULL, t, 1));
+    t = fminf(t, __shfl_xor_sync(PEER_FULL, t, 2));
+    if (tq == 0) st[(rm + g + 8 * r) * STS + (warp & 1)] = t;
+  }
+  __syncthreads();
+  return fminf(st[mr * STS], st[mr * STS + 1]);
+}
+
+/* THR 2's threshold of merge row mr: the exact k-th largest of the row's
+ * 64 column maxima gm (k <= 16), at or below the row's k-th best since the
+ * k largest are k distinct candidates. The maxima go to the score tile
+ * (free in the first pass), each of the row's four merge threads sorts its
+ * 16 (packed with the column, as candidates are, so the network is
+ * offer's) and row_merge takes the row's 16 best. Every merge thread
+ * returns the threshold; it is also left at column 64 of the row. */
+static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k, int warp, int g, int tq, int mr,
+                                                int mq) {
+  const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32;
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) st[(rm + g + 8 * (e >> 1)) * STS + cn + nt * 8 + 2 * tq + (e & 1)] = gm[nt][e];
+  __syncthreads();
+  u64 c[CN];
+#pragma unroll
+  for (int j = 0; j < CN; j++) c[j] = peer_pack(st[mr * STS + mq * CN + j], (u32)(mq * CN + j));
+  sort_desc(c, CN);
+  row_merge(c, CN);
+  u64 m = ~0ull; /* c[k - 1], the least of the first k (an index would put c in local memory) */
+#pragma unroll
+  for (int j = 0; j < CN; j++)
+    if (j < k) m = m < c[j] ? m : c[j];
+  const float t = peer_packed_value(m);
+  if (mq == 0) st[mr * STS + KT] = t;
+  return t;
+}
+
 /* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
  * for k <= 16, peer_route32 above). Each row of the CTA's 64 is merged by
  * four threads (row tid / 4, tile columns 16 (tid % 4) ...), each keeping
@@ -284,9 +390,23 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
  * conversion, normalization or load latency between the barriers), and
  * the tile merge takes offer_filtered. Without PRE (SMELT_PEER_ROUTE_KERNEL
  * =sort) warps load, normalize and split each tile between barriers and
- * merge with offer. Both give the same ids and scores bit for bit. */
-static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE, u64 khi,
-                                                  u64 klo) {
+ * merge with offer. Both give the same ids and scores bit for bit.
+ *
+ * THR (a literal, 1 or 2, with PRE: peer_route_thr, peer_route_buf)
+ * scores each dim's tiles twice. Pass 0 keeps, in registers, the largest
+ * score of each accumulator column over the tiles (no score tile, no
+ * merge: the mma, 16 fmaxf and the barriers the copies need), and turns
+ * them into a per-row threshold at or below the row's k-th best
+ * (row_threshold, THR 1; row_kth, THR 2). THR 1 then scores the tiles
+ * again (the same mma in the same order: the same bits) and merges only
+ * the scores at or above the threshold (~3.6% with random scores) through
+ * the score tile (pass 2). THR 2 scores them again into per-row buffers
+ * (pass 1: ~1.8%), inserted into the lists once per dim; if a row of the
+ * CTA overflowed its buffer, the CTA runs pass 2 as THR 1 does. Same ids
+ * and scores as PRE bit for bit: the lists are exact top-k of a subset
+ * that holds the row's top k. */
+static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
+                                                  const int THR, u64 khi, u64 klo) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
@@ -327,58 +447,126 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const i64 kbase = hh * P.key_hs[i];
     const i64 row0 = PRE ? split_row0(P, i, hh) : 0;
     if (PRE) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
-    for (i64 c0 = 0; c0 < ni; c0 += KT) {
-      if (PRE) CP_ASYNC_WAIT(0);
-      __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
-      for (int c = warp; !PRE && c < KT; c += NWARPS)
-        split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
-      if (!PRE) __syncthreads();
-      {
-        float acc[4][4];
+    float rthr = PEER_NEG_INF; /* THR: the merge row's threshold (<= its ki-th best score) */
+    float rt[2];               /* THR 2: the thresholds of the mma rows rm + g and rm + g + 8 */
+    float gm[4][4];            /* THR, pass 0: the largest score of each accumulator's column, over the tiles */
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
-        for (int k0 = 0; k0 < dpad; k0 += 16) {
-          const int ca = k0 + 2 * tq;
-          const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
-                             w32(qh, DS, rm + g + 8, ca + 8)};
-          const u32 al[4] = {w32(ql, DS, rm + g, ca), w32(ql, DS, rm + g + 8, ca), w32(ql, DS, rm + g, ca + 8),
-                             w32(ql, DS, rm + g + 8, ca + 8)};
+      for (int e = 0; e < 4; e++) gm[nt][e] = PEER_NEG_INF;
+    u64 *buf = (u64 *)st;                  /* THR 2, pass 1: [ROWS][BCAP] the rows' scores >= threshold */
+    u32 *cnt = (u32 *)(buf + ROWS * BCAP); /* [ROWS]: how many each row has (past BCAP: overflow) */
+    int overflow = 0;                      /* THR 2: some row of the CTA had more than BCAP (CTA-uniform) */
+    /* pass 0: THR's column maxima; 1: THR 2's buffered scores; 2: the
+     * merge through the score tile (THR 2: only after an overflow) */
 #pragma unroll
-          for (int nt = 0; nt < 4; nt++) {
-            const int key = cn + nt * 8 + g;
-            const u32 bh[2] = {w32(kh, DS, key, ca), w32(kh, DS, key, ca + 8)};
-            mma_16816_bf16(acc[nt], ah, bh);
-            mma_16816_bf16(acc[nt], al, bh);
-            if (key_lo) {
-              const u32 bl[2] = {w32(kl, DS, key, ca), w32(kl, DS, key, ca + 8)};
-              mma_16816_bf16(acc[nt], ah, bl);
+    for (int pass = THR ? 0 : 2; pass < 3; pass++) {
+      if (pass == 1 && THR != 2) continue;
+      if (pass == 2 && THR == 2) {
+        if (!overflow) break;
+        tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
+      }
+      /* THR's passes 0 and 1 without lo keys: kl is free, so the tiles
+       * alternate between kh (even) and kl (odd) and each tile's copy is
+       * issued before the previous tile's scores (those passes have no
+       * merge for a copy to fly behind) */
+      const int db = THR && pass < 2 && !key_lo;
+      for (i64 c0 = 0; c0 < ni; c0 += KT) {
+        const int odd = db && ((c0 / KT) & 1);
+        if (PRE) CP_ASYNC_WAIT(0);
+        __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
+        if (db && c0 + KT < ni) /* into the buffer the last tile used: every warp is past it */
+          tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
+        for (int c = warp; !PRE && c < KT; c += NWARPS)
+          split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
+        if (!PRE) __syncthreads();
+        {
+          float acc[4][4];
+#pragma unroll
+          for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+          if (THR) score_tile_ldsm(acc, qh, ql, odd ? kl : kh, kl, DS, dpad, rm, cn, lane, key_lo);
+          for (int k0 = 0; !THR && k0 < dpad; k0 += 16) {
+            const int ca = k0 + 2 * tq;
+            const u32 ah[4] = {w32(qh, DS, rm + g, ca), w32(qh, DS, rm + g + 8, ca), w32(qh, DS, rm + g, ca + 8),
+                               w32(qh, DS, rm + g + 8, ca + 8)};
+            const u32 al[4] = {w32(ql, DS, rm + g, ca), w32(ql, DS, rm + g + 8, ca), w32(ql, DS, rm + g, ca + 8),
+                               w32(ql, DS, rm + g + 8, ca + 8)};
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+              const int key = cn + nt * 8 + g;
+              const u32 bh[2] = {w32(kh, DS, key, ca), w32(kh, DS, key, ca + 8)};
+              mma_16816_bf16(acc[nt], ah, bh);
+              mma_16816_bf16(acc[nt], al, bh);
+              if (key_lo) {
+                const u32 bl[2] = {w32(kl, DS, key, ca), w32(kl, DS, key, ca + 8)};
+                mma_16816_bf16(acc[nt], ah, bl);
+              }
+            }
+          }
+          if (pass == 0) { /* THR's first pass: only the column maxima (fmaxf skips NaN) */
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+              for (int e = 0; e < 4; e++)
+                if (c0 + cn + nt * 8 + 2 * tq + (e & 1) < ni) gm[nt][e] = fmaxf(gm[nt][e], acc[nt][e]);
+          } else if (pass == 1) { /* THR 2: the scores >= the row's threshold (NaN too) to its buffer */
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+              for (int e = 0; e < 4; e++) {
+                const int col = cn + nt * 8 + 2 * tq + (e & 1), r = rm + g + 8 * (e >> 1);
+                if (c0 + col < ni && !(acc[nt][e] < rt[e >> 1])) {
+                  const u32 slot = atomicAdd(&cnt[r], 1u);
+                  if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(acc[nt][e], (u32)(c0 + col));
+                }
+              }
+          } else {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+              const int col = cn + nt * 8 + 2 * tq;
+              st[(rm + g) * STS + col] = acc[nt][0];
+              st[(rm + g) * STS + col + 1] = acc[nt][1];
+              st[(rm + g + 8) * STS + col] = acc[nt][2];
+              st[(rm + g + 8) * STS + col + 1] = acc[nt][3];
             }
           }
         }
+        __syncthreads(); /* the scores are in st (or buf); kh, kl are free */
+        if (PRE) {
+          if (c0 + KT < ni) {
+            if (!db) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
+          } else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
+          if (pass < 2) {
+            if (c0 + KT < ni) continue;
+            if (pass == 1) { /* the buffered scores, unless some row overflowed (rows past T, all zeros, do not count) */
+              const u32 n = cnt[mr];
+              overflow = __syncthreads_or(n > BCAP && t0 + mr < P.T);
+              for (u32 j = mq; !overflow && j < n && j < BCAP; j += 4) insert_desc(L, buf[mr * BCAP + j], KL);
+            } else if (THR == 2) {
+              rthr = row_kth(gm, st, k, warp, g, tq, mr, mq);
+              __syncthreads(); /* column KT holds the rows' thresholds */
+              rt[0] = st[(rm + g) * STS + KT];
+              rt[1] = st[(rm + g + 8) * STS + KT];
+              __syncthreads(); /* read before the counters are zeroed (the buffer is over the score tile) */
+              if (tid < ROWS) cnt[tid] = 0;
+            } else {
+              rthr = row_threshold(gm, st, k, warp, g, tq, mr);
+            }
+            continue;
+          }
+          const i64 left = ni - c0 - mq * CN;
+          offer_filtered(L, st + mr * STS + mq * CN, (u32)(c0 + mq * CN), left < CN ? (int)left : CN, KL, THR, rthr);
+        } else {
+          u64 c[CN];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-          const int col = cn + nt * 8 + 2 * tq;
-          st[(rm + g) * STS + col] = acc[nt][0];
-          st[(rm + g) * STS + col + 1] = acc[nt][1];
-          st[(rm + g + 8) * STS + col] = acc[nt][2];
-          st[(rm + g + 8) * STS + col + 1] = acc[nt][3];
+          for (int j = 0; j < CN; j++) {
+            const int col = mq * CN + j;
+            c[j] = c0 + col < ni ? peer_pack(st[mr * STS + col], (u32)(c0 + col)) : 0ull;
+          }
+          offer(L, c, KL);
         }
-      }
-      __syncthreads(); /* the scores are in st; kh, kl are free */
-      if (PRE) {
-        if (c0 + KT < ni) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
-        const i64 left = ni - c0 - mq * CN;
-        offer_filtered(L, st + mr * STS + mq * CN, (u32)(c0 + mq * CN), left < CN ? (int)left : CN, KL);
-      } else {
-        u64 c[CN];
-#pragma unroll
-        for (int j = 0; j < CN; j++) {
-          const int col = mq * CN + j;
-          c[j] = c0 + col < ni ? peer_pack(st[mr * STS + col], (u32)(c0 + col)) : 0ull;
-        }
-        offer(L, c, KL);
       }
     }
     row_merge(L, KL);
@@ -454,15 +642,25 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16, 0, 0, 0); }
-extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32, 0, 0, 0); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16, 0, 0, 0, 0); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32, 0, 0, 0, 0); }
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, khi, klo);
+  route_rows(P, 16, 1, 0, khi, klo);
+}
+/* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
+extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
+  route_rows(P, 16, 1, 1, khi, klo);
+}
+/* The exact k-th column maximum as the threshold, the scores above it to
+ * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
+ * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
+  route_rows(P, 16, 1, 2, khi, klo);
 }
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, khi, klo);
+  route_rows(P, 32, 1, 0, khi, klo);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in

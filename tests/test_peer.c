@@ -501,17 +501,24 @@ static void test_peer_retrieve_ties(void) {
 /* Relative L2 bound of y per output dtype (f32 math on the GPU). */
 /* Sub-key tables of several 64-key tiles and partial ones (tile copies and
  * the filtered merge across tiles), more than one CTA of 64 rows, lists of
- * 16 and 32: both CUDA routing kernels (SMELT_PEER_ROUTE_KERNEL=presplit,
- * the default, and sort) against the reference, and against each other bit
- * for bit. Exact data have many equal scores across tiles (ties by id). */
+ * 16 and 32: the CUDA routing kernels (SMELT_PEER_ROUTE_KERNEL=presplit,
+ * the default, sort, thr and buf) against the reference, and the others
+ * against presplit bit for bit. Exact data have many equal scores across
+ * tiles (ties by id): the thresholds then let many scores through, so thr's
+ * merge takes its sorting path and buf's buffers overflow (its fallback
+ * pass); dims of fewer than k or 64 sub-keys leave columns empty (a -inf
+ * threshold); random data keep buf's buffers within bounds. */
 static void test_peer_retrieve_tiles(void) {
   static const pcase tile_cases[] = {
       {2, {100, 130}, 16, 2, 32, 16, 16, 1, 70, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
       {2, {200, 65}, 20, 3, 40, 12, 8, 1, 66, L2, 1, 1, 0, SIGMOID, GELU, 0, F32, F32, F32},
       {3, {70, 64, 3}, 16, 2, 30, 8, 8, 1, 67, NONE, 0, 1, 0, SOFTMAX, RELU, 1, F32, F32, F32},
       {2, {129, 9}, 8, 2, 8, 8, 8, 1, 65, LN, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, F16},
+      {2, {300, 257}, 12, 2, 64, 16, 16, 1, 130, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      {2, {520, 70}, 16, 1, 64, 16, 16, 1, 64, L2, 1, 0, 0, SOFTMAX, GELU, 0, F32, F32, F32},
+      {2, {200, 100}, 4, 2, 32, 8, 8, 1, 70, NONE, 0, 1, 0, GRELU, GELU, 0, BF16, BF16, BF16},
   };
-  static const char *const kernels[2] = {"presplit", "sort"};
+  static const char *const kernels[4] = {"presplit", "sort", "thr", "buf"};
   FOR_EACH_BACKEND(ctx) {
     for (int tc = 0; tc < (int)(sizeof tile_cases / sizeof *tile_cases); tc++) {
       const pcase *c = &tile_cases[tc];
@@ -520,8 +527,8 @@ static void test_peer_retrieve_tiles(void) {
       dprob d;
       dprob_init(&d, ctx, &pr, 1);
       int64_t os[3] = {c->T, c->h, c->k};
-      double *gi[2] = {NULL, NULL}, *gs[2] = {NULL, NULL};
-      for (int kv = 0; kv < (is_cuda(ctx) ? 2 : 1); kv++) {
+      double *gi[4] = {NULL, NULL, NULL, NULL}, *gs[4] = {NULL, NULL, NULL, NULL};
+      for (int kv = 0; kv < (is_cuda(ctx) ? 4 : 1); kv++) {
         obuf ids = out_new(ctx, SMELT_DTYPE_I64, 3, os), sc = out_new(ctx, F32, 3, os);
         char what[280], nm[200];
         snprintf(what, sizeof what, "tiles %s %s %s", is_cuda(ctx) ? "cuda" : "cpu", is_cuda(ctx) ? kernels[kv] : "",
@@ -536,14 +543,15 @@ static void test_peer_retrieve_tiles(void) {
         out_free(&ids);
         out_free(&sc);
       }
-      if (gi[1]) {
+      for (int kv = 1; kv < 4; kv++) {
+        if (!gi[0] || !gi[kv]) continue;
         int64_t differ = 0;
-        for (int64_t i = 0; i < c->T * c->h * c->k; i++) differ += gi[0][i] != gi[1][i] || gs[0][i] != gs[1][i];
+        for (int64_t i = 0; i < c->T * c->h * c->k; i++) differ += gi[0][i] != gi[kv][i] || gs[0][i] != gs[kv][i];
         if (differ)
-          th_fail(__FILE__, __LINE__, "tiles case %d: presplit and sort routing differ in %lld of %lld entries", tc,
-                  (long long)differ, (long long)(c->T * c->h * c->k));
+          th_fail(__FILE__, __LINE__, "tiles case %d: presplit and %s routing differ in %lld of %lld entries", tc,
+                  kernels[kv], (long long)differ, (long long)(c->T * c->h * c->k));
       }
-      for (int kv = 0; kv < 2; kv++) {
+      for (int kv = 0; kv < 4; kv++) {
         free(gi[kv]);
         free(gs[kv]);
       }
@@ -1145,7 +1153,7 @@ static void test_peer_bad_inputs(void) {
     cfg = good;
     if (is_cuda(ctx)) { /* the routing kernel's switch */
       setenv("SMELT_PEER_ROUTE_KERNEL", "fast", 1);
-      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "SMELT_PEER_ROUTE_KERNEL=\"fast\"", "presplit or sort");
+      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "SMELT_PEER_ROUTE_KERNEL=\"fast\"", "presplit, sort, thr or buf");
       unsetenv("SMELT_PEER_ROUTE_KERNEL");
     }
     /* the weights */

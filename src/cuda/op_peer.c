@@ -115,6 +115,11 @@ typedef struct expert_variant {
   unsigned fwd_smem, bwd_smem;
 } expert_variant;
 
+/* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: presplit (v4,
+ * measured); thr and buf (two-pass, docs/PERF.md's version 5) wait for
+ * their measurement. */
+#define PEER_ROUTE_DEFAULT "presplit"
+
 typedef struct peer_cuda {
   CUfunction route, rescore, route_bwd, dkeys;
   CUfunction split_keys; /* peer_split_keys when route is a presplit variant, else NULL */
@@ -277,20 +282,32 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
                            "device allows %d",
                         (long long)ps->dq, (long long)ps->dsub, rneed, dev->smem_per_block_optin);
   /* SMELT_PEER_ROUTE_KERNEL=sort takes the routing kernel that splits the
-   * key tiles itself and merges by sorting networks (for comparing the two
-   * on a device); the default, presplit, splits the sub-keys once per call
-   * (peer_split_keys). Same results bit for bit. */
+   * key tiles itself and merges by sorting networks; thr (k <= 16) takes
+   * peer_route_thr, which scores each dim's tiles twice, first for a
+   * per-row threshold, then merging only the scores at or above it; buf (k
+   * <= 16) takes peer_route_buf, a tighter threshold whose scores go to
+   * per-row buffers, merged once per dim (for k > 16 both take presplit's
+   * kernel; the plan's description says which). presplit splits the
+   * sub-keys once per call (peer_split_keys), as thr and buf do. Same
+   * results bit for bit. Unset: PEER_ROUTE_DEFAULT. */
   const char *route_env = smelt__getenv("SMELT_PEER_ROUTE_KERNEL");
-  if (route_env && strcmp(route_env, "sort") != 0 && strcmp(route_env, "presplit") != 0)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit or sort)",
+  if (route_env && strcmp(route_env, "sort") != 0 && strcmp(route_env, "presplit") != 0 &&
+      strcmp(route_env, "thr") != 0 && strcmp(route_env, "buf") != 0)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit, sort, thr or buf)",
                         route_env);
-  const int presplit = !route_env || strcmp(route_env, "presplit") == 0;
+  const char *route = route_env ? route_env : PEER_ROUTE_DEFAULT;
+  const int thr = strcmp(route, "thr") == 0 && ps->k <= 16;
+  const int buf = strcmp(route, "buf") == 0 && ps->k <= 16;
+  const int presplit = strcmp(route, "sort") != 0;
   smelt__kernel_src src;
   smelt__peer_route_src(&src);
   smelt_status s;
   /* lists of 16 entries per merge thread when k allows, else 32 */
-  const char *route_fn = presplit ? (ps->k <= 16 ? "peer_route_pre" : "peer_route32_pre")
-                                  : (ps->k <= 16 ? "peer_route" : "peer_route32");
+  const char *route_fn = thr        ? "peer_route_thr"
+                         : buf      ? "peer_route_buf"
+                         : presplit ? (ps->k <= 16 ? "peer_route_pre" : "peer_route32_pre")
+                                    : (ps->k <= 16 ? "peer_route" : "peer_route32");
   if ((s = smelt__cuda_function(ctx, &src, route_fn, &pc->route)) ||
       (presplit && (s = smelt__cuda_function(ctx, &src, "peer_split_keys", &pc->split_keys))) ||
       (s = smelt__cuda_function(ctx, &src, "peer_rescore", &pc->rescore)) ||
@@ -317,7 +334,11 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   snprintf(plan->describe, sizeof plan->describe,
            "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + %s + %.32s%.36s", (long long)ps->N, ps->p,
            (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
-           presplit ? "split keys + peer_route_pre" : "peer_route (sort)", es.name, pipe);
+           thr ? "split keys + peer_route_thr"
+           : buf ? "split keys + peer_route_buf"
+           : presplit ? "split keys + peer_route_pre"
+                      : "peer_route (sort)",
+           es.name, pipe);
   return SMELT_OK;
 }
 
