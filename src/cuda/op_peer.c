@@ -115,10 +115,11 @@ typedef struct expert_variant {
   unsigned fwd_smem, bwd_smem;
 } expert_variant;
 
-/* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: presplit (v4,
- * measured); thr and buf (two-pass, docs/PERF.md's version 5) wait for
- * their measurement. */
-#define PEER_ROUTE_DEFAULT "presplit"
+/* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: buf, the
+ * fastest on an H100 at the acceptance shape (forward 1.621 ms against
+ * presplit's 1.692 and thr's 1.681, c70e843; docs/PERF.md's version 5).
+ * For k > 16 buf and thr take presplit's kernel. */
+#define PEER_ROUTE_DEFAULT "buf"
 
 typedef struct peer_cuda {
   CUfunction route, rescore, route_bwd, dkeys;
