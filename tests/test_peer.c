@@ -502,7 +502,7 @@ static void test_peer_retrieve_ties(void) {
 /* Sub-key tables of several 64-key tiles and partial ones (tile copies and
  * the filtered merge across tiles), more than one CTA of 64 rows, lists of
  * 16 and 32: the CUDA routing kernels (SMELT_PEER_ROUTE_KERNEL=presplit,
- * the default, sort, thr and buf) against the reference, and the others
+ * sort, thr and buf, the default) against the reference, and the others
  * against presplit bit for bit. Exact data have many equal scores across
  * tiles (ties by id): the thresholds then let many scores through, so thr's
  * merge takes its sorting path and buf's buffers overflow (its fallback
