@@ -1179,9 +1179,9 @@ static void test_varlen_fwd_bad_inputs(void) {
                  SMELT_STATUS_INVALID_ARGUMENT, "desc->max_seqlen_q=0", "3 rows");
     CHECK_REJECT(smelt_attention_varlen_fwd(ctx, NULL, &e.vq, &e.vk, &e.vv, &e.cq, &e.ck, &e.vo, &e.vlse),
                  SMELT_STATUS_INVALID_ARGUMENT, "desc->max_seqlen_q=0", "longest");
-    t = e.vo;
-    t.data = e.vv.data;
-    CHECK_REJECT(smelt_attention_varlen_fwd(ctx, d, &e.vq, &e.vk, &e.vv, &e.cq, &e.ck, &t, &e.vlse),
+    t = e.vv; /* v inside o's (larger) buffer: o overlaps v and nothing else */
+    t.data = e.vo.data;
+    CHECK_REJECT(smelt_attention_varlen_fwd(ctx, d, &e.vq, &e.vk, &t, &e.cq, &e.ck, &e.vo, &e.vlse),
                  SMELT_STATUS_INVALID_ARGUMENT, "o overlaps v", "must not");
     if (!is_cuda(ctx)) {
       /* The CPU checks cu_seqlens' values (the GPU cannot without a sync). */
@@ -1268,9 +1268,12 @@ static void test_bwd_bad_inputs(void) {
     t.data = e.dq.data;
     CHECK_REJECT(smelt_attention_bwd(ctx, d, &e.q, &e.k, &e.v, &e.oi, &e.d_o, &e.li, &e.dq, &t, &e.dv),
                  SMELT_STATUS_INVALID_ARGUMENT, "dk overlaps dq", "must not");
-    t = e.dv;
-    t.data = e.li.data;
-    CHECK_REJECT(smelt_attention_bwd(ctx, d, &e.q, &e.k, &e.v, &e.oi, &e.d_o, &e.li, &e.dq, &e.dk, &t),
+    /* lse inside dv's buffer: dv then overlaps lse and nothing else (dv
+     * moved onto lse's smaller buffer would also reach whatever the
+     * allocator put after it). */
+    t = e.li;
+    t.data = e.dv.data;
+    CHECK_REJECT(smelt_attention_bwd(ctx, d, &e.q, &e.k, &e.v, &e.oi, &e.d_o, &t, &e.dq, &e.dk, &e.dv),
                  SMELT_STATUS_INVALID_ARGUMENT, "dv overlaps lse", "must not");
     t = e.dq;
     t.strides[2] = 0;
