@@ -1864,6 +1864,29 @@ static void test_grouped_offs(void) {
   offs_check(&o, "clamped i64");
 }
 
+/* The selector never gives device offsets to the Hopper kernel (its TMA
+ * stores would cross group edges): mma.sync on sm_90 as on sm_80; a Hopper
+ * cluster asked for has no kernel. */
+static void test_grouped_offs_selector(void) {
+  smelt__gemm_state st;
+  memset(&st, 0, sizeof st);
+  st.desc = smelt_gemm_desc_default();
+  st.mode = SMELT_GEMM_MODE_GROUPED_OFFS;
+  st.split_k = 1;
+  st.acc = SMELT_GEMM_ACC_F32;
+  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  smelt__gemm_facts f = {1, 1, 1, 1, 1, 49152, 1408, 2048, 64, 1, 2048};
+  smelt_status s;
+  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
+  CHECK(!strncmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_", 18));
+  st.desc.tile.cluster_m = 2;
+  pick_name(&st, &f, 9, 0, &s);
+  CHECK_EQ_INT(s, SMELT_STATUS_UNSUPPORTED);
+  st.desc.tile.cluster_m = 0;
+  st.desc.math.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
+}
+
 /* GPU: larger shapes on SIMT and mma.sync, many groups (more than one
  * warp's chunk of 32), tiles crossing group boundaries. */
 static void test_gpu_grouped_offs(void) {
@@ -2066,6 +2089,7 @@ const th_test th_tests_gemm[] = {
     {"gpu_sm90_act16", test_gpu_sm90_act16},
     {"grouped_offs", test_grouped_offs},
     {"grouped_offs_bad", test_grouped_offs_bad},
+    {"grouped_offs_selector", test_grouped_offs_selector},
     {"gpu_grouped_offs", test_gpu_grouped_offs},
     {0, 0},
 };
