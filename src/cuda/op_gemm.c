@@ -304,8 +304,9 @@ static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: G=%lld groups exceed 2^31 - 1", op, (long long)args->count);
   const int64_t tiles_n = ceil_div(p->n, k->bn), tiles_m = ceil_div(p->m, k->bm) + args->count;
   if (tiles_n > 0x7fffffff || tiles_m > 0x7fffffff / tiles_n)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: (ceil(T/%d) + G) x ceil(N/%d) = %lld x %lld tiles exceed 2^31 - 1",
-                        op, k->bm, k->bn, (long long)tiles_m, (long long)tiles_n);
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "%s: (ceil(T/%d) + G) x ceil(N/%d) = %lld x %lld tiles exceed 2^31 - 1", op, k->bm, k->bn,
+                        (long long)tiles_m, (long long)tiles_n);
   kp->mode = SMELT__KMODE_GROUPED_OFFS;
   kp->count = (int)args->count;
   kp->tiles_m = (int)tiles_m;
