@@ -43,6 +43,7 @@
 #define MODE_BATCHED 3
 #define MODE_ARRAY 4
 #define MODE_GROUPED 5
+#define MODE_GROUPED_OFFS 6 /* grouped by device offsets: blocks find their group from P.offs */
 
 #if GEMM_ACC == ACC_F64 || GEMM_ACC == ACC_I32
 typedef double epi_t;
@@ -84,11 +85,14 @@ typedef struct gemm_params {
   int dt_a, dt_b, dt_c, dt_d, dt_bias;
   int act, clamp, has_c, has_bias;
   int swizzle;                  /* rasterization band height in tiles (>= 1) */
-  int tiles_m, tiles_n;         /* output tiles of p (all modes but grouped) */
+  int tiles_m, tiles_n;         /* output tiles of p (all modes but grouped; grouped by offsets: tiles_n) */
+  u64 offs;                     /* grouped by offsets: count row ends, i32 or i64 (offs_i64) */
+  i64 bias_gs;                  /* grouped by offsets: stride between the groups' bias rows */
+  int offs_i64, offs_pad;
 } gemm_params;
 
 static_assert(sizeof(gemm_prob) == 136, "gemm_prob must match smelt__gemm_kprob");
-static_assert(sizeof(gemm_params) == 328, "gemm_params must match smelt__gemm_kparams");
+static_assert(sizeof(gemm_params) == 352, "gemm_params must match smelt__gemm_kparams");
 
 static __device__ __forceinline__ int gemm_esize(int dt) {
   return dt == DT_F64 ? 8 : (dt == DT_F32 || dt == DT_I32) ? 4 : (dt == DT_F16 || dt == DT_BF16) ? 2 : 1;
@@ -282,10 +286,77 @@ static __device__ __forceinline__ u64 gemm_offset(u64 base, i64 elems, int dt) {
   return base + (u64)(elems * gemm_esize(dt));
 }
 
-/* Fills w for this block; tile sizes BM x BN. */
+static __device__ __forceinline__ i64 gemm_offs_at(const gemm_params &P, int g) {
+  return P.offs_i64 ? ((const i64 *)P.offs)[g] : (i64)((const int *)P.offs)[g];
+}
+
+/* Grouped by offsets (device scheduling): P.p is all T rows of the stacked
+ * A, C and D; the host launched an upper bound of tiles, (ceil(T / BM) + G)
+ * x tiles_n, without reading the offsets. Linear tile t belongs to the group
+ * whose tiles (ceil(rows / BM) x tiles_n, in group order) cover it; blocks
+ * past the last real tile get w.tm = -1 and must exit. Each warp scans the
+ * offsets 32 groups at a time on its own (a prefix max for the clamped ends
+ * of smelt/gemm.h, a prefix sum of the tile counts), so the block agrees
+ * without shared memory or a barrier; the offsets are the same few bytes
+ * for every block, served from L1/L2. */
+static __device__ __forceinline__ void gemm_locate_offs(const gemm_params &P, int BM, gemm_work &w) {
+  const unsigned full = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const i64 T = P.p.m, t = blockIdx.x, tn = P.tiles_n;
+  w.p = P.p;
+  w.tm = -1;
+  w.tn = 0;
+  w.tile_id = 0;
+  w.k1 = P.p.k;
+  i64 end = 0, tiles = 0; /* clamped end and tile count of the groups before this chunk */
+  for (int base = 0; base < P.count; base += 32) {
+    const int g = base + lane, real = g < P.count;
+    i64 e = real ? gemm_offs_at(P, g) : end;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const i64 o = __shfl_up_sync(full, e, d);
+      if (lane >= d && o > e) e = o;
+    }
+    e = e < end ? end : e > T ? T : e;
+    i64 s = __shfl_up_sync(full, e, 1);
+    if (lane == 0) s = end;
+    const i64 n = real ? (e - s + BM - 1) / BM * tn : 0;
+    i64 c = n;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const i64 o = __shfl_up_sync(full, c, d);
+      if (lane >= d) c += o;
+    }
+    const i64 before = tiles + c - n;
+    const unsigned hit = __ballot_sync(full, real && t >= before && t < before + n);
+    if (hit) {
+      const int src = __ffs(hit) - 1, grp = base + src;
+      const i64 r0 = __shfl_sync(full, s, src), r1 = __shfl_sync(full, e, src);
+      const i64 first = __shfl_sync(full, before, src);
+      w.p.m = r1 - r0;
+      w.p.a = gemm_offset(w.p.a, r0 * w.p.a_rs, P.dt_a);
+      w.p.b = gemm_offset(w.p.b, (i64)grp * P.b_bs, P.dt_b);
+      if (P.has_c) w.p.c = gemm_offset(w.p.c, r0 * w.p.c_rs, P.dt_c);
+      w.p.d = gemm_offset(w.p.d, r0 * w.p.d_rs, P.dt_d);
+      if (P.has_bias) w.p.bias = gemm_offset(w.p.bias, (i64)grp * P.bias_gs, P.dt_bias);
+      gemm_raster((int)(t - first), (int)((w.p.m + BM - 1) / BM), P.tiles_n, P.swizzle, &w.tm, &w.tn);
+      w.tile_id = (i64)w.tm * P.tiles_n + w.tn;
+      return;
+    }
+    end = __shfl_sync(full, e, 31);
+    tiles += __shfl_sync(full, c, 31);
+  }
+}
+
+/* Fills w for this block; tile sizes BM x BN. In MODE_GROUPED_OFFS a block
+ * without a tile gets w.tm = -1 (the kernel returns at once). */
 static __device__ __forceinline__ void gemm_locate(const gemm_params &P, int BM, int BN, gemm_work &w) {
   w.slice = 0;
   w.k0 = 0;
+  if (P.mode == MODE_GROUPED_OFFS) {
+    gemm_locate_offs(P, BM, w);
+    return;
+  }
   if (P.mode == MODE_GROUPED) {
     const i64 *first = (const i64 *)P.group_tiles;
     const i64 t = blockIdx.x;

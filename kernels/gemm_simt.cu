@@ -92,6 +92,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gemm_simt(const gemm_params 
   __shared__ union simt_smem sm;
   gemm_work w;
   gemm_locate(P, BM, BN, w);
+  if (w.tm < 0) return; /* grouped by offsets: no tile for this block */
   const gemm_prob &p = w.p;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   const i64 m0 = (i64)w.tm * BM, n0 = (i64)w.tn * BN;

@@ -327,6 +327,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_
   extern __shared__ __align__(128) unsigned char smem[];
   gemm_work w;
   gemm_locate(P, BM, BN, w);
+  if (w.tm < 0) return; /* grouped by offsets: no tile for this block */
   const gemm_prob &p = w.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm0 = (warp % GEMM_WM) * WTM, wn0 = (warp / GEMM_WM) * WTN;

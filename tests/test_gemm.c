@@ -1567,6 +1567,509 @@ static void test_selector(void) {
   CHECK(smelt__gemm_reduce_kernel(table, n, SMELT_GEMM_ACC_F16) >= 0);
 }
 
+/* ---------------------------------------------------------------- grouped by offsets */
+
+/* smelt_gemm_grouped_offs: G GEMMs over row ranges of a stacked A and D,
+ * the ranges from an offsets tensor. Checked against a loop written here
+ * that applies smelt/gemm.h's clamping rule on its own (row r belongs to
+ * the first group whose clamped end exceeds it); rows no group owns, the
+ * padding between D's rows and the guards must keep their poison. */
+typedef struct ocase {
+  smelt_dtype a, b, d, bias;
+  int64_t t, n, k, g;
+  const int64_t *offs; /* [g] */
+  int offs64;          /* int64 offsets, else int32 */
+  int b_col;           /* B as the view of a [G, N, K] tensor (K contiguous) */
+  int has_c, has_bias;
+  int ld16;            /* leading dimensions rounded up to 16 elements (tensor-op alignment) */
+  smelt_act act;
+  smelt_gemm_opclass opclass;
+} ocase;
+
+/* Host memory of a case: A [T, K], B as [G, K, N] or [G, N, K], C and D
+ * [T, N] with spare columns, bias [G, N] with a spare column. */
+typedef struct oinputs {
+  int64_t lda, ldb, ldd, ldbias, a_el, b_el, d_el, bias_el;
+  void *a, *b, *c, *bias, *offs;
+} oinputs;
+
+static int64_t round16(int64_t v, int on) { return on ? (v + 15) / 16 * 16 : v; }
+
+static void offs_inputs(const ocase *o, oinputs *in) {
+  in->lda = round16(o->k + 1, o->ld16);
+  in->ldb = round16((o->b_col ? o->k : o->n) + 1, o->ld16);
+  in->ldd = round16(o->n + 3, o->ld16);
+  in->ldbias = o->n + 1;
+  in->a_el = o->t * in->lda + 1;
+  in->b_el = o->g * (o->b_col ? o->n : o->k) * in->ldb + 1;
+  in->d_el = o->t * in->ldd + 1;
+  in->bias_el = o->g * in->ldbias + 1;
+  in->a = malloc((size_t)in->a_el * smelt_dtype_size(o->a));
+  in->b = malloc((size_t)in->b_el * smelt_dtype_size(o->b));
+  in->c = malloc((size_t)in->d_el * smelt_dtype_size(o->d));
+  in->bias = malloc((size_t)in->bias_el * smelt_dtype_size(o->bias));
+  in->offs = malloc((size_t)(o->g + 1) * 8);
+  fill(in->a, o->a, in->a_el);
+  fill(in->b, o->b, in->b_el);
+  fill(in->c, o->d, in->d_el);
+  fill(in->bias, o->bias, in->bias_el);
+  for (int64_t g = 0; g < o->g; g++) {
+    if (o->offs64) ((int64_t *)in->offs)[g] = o->offs[g];
+    else ((int32_t *)in->offs)[g] = (int32_t)o->offs[g];
+  }
+}
+
+static void offs_inputs_free(oinputs *in) {
+  free(in->a);
+  free(in->b);
+  free(in->c);
+  free(in->bias);
+  free(in->offs);
+}
+
+static int64_t b_off(const ocase *o, const oinputs *in, int64_t g, int64_t k, int64_t n) {
+  return o->b_col ? (g * o->n + n) * in->ldb + k : (g * o->k + k) * in->ldb + n;
+}
+
+/* The group that owns row r under the clamping rule, or -1. */
+static int64_t offs_owner(const ocase *o, int64_t r) {
+  int64_t run = 0;
+  for (int64_t g = 0; g < o->g; g++) {
+    if (o->offs[g] > run) run = o->offs[g];
+    if (r < (run < o->t ? run : o->t)) return g;
+  }
+  return -1;
+}
+
+static smelt_gemm_desc offs_desc(const ocase *o) {
+  smelt_gemm_desc d = smelt_gemm_desc_default();
+  d.math.opclass = o->opclass;
+  d.epilogue.act = o->act;
+  d.epilogue.slope = 0.2f;
+  d.epilogue.alpha = 1.25;
+  d.epilogue.beta = o->has_c ? -0.5 : 0.0;
+  return d;
+}
+
+/* Runs the case on ctx; D's raw bytes (d_el elements) into dhost. `runs`
+ * plans once and runs that many times (the same tensors). */
+static smelt_status offs_run(smelt_ctx *ctx, const ocase *o, const oinputs *in, uint8_t *dhost, int runs) {
+  const size_t ea = smelt_dtype_size(o->a), eb = smelt_dtype_size(o->b), ed = smelt_dtype_size(o->d),
+               ebias = smelt_dtype_size(o->bias), eo = o->offs64 ? 8 : 4;
+  th_buf A = th_buf_new(ctx, (size_t)in->a_el * ea), B = th_buf_new(ctx, (size_t)in->b_el * eb),
+         C = th_buf_new(ctx, (size_t)in->d_el * ed), D = th_buf_new(ctx, (size_t)in->d_el * ed),
+         Bias = th_buf_new(ctx, (size_t)in->bias_el * ebias), Offs = th_buf_new(ctx, (size_t)(o->g + 1) * eo);
+  th_buf_upload(&A, in->a, A.bytes);
+  th_buf_upload(&B, in->b, B.bytes);
+  th_buf_upload(&C, in->c, C.bytes);
+  th_buf_upload(&Bias, in->bias, Bias.bytes);
+  th_buf_upload(&Offs, in->offs, (size_t)o->g * eo);
+  const smelt_device_kind dk = smelt_ctx_device(ctx);
+  const int di = smelt_ctx_device_index(ctx);
+  int64_t sa[2] = {o->t, o->k}, sb[3] = {o->g, o->k, o->n}, sd[2] = {o->t, o->n}, sbias[2] = {o->g, o->n},
+          so[1] = {o->g};
+  smelt_tensor ta = smelt_tensor_make(A.data, o->a, dk, di, 2, sa), tb = smelt_tensor_make(B.data, o->b, dk, di, 3, sb),
+               tc = smelt_tensor_make(C.data, o->d, dk, di, 2, sd), td = smelt_tensor_make(D.data, o->d, dk, di, 2, sd),
+               tbias = smelt_tensor_make(Bias.data, o->bias, dk, di, 2, sbias),
+               toffs = smelt_tensor_make(Offs.data, o->offs64 ? SMELT_DTYPE_I64 : SMELT_DTYPE_I32, dk, di, 1, so);
+  ta.strides[0] = in->lda;
+  if (o->b_col) {
+    tb.strides[0] = o->n * in->ldb;
+    tb.strides[1] = 1;
+    tb.strides[2] = in->ldb;
+  } else {
+    tb.strides[0] = o->k * in->ldb;
+    tb.strides[1] = in->ldb;
+  }
+  tc.strides[0] = td.strides[0] = in->ldd;
+  tbias.strides[0] = in->ldbias;
+  const smelt_gemm_desc desc = offs_desc(o);
+  smelt_plan *plan = NULL;
+  smelt_status st = smelt_gemm_grouped_offs_plan(ctx, &desc, &ta, &tb, o->has_c ? &tc : NULL, &td,
+                                                 o->has_bias ? &tbias : NULL, &toffs, &plan);
+  for (int i = 0; i < runs && st == SMELT_OK; i++)
+    st = smelt_gemm_grouped_offs_run(plan, &ta, &tb, o->has_c ? &tc : NULL, &td, o->has_bias ? &tbias : NULL, &toffs);
+  smelt_plan_destroy(plan);
+  th_buf_download(&D, dhost, D.bytes);
+  if (st == SMELT_OK) CHECK(th_buf_guards_ok(&D));
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&C);
+  th_buf_free(&D);
+  th_buf_free(&Bias);
+  th_buf_free(&Offs);
+  return st;
+}
+
+/* Rows no group owns and the spare columns keep the poison (0xFF bytes). */
+static int offs_poison_ok(const ocase *o, const oinputs *in, const uint8_t *dhost, const char *label) {
+  const size_t ed = smelt_dtype_size(o->d);
+  for (int64_t e = 0; e < in->d_el; e++) {
+    const int64_t r = e / in->ldd, c = e % in->ldd;
+    if (r < o->t && c < o->n && offs_owner(o, r) >= 0) continue;
+    for (size_t b = 0; b < ed; b++)
+      if (dhost[(size_t)e * ed + b] != 0xFF) {
+        th_fail(__FILE__, __LINE__, "%s: D element %lld (row %lld, column %lld) was written", label, (long long)e,
+                (long long)r, (long long)c);
+        return 0;
+      }
+  }
+  return 1;
+}
+
+/* The owned rows of D, decoded, row-major [T][N] (unowned rows 0). */
+static void offs_decode(const ocase *o, const oinputs *in, const uint8_t *dhost, double *out) {
+  for (int64_t r = 0; r < o->t; r++)
+    for (int64_t c = 0; c < o->n; c++)
+      out[r * o->n + c] = offs_owner(o, r) >= 0 ? th_get(dhost, o->d, r * in->ldd + c) : 0.0;
+}
+
+static void offs_naive(const ocase *o, const oinputs *in, double *out) {
+  const smelt_gemm_desc desc = offs_desc(o);
+  const smelt_gemm_epilogue *e = &desc.epilogue;
+  const int ints = o->a == SMELT_DTYPE_I8;
+  for (int64_t r = 0; r < o->t; r++) {
+    const int64_t g = offs_owner(o, r);
+    for (int64_t c = 0; c < o->n; c++) {
+      if (g < 0) {
+        out[r * o->n + c] = 0.0;
+        continue;
+      }
+      double acc = 0;
+      for (int64_t k = 0; k < o->k; k++) {
+        const double x = th_get(in->a, o->a, r * in->lda + k), y = th_get(in->b, o->b, b_off(o, in, g, k, c));
+        acc += ints ? (double)((int64_t)x * (int64_t)y) : x * y;
+      }
+      double v = e->alpha * acc;
+      if (o->has_c) v += e->beta * th_get(in->c, o->d, r * in->ldd + c);
+      if (o->has_bias) v += th_get(in->bias, o->bias, g * in->ldbias + c);
+      out[r * o->n + c] = convert_ref(act_ref(e->act, v, e->slope), o->d, 0);
+    }
+  }
+}
+
+static double offs_bound(const ocase *o) {
+  gspec s = spec(o->a, o->b, o->d, o->t, o->n, o->k);
+  return bound_of(&s);
+}
+
+/* CPU against the naive loop; with a GPU, CUDA against the CPU. */
+static void offs_check(const ocase *o, const char *what) {
+  char label[192];
+  snprintf(label, sizeof label, "grouped_offs %s %sx%s->%s %s T%lld N%lld K%lld G%lld i%d act %d%s%s", what,
+           dn(o->a), dn(o->b), dn(o->d), o->b_col ? "RC" : "RR", (long long)o->t, (long long)o->n, (long long)o->k,
+           (long long)o->g, o->offs64 ? 64 : 32, (int)o->act, o->has_c ? " +C" : "", o->has_bias ? " +bias" : "");
+  oinputs in;
+  offs_inputs(o, &in);
+  const size_t ed = smelt_dtype_size(o->d);
+  const int64_t n = o->t * o->n;
+  uint8_t *dh = malloc((size_t)in.d_el * ed);
+  double *cpu = malloc(sizeof(double) * (size_t)(n + 1)), *ref = malloc(sizeof(double) * (size_t)(n + 1)),
+         *gpu = malloc(sizeof(double) * (size_t)(n + 1));
+  smelt_status st = offs_run(th_cpu(), o, &in, dh, 1);
+  if (st != SMELT_OK) {
+    th_fail(__FILE__, __LINE__, "%s: cpu: %s (%s)", label, smelt_status_name(st), smelt_last_error());
+  } else if (offs_poison_ok(o, &in, dh, label)) {
+    offs_decode(o, &in, dh, cpu);
+    offs_naive(o, &in, ref);
+    const double rb = o->d == SMELT_DTYPE_F32 ? 1e-6 : offs_bound(o);
+    if (n > 0) CHECK(th_compare(label, cpu, ref, n, rb, 0));
+    smelt_ctx *cu = th_cuda();
+    if (cu) {
+      memset(dh, 0, (size_t)in.d_el * ed);
+      st = offs_run(cu, o, &in, dh, 2);
+      if (st != SMELT_OK) {
+        th_fail(__FILE__, __LINE__, "%s: cuda: %s (%s)", label, smelt_status_name(st), smelt_last_error());
+      } else if (offs_poison_ok(o, &in, dh, label)) {
+        offs_decode(o, &in, dh, gpu);
+        if (n > 0) CHECK(th_compare(label, gpu, cpu, n, offs_bound(o), 0));
+      }
+    }
+  }
+  free(dh);
+  free(cpu);
+  free(ref);
+  free(gpu);
+  offs_inputs_free(&in);
+}
+
+static ocase ocase_make(smelt_dtype dt, int64_t t, int64_t n, int64_t k, int64_t g, const int64_t *offs) {
+  ocase o;
+  memset(&o, 0, sizeof o);
+  o.a = o.b = o.d = dt;
+  o.bias = dt == SMELT_DTYPE_F64 ? SMELT_DTYPE_F64 : SMELT_DTYPE_F32;
+  o.t = t;
+  o.n = n;
+  o.k = k;
+  o.g = g;
+  o.offs = offs;
+  return o;
+}
+
+/* Small cases (CPU against the loop here; with a GPU, CUDA against CPU). */
+static void test_grouped_offs(void) {
+  /* An empty group, a group of one row, groups that are no multiple of any
+   * tile, and rows past the last offset (left alone). */
+  static const int64_t o1[] = {3, 3, 4, 15, 20};
+  ocase o = ocase_make(SMELT_DTYPE_F32, 23, 7, 5, 5, o1);
+  o.has_c = o.has_bias = 1;
+  o.act = SMELT_ACT_GELU;
+  offs_check(&o, "f32 C bias gelu");
+  o.offs64 = 1;
+  o.b_col = 1;
+  o.has_c = 0;
+  o.act = SMELT_ACT_LEAKY_RELU;
+  offs_check(&o, "f32 i64 RC leaky");
+  /* 16-bit and mixed types, the first group empty, the last one to T. */
+  static const int64_t o2[] = {0, 9, 9, 30};
+  o = ocase_make(SMELT_DTYPE_BF16, 30, 13, 17, 4, o2);
+  o.b_col = 1;
+  o.has_bias = 1;
+  o.bias = SMELT_DTYPE_BF16;
+  o.act = SMELT_ACT_SILU;
+  offs_check(&o, "bf16 RC silu");
+  o.a = SMELT_DTYPE_F16;
+  o.b = SMELT_DTYPE_F16;
+  o.d = SMELT_DTYPE_F32;
+  o.has_c = 1;
+  o.act = SMELT_ACT_TANH;
+  offs_check(&o, "f16->f32 C tanh");
+  /* Exact types: f64 and i8 x i8 -> i32. */
+  o = ocase_make(SMELT_DTYPE_F64, 30, 5, 9, 4, o2);
+  o.has_bias = 1;
+  offs_check(&o, "f64");
+  o = ocase_make(SMELT_DTYPE_I8, 30, 6, 11, 4, o2);
+  o.d = SMELT_DTYPE_I32;
+  o.bias = SMELT_DTYPE_I32;
+  o.has_bias = 1;
+  offs_check(&o, "i8");
+  /* K = 0: D = epilogue(beta C + bias) on the owned rows. */
+  o = ocase_make(SMELT_DTYPE_F32, 12, 4, 0, 3, o1);
+  o.has_c = o.has_bias = 1;
+  offs_check(&o, "K=0");
+  /* One group over every row; all offsets 0 (nothing written). */
+  static const int64_t o3[] = {19}, o4[] = {0, 0, 0};
+  o = ocase_make(SMELT_DTYPE_F32, 19, 6, 4, 1, o3);
+  offs_check(&o, "one group");
+  o = ocase_make(SMELT_DTYPE_F32, 19, 6, 4, 3, o4);
+  o.has_bias = 1;
+  offs_check(&o, "all empty");
+  /* The caller's bug: decreasing, negative and too large offsets are
+   * clamped (ends 4, 4, 10, 10, 10): nothing outside D is written. */
+  static const int64_t o5[] = {4, 2, 12, -1, 7};
+  o = ocase_make(SMELT_DTYPE_F32, 10, 5, 3, 5, o5);
+  o.has_bias = 1;
+  offs_check(&o, "clamped");
+  o.offs64 = 1;
+  offs_check(&o, "clamped i64");
+}
+
+/* The selector never gives device offsets to the Hopper kernel (its TMA
+ * stores would cross group edges): mma.sync on sm_90 as on sm_80; a Hopper
+ * cluster asked for has no kernel. */
+static void test_grouped_offs_selector(void) {
+  smelt__gemm_state st;
+  memset(&st, 0, sizeof st);
+  st.desc = smelt_gemm_desc_default();
+  st.mode = SMELT_GEMM_MODE_GROUPED_OFFS;
+  st.split_k = 1;
+  st.acc = SMELT_GEMM_ACC_F32;
+  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  smelt__gemm_facts f = {1, 1, 1, 1, 1, 49152, 1408, 2048, 64, 1, 2048};
+  smelt_status s;
+  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
+  CHECK(!strncmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_", 18));
+  st.desc.tile.cluster_m = 2;
+  pick_name(&st, &f, 9, 0, &s);
+  CHECK_EQ_INT(s, SMELT_STATUS_UNSUPPORTED);
+  st.desc.tile.cluster_m = 0;
+  st.desc.math.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
+}
+
+/* GPU: larger shapes on SIMT and mma.sync, many groups (more than one
+ * warp's chunk of 32), tiles crossing group boundaries. */
+static void test_gpu_grouped_offs(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  static const int64_t o1[] = {129, 129, 130, 430, 430, 700, 1003, 1003};
+  ocase o = ocase_make(SMELT_DTYPE_F32, 1003, 200, 136, 8, o1);
+  o.has_c = o.has_bias = 1;
+  o.act = SMELT_ACT_GELU;
+  o.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  offs_check(&o, "simt f32");
+  o = ocase_make(SMELT_DTYPE_BF16, 1003, 264, 136, 8, o1);
+  o.b_col = 1;
+  o.ld16 = 1;
+  o.has_bias = 1;
+  o.bias = SMELT_DTYPE_BF16;
+  o.act = SMELT_ACT_SILU;
+  o.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
+  offs_check(&o, "mma.sync bf16 RC");
+  o.a = o.b = o.d = SMELT_DTYPE_F16;
+  o.b_col = 0;
+  o.offs64 = 1;
+  offs_check(&o, "mma.sync f16 RR i64");
+  o.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  offs_check(&o, "simt f16 RR");
+  /* 70 groups of uneven sizes (some empty), rows left over at the end. */
+  static int64_t o2[70];
+  int64_t run = 0;
+  for (int g = 0; g < 70; g++) {
+    run += g % 7 == 3 ? 0 : (int64_t)th_rand_uniform(0, 90);
+    o2[g] = run;
+  }
+  o = ocase_make(SMELT_DTYPE_BF16, run + 17, 136, 72, 70, o2);
+  o.b_col = 1;
+  o.ld16 = 1;
+  o.has_bias = 1;
+  o.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
+  offs_check(&o, "mma.sync 70 groups");
+  o.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  offs_check(&o, "simt 70 groups");
+  /* The caller's bug on the device: the same clamping, no stray writes. */
+  static const int64_t o3[] = {300, 100, 2000, -5, 900};
+  o = ocase_make(SMELT_DTYPE_BF16, 1000, 136, 64, 5, o3);
+  o.b_col = 1;
+  o.ld16 = 1;
+  o.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
+  offs_check(&o, "mma.sync clamped");
+  o.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  offs_check(&o, "simt clamped");
+}
+
+/* Every error of the grouped_offs entry points: status, message, and D
+ * left alone. */
+static void test_grouped_offs_bad(void) {
+  smelt_ctx *cpu = th_cpu();
+  float a[12], b[40], c[12], d[12], bias[8];
+  int32_t offs[2] = {1, 3};
+  int64_t offs64[2] = {1, 3};
+  float foffs[2] = {1, 3};
+  for (int i = 0; i < 12; i++) a[i] = c[i] = 1.0f;
+  for (int i = 0; i < 40; i++) b[i] = 1.0f;
+  for (int i = 0; i < 8; i++) bias[i] = 1.0f;
+  for (int i = 0; i < 12; i++) d[i] = NAN;
+  int64_t sa[2] = {3, 4}, sb[3] = {2, 4, 4}, sd[2] = {3, 4}, sbias[2] = {2, 4}, so[1] = {2};
+  const smelt_device_kind k = SMELT_DEVICE_CPU;
+  const smelt_tensor ta = smelt_tensor_make(a, SMELT_DTYPE_F32, k, 0, 2, sa),
+                     tb = smelt_tensor_make(b, SMELT_DTYPE_F32, k, 0, 3, sb),
+                     tc = smelt_tensor_make(c, SMELT_DTYPE_F32, k, 0, 2, sd),
+                     td = smelt_tensor_make(d, SMELT_DTYPE_F32, k, 0, 2, sd),
+                     tbias = smelt_tensor_make(bias, SMELT_DTYPE_F32, k, 0, 2, sbias),
+                     to = smelt_tensor_make(offs, SMELT_DTYPE_I32, k, 0, 1, so),
+                     to64 = smelt_tensor_make(offs64, SMELT_DTYPE_I64, k, 0, 1, so);
+#define OBAD(call, status, msg)                            \
+  do {                                                     \
+    CHECK_STATUS(call, status);                            \
+    CHECK_MSG(msg);                                        \
+    for (int i_ = 0; i_ < 12; i_++) CHECK(isnan(d[i_]));   \
+  } while (0)
+  smelt_plan *plan = (smelt_plan *)1;
+  OBAD(smelt_gemm_grouped_offs_plan(cpu, NULL, &ta, &tb, NULL, &td, NULL, &to, NULL), SMELT_STATUS_NULL_POINTER,
+       "smelt_gemm_grouped_offs: out is NULL");
+  OBAD(smelt_gemm_grouped_offs_plan(NULL, NULL, &ta, &tb, NULL, &td, NULL, &to, &plan), SMELT_STATUS_NULL_POINTER,
+       "ctx is NULL");
+  CHECK(plan == NULL);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, NULL, &tb, NULL, &td, NULL, &to), SMELT_STATUS_NULL_POINTER, "A is NULL");
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, NULL, NULL, &td, NULL, &to), SMELT_STATUS_NULL_POINTER, "B is NULL");
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, NULL, NULL, &to), SMELT_STATUS_NULL_POINTER, "D is NULL");
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, NULL, NULL), SMELT_STATUS_NULL_POINTER,
+       "offs is NULL");
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  desc.epilogue.beta = 1.0;
+  OBAD(smelt_gemm_grouped_offs(cpu, &desc, &ta, &tb, NULL, &td, NULL, &to), SMELT_STATUS_NULL_POINTER,
+       "C is NULL but desc.epilogue.beta=1");
+  desc = smelt_gemm_desc_default();
+  desc.mode = SMELT_GEMM_MODE_GROUPED;
+  OBAD(smelt_gemm_grouped_offs(cpu, &desc, &ta, &tb, NULL, &td, NULL, &to), SMELT_STATUS_INVALID_ARGUMENT,
+       "desc.mode=GROUPED must be AUTO or GROUPED_OFFS");
+  desc.mode = SMELT_GEMM_MODE_GROUPED_OFFS;
+  smelt_tensor t2 = ta;
+  OBAD(smelt_gemm(cpu, &desc, &ta, &t2, NULL, &td, NULL), SMELT_STATUS_INVALID_ARGUMENT,
+       "desc.mode=GROUPED_OFFS belongs to smelt_gemm_grouped_offs_plan");
+  desc.split_k = 2;
+  OBAD(smelt_gemm_grouped_offs(cpu, &desc, &ta, &tb, NULL, &td, NULL, &to), SMELT_STATUS_INVALID_ARGUMENT,
+       "desc.split_k=2: split-K serves plain GEMMs only");
+  /* Shapes. */
+  int64_t s3[3] = {1, 3, 4};
+  t2 = smelt_tensor_make(a, SMELT_DTYPE_F32, k, 0, 3, s3);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &t2, &tb, NULL, &td, NULL, &to), SMELT_STATUS_SHAPE_MISMATCH,
+       "A.ndim=3 must be 2 (A[T, K]");
+  t2 = smelt_tensor_make(b, SMELT_DTYPE_F32, k, 0, 2, sa);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &t2, NULL, &td, NULL, &to), SMELT_STATUS_SHAPE_MISMATCH,
+       "B.ndim=2 must be 3 (B[G, K, N]");
+  t2 = tb;
+  t2.shape[1] = 3;
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &t2, NULL, &td, NULL, &to), SMELT_STATUS_SHAPE_MISMATCH,
+       "B.shape[1]=3 must equal K=4");
+  t2 = td;
+  t2.shape[0] = 2;
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &t2, NULL, &to), SMELT_STATUS_SHAPE_MISMATCH,
+       "D.shape[0]=2 must equal T=3");
+  t2 = tc;
+  t2.shape[1] = 3;
+  desc = smelt_gemm_desc_default();
+  desc.epilogue.beta = 1.0;
+  OBAD(smelt_gemm_grouped_offs(cpu, &desc, &ta, &tb, &t2, &td, NULL, &to), SMELT_STATUS_SHAPE_MISMATCH,
+       "C.shape[1]=3 must equal N=4");
+  t2 = tbias;
+  t2.shape[0] = 3;
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, &t2, &to), SMELT_STATUS_SHAPE_MISMATCH,
+       "bias.shape[0]=3 must equal G=2");
+  t2 = smelt_tensor_make(bias, SMELT_DTYPE_F32, k, 0, 1, sbias + 1);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, &t2, &to), SMELT_STATUS_SHAPE_MISMATCH,
+       "bias.ndim=1 must be 2");
+  int64_t s1[1] = {1};
+  t2 = smelt_tensor_make(offs, SMELT_DTYPE_I32, k, 0, 1, s1);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, NULL, &t2), SMELT_STATUS_SHAPE_MISMATCH,
+       "offs.shape=[1] must be [G]=[2]");
+  /* Dtypes and devices. */
+  t2 = smelt_tensor_make(foffs, SMELT_DTYPE_F32, k, 0, 1, so);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, NULL, &t2), SMELT_STATUS_DTYPE_MISMATCH,
+       "offs.dtype=f32 is not supported");
+  t2 = to;
+  t2.device = SMELT_DEVICE_CUDA;
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, NULL, &t2), SMELT_STATUS_WRONG_DEVICE,
+       "offs is on cuda:0 but the context is on cpu");
+  t2 = tb;
+  t2.dtype = SMELT_DTYPE_F64;
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &t2, NULL, &td, NULL, &to), SMELT_STATUS_DTYPE_MISMATCH,
+       "A.dtype=f32 and B.dtype=f64 do not combine");
+  /* Memory: D must not overlap A, B, bias or offs. */
+  t2 = smelt_tensor_make(d, SMELT_DTYPE_I32, k, 0, 1, so);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, NULL, &t2), SMELT_STATUS_INVALID_ARGUMENT,
+       "D overlaps offs");
+  t2 = smelt_tensor_make(d, SMELT_DTYPE_F32, k, 0, 2, sa);
+  OBAD(smelt_gemm_grouped_offs(cpu, NULL, &t2, &tb, NULL, &td, NULL, &to), SMELT_STATUS_INVALID_ARGUMENT,
+       "D overlaps A");
+  /* Runs: the plan's kind, its tensors, and the offsets' layout. */
+  CHECK_OK(smelt_gemm_grouped_offs_plan(cpu, NULL, &ta, &tb, NULL, &td, &tbias, &to, &plan));
+  OBAD(smelt_gemm_run(plan, &ta, &tb, NULL, &td, &tbias), SMELT_STATUS_INVALID_ARGUMENT,
+       "the plan is a GROUPED_OFFS plan; use smelt_gemm_grouped_offs_run");
+  OBAD(smelt_gemm_grouped_offs_run(plan, &ta, &tb, NULL, &td, &tbias, NULL), SMELT_STATUS_NULL_POINTER,
+       "smelt_gemm_grouped_offs_run: offs is NULL");
+  OBAD(smelt_gemm_grouped_offs_run(plan, &ta, &tb, NULL, &td, NULL, &to), SMELT_STATUS_NULL_POINTER,
+       "bias is NULL but the plan was made with one");
+  OBAD(smelt_gemm_grouped_offs_run(plan, &ta, &tb, NULL, &td, &tbias, &to64), SMELT_STATUS_DTYPE_MISMATCH,
+       "offs.dtype=i64 differs from the planned i32");
+  t2 = td;
+  t2.strides[0] = 5;
+  OBAD(smelt_gemm_grouped_offs_run(plan, &ta, &tb, NULL, &t2, &tbias, &to), SMELT_STATUS_BAD_LAYOUT,
+       "D.strides[0]=5 differs from the planned 4");
+  OBAD(smelt_gemm_grouped_offs_run(NULL, &ta, &tb, NULL, &td, &tbias, &to), SMELT_STATUS_NULL_POINTER,
+       "plan is NULL");
+  CHECK_OK(smelt_gemm_grouped_offs_run(plan, &ta, &tb, NULL, &td, &tbias, &to));
+  smelt_plan_destroy(plan);
+  for (int i = 0; i < 12; i++) d[i] = NAN;
+  int64_t s44[2] = {4, 4};
+  t2 = smelt_tensor_make(b, SMELT_DTYPE_F32, k, 0, 2, s44);
+  CHECK_OK(smelt_gemm_plan(cpu, NULL, &ta, &t2, NULL, &td, NULL, &plan));
+  OBAD(smelt_gemm_grouped_offs_run(plan, &ta, &tb, NULL, &td, NULL, &to), SMELT_STATUS_INVALID_ARGUMENT,
+       "the plan is a PLAIN plan, not a grouped_offs plan");
+  smelt_plan_destroy(plan);
+#undef OBAD
+}
+
 const th_test th_tests_gemm[] = {
     {"desc_default", test_desc_default},
     {"dtypes_layouts", test_dtypes_layouts},
@@ -1584,6 +2087,10 @@ const th_test th_tests_gemm[] = {
     {"gpu_sm90", test_gpu_sm90},
     {"gpu_sm90_cluster", test_gpu_sm90_cluster},
     {"gpu_sm90_act16", test_gpu_sm90_act16},
+    {"grouped_offs", test_grouped_offs},
+    {"grouped_offs_bad", test_grouped_offs_bad},
+    {"grouped_offs_selector", test_grouped_offs_selector},
+    {"gpu_grouped_offs", test_gpu_grouped_offs},
     {0, 0},
 };
 

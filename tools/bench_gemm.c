@@ -15,7 +15,11 @@
  *   C, D [M, N] row-major; bias [N]
  * Batched operands are stacked densely ([L, M, K] ...). Grouped problems are
  * stacked as MoE expert GEMMs keep them: A and D along rows (tokens sorted by
- * expert), one B [K, N] per group. The CPU backend has no tensor cores:
+ * expert), one B [K, N] per group. --group-offs runs them as
+ * smelt_gemm_grouped_offs: the same memory as one stacked A [rows, K] and D,
+ * B [G, K, N] and bias [G, N], the row counts in a device tensor of int32
+ * offsets (device scheduling; the host's plan never sees them). The CPU
+ * backend has no tensor cores:
  * tf32 there is exact f32, which is also what the check compares against.
  * --autotune runs smelt_gemm_autotune on the problem first (its table goes
  * to stderr) and then times the plan that takes the recorded winner. */
@@ -29,7 +33,7 @@ static int64_t opt_m = 4096, opt_n = 4096, opt_k = 4096, opt_batch = 1, opt_grou
 static const char *opt_dtype = "bf16", *opt_out_dtype = NULL, *opt_layout = "RC", *opt_epilogue = "none";
 static const char *opt_alpha = "1", *opt_beta = "0", *opt_split_mode = NULL, *opt_opclass = "auto";
 static const char *opt_tile = NULL, *opt_cluster = NULL, *opt_group_ms = NULL;
-static int opt_check, opt_autotune;
+static int opt_check, opt_autotune, opt_group_offs;
 
 static const cli_opt options[] = {
     {"m", CLI_OPT_INT, &opt_m, "M", "rows of A and D (per group) (default 4096)"},
@@ -53,6 +57,8 @@ static const cli_opt options[] = {
     {"groups", CLI_OPT_INT, &opt_groups, "G", "grouped GEMM of G problems of M x N x K (default 0: not grouped)"},
     {"group-ms", CLI_OPT_STRING, &opt_group_ms, "M1,M2,..",
      "grouped GEMM with these rows per group, sharing N and K"},
+    {"group-offs", CLI_OPT_FLAG, &opt_group_offs, NULL,
+     "grouped GEMM scheduled on the device from int32 row offsets (smelt_gemm_grouped_offs; A row-major)"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare one run against the CPU backend (windows of D)"},
     {"autotune", CLI_OPT_FLAG, &opt_autotune, NULL,
      "time every candidate kernel first (table on stderr), record the winner in the cache folder, then bench the "
@@ -79,6 +85,7 @@ static struct {
   smelt_ctx *ctx;
   int sets;
   void **A, **B, **C, **D, **bias;
+  void **offs; /* --group-offs: int32 [count] cumulative row ends, one buffer */
   smelt_tensor *ta, *tb, *tc, *td, *tbias; /* one view per problem, rebound per run */
   smelt_plan *plan;
 } st;
@@ -170,7 +177,11 @@ static void parse_mode(const cli_doc *doc) {
   if (opt_batch > 1 && st.grouped) cli_usage_error(doc->command, "--batch and grouped mode do not combine");
   if (opt_autotune && st.grouped)
     cli_usage_error(doc->command, "--autotune tunes plain, split-K and batched GEMMs, not grouped ones");
-  if (st.grouped) d->mode = SMELT_GEMM_MODE_GROUPED;
+  if (opt_group_offs && !st.grouped) cli_usage_error(doc->command, "--group-offs needs --groups or --group-ms");
+  if (opt_group_offs && st.rows > 0x7fffffff)
+    cli_usage_error(doc->command, "--group-offs: %lld rows do not fit its int32 offsets", (long long)st.rows);
+  if (opt_group_offs) d->mode = SMELT_GEMM_MODE_GROUPED_OFFS;
+  else if (st.grouped) d->mode = SMELT_GEMM_MODE_GROUPED;
   else if (opt_batch > 1) d->mode = SMELT_GEMM_MODE_BATCHED;
 }
 
@@ -213,6 +224,7 @@ static void parse_groups(const cli_doc *doc) {
 static const char *mode_name(void) {
   switch (st.desc.mode) {
     case SMELT_GEMM_MODE_GROUPED: return "grouped";
+    case SMELT_GEMM_MODE_GROUPED_OFFS: return "grouped_offs";
     case SMELT_GEMM_MODE_BATCHED: return "batched";
     case SMELT_GEMM_MODE_SPLIT_K_SERIAL: return "split_k_serial";
     case SMELT_GEMM_MODE_SPLIT_K_PARALLEL: return "split_k_parallel";
@@ -238,6 +250,8 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   if (strlen(opt_layout) != 2 || !strchr("RC", opt_layout[0]) || !strchr("RC", opt_layout[1]))
     cli_usage_error(doc->command, "--layout '%s' is not one of: RR, RC, CR, CC", opt_layout);
   st.a_col = opt_layout[0] == 'C';
+  if (opt_group_offs && st.a_col)
+    cli_usage_error(doc->command, "--group-offs stacks A by rows: --layout must be RR or RC");
   st.b_col = opt_layout[1] == 'C';
   smelt_gemm_epilogue *e = &st.desc.epilogue;
   e->alpha = parse_double(doc, "alpha", opt_alpha);
@@ -371,7 +385,34 @@ static void bind(int set) {
              st.has_bias ? st.bias[set] : NULL, g, &st.ta[g], &st.tb[g], &st.tc[g], &st.td[g], &st.tbias[g]);
 }
 
+/* --group-offs: the stacked views of set `set` (A, C, D [rows, ...], B
+ * [G, K, N], bias [G, N]) and the offsets. */
+static void offs_views(int set, smelt_tensor *ta, smelt_tensor *tb, smelt_tensor *tc, smelt_tensor *td,
+                       smelt_tensor *tbias, smelt_tensor *toffs) {
+  const smelt_device_kind dev = smelt_ctx_device(st.ctx);
+  const int index = smelt_ctx_device_index(st.ctx);
+  const int64_t N = opt_n, K = opt_k, G = st.count;
+  int64_t sa[2] = {st.rows, K}, sb[3] = {G, K, N}, sd[2] = {st.rows, N}, sbias[2] = {G, N}, so[1] = {G};
+  *ta = smelt_tensor_make(st.A[set], st.dt_a, dev, index, 2, sa);
+  *tb = smelt_tensor_make(st.B[set], st.dt_b, dev, index, 3, sb);
+  if (st.b_col) {
+    tb->strides[1] = 1;
+    tb->strides[2] = K;
+  }
+  if (st.has_c) *tc = smelt_tensor_make(st.C[set], st.dt_d, dev, index, 2, sd);
+  *td = smelt_tensor_make(st.D[set], st.dt_d, dev, index, 2, sd);
+  if (st.has_bias) *tbias = smelt_tensor_make(st.bias[set], st.dt_bias, dev, index, 2, sbias);
+  *toffs = smelt_tensor_make(st.offs[0], SMELT_DTYPE_I32, dev, index, 1, so);
+}
+
 static void run(int set) {
+  if (opt_group_offs) {
+    smelt_tensor ta, tb, tc, td, tbias, toffs;
+    offs_views(set, &ta, &tb, &tc, &td, &tbias, &toffs);
+    CLI_TRY(smelt_gemm_grouped_offs_run(st.plan, &ta, &tb, st.has_c ? &tc : NULL, &td, st.has_bias ? &tbias : NULL,
+                                        &toffs));
+    return;
+  }
   bind(set);
   const smelt_tensor *c = st.has_c ? st.tc : NULL, *bias = st.has_bias ? st.tbias : NULL;
   if (st.grouped)
@@ -561,7 +602,16 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   bind(0);
   if (opt_autotune) autotune(ctx);
   const smelt_tensor *tc = st.has_c ? st.tc : NULL, *tbias = st.has_bias ? st.tbias : NULL;
-  if (st.grouped)
+  if (opt_group_offs) {
+    int32_t *ends = cli_malloc((size_t)st.count * sizeof *ends);
+    for (int64_t g = 0; g < st.count; g++) ends[g] = (int32_t)(st.row0[g] + st.ms[g]);
+    st.offs = cli_bench_upload_sets(ctx, ends, (size_t)st.count * sizeof *ends, 1);
+    free(ends);
+    smelt_tensor ta, tb, tcc, td, tbb, toffs;
+    offs_views(0, &ta, &tb, &tcc, &td, &tbb, &toffs);
+    CLI_TRY(smelt_gemm_grouped_offs_plan(ctx, &st.desc, &ta, &tb, st.has_c ? &tcc : NULL, &td,
+                                         st.has_bias ? &tbb : NULL, &toffs, &st.plan));
+  } else if (st.grouped)
     CLI_TRY(smelt_gemm_grouped_plan(ctx, &st.desc, st.count, st.ta, st.tb, tc, st.td, tbias, &st.plan));
   else
     CLI_TRY(smelt_gemm_plan(ctx, &st.desc, st.ta, st.tb, tc, st.td, tbias, &st.plan));
@@ -589,6 +639,8 @@ static void teardown(void) {
   if (st.has_c) cli_bench_free_sets(st.ctx, st.C, st.sets);
   if (st.has_bias) cli_bench_free_sets(st.ctx, st.bias, st.sets);
   cli_bench_free_sets(st.ctx, st.D, st.sets);
+  if (st.offs) cli_bench_free_sets(st.ctx, st.offs, 1);
+  st.offs = NULL;
   free(st.ta);
   free(st.tb);
   free(st.tc);

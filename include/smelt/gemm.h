@@ -10,7 +10,8 @@
  *            say row- or column-major; alignment is derived from the data
  *            pointer and the strides (unaligned operands take a slower path);
  *   epilogue alpha, beta, bias, activation, output clamp, fp8 scales;
- *   mode     plain, split-K (serial or parallel), batched, array, grouped.
+ *   mode     plain, split-K (serial or parallel), batched, array, grouped
+ *            (host scheduling), grouped by offsets (device scheduling).
  *
  * Shapes (row-major indices; any strides, one of them usually 1):
  *   A [M, K]   B [K, N]   C [M, N]   D [M, N]   bias [N]
@@ -115,6 +116,8 @@ typedef enum smelt_gemm_mode {
   SMELT_GEMM_MODE_BATCHED,          /* L independent GEMMs of one shape, strided (3-D operands) */
   SMELT_GEMM_MODE_ARRAY,            /* `count` GEMMs of one shape at pointers from device arrays */
   SMELT_GEMM_MODE_GROUPED,          /* `count` GEMMs of their own shapes, tiles scheduled on the host */
+  SMELT_GEMM_MODE_GROUPED_OFFS,     /* G GEMMs over row ranges of one stacked A and D, the ranges read
+                                       from a device tensor of offsets (device scheduling) */
   SMELT_GEMM_MODE_COUNT
 } smelt_gemm_mode;
 
@@ -192,6 +195,49 @@ SMELT_API smelt_status smelt_gemm_grouped_run(smelt_plan *plan, int64_t count, c
 SMELT_API smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count,
                                           const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
                                           const smelt_tensor *d, const smelt_tensor *bias);
+
+/* ---------------------------------------------------------------- grouped by offsets */
+
+/* The MoE form (torch._grouped_mm's): G GEMMs that share N and K, whose row
+ * counts are known only on the device (e.g. tokens per expert from a
+ * router), so the host never reads them and the stream never stalls.
+ *   A [T, K]      stacked rows of every group (T = total_rows = A.shape[0])
+ *   B [G, K, N]   one matrix per group (any strides; B given as the view of
+ *                 a [G, N, K] tensor, K contiguous, is the tensor cores'
+ *                 fast layout)
+ *   C, D [T, N]   stacked like A (C only when beta != 0; D may be C)
+ *   bias [G, N]   one row per group, or NULL
+ *   offs [G]      int32 or int64, on the context's device (host memory on
+ *                 the CPU backend): cumulative row ends. Group g owns rows
+ *                 [offs[g-1], offs[g]) with offs[-1] = 0, and computes
+ *                 D[r] = epilogue(A[r] @ B[g] + beta C[r] + bias[g]) there.
+ * Rows at or past offs[G-1] are not written. G, N, K and T are the host's;
+ * offs is read only by the device, when the GEMM runs, so it may be
+ * written by earlier work on the same stream.
+ *
+ * Offsets are not validated (that would need the host to read them). The
+ * rule for offsets that are not non-decreasing within [0, T] (the caller's
+ * bug): each end is clamped to the running maximum and to T,
+ *   end[g] = min(T, max(0, offs[0], ..., offs[g])),
+ * and group g owns [end[g-1], end[g]). So a decreasing or negative offset
+ * gives an empty group, one past T ends at T, every row belongs to at most
+ * one group, and nothing outside D is ever written.
+ *
+ * A run binds tensors of exactly the planned dtypes, shapes and strides
+ * (data pointers may change; the offsets' values may change freely). The
+ * CUDA path serves the SIMT and mma.sync kernels (the Hopper wgmma kernel
+ * does not take this mode yet). desc.mode must be AUTO or GROUPED_OFFS;
+ * split_k 0 or 1. */
+SMELT_API smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                                    const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                                    const smelt_tensor *bias, const smelt_tensor *offs,
+                                                    smelt_plan **out);
+SMELT_API smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                                   const smelt_tensor *c, const smelt_tensor *d,
+                                                   const smelt_tensor *bias, const smelt_tensor *offs);
+SMELT_API smelt_status smelt_gemm_grouped_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                               const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                               const smelt_tensor *bias, const smelt_tensor *offs);
 
 /* ---------------------------------------------------------------- autotuning */
 

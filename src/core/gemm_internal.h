@@ -19,6 +19,7 @@ typedef struct smelt__gemm_prob {
   smelt__gemm_mat a, b, c, d;
   const void *bias; /* NULL when absent */
   int64_t bias_s;   /* bias stride along n */
+  int64_t bias_gs;  /* grouped by offsets: stride between the groups' bias rows */
 } smelt__gemm_prob;
 
 /* The plan's resolved description (plan->opdata). */
@@ -28,9 +29,11 @@ typedef struct smelt__gemm_state {
   int split_k;           /* resolved: >= 1; > 1 only in the split modes */
   smelt_gemm_acc acc;    /* resolved: never AUTO */
   smelt_dtype dt_a, dt_b, dt_c, dt_d, dt_bias;
+  smelt_dtype dt_offs;   /* grouped by offsets: i32 or i64 */
   int has_c, has_bias;   /* C is read (beta != 0); a bias is added */
   int64_t count;         /* batched L, array count, groups (as planned) */
-  smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped) */
+  smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped; when
+                            grouped by offsets, all T rows: b.bs and bias_gs step from group to group) */
   /* CUDA backend: the picked kernel and its fallback for runs whose operands
    * do not fit it (loaded on first use). Indices into the variant table. */
   int kernel, fallback;
@@ -43,7 +46,17 @@ typedef struct smelt__gemm_args {
   int64_t count;                  /* batched L, array count, number of groups */
   const smelt_gemm_ptrs *ptrs;    /* array mode */
   const smelt__gemm_prob *groups; /* grouped mode: count problems */
+  const void *offs;               /* grouped by offsets: count row ends (i32 or i64, st->dt_offs) */
 } smelt__gemm_args;
+
+/* Grouped by offsets: the clamped row range [*r0, *r1) of group g, from the
+ * previous group's clamped end (smelt/gemm.h: end[g] = min(T, max(end[g-1],
+ * offs[g])), end[-1] = 0). */
+static inline void smelt__gemm_offs_range(int64_t prev_end, int64_t off, int64_t total, int64_t *r0, int64_t *r1) {
+  const int64_t e = off > prev_end ? off : prev_end;
+  *r0 = prev_end;
+  *r1 = e < total ? e : total;
+}
 
 /* Bytes of alignment of an operand as a kernel sees it: the largest power of
  * two (up to 16) dividing the address and every stride of an axis with more

@@ -28,7 +28,7 @@ smelt_gemm_desc smelt_gemm_desc_default(void) {
 /* ---------------------------------------------------------------- the description */
 
 static const char *const mode_names[SMELT_GEMM_MODE_COUNT] = {"AUTO",  "PLAIN", "SPLIT_K_SERIAL", "SPLIT_K_PARALLEL",
-                                                              "BATCHED", "ARRAY", "GROUPED"};
+                                                              "BATCHED", "ARRAY", "GROUPED", "GROUPED_OFFS"};
 
 static smelt_status check_range(const char *field, int v, int lo, int hi, const char *what) {
   if (v < lo || v > hi)
@@ -225,6 +225,11 @@ static smelt_status begin(const char *op, smelt_ctx *ctx, const smelt_gemm_desc 
   return check_desc(d);
 }
 
+/* The entry points of the modes smelt_gemm_plan does not take. */
+static const char *family_of(smelt_gemm_mode mode) {
+  return mode == SMELT_GEMM_MODE_ARRAY ? "array" : mode == SMELT_GEMM_MODE_GROUPED ? "grouped" : "grouped_offs";
+}
+
 static smelt_status need_c(const char *op, const smelt_gemm_desc *d, const void *c) {
   if (d->epilogue.beta != 0.0 && !c)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but desc.epilogue.beta=%g is not 0", op,
@@ -297,9 +302,9 @@ smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const 
   if (!a) return smelt__error(SMELT_STATUS_NULL_POINTER, OP ": A is NULL");
   if ((s = smelt__check_tensor(OP, "A", a))) return s;
   smelt_gemm_mode mode = dd.mode;
-  if (mode == SMELT_GEMM_MODE_ARRAY || mode == SMELT_GEMM_MODE_GROUPED)
+  if (mode == SMELT_GEMM_MODE_ARRAY || mode == SMELT_GEMM_MODE_GROUPED || mode == SMELT_GEMM_MODE_GROUPED_OFFS)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": desc.mode=%s belongs to smelt_gemm_%s_plan",
-                        mode_names[mode], mode == SMELT_GEMM_MODE_ARRAY ? "array" : "grouped");
+                        mode_names[mode], family_of(mode));
   if (mode == SMELT_GEMM_MODE_AUTO) {
     if (a->ndim == 3) mode = SMELT_GEMM_MODE_BATCHED;
     else if (dd.split_k > 1) mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
@@ -362,9 +367,10 @@ smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt
   smelt_status s = check_plan(op, plan);
   if (s) return s;
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
-  if (st->mode == SMELT_GEMM_MODE_ARRAY || st->mode == SMELT_GEMM_MODE_GROUPED)
+  if (st->mode == SMELT_GEMM_MODE_ARRAY || st->mode == SMELT_GEMM_MODE_GROUPED ||
+      st->mode == SMELT_GEMM_MODE_GROUPED_OFFS)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan; use smelt_gemm_%s_run", op,
-                        mode_names[st->mode], st->mode == SMELT_GEMM_MODE_ARRAY ? "array" : "grouped");
+                        mode_names[st->mode], family_of(st->mode));
   if (!a || !b || !d) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : "D");
   if (st->has_c && !c)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but the plan's beta=%g is not 0", op,
@@ -570,6 +576,147 @@ smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc *desc, int
   smelt_status s = smelt_gemm_grouped_plan(ctx, desc, count, a, b, c, d, bias, &plan);
   if (s) return s;
   s = smelt_gemm_grouped_run(plan, count, a, b, c, d, bias);
+  smelt_plan_destroy(plan);
+  return s;
+}
+
+/* ---------------------------------------------------------------- grouped by offsets */
+
+static const smelt_dtype offs_types[] = {SMELT_DTYPE_I32, SMELT_DTYPE_I64};
+
+/* Validates the stacked operands and resolves them into the template
+ * problem (all T rows; b.bs and bias_gs step between groups); G into *groups. */
+static smelt_status resolve_offs(const char *op, const smelt_ctx *ctx, const smelt_tensor *a, const smelt_tensor *b,
+                                 const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                 const smelt_tensor *offs, int has_c, smelt__gemm_prob *p, int64_t *groups) {
+  smelt_status s;
+  if (!a || !b || !d || !offs)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : !d ? "D" : "offs");
+  if ((s = check_one(op, "A", a, ctx, in_types, NELEM(in_types))) ||
+      (s = check_one(op, "B", b, ctx, in_types, NELEM(in_types))) ||
+      (s = check_one(op, "D", d, ctx, out_types, NELEM(out_types))) ||
+      (has_c && (s = check_one(op, "C", c, ctx, out_types, NELEM(out_types)))) ||
+      (bias && (s = check_one(op, "bias", bias, ctx, bias_types, NELEM(bias_types)))) ||
+      (s = check_one(op, "offs", offs, ctx, offs_types, NELEM(offs_types))))
+    return s;
+  memset(p, 0, sizeof *p);
+  if (a->ndim != 2)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: A.ndim=%d must be 2 (A[T, K], the groups' rows stacked)", op,
+                        a->ndim);
+  if (b->ndim != 3)
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: B.ndim=%d must be 3 (B[G, K, N], one per group)", op,
+                        b->ndim);
+  const int64_t G = b->shape[0];
+  p->m = a->shape[0];
+  p->k = a->shape[1];
+  p->n = b->shape[2];
+  smelt__gemm_mat bias_m;
+  if ((s = to_mat(op, "A", a, -1, p->m, p->k, "T", "K", &p->a)) ||
+      (s = to_mat(op, "B", b, G, p->k, p->n, "K", "N", &p->b)) ||
+      (s = to_mat(op, "D", d, -1, p->m, p->n, "T", "N", &p->d)) ||
+      (has_c && (s = to_mat(op, "C", c, -1, p->m, p->n, "T", "N", &p->c))) ||
+      (bias && (s = to_mat(op, "bias", bias, -1, G, p->n, "G", "N", &bias_m))))
+    return s;
+  if (bias) {
+    p->bias = bias->data;
+    p->bias_s = bias_m.cs;
+    p->bias_gs = bias_m.rs;
+  }
+  if (offs->ndim != 1 || offs->shape[0] != G) {
+    char sh[160];
+    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: offs.shape=%s must be [G]=[%lld] (B.shape[0])", op,
+                        smelt__shape_str(offs, sh, sizeof sh), (long long)G);
+  }
+  if ((s = smelt__check_output(op, "D", d)) || (s = check_disjoint(op, d, a, b, has_c ? c : NULL, bias)))
+    return s;
+  if (smelt__tensors_overlap(d, offs))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: D overlaps offs; D must not share memory with offs", op);
+  *groups = G;
+  return SMELT_OK;
+}
+
+smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                          const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                          const smelt_tensor *bias, const smelt_tensor *offs, smelt_plan **out) {
+  const char *op = "smelt_gemm_grouped_offs";
+  smelt_gemm_desc dd;
+  smelt_status s = begin(op, ctx, desc, out, &dd);
+  if (s || (s = need_c(op, &dd, c))) return s;
+  if (dd.mode != SMELT_GEMM_MODE_AUTO && dd.mode != SMELT_GEMM_MODE_GROUPED_OFFS)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or GROUPED_OFFS", op,
+                        mode_names[dd.mode]);
+  if (dd.split_k > 1)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
+                        dd.split_k);
+  const int has_c = dd.epilogue.beta != 0.0;
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  int64_t groups;
+  if ((s = resolve_offs(op, ctx, a, b, c, d, bias, offs, has_c, &args.prob, &groups))) return s;
+  args.count = groups;
+  args.offs = offs->data;
+  smelt__gemm_state *st;
+  if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
+  st->mode = SMELT_GEMM_MODE_GROUPED_OFFS;
+  st->split_k = 1;
+  st->count = groups;
+  st->prob = args.prob;
+  st->dt_offs = offs->dtype;
+  smelt_plan *plan;
+  if ((s = finish(ctx, st, &args, &plan))) return s;
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias);
+  plan->ntensors = 6;
+  plan->t[5] = *offs;
+  *out = plan;
+  return SMELT_OK;
+}
+
+smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                         const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                         const smelt_tensor *offs) {
+  const char *op = "smelt_gemm_grouped_offs_run";
+  smelt_status s = check_plan(op, plan);
+  if (s) return s;
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  if (st->mode != SMELT_GEMM_MODE_GROUPED_OFFS)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan, not a grouped_offs plan", op,
+                        mode_names[st->mode]);
+  if (!a || !b || !d || !offs)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : !d ? "D" : "offs");
+  if (st->has_c && !c)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but the plan's beta=%g is not 0", op,
+                        st->desc.epilogue.beta);
+  if ((s = check_bias_presence(op, st, bias))) return s;
+  if ((s = smelt__check_same_layout(op, "A", &plan->t[0], a)) ||
+      (s = smelt__check_same_layout(op, "B", &plan->t[1], b)) ||
+      (st->has_c && (s = smelt__check_same_layout(op, "C", &plan->t[2], c))) ||
+      (s = smelt__check_same_layout(op, "D", &plan->t[3], d)) ||
+      (bias && (s = smelt__check_same_layout(op, "bias", &plan->t[4], bias))) ||
+      (s = smelt__check_same_layout(op, "offs", &plan->t[5], offs)) ||
+      (s = check_disjoint(op, d, a, b, st->has_c ? c : NULL, bias)))
+    return s;
+  if (smelt__tensors_overlap(d, offs))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: D overlaps offs; D must not share memory with offs", op);
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.prob = st->prob;
+  args.count = st->count;
+  args.prob.a.data = a->data;
+  args.prob.b.data = b->data;
+  args.prob.c.data = st->has_c ? c->data : NULL;
+  args.prob.d.data = d->data;
+  args.prob.bias = bias ? bias->data : NULL;
+  args.offs = offs->data;
+  return dispatch(plan, &args);
+}
+
+smelt_status smelt_gemm_grouped_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                     const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                     const smelt_tensor *bias, const smelt_tensor *offs) {
+  smelt_plan *plan;
+  smelt_status s = smelt_gemm_grouped_offs_plan(ctx, desc, a, b, c, d, bias, offs, &plan);
+  if (s) return s;
+  s = smelt_gemm_grouped_offs_run(plan, a, b, c, d, bias, offs);
   smelt_plan_destroy(plan);
   return s;
 }

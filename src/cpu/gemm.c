@@ -6,7 +6,8 @@
  * smelt/gemm.h step by step in double:
  *   v = alpha · scale_a · scale_b · acc + beta · C + bias;  v = act(v);
  *   D = convert(scale_d · v)
- * Every mode reduces to a list of single problems; split-K only changes the
+ * Every mode reduces to a list of single problems (grouped by offsets: one
+ * per group, over its clamped row range); split-K only changes the
  * summation order on a GPU, so here it is the plain GEMM. An f16
  * accumulator is computed in double as well: the reference is the exact
  * result, and the tests bound how far an f16 accumulator may drift from it. */
@@ -134,7 +135,33 @@ static smelt_status check_ptrs(const smelt__gemm_state *st, const smelt__gemm_ar
   return SMELT_OK;
 }
 
+/* Grouped by offsets: each group's rows of the stacked A, C and D with its
+ * B and bias row, the offsets read from host memory and clamped as
+ * smelt/gemm.h says (so no row outside [0, T) is ever touched). */
+static smelt_status gemm_offs(const smelt__gemm_state *st, const smelt__gemm_args *args) {
+  const smelt__gemm_prob *t = &args->prob;
+  int64_t end = 0;
+  for (int64_t g = 0; g < args->count; g++) {
+    const int64_t off = st->dt_offs == SMELT_DTYPE_I64 ? ((const int64_t *)args->offs)[g]
+                                                       : (int64_t)((const int32_t *)args->offs)[g];
+    int64_t r0, r1;
+    smelt__gemm_offs_range(end, off, t->m, &r0, &r1);
+    end = r1;
+    smelt__gemm_prob p = *t;
+    p.m = r1 - r0;
+    p.a.data = at(t->a.data, st->dt_a, r0 * t->a.rs);
+    p.b.data = at(t->b.data, st->dt_b, g * t->b.bs);
+    p.c.data = at(t->c.data, st->dt_c, r0 * t->c.rs);
+    p.d.data = at(t->d.data, st->dt_d, r0 * t->d.rs);
+    p.bias = at(t->bias, st->dt_bias, g * t->bias_gs);
+    smelt_status s = gemm_one(st, &p);
+    if (s) return s;
+  }
+  return SMELT_OK;
+}
+
 smelt_status smelt__cpu_gemm(const smelt__gemm_state *st, const smelt__gemm_args *args) {
+  if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) return gemm_offs(st, args);
   smelt_status s = st->mode == SMELT_GEMM_MODE_ARRAY ? check_ptrs(st, args) : SMELT_OK;
   for (int64_t l = 0; l < args->count && !s; l++) {
     smelt__gemm_prob p;

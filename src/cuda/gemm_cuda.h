@@ -71,7 +71,7 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
 
 /* Kernel modes (MODE_* in kernels/gemm_common.cuh). */
 enum { SMELT__KMODE_PLAIN, SMELT__KMODE_SERIAL, SMELT__KMODE_PARALLEL, SMELT__KMODE_BATCHED, SMELT__KMODE_ARRAY,
-       SMELT__KMODE_GROUPED };
+       SMELT__KMODE_GROUPED, SMELT__KMODE_GROUPED_OFFS };
 
 /* Launch parameters: the host twins of gemm_prob and gemm_params in
  * kernels/gemm_common.cuh, byte for byte (both sides assert the sizes). */
@@ -95,9 +95,12 @@ typedef struct smelt__gemm_kparams {
   int act, clamp, has_c, has_bias;
   int swizzle;
   int tiles_m, tiles_n;
+  uint64_t offs;
+  int64_t bias_gs;
+  int offs_i64, offs_pad;
 } smelt__gemm_kparams;
 
 _Static_assert(sizeof(smelt__gemm_kprob) == 136, "smelt__gemm_kprob must match gemm_prob");
-_Static_assert(sizeof(smelt__gemm_kparams) == 328, "smelt__gemm_kparams must match gemm_params");
+_Static_assert(sizeof(smelt__gemm_kparams) == 352, "smelt__gemm_kparams must match gemm_params");
 
 #endif /* SMELT_GEMM_CUDA_H */

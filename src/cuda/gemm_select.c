@@ -250,7 +250,10 @@ void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *a
     f->k = p->k;
     return;
   }
-  prob_facts(st, &args->prob, st->mode == SMELT_GEMM_MODE_BATCHED ? args->count : 1, f);
+  /* Grouped by offsets: B steps by its batch stride from group to group
+   * (A, C and D by rows, which the row stride's alignment covers). */
+  prob_facts(st, &args->prob,
+             st->mode == SMELT_GEMM_MODE_BATCHED || st->mode == SMELT_GEMM_MODE_GROUPED_OFFS ? args->count : 1, f);
   f->m = args->prob.m;
   f->n = args->prob.n;
   f->k = args->prob.k;

@@ -42,7 +42,7 @@
 #define WIN_MARGIN 0.98
 
 static const char *const mode_names[SMELT_GEMM_MODE_COUNT] = {"AUTO",  "PLAIN", "SPLIT_K_SERIAL", "SPLIT_K_PARALLEL",
-                                                              "BATCHED", "ARRAY", "GROUPED"};
+                                                              "BATCHED", "ARRAY", "GROUPED", "GROUPED_OFFS"};
 static const char *const acc_names[SMELT_GEMM_ACC_COUNT] = {"auto", "f32", "f16", "f64", "i32"};
 
 /* What smelt_gemm_autotune tells the planning hook on its own thread. */

@@ -13,6 +13,10 @@
  *   grouped     grid (total tiles of all groups): the host lists the
  *               problems and each group's first tile (host scheduling), and
  *               each block finds its group by binary search.
+ *   grouped by offsets  grid ((ceil(T / BM) + G) x tiles along N), an
+ *               upper bound the host knows without reading the offsets;
+ *               each block finds its group and tile from the device
+ *               offsets (gemm_locate_offs) or exits (device scheduling).
  * A run whose operands do not fit the planned kernel (a less aligned pointer,
  * a group with other strides) takes the selector's choice for them instead,
  * loaded once and kept in the plan. */
@@ -67,7 +71,9 @@ smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *arg
   smelt_status s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
   if (s) return s;
   /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and split. */
-  const int tuned_split = smelt__gemm_tune_choice(st, &f, dev, table, n, &ki, why, sizeof why);
+  const int tuned_split = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS
+                              ? 0 /* not tuned (as host-scheduled grouped runs are not) */
+                              : smelt__gemm_tune_choice(st, &f, dev, table, n, &ki, why, sizeof why);
   const smelt__gemm_kernel *k = &table[ki];
   const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   if (st->split_k == 0) {
@@ -284,6 +290,35 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   return s;
 }
 
+/* Grouped by offsets: one launch over the worst case of tiles; the SIMT
+ * and mma.sync kernels only (the selector never gives this mode to the
+ * Hopper kernel, whose TMA stores would cross group boundaries). */
+static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, CUfunction f,
+                             smelt__gemm_kparams *kp, const smelt__gemm_args *args) {
+  const char *op = "smelt_gemm_grouped_offs";
+  const smelt__gemm_prob *p = &args->prob;
+  if (k->fam != SMELT__GK_SIMT && k->fam != SMELT__GK_SM80)
+    return smelt__error(SMELT_STATUS_INTERNAL, "%s: kernel family %d does not take device offsets", op, (int)k->fam);
+  if (p->m == 0 || p->n == 0 || args->count == 0) return SMELT_OK;
+  if (args->count > 0x7fffffff)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: G=%lld groups exceed 2^31 - 1", op, (long long)args->count);
+  const int64_t tiles_n = ceil_div(p->n, k->bn), tiles_m = ceil_div(p->m, k->bm) + args->count;
+  if (tiles_n > 0x7fffffff || tiles_m > 0x7fffffff / tiles_n)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "%s: (ceil(T/%d) + G) x ceil(N/%d) = %lld x %lld tiles exceed 2^31 - 1", op, k->bm, k->bn,
+                        (long long)tiles_m, (long long)tiles_n);
+  kp->mode = SMELT__KMODE_GROUPED_OFFS;
+  kp->count = (int)args->count;
+  kp->tiles_m = (int)tiles_m;
+  kp->tiles_n = (int)tiles_n;
+  kp->offs = (uint64_t)(uintptr_t)args->offs;
+  kp->offs_i64 = st->dt_offs == SMELT_DTYPE_I64;
+  kp->bias_gs = p->bias_gs;
+  void *params[] = {kp};
+  return smelt__cuda_launch(ctx, op, f, (unsigned)(tiles_m * tiles_n), 1, 1, (unsigned)k->threads, (unsigned)k->smem,
+                            params);
+}
+
 /* A parallel split's partial sums as the fast epilogue stores them: the
  * f32 workspace [splits][M][N] as a 3-D map (so each slice's rows clip at
  * M), boxes of one slice x 64 rows x 32 columns (128 bytes) with the
@@ -375,6 +410,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   kp.splits = 1;
   switch (st->mode) {
     case SMELT_GEMM_MODE_GROUPED: kp.mode = SMELT__KMODE_GROUPED; return run_grouped(plan, k, f, &kp, args);
+    case SMELT_GEMM_MODE_GROUPED_OFFS: return run_offs(ctx, st, k, f, &kp, args);
     case SMELT_GEMM_MODE_ARRAY:
       kp.mode = SMELT__KMODE_ARRAY;
       kp.ptr_a = (uint64_t)(uintptr_t)args->ptrs->a;
