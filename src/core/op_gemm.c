@@ -651,7 +651,7 @@ smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc 
   const int has_c = dd.epilogue.beta != 0.0;
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);
-  int64_t groups;
+  int64_t groups = 0;
   if ((s = resolve_offs(op, ctx, a, b, c, d, bias, offs, has_c, &args.prob, &groups))) return s;
   args.count = groups;
   args.offs = offs->data;
