@@ -10,7 +10,7 @@
  * Schedule: with ATTN_PERSISTENT 0, one CTA per (tile of 64 · ATTN_CONS
  * queries, head, sequence); with 1, one CTA per SM walks a list of those
  * tiles (schedule(): longest first under a causal mask, a head's tiles
- * together otherwise) in a stride of the grid. Each CTA has ATTN_CONS + 1
+ * together otherwise) in a stride of the grid, back and forth. Each CTA has ATTN_CONS + 1
  * warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of the Q tile once, then
  *     of K and V tiles into a ring of ATTN_STAGES stages, each tile
@@ -398,6 +398,17 @@ static __device__ __forceinline__ void schedule(const attn_params &P, i64 i, int
   *h = (int)(r % P.H);
   *m0 = (int)mb * BM;
 }
+
+/* This CTA's r-th place in schedule(), -1 past the end: a stride of the
+ * grid, back and forth (boustrophedon). Longest first with a plain stride
+ * gives CTA 0 the longest tile of every round; back and forth, the CTA
+ * with a round's longest tile has the next round's shortest (a model of
+ * 132 SMs: causal S16k 0.99 of the ideal makespan, 0.94 with a plain
+ * stride; docs/PERF.md). */
+static __device__ __forceinline__ i64 my_tile(i64 r, i64 ntiles) {
+  const i64 i = r * gridDim.x + (r & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  return i < ntiles ? i : -1;
+}
 #endif
 
 /* ---------------------------------------------------------------- the kernel */
@@ -415,9 +426,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 fullQ = bars, fullK = bars + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
   const u32 emptyQ = empty + 8 * STAGES;
 #if ATTN_PERSISTENT
-  /* One CTA per SM walks the tiles of schedule() in a stride of gridDim.x;
-   * every thread walks the same ones, so producer and consumers agree on
-   * the sequence of query tiles and of key tiles. */
+  /* One CTA per SM walks the tiles of schedule() in the order of
+   * my_tile(); every thread walks the same ones, so producer and
+   * consumers agree on the sequence of query tiles and of key tiles. */
   const i64 ntiles = (i64)P.B * P.H * P.m_tiles;
 #else
   /* One CTA per query tile. They run last first: under a causal mask the
@@ -451,7 +462,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (tid != 0) return;
 #if ATTN_PERSISTENT
     int kv = 0, q = 0;
-    for (i64 i = blockIdx.x; i < ntiles; i += gridDim.x) {
+    for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
       int b, h, m0;
       fwd_tile t;
       schedule(P, i, &b, &h, &m0);
@@ -472,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
 #if ATTN_PERSISTENT
   int kv = 0, q = 0;
-  for (i64 i = blockIdx.x; i < ntiles; i += gridDim.x) {
+  for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
     int b, h, m0;
     fwd_tile t;
     schedule(P, i, &b, &h, &m0);
