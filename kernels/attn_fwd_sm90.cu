@@ -3,10 +3,14 @@
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN, keys
  * per tile (128); ATTN_CONS, consumer warpgroups (2 or 3); ATTN_STAGES,
- * the K/V ring's depth (2..4). docs/PERF.md has the sweep over these
- * (and over BN 176/192 and an FMA-pipe exp2, both dropped).
+ * the K/V ring's depth (2..4); ATTN_PERSISTENT, the schedule (0 or 1,
+ * below). docs/PERF.md has the sweep over these (and over BN 176/192 and
+ * an FMA-pipe exp2, both dropped).
  *
- * One CTA per (tile of 64 · ATTN_CONS queries, head, sequence), ATTN_CONS + 1
+ * Schedule: with ATTN_PERSISTENT 0, one CTA per (tile of 64 · ATTN_CONS
+ * queries, head, sequence); with 1, one CTA per SM walks a list of those
+ * tiles (schedule(): longest first under a causal mask, a head's tiles
+ * together otherwise) in a stride of the grid, back and forth. Each CTA has ATTN_CONS + 1
  * warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of the Q tile once, then
  *     of K and V tiles into a ring of ATTN_STAGES stages, each tile
@@ -48,12 +52,12 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || !defined(ATTN_BN) || !defined(ATTN_CONS) || !defined(ATTN_STAGES)
-#error "attn_fwd_sm90.cu needs ATTN_D, ATTN_BN, ATTN_CONS and ATTN_STAGES"
+#if !defined(ATTN_D) || !defined(ATTN_BN) || !defined(ATTN_CONS) || !defined(ATTN_STAGES) || !defined(ATTN_PERSISTENT)
+#error "attn_fwd_sm90.cu needs ATTN_D, ATTN_BN, ATTN_CONS, ATTN_STAGES and ATTN_PERSISTENT"
 #endif
 #if (ATTN_D != 64 && ATTN_D != 128) || ATTN_BN != 128 || (ATTN_CONS != 2 && ATTN_CONS != 3) || ATTN_STAGES < 2 || \
-    ATTN_STAGES > 4
-#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4"
+    ATTN_STAGES > 4 || (ATTN_PERSISTENT != 0 && ATTN_PERSISTENT != 1)
+#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4, ATTN_PERSISTENT 0 or 1"
 #endif
 
 #define D ATTN_D
@@ -169,90 +173,88 @@ static __device__ __forceinline__ void fence_f32(float *r, int n) {
  * try_wait, a loop ptxas cannot remove) ends the block first. */
 static __device__ __forceinline__ void softmax_done(u32 bar, u32 parity) { mbar_wait(bar, parity); }
 
-/* ---------------------------------------------------------------- the kernel */
+/* ---------------------------------------------------------------- one query tile */
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    attn_fwd_sm90(const __grid_constant__ tmap_t tq, const __grid_constant__ tmap_t tk,
-                  const __grid_constant__ tmap_t tv, const attn_params P) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  /* Q, the K stages, the V stages (all 1024-aligned; the host adds 1 KiB of
-   * slack), then the mbarriers: Q full, K full and V full per stage, and
-   * empty per stage. */
-  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const u32 sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
-  const u32 fullQ = bars, fullK = bars + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+/* A query tile: its sequence, head and first row, its last row r1, the
+ * key tiles [n_lo, n_hi) it visits, and where its O and LSE rows go. */
+typedef struct fwd_tile {
   attn_seq s;
-  /* Query tiles run last first: under a causal mask the last see the most
-   * keys, and starting the longest CTAs first leaves short ones for the
-   * final wave. */
-  const int b = blockIdx.z, h = blockIdx.y, m0 = (gridDim.x - 1 - blockIdx.x) * BM;
-  attn_locate(P, b, s);
-  if (m0 >= s.sq) return;
-  const int hk = h / P.group;
-  const int r1 = (m0 + BM < s.sq ? m0 + BM : s.sq) - 1;
-  int n_lo, n_hi;
-  attn_key_tiles(P, s.sq, s.sk, m0, r1, BN, &n_lo, &n_hi);
-  elem_t *O = (elem_t *)P.o.p + attn_base(P, P.o, b, s.qrow, h);
-  float *L = P.lse ? (float *)P.lse + (P.cu_q ? s.qrow * P.lse_rs : (i64)b * P.lse_bs) + (i64)h * P.lse_hs : 0;
+  int b, h, m0, r1, n_lo, n_hi;
+  elem_t *O;
+  float *L;
+} fwd_tile;
 
-  if (n_lo >= n_hi) {
-    /* No query of this tile sees a key. */
-    const uint4 zero = {0, 0, 0, 0};
-    for (int c = threadIdx.x; c < BM * (D / 8); c += THREADS) {
-      const int r = c / (D / 8), ch = c % (D / 8);
-      if (m0 + r <= r1) *(uint4 *)(O + (i64)(m0 + r) * P.o.rs + ch * 8) = zero;
-    }
-    if (L && threadIdx.x < BM && m0 + (int)threadIdx.x <= r1) L[(i64)(m0 + threadIdx.x) * P.lse_rs] = ATTN_POS_INF;
-    return;
+/* Fills t for rows m0.. of head h of sequence b; false when the sequence
+ * has no such rows. */
+static __device__ __forceinline__ bool tile_at(const attn_params &P, int b, int h, int m0, fwd_tile &t) {
+  t.b = b;
+  t.h = h;
+  t.m0 = m0;
+  attn_locate(P, b, t.s);
+  if (m0 >= t.s.sq) return false;
+  t.r1 = (m0 + BM < t.s.sq ? m0 + BM : t.s.sq) - 1;
+  attn_key_tiles(P, t.s.sq, t.s.sk, m0, t.r1, BN, &t.n_lo, &t.n_hi);
+  t.O = (elem_t *)P.o.p + attn_base(P, P.o, b, t.s.qrow, h);
+  t.L = P.lse ? (float *)P.lse + (P.cu_q ? t.s.qrow * P.lse_rs : (i64)b * P.lse_bs) + (i64)h * P.lse_hs : 0;
+  return true;
+}
+
+/* No query of the tile sees a key: O = 0 and LSE = +inf, by n threads
+ * (this one is number me). */
+static __device__ __forceinline__ void zero_tile(const attn_params &P, const fwd_tile &t, int me, int n) {
+  const uint4 zero = {0, 0, 0, 0};
+  for (int c = me; c < BM * (D / 8); c += n) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    if (t.m0 + r <= t.r1) *(uint4 *)(t.O + (i64)(t.m0 + r) * P.o.rs + ch * 8) = zero;
   }
+  if (t.L && me < BM && t.m0 + me <= t.r1) t.L[(i64)(t.m0 + me) * P.lse_rs] = ATTN_POS_INF;
+}
 
-  if (threadIdx.x == 0) {
-    mbar_init(fullQ, 1);
-    for (int st = 0; st < STAGES; st++) {
-      mbar_init(fullK + 8 * st, 1);
-      mbar_init(fullV + 8 * st, 1);
-      mbar_init(empty + 8 * st, CONSUMERS * 4); /* one arrival per consumer warp */
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+/* The producer's loads for one tile: Q, then K and V tile by tile into the
+ * ring. kv counts the key tiles loaded before this query tile (the ring's
+ * stages and phases run on across tiles). */
+static __device__ __forceinline__ void produce(const tmap_t *tq, const tmap_t *tk, const tmap_t *tv,
+                                               const attn_params &P, const fwd_tile &t, u32 sQ, u32 sK, u32 sV,
+                                               u32 fullQ, u32 fullK, u32 fullV, u32 empty, int kv) {
+  const int hk = t.h / P.group;
+  /* Tensor coordinates: (d, row, head, batch); varlen rows are packed. */
+  const int qy = P.cu_q ? (int)t.s.qrow + t.m0 : t.m0, ky = P.cu_q ? (int)t.s.krow : 0, bw = P.cu_q ? 0 : t.b;
+  mbar_expect_tx(fullQ, Q_BYTES);
+#pragma unroll
+  for (int p = 0; p < PANELS; p++) tma_load_4d(sQ + p * (BM * 128), tq, p * 64, qy, t.h, bw, fullQ);
+  for (int n = t.n_lo, i = kv; n < t.n_hi; n++, i++) {
+    const int st = i % STAGES;
+    /* A fresh barrier counts as having completed the phase before phase
+     * 0, so the first pass over the ring does not wait. */
+    mbar_wait(empty + 8 * st, ((i / STAGES) & 1) ^ 1);
+    mbar_expect_tx(fullK + 8 * st, KV_BYTES);
+#pragma unroll
+    for (int p = 0; p < PANELS; p++)
+      tma_load_4d(sK + st * KV_BYTES + p * (BN * 128), tk, p * 64, ky + n * BN, hk, bw, fullK + 8 * st);
+    mbar_expect_tx(fullV + 8 * st, KV_BYTES);
+#pragma unroll
+    for (int p = 0; p < PANELS; p++)
+      tma_load_4d(sV + st * KV_BYTES + p * (BN * 128), tv, p * 64, ky + n * BN, hk, bw, fullV + 8 * st);
   }
-  __syncthreads();
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+}
 
-  if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-    if (tid != 0) return;
-    /* Tensor coordinates: (d, row, head, batch); varlen rows are packed. */
-    const int qy = P.cu_q ? (int)s.qrow + m0 : m0, ky = P.cu_q ? (int)s.krow : 0, bw = P.cu_q ? 0 : b;
-    mbar_expect_tx(fullQ, Q_BYTES);
-#pragma unroll
-    for (int p = 0; p < PANELS; p++) tma_load_4d(sQ + p * (BM * 128), &tq, p * 64, qy, h, bw, fullQ);
-    for (int n = n_lo, i = 0; n < n_hi; n++, i++) {
-      const int st = i % STAGES;
-      /* A fresh barrier counts as having completed the phase before phase
-       * 0, so the first pass over the ring does not wait. */
-      mbar_wait(empty + 8 * st, ((i / STAGES) & 1) ^ 1);
-      mbar_expect_tx(fullK + 8 * st, KV_BYTES);
-#pragma unroll
-      for (int p = 0; p < PANELS; p++)
-        tma_load_4d(sK + st * KV_BYTES + p * (BN * 128), &tk, p * 64, ky + n * BN, hk, bw, fullK + 8 * st);
-      mbar_expect_tx(fullV + 8 * st, KV_BYTES);
-#pragma unroll
-      for (int p = 0; p < PANELS; p++)
-        tma_load_4d(sV + st * KV_BYTES + p * (BN * 128), &tv, p * 64, ky + n * BN, hk, bw, fullV + 8 * st);
-    }
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-  const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+/* One consumer's part of one tile: its 64 query rows against the tile's
+ * key tiles, the O rows and LSE out. Q's phase is qpar; kv as in produce.
+ * With ATTN_PERSISTENT it also hands Q back (emptyQ) once its last S is
+ * computed, and the last K/V stage once its last P V is, for the next
+ * tile's loads. */
+static __device__ __forceinline__ void consume(const attn_params &P, const fwd_tile &t, int c, u32 sQ, u32 sK, u32 sV,
+                                               u32 fullQ, u32 qpar, u32 fullK, u32 fullV, u32 empty, u32 emptyQ,
+                                               int kv) {
+  const int tid = threadIdx.x % 128, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int m0 = t.m0, r1 = t.r1, n_lo = t.n_lo;
   attn_rows R;
   int unused;
-  attn_key_range(P, s.sq, s.sk, r1, &R.lo_last, &unused);
-  attn_key_range(P, s.sq, s.sk, m0, &unused, &R.hi_first);
+  attn_key_range(P, t.s.sq, t.s.sk, r1, &R.lo_last, &unused);
+  attn_key_range(P, t.s.sq, t.s.sk, m0, &unused, &R.hi_first);
   const int row0 = m0 + c * 64 + warp * 16 + g;
-  attn_key_range(P, s.sq, s.sk, row0, &R.lo[0], &R.hi[0]);
-  attn_key_range(P, s.sq, s.sk, row0 + 8, &R.lo[1], &R.hi[1]);
+  attn_key_range(P, t.s.sq, t.s.sk, row0, &R.lo[0], &R.hi[0]);
+  attn_key_range(P, t.s.sq, t.s.sk, row0 + 8, &R.lo[1], &R.hi[1]);
   R.t4 = t4;
 
   /* O, S and P are live together (P V runs while the next S is
@@ -263,24 +265,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   for (int i = 0; i < NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.f, 0.f};
   const u32 qc = sQ + c * (64 * 128);
-  mbar_wait(fullQ, 0);
+  mbar_wait(fullQ, qpar);
   /* Consumer 0 has the first turn, then the turn goes round the ring. A
    * consumer takes tiles + 1 turns (S of the first tile; S of tile i with
    * P V of tile i - 1; P V of the last) and each ends with an arrival on
    * the next one's barrier, but for the last consumer's last turn: each
-   * barrier then sees as many arrivals as waits. */
+   * barrier then sees as many arrivals as waits, per query tile. */
   const int next = c + 1 == CONSUMERS ? 0 : c + 1;
   if (next == 0) turn_pass(0);
-  const int tiles = n_hi - n_lo;
+  const int tiles = t.n_hi - n_lo;
 
-  mbar_wait(fullK, 0);
+  mbar_wait(fullK + 8 * (kv % STAGES), (kv / STAGES) & 1);
   turn_wait(c);
   wgmma_fence();
-  gemm_s(&sc[0][0], qc, sK);
+  gemm_s(&sc[0][0], qc, sK + (kv % STAGES) * KV_BYTES);
   wgmma_commit();
   turn_pass(next);
   WGMMA_WAIT(0);
   fence_f32(&sc[0][0], NS * 4);
+#if ATTN_PERSISTENT
+  if (tiles == 1) {
+    /* This warp's last S is done: the next tile's Q may load. */
+    __syncwarp();
+    if (lane == 0) mbar_arrive(emptyQ);
+  }
+#endif
   /* O is still zero: its alpha is not needed. */
   attn_softmax(sc, NS, n_lo * BN, R, P.scale_log2, mx, sum, alpha);
   attn_pack_p(sc, pa, BN / 16);
@@ -291,9 +300,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
    * only O's rescale and P_i's packing (which overwrites the registers
    * that GEMM reads) wait for it. */
   for (int i = 1; i < tiles; i++) {
-    const int st = i % STAGES, pst = (i - 1) % STAGES;
-    mbar_wait(fullK + 8 * st, (i / STAGES) & 1);
-    mbar_wait(fullV + 8 * pst, ((i - 1) / STAGES) & 1);
+    const int st = (kv + i) % STAGES, pst = (kv + i - 1) % STAGES;
+    const u32 ph = ((kv + i) / STAGES) & 1, pph = ((kv + i - 1) / STAGES) & 1;
+    mbar_wait(fullK + 8 * st, ph);
+    mbar_wait(fullV + 8 * pst, pph);
     turn_wait(c);
     wgmma_fence();
     gemm_s(&sc[0][0], qc, sK + st * KV_BYTES);
@@ -303,13 +313,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     turn_pass(next);
     WGMMA_WAIT(1);
     fence_f32(&sc[0][0], NS * 4);
+#if ATTN_PERSISTENT
+    if (i == tiles - 1) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(emptyQ);
+    }
+#endif
     attn_softmax(sc, NS, (n_lo + i) * BN, R, P.scale_log2, mx, sum, alpha);
     /* These fences keep the softmax from sinking below the wait, the next
      * ones O's rescale and P's packing from rising above it. */
     fence_f32(&sc[0][0], NS * 4);
     fence_f32(sum, 2);
     fence_f32(alpha, 2);
-    softmax_done(fullV + 8 * pst, ((i - 1) / STAGES) & 1);
+    softmax_done(fullV + 8 * pst, pph);
     WGMMA_WAIT(0);
     fence_f32(&o[0][0], NO * 4);
     fence_f32(&sc[0][0], NS * 4);
@@ -326,10 +342,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     attn_pack_p(sc, pa, BN / 16);
   }
 
-  /* The last tile's P V; the producer loads nothing more, so its stage is
-   * not released. */
-  const int lst = (tiles - 1) % STAGES;
-  mbar_wait(fullV + 8 * lst, ((tiles - 1) / STAGES) & 1);
+  /* The last tile's P V. One CTA per query tile: the producer loads
+   * nothing more, so its stage is not released; persistent: it is, for
+   * the next query tile's keys. */
+  const int lst = (kv + tiles - 1) % STAGES;
+  mbar_wait(fullV + 8 * lst, ((kv + tiles - 1) / STAGES) & 1);
   turn_wait(c);
   wgmma_fence();
   gemm_pv(&o[0][0], pa, sV + lst * KV_BYTES);
@@ -337,8 +354,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   if (next != 0) turn_pass(next);
   WGMMA_WAIT(0);
   fence_f32(&o[0][0], NO * 4);
+#if ATTN_PERSISTENT
+  __syncwarp();
+  if (lane == 0) mbar_arrive(empty + 8 * lst);
+#endif
 
-  /* O / sum, LSE, and 4-byte stores of column pairs. */
+  /* O / sum, LSE, and 4-byte stores of column pairs (from registers: the
+   * next query tile's loads go on meanwhile). */
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     float l = sum[r];
@@ -349,10 +371,134 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (row <= r1) {
 #pragma unroll
       for (int j = 0; j < NO; j++)
-        *(u32 *)(O + (i64)row * P.o.rs + j * 8 + 2 * t4) = ATTN_PACK(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-      if (L && t4 == 0) L[(i64)row * P.lse_rs] = attn_lse(mx[r], l, P.scale_log2);
+        *(u32 *)(t.O + (i64)row * P.o.rs + j * 8 + 2 * t4) = ATTN_PACK(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      if (t.L && t4 == 0) t.L[(i64)row * P.lse_rs] = attn_lse(mx[r], l, P.scale_log2);
     }
   }
+}
+
+#if ATTN_PERSISTENT
+/* The persistent schedule's i-th query tile of P.m_tiles per (sequence,
+ * head). With a right window (causal) the last query tiles see the most
+ * keys: tiles run last row block first, all (sequence, head) pairs of one
+ * row block together, so the longest start first and the short ones fill
+ * the end. Otherwise every tile sees about as many keys: a head's tiles
+ * run together, sharing its K and V in L2. */
+static __device__ __forceinline__ void schedule(const attn_params &P, i64 i, int *b, int *h, int *m0) {
+  const i64 bh = (i64)P.B * P.H;
+  i64 r, mb;
+  if (P.wr >= 0) {
+    mb = P.m_tiles - 1 - i / bh;
+    r = i % bh;
+  } else {
+    r = i / P.m_tiles;
+    mb = i % P.m_tiles;
+  }
+  *b = (int)(r / P.H);
+  *h = (int)(r % P.H);
+  *m0 = (int)mb * BM;
+}
+
+/* This CTA's r-th place in schedule(), -1 past the end: a stride of the
+ * grid, back and forth (boustrophedon). Longest first with a plain stride
+ * gives CTA 0 the longest tile of every round; back and forth, the CTA
+ * with a round's longest tile has the next round's shortest (a model of
+ * 132 SMs: causal S16k 0.99 of the ideal makespan, 0.94 with a plain
+ * stride; docs/PERF.md). */
+static __device__ __forceinline__ i64 my_tile(i64 r, i64 ntiles) {
+  const i64 i = r * gridDim.x + (r & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  return i < ntiles ? i : -1;
+}
+#endif
+
+/* ---------------------------------------------------------------- the kernel */
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    attn_fwd_sm90(const __grid_constant__ tmap_t tq, const __grid_constant__ tmap_t tk,
+                  const __grid_constant__ tmap_t tv, const attn_params P) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  /* Q, the K stages, the V stages (all 1024-aligned; the host adds 1 KiB of
+   * slack), then the mbarriers: Q full, K full and V full per stage, empty
+   * per stage, and (persistent) Q empty. */
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const u32 sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
+  const u32 fullQ = bars, fullK = bars + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
+  const u32 emptyQ = empty + 8 * STAGES;
+#if ATTN_PERSISTENT
+  /* One CTA per SM walks the tiles of schedule() in the order of
+   * my_tile(); every thread walks the same ones, so producer and
+   * consumers agree on the sequence of query tiles and of key tiles. */
+  const i64 ntiles = (i64)P.B * P.H * P.m_tiles;
+#else
+  /* One CTA per query tile. They run last first: under a causal mask the
+   * last see the most keys, and starting the longest CTAs first leaves
+   * short ones for the final wave. */
+  fwd_tile t;
+  if (!tile_at(P, blockIdx.z, blockIdx.y, (gridDim.x - 1 - blockIdx.x) * BM, t)) return;
+  if (t.n_lo >= t.n_hi) {
+    zero_tile(P, t, threadIdx.x, THREADS);
+    return;
+  }
+#endif
+
+  if (threadIdx.x == 0) {
+    mbar_init(fullQ, 1);
+    for (int st = 0; st < STAGES; st++) {
+      mbar_init(fullK + 8 * st, 1);
+      mbar_init(fullV + 8 * st, 1);
+      mbar_init(empty + 8 * st, CONSUMERS * 4); /* one arrival per consumer warp */
+    }
+#if ATTN_PERSISTENT
+    mbar_init(emptyQ, CONSUMERS * 4);
+#endif
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+    if (tid != 0) return;
+#if ATTN_PERSISTENT
+    int kv = 0, q = 0;
+    for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
+      int b, h, m0;
+      fwd_tile t;
+      schedule(P, i, &b, &h, &m0);
+      if (!tile_at(P, b, h, m0, t) || t.n_lo >= t.n_hi) continue;
+      /* Q is reloaded once every consumer warp has computed its last S
+       * of the previous tile (a fresh barrier passes the first wait). */
+      mbar_wait(emptyQ, (q & 1) ^ 1);
+      produce(&tq, &tk, &tv, P, t, sQ, sK, sV, fullQ, fullK, fullV, empty, kv);
+      kv += t.n_hi - t.n_lo;
+      q++;
+    }
+#else
+    produce(&tq, &tk, &tv, P, t, sQ, sK, sV, fullQ, fullK, fullV, empty, 0);
+#endif
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+#if ATTN_PERSISTENT
+  int kv = 0, q = 0;
+  for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
+    int b, h, m0;
+    fwd_tile t;
+    schedule(P, i, &b, &h, &m0);
+    if (!tile_at(P, b, h, m0, t)) continue;
+    if (t.n_lo >= t.n_hi) {
+      zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
+      continue;
+    }
+    consume(P, t, wg - 1, sQ, sK, sV, fullQ, q & 1, fullK, fullV, empty, emptyQ, kv);
+    kv += t.n_hi - t.n_lo;
+    q++;
+  }
+#else
+  consume(P, t, wg - 1, sQ, sK, sV, fullQ, 0, fullK, fullV, empty, emptyQ, 0);
+#endif
 #else
   /* wgmma, TMA and setmaxnreg exist on sm_90a only. The variant list is
    * compiled for every arch, so elsewhere the kernel is a stub the

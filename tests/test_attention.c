@@ -789,6 +789,58 @@ static void test_values_hopper_bwd(void) {
     for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 1);
 }
 
+/* The Hopper forward's persistent schedule (SMELT_ATTN_FWD_SCHEDULE=persistent,
+ * kernels/attn_fwd_sm90.cu with ATTN_PERSISTENT 1): the forward cases of
+ * the head dims it has (64, 128) against the CPU reference as in run_case,
+ * and cases with more query tiles than SMs, so that a CTA walks several
+ * tiles (the K/V ring's and Q's phases running on across them), causal
+ * (longest first) and full, and varlen with sequences past their end and
+ * without keys (tiles skipped, tiles of zeros between others). The
+ * environment is restored after. */
+static void test_values_fwd_persistent(void) {
+  smelt_ctx *ctx = th_cuda();
+  if (!ctx) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(ctx), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  const char *old = getenv("SMELT_ATTN_FWD_SCHEDULE");
+  char saved[64] = {0};
+  if (old) snprintf(saved, sizeof saved, "%s", old);
+  setenv("SMELT_ATTN_FWD_SCHEDULE", "fifo", 1);
+  const acase *c0 = &small_cases[2];
+  bwd_env e;
+  bwd_env_new(&e, ctx, SMELT_DTYPE_BF16, c0);
+  smelt_attention_desc d = desc_of(&e.c, &e.g);
+  smelt_plan *plan = NULL;
+  CHECK_STATUS(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("SMELT_ATTN_FWD_SCHEDULE=\"fifo\"");
+  CHECK_MSG("tiles or persistent");
+  setenv("SMELT_ATTN_FWD_SCHEDULE", "persistent", 1);
+  CHECK_OK(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
+  if (plan && (!strstr(smelt_plan_describe(plan), "attn_fwd_sm90") || !strstr(smelt_plan_describe(plan), "persistent")))
+    th_fail(__FILE__, __LINE__, "SMELT_ATTN_FWD_SCHEDULE=persistent on sm_90 took %s", smelt_plan_describe(plan));
+  smelt_plan_destroy(plan);
+  bwd_env_free(&e);
+  static const smelt_dtype dts[] = {SMELT_DTYPE_BF16, SMELT_DTYPE_F16};
+  for (size_t i = 0; i < sizeof small_cases / sizeof *small_cases; i++)
+    for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &small_cases[i], 0);
+  static const acase cases[] = {
+      {2, 65, 200, 2, 2, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_PADDED},
+      {1, 200, 200, 4, 1, 128, 1, 64, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
+      {3, 0, 0, 4, 2, 128, 1, -1, -1, 0, 1, {0, 90, 33}, {17, 150, 33}, LAY_CONTIG},
+      {1, 257, 257, 8, 1, 128, 0, 70, 10, -0.15f, 0, NSEQ0, NSEQ0, LAY_PADDED},
+      {1, 1000, 1000, 2, 1, 64, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
+      /* more tiles than SMs: 240 causal, 240 full (Sq < Sk), 320 varlen */
+      {3, 600, 600, 16, 4, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
+      {2, 300, 500, 40, 8, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
+      {5, 0, 0, 16, 2, 64, 1, -1, -1, 0, 1, {600, 1, 0, 333, 257}, {600, 5, 3, 0, 300}, LAY_PADDED},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
+  if (old) setenv("SMELT_ATTN_FWD_SCHEDULE", saved, 1);
+  else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
+}
+
 /* Empty batches and sequences plan and run; no keys means O = 0, LSE = +inf,
  * dq = 0. */
 static void test_empty(void) {
@@ -1426,6 +1478,7 @@ const th_test th_tests_attention[] = {
     {"values_cpu_dtypes", test_values_cpu_dtypes},
     {"finite_differences", test_finite_differences},
     {"values_hopper_bwd", test_values_hopper_bwd},
+    {"values_fwd_persistent", test_values_fwd_persistent},
     {"deterministic", test_deterministic},
     {"plan_reuse", test_plan_reuse},
     {"empty", test_empty},

@@ -19,7 +19,9 @@
  * 16-bit tensors (pointers and strides), the grid's limits and the
  * device's shared memory.
  *
- * Run: the forward is one launch, grid (query tiles, H, B). The backward
+ * Run: the forward is one launch, grid (query tiles, H, B), or on Hopper
+ * with the persistent schedule (FWD90_PERSISTENT, SMELT_ATTN_FWD_SCHEDULE)
+ * one CTA per SM walking the query tiles. The backward
  * takes one workspace from the context's pool (dq's f32 accumulator, LSE ·
  * log2 e, rowsum(dO ∘ O), and in deterministic mode one counter per
  * (sequence, head, query tile)), then launches attn_bwd_pre, attn_bwd or
@@ -69,6 +71,7 @@ typedef struct attn_kernel {
   int bm;             /* queries per CTA (forward), per step (backward) */
   int threads, smem;  /* block size, dynamic shared memory bytes */
   int cons, stages;   /* Hopper forward: consumer warpgroups, K/V ring depth */
+  int persist;        /* Hopper forward: the persistent schedule */
 } attn_kernel;
 
 #define MAX_KERNELS 32
@@ -83,6 +86,11 @@ typedef struct attn_kernel {
  * blocks of a head add into different dQ rows at a time (1: 1.03-1.04x at
  * S4k, 4 bytes spilled), or all walk them from the first (0). */
 #define BWD90_SPREAD 1
+/* The Hopper forward's schedule when SMELT_ATTN_FWD_SCHEDULE is unset:
+ * one CTA per query tile (0), or one per SM walking the tiles, longest
+ * first under a causal mask (1; compiled, not yet run on a GPU:
+ * docs/PERF.md). SMELT_ATTN_FWD_SCHEDULE=tiles or =persistent picks one. */
+#define FWD90_PERSISTENT 0
 /* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
 _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 * BWD_BM * 2 +
                        BWD90_STAGES * 8 * BWD_BM + 8 * (1 + 2 * BWD90_STAGES) +
@@ -94,7 +102,7 @@ _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 
 static int row_bytes(int d) { return (d + 63) / 64 * 64 * 2; }
 
 static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) {
-  attn_kernel k = {fam, dt, d, bn, 0, 0, 0, 0, 0};
+  attn_kernel k = {fam, dt, d, bn, 0, 0, 0, 0, 0, 0};
   switch (fam) {
     case AK_FWD80: /* Q (64 rows), K and V (bn rows each) */
       k.bm = 64;
@@ -123,11 +131,14 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
 
 /* The Hopper forward's shapes: 64 queries per consumer warpgroup, plus the
  * producer's; 1 KiB alignment slack, Q, the stages of K and V (bn rows
- * each), and the mbarriers (Q full; K full, V full, empty per stage). */
+ * each), and the mbarriers (Q full; K full, V full, empty per stage; Q
+ * empty when persistent). Each shape in both schedules. */
 static void add90(attn_kernel *t, int *n, smelt_dtype dt, int d, int bn, int cons, int stages) {
-  attn_kernel k = {AK_FWD90, dt, d, bn, 64 * cons, 128 * (cons + 1), 0, cons, stages};
-  k.smem = 1024 + (64 * cons + stages * 2 * bn) * d * 2 + 8 * (1 + 3 * stages);
-  t[(*n)++] = k;
+  for (int persist = 0; persist < 2; persist++) {
+    attn_kernel k = {AK_FWD90, dt, d, bn, 64 * cons, 128 * (cons + 1), 0, cons, stages, persist};
+    k.smem = 1024 + (64 * cons + stages * 2 * bn) * d * 2 + 8 * (1 + 3 * stages + persist);
+    t[(*n)++] = k;
+  }
 }
 
 static int table(attn_kernel *t) {
@@ -163,10 +174,12 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
       src->body = "attn_fwd_sm80.cu";
       break;
     case AK_FWD90:
-      snprintf(src->name, sizeof src->name, "attn_fwd_sm90_%s_d%d_n%d_c%d_s%d", dt, k->d, k->bn, k->cons, k->stages);
+      snprintf(src->name, sizeof src->name, "attn_fwd_sm90_%s_d%d_n%d_c%d_s%d%s", dt, k->d, k->bn, k->cons, k->stages,
+               k->persist ? "_persistent" : "");
       src->body = "attn_fwd_sm90.cu";
       smelt__prelude_define(src, "ATTN_CONS", k->cons);
       smelt__prelude_define(src, "ATTN_STAGES", k->stages);
+      smelt__prelude_define(src, "ATTN_PERSISTENT", k->persist);
       break;
     case AK_BWD80:
       snprintf(src->name, sizeof src->name, "attn_bwd_sm80_%s_d%d_n%d", dt, k->d, k->bn);
@@ -233,10 +246,22 @@ static smelt_status check_pointers(const char *op, const smelt_tensor *const *t)
   return SMELT_OK;
 }
 
-static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d) {
+/* The kernel of family fam for dt and d; the Hopper forward's in schedule persist. */
+static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d, int persist) {
   for (int i = 0; i < n; i++)
-    if (t[i].fam == fam && t[i].dt == dt && (fam == AK_AUX || t[i].d == d)) return i;
+    if (t[i].fam == fam && t[i].dt == dt && (fam == AK_AUX || t[i].d == d) && t[i].persist == persist) return i;
   return -1;
+}
+
+/* The Hopper forward's schedule: SMELT_ATTN_FWD_SCHEDULE (tiles or
+ * persistent; anything else is an error), else FWD90_PERSISTENT. */
+static smelt_status fwd90_schedule(const char *op, int *persist) {
+  const char *env = smelt__getenv("SMELT_ATTN_FWD_SCHEDULE");
+  if (env && strcmp(env, "tiles") != 0 && strcmp(env, "persistent") != 0)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: SMELT_ATTN_FWD_SCHEDULE=\"%.32s\" is not a schedule (tiles or persistent)", op, env);
+  *persist = env ? strcmp(env, "persistent") == 0 : FWD90_PERSISTENT;
+  return SMELT_OK;
 }
 
 /* Picks the kernels for st on dev: *main (forward or backward) and, for
@@ -259,12 +284,12 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
   *det = -1;
   int k = -1;
   if (st->bwd) {
-    if (D <= 256) k = find(t, n, AK_BWD80, dt, (int)D);
+    if (D <= 256) k = find(t, n, AK_BWD80, dt, (int)D, 0);
     if (k < 0)
       return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: head dim D=%lld has no CUDA backward kernel (supported: 64, 96, 128)",
                           st->op, (long long)D);
-    *aux = find(t, n, AK_AUX, dt, 0);
-    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_BWD90, dt, (int)D) : -1;
+    *aux = find(t, n, AK_AUX, dt, 0, 0);
+    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_BWD90, dt, (int)D, 0) : -1;
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       *det = k;
       k = h;
@@ -273,15 +298,17 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
       snprintf(why, why_n, "FlashAttention-2 backward, mma.sync");
     }
   } else {
-    if (D <= 256) k = find(t, n, AK_FWD80, dt, (int)D);
+    if (D <= 256) k = find(t, n, AK_FWD80, dt, (int)D, 0);
     if (k < 0)
       return smelt__error(SMELT_STATUS_UNSUPPORTED,
                           "%s: head dim D=%lld has no CUDA forward kernel (supported: 64, 96, 128, 256)", st->op,
                           (long long)D);
-    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D) : -1;
+    int persist = 0;
+    if ((s = fwd90_schedule(st->op, &persist))) return s;
+    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, persist) : -1;
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       k = h;
-      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized");
+      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized%s", persist ? ", persistent" : "");
     } else {
       snprintf(why, why_n, "FlashAttention-2 forward, mma.sync");
     }
@@ -458,6 +485,15 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
           (s = tensor_map(st, a->t[SMELT__ATT_V], k->bn, &tv)))
         return s;
       void *p90[] = {&tq, &tk, &tv, &kp};
+      if (k->persist) {
+        /* One CTA per SM (either shape takes over half an SM's shared
+         * memory), or per tile when there are fewer; the kernel walks
+         * m_tiles query tiles per (sequence, head). */
+        kp.m_tiles = (int)gx;
+        const int64_t tiles = (int64_t)gx * st->H * st->B, sms = ctx->cuda->info.sm_count;
+        return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)(tiles < sms ? tiles : sms),
+                                  1, 1, (unsigned)k->threads, (unsigned)k->smem, p90);
+      }
       return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], gx, (unsigned)st->H, (unsigned)st->B,
                                 (unsigned)k->threads, (unsigned)k->smem, p90);
     }
@@ -489,7 +525,7 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
   if (!s && k->fam == AK_BWD90 && det) {
     /* The deterministic mode runs the mma.sync kernel the plan also loaded. */
-    const attn_kernel *k80 = &t[find(t, nt, AK_BWD80, k->dt, k->d)];
+    const attn_kernel *k80 = &t[find(t, nt, AK_BWD80, k->dt, k->d, 0)];
     s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DET], (unsigned)ceil_div(st->Sk, k80->bn),
                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k80->threads, (unsigned)k80->smem, params);
   } else if (!s && k->fam == AK_BWD90) {
