@@ -15,7 +15,7 @@
 static PyObject *act_names; /* dict: name -> smelt_act */
 static PyObject *act_tuple; /* the names, in enum order */
 
-enum { OP_ACTIVATION = 1, OP_SOFTMAX, OP_TOPK, OP_GEMM, OP_ATTN_FWD, OP_ATTN_VARLEN_FWD, OP_ATTN_BWD, OP_ATTN_VARLEN_BWD };
+enum { OP_ACTIVATION = 1, OP_SOFTMAX, OP_TOPK, OP_GEMM, OP_GEMM_OFFS, OP_ATTN_FWD, OP_ATTN_VARLEN_FWD, OP_ATTN_BWD, OP_ATTN_VARLEN_BWD };
 
 typedef struct op_args {
   int op;
@@ -26,6 +26,7 @@ typedef struct op_args {
   smelt_attention_desc attn;
   /* Op-specific order; NULL = absent.
    *   gemm:           a, b, c, d, bias
+ *   gemm by offsets: a, b, c, d, bias, offs
    *   attention fwd:  q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
    *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
@@ -37,6 +38,8 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
     case OP_SOFTMAX: return smelt_softmax_plan(ctx, o->t[0], o->t[1], o->t[2], plan);
     case OP_TOPK: return smelt_topk_plan(ctx, o->k, o->t[0], o->t[1], o->t[2], plan);
     case OP_GEMM: return smelt_gemm_plan(ctx, &o->gemm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
+    case OP_GEMM_OFFS:
+      return smelt_gemm_grouped_offs_plan(ctx, &o->gemm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], plan);
     case OP_ATTN_FWD: return smelt_attention_fwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
     case OP_ATTN_VARLEN_FWD:
       return smelt_attention_varlen_fwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[5], o->t[6], o->t[3], o->t[4],
@@ -57,6 +60,7 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
     case OP_SOFTMAX: return smelt_softmax_run(plan, o->t[0], o->t[1], o->t[2]);
     case OP_TOPK: return smelt_topk_run(plan, o->t[0], o->t[1], o->t[2]);
     case OP_GEMM: return smelt_gemm_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
+    case OP_GEMM_OFFS: return smelt_gemm_grouped_offs_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5]);
     case OP_ATTN_FWD: return smelt_attention_fwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
     case OP_ATTN_VARLEN_FWD:
       return smelt_attention_varlen_fwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[5], o->t[6], o->t[3], o->t[4]);
@@ -80,7 +84,7 @@ static int execute(smpy_call *call, const op_args *o) {
   key.slope = o->desc.slope;
   key.k = o->k;
   key.deterministic = c->deterministic;
-  if (o->op == OP_GEMM) {
+  if (o->op == OP_GEMM || o->op == OP_GEMM_OFFS) {
     key.f[0] = o->gemm.epilogue.alpha;
     key.f[1] = o->gemm.epilogue.beta;
     key.act = (int32_t)o->gemm.epilogue.act;
@@ -398,6 +402,49 @@ done:
   return result;
 }
 
+/* The MoE form: out is required (smelt.gemm_grouped makes a zero-filled one,
+ * since rows at or past offs[-1] are not written). The plan key holds every
+ * tensor's shape and strides and offs' dtype, as a run needs; the offsets'
+ * values are read on the device and are not part of it. */
+static PyObject *py_gemm_grouped(PyObject *self, PyObject *args) {
+  PyObject *a[13]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream */
+  if (unpack(args, "gemm_grouped", 13, a) < 0) return NULL;
+  op_args o;
+  memset(&o, 0, sizeof o);
+  o.op = OP_GEMM_OFFS;
+  o.nt = 6;
+  o.gemm = smelt_gemm_desc_default();
+  double alpha = PyFloat_AsDouble(a[6]), beta = PyFloat_AsDouble(a[7]), slope = PyFloat_AsDouble(a[9]);
+  if (PyErr_Occurred()) return NULL;
+  o.gemm.epilogue.alpha = alpha;
+  o.gemm.epilogue.beta = beta;
+  o.gemm.epilogue.slope = (float)slope;
+  if (parse_act(a[8], &o.gemm.epilogue.act) < 0 || parse_math(a[10], &o.gemm.math.op) < 0) return NULL;
+
+  smpy_call call;
+  PyObject *result = NULL;
+  smelt_tensor *ta, *tb, *toffs, *tc = NULL, *td, *tbias = NULL;
+  if (smpy_call_begin(&call, "smelt.gemm_grouped", a[11], a[12]) < 0) return NULL;
+  if (smpy_call_import(&call, a[0], "a", 0, &ta) < 0 || smpy_call_import(&call, a[1], "b", 0, &tb) < 0 ||
+      smpy_call_import(&call, a[2], "offs", 0, &toffs) < 0)
+    goto done;
+  if (a[3] != Py_None && smpy_call_import(&call, a[3], "c", 0, &tc) < 0) goto done;
+  if (a[4] != Py_None && smpy_call_import(&call, a[4], "bias", 0, &tbias) < 0) goto done;
+  if (smpy_call_import(&call, a[5], "out", 1, &td) < 0) goto done;
+  o.t[0] = ta;
+  o.t[1] = tb;
+  o.t[2] = tc;
+  o.t[3] = td;
+  o.t[4] = tbias;
+  o.t[5] = toffs;
+  if (execute(&call, &o) < 0) goto done;
+  Py_INCREF(a[5]);
+  result = a[5];
+done:
+  smpy_call_end(&call);
+  return result;
+}
+
 /* scale, causal, window_left, window_right, max_seqlen_q, max_seqlen_k. */
 static int parse_attn(PyObject **p, smelt_attention_desc *d) {
   *d = smelt_attention_desc_default();
@@ -520,6 +567,8 @@ PyMethodDef smpy_op_methods[] = {
     {"topk", py_topk, METH_VARARGS, "topk(x, k, values, indices, index_dtype, ctx, stream) -> (values, indices)"},
     {"gemm", py_gemm, METH_VARARGS,
      "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream) -> out"},
+    {"gemm_grouped", py_gemm_grouped, METH_VARARGS,
+     "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream) -> out"},
     {"attention", py_attention, METH_VARARGS,
      "attention(q, k, v, out, lse, want_lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, "
      "max_seqlen_q, max_seqlen_k, ctx, stream) -> out or (out, lse)"},

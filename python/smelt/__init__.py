@@ -50,13 +50,14 @@ __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
     "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
-    "default_context", "empty", "gemm", "info", "peer", "peer_backward", "peer_retrieve", "softmax", "topk",
+    "default_context", "empty", "gemm", "gemm_grouped", "info", "peer", "peer_backward", "peer_retrieve", "softmax", "topk",
 ]
 
 _c_activation = _C.activation
 _c_softmax = _C.softmax
 _c_topk = _C.topk
 _c_gemm = _C.gemm
+_c_gemm_grouped = _C.gemm_grouped
 _c_attention = _C.attention
 _c_attention_backward = _C.attention_backward
 _c_peer = _C.peer
@@ -215,6 +216,53 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
         out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=dt)
     return _c_gemm(a, b, c, bias, out, float(alpha), float(beta), activation, float(slope), math, out_dtype, ctx,
                    stream)
+
+
+def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity",
+                 slope=0.01, math="default", ctx=None, stream=None):
+    """Grouped GEMM by device offsets (the MoE form, torch._grouped_mm's).
+
+    Group g owns rows [offs[g-1], offs[g]) of a (offs[-1] = 0) and computes
+    D[r] = act(alpha · a[r] @ b[g] + beta · c[r] + bias[g]) there.
+
+    Shapes:  a [T, K], b [G, K, N] (any strides; the transposed view of a
+             [G, N, K] tensor is the tensor cores' fast layout), c [T, N],
+             bias [G, N], offs [G]  ->  D [T, N]
+    Dtypes:  a, b, c, bias as smelt.gemm's; offs int32 or int64, in the
+             context's memory (host memory on the CPU backend).
+    offs:    cumulative row ends, read only on the device when the GEMM runs
+             (no host sync; it may be written by earlier work on the stream).
+             Not validated: each end is clamped to the running maximum and
+             to T, so a decreasing offset gives an empty group and nothing
+             outside D is written.
+    beta, activation, slope, math: as smelt.gemm's.
+    out:     where to write D (may be c exactly, for in place). Rows at or
+             past offs[-1] are not written: a new D (out=None) is
+             zero-filled, so they read 0; a given out keeps its values there.
+             out=None needs numpy or torch inputs (others: pass out).
+    Returns D.
+    """
+    if beta is None:
+        beta = 0.0 if c is None else 1.0
+    if _is_compiling():
+        return _torch_impl.gemm_grouped(a, b, offs, c, bias, out=out, alpha=alpha, beta=beta, activation=activation,
+                                        slope=slope, math=math)
+    if out is None:
+        shape = tuple(a.shape)
+        if len(shape) != 2 or len(b.shape) != 3:
+            raise ArgumentError("smelt.gemm_grouped: a must be 2-D [T, K] and b 3-D [G, K, N], got %d-D and %d-D"
+                                % (len(shape), len(b.shape)))
+        shape = (shape[0], tuple(b.shape)[2])
+        mod = type(a).__module__
+        if mod == "numpy":
+            out = _sys.modules["numpy"].zeros(shape, dtype=a.dtype)
+        elif mod.startswith("torch"):
+            out = _sys.modules["torch"].zeros(shape, dtype=a.dtype, device=a.device)
+        else:
+            raise ArgumentError("smelt.gemm_grouped: out=None makes D only for numpy or torch inputs; pass out= "
+                                "(a [T, N] tensor; rows at or past offs[-1] are not written)")
+    return _c_gemm_grouped(a, b, offs, c, bias, out, float(alpha), float(beta), activation, float(slope), math, ctx,
+                           stream)
 
 
 def _window(window):

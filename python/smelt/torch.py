@@ -9,6 +9,8 @@ already imported, or on first use of a smelt op after torch is) registers:
     smelt::topk(Tensor x, SymInt k, bool int32_indices=False) -> (Tensor values, Tensor indices)
     smelt::gemm(Tensor a, Tensor b, Tensor? c, Tensor? bias, float alpha, float beta, str activation,
                 float slope, str math, ScalarType? out_dtype) -> Tensor
+    smelt::gemm_grouped(Tensor a, Tensor b, Tensor offs, Tensor? c, Tensor? bias, float alpha, float beta,
+                        str activation, float slope, str math) -> Tensor   (no backward: see below)
     smelt::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale, int window_left,
                      int window_right) -> (Tensor o, Tensor lse)
     smelt::attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor lse, bool causal,
@@ -34,7 +36,9 @@ trace it without graph breaks, and the functional ones have autograd
 formulas written in torch ops (activation: act'(x); softmax: the usual
 y * (dy - sum(dy * y)) plus the logsumexp's gradient; topk: a scatter of the
 values' gradient; gemm: the matmul formulas through act'(pre-activation),
-recomputed with smelt; attention: smelt's own backward kernel, with the
+recomputed with smelt (gemm_grouped has none: its backward raises, since
+the weights' gradient A_gᵀ·dD_g per group is not a grouped GEMM by row
+offsets, issue 4); attention: smelt's own backward kernel, with the
 convention of FlashAttention that lse carries no gradient; peer: smelt's
 PEER backward, the selection itself not differentiated). The functional ops mutate nothing; activation_out declares
 its one mutation. Kernels run on torch's current stream with no copies.
@@ -52,7 +56,7 @@ import torch
 import smelt as _smelt
 from smelt import _smelt as _C
 
-__all__ = ["PEER", "activation", "attention", "attention_varlen", "gemm", "peer", "softmax", "topk"]
+__all__ = ["PEER", "activation", "attention", "attention_varlen", "gemm", "gemm_grouped", "peer", "softmax", "topk"]
 
 Tensor = torch.Tensor
 _ACTS = frozenset(_smelt.ACTIVATIONS)
@@ -267,6 +271,41 @@ def _gemm_backward(ctx, dd):
 
 
 _gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup)
+
+# ---- gemm_grouped
+
+
+@torch.library.custom_op("smelt::gemm_grouped", mutates_args=())
+def _gemm_grouped(a: Tensor, b: Tensor, offs: Tensor, c: Optional[Tensor], bias: Optional[Tensor], alpha: float,
+                  beta: float, activation: str, slope: float, math: str) -> Tensor:
+    # Zero-filled: rows at or past offs[-1] are not written by the kernel.
+    d = a.new_zeros((a.shape[0], b.shape[-1]))
+    _C.gemm_grouped(a, b, offs, c, bias, d, alpha, beta, activation, slope, math, None, None)
+    return d
+
+
+@_gemm_grouped.register_fake
+def _gemm_grouped_fake(a, b, offs, c, bias, alpha, beta, activation, slope, math):
+    torch._check(a.dim() == 2 and b.dim() == 3 and offs.dim() == 1,
+                 lambda: "smelt.gemm_grouped: a must be 2-D [T, K], b 3-D [G, K, N], offs 1-D [G]")
+    torch._check(a.shape[1] == b.shape[1], lambda: "smelt.gemm_grouped: a.shape[1] must equal b.shape[1]")
+    torch._check(offs.shape[0] == b.shape[0], lambda: "smelt.gemm_grouped: offs.shape[0] must equal b.shape[0]")
+    torch._check(offs.dtype in (torch.int32, torch.int64), lambda: "smelt.gemm_grouped: offs must be int32 or int64")
+    _check_act(activation)
+    return a.new_empty((a.shape[0], b.shape[-1]))
+
+
+def _gemm_grouped_setup(ctx, inputs, output):
+    pass
+
+
+def _gemm_grouped_backward(ctx, dd):
+    raise NotImplementedError(
+        "smelt.gemm_grouped has no backward: the gradient of b (A_g^T dD_g per group) is not a grouped GEMM by "
+        "row offsets (issue 4); use torch._grouped_mm or a per-group loop to train through it")
+
+
+_gemm_grouped.register_autograd(_gemm_grouped_backward, setup_context=_gemm_grouped_setup)
 
 # ---- attention
 
@@ -625,6 +664,23 @@ def gemm(a, b, c=None, bias=None, out=None, alpha=1.0, beta=None, activation="id
     d = torch.ops.smelt.gemm(a, b, c, bias, float(alpha), float(beta), activation, float(slope), math, out_dtype)
     if out is not None:
         out.copy_(d)
+        d = out
+    return d
+
+
+def gemm_grouped(a, b, offs, c=None, bias=None, out=None, alpha=1.0, beta=None, activation="identity", slope=0.01,
+                 math="default"):
+    """torch.ops.smelt.gemm_grouped (rows at or past offs[-1] are 0); out is
+    filled by copy of the grouped rows only, as smelt.gemm_grouped leaves the
+    rest. See smelt.gemm_grouped."""
+    if beta is None:
+        beta = 0.0 if c is None else 1.0
+    d = torch.ops.smelt.gemm_grouped(a, b, offs, c, bias, float(alpha), float(beta), activation, float(slope), math)
+    if out is not None:
+        # The clamped last end, computed on the device (no sync): min(T, max(0, offs...)).
+        end = offs.max().clamp(0, a.shape[0]) if offs.numel() else 0
+        grouped = torch.arange(a.shape[0], device=d.device) < end
+        out.copy_(torch.where(grouped[:, None], d, out))
         d = out
     return d
 
