@@ -15,7 +15,17 @@
 static PyObject *act_names; /* dict: name -> smelt_act */
 static PyObject *act_tuple; /* the names, in enum order */
 
-enum { OP_ACTIVATION = 1, OP_SOFTMAX, OP_TOPK, OP_GEMM, OP_GEMM_OFFS, OP_ATTN_FWD, OP_ATTN_VARLEN_FWD, OP_ATTN_BWD, OP_ATTN_VARLEN_BWD };
+enum {
+  OP_ACTIVATION = 1,
+  OP_SOFTMAX,
+  OP_TOPK,
+  OP_GEMM,
+  OP_GEMM_OFFS,
+  OP_ATTN_FWD,
+  OP_ATTN_VARLEN_FWD,
+  OP_ATTN_BWD,
+  OP_ATTN_VARLEN_BWD
+};
 
 typedef struct op_args {
   int op;

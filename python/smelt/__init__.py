@@ -50,7 +50,8 @@ __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
     "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
-    "default_context", "empty", "gemm", "gemm_grouped", "info", "peer", "peer_backward", "peer_retrieve", "softmax", "topk",
+    "default_context", "empty", "gemm", "gemm_grouped", "info", "peer", "peer_backward", "peer_retrieve", "softmax",
+    "topk",
 ]
 
 _c_activation = _C.activation
