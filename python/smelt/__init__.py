@@ -240,7 +240,8 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
     out:     where to write D (may be c exactly, for in place). Rows at or
              past offs[-1] are not written: a new D (out=None) is
              zero-filled, so they read 0; a given out keeps its values there.
-             out=None needs numpy or torch inputs (others: pass out).
+             out=None needs numpy or torch inputs (others, and torch on a GPU
+             with stream=: pass out).
     Returns D.
     """
     if beta is None:
@@ -258,6 +259,10 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
         if mod == "numpy":
             out = _sys.modules["numpy"].zeros(shape, dtype=a.dtype)
         elif mod.startswith("torch"):
+            if stream is not None and a.device.type != "cpu":
+                # torch would zero it on its current stream, unordered with stream=.
+                raise ArgumentError("smelt.gemm_grouped: with stream= on a GPU, pass out= (a [T, N] tensor zeroed "
+                                    "on that stream, or one whose rows past offs[-1] may keep their values)")
             out = _sys.modules["torch"].zeros(shape, dtype=a.dtype, device=a.device)
         else:
             raise ArgumentError("smelt.gemm_grouped: out=None makes D only for numpy or torch inputs; pass out= "

@@ -140,3 +140,16 @@ def test_gemm_grouped_fake_checks():
         with pytest.raises(RuntimeError, match="offs.shape"):
             torch.ops.smelt.gemm_grouped(a, b, torch.empty(2, dtype=torch.int32), None, None, 1.0, 0.0, "identity",
                                          0.01, "default")
+
+
+@needs_cuda
+def test_gemm_grouped_stream_needs_out(gen):
+    a, b, offs = case(gen, "cuda", torch.bfloat16)
+    s = torch.cuda.Stream()
+    with pytest.raises(smelt.ArgumentError, match="pass out="):
+        smelt.gemm_grouped(a, b, offs, stream=s)
+    out = torch.zeros(40, 24, device="cuda", dtype=torch.bfloat16)
+    s.wait_stream(torch.cuda.current_stream())
+    assert smelt.gemm_grouped(a, b, offs, out=out, stream=s) is out
+    s.synchronize()
+    assert rel_err(out, ref(a, b, offs)) < 1e-2
