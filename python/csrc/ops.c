@@ -359,6 +359,19 @@ static int parse_dtype_name(PyObject *o, const char *what, smelt_dtype *dt) {
   return -1;
 }
 
+/* The GEMM description from the five arguments alpha, beta, activation,
+ * slope and math that smelt.gemm and smelt.gemm_grouped pass in that order. */
+static int gemm_desc_from(PyObject *const *a, smelt_gemm_desc *d) {
+  *d = smelt_gemm_desc_default();
+  double alpha = PyFloat_AsDouble(a[0]), beta = PyFloat_AsDouble(a[1]), slope = PyFloat_AsDouble(a[3]);
+  if (PyErr_Occurred()) return -1;
+  d->epilogue.alpha = alpha;
+  d->epilogue.beta = beta;
+  d->epilogue.slope = (float)slope;
+  if (parse_act(a[2], &d->epilogue.act) < 0 || parse_math(a[4], &d->math.op) < 0) return -1;
+  return 0;
+}
+
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
   PyObject *a[13]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream */
   if (unpack(args, "gemm", 13, a) < 0) return NULL;
@@ -366,13 +379,7 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
   memset(&o, 0, sizeof o);
   o.op = OP_GEMM;
   o.nt = 5;
-  o.gemm = smelt_gemm_desc_default();
-  double alpha = PyFloat_AsDouble(a[5]), beta = PyFloat_AsDouble(a[6]), slope = PyFloat_AsDouble(a[8]);
-  if (PyErr_Occurred()) return NULL;
-  o.gemm.epilogue.alpha = alpha;
-  o.gemm.epilogue.beta = beta;
-  o.gemm.epilogue.slope = (float)slope;
-  if (parse_act(a[7], &o.gemm.epilogue.act) < 0 || parse_math(a[9], &o.gemm.math.op) < 0) return NULL;
+  if (gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
 
   smpy_call call;
   PyObject *out = a[4], *made = NULL, *result = NULL;
@@ -423,13 +430,7 @@ static PyObject *py_gemm_grouped(PyObject *self, PyObject *args) {
   memset(&o, 0, sizeof o);
   o.op = OP_GEMM_OFFS;
   o.nt = 6;
-  o.gemm = smelt_gemm_desc_default();
-  double alpha = PyFloat_AsDouble(a[6]), beta = PyFloat_AsDouble(a[7]), slope = PyFloat_AsDouble(a[9]);
-  if (PyErr_Occurred()) return NULL;
-  o.gemm.epilogue.alpha = alpha;
-  o.gemm.epilogue.beta = beta;
-  o.gemm.epilogue.slope = (float)slope;
-  if (parse_act(a[8], &o.gemm.epilogue.act) < 0 || parse_math(a[10], &o.gemm.math.op) < 0) return NULL;
+  if (gemm_desc_from(a + 6, &o.gemm) < 0) return NULL;
 
   smpy_call call;
   PyObject *result = NULL;

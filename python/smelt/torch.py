@@ -685,10 +685,8 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, alpha=1.0, beta=None, 
     return d
 
 
-def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None):
-    """torch.ops.smelt.attention (differentiable); out/lse are filled by copy. See smelt.attention."""
-    o, l = torch.ops.smelt.attention(q, k, v, bool(causal), None if scale is None else float(scale),
-                                     int(window[0]), int(window[1]))
+def _attention_outputs(o, l, return_lse, out, lse):
+    """The attention wrappers' results: o and l copied into out and lse when given."""
     if out is not None:
         out.copy_(o)
         o = out
@@ -696,6 +694,13 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=Fal
         lse.copy_(l)
         l = lse
     return (o, l) if return_lse else o
+
+
+def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None):
+    """torch.ops.smelt.attention (differentiable); out/lse are filled by copy. See smelt.attention."""
+    o, l = torch.ops.smelt.attention(q, k, v, bool(causal), None if scale is None else float(scale),
+                                     int(window[0]), int(window[1]))
+    return _attention_outputs(o, l, return_lse, out, lse)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
@@ -705,13 +710,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     o, l = torch.ops.smelt.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                             int(max_seqlen_k), bool(causal), None if scale is None else float(scale),
                                             int(window[0]), int(window[1]))
-    if out is not None:
-        out.copy_(o)
-        o = out
-    if lse is not None:
-        lse.copy_(l)
-        l = lse
-    return (o, l) if return_lse else o
+    return _attention_outputs(o, l, return_lse, out, lse)
 
 
 def peer(x, wq, sub_keys, u, v, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None, bn_var=None,
