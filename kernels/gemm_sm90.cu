@@ -387,6 +387,9 @@ static __device__ __forceinline__ void wg_sync(int c) {
   else asm volatile("bar.sync 2, 128;" ::: "memory");
 }
 
+/* Both cooperative consumers (named barrier 5): around the shared bias row. */
+static __device__ __forceinline__ void pair_sync(void) { asm volatile("bar.sync 5, 256;" ::: "memory"); }
+
 /* Ping-pong turns: a consumer starts a tile's main loop only after the
  * other consumer has passed every stage wait of the tile before (named
  * barriers 3 and 4: one consumer arrives, the other waits). Besides
@@ -404,18 +407,18 @@ static __device__ __forceinline__ void pp_pass(int c) {
   else asm volatile("bar.arrive 4, 256;" ::: "memory");
 }
 
-/* Consumer c (thread tid) hands its buffer to a TMA store: piece_begin
- * before filling it waits until the previous store has read it; piece_end
- * after filling makes every thread's writes visible to the async proxy and
- * stores the box at (x, y), or (x, y, z) when z >= 0, unless its rows
+/* Consumer c (thread tid) hands a filled buffer to a TMA store: piece_end
+ * makes every thread's writes visible to the async proxy and stores the
+ * box at (x, y), or (x, y, z) when z >= 0, unless its rows
  * start past M (`rows_in` 0). */
-static __device__ __forceinline__ void piece_begin(int c, int tid) {
-  if (tid == 0) sm90_store_wait_read();
-  wg_sync(c);
-}
 static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int z, int rows_in,
                                                  u32 buf) {
   sm90_fence_async_smem();
+  /* The consumer's pieces alternate between its two buffers, so the next
+   * piece goes where the previous piece's store (thread 0's only one in
+   * flight) reads: once that read is done, the barrier tells every thread.
+   * That store had this whole piece's math to finish in. */
+  if (tid == 0) sm90_store_wait_read();
   wg_sync(c);
   if (tid == 0 && rows_in) {
     if (z >= 0) sm90_tma_store3(map, x, y, z, buf);
@@ -450,9 +453,16 @@ static __device__ __forceinline__ void store_pair(const gemm_params &P, i64 r, i
  * map's box (128-byte swizzle: the 16-byte chunk j of row r sits at chunk
  * j ^ (r % 8), which also spreads a warp's eight rows over all banks): a
  * 16-bit piece in one store, an f32 piece in two of 32 columns. Each
- * consumer has one buffer (1024-byte aligned) and BN f32 of bias. */
+ * consumer has two buffers (1024-byte aligned; see piece_end), then come
+ * the tile's BN columns of bias in f32: one row for both cooperative
+ * consumers (they share the tile's columns), one per consumer in
+ * ping-pong. The general epilogue's buffers (CONSUMERS x EPI_BYTES) use the
+ * same space. */
 #define PIECE 64
 #define BUF_BYTES (64 * 128)
+#define BIAS_ROWS (PINGPONG ? CONSUMERS : 1)
+#define FAST_BYTES (CONSUMERS * 2 * BUF_BYTES + BIAS_ROWS * BN * 4)
+#define EPI_REGION (CONSUMERS * EPI_BYTES > FAST_BYTES ? CONSUMERS * EPI_BYTES : FAST_BYTES)
 
 /* v[i] = act(v[i]) for one piece's 32 values per thread, with the switch
  * outside the loop so that each case is straight-line code with eight
@@ -702,13 +712,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Stage s: A at base + s * STAGE_BYTES, B A_BYTES later, all 1024-aligned;
-   * then the consumers' epilogue buffers (general: two of EPI_BYTES; fast:
-   * two of BUF_BYTES and two bias rows of BN f32, in the same space)
-   * and the mbarriers. The host asks for 1024 bytes of alignment slack on
+   * then the consumers' epilogue buffers (EPI_REGION: the general
+   * epilogue's or the fast one's, in the same space) and the mbarriers. The host asks for 1024 bytes of alignment slack on
    * top (smelt__gemm_table). */
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 epi = base + GEMM_STAGES * STAGE_BYTES;
-  const u32 full = epi + CONSUMERS * EPI_BYTES, empty = full + GEMM_STAGES * 8;
+  const u32 full = epi + EPI_REGION, empty = full + GEMM_STAGES * 8;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   /* Grouped: the host puts the total unit count in tiles_m (tiles_n 1). */
   const int tiles = P.mode == MODE_GROUPED ? P.tiles_m
@@ -786,7 +795,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
   int stage = 0, g = 0;
-  u32 phase = 0;
+  u32 phase = 0, pieces = 0; /* pieces: the fast epilogue's stores so far */
   float d[ACCS];
   for (int t = unit0, j = 0; t < tiles; t += units_step, j++) {
     sm90_tile w;
@@ -807,7 +816,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     /* The fast epilogue's bias, columns tid and tid + 128 of the tile,
      * loaded now so that the load's latency hides behind the main loop. */
     float bias_lo = 0.f, bias_hi = 0.f;
-    if ((PINGPONG || fast) && P.has_bias) {
+    if ((PINGPONG || fast) && P.has_bias && (PINGPONG || c == 0)) {
       if (tid < BN && n0 + tid < w.n) bias_lo = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid) * w.bias_s);
       if (tid + 128 < BN && n0 + tid + 128 < w.n)
         bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
@@ -845,13 +854,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);
     if (PINGPONG || fast) {
-      /* The bias row is free: every thread of this warpgroup finished the
-       * previous tile's pieces (they end with a barrier). */
-      float *bias = (float *)(smem_raw + (epi + CONSUMERS * BUF_BYTES - smem_u32(smem_raw))) + c * BN;
+      /* The bias row is free once every thread that reads it has finished
+       * the previous tile's pieces: this warpgroup's (ping-pong) or both
+       * consumers' (cooperative; the first pair barrier). A skipped last
+       * piece may still read it, but its values are dropped. */
+      float *bias = (float *)(smem_raw + (epi + CONSUMERS * 2 * BUF_BYTES - smem_u32(smem_raw))) + (PINGPONG ? c * BN : 0);
+#if PINGPONG
       if (tid < BN) bias[tid] = bias_lo;
       if (tid + 128 < BN) bias[tid + 128] = bias_hi;
       wg_sync(c);
-      const u32 buf = epi + c * BUF_BYTES;
+#else
+      pair_sync();
+      if (c == 0) {
+        if (tid < BN) bias[tid] = bias_lo;
+        if (tid + 128 < BN) bias[tid + 128] = bias_hi;
+      }
+      pair_sync();
+#endif
       /* A rolled loop (the epilogue's code exists once, which keeps the
        * compile short): each pass takes d[0 .. 31] and moves the next
        * piece's accumulators down; d is dead after the epilogue. Piece p
@@ -869,14 +888,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int i = 0; i + 32 < ACCS; i++) d[i] = d[i + 32];
         if (x >= w.n) continue; /* uniform: the piece is past N */
         if (P.dt_d != DT_F32) {
-          piece_begin(c, tid);
+          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
           piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
-            piece_begin(c, tid);
+            const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
             put_half32(buf, v, half, warp, lane);
             piece_end(c, tid, w.md, (int)x + 32 * half, (int)y, w.slice, y < w.m, buf);
           }

@@ -38,11 +38,14 @@ static int clustered(const smelt__gemm_kernel *k) { return k->cluster_m * k->clu
 
 static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
   if (k.fam == SMELT__GK_SM90) {
-    /* As gemm_sm90.cu lays it out: alignment slack, stages, two 64 x 40
-     * f32 epilogue buffers (which also hold the fast epilogue's two 8 KiB
-     * pieces and two 1 KiB bias rows), 2 x stages mbarriers. */
+    /* As gemm_sm90.cu lays it out: alignment slack, stages (128-byte K
+     * rows), the epilogue region (EPI_REGION: the general epilogue's 64 x
+     * 40 f32 buffer a consumer, or the fast one's two 8 KiB buffers a
+     * consumer and BN f32 of bias, a row a consumer in ping-pong, one row
+     * shared otherwise), 2 x stages mbarriers. */
+    const int general = k.wm * 64 * 40 * 4, fast = k.wm * 2 * 8192 + (pingpong(&k) ? k.wm : 1) * k.bn * 4;
     k.threads = 128 * (k.wm + 1);
-    k.smem = 1024 + k.stages * (k.bm + k.bn) * 128 + k.wm * 64 * 40 * 4 + 2 * k.stages * 8; /* 128-byte K rows */
+    k.smem = 1024 + k.stages * (k.bm + k.bn) * 128 + (general > fast ? general : fast) + 2 * k.stages * 8;
   } else if (k.fam == SMELT__GK_SM80) {
     k.threads = k.wm * k.wn * 32;
     int stages = k.stages * (k.bm + k.bn) * 64, tile = k.bm * (k.bn + 8) * 4; /* as SMEM_BYTES in gemm_sm80.cu */
