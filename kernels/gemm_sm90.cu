@@ -595,7 +595,9 @@ static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int h
  * half h into d[64 h ..]. `first` (a constant at each call) starts the
  * tile's accumulators. */
 static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first) {
-  const u32 sb = stage + A_BYTES;
+  /* A k step 32 bytes on is its descriptor + 2 (the address field counts
+   * 16 bytes; shared addresses stay below 2^18, so it never carries). */
+  const u64 db = wgmma_desc(stage + A_BYTES);
   wgmma_fence();
 #if PINGPONG
   (void)c;
@@ -603,16 +605,16 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
   for (int kk = 0; kk < 4; kk++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const u64 da = wgmma_desc(stage + h * (64 * 128) + kk * 32), db = wgmma_desc(sb + kk * 32);
+      const u64 da = wgmma_desc(stage + h * (64 * 128)) + 2 * kk;
       if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
-      else wgmma_step(d + 64 * h, da, db);
+      else wgmma_step(d + 64 * h, da, db + 2 * kk);
     }
 #else
-  const u32 sa = stage + c * (64 * 128);
-  if (first) wgmma_first(d, wgmma_desc(sa), wgmma_desc(sb));
-  else wgmma_step(d, wgmma_desc(sa), wgmma_desc(sb));
+  const u64 da = wgmma_desc(stage + c * (64 * 128));
+  if (first) wgmma_first(d, da, db);
+  else wgmma_step(d, da, db);
 #pragma unroll
-  for (int kk = 1; kk < 4; kk++) wgmma_step(d, wgmma_desc(sa + kk * 32), wgmma_desc(sb + kk * 32));
+  for (int kk = 1; kk < 4; kk++) wgmma_step(d, da + 2 * kk, db + 2 * kk);
 #endif
   wgmma_commit();
 }
@@ -871,8 +873,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       pair_sync();
 #endif
-      /* A rolled loop (the epilogue's code exists once, which keeps the
-       * compile short): each pass takes d[0 .. 31] and moves the next
+      if (P.dt_d != DT_F32 && P.act == ACT_IDENTITY && P.scale_d == 1.f && !P.clamp) {
+        /* The plain linear combination (+ bias) into 16-bit D, the common
+         * case: unrolled over the pieces, so each reads its accumulators
+         * in place (no moves) and costs ~50 instructions a thread. The
+         * tensor cores idle while both cooperative consumers are here. */
+        const float alpha = (float)P.alpha_ab;
+#pragma unroll
+        for (int p = 0; p < ACCS / 32; p++) {
+          const int q = p % (BN / PIECE);
+          const i64 x = n0 + q * PIECE, y = m0 + 64 * (p / (BN / PIECE));
+          if (x >= w.n) continue; /* uniform: the piece is past N */
+          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          float v[32];
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            const float2 b = *(const float2 *)&bias[PIECE * q + 8 * j + 2 * (lane & 3)];
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[32 * p + 4 * j + e] + (e & 1 ? b.y : b.x);
+          }
+          put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
+          piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
+        }
+        continue;
+      }
+      /* Otherwise a rolled loop (the epilogue's code exists once, which
+       * keeps the compile short): each pass takes d[0 .. 31] and moves the next
        * piece's accumulators down; d is dead after the epilogue. Piece p
        * is rows 64 (p / (BN / 64)) and columns 64 (p % (BN / 64)) of this
        * consumer's accumulators (one row of pieces when cooperative, two
