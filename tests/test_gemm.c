@@ -1531,7 +1531,7 @@ static void test_selector(void) {
   /* Few tiles: the narrow Hopper tile (the small mma.sync tile before
    * Hopper); the 64-row one when 128 x 64 tiles would leave at least half
    * the SMs idle (2048 x 512: 128 of them; 512 x 512: 32; 128 x 4096: 64,
-   * 256 x 4096: 128; 64 x 4096: 64). */
+   * 256 x 4096: 128; 64 x 4096: 64), and for M <= 64. */
   f.m = 2048;
   f.n = 512;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
@@ -1548,6 +1548,12 @@ static void test_selector(void) {
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
   f.m = 64;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
+  f.n = 8192; /* M <= 64: as many 64 x 64 tiles as 128 x 64 ones (128) */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
+  f.m = 65;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
+  f.m = 64;
+  f.n = 4096;
   /* The other 64-row tiles when asked for: 64 x 128, and 64 x 64 in pairs
    * along M; a 128-row tile when asked for keeps it. */
   st.desc.tile.m = 64;

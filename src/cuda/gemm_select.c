@@ -15,8 +15,8 @@
  *   splits of such plain GEMMs when asked for, N a multiple of 4): the
  *   cooperative schedule with 128 x 256 tiles when they keep at least half
  *   the SMs busy, else (16-bit types) 128 x 64 tiles, or 64 x 64 tiles
- *   (one consumer warpgroup) when the 128 x 64 ones would leave at least
- *   half the SMs idle; 64 x 128 tiles when asked for; its 128 x 128
+ *   (one consumer warpgroup) when M <= 64 or the 128 x 64 ones would leave
+ *   at least half the SMs idle; 64 x 128 tiles when asked for; its 128 x 128
  *   ping-pong schedule only when the description asks for that tile, and
  *   its cluster variants (TMA multicast) only when it asks for a cluster;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
@@ -369,10 +369,13 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     /* The 64 x 64 tile (one consumer warpgroup) instead of the 128 x 64
      * one when those would leave at least half the SMs idle: it has up to
      * twice their CTAs, all in one wave (cuBLAS runs 128 x 4096 x 4096 on
-     * 64 x 64 tiles). 64 x 128 only when asked for. */
+     * 64 x 64 tiles); and for M <= 64, where the tile counts are equal:
+     * its 13 stages keep more of B in flight than 8 of 128 x 64, half of
+     * whose A rows are zeros (on H100, 64 x 4096 x 4096: 18.6 against 29.5
+     * us; docs/PERF.md, sixth round). 64 x 128 only when asked for. */
     const int64_t narrow = ((f->m + 127) / 128) * ((f->n + 63) / 64) *
                            (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
-    const int rows64 = 2 * narrow <= dev->sm_count;
+    const int rows64 = f->m <= 64 || 2 * narrow <= dev->sm_count;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):
      * on H100 it ran 4% behind the cooperative one at bf16 8192^3, plain
