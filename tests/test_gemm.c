@@ -591,11 +591,10 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
   desc.epilogue.act = SMELT_ACT_SILU;
   /* hopper 1: the cooperative Hopper tile; 2: the ping-pong one; 3: pairs
    * along M (B multicast); 4: quads along N (A multicast, narrow tile);
-   * 5: the 64 x 64 tile (one consumer); 6: 64 x 128; 7: 64 x 64 in pairs
-   * along M. */
+   * 5: the 64 x 64 tile (one consumer); 6: 64 x 128. */
   if (hopper && hopper <= 2) desc.tile.n = hopper == 2 ? 128 : 256;
   if (hopper == 2) desc.tile.m = 128;
-  if (hopper == 3 || hopper == 7) desc.tile.cluster_m = 2;
+  if (hopper == 3) desc.tile.cluster_m = 2;
   if (hopper == 4) desc.tile.cluster_n = 4;
   if (hopper >= 5) desc.tile.m = 64;
   if (hopper == 6) desc.tile.n = 128;
@@ -670,7 +669,6 @@ static void test_grouped(void) {
   run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 0, 4);
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 5);
   run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 1, 6);
-  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 0, 7);
 }
 
 /* ---------------------------------------------------------------- edges */
@@ -1112,17 +1110,15 @@ static void test_gpu_sm90(void) {
     if (!check(&s, 0, "sm90 narrow")) return;
   }
   /* The 64-row tiles (one consumer warpgroup), asked for: 64 x 64 (13
-   * stages), 64 x 128 (8 stages) and 64 x 64 in pairs along M (B
-   * multicast; M of one tile row leaves a pair's second tile past M). M of
-   * 1, 7, 64, 65, 127, 128 and 1003 (a tile of one row, tiles wholly past
-   * M in a pair), ragged N and K, K of more steps than stages (1000), more
-   * tiles than SMs (1003 x 1000), both epilogues (C with beta and N of 13
-   * take the general one; 16-bit and f32 D the fast one), bias with
-   * activations. */
+   * stages) and 64 x 128 (8 stages). M of 1, 7, 64, 65, 127, 128 and 1003
+   * (a tile of one row), ragged N and K, K of more steps than stages
+   * (1000), more tiles than SMs (1003 x 1000), both epilogues (C with beta
+   * and N of 13 take the general one; 16-bit and f32 D the fast one), bias
+   * with activations. */
   static const int64_t rshapes[][3] = {{1, 8, 5},      {7, 13, 9},       {64, 4096, 256},   {65, 200, 70},
                                        {127, 136, 1000}, {128, 2048, 512}, {1003, 1000, 333}};
-  static const int rtiles[][3] = {{64, 64, 1}, {64, 128, 1}, {64, 64, 2}};
-  for (int ti = 0; ti < 3; ti++)
+  static const int rtiles[][2] = {{64, 64}, {64, 128}};
+  for (int ti = 0; ti < 2; ti++)
     for (int si = 0; si < 7; si++) {
       const smelt_dtype dt = (ti + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
       gspec s = spec(dt, dt, si == 3 || si == 6 ? SMELT_DTYPE_F32 : dt, rshapes[si][0], rshapes[si][1],
@@ -1131,7 +1127,6 @@ static void test_gpu_sm90(void) {
       s.ld16 = 1;
       s.desc.tile.m = rtiles[ti][0];
       s.desc.tile.n = rtiles[ti][1];
-      s.desc.tile.cluster_m = rtiles[ti][2];
       s.has_c = si == 1 || si == 3;
       s.has_bias = si != 2;
       s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
@@ -1140,7 +1135,7 @@ static void test_gpu_sm90(void) {
                             : si == 6 ? SMELT_ACT_GELU_TANH
                                       : SMELT_ACT_IDENTITY;
       char what[48];
-      snprintf(what, sizeof what, "sm90 64-row %dx%d cluster %dx1", rtiles[ti][0], rtiles[ti][1], rtiles[ti][2]);
+      snprintf(what, sizeof what, "sm90 64-row %dx%d", rtiles[ti][0], rtiles[ti][1]);
       if (!check(&s, 0, what)) return;
     }
   /* ... and chosen without asking for skinny M: every activation with
@@ -1554,28 +1549,24 @@ static void test_selector(void) {
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
   f.m = 64;
   f.n = 4096;
-  /* The other 64-row tiles when asked for: 64 x 128, and 64 x 64 in pairs
-   * along M; a 128-row tile when asked for keeps it. */
+  /* The other 64-row tile when asked for: 64 x 128; no 64-row tile comes
+   * in clusters; a 128-row tile when asked for keeps it. */
   st.desc.tile.m = 64;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
   st.desc.tile.n = 128;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x128x64_s8"));
   st.desc.tile.n = 0;
   st.desc.tile.cluster_m = 2;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13_c2x1"));
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "") && s == SMELT_STATUS_UNSUPPORTED);
   st.desc.tile.cluster_m = 0;
   st.desc.tile.m = 128;
   st.desc.tile.n = 64;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
   st.desc.tile.m = st.desc.tile.n = 0;
-  /* Parallel splits may take the 64-row tile (not the cluster one). */
+  /* Parallel splits may take the 64-row tile. */
   st.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   st.split_k = 2;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
-  st.desc.tile.cluster_m = 2;
-  st.desc.tile.m = 64;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "") && s == SMELT_STATUS_UNSUPPORTED);
-  st.desc.tile.cluster_m = st.desc.tile.m = 0;
   st.mode = SMELT_GEMM_MODE_PLAIN;
   st.split_k = 1;
   f.m = f.n = 512;

@@ -129,15 +129,14 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   }
   /* 64-row tiles (one consumer warpgroup, 16-bit types): twice the CTAs of
    * the 128-row tiles for a skinny M, as cuBLAS's 64 x 64 tile with 13
-   * stages of 16 KiB; 64 x 128 with 8 stages; the 64 x 64 tile in pairs
-   * along M sharing B. Appended last, as the entries above. */
+   * stages of 16 KiB; 64 x 128 with 8 stages. (The 64 x 64 tile in 2 x 1
+   * clusters sharing B, as cuBLAS runs it, was no faster on H100:
+   * docs/PERF.md, sixth round.) Appended last, as the entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
     add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 64, 64, 13,
                                       1, 1, 0, 0, 1, 1});
     add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 128, 64, 8,
                                       1, 1, 0, 0, 1, 1});
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 64, 64, 13,
-                                      1, 1, 0, 0, 2, 1});
   }
   return n;
 }
