@@ -362,7 +362,8 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     /* Hopper: the persistent wgmma kernel with 128 x 256 tiles when they
      * keep at least half the SMs busy, else its 128 x 64 or 64 x 64 tile
      * (16-bit types; the others go to mma.sync), or the tile the
-     * description asks for. Grouped runs count the first group's tiles once per group. */
+     * description asks for. Grouped runs count the first group's tiles
+     * once per group (and take its M for the M <= 64 rule). */
     const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     /* The 64 x 64 tile (one consumer warpgroup) instead of the 128 x 64
