@@ -6,7 +6,10 @@
  * 3 (bf16) or 4 (fp8, with GEMM_FP8_A and GEMM_FP8_B each 4 e4m3 or
  * 5 e5m2); GEMM_BN, the tile width: 256, or 64 for problems with too few
  * wide tiles to fill the GPU (a skinny M), or 128 with GEMM_PINGPONG 1
- * (the ping-pong schedule, below); GEMM_STAGES.
+ * (the ping-pong schedule, below); GEMM_STAGES; GEMM_CONSUMERS, the
+ * consumer warpgroups (2 if absent, or 1: the tile is 64 x 64 consumers
+ * rows, so a skinny M gets twice the CTAs of the 128-row tile; BN 64 or
+ * 128 then).
  *
  * Every element type uses the same bytes: a K step (BK) is one 128-byte
  * row of each operand row (32 tf32, 64 16-bit or 128 fp8 elements), and
@@ -18,24 +21,25 @@
  * addition), so the selector takes this kernel for fp8 only when D is
  * 16-bit or 8-bit, whose rounding is larger.
  *
- * One persistent CTA per SM walks the output tiles (128 x BN) in the
- * banded order of gemm_raster, so the tiles in flight share A rows and B
- * columns in L2; a grouped run (host scheduling) walks the tiles of all
- * groups in order, with each group's tensor maps in device memory
- * (sm90_locate). Three warpgroups:
- *   producer (warpgroup 0, one thread): TMA loads of the A (128 x BK) and B
+ * One persistent CTA per SM walks the output tiles (BM x BN, BM = 64 x
+ * consumers) in the banded order of gemm_raster, so the tiles in flight
+ * share A rows and B columns in L2; a grouped run (host scheduling) walks
+ * the tiles of all groups in order, with each group's tensor maps in
+ * device memory (sm90_locate). One warpgroup per consumer and one more:
+ *   producer (warpgroup 0, one thread): TMA loads of the A (BM x BK) and B
  *     (BN x BK) tiles of each K step into a ring of STAGES shared-memory
  *     stages, each completing on the stage's "full" mbarrier with its byte
  *     count; before reusing a stage it waits on the stage's "empty" mbarrier;
- *   consumers (warpgroups 1 and 2): each multiplies its 64-row half of the
- *     A tile by the whole B tile with four wgmma m64nBN per stage (the
+ *   consumers (warpgroups 1 .. consumers): each multiplies its 64 rows of
+ *     the A tile by the whole B tile with four wgmma m64nBN per stage (the
  *     accumulator lives in BN / 2 registers per thread), releases a stage as
  *     soon as the wgmmas reading it are done, and after the last K step
  *     applies the epilogue (below).
- * setmaxnreg moves registers from the producer (40) to the consumers (232).
+ * With two consumers, setmaxnreg moves registers from the producer (40) to
+ * the consumers (232); one consumer (256 threads) has registers to spare.
  * The producer runs ahead into the next tile while the consumers store the
  * previous one, so loads overlap the epilogue, but the tensor cores idle
- * during it (both consumers finish their main loops together).
+ * during it (the consumers finish their main loops together).
  *
  * GEMM_PINGPONG 1 (tile 128 x 128): the consumers take this CTA's tiles in
  * turn, each multiplying both 64-row halves of its own tile (two wgmma
@@ -136,8 +140,15 @@
 #if !defined(GEMM_PINGPONG)
 #define GEMM_PINGPONG 0
 #endif
-#if GEMM_PINGPONG ? GEMM_BN != 128 : (!defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 64))
-#error "gemm_sm90.cu needs GEMM_BN 256 or 64 (cooperative) or 128 (GEMM_PINGPONG 1)"
+#if !defined(GEMM_CONSUMERS)
+#define GEMM_CONSUMERS 2
+#endif
+#if GEMM_CONSUMERS != 1 && GEMM_CONSUMERS != 2
+#error "gemm_sm90.cu needs GEMM_CONSUMERS 1 or 2"
+#endif
+#if GEMM_PINGPONG ? (GEMM_BN != 128 || GEMM_CONSUMERS != 2)                                                         \
+                  : (!defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 128 && GEMM_BN != 64))
+#error "gemm_sm90.cu needs GEMM_BN 256, 128 or 64 (cooperative) or 128 with two consumers (GEMM_PINGPONG 1)"
 #endif
 #define PINGPONG GEMM_PINGPONG
 #if !defined(GEMM_CLUSTER_M)
@@ -152,13 +163,13 @@
 #if CLUSTER > 1 && (PINGPONG || (CM > 1 && CN > 1) || (CLUSTER != 2 && CLUSTER != 4))
 #error "gemm_sm90.cu: a cluster is 2 or 4 CTAs along M or along N, cooperative schedule only"
 #endif
-#define BM 128
+#define CONSUMERS GEMM_CONSUMERS
+#define BM (64 * CONSUMERS)
 #define BN GEMM_BN
-/* Accumulators per consumer thread: its 64 x BN half of the tile
+/* Accumulators per consumer thread: its 64 x BN rows of the tile
  * (cooperative) or its whole 128 x 128 tile (ping-pong). */
 #define ACCS (PINGPONG ? 128 : BN / 2)
 #define BK (128 / AB_SIZE) /* elements: one 128-byte swizzle row of K */
-#define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
 #define A_BYTES (BM * 128)
 #define B_BYTES (BN * 128)
@@ -387,8 +398,15 @@ static __device__ __forceinline__ void wg_sync(int c) {
   else asm volatile("bar.sync 2, 128;" ::: "memory");
 }
 
-/* Both cooperative consumers (named barrier 5): around the shared bias row. */
-static __device__ __forceinline__ void pair_sync(void) { asm volatile("bar.sync 5, 256;" ::: "memory"); }
+/* Every cooperative consumer (named barrier 5; one consumer: its own
+ * warpgroup's barrier): around the shared bias row. */
+static __device__ __forceinline__ void pair_sync(void) {
+#if CONSUMERS > 1
+  asm volatile("bar.sync 5, 256;" ::: "memory");
+#else
+  wg_sync(0);
+#endif
+}
 
 /* Ping-pong turns: a consumer starts a tile's main loop only after the
  * other consumer has passed every stage wait of the tile before (named
@@ -745,7 +763,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
 
   if (wg == 0) {
+#if CONSUMERS > 1
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+#endif
     if (tid != 0) return;
     int stage = 0, g = 0;
     u32 phase = 0;
@@ -794,7 +814,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
+#if CONSUMERS > 1
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+#endif
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
   int stage = 0, g = 0;
   u32 phase = 0, pieces = 0; /* pieces: the fast epilogue's stores so far */

@@ -590,11 +590,14 @@ static void run_grouped(smelt_ctx *ctx, smelt_dtype dt, int b_col, const int64_t
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.epilogue.act = SMELT_ACT_SILU;
   /* hopper 1: the cooperative Hopper tile; 2: the ping-pong one; 3: pairs
-   * along M (B multicast); 4: quads along N (A multicast, narrow tile). */
+   * along M (B multicast); 4: quads along N (A multicast, narrow tile);
+   * 5: the 64 x 64 tile (one consumer); 6: 64 x 128. */
   if (hopper && hopper <= 2) desc.tile.n = hopper == 2 ? 128 : 256;
   if (hopper == 2) desc.tile.m = 128;
   if (hopper == 3) desc.tile.cluster_m = 2;
   if (hopper == 4) desc.tile.cluster_n = 4;
+  if (hopper >= 5) desc.tile.m = 64;
+  if (hopper == 6) desc.tile.n = 128;
   CHECK_OK(smelt_gemm_grouped(ctx, &desc, count, t, t + count, NULL, t + 2 * count, bias ? t + 3 * count : NULL));
   for (int i = 0; i < count && !th_failed_now; i++) {
     int64_t m = sizes[i][0], n = sizes[i][1], k = sizes[i][2];
@@ -664,6 +667,8 @@ static void test_grouped(void) {
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 2);
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 3);
   run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 0, 4);
+  run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 5);
+  run_grouped(th_cuda(), SMELT_DTYPE_F16, 1, hop, 8, 1, 6);
 }
 
 /* ---------------------------------------------------------------- edges */
@@ -1104,6 +1109,51 @@ static void test_gpu_sm90(void) {
     s.desc.epilogue.act = si == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
     if (!check(&s, 0, "sm90 narrow")) return;
   }
+  /* The 64-row tiles (one consumer warpgroup), asked for: 64 x 64 (13
+   * stages) and 64 x 128 (8 stages). M of 1, 7, 64, 65, 127, 128 and 1003
+   * (a tile of one row), ragged N and K, K of more steps than stages
+   * (1000), more tiles than SMs (1003 x 1000), both epilogues (C with beta
+   * and N of 13 take the general one; 16-bit and f32 D the fast one), bias
+   * with activations. */
+  static const int64_t rshapes[][3] = {{1, 8, 5},      {7, 13, 9},       {64, 4096, 256},   {65, 200, 70},
+                                       {127, 136, 1000}, {128, 2048, 512}, {1003, 1000, 333}};
+  static const int rtiles[][2] = {{64, 64}, {64, 128}};
+  for (int ti = 0; ti < 2; ti++)
+    for (int si = 0; si < 7; si++) {
+      const smelt_dtype dt = (ti + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+      gspec s = spec(dt, dt, si == 3 || si == 6 ? SMELT_DTYPE_F32 : dt, rshapes[si][0], rshapes[si][1],
+                     rshapes[si][2]);
+      s.b_col = 1;
+      s.ld16 = 1;
+      s.desc.tile.m = rtiles[ti][0];
+      s.desc.tile.n = rtiles[ti][1];
+      s.has_c = si == 1 || si == 3;
+      s.has_bias = si != 2;
+      s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
+      s.desc.epilogue.act = si == 4   ? SMELT_ACT_GELU
+                            : si == 5 ? SMELT_ACT_SILU
+                            : si == 6 ? SMELT_ACT_GELU_TANH
+                                      : SMELT_ACT_IDENTITY;
+      char what[48];
+      snprintf(what, sizeof what, "sm90 64-row %dx%d", rtiles[ti][0], rtiles[ti][1]);
+      if (!check(&s, 0, what)) return;
+    }
+  /* ... and chosen without asking for skinny M: every activation with
+   * bias, alpha, slope and scale_d on ragged tiles (M 100: one tile row,
+   * the second 64 rows past M), 16-bit and f32 D. */
+  for (int a = 0; a < SMELT_ACT_COUNT; a++) {
+    const smelt_dtype dd = a % 3 == 2 ? SMELT_DTYPE_F32 : a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, dd, 100, 520, 72);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.has_bias = 1;
+    s.bias = a % 3 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
+    s.desc.epilogue.act = (smelt_act)a;
+    s.desc.epilogue.alpha = 1.5;
+    s.desc.epilogue.slope = 0.2f;
+    s.desc.epilogue.scale_d = 0.5f;
+    if (!check(&s, 0, "sm90 64-row epilogue")) return;
+  }
   /* The ping-pong schedule (128 x 128, asked for): each consumer owns
    * whole tiles and steps over the other's stages of the ring, so the
    * cases have one to five tiles per CTA (247 and 612 tiles over 132
@@ -1157,6 +1207,21 @@ static void test_gpu_sm90(void) {
     s.has_bias = 1;
     s.desc.epilogue.act = si == 2 ? SMELT_ACT_IDENTITY : SMELT_ACT_GELU;
     if (!check(&s, 0, "sm90 split-K")) return;
+  }
+  /* The 64-row tile splits the same way (3 slices; 2 chosen). */
+  for (int si = 0; si < 2; si++) {
+    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, si ? SMELT_DTYPE_F16 : SMELT_DTYPE_F32, 65 + 62 * si, 264,
+                   si ? 2048 : 1000);
+    s.b_col = 1;
+    s.ld16 = 1;
+    s.desc.tile.m = s.desc.tile.n = 64;
+    s.desc.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+    s.desc.split_k = si ? 0 : 3;
+    s.has_c = !si;
+    s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
+    s.has_bias = 1;
+    s.desc.epilogue.act = SMELT_ACT_GELU;
+    if (!check(&s, 0, "sm90 64-row split-K")) return;
   }
   /* tf32 and fp8 split the same way (K tiles of 32 and 128 elements). */
   for (int fi = 0; fi < 2; fi++) {
@@ -1222,15 +1287,16 @@ static void test_gpu_sm90(void) {
   CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
   if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90") != NULL);
   smelt_plan_destroy(plan);
-  /* A skinny M (128 rows: 16 wide tiles) takes the narrow tile. */
+  /* A skinny M (128 rows: 16 wide tiles, 64 narrow ones) takes the 64-row
+   * tile. */
   ta.shape[0] = 128;
   td.shape[0] = 128;
   plan = NULL;
   CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
-  if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_128x64") != NULL);
+  if (plan) CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_64x64") != NULL);
   smelt_plan_destroy(plan);
   /* ... also with a long K: no split (two slices and gemm_reduce ran
-   * slower than 64 SMs unsplit). */
+   * slower than 64 SMs unsplit on the 128-row tile). */
   th_buf A2 = th_buf_new(cu, (size_t)(128 * 4096) * 2), B2 = th_buf_new(cu, (size_t)(4096 * N) * 2);
   int64_t sa2[2] = {128, 4096};
   smelt_tensor ta2 = smelt_tensor_make(A2.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di_, 2, sa2), tb2 = tb;
@@ -1240,7 +1306,7 @@ static void test_gpu_sm90(void) {
   plan = NULL;
   CHECK_OK(smelt_gemm_plan(cu, NULL, &ta2, &tb2, NULL, &td, NULL, &plan));
   if (plan) {
-    CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_128x64") != NULL);
+    CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90_bf16_RC_64x64") != NULL);
     CHECK(strstr(smelt_plan_describe(plan), "split-K") == NULL);
   }
   smelt_plan_destroy(plan);
@@ -1414,6 +1480,10 @@ static void test_selector(void) {
     for (int j = i + 1; j < n; j++)
       if (!strcmp(all[i].name, all[j].name)) th_fail(__FILE__, __LINE__, "duplicate variant %s", all[i].name);
   free(all);
+  /* Every Hopper variant fits H100's 227 KiB of shared memory per block. */
+  for (int i = 0; i < n; i++)
+    if (table[i].fam == SMELT__GK_SM90 && table[i].smem > 227 * 1024)
+      th_fail(__FILE__, __LINE__, "table entry %d needs %d bytes of shared memory", i, table[i].smem);
   smelt__gemm_state st;
   memset(&st, 0, sizeof st);
   st.desc = smelt_gemm_desc_default();
@@ -1453,9 +1523,53 @@ static void test_selector(void) {
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
   st.desc.tile.cluster_n = 0;
   st.desc.epilogue.act = SMELT_ACT_IDENTITY;
-  f.m = f.n = 512; /* few tiles: the narrow Hopper tile, the small mma.sync tile before Hopper */
+  /* Few tiles: the narrow Hopper tile (the small mma.sync tile before
+   * Hopper); the 64-row one when 128 x 64 tiles would leave at least half
+   * the SMs idle (2048 x 512: 128 of them; 512 x 512: 32; 128 x 4096: 64,
+   * 256 x 4096: 128; 64 x 4096: 64), and for M <= 64. */
+  f.m = 2048;
+  f.n = 512;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
+  f.m = f.n = 512;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_64x64x32_s4_w2x2"));
+  f.m = 128;
+  f.n = 4096;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
+  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_F16;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_f16_RC_64x64x64_s13"));
+  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  f.m = 256;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
+  f.m = 64;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
+  f.n = 8192; /* M <= 64: as many 64 x 64 tiles as 128 x 64 ones (128) */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
+  f.m = 65;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
+  f.m = 64;
+  f.n = 4096;
+  /* The other 64-row tile when asked for: 64 x 128; no 64-row tile comes
+   * in clusters; a 128-row tile when asked for keeps it. */
+  st.desc.tile.m = 64;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
+  st.desc.tile.n = 128;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x128x64_s8"));
+  st.desc.tile.n = 0;
+  st.desc.tile.cluster_m = 2;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "") && s == SMELT_STATUS_UNSUPPORTED);
+  st.desc.tile.cluster_m = 0;
+  st.desc.tile.m = 128;
+  st.desc.tile.n = 64;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
+  st.desc.tile.m = st.desc.tile.n = 0;
+  /* Parallel splits may take the 64-row tile. */
+  st.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+  st.split_k = 2;
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
+  st.mode = SMELT_GEMM_MODE_PLAIN;
+  st.split_k = 1;
+  f.m = f.n = 512;
   st.desc.math.op = SMELT_GEMM_MATH_TF32; /* no narrow tf32 tile on Hopper */
   st.dt_a = st.dt_b = SMELT_DTYPE_F32;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_tf32_RC_128x128x16_s4_w2x4"));

@@ -14,7 +14,9 @@
  *   row-major A and column-major B, 16-byte aligned, K >= 1 (and parallel
  *   splits of such plain GEMMs when asked for, N a multiple of 4): the
  *   cooperative schedule with 128 x 256 tiles when they keep at least half
- *   the SMs busy, else (16-bit types) 128 x 64 tiles; its 128 x 128
+ *   the SMs busy, else (16-bit types) 128 x 64 tiles, or 64 x 64 tiles
+ *   (one consumer warpgroup) when M <= 64 or the 128 x 64 ones would leave
+ *   at least half the SMs idle; 64 x 128 tiles when asked for; its 128 x 128
  *   ping-pong schedule only when the description asks for that tile, and
  *   its cluster variants (TMA multicast) only when it asks for a cluster;
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
@@ -31,8 +33,8 @@
 
 /* The Hopper kernel's schedule follows from its tile: 128 x 128 is the
  * ping-pong one (kernels/gemm_sm90.cu, GEMM_PINGPONG), the others are
- * cooperative. */
-static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM90 && k->bn == 128; }
+ * cooperative (64-row tiles with one consumer warpgroup). */
+static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM90 && k->bm == 128 && k->bn == 128; }
 
 static int clustered(const smelt__gemm_kernel *k) { return k->cluster_m * k->cluster_n > 1; }
 
@@ -127,6 +129,17 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
     add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8,
                                       2, 1, 0, 0, 1, 4});
   }
+  /* 64-row tiles (one consumer warpgroup, 16-bit types): twice the CTAs of
+   * the 128-row tiles for a skinny M, as cuBLAS's 64 x 64 tile with 13
+   * stages of 16 KiB; 64 x 128 with 8 stages. (The 64 x 64 tile in 2 x 1
+   * clusters sharing B, as cuBLAS runs it, was no faster on H100:
+   * docs/PERF.md, sixth round.) Appended last, as the entries above. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 64, 64, 13,
+                                      1, 1, 0, 0, 1, 1});
+    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 128, 64, 8,
+                                      1, 1, 0, 0, 1, 1});
+  }
   return n;
 }
 
@@ -168,6 +181,9 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       }
       smelt__prelude_define(src, "GEMM_BN", k->bn);
       smelt__prelude_define(src, "GEMM_STAGES", k->stages);
+      /* Two consumers when absent (the 128-row variants' sources, and so
+       * their cache keys, stay as they were). */
+      if (k->wm != 2) smelt__prelude_define(src, "GEMM_CONSUMERS", k->wm);
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
       if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
       if (k->cluster_n > 1) smelt__prelude_define(src, "GEMM_CLUSTER_N", k->cluster_n);
@@ -346,11 +362,22 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
   int best = -1, best_score = -1;
   if (want_tc && dev->cc_major == 9 && dev->cc_minor == 0) {
     /* Hopper: the persistent wgmma kernel with 128 x 256 tiles when they
-     * keep at least half the SMs busy, else its 128 x 64 tile (16-bit
-     * types; the others go to mma.sync), or the tile the description asks
-     * for. Grouped runs count the first group's tiles once per group. */
+     * keep at least half the SMs busy, else its 128 x 64 or 64 x 64 tile
+     * (16-bit types; the others go to mma.sync), or the tile the
+     * description asks for. Grouped runs count the first group's tiles
+     * once per group (and take its M for the M <= 64 rule). */
     const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
+    /* The 64 x 64 tile (one consumer warpgroup) instead of the 128 x 64
+     * one when those would leave at least half the SMs idle: it has up to
+     * twice their CTAs, all in one wave (cuBLAS runs 128 x 4096 x 4096 on
+     * 64 x 64 tiles); and for M <= 64, where the tile counts are equal:
+     * its 13 stages keep more of B in flight than 8 of 128 x 64, half of
+     * whose A rows are zeros (on H100, 64 x 4096 x 4096: 18.6 against 29.5
+     * us; docs/PERF.md, sixth round). 64 x 128 only when asked for. */
+    const int64_t narrow = ((f->m + 127) / 128) * ((f->n + 63) / 64) *
+                           (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
+    const int rows64 = f->m <= 64 || 2 * narrow <= dev->sm_count;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):
      * on H100 it ran 4% behind the cooperative one at bf16 8192^3, plain
@@ -361,9 +388,14 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && 2 * wide < dev->sm_count))) continue;
+      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && 2 * wide < dev->sm_count) ||
+                     (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
+        continue;
       snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s%s",
-               pingpong(k) ? ", ping-pong" : k->bn == 256 ? "" : ", narrow tile",
+               pingpong(k)    ? ", ping-pong"
+               : k->bm == 64  ? ", 64-row tile"
+               : k->bn == 256 ? ""
+                              : ", narrow tile",
                clustered(k) ? ", cluster multicast" : "");
       *kernel = i;
       return SMELT_OK;
