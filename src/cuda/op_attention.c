@@ -131,12 +131,13 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
 
 /* The Hopper forward's shapes: 64 queries per consumer warpgroup, plus the
  * producer's; 1 KiB alignment slack, Q, the stages of K and V (bn rows
- * each), and the mbarriers (Q full; K full, V full, empty per stage; Q
- * empty when persistent). Each shape in both schedules. */
+ * each), and the mbarriers (Q full; K full, V full, empty per stage;
+ * persistent: Q empty, the tile ring's full and empty per slot, and its
+ * two 4-byte tile numbers). Each shape in both schedules. */
 static void add90(attn_kernel *t, int *n, smelt_dtype dt, int d, int bn, int cons, int stages) {
   for (int persist = 0; persist < 2; persist++) {
     attn_kernel k = {AK_FWD90, dt, d, bn, 64 * cons, 128 * (cons + 1), 0, cons, stages, persist};
-    k.smem = 1024 + (64 * cons + stages * 2 * bn) * d * 2 + 8 * (1 + 3 * stages + persist);
+    k.smem = 1024 + (64 * cons + stages * 2 * bn) * d * 2 + 8 * (1 + 3 * stages + 6 * persist);
     t[(*n)++] = k;
   }
 }
@@ -305,10 +306,18 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
                           (long long)D);
     int persist = 0;
     if ((s = fwd90_schedule(st->op, &persist))) return s;
-    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, persist) : -1;
+    int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, persist) : -1;
+    /* The persistent kernel counts tiles in 32 bits: the tiles (varlen:
+     * of the longest sequence, per sequence and head) plus one overshoot
+     * per CTA must stay below 2^31; past that, one CTA per tile. */
+    const int too_many = h >= 0 && persist &&
+                         (st->Sq + t[h].bm - 1) / t[h].bm * st->H * st->B > INT32_MAX - dev->sm_count;
+    if (too_many) h = find(t, n, AK_FWD90, dt, (int)D, 0);
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       k = h;
-      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized%s", persist ? ", persistent" : "");
+      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized%s",
+               too_many ? ", one CTA per tile (too many to count)"
+                        : persist ? ", persistent" : "");
     } else {
       snprintf(why, why_n, "FlashAttention-2 forward, mma.sync");
     }
@@ -487,12 +496,24 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
       void *p90[] = {&tq, &tk, &tv, &kp};
       if (k->persist) {
         /* One CTA per SM (either shape takes over half an SM's shared
-         * memory), or per tile when there are fewer; the kernel walks
-         * m_tiles query tiles per (sequence, head). */
+         * memory), or per tile when there are fewer; the kernel takes
+         * m_tiles query tiles per (sequence, head) from a counter. The
+         * counter is this launch's own (a pool allocation in stream
+         * order) and zeroed on the launch's stream, so launches on other
+         * streams and graph replays (which replay the memset) each count
+         * from 0. */
         kp.m_tiles = (int)gx;
         const int64_t tiles = (int64_t)gx * st->H * st->B, sms = ctx->cuda->info.sm_count;
-        return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)(tiles < sms ? tiles : sms),
-                                  1, 1, (unsigned)k->threads, (unsigned)k->smem, p90);
+        void *next = NULL;
+        if ((s = smelt__cuda_alloc(ctx, 8, &next))) return s;
+        kp.sem = (uint64_t)(uintptr_t)next;
+        CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.sem, 0, 8, ctx->cuda->stream);
+        if (r) s = smelt__cu_error(r, st->op, "clearing the persistent forward's tile counter");
+        if (!s)
+          s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)(tiles < sms ? tiles : sms),
+                                 1, 1, (unsigned)k->threads, (unsigned)k->smem, p90);
+        smelt_status s2 = smelt__cuda_free(ctx, next);
+        return s ? s : s2;
       }
       return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], gx, (unsigned)st->H, (unsigned)st->B,
                                 (unsigned)k->threads, (unsigned)k->smem, p90);
