@@ -52,8 +52,8 @@ typedef struct attn_params {
   u64 cu_q, cu_k;           /* varlen: int32 [B + 1]; 0 when batched */
   u64 dq_acc;               /* backward: f32 [rows_q][H][D], dq before the scale */
   u64 lse_ws, dsum_ws;      /* backward: f32 [H][rows_q]: LSE * log2(e), rowsum(dO * O) */
-  u64 sem;                  /* deterministic backward: int [B][H][m_tiles], zeroed; persistent
-                               Hopper forward: u64, the next tile, zeroed */
+  u64 sem;                  /* deterministic backward: int [B][H][m_tiles], zeroed; dynamic
+                               Hopper forward: u32, the next tile, zeroed */
   i64 rows_q, rows_k;       /* rows of all sequences */
   i64 wl, wr;               /* windows; -1 unbounded */
   int B, H, Hk, group;      /* group = H / Hk */

@@ -3,17 +3,20 @@
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN, keys
  * per tile (128); ATTN_CONS, consumer warpgroups (2 or 3); ATTN_STAGES,
- * the K/V ring's depth (2..4); ATTN_PERSISTENT, the schedule (0 or 1,
- * below). docs/PERF.md has the sweep over these (and over BN 176/192 and
+ * the K/V ring's depth (2..4); ATTN_PERSISTENT, the schedule (0, 1 or
+ * 2, below). docs/PERF.md has the sweep over these (and over BN 176/192 and
  * an FMA-pipe exp2, both dropped).
  *
  * Schedule: with ATTN_PERSISTENT 0, one CTA per (tile of 64 · ATTN_CONS
- * queries, head, sequence); with 1, one CTA per SM takes tiles of a list
- * (tile_of(): under a causal mask, groups of a few heads, longest first
- * within each; a head's tiles together otherwise) one at a time from a
- * global counter (P.sem, zeroed before every launch): the producer fetches
- * the next tile and hands it to the consumers through a ring of two tile
- * numbers in shared memory. Each CTA has ATTN_CONS + 1 warpgroups:
+ * queries, head, sequence). With 1 or 2, one CTA per SM walks a list of
+ * those tiles. 1, static: schedule() (longest first under a causal mask,
+ * a head's tiles together otherwise), each CTA taking places of the list
+ * in a stride of the grid, back and forth. 2, dynamic: tile_of() (under a
+ * causal mask, groups of a few heads, longest first within each; a head's
+ * tiles together otherwise), each CTA taking the next tile from a global
+ * counter (P.sem, zeroed before every launch): the producer fetches it and
+ * hands it to the consumers through a ring of two tile numbers in shared
+ * memory. Each CTA has ATTN_CONS + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of the Q tile once, then
  *     of K and V tiles into a ring of ATTN_STAGES stages, each tile
  *     completing on its own "full" mbarrier with its byte count; a stage is
@@ -58,8 +61,8 @@
 #error "attn_fwd_sm90.cu needs ATTN_D, ATTN_BN, ATTN_CONS, ATTN_STAGES and ATTN_PERSISTENT"
 #endif
 #if (ATTN_D != 64 && ATTN_D != 128) || ATTN_BN != 128 || (ATTN_CONS != 2 && ATTN_CONS != 3) || ATTN_STAGES < 2 || \
-    ATTN_STAGES > 4 || (ATTN_PERSISTENT != 0 && ATTN_PERSISTENT != 1)
-#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4, ATTN_PERSISTENT 0 or 1"
+    ATTN_STAGES > 4 || ATTN_PERSISTENT < 0 || ATTN_PERSISTENT > 2
+#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4, ATTN_PERSISTENT 0, 1 or 2"
 #endif
 
 #define D ATTN_D
@@ -379,8 +382,42 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
   }
 }
 
-#if ATTN_PERSISTENT
-/* The persistent schedule's i-th query tile of P.m_tiles per (sequence,
+#if ATTN_PERSISTENT == 1
+/* The static schedule's i-th query tile of P.m_tiles per (sequence,
+ * head). With a right window (causal) the last query tiles see the most
+ * keys: tiles run last row block first, all (sequence, head) pairs of one
+ * row block together, so the longest start first and the short ones fill
+ * the end. Otherwise every tile sees about as many keys: a head's tiles
+ * run together, sharing its K and V in L2. */
+static __device__ __forceinline__ void schedule(const attn_params &P, i64 i, int *b, int *h, int *m0) {
+  const i64 bh = (i64)P.B * P.H;
+  i64 r, mb;
+  if (P.wr >= 0) {
+    mb = P.m_tiles - 1 - i / bh;
+    r = i % bh;
+  } else {
+    r = i / P.m_tiles;
+    mb = i % P.m_tiles;
+  }
+  *b = (int)(r / P.H);
+  *h = (int)(r % P.H);
+  *m0 = (int)mb * BM;
+}
+
+/* This CTA's r-th place in schedule(), -1 past the end: a stride of the
+ * grid, back and forth (boustrophedon). Longest first with a plain stride
+ * gives CTA 0 the longest tile of every round; back and forth, the CTA
+ * with a round's longest tile has the next round's shortest (a model of
+ * 132 SMs: causal S16k 0.99 of the ideal makespan, 0.94 with a plain
+ * stride; docs/PERF.md). */
+static __device__ __forceinline__ i64 my_tile(i64 r, i64 ntiles) {
+  const i64 i = r * gridDim.x + (r & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  return i < ntiles ? i : -1;
+}
+#endif
+
+#if ATTN_PERSISTENT == 2
+/* The dynamic schedule's i-th query tile of P.m_tiles per (sequence,
  * head): false when the sequence has no such rows. The host keeps the
  * number of tiles plus the grid below 2^31, so the list's arithmetic is
  * 32-bit (64-bit division is a subroutine call, and spills).
@@ -450,13 +487,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Q, the K stages, the V stages (all 1024-aligned; the host adds 1 KiB of
    * slack), then the mbarriers: Q full, K full and V full per stage, empty
-   * per stage, and (persistent) Q empty, the ring's full and empty per
-   * slot, then the ring's two tile numbers (4 bytes each). */
+   * per stage, (persistent) Q empty, and (dynamic) the ring's full and
+   * empty per slot, then the ring's two tile numbers (4 bytes each). */
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
   const u32 fullQ = bars, fullK = bars + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
   const u32 emptyQ = empty + 8 * STAGES;
-#if ATTN_PERSISTENT
+#if ATTN_PERSISTENT == 1
+  /* One CTA per SM walks the tiles of schedule() in the order of
+   * my_tile(); every thread walks the same ones, so producer and
+   * consumers agree on the sequence of query tiles and of key tiles. */
+  const i64 ntiles = (i64)P.B * P.H * P.m_tiles;
+#elif ATTN_PERSISTENT == 2
   /* One CTA per SM takes tiles from the counter until it runs past the
    * list; the producer fetches, the consumers follow the ring, so they
    * agree on the sequence of query tiles and of key tiles. */
@@ -483,6 +525,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
 #if ATTN_PERSISTENT
     mbar_init(emptyQ, CONSUMERS * 4);
+#endif
+#if ATTN_PERSISTENT == 2
     for (int sl = 0; sl < 2; sl++) {
       mbar_init(tfull + 8 * sl, 1);
       mbar_init(tempty + 8 * sl, CONSUMERS * 4);
@@ -496,7 +540,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
     if (tid != 0) return;
-#if ATTN_PERSISTENT
+#if ATTN_PERSISTENT == 1
+    int kv = 0, q = 0;
+    for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
+      int b, h, m0;
+      fwd_tile t;
+      schedule(P, i, &b, &h, &m0);
+      if (!tile_at(P, b, h, m0, t) || t.n_lo >= t.n_hi) continue;
+      /* Q is reloaded once every consumer warp has computed its last S
+       * of the previous tile (a fresh barrier passes the first wait). */
+      mbar_wait(emptyQ, (q & 1) ^ 1);
+      produce(&tq, &tk, &tv, P, t, sQ, sK, sV, fullQ, fullK, fullV, empty, kv);
+      kv += t.n_hi - t.n_lo;
+      q++;
+    }
+#elif ATTN_PERSISTENT == 2
     int kv = 0, q = 0;
     for (int n = 0;; n++) {
       /* Fetched while the consumers finish the previous tile: the counter's
@@ -517,6 +575,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       /* Q is reloaded once every consumer warp has computed its last S
        * of the previous tile (a fresh barrier passes the first wait). */
       mbar_wait(emptyQ, (q & 1) ^ 1);
+      /* Found again rather than held across the waits: in 24 registers
+       * that leaves 24 bytes spilled, used once per tile (104 when held). */
       ATTN_OPAQUE(i);
       tile_of(P, i, t);
       produce(&tq, &tk, &tv, P, t, sQ, sK, sV, fullQ, fullK, fullV, empty, kv);
@@ -530,13 +590,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-#if ATTN_PERSISTENT
+#if ATTN_PERSISTENT == 1
+  int kv = 0, q = 0;
+  for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
+    int b, h, m0;
+    fwd_tile t;
+    schedule(P, i, &b, &h, &m0);
+    if (!tile_at(P, b, h, m0, t)) continue;
+    if (t.n_lo >= t.n_hi) {
+      zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
+      continue;
+    }
+    consume(P, t, wg - 1, sQ, sK, sV, fullQ, q & 1, fullK, fullV, empty, emptyQ, kv);
+    kv += t.n_hi - t.n_lo;
+    q++;
+  }
+#elif ATTN_PERSISTENT == 2
   int kv = 0, q = 0;
   for (int n = 0;; n++) {
     const int i = tile_take(ring, tfull, tempty, n);
     if (i < 0) break;
     fwd_tile t;
-    tile_of(P, i, t); /* the producer posts only tiles with rows */
+    /* Never false (the producer posts only tiles with rows), but tested:
+     * ptxas then knows every field of t to be defined, and so the same
+     * across the warp, and keeps the key-tile loop's stage addresses and
+     * wgmma descriptors in uniform registers (untested: 16 more R2UR and
+     * divergence checks per key tile at D 128, and 10-15% slower). */
+    if (!tile_of(P, i, t)) continue;
     if (t.n_lo >= t.n_hi) {
       zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
       continue;

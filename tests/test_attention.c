@@ -789,14 +789,15 @@ static void test_values_hopper_bwd(void) {
     for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 1);
 }
 
-/* The Hopper forward's persistent schedule (SMELT_ATTN_FWD_SCHEDULE=persistent,
- * kernels/attn_fwd_sm90.cu with ATTN_PERSISTENT 1): the forward cases of
- * the head dims it has (64, 128) against the CPU reference as in run_case,
- * and cases with more query tiles than SMs, so that a CTA walks several
- * tiles (the K/V ring's and Q's phases running on across them), causal
- * (longest first) and full, and varlen with sequences past their end and
- * without keys (tiles skipped, tiles of zeros between others). The
- * environment is restored after. */
+/* The Hopper forward's three schedules (SMELT_ATTN_FWD_SCHEDULE=tiles,
+ * persistent, dynamic: kernels/attn_fwd_sm90.cu with ATTN_PERSISTENT 0, 1,
+ * 2), each forced whatever the mask (the default picks by it): the
+ * forward cases of the head dims it has (64, 128) against the CPU
+ * reference as in run_case, and cases with more query tiles than SMs, so
+ * that a CTA walks several tiles (the K/V ring's and Q's phases running
+ * on across them), causal (longest first) and full, and varlen with
+ * sequences past their end and without keys (tiles skipped, tiles of
+ * zeros between others). The environment is restored after. */
 static void test_values_fwd_persistent(void) {
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
@@ -814,16 +815,21 @@ static void test_values_fwd_persistent(void) {
   smelt_plan *plan = NULL;
   CHECK_STATUS(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan), SMELT_STATUS_INVALID_ARGUMENT);
   CHECK_MSG("SMELT_ATTN_FWD_SCHEDULE=\"fifo\"");
-  CHECK_MSG("tiles or persistent");
-  setenv("SMELT_ATTN_FWD_SCHEDULE", "persistent", 1);
-  CHECK_OK(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
-  if (plan && (!strstr(smelt_plan_describe(plan), "attn_fwd_sm90") || !strstr(smelt_plan_describe(plan), "persistent")))
-    th_fail(__FILE__, __LINE__, "SMELT_ATTN_FWD_SCHEDULE=persistent on sm_90 took %s", smelt_plan_describe(plan));
-  smelt_plan_destroy(plan);
+  CHECK_MSG("tiles, persistent or dynamic");
+  /* The end of the kernel's name each schedule must plan (c0 is D 64:
+   * attn_fwd_sm90_bf16_d64_n128_c3_s4 with one CTA per tile). */
+  static const char *const scheds[3] = {"tiles", "persistent", "dynamic"};
+  static const char *const names[3] = {"_s4 (", "_s4_persistent (", "_s4_dynamic ("};
+  for (int sc = 0; sc < 3; sc++) {
+    setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+    CHECK_OK(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
+    if (plan && (!strstr(smelt_plan_describe(plan), "attn_fwd_sm90") || !strstr(smelt_plan_describe(plan), names[sc])))
+      th_fail(__FILE__, __LINE__, "SMELT_ATTN_FWD_SCHEDULE=%s on sm_90 took %s", scheds[sc], smelt_plan_describe(plan));
+    smelt_plan_destroy(plan);
+    plan = NULL;
+  }
   bwd_env_free(&e);
   static const smelt_dtype dts[] = {SMELT_DTYPE_BF16, SMELT_DTYPE_F16};
-  for (size_t i = 0; i < sizeof small_cases / sizeof *small_cases; i++)
-    for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &small_cases[i], 0);
   static const acase cases[] = {
       {2, 65, 200, 2, 2, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_PADDED},
       {1, 200, 200, 4, 1, 128, 1, 64, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
@@ -835,8 +841,13 @@ static void test_values_fwd_persistent(void) {
       {2, 300, 500, 40, 8, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
       {5, 0, 0, 16, 2, 64, 1, -1, -1, 0, 1, {600, 1, 0, 333, 257}, {600, 5, 3, 0, 300}, LAY_PADDED},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-    for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
+  for (int sc = 0; sc < 3; sc++) {
+    setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+    for (size_t i = 0; i < sizeof small_cases / sizeof *small_cases; i++)
+      for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &small_cases[i], 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+      for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
+  }
   if (old) setenv("SMELT_ATTN_FWD_SCHEDULE", saved, 1);
   else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
 }
@@ -865,12 +876,12 @@ static uint8_t *fwd_bytes(bwd_env *e, smelt_ctx *ctx, smelt_plan *plan, size_t *
   return h;
 }
 
-/* The persistent schedule's tile counter and order change which CTA
- * computes a tile, never how: O and LSE equal the one-CTA-per-tile
- * schedule's bit for bit. Cases too large for the CPU reference: many
- * tiles per SM, causal with several groups of heads (GQA 4), full with
- * Sq != Sk, a sliding window, varlen with empty and key-less sequences;
- * one plan run three times (each launch must count from 0 again). */
+/* The persistent schedules change which CTA computes a tile, never how:
+ * O and LSE equal the one-CTA-per-tile schedule's bit for bit. Cases too
+ * large for the CPU reference: many tiles per SM, causal with several
+ * groups of heads (GQA 4), full with Sq != Sk, a sliding window, varlen
+ * with empty and key-less sequences; one plan of each run three times
+ * (the dynamic one's counter must count from 0 at every launch). */
 static void test_fwd_schedules_bitwise(void) {
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
@@ -897,23 +908,28 @@ static void test_fwd_schedules_bitwise(void) {
     setenv("SMELT_ATTN_FWD_SCHEDULE", "tiles", 1);
     size_t n = 0, m = 0;
     uint8_t *want = fwd_bytes(&e, ctx, NULL, &n);
-    setenv("SMELT_ATTN_FWD_SCHEDULE", "persistent", 1);
-    const smelt_attention_desc d = desc_of(&e.c, &e.g);
-    smelt_plan *plan = NULL;
-    CHECK_OK(e.c.varlen ? smelt_attention_varlen_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.cq, &e.ck, &e.o, &e.lse, &plan)
-                        : smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
-    if (plan && !strstr(smelt_plan_describe(plan), "persistent"))
-      th_fail(__FILE__, __LINE__, "%s: SMELT_ATTN_FWD_SCHEDULE=persistent took %s", what, smelt_plan_describe(plan));
-    for (int r = 0; r < 3 && plan; r++) {
-      uint8_t *got = fwd_bytes(&e, ctx, plan, &m);
-      size_t at = 0;
-      while (at < n && got[at] == want[at]) at++;
-      if (m != n || at < n)
-        th_fail(__FILE__, __LINE__, "%s: run %d of the persistent schedule differs from the tiles schedule at byte %zu of %zu",
-                what, r, at, n);
-      free(got);
+    static const char *const scheds[2] = {"persistent", "dynamic"};
+    for (int sc = 0; sc < 2; sc++) {
+      setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+      const smelt_attention_desc d = desc_of(&e.c, &e.g);
+      smelt_plan *plan = NULL;
+      CHECK_OK(e.c.varlen
+                   ? smelt_attention_varlen_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.cq, &e.ck, &e.o, &e.lse, &plan)
+                   : smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
+      if (plan && !strstr(smelt_plan_describe(plan), scheds[sc]))
+        th_fail(__FILE__, __LINE__, "%s: SMELT_ATTN_FWD_SCHEDULE=%s took %s", what, scheds[sc],
+                smelt_plan_describe(plan));
+      for (int r = 0; r < 3 && plan; r++) {
+        uint8_t *got = fwd_bytes(&e, ctx, plan, &m);
+        size_t at = 0;
+        while (at < n && got[at] == want[at]) at++;
+        if (m != n || at < n)
+          th_fail(__FILE__, __LINE__, "%s: run %d of the %s schedule differs from the tiles schedule at byte %zu of %zu",
+                  what, r, scheds[sc], at, n);
+        free(got);
+      }
+      smelt_plan_destroy(plan);
     }
-    smelt_plan_destroy(plan);
     free(want);
     bwd_env_free(&e);
   }
