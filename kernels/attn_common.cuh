@@ -52,12 +52,13 @@ typedef struct attn_params {
   u64 cu_q, cu_k;           /* varlen: int32 [B + 1]; 0 when batched */
   u64 dq_acc;               /* backward: f32 [rows_q][H][D], dq before the scale */
   u64 lse_ws, dsum_ws;      /* backward: f32 [H][rows_q]: LSE * log2(e), rowsum(dO * O) */
-  u64 sem;                  /* deterministic backward: int [B][H][m_tiles], zeroed */
+  u64 sem;                  /* deterministic backward: int [B][H][m_tiles], zeroed; dynamic
+                               Hopper forward: u32, the next tile, zeroed */
   i64 rows_q, rows_k;       /* rows of all sequences */
   i64 wl, wr;               /* windows; -1 unbounded */
   int B, H, Hk, group;      /* group = H / Hk */
   int seqlen_q, seqlen_k;   /* batched: Sq, Sk; varlen: the longest */
-  int m_tiles;              /* backward: query tiles per (sequence, head) */
+  int m_tiles;              /* backward, persistent forward: query tiles per (sequence, head) */
   int deterministic;
   int D;
   int pad;

@@ -3,15 +3,20 @@
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN, keys
  * per tile (128); ATTN_CONS, consumer warpgroups (2 or 3); ATTN_STAGES,
- * the K/V ring's depth (2..4); ATTN_PERSISTENT, the schedule (0 or 1,
- * below). docs/PERF.md has the sweep over these (and over BN 176/192 and
+ * the K/V ring's depth (2..4); ATTN_PERSISTENT, the schedule (0, 1 or
+ * 2, below). docs/PERF.md has the sweep over these (and over BN 176/192 and
  * an FMA-pipe exp2, both dropped).
  *
  * Schedule: with ATTN_PERSISTENT 0, one CTA per (tile of 64 · ATTN_CONS
- * queries, head, sequence); with 1, one CTA per SM walks a list of those
- * tiles (schedule(): longest first under a causal mask, a head's tiles
- * together otherwise) in a stride of the grid, back and forth. Each CTA has ATTN_CONS + 1
- * warpgroups:
+ * queries, head, sequence). With 1 or 2, one CTA per SM walks a list of
+ * those tiles. 1, static: schedule() (longest first under a causal mask,
+ * a head's tiles together otherwise), each CTA taking places of the list
+ * in a stride of the grid, back and forth. 2, dynamic: tile_of() (under a
+ * causal mask, groups of a few heads, longest first within each; a head's
+ * tiles together otherwise), each CTA taking the next tile from a global
+ * counter (P.sem, zeroed before every launch): the producer fetches it and
+ * hands it to the consumers through a ring of two tile numbers in shared
+ * memory. Each CTA has ATTN_CONS + 1 warpgroups:
  *   producer (warpgroup 0, one thread): TMA loads of the Q tile once, then
  *     of K and V tiles into a ring of ATTN_STAGES stages, each tile
  *     completing on its own "full" mbarrier with its byte count; a stage is
@@ -56,8 +61,8 @@
 #error "attn_fwd_sm90.cu needs ATTN_D, ATTN_BN, ATTN_CONS, ATTN_STAGES and ATTN_PERSISTENT"
 #endif
 #if (ATTN_D != 64 && ATTN_D != 128) || ATTN_BN != 128 || (ATTN_CONS != 2 && ATTN_CONS != 3) || ATTN_STAGES < 2 || \
-    ATTN_STAGES > 4 || (ATTN_PERSISTENT != 0 && ATTN_PERSISTENT != 1)
-#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4, ATTN_PERSISTENT 0 or 1"
+    ATTN_STAGES > 4 || ATTN_PERSISTENT < 0 || ATTN_PERSISTENT > 2
+#error "attn_fwd_sm90.cu: ATTN_D 64 or 128, ATTN_BN 128, ATTN_CONS 2 or 3, ATTN_STAGES 2..4, ATTN_PERSISTENT 0, 1 or 2"
 #endif
 
 #define D ATTN_D
@@ -377,8 +382,8 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
   }
 }
 
-#if ATTN_PERSISTENT
-/* The persistent schedule's i-th query tile of P.m_tiles per (sequence,
+#if ATTN_PERSISTENT == 1
+/* The static schedule's i-th query tile of P.m_tiles per (sequence,
  * head). With a right window (causal) the last query tiles see the most
  * keys: tiles run last row block first, all (sequence, head) pairs of one
  * row block together, so the longest start first and the short ones fill
@@ -411,6 +416,68 @@ static __device__ __forceinline__ i64 my_tile(i64 r, i64 ntiles) {
 }
 #endif
 
+#if ATTN_PERSISTENT == 2
+/* The dynamic schedule's i-th query tile of P.m_tiles per (sequence,
+ * head): false when the sequence has no such rows. The host keeps the
+ * number of tiles plus the grid below 2^31, so the list's arithmetic is
+ * 32-bit (64-bit division is a subroutine call, and spills).
+ *
+ * With a right window (causal) the last query tiles see the most keys.
+ * The (sequence, head) pairs are cut into groups of g (the last group
+ * takes the rest, up to 2g - 1), each group's tiles running last row
+ * block first (all pairs of a group's row block together), so that every
+ * group starts with its longest tiles and the last group's short tiles
+ * fill the end. g * m_tiles is about 1.5 x the CTAs: a model of 132 SMs
+ * taking tiles from the counter (docs/PERF.md) reaches 0.97-1.0 of the
+ * ideal makespan with groups of that size (0.94 at D 128 S4k with single
+ * heads: the last head's longest tile starts too late), while only the K
+ * and V of about g + CTAs / m_tiles heads are read at a time (all heads'
+ * longest tiles first thrashes L2: 10% slower at D 128 S4k on an H100).
+ * Otherwise every tile sees about as many keys: a head's tiles run
+ * together, sharing its K and V in L2. */
+static __device__ __forceinline__ bool tile_of(const attn_params &P, int i, fwd_tile &t) {
+  const int bh = P.B * P.H, m = P.m_tiles;
+  int r, mb;
+  if (P.wr >= 0) {
+    const int want = (3 * (int)gridDim.x + 2 * m - 1) / (2 * m);
+    const int g = want < 1 ? 1 : want > bh ? bh : want, last = bh / g - 1;
+    const int q = i / (g * m), grp = q < last ? q : last, a = grp * g, gs = grp == last ? bh - a : g;
+    const int j = i - a * m;
+    mb = m - 1 - j / gs;
+    r = a + j % gs;
+  } else {
+    r = i / m;
+    mb = i % m;
+  }
+  return tile_at(P, r / P.H, r % P.H, mb * BM, t);
+}
+
+static __device__ __forceinline__ int lds32(u32 addr) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+/* The ring of tile numbers, two slots: the producer posts the n-th tile it
+ * fetched (-1: no more) in slot n % 2 once the consumers have taken the
+ * one two before; every consumer warp takes it and hands the slot back.
+ * The arrive releases the store, the wait acquires it. */
+static __device__ __forceinline__ void tile_post(u32 ring, u32 tfull, u32 tempty, int n, int i) {
+  const int sl = n & 1;
+  mbar_wait(tempty + 8 * sl, ((n >> 1) & 1) ^ 1);
+  sts32(ring + 4 * sl, (u32)i);
+  mbar_arrive(tfull + 8 * sl);
+}
+static __device__ __forceinline__ int tile_take(u32 ring, u32 tfull, u32 tempty, int n) {
+  const int sl = n & 1;
+  mbar_wait(tfull + 8 * sl, (n >> 1) & 1);
+  const int i = lds32(ring + 4 * sl);
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) mbar_arrive(tempty + 8 * sl);
+  return i;
+}
+#endif
+
 /* ---------------------------------------------------------------- the kernel */
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -420,16 +487,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Q, the K stages, the V stages (all 1024-aligned; the host adds 1 KiB of
    * slack), then the mbarriers: Q full, K full and V full per stage, empty
-   * per stage, and (persistent) Q empty. */
+   * per stage, (persistent) Q empty, and (dynamic) the ring's full and
+   * empty per slot, then the ring's two tile numbers (4 bytes each). */
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 sQ = base, sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES, bars = sV + STAGES * KV_BYTES;
   const u32 fullQ = bars, fullK = bars + 8, fullV = fullK + 8 * STAGES, empty = fullV + 8 * STAGES;
   const u32 emptyQ = empty + 8 * STAGES;
-#if ATTN_PERSISTENT
+#if ATTN_PERSISTENT == 1
   /* One CTA per SM walks the tiles of schedule() in the order of
    * my_tile(); every thread walks the same ones, so producer and
    * consumers agree on the sequence of query tiles and of key tiles. */
   const i64 ntiles = (i64)P.B * P.H * P.m_tiles;
+#elif ATTN_PERSISTENT == 2
+  /* One CTA per SM takes tiles from the counter until it runs past the
+   * list; the producer fetches, the consumers follow the ring, so they
+   * agree on the sequence of query tiles and of key tiles. */
+  const u32 tfull = emptyQ + 8, tempty = tfull + 16, ring = tempty + 16;
+  const int ntiles = P.B * P.H * P.m_tiles;
 #else
   /* One CTA per query tile. They run last first: under a causal mask the
    * last see the most keys, and starting the longest CTAs first leaves
@@ -452,6 +526,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if ATTN_PERSISTENT
     mbar_init(emptyQ, CONSUMERS * 4);
 #endif
+#if ATTN_PERSISTENT == 2
+    for (int sl = 0; sl < 2; sl++) {
+      mbar_init(tfull + 8 * sl, 1);
+      mbar_init(tempty + 8 * sl, CONSUMERS * 4);
+    }
+#endif
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -460,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
     if (tid != 0) return;
-#if ATTN_PERSISTENT
+#if ATTN_PERSISTENT == 1
     int kv = 0, q = 0;
     for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
       int b, h, m0;
@@ -474,6 +554,35 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       kv += t.n_hi - t.n_lo;
       q++;
     }
+#elif ATTN_PERSISTENT == 2
+    int kv = 0, q = 0;
+    for (int n = 0;; n++) {
+      /* Fetched while the consumers finish the previous tile: the counter's
+       * latency hides behind their last key tiles. Tiles past a varlen
+       * sequence's end are dropped here. */
+      fwd_tile t;
+      int i;
+      do {
+        /* Taken from the parameters at every fetch rather than held: the
+         * producer has 24 registers. */
+        u64 next = P.sem;
+        asm volatile("" : "+l"(next));
+        i = (int)atomicAdd((unsigned *)next, 1u);
+      } while (i < ntiles && !tile_of(P, i, t));
+      tile_post(ring, tfull, tempty, n, i < ntiles ? i : -1);
+      if (i >= ntiles) break;
+      if (t.n_lo >= t.n_hi) continue; /* the consumers write its zeros */
+      /* Q is reloaded once every consumer warp has computed its last S
+       * of the previous tile (a fresh barrier passes the first wait). */
+      mbar_wait(emptyQ, (q & 1) ^ 1);
+      /* Found again rather than held across the waits: in 24 registers
+       * that leaves 24 bytes spilled, used once per tile (104 when held). */
+      ATTN_OPAQUE(i);
+      tile_of(P, i, t);
+      produce(&tq, &tk, &tv, P, t, sQ, sK, sV, fullQ, fullK, fullV, empty, kv);
+      kv += t.n_hi - t.n_lo;
+      q++;
+    }
 #else
     produce(&tq, &tk, &tv, P, t, sQ, sK, sV, fullQ, fullK, fullV, empty, 0);
 #endif
@@ -481,13 +590,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-#if ATTN_PERSISTENT
+#if ATTN_PERSISTENT == 1
   int kv = 0, q = 0;
   for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {
     int b, h, m0;
     fwd_tile t;
     schedule(P, i, &b, &h, &m0);
     if (!tile_at(P, b, h, m0, t)) continue;
+    if (t.n_lo >= t.n_hi) {
+      zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
+      continue;
+    }
+    consume(P, t, wg - 1, sQ, sK, sV, fullQ, q & 1, fullK, fullV, empty, emptyQ, kv);
+    kv += t.n_hi - t.n_lo;
+    q++;
+  }
+#elif ATTN_PERSISTENT == 2
+  int kv = 0, q = 0;
+  for (int n = 0;; n++) {
+    const int i = tile_take(ring, tfull, tempty, n);
+    if (i < 0) break;
+    fwd_tile t;
+    /* Never false (the producer posts only tiles with rows), but tested:
+     * ptxas then knows every field of t to be defined, and so the same
+     * across the warp, and keeps the key-tile loop's stage addresses and
+     * wgmma descriptors in uniform registers (untested: 16 more R2UR and
+     * divergence checks per key tile at D 128, and 10-15% slower). */
+    if (!tile_of(P, i, t)) continue;
     if (t.n_lo >= t.n_hi) {
       zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
       continue;

@@ -789,14 +789,15 @@ static void test_values_hopper_bwd(void) {
     for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 1);
 }
 
-/* The Hopper forward's persistent schedule (SMELT_ATTN_FWD_SCHEDULE=persistent,
- * kernels/attn_fwd_sm90.cu with ATTN_PERSISTENT 1): the forward cases of
- * the head dims it has (64, 128) against the CPU reference as in run_case,
- * and cases with more query tiles than SMs, so that a CTA walks several
- * tiles (the K/V ring's and Q's phases running on across them), causal
- * (longest first) and full, and varlen with sequences past their end and
- * without keys (tiles skipped, tiles of zeros between others). The
- * environment is restored after. */
+/* The Hopper forward's three schedules (SMELT_ATTN_FWD_SCHEDULE=tiles,
+ * persistent, dynamic: kernels/attn_fwd_sm90.cu with ATTN_PERSISTENT 0, 1,
+ * 2), each forced whatever the mask (the default picks by it): the
+ * forward cases of the head dims it has (64, 128) against the CPU
+ * reference as in run_case, and cases with more query tiles than SMs, so
+ * that a CTA walks several tiles (the K/V ring's and Q's phases running
+ * on across them), causal (longest first) and full, and varlen with
+ * sequences past their end and without keys (tiles skipped, tiles of
+ * zeros between others). The environment is restored after. */
 static void test_values_fwd_persistent(void) {
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
@@ -814,16 +815,21 @@ static void test_values_fwd_persistent(void) {
   smelt_plan *plan = NULL;
   CHECK_STATUS(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan), SMELT_STATUS_INVALID_ARGUMENT);
   CHECK_MSG("SMELT_ATTN_FWD_SCHEDULE=\"fifo\"");
-  CHECK_MSG("tiles or persistent");
-  setenv("SMELT_ATTN_FWD_SCHEDULE", "persistent", 1);
-  CHECK_OK(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
-  if (plan && (!strstr(smelt_plan_describe(plan), "attn_fwd_sm90") || !strstr(smelt_plan_describe(plan), "persistent")))
-    th_fail(__FILE__, __LINE__, "SMELT_ATTN_FWD_SCHEDULE=persistent on sm_90 took %s", smelt_plan_describe(plan));
-  smelt_plan_destroy(plan);
+  CHECK_MSG("tiles, persistent or dynamic");
+  /* The end of the kernel's name each schedule must plan (c0 is D 64:
+   * attn_fwd_sm90_bf16_d64_n128_c3_s4 with one CTA per tile). */
+  static const char *const scheds[3] = {"tiles", "persistent", "dynamic"};
+  static const char *const names[3] = {"_s4 (", "_s4_persistent (", "_s4_dynamic ("};
+  for (int sc = 0; sc < 3; sc++) {
+    setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+    CHECK_OK(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
+    if (plan && (!strstr(smelt_plan_describe(plan), "attn_fwd_sm90") || !strstr(smelt_plan_describe(plan), names[sc])))
+      th_fail(__FILE__, __LINE__, "SMELT_ATTN_FWD_SCHEDULE=%s on sm_90 took %s", scheds[sc], smelt_plan_describe(plan));
+    smelt_plan_destroy(plan);
+    plan = NULL;
+  }
   bwd_env_free(&e);
   static const smelt_dtype dts[] = {SMELT_DTYPE_BF16, SMELT_DTYPE_F16};
-  for (size_t i = 0; i < sizeof small_cases / sizeof *small_cases; i++)
-    for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &small_cases[i], 0);
   static const acase cases[] = {
       {2, 65, 200, 2, 2, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_PADDED},
       {1, 200, 200, 4, 1, 128, 1, 64, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
@@ -835,8 +841,98 @@ static void test_values_fwd_persistent(void) {
       {2, 300, 500, 40, 8, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
       {5, 0, 0, 16, 2, 64, 1, -1, -1, 0, 1, {600, 1, 0, 333, 257}, {600, 5, 3, 0, 300}, LAY_PADDED},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-    for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
+  for (int sc = 0; sc < 3; sc++) {
+    setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+    for (size_t i = 0; i < sizeof small_cases / sizeof *small_cases; i++)
+      for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &small_cases[i], 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+      for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
+  }
+  if (old) setenv("SMELT_ATTN_FWD_SCHEDULE", saved, 1);
+  else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
+}
+
+/* O's and LSE's bytes after a forward of e's inputs into its o and lse
+ * buffers, poisoned first (a tile left out stays poison). plan: run on it,
+ * else plan and run once. */
+static uint8_t *fwd_bytes(bwd_env *e, smelt_ctx *ctx, smelt_plan *plan, size_t *n) {
+  const size_t a = (size_t)e->lq.storage * smelt_dtype_size(e->dt), b = (size_t)e->ll.storage * 4;
+  uint8_t *h = (uint8_t *)malloc(a + b + 1);
+  memset(h, 0xFF, a + b);
+  th_buf_upload(&e->b[3], h, a);
+  th_buf_upload(&e->b[5], h + a, b);
+  const smelt_attention_desc d = desc_of(&e->c, &e->g);
+  smelt_status s;
+  if (plan)
+    s = e->c.varlen ? smelt_attention_varlen_fwd_run(plan, &e->q, &e->k, &e->v, &e->cq, &e->ck, &e->o, &e->lse)
+                    : smelt_attention_fwd_run(plan, &e->q, &e->k, &e->v, &e->o, &e->lse);
+  else
+    s = e->c.varlen ? smelt_attention_varlen_fwd(ctx, &d, &e->q, &e->k, &e->v, &e->cq, &e->ck, &e->o, &e->lse)
+                    : smelt_attention_fwd(ctx, &d, &e->q, &e->k, &e->v, &e->o, &e->lse);
+  if (s) th_fail(__FILE__, __LINE__, "forward: %s (%s)", smelt_status_name(s), smelt_last_error());
+  th_buf_download(&e->b[3], h, a);
+  th_buf_download(&e->b[5], h + a, b);
+  *n = a + b;
+  return h;
+}
+
+/* The persistent schedules change which CTA computes a tile, never how:
+ * O and LSE equal the one-CTA-per-tile schedule's bit for bit. Cases too
+ * large for the CPU reference: many tiles per SM, causal with several
+ * groups of heads (GQA 4), full with Sq != Sk, a sliding window, varlen
+ * with empty and key-less sequences; one plan of each run three times
+ * (the dynamic one's counter must count from 0 at every launch). */
+static void test_fwd_schedules_bitwise(void) {
+  smelt_ctx *ctx = th_cuda();
+  if (!ctx) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(ctx), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  const char *old = getenv("SMELT_ATTN_FWD_SCHEDULE");
+  char saved[64] = {0};
+  if (old) snprintf(saved, sizeof saved, "%s", old);
+  static const acase cases[] = {
+      {4, 1024, 1024, 16, 4, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
+      {2, 3000, 3000, 8, 8, 64, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
+      {3, 700, 900, 12, 3, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
+      {2, 2000, 2000, 8, 2, 64, 0, 300, 0, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
+      {6, 0, 0, 16, 2, 128, 1, -1, -1, 0, 1, {1000, 0, 1, 700, 129, 2500}, {1000, 5, 0, 900, 129, 2500}, LAY_CONTIG},
+      {5, 0, 0, 12, 4, 64, 1, -1, -1, 0, 1, {2000, 0, 64, 1, 777}, {2000, 0, 0, 300, 777}, LAY_CONTIG},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const smelt_dtype dt = i % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+    bwd_env e;
+    bwd_env_new(&e, ctx, dt, &cases[i]);
+    char what[320];
+    case_text(&cases[i], ctx, dt, what, sizeof what);
+    setenv("SMELT_ATTN_FWD_SCHEDULE", "tiles", 1);
+    size_t n = 0, m = 0;
+    uint8_t *want = fwd_bytes(&e, ctx, NULL, &n);
+    static const char *const scheds[2] = {"persistent", "dynamic"};
+    for (int sc = 0; sc < 2; sc++) {
+      setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+      const smelt_attention_desc d = desc_of(&e.c, &e.g);
+      smelt_plan *plan = NULL;
+      CHECK_OK(e.c.varlen
+                   ? smelt_attention_varlen_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.cq, &e.ck, &e.o, &e.lse, &plan)
+                   : smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
+      if (plan && !strstr(smelt_plan_describe(plan), scheds[sc]))
+        th_fail(__FILE__, __LINE__, "%s: SMELT_ATTN_FWD_SCHEDULE=%s took %s", what, scheds[sc],
+                smelt_plan_describe(plan));
+      for (int r = 0; r < 3 && plan; r++) {
+        uint8_t *got = fwd_bytes(&e, ctx, plan, &m);
+        size_t at = 0;
+        while (at < n && got[at] == want[at]) at++;
+        if (m != n || at < n)
+          th_fail(__FILE__, __LINE__, "%s: run %d of the %s schedule differs from the tiles schedule at byte %zu of %zu",
+                  what, r, scheds[sc], at, n);
+        free(got);
+      }
+      smelt_plan_destroy(plan);
+    }
+    free(want);
+    bwd_env_free(&e);
+  }
   if (old) setenv("SMELT_ATTN_FWD_SCHEDULE", saved, 1);
   else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
 }
@@ -1479,6 +1575,7 @@ const th_test th_tests_attention[] = {
     {"finite_differences", test_finite_differences},
     {"values_hopper_bwd", test_values_hopper_bwd},
     {"values_fwd_persistent", test_values_fwd_persistent},
+    {"fwd_schedules_bitwise", test_fwd_schedules_bitwise},
     {"deterministic", test_deterministic},
     {"plan_reuse", test_plan_reuse},
     {"empty", test_empty},

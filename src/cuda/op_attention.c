@@ -20,8 +20,9 @@
  * device's shared memory.
  *
  * Run: the forward is one launch, grid (query tiles, H, B), or on Hopper
- * with the persistent schedule (FWD90_PERSISTENT, SMELT_ATTN_FWD_SCHEDULE)
- * one CTA per SM walking the query tiles. The backward
+ * with a persistent schedule (fwd90_schedule(), SMELT_ATTN_FWD_SCHEDULE)
+ * one CTA per SM walking the query tiles; the dynamic one first zeroes
+ * its tile counter, a pool allocation of its own. The backward
  * takes one workspace from the context's pool (dq's f32 accumulator, LSE ·
  * log2 e, rowsum(dO ∘ O), and in deterministic mode one counter per
  * (sequence, head, query tile)), then launches attn_bwd_pre, attn_bwd or
@@ -71,7 +72,7 @@ typedef struct attn_kernel {
   int bm;             /* queries per CTA (forward), per step (backward) */
   int threads, smem;  /* block size, dynamic shared memory bytes */
   int cons, stages;   /* Hopper forward: consumer warpgroups, K/V ring depth */
-  int persist;        /* Hopper forward: the persistent schedule */
+  int persist;        /* Hopper forward: its schedule, FWD90_TILES, _STATIC or _DYNAMIC */
 } attn_kernel;
 
 #define MAX_KERNELS 32
@@ -86,11 +87,13 @@ typedef struct attn_kernel {
  * blocks of a head add into different dQ rows at a time (1: 1.03-1.04x at
  * S4k, 4 bytes spilled), or all walk them from the first (0). */
 #define BWD90_SPREAD 1
-/* The Hopper forward's schedule when SMELT_ATTN_FWD_SCHEDULE is unset:
- * one CTA per query tile (0), or one per SM walking the tiles, longest
- * first under a causal mask (1; compiled, not yet run on a GPU:
- * docs/PERF.md). SMELT_ATTN_FWD_SCHEDULE=tiles or =persistent picks one. */
-#define FWD90_PERSISTENT 0
+/* The Hopper forward's schedules (ATTN_PERSISTENT in the kernel): one CTA
+ * per query tile; one per SM walking the tiles in a static stride of the
+ * grid; one per SM taking them from a counter. SMELT_ATTN_FWD_SCHEDULE
+ * (tiles, persistent, dynamic) picks one; unset, fwd90_schedule() decides
+ * by the mask, as measured on H100 (docs/PERF.md). */
+enum { FWD90_TILES, FWD90_STATIC, FWD90_DYNAMIC };
+static const char *const fwd90_names[] = {"tiles", "persistent", "dynamic"};
 /* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
 _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 * BWD_BM * 2 +
                        BWD90_STAGES * 8 * BWD_BM + 8 * (1 + 2 * BWD90_STAGES) +
@@ -131,12 +134,14 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
 
 /* The Hopper forward's shapes: 64 queries per consumer warpgroup, plus the
  * producer's; 1 KiB alignment slack, Q, the stages of K and V (bn rows
- * each), and the mbarriers (Q full; K full, V full, empty per stage; Q
- * empty when persistent). Each shape in both schedules. */
+ * each), and the mbarriers (Q full; K full, V full, empty per stage;
+ * persistent: Q empty; dynamic: the tile ring's full and empty per slot,
+ * and its two 4-byte tile numbers). Each shape in every schedule. */
 static void add90(attn_kernel *t, int *n, smelt_dtype dt, int d, int bn, int cons, int stages) {
-  for (int persist = 0; persist < 2; persist++) {
-    attn_kernel k = {AK_FWD90, dt, d, bn, 64 * cons, 128 * (cons + 1), 0, cons, stages, persist};
-    k.smem = 1024 + (64 * cons + stages * 2 * bn) * d * 2 + 8 * (1 + 3 * stages + persist);
+  for (int sched = FWD90_TILES; sched <= FWD90_DYNAMIC; sched++) {
+    attn_kernel k = {AK_FWD90, dt, d, bn, 64 * cons, 128 * (cons + 1), 0, cons, stages, sched};
+    k.smem = 1024 + (64 * cons + stages * 2 * bn) * d * 2 + 8 * (1 + 3 * stages + (sched != FWD90_TILES) +
+                                                                   5 * (sched == FWD90_DYNAMIC));
     t[(*n)++] = k;
   }
 }
@@ -175,7 +180,7 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
       break;
     case AK_FWD90:
       snprintf(src->name, sizeof src->name, "attn_fwd_sm90_%s_d%d_n%d_c%d_s%d%s", dt, k->d, k->bn, k->cons, k->stages,
-               k->persist ? "_persistent" : "");
+               k->persist == FWD90_STATIC ? "_persistent" : k->persist == FWD90_DYNAMIC ? "_dynamic" : "");
       src->body = "attn_fwd_sm90.cu";
       smelt__prelude_define(src, "ATTN_CONS", k->cons);
       smelt__prelude_define(src, "ATTN_STAGES", k->stages);
@@ -253,14 +258,29 @@ static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d, int
   return -1;
 }
 
-/* The Hopper forward's schedule: SMELT_ATTN_FWD_SCHEDULE (tiles or
- * persistent; anything else is an error), else FWD90_PERSISTENT. */
-static smelt_status fwd90_schedule(const char *op, int *persist) {
+/* The Hopper forward's schedule: SMELT_ATTN_FWD_SCHEDULE (tiles,
+ * persistent or dynamic; anything else is an error), else by the mask.
+ * Measured on H100 (docs/PERF.md, "Persistent schedule"): the static
+ * persistent schedule beats one CTA per tile by 3-11% without a right
+ * window (every query tile sees about as many keys) and loses 10% at
+ * causal S4k, where one CTA per tile wins; the dynamic one lost
+ * everywhere as measured (a code-generation defect since fixed, not yet
+ * re-measured). */
+static smelt_status fwd90_schedule(const smelt__attn_state *st, int *sched) {
   const char *env = smelt__getenv("SMELT_ATTN_FWD_SCHEDULE");
-  if (env && strcmp(env, "tiles") != 0 && strcmp(env, "persistent") != 0)
+  if (env) {
+    for (int i = FWD90_TILES; i <= FWD90_DYNAMIC; i++)
+      if (strcmp(env, fwd90_names[i]) == 0) {
+        *sched = i;
+        return SMELT_OK;
+      }
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        "%s: SMELT_ATTN_FWD_SCHEDULE=\"%.32s\" is not a schedule (tiles or persistent)", op, env);
-  *persist = env ? strcmp(env, "persistent") == 0 : FWD90_PERSISTENT;
+                        "%s: SMELT_ATTN_FWD_SCHEDULE=\"%.32s\" is not a schedule (tiles, persistent or dynamic)",
+                        st->op, env);
+  }
+  /* A right window (causal) the kernel applies: as in run(). */
+  const int right = st->wr >= 0 && st->wr < st->Sq + st->Sk;
+  *sched = right ? FWD90_TILES : FWD90_STATIC;
   return SMELT_OK;
 }
 
@@ -303,12 +323,22 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
       return smelt__error(SMELT_STATUS_UNSUPPORTED,
                           "%s: head dim D=%lld has no CUDA forward kernel (supported: 64, 96, 128, 256)", st->op,
                           (long long)D);
-    int persist = 0;
-    if ((s = fwd90_schedule(st->op, &persist))) return s;
-    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, persist) : -1;
+    int sched = FWD90_TILES;
+    if ((s = fwd90_schedule(st, &sched))) return s;
+    int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, sched) : -1;
+    /* The dynamic kernel counts tiles in 32 bits: the tiles (varlen: of
+     * the longest sequence, per sequence and head) plus one overshoot per
+     * CTA must stay below 2^31; past that, one CTA per tile. */
+    const int too_many = h >= 0 && sched == FWD90_DYNAMIC &&
+                         (st->Sq + t[h].bm - 1) / t[h].bm * st->H * st->B > INT32_MAX - dev->sm_count;
+    if (too_many) h = find(t, n, AK_FWD90, dt, (int)D, FWD90_TILES);
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       k = h;
-      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized%s", persist ? ", persistent" : "");
+      snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized%s",
+               too_many                 ? ", one CTA per tile (too many to count)"
+               : sched == FWD90_STATIC  ? ", persistent"
+               : sched == FWD90_DYNAMIC ? ", persistent, dynamic"
+                                        : "");
     } else {
       snprintf(why, why_n, "FlashAttention-2 forward, mma.sync");
     }
@@ -485,14 +515,30 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
           (s = tensor_map(st, a->t[SMELT__ATT_V], k->bn, &tv)))
         return s;
       void *p90[] = {&tq, &tk, &tv, &kp};
-      if (k->persist) {
+      if (k->persist != FWD90_TILES) {
         /* One CTA per SM (either shape takes over half an SM's shared
          * memory), or per tile when there are fewer; the kernel walks
          * m_tiles query tiles per (sequence, head). */
         kp.m_tiles = (int)gx;
         const int64_t tiles = (int64_t)gx * st->H * st->B, sms = ctx->cuda->info.sm_count;
-        return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)(tiles < sms ? tiles : sms),
-                                  1, 1, (unsigned)k->threads, (unsigned)k->smem, p90);
+        const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+        if (k->persist == FWD90_STATIC)
+          return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], grid, 1, 1, (unsigned)k->threads,
+                                    (unsigned)k->smem, p90);
+        /* Dynamic: the counter is this launch's own (a pool allocation in
+         * stream order) and zeroed on the launch's stream, so launches on
+         * other streams and graph replays (which replay the memset) each
+         * count from 0. */
+        void *next = NULL;
+        if ((s = smelt__cuda_alloc(ctx, 4, &next))) return s;
+        kp.sem = (uint64_t)(uintptr_t)next;
+        CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.sem, 0, 4, ctx->cuda->stream);
+        if (r) s = smelt__cu_error(r, st->op, "clearing the dynamic forward's tile counter");
+        if (!s)
+          s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], grid, 1, 1, (unsigned)k->threads,
+                                 (unsigned)k->smem, p90);
+        smelt_status s2 = smelt__cuda_free(ctx, next);
+        return s ? s : s2;
       }
       return smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], gx, (unsigned)st->H, (unsigned)st->B,
                                 (unsigned)k->threads, (unsigned)k->smem, p90);
