@@ -895,11 +895,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       pair_sync();
 #endif
-      if (P.dt_d != DT_F32 && P.act == ACT_IDENTITY && P.scale_d == 1.f && !P.clamp) {
-        /* The plain linear combination (+ bias) into 16-bit D, the common
-         * case: unrolled over the pieces, so each reads its accumulators
-         * in place (no moves) and costs ~50 instructions a thread. The
-         * tensor cores idle while both cooperative consumers are here. */
+      if (P.dt_d != DT_F32 && P.scale_d == 1.f && !P.clamp &&
+          (P.act == ACT_IDENTITY || P.act == ACT_GELU || P.act == ACT_SILU)) {
+        /* The linear combination (+ bias, + GELU or SiLU, the transformer
+         * activations) into 16-bit D, the common cases: unrolled over the
+         * pieces, so each reads its accumulators in place (no moves; ~50
+         * instructions a thread without an activation). The tensor cores
+         * idle while both cooperative consumers are here. Other epilogues
+         * take the rolled loop below, which keeps the compile short. */
         const float alpha = (float)P.alpha_ab;
 #pragma unroll
         for (int p = 0; p < ACCS / 32; p++) {
@@ -914,6 +917,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[32 * p + 4 * j + e] + (e & 1 ? b.y : b.x);
           }
+          if (P.act == ACT_GELU) act_piece16_n(v, ACT_GELU);
+          else if (P.act == ACT_SILU) act_piece16_n(v, ACT_SILU);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
           piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
         }
