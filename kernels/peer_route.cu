@@ -245,6 +245,38 @@ static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u
   }
 }
 
+/* THR 2: the buffered scores of merge row mr into L (each of its four
+ * threads the slots j = mq mod 4), unless some row of the CTA overflowed
+ * its buffer (rows past T, real = 0, all zeros, do not count); returns
+ * whether one did (CTA-uniform). */
+static __device__ __forceinline__ int insert_buffer(u64 *L, int kl, const u64 *buf, const u32 *cnt, int mr, int mq,
+                                                    bool real) {
+  const u32 n = cnt[mr];
+  const int overflow = __syncthreads_or(n > BCAP && real);
+  for (u32 j = mq; !overflow && j < n && j < BCAP; j += 4) insert_desc(L, buf[mr * BCAP + j], kl);
+  return overflow;
+}
+
+/* REG's filter of the combination: a score at or below the row's k-th
+ * best sum of running entry a (scores va[a], a < len) and dim entry b (dl,
+ * packed, b < ki), both lists sorted best first. The pairs with b <
+ * min(ki, k / (a + 1)) are at least k distinct candidates when they count
+ * k (else -inf: nothing is filtered), and their least sum, on each a at
+ * the largest such b (float addition is monotonic), is at or below all of
+ * them; a sum below it ranks under k candidates. NaN sums (which rank
+ * highest) are skipped by fminf, so they count without lowering it. */
+static __device__ __forceinline__ float combine_threshold(const float *va, const u64 *dl, int len, int ki, int k) {
+  float t = __int_as_float(0x7f800000);
+  int n = 0;
+  for (int a = 0; a < len; a++) {
+    const int b = ki < k / (a + 1) ? ki : k / (a + 1);
+    if (b == 0) break;
+    n += b;
+    t = fminf(t, va[a] + peer_packed_value(dl[b - 1]));
+  }
+  return n >= k ? t : PEER_NEG_INF;
+}
+
 /* Gates of a row's scores, lane j holding score j (lanes >= k: on = 0). */
 static __device__ __forceinline__ float gate_of(int gate, float s, bool on) {
   if (gate == GATE_SOFTMAX) {
@@ -263,6 +295,14 @@ static __device__ __forceinline__ i64 split_row0(const peer_route_params &P, int
   i64 r = 0;
   for (int j = 0; j < i; j++) r += (P.key_hs[j] ? P.h : 1) * P.n[j];
   return r + (P.key_hs[i] ? hh * P.n[i] : 0);
+}
+
+/* The index of dim i's table (head hh's, when per head) among all the
+ * dims' tables, in split_row0's order: peer_split_keys's kmax entries. */
+static __device__ __forceinline__ i64 key_group(const peer_route_params &P, int i, i64 hh) {
+  i64 r = 0;
+  for (int j = 0; j < i; j++) r += P.key_hs[j] ? P.h : 1;
+  return r + (P.key_hs[i] ? hh : 0);
 }
 
 /* Starts the copies of split key rows row0 + c0 .. + KT-1 (dpad bf16 each,
@@ -315,6 +355,105 @@ static __device__ __forceinline__ void score_tile_ldsm(float (*acc)[4], const sm
   }
 }
 
+/* REG: the hi query fragments of the warp's 16 rows (rm..) for k steps
+ * 0..QK-1 (dpad <= 16 QK), loaded at the start of the first pass by the
+ * same ldmatrix.x4 as score_tile_ldsm's. (Held through the second pass
+ * too, with or without the lo parts, they spill: 128 registers.) */
+#define QK 8
+static __device__ __forceinline__ void load_query_frags(u32 (*ah)[4], const smelt_h16 *qh, int ds, int dpad, int rm,
+                                                        int lane) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const int arow = rm + lr + (lm & 1) * 8, acol = (lm >> 1) * 8;
+#pragma unroll
+  for (int s = 0; s < QK; s++) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) ah[s][j] = 0u; /* steps past dpad: no value lives on from before */
+    if (16 * s < dpad) ldsm_x4(smem_u32(qh + arow * ds + 16 * s + acol), ah[s]);
+  }
+}
+
+/* REG's first pass over a tile: the approximate scores (hi query x hi key,
+ * one mma a fragment, the hi query fragments ah from registers; row_err
+ * bounds the difference to the exact ones) of the warp's 16 rows x 32
+ * keys (cn..), into the column maxima gm as pass 0 keeps them (columns at
+ * or past lim, the dim's end, skipped). Two n tiles at a time, so that 8
+ * accumulators are live instead of 16 (the order of the mma no longer
+ * matters: these scores only bound the threshold). */
+static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32 (*ah)[4], const smelt_h16 *kh,
+                                                       int ds, int dpad, int cn, int lane, int tq, i64 lim) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const int brow = cn + (lm >> 1) * 8 + lr, bcol = (lm & 1) * 8;
+  const int ns = dpad >> 4; /* k steps */
+  /* each key fragment is loaded one step ahead of its mma (the asm
+   * statements keep their order, so this is what hides ldmatrix's latency) */
+  u32 cur[4], nxt[4];
+  ldsm_x4(smem_u32(kh + brow * ds + bcol), cur);
+#pragma unroll
+  for (int np = 0; np < 4; np += 2) {
+    float acc[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[h][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < QK; s++) {
+      if (s >= ns) break;
+      if (s + 1 < ns) ldsm_x4(smem_u32(kh + (brow + np * 8) * ds + 16 * (s + 1) + bcol), nxt);
+      else if (np == 0) ldsm_x4(smem_u32(kh + (brow + 16) * ds + bcol), nxt);
+      mma_16816_bf16(acc[0], ah[s], cur);
+      mma_16816_bf16(acc[1], ah[s], cur + 2);
+#pragma unroll
+      for (int j = 0; j < 4; j++) cur[j] = nxt[j];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (cn + (np + h) * 8 + 2 * tq + (e & 1) < lim) gm[np + h][e] = fmaxf(gm[np + h][e], acc[h][e]);
+  }
+}
+
+/* REG: a bound on |exact - approximate| over the scores of merge row mr,
+ * exact as the second pass computes them (hi·hi + lo·hi (+ hi·lo) in
+ * mma's f32 arithmetic), approximate as the first pass does (hi·hi). The
+ * difference is lo·hi + hi·lo plus both computations' rounding; by
+ * Cauchy-Schwarz |lo_q·hi_k| <= |lo_q| |hi_k| <= |lo_q| kmh (kmh, kml: the
+ * largest L2 norms of the dim's hi and lo key rows, from peer_split_keys),
+ * and each mma rounds by less than 2^-16 of the sum of its terms'
+ * magnitudes, itself <= (|hi_q| + |lo_q|)(kmh + kml), over at most 4 mma a
+ * k step in the two passes together (2^-100 more for underflow). The last
+ * factor covers the rounding of this computation. Non-finite parts give a non-finite bound (the
+ * threshold then drops to -inf). Every thread of the row gets the same
+ * bits (the four partial sums are added in the same pairs). */
+static __device__ __forceinline__ float row_err(const smelt_h16 *qh, const smelt_h16 *ql, int ds, int dpad, int mr,
+                                                int mq, float kmh, float kml) {
+  float sh = 0.f, sl = 0.f;
+  for (int c = mq * 8; c < dpad; c += 32) {
+    const uint4 vh = *(const uint4 *)&qh[mr * ds + c], vl = *(const uint4 *)&ql[mr * ds + c];
+    const u32 wh[4] = {vh.x, vh.y, vh.z, vh.w}, wl[4] = {vl.x, vl.y, vl.z, vl.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float h0 = __uint_as_float(wh[j] << 16), h1 = __uint_as_float(wh[j] & 0xffff0000u);
+      const float l0 = __uint_as_float(wl[j] << 16), l1 = __uint_as_float(wl[j] & 0xffff0000u);
+      sh += h0 * h0 + h1 * h1;
+      sl += l0 * l0 + l1 * l1;
+    }
+  }
+  sh += __shfl_xor_sync(PEER_FULL, sh, 1);
+  sl += __shfl_xor_sync(PEER_FULL, sl, 1);
+  sh += __shfl_xor_sync(PEER_FULL, sh, 2);
+  sl += __shfl_xor_sync(PEER_FULL, sl, 2);
+  const float nh = sqrtf(sh), nl = sqrtf(sl);
+  const float steps = (float)(dpad / 16);
+  return (nl * kmh + nh * kml + steps * 4.f * 0x1p-16f * (nh + nl) * (kmh + kml) + 0x1p-100f) * (1.f + 0x1p-8f);
+}
+
+/* A threshold at or below t - err, rounded down; -inf when that is NaN. */
+static __device__ __forceinline__ float lower_by(float t, float err) {
+  const float r = __fsub_rd(t, err);
+  return r == r ? r : PEER_NEG_INF;
+}
+
 /* THR's threshold of merge row mr, from the first pass's column maxima gm
  * (each thread holds rows rm + g (e < 2) and rm + g + 8 (e >= 2), 8
  * columns each; a row's 64 columns are spread over the 4 lanes tq of its
@@ -355,9 +494,13 @@ static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st,
  * (free in the first pass), each of the row's four merge threads sorts its
  * 16 (packed with the column, as candidates are, so the network is
  * offer's) and row_merge takes the row's 16 best. Every merge thread
- * returns the threshold; it is also left at column 64 of the row. */
+ * returns the threshold; it is also left at column 64 of the row. With
+ * REG's approximate first pass, the maxima are approximate and the
+ * threshold is lowered by the row's bound err (row_err): the k columns'
+ * maxima are then k distinct candidates whose exact scores are at or
+ * above it. */
 static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k, int warp, int g, int tq, int mr,
-                                                int mq) {
+                                                int mq, float err) {
   const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32;
 #pragma unroll
   for (int nt = 0; nt < 4; nt++)
@@ -373,8 +516,23 @@ static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k
 #pragma unroll
   for (int j = 0; j < CN; j++)
     if (j < k) m = m < c[j] ? m : c[j];
-  const float t = peer_packed_value(m);
+  const float t = err > 0.f || err != err ? lower_by(peer_packed_value(m), err) : peer_packed_value(m);
   if (mq == 0) st[mr * STS + KT] = t;
+  return t;
+}
+
+/* THR 2 after its first pass: the threshold of merge row mr (returned)
+ * and of the thread's mma rows (rt), row_kth's with err, then the buffer's
+ * counters zeroed. */
+static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st, u32 *cnt, int k, int warp, int g,
+                                                      int tq, int mr, int mq, float err, float *rt) {
+  const float t = row_kth(gm, st, k, warp, g, tq, mr, mq, err);
+  const int rm = (warp >> 1) * 16;
+  __syncthreads(); /* column KT holds the rows' thresholds */
+  rt[0] = st[(rm + g) * STS + KT];
+  rt[1] = st[(rm + g + 8) * STS + KT];
+  __syncthreads(); /* read before the counters are zeroed (the buffer is over the score tile) */
+  if (threadIdx.x < ROWS) cnt[threadIdx.x] = 0;
   return t;
 }
 
@@ -404,9 +562,19 @@ static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k
  * (pass 1: ~1.8%), inserted into the lists once per dim; if a row of the
  * CTA overflowed its buffer, the CTA runs pass 2 as THR 1 does. Same ids
  * and scores as PRE bit for bit: the lists are exact top-k of a subset
- * that holds the row's top k. */
+ * that holds the row's top k.
+ *
+ * REG (a literal, with THR 2 and dpad <= 128: peer_route_reg) keeps each
+ * warp's query fragments in registers through passes 0 and 1 (loaded once
+ * per dim instead of once per tile: half the ldmatrix of a tile), scores
+ * pass 0 with the hi parts alone (one mma a fragment instead of 2 or 3),
+ * lowering the threshold by row_err's bound on the difference, and skips
+ * the barrier after each tile's scores in those passes but the last (the
+ * double-buffered copies need only the barrier before). Pass 1 and the
+ * fallback compute the exact scores as PRE does. kmax: peer_split_keys's
+ * largest key-row norms. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
-                                                  const int THR, u64 khi, u64 klo) {
+                                                  const int THR, u64 khi, u64 klo, const int REG, u64 kmax) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
@@ -447,6 +615,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const i64 kbase = hh * P.key_hs[i];
     const i64 row0 = PRE ? split_row0(P, i, hh) : 0;
     if (PRE) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
+    u32 qf[QK][4]; /* REG, pass 0: the warp's hi query fragments */
     float rthr = PEER_NEG_INF; /* THR: the merge row's threshold (<= its ki-th best score) */
     float rt[2];               /* THR 2: the thresholds of the mma rows rm + g and rm + g + 8 */
     float gm[4][4];            /* THR, pass 0: the largest score of each accumulator's column, over the tiles */
@@ -471,6 +640,10 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
        * issued before the previous tile's scores (those passes have no
        * merge for a copy to fly behind) */
       const int db = THR && pass < 2 && !key_lo;
+      if (REG && pass == 0) {
+        __syncthreads(); /* qh, ql are written */
+        load_query_frags(qf, qh, DS, dpad, rm, lane);
+      }
       for (i64 c0 = 0; c0 < ni; c0 += KT) {
         const int odd = db && ((c0 / KT) & 1);
         if (PRE) CP_ASYNC_WAIT(0);
@@ -480,7 +653,9 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         for (int c = warp; !PRE && c < KT; c += NWARPS)
           split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
         if (!PRE) __syncthreads();
-        {
+        if (REG && pass == 0) {
+          colmax_tile_reg(gm, qf, odd ? kl : kh, DS, dpad, cn, lane, tq, ni - c0);
+        } else {
           float acc[4][4];
 #pragma unroll
           for (int nt = 0; nt < 4; nt++)
@@ -533,24 +708,19 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
             }
           }
         }
-        __syncthreads(); /* the scores are in st (or buf); kh, kl are free */
+        /* the scores are in st (or buf); kh, kl are free (REG's passes 0
+         * and 1 but the last tile: the next tile's barrier is enough) */
+        if (!(REG && db && c0 + KT < ni)) __syncthreads();
         if (PRE) {
           if (c0 + KT < ni) {
             if (!db) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
           } else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
           if (pass < 2) {
             if (c0 + KT < ni) continue;
-            if (pass == 1) { /* the buffered scores, unless some row overflowed (rows past T, all zeros, do not count) */
-              const u32 n = cnt[mr];
-              overflow = __syncthreads_or(n > BCAP && t0 + mr < P.T);
-              for (u32 j = mq; !overflow && j < n && j < BCAP; j += 4) insert_desc(L, buf[mr * BCAP + j], KL);
+            if (pass == 1) {
+              overflow = insert_buffer(L, KL, buf, cnt, mr, mq, t0 + mr < P.T);
             } else if (THR == 2) {
-              rthr = row_kth(gm, st, k, warp, g, tq, mr, mq);
-              __syncthreads(); /* column KT holds the rows' thresholds */
-              rt[0] = st[(rm + g) * STS + KT];
-              rt[1] = st[(rm + g + 8) * STS + KT];
-              __syncthreads(); /* read before the counters are zeroed (the buffer is over the score tile) */
-              if (tid < ROWS) cnt[tid] = 0;
+              if (!REG) rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, 0.f, rt);
             } else {
               rthr = row_threshold(gm, st, k, warp, g, tq, mr);
             }
@@ -568,6 +738,12 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
           offer(L, c, KL);
         }
       }
+      if (REG && pass == 0) { /* after the loop, so that rt and rthr are not carried through it (spills) */
+        const i64 grp = key_group(P, i, hh);
+        const float err = row_err(qh, ql, DS, dpad, mr, mq, ((const float *)kmax)[2 * grp],
+                                  ((const float *)kmax)[2 * grp + 1]);
+        rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, err, rt);
+      }
     }
     row_merge(L, KL);
     if (i > 0) {
@@ -583,19 +759,34 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
       u64 F[PEER_MAX_K];
 #pragma unroll
       for (int j = 0; j < KL; j++) F[j] = 0;
-      for (int a = mq; a < len; a += 4) {
-        const float va = lv[mr * PEER_MAX_K + a];
-        const u32 pa = li[mr * PEER_MAX_K + a] * (u32)ni;
+      const float cthr = REG ? combine_threshold(lv + mr * PEER_MAX_K, dl + mr * KL, (int)len, ki, k) : 0.f;
+      for (int a0 = REG ? 0 : mq; a0 < len; a0 += 4) { /* REG: the same trip count for every lane (its votes) */
+        const int a = REG ? a0 + mq : a0;
+        const bool on = a < len;
+        const float va = on ? lv[mr * PEER_MAX_K + a] : 0.f;
+        const u32 pa = on ? li[mr * PEER_MAX_K + a] * (u32)ni : 0u;
 #pragma unroll
         for (int b0 = 0; b0 < KL; b0 += CN) {
           if (b0 >= ki) break;
           u64 c[CN];
+          u32 mask = 0; /* REG: the sums at or above cthr (NaN too) */
 #pragma unroll
           for (int j = 0; j < CN; j++) {
-            const u64 e = b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
-            c[j] = e ? peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)) : 0ull;
+            const u64 e = on && b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
+            const float sum = va + peer_packed_value(e);
+            c[j] = e ? peer_pack(sum, pa + peer_packed_id(e)) : 0ull;
+            if (e && !(sum < cthr)) mask |= 1u << j;
           }
-          offer(F, c, KL);
+          if (!REG || __reduce_max_sync(PEER_FULL, (unsigned)__popc(mask)) > FILTER_CUT) {
+            offer(F, c, KL);
+            continue;
+          }
+          while (mask) { /* recomputed from shared memory: c[j] at a run-time j would go to local memory */
+            const int j = __ffs(mask) - 1;
+            mask &= mask - 1;
+            const u64 e = dl[mr * KL + b0 + j];
+            insert_desc(F, peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)), KL);
+          }
         }
       }
       row_merge(F, KL);
@@ -642,33 +833,46 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16, 0, 0, 0, 0); }
-extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32, 0, 0, 0, 0); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
+  route_rows(P, 16, 0, 0, 0, 0, 0, 0);
+}
+extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) {
+  route_rows(P, 32, 0, 0, 0, 0, 0, 0);
+}
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 0, khi, klo);
+  route_rows(P, 16, 1, 0, khi, klo, 0, 0);
 }
 /* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
 extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 1, khi, klo);
+  route_rows(P, 16, 1, 1, khi, klo, 0, 0);
 }
 /* The exact k-th column maximum as the threshold, the scores above it to
  * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
  * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 2, khi, klo);
+  route_rows(P, 16, 1, 2, khi, klo, 0, 0);
+}
+/* buf with the query fragments in registers, an approximate first pass and
+ * one barrier a tile (SMELT_PEER_ROUTE_KERNEL=reg, k <= 16, dsub <= 128;
+ * kmax from peer_split_keys). */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
+  route_rows(P, 16, 1, 2, khi, klo, 1, kmax);
 }
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, 0, khi, klo);
+  route_rows(P, 32, 1, 0, khi, klo, 0, 0);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in
  * split_row0's order, as bf16 hi and lo parts [rows][dpad] (L2-normalized
  * first when asked, zero past dsub) for peer_route_pre: once per call
  * instead of once per CTA and tile. A warp per row, with route_rows's own
- * arithmetic so that the two variants agree bit for bit. */
-extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_params P, u64 khi, u64 klo, i64 rows) {
+ * arithmetic so that the two variants agree bit for bit. kmax (f32
+ * [tables][2], zeroed by the caller; 0 = not wanted): the largest hi and lo
+ * row norms of each table (key_group's order), for peer_route_reg. */
+extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_params P, u64 khi, u64 klo, i64 rows,
+                                                                u64 kmax) {
   const int lane = threadIdx.x & 31;
   const i64 row = (i64)blockIdx.x * NWARPS + (threadIdx.x >> 5);
   if (row >= rows) return; /* warp-uniform */
@@ -680,7 +884,26 @@ extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_para
     r -= (P.key_hs[i] ? P.h : 1) * P.n[i];
     i++;
   }
-  split_key_row(P, i, r * dsub, true, dpad, lane, (smelt_h16 *)khi + row * dpad, (smelt_h16 *)klo + row * dpad);
+  smelt_h16 *hi = (smelt_h16 *)khi + row * dpad, *lo = (smelt_h16 *)klo + row * dpad;
+  split_key_row(P, i, r * dsub, true, dpad, lane, hi, lo);
+  if (!kmax) return;
+  /* the row's hi and lo L2 norms into its table's running maxima (each lane
+   * reads back the elements it wrote); non-finite ones as +inf, so that
+   * route_rows's bound is +inf too */
+  float sh = 0.f, sl = 0.f;
+  for (int d = lane; d < dpad; d += 32) {
+    const float h = smelt_bf16_to_f32(hi[d]), l = smelt_bf16_to_f32(lo[d]);
+    sh += h * h;
+    sl += l * l;
+  }
+  float nh = sqrtf(smelt_warp_sum(sh)), nl = sqrtf(smelt_warp_sum(sl));
+  nh = nh <= 3.402823466e38f ? nh : __int_as_float(0x7f800000);
+  nl = nl <= 3.402823466e38f ? nl : __int_as_float(0x7f800000);
+  if (lane == 0) {
+    const i64 grp = key_group(P, i, P.key_hs[i] ? r / P.n[i] : 0);
+    atomicMax((int *)kmax + 2 * grp, __float_as_int(nh)); /* non-negative floats order as their bits */
+    atomicMax((int *)kmax + 2 * grp + 1, __float_as_int(nl));
+  }
 }
 
 /* ---------------------------------------------------------------- backward */
