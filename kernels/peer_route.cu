@@ -321,6 +321,22 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
   cp_async_commit();
 }
 
+/* tile_copy of hi rows alone into the buffer at shared address dst, for
+ * REG when a row's 16-byte chunks are a power of two (dpad 16, 32, ...,
+ * 256): a thread's chunk and rows follow from shifts and masks, and its
+ * source from one 64-bit address a tile (tile_copy divides per chunk). */
+static __device__ __forceinline__ void tile_copy_pow2(u32 dst, u64 khi, i64 row0, i64 c0, i64 ni, int dpad, int ds,
+                                                      int tid) {
+  const int sh = __ffs(dpad >> 3) - 1, cc = tid & ((dpad >> 3) - 1);
+  const smelt_h16 *src = (const smelt_h16 *)khi + (row0 + c0) * dpad + cc * 8;
+  const int lim = ni - c0 < KT ? (int)(ni - c0) : KT;
+  for (int r = tid >> sh; r < KT; r += NT >> sh) {
+    const bool in = r < lim;
+    cp_async16(dst + (u32)(r * ds + cc * 8) * 2, in ? src + r * dpad : (const smelt_h16 *)khi, in ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
 /* The warp's 16 x 32 block of a tile's scores (rows rm.., keys cn..) as
  * route_rows's w32 loop computes them, the same mma on the same fragments
  * in the same order (so the same bits), with the fragments loaded by
@@ -379,15 +395,16 @@ static __device__ __forceinline__ void load_query_frags(u32 (*ah)[4], const smel
  * or past lim, the dim's end, skipped). Two n tiles at a time, so that 8
  * accumulators are live instead of 16 (the order of the mma no longer
  * matters: these scores only bound the threshold). */
-static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32 (*ah)[4], const smelt_h16 *kh,
-                                                       int ds, int dpad, int cn, int lane, int tq, i64 lim) {
+static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32 (*ah)[4], u32 kh, int ds, int dpad,
+                                                       int cn, int lane, int tq, int lim) {
   const int lr = lane & 7, lm = lane >> 3;
-  const int brow = cn + (lm >> 1) * 8 + lr, bcol = (lm & 1) * 8;
+  const u32 b0 = kh + (u32)((cn + (lm >> 1) * 8 + lr) * ds + (lm & 1) * 8) * 2, b1 = b0 + (u32)(16 * ds) * 2;
   const int ns = dpad >> 4; /* k steps */
   /* each key fragment is loaded one step ahead of its mma (the asm
-   * statements keep their order, so this is what hides ldmatrix's latency) */
+   * statements keep their order, so this is what hides ldmatrix's latency);
+   * shared addresses as u32, the steps as immediate offsets */
   u32 cur[4], nxt[4];
-  ldsm_x4(smem_u32(kh + brow * ds + bcol), cur);
+  ldsm_x4(b0, cur);
 #pragma unroll
   for (int np = 0; np < 4; np += 2) {
     float acc[2][4];
@@ -398,8 +415,8 @@ static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32
 #pragma unroll
     for (int s = 0; s < QK; s++) {
       if (s >= ns) break;
-      if (s + 1 < ns) ldsm_x4(smem_u32(kh + (brow + np * 8) * ds + 16 * (s + 1) + bcol), nxt);
-      else if (np == 0) ldsm_x4(smem_u32(kh + (brow + 16) * ds + bcol), nxt);
+      if (s + 1 < ns) ldsm_x4((np ? b1 : b0) + 32 * (s + 1), nxt);
+      else if (np == 0) ldsm_x4(b1, nxt);
       mma_16816_bf16(acc[0], ah[s], cur);
       mma_16816_bf16(acc[1], ah[s], cur + 2);
 #pragma unroll
@@ -410,6 +427,34 @@ static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32
 #pragma unroll
       for (int e = 0; e < 4; e++)
         if (cn + (np + h) * 8 + 2 * tq + (e & 1) < lim) gm[np + h][e] = fmaxf(gm[np + h][e], acc[h][e]);
+  }
+}
+
+/* REG's second pass over a tile without lo keys: score_tile_ldsm's mma in
+ * its order (the same bits), k steps unrolled (dpad <= 16 QK), shared
+ * addresses as u32 with the steps as immediate offsets, each step's four
+ * fragments loaded before its eight mma. qh, kh: shared addresses of the
+ * hi query slice and the key tile; the lo slice is ROWS rows after qh. */
+static __device__ __forceinline__ void score_tile_u32(float (*acc)[4], u32 qh, u32 kh, int ds, int dpad, int rm,
+                                                      int cn, int lane) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const u32 a = qh + (u32)((rm + lr + (lm & 1) * 8) * ds + (lm >> 1) * 8) * 2, al = a + (u32)(ROWS * ds) * 2;
+  const u32 b0 = kh + (u32)((cn + (lm >> 1) * 8 + lr) * ds + (lm & 1) * 8) * 2, b1 = b0 + (u32)(16 * ds) * 2;
+#pragma unroll
+  for (int s = 0; s < QK; s++) {
+    if (16 * s >= dpad) break;
+    u32 fh[4], fl[4], bh[2][4];
+    ldsm_x4(a + 32 * s, fh);
+    ldsm_x4(al + 32 * s, fl);
+    ldsm_x4(b0 + 32 * s, bh[0]);
+    ldsm_x4(b1 + 32 * s, bh[1]);
+#pragma unroll
+    for (int np = 0; np < 2; np++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        mma_16816_bf16(acc[2 * np + h], fh, bh[np] + 2 * h);
+        mma_16816_bf16(acc[2 * np + h], fl, bh[np] + 2 * h);
+      }
   }
 }
 
@@ -594,6 +639,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   const int mr = tid >> 2, mq = tid & 3; /* the merge's row and quarter */
   u64 L[PEER_MAX_K];
   const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
+  const u32 qh_s = smem_u32(qh), kh_s = smem_u32(kh), kl_s = smem_u32(kl); /* REG: shared addresses */
+  const int pow2 = (dpad & (dpad - 1)) == 0;                /* REG: tile_copy_pow2 applies */
   float *q = (float *)P.q;
 
   for (int r = warp; r < ROWS; r += NWARPS)
@@ -648,13 +695,33 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         const int odd = db && ((c0 / KT) & 1);
         if (PRE) CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
-        if (db && c0 + KT < ni) /* into the buffer the last tile used: every warp is past it */
-          tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
+        if (db && c0 + KT < ni) { /* into the buffer the last tile used: every warp is past it */
+          if (REG && pow2) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, dpad, DS, tid);
+          else tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
+        }
         for (int c = warp; !PRE && c < KT; c += NWARPS)
           split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
         if (!PRE) __syncthreads();
+        const int lim = ni - c0 < KT ? (int)(ni - c0) : KT; /* the tile's keys */
         if (REG && pass == 0) {
-          colmax_tile_reg(gm, qf, odd ? kl : kh, DS, dpad, cn, lane, tq, ni - c0);
+          colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim);
+        } else if (REG && pass == 1 && db) {
+          float acc[4][4];
+#pragma unroll
+          for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+          score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, dpad, rm, cn, lane);
+#pragma unroll
+          for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) { /* as THR 2's pass 1 below */
+              const int col = cn + nt * 8 + 2 * tq + (e & 1), r = rm + g + 8 * (e >> 1);
+              if (col < lim && !(acc[nt][e] < rt[e >> 1])) {
+                const u32 slot = atomicAdd(&cnt[r], 1u);
+                if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(acc[nt][e], (u32)(c0 + col));
+              }
+            }
         } else {
           float acc[4][4];
 #pragma unroll
@@ -873,36 +940,57 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_
  * row norms of each table (key_group's order), for peer_route_reg. */
 extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_params P, u64 khi, u64 klo, i64 rows,
                                                                 u64 kmax) {
-  const int lane = threadIdx.x & 31;
-  const i64 row = (i64)blockIdx.x * NWARPS + (threadIdx.x >> 5);
-  if (row >= rows) return; /* warp-uniform */
-  const i64 dsub = P.dsub;
-  const int dpad = (int)((dsub + 15) & ~(i64)15);
-  int i = 0;
-  i64 r = row;
-  while (i + 1 < P.p && r >= (P.key_hs[i] ? P.h : 1) * P.n[i]) {
-    r -= (P.key_hs[i] ? P.h : 1) * P.n[i];
-    i++;
+  __shared__ float wn[NWARPS][2];
+  __shared__ i64 wg[NWARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 row = (i64)blockIdx.x * NWARPS + warp;
+  i64 grp = -1;
+  if (row < rows) { /* warp-uniform */
+    const i64 dsub = P.dsub;
+    const int dpad = (int)((dsub + 15) & ~(i64)15);
+    int i = 0;
+    i64 r = row;
+    while (i + 1 < P.p && r >= (P.key_hs[i] ? P.h : 1) * P.n[i]) {
+      r -= (P.key_hs[i] ? P.h : 1) * P.n[i];
+      i++;
+    }
+    smelt_h16 *hi = (smelt_h16 *)khi + row * dpad, *lo = (smelt_h16 *)klo + row * dpad;
+    split_key_row(P, i, r * dsub, true, dpad, lane, hi, lo);
+    if (kmax) {
+      /* the row's hi and lo L2 norms (each lane reads back the elements it
+       * wrote); non-finite ones as +inf, so that route_rows's bound is +inf
+       * too */
+      float sh = 0.f, sl = 0.f;
+      for (int d = lane; d < dpad; d += 32) {
+        const float h = smelt_bf16_to_f32(hi[d]), l = smelt_bf16_to_f32(lo[d]);
+        sh += h * h;
+        sl += l * l;
+      }
+      const float nh = sqrtf(smelt_warp_sum(sh)), nl = sqrtf(smelt_warp_sum(sl));
+      grp = key_group(P, i, P.key_hs[i] ? r / P.n[i] : 0);
+      if (lane == 0) {
+        wn[warp][0] = nh <= 3.402823466e38f ? nh : __int_as_float(0x7f800000);
+        wn[warp][1] = nl <= 3.402823466e38f ? nl : __int_as_float(0x7f800000);
+      }
+    }
   }
-  smelt_h16 *hi = (smelt_h16 *)khi + row * dpad, *lo = (smelt_h16 *)klo + row * dpad;
-  split_key_row(P, i, r * dsub, true, dpad, lane, hi, lo);
-  if (!kmax) return;
-  /* the row's hi and lo L2 norms into its table's running maxima (each lane
-   * reads back the elements it wrote); non-finite ones as +inf, so that
-   * route_rows's bound is +inf too */
-  float sh = 0.f, sl = 0.f;
-  for (int d = lane; d < dpad; d += 32) {
-    const float h = smelt_bf16_to_f32(hi[d]), l = smelt_bf16_to_f32(lo[d]);
-    sh += h * h;
-    sl += l * l;
-  }
-  float nh = sqrtf(smelt_warp_sum(sh)), nl = sqrtf(smelt_warp_sum(sl));
-  nh = nh <= 3.402823466e38f ? nh : __int_as_float(0x7f800000);
-  nl = nl <= 3.402823466e38f ? nl : __int_as_float(0x7f800000);
-  if (lane == 0) {
-    const i64 grp = key_group(P, i, P.key_hs[i] ? r / P.n[i] : 0);
-    atomicMax((int *)kmax + 2 * grp, __float_as_int(nh)); /* non-negative floats order as their bits */
-    atomicMax((int *)kmax + 2 * grp + 1, __float_as_int(nl));
+  if (!kmax) return; /* grid-uniform */
+  if (lane == 0) wg[warp] = grp;
+  __syncthreads();
+  /* into the tables' running maxima, one atomic per table and CTA (a CTA's
+   * rows are consecutive, so each table's are one run); non-negative floats
+   * order as their bits */
+  if (threadIdx.x < 2) {
+    const int c = threadIdx.x;
+    float m = 0.f;
+    for (int w = 0; w < NWARPS; w++) {
+      if (wg[w] < 0) break;
+      m = fmaxf(m, wn[w][c]);
+      if (w + 1 == NWARPS || wg[w + 1] != wg[w]) {
+        atomicMax((int *)kmax + 2 * wg[w] + c, __float_as_int(m));
+        m = 0.f;
+      }
+    }
   }
 }
 
