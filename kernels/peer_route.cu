@@ -640,7 +640,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   u64 L[PEER_MAX_K];
   const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
   const u32 qh_s = smem_u32(qh), kh_s = smem_u32(kh), kl_s = smem_u32(kl); /* REG: shared addresses */
-  const int pow2 = (dpad & (dpad - 1)) == 0;                /* REG: tile_copy_pow2 applies */
+  const int pow2 = (dpad & (dpad - 1)) == 0, dsh = __ffs(dpad) - 1; /* REG: tile_copy_pow2 applies; log2(dpad) */
   float *q = (float *)P.q;
 
   for (int r = warp; r < ROWS; r += NWARPS)
@@ -652,7 +652,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const int ki = (int)(ni < P.k ? ni : P.k);
     __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
     for (int x = tid; x < ROWS * dpad; x += NT) {
-      const int r = x / dpad, d = x - r * dpad;
+      const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad; /* REG: no division when it can shift */
       const i64 t = t0 + r;
       const float v = t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
       split_bf16(v, &qh[r * DS + d], &ql[r * DS + d]);
@@ -703,15 +703,19 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
           split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
         if (!PRE) __syncthreads();
         const int lim = ni - c0 < KT ? (int)(ni - c0) : KT; /* the tile's keys */
+        /* REG: dsub 128 (the common query_dim 256 over 2 dims) as a literal,
+         * so that the k steps have no run-time bound to test */
         if (REG && pass == 0) {
-          colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim);
+          if (dpad == 128) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, lim);
+          else colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim);
         } else if (REG && pass == 1 && db) {
           float acc[4][4];
 #pragma unroll
           for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
-          score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, dpad, rm, cn, lane);
+          if (dpad == 128) score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, 128, rm, cn, lane);
+          else score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, dpad, rm, cn, lane);
 #pragma unroll
           for (int nt = 0; nt < 4; nt++)
 #pragma unroll
