@@ -32,15 +32,17 @@
  *      prefixes per thread) to fresh lists merged as in 2 (smelt/peer.h
  *      explains why this pairwise top-k is exact);
  *   4. gates over each row's final k entries; ids, scores, gates written.
- * The default variant, peer_route_pre (route_rows with PRE), takes the key
- * tiles already split (peer_split_keys, once per call) by cp.async,
- * overlapping each copy with the previous tile's merge, and merges a tile
- * by testing each candidate against the list's last entry and inserting
- * the few that beat it (offer_filtered); SMELT_PEER_ROUTE_KERNEL=sort keeps
- * the per-tile split and the sorting-network merge described above, and
- * SMELT_PEER_ROUTE_KERNEL=thr (peer_route_thr, k <= 16) scores each dim
- * twice, first for a per-row threshold, then merging only the scores at or
- * above it (route_rows's THR).
+ * peer_route_pre (route_rows with PRE, SMELT_PEER_ROUTE_KERNEL=presplit)
+ * takes the key tiles already split (peer_split_keys, once per call) by
+ * cp.async, overlapping each copy with the previous tile's merge, and
+ * merges a tile by testing each candidate against the list's last entry
+ * and inserting the few that beat it (offer_filtered);
+ * SMELT_PEER_ROUTE_KERNEL=sort keeps the per-tile split and the
+ * sorting-network merge described above; thr, buf and reg (peer_route_thr,
+ * _buf, _reg; k <= 16) score each dim twice, first for a per-row
+ * threshold, then keeping only the scores at or above it (route_rows's THR
+ * and REG). reg, the default (src/cuda/op_peer.c), is buf with an
+ * approximate first pass, see route_rows.
  * Shared memory: the 64x65 score tile (which also holds the dim's lists
  * while they are combined), the running lists (64 x 32 x 8 bytes), and the
  * hi and lo parts of the query slice and of the key tile (64 x DS bf16
