@@ -249,7 +249,8 @@ static int hopper_gemm(const smelt_plan *p) { return strncmp(p->describe, "gemm_
  * the plan as given is not the Hopper kernel but one with a K-major copy of
  * a 16-bit Wq is, each run first transposes Wq into the workspace
  * (peer_transpose16: 4 MiB at the acceptance shape) and multiplies by the
- * copy (wq_t). Same products and sums either way; only the kernel differs. */
+ * copy (wq_t). The same GEMM on the same values either way; only the
+ * kernel (and so the order of its f32 sums) differs. */
 static smelt_status plan_projection(smelt_ctx *ctx, const smelt__peer_state *ps, peer_cuda *pc) {
   const smelt_device_info *dev = &ctx->cuda->info;
   const smelt_tensor *x = &ps->t[SMELT__PT_X], *wq = &ps->t[SMELT__PT_WQ];
