@@ -521,8 +521,8 @@ static void test_peer_retrieve_tiles(void) {
       {2, {520, 70}, 16, 1, 64, 16, 16, 1, 64, L2, 1, 0, 0, SOFTMAX, GELU, 0, F32, F32, F32},
       {2, {200, 100}, 4, 2, 32, 8, 8, 1, 70, NONE, 0, 1, 0, GRELU, GELU, 0, BF16, BF16, BF16},
       /* dsub 128, bf16 keys: reg's literal-dpad tile loops and shifted copies */
-      {2, {200, 150}, 16, 1, 256, 16, 16, 1, 70, NONE, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, BF16},
-      {2, {130, 100}, 8, 2, 256, 16, 16, 1, 65, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      {2, {130, 90}, 16, 1, 256, 16, 16, 1, 66, NONE, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, BF16},
+      {2, {100, 70}, 8, 2, 256, 16, 16, 1, 65, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
   };
   static const char *const kernels[NK] = {"presplit", "sort", "thr", "buf", "reg"};
   FOR_EACH_BACKEND(ctx) {
