@@ -611,15 +611,17 @@ static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st,
  * and scores as PRE bit for bit: the lists are exact top-k of a subset
  * that holds the row's top k.
  *
- * REG (a literal, with THR 2 and dpad <= 128: peer_route_reg) keeps each
- * warp's query fragments in registers through passes 0 and 1 (loaded once
- * per dim instead of once per tile: half the ldmatrix of a tile), scores
- * pass 0 with the hi parts alone (one mma a fragment instead of 2 or 3),
- * lowering the threshold by row_err's bound on the difference, and skips
- * the barrier after each tile's scores in those passes but the last (the
- * double-buffered copies need only the barrier before). Pass 1 and the
- * fallback compute the exact scores as PRE does. kmax: peer_split_keys's
- * largest key-row norms. */
+ * REG (a literal, with THR 2 and dpad <= 128: peer_route_reg) scores pass
+ * 0 with the hi parts alone (one mma a fragment instead of 2 or 3) from
+ * each warp's hi query fragments held in registers (loaded once per dim:
+ * half the ldmatrix of a tile), lowering the threshold by row_err's bound
+ * on the difference; skips the barrier after each tile's scores in passes
+ * 0 and 1 but the last (the double-buffered copies need only the barrier
+ * before); without lo keys, copies tiles by shifts when dpad is a power of
+ * two and scores pass 1 with score_tile_u32 (u32 shared addresses, the
+ * same mma order as PRE's, so the same bits); and filters the dims'
+ * combination (combine_threshold). The fallback pass computes the exact
+ * scores as PRE does. kmax: peer_split_keys's largest key-row norms. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
                                                   const int THR, u64 khi, u64 klo, const int REG, u64 kmax) {
   extern __shared__ __align__(16) float smem[];
