@@ -32,15 +32,17 @@
  *      prefixes per thread) to fresh lists merged as in 2 (smelt/peer.h
  *      explains why this pairwise top-k is exact);
  *   4. gates over each row's final k entries; ids, scores, gates written.
- * The default variant, peer_route_pre (route_rows with PRE), takes the key
- * tiles already split (peer_split_keys, once per call) by cp.async,
- * overlapping each copy with the previous tile's merge, and merges a tile
- * by testing each candidate against the list's last entry and inserting
- * the few that beat it (offer_filtered); SMELT_PEER_ROUTE_KERNEL=sort keeps
- * the per-tile split and the sorting-network merge described above, and
- * SMELT_PEER_ROUTE_KERNEL=thr (peer_route_thr, k <= 16) scores each dim
- * twice, first for a per-row threshold, then merging only the scores at or
- * above it (route_rows's THR).
+ * peer_route_pre (route_rows with PRE, SMELT_PEER_ROUTE_KERNEL=presplit)
+ * takes the key tiles already split (peer_split_keys, once per call) by
+ * cp.async, overlapping each copy with the previous tile's merge, and
+ * merges a tile by testing each candidate against the list's last entry
+ * and inserting the few that beat it (offer_filtered);
+ * SMELT_PEER_ROUTE_KERNEL=sort keeps the per-tile split and the
+ * sorting-network merge described above; thr, buf and reg (peer_route_thr,
+ * _buf, _reg; k <= 16) score each dim twice, first for a per-row
+ * threshold, then keeping only the scores at or above it (route_rows's THR
+ * and REG). reg, the default (src/cuda/op_peer.c), is buf with an
+ * approximate first pass, see route_rows.
  * Shared memory: the 64x65 score tile (which also holds the dim's lists
  * while they are combined), the running lists (64 x 32 x 8 bytes), and the
  * hi and lo parts of the query slice and of the key tile (64 x DS bf16
@@ -245,6 +247,38 @@ static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u
   }
 }
 
+/* THR 2: the buffered scores of merge row mr into L (each of its four
+ * threads the slots j = mq mod 4), unless some row of the CTA overflowed
+ * its buffer (rows past T, real = 0, all zeros, do not count); returns
+ * whether one did (CTA-uniform). */
+static __device__ __forceinline__ int insert_buffer(u64 *L, int kl, const u64 *buf, const u32 *cnt, int mr, int mq,
+                                                    bool real) {
+  const u32 n = cnt[mr];
+  const int overflow = __syncthreads_or(n > BCAP && real);
+  for (u32 j = mq; !overflow && j < n && j < BCAP; j += 4) insert_desc(L, buf[mr * BCAP + j], kl);
+  return overflow;
+}
+
+/* REG's filter of the combination: a score at or below the row's k-th
+ * best sum of running entry a (scores va[a], a < len) and dim entry b (dl,
+ * packed, b < ki), both lists sorted best first. The pairs with b <
+ * min(ki, k / (a + 1)) are at least k distinct candidates when they count
+ * k (else -inf: nothing is filtered), and their least sum, on each a at
+ * the largest such b (float addition is monotonic), is at or below all of
+ * them; a sum below it ranks under k candidates. NaN sums (which rank
+ * highest) are skipped by fminf, so they count without lowering it. */
+static __device__ __forceinline__ float combine_threshold(const float *va, const u64 *dl, int len, int ki, int k) {
+  float t = __int_as_float(0x7f800000);
+  int n = 0;
+  for (int a = 0; a < len; a++) {
+    const int b = ki < k / (a + 1) ? ki : k / (a + 1);
+    if (b == 0) break;
+    n += b;
+    t = fminf(t, va[a] + peer_packed_value(dl[b - 1]));
+  }
+  return n >= k ? t : PEER_NEG_INF;
+}
+
 /* Gates of a row's scores, lane j holding score j (lanes >= k: on = 0). */
 static __device__ __forceinline__ float gate_of(int gate, float s, bool on) {
   if (gate == GATE_SOFTMAX) {
@@ -265,6 +299,14 @@ static __device__ __forceinline__ i64 split_row0(const peer_route_params &P, int
   return r + (P.key_hs[i] ? hh * P.n[i] : 0);
 }
 
+/* The index of dim i's table (head hh's, when per head) among all the
+ * dims' tables, in split_row0's order: peer_split_keys's kmax entries. */
+static __device__ __forceinline__ i64 key_group(const peer_route_params &P, int i, i64 hh) {
+  i64 r = 0;
+  for (int j = 0; j < i; j++) r += P.key_hs[j] ? P.h : 1;
+  return r + (P.key_hs[i] ? hh : 0);
+}
+
 /* Starts the copies of split key rows row0 + c0 .. + KT-1 (dpad bf16 each,
  * 16 bytes a copy) into kh (and kl), one cp.async group; rows past ni are
  * zero-filled. */
@@ -277,6 +319,22 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
     const i64 e = (row0 + (in ? c0 + r : 0)) * dpad + cc * 8;
     cp_async16(smem_u32(kh + r * ds + cc * 8), (const smelt_h16 *)khi + e, in ? 16 : 0);
     if (key_lo) cp_async16(smem_u32(kl + r * ds + cc * 8), (const smelt_h16 *)klo + e, in ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
+/* tile_copy of hi rows alone into the buffer at shared address dst, for
+ * REG when a row's 16-byte chunks are a power of two (dpad 16, 32, ...,
+ * 256): a thread's chunk and rows follow from shifts and masks, and its
+ * source from one 64-bit address a tile (tile_copy divides per chunk). */
+static __device__ __forceinline__ void tile_copy_pow2(u32 dst, u64 khi, i64 row0, i64 c0, i64 ni, int dpad, int ds,
+                                                      int tid) {
+  const int sh = __ffs(dpad >> 3) - 1, cc = tid & ((dpad >> 3) - 1);
+  const smelt_h16 *src = (const smelt_h16 *)khi + (row0 + c0) * dpad + cc * 8;
+  const int lim = ni - c0 < KT ? (int)(ni - c0) : KT;
+  for (int r = tid >> sh; r < KT; r += NT >> sh) {
+    const bool in = r < lim;
+    cp_async16(dst + (u32)(r * ds + cc * 8) * 2, in ? src + r * dpad : (const smelt_h16 *)khi, in ? 16 : 0);
   }
   cp_async_commit();
 }
@@ -313,6 +371,134 @@ static __device__ __forceinline__ void score_tile_ldsm(float (*acc)[4], const sm
       }
     }
   }
+}
+
+/* REG: the hi query fragments of the warp's 16 rows (rm..) for k steps
+ * 0..QK-1 (dpad <= 16 QK), loaded at the start of the first pass by the
+ * same ldmatrix.x4 as score_tile_ldsm's. (Held through the second pass
+ * too, with or without the lo parts, they spill: 128 registers.) */
+#define QK 8
+static __device__ __forceinline__ void load_query_frags(u32 (*ah)[4], const smelt_h16 *qh, int ds, int dpad, int rm,
+                                                        int lane) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const int arow = rm + lr + (lm & 1) * 8, acol = (lm >> 1) * 8;
+#pragma unroll
+  for (int s = 0; s < QK; s++) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) ah[s][j] = 0u; /* steps past dpad: no value lives on from before */
+    if (16 * s < dpad) ldsm_x4(smem_u32(qh + arow * ds + 16 * s + acol), ah[s]);
+  }
+}
+
+/* REG's first pass over a tile: the approximate scores (hi query x hi key,
+ * one mma a fragment, the hi query fragments ah from registers; row_err
+ * bounds the difference to the exact ones) of the warp's 16 rows x 32
+ * keys (cn..), into the column maxima gm as pass 0 keeps them (columns at
+ * or past lim, the dim's end, skipped). Two n tiles at a time, so that 8
+ * accumulators are live instead of 16 (the order of the mma no longer
+ * matters: these scores only bound the threshold). */
+static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32 (*ah)[4], u32 kh, int ds, int dpad,
+                                                       int cn, int lane, int tq, int lim) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const u32 b0 = kh + (u32)((cn + (lm >> 1) * 8 + lr) * ds + (lm & 1) * 8) * 2, b1 = b0 + (u32)(16 * ds) * 2;
+  const int ns = dpad >> 4; /* k steps */
+  /* each key fragment is loaded one step ahead of its mma (the asm
+   * statements keep their order, so this is what hides ldmatrix's latency);
+   * shared addresses as u32, the steps as immediate offsets */
+  u32 cur[4], nxt[4];
+  ldsm_x4(b0, cur);
+#pragma unroll
+  for (int np = 0; np < 4; np += 2) {
+    float acc[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[h][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < QK; s++) {
+      if (s >= ns) break;
+      if (s + 1 < ns) ldsm_x4((np ? b1 : b0) + 32 * (s + 1), nxt);
+      else if (np == 0) ldsm_x4(b1, nxt);
+      mma_16816_bf16(acc[0], ah[s], cur);
+      mma_16816_bf16(acc[1], ah[s], cur + 2);
+#pragma unroll
+      for (int j = 0; j < 4; j++) cur[j] = nxt[j];
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (cn + (np + h) * 8 + 2 * tq + (e & 1) < lim) gm[np + h][e] = fmaxf(gm[np + h][e], acc[h][e]);
+  }
+}
+
+/* REG's second pass over a tile without lo keys: score_tile_ldsm's mma in
+ * its order (the same bits), k steps unrolled (dpad <= 16 QK), shared
+ * addresses as u32 with the steps as immediate offsets, each step's four
+ * fragments loaded before its eight mma. qh, kh: shared addresses of the
+ * hi query slice and the key tile; the lo slice is ROWS rows after qh. */
+static __device__ __forceinline__ void score_tile_u32(float (*acc)[4], u32 qh, u32 kh, int ds, int dpad, int rm,
+                                                      int cn, int lane) {
+  const int lr = lane & 7, lm = lane >> 3;
+  const u32 a = qh + (u32)((rm + lr + (lm & 1) * 8) * ds + (lm >> 1) * 8) * 2, al = a + (u32)(ROWS * ds) * 2;
+  const u32 b0 = kh + (u32)((cn + (lm >> 1) * 8 + lr) * ds + (lm & 1) * 8) * 2, b1 = b0 + (u32)(16 * ds) * 2;
+#pragma unroll
+  for (int s = 0; s < QK; s++) {
+    if (16 * s >= dpad) break;
+    u32 fh[4], fl[4], bh[2][4];
+    ldsm_x4(a + 32 * s, fh);
+    ldsm_x4(al + 32 * s, fl);
+    ldsm_x4(b0 + 32 * s, bh[0]);
+    ldsm_x4(b1 + 32 * s, bh[1]);
+#pragma unroll
+    for (int np = 0; np < 2; np++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        mma_16816_bf16(acc[2 * np + h], fh, bh[np] + 2 * h);
+        mma_16816_bf16(acc[2 * np + h], fl, bh[np] + 2 * h);
+      }
+  }
+}
+
+/* REG: a bound on |exact - approximate| over the scores of merge row mr,
+ * exact as the second pass computes them (hi·hi + lo·hi (+ hi·lo) in
+ * mma's f32 arithmetic), approximate as the first pass does (hi·hi). The
+ * difference is lo·hi + hi·lo plus both computations' rounding; by
+ * Cauchy-Schwarz |lo_q·hi_k| <= |lo_q| |hi_k| <= |lo_q| kmh (kmh, kml: the
+ * largest L2 norms of the dim's hi and lo key rows, from peer_split_keys),
+ * and each mma rounds by less than 2^-16 of the sum of its terms'
+ * magnitudes, itself <= (|hi_q| + |lo_q|)(kmh + kml), over at most 4 mma a
+ * k step in the two passes together (2^-100 more for underflow). The last
+ * factor covers the rounding of this computation. Non-finite parts give a non-finite bound (the
+ * threshold then drops to -inf). Every thread of the row gets the same
+ * bits (the four partial sums are added in the same pairs). */
+static __device__ __forceinline__ float row_err(const smelt_h16 *qh, const smelt_h16 *ql, int ds, int dpad, int mr,
+                                                int mq, float kmh, float kml) {
+  float sh = 0.f, sl = 0.f;
+  for (int c = mq * 8; c < dpad; c += 32) {
+    const uint4 vh = *(const uint4 *)&qh[mr * ds + c], vl = *(const uint4 *)&ql[mr * ds + c];
+    const u32 wh[4] = {vh.x, vh.y, vh.z, vh.w}, wl[4] = {vl.x, vl.y, vl.z, vl.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float h0 = __uint_as_float(wh[j] << 16), h1 = __uint_as_float(wh[j] & 0xffff0000u);
+      const float l0 = __uint_as_float(wl[j] << 16), l1 = __uint_as_float(wl[j] & 0xffff0000u);
+      sh += h0 * h0 + h1 * h1;
+      sl += l0 * l0 + l1 * l1;
+    }
+  }
+  sh += __shfl_xor_sync(PEER_FULL, sh, 1);
+  sl += __shfl_xor_sync(PEER_FULL, sl, 1);
+  sh += __shfl_xor_sync(PEER_FULL, sh, 2);
+  sl += __shfl_xor_sync(PEER_FULL, sl, 2);
+  const float nh = sqrtf(sh), nl = sqrtf(sl);
+  const float steps = (float)(dpad / 16);
+  return (nl * kmh + nh * kml + steps * 4.f * 0x1p-16f * (nh + nl) * (kmh + kml) + 0x1p-100f) * (1.f + 0x1p-8f);
+}
+
+/* A threshold at or below t - err, rounded down; -inf when that is NaN. */
+static __device__ __forceinline__ float lower_by(float t, float err) {
+  const float r = __fsub_rd(t, err);
+  return r == r ? r : PEER_NEG_INF;
 }
 
 /* THR's threshold of merge row mr, from the first pass's column maxima gm
@@ -355,9 +541,13 @@ static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st,
  * (free in the first pass), each of the row's four merge threads sorts its
  * 16 (packed with the column, as candidates are, so the network is
  * offer's) and row_merge takes the row's 16 best. Every merge thread
- * returns the threshold; it is also left at column 64 of the row. */
+ * returns the threshold; it is also left at column 64 of the row. With
+ * REG's approximate first pass, the maxima are approximate and the
+ * threshold is lowered by the row's bound err (row_err): the k columns'
+ * maxima are then k distinct candidates whose exact scores are at or
+ * above it. */
 static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k, int warp, int g, int tq, int mr,
-                                                int mq) {
+                                                int mq, float err) {
   const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32;
 #pragma unroll
   for (int nt = 0; nt < 4; nt++)
@@ -373,8 +563,23 @@ static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k
 #pragma unroll
   for (int j = 0; j < CN; j++)
     if (j < k) m = m < c[j] ? m : c[j];
-  const float t = peer_packed_value(m);
+  const float t = err > 0.f || err != err ? lower_by(peer_packed_value(m), err) : peer_packed_value(m);
   if (mq == 0) st[mr * STS + KT] = t;
+  return t;
+}
+
+/* THR 2 after its first pass: the threshold of merge row mr (returned)
+ * and of the thread's mma rows (rt), row_kth's with err, then the buffer's
+ * counters zeroed. */
+static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st, u32 *cnt, int k, int warp, int g,
+                                                      int tq, int mr, int mq, float err, float *rt) {
+  const float t = row_kth(gm, st, k, warp, g, tq, mr, mq, err);
+  const int rm = (warp >> 1) * 16;
+  __syncthreads(); /* column KT holds the rows' thresholds */
+  rt[0] = st[(rm + g) * STS + KT];
+  rt[1] = st[(rm + g + 8) * STS + KT];
+  __syncthreads(); /* read before the counters are zeroed (the buffer is over the score tile) */
+  if (threadIdx.x < ROWS) cnt[threadIdx.x] = 0;
   return t;
 }
 
@@ -404,9 +609,21 @@ static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k
  * (pass 1: ~1.8%), inserted into the lists once per dim; if a row of the
  * CTA overflowed its buffer, the CTA runs pass 2 as THR 1 does. Same ids
  * and scores as PRE bit for bit: the lists are exact top-k of a subset
- * that holds the row's top k. */
+ * that holds the row's top k.
+ *
+ * REG (a literal, with THR 2 and dpad <= 128: peer_route_reg) scores pass
+ * 0 with the hi parts alone (one mma a fragment instead of 2 or 3) from
+ * each warp's hi query fragments held in registers (loaded once per dim:
+ * half the ldmatrix of a tile), lowering the threshold by row_err's bound
+ * on the difference; skips the barrier after each tile's scores in passes
+ * 0 and 1 but the last (the double-buffered copies need only the barrier
+ * before); without lo keys, copies tiles by shifts when dpad is a power of
+ * two and scores pass 1 with score_tile_u32 (u32 shared addresses, the
+ * same mma order as PRE's, so the same bits); and filters the dims'
+ * combination (combine_threshold). The fallback pass computes the exact
+ * scores as PRE does. kmax: peer_split_keys's largest key-row norms. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
-                                                  const int THR, u64 khi, u64 klo) {
+                                                  const int THR, u64 khi, u64 klo, const int REG, u64 kmax) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
@@ -426,6 +643,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   const int mr = tid >> 2, mq = tid & 3; /* the merge's row and quarter */
   u64 L[PEER_MAX_K];
   const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
+  const u32 qh_s = smem_u32(qh), kh_s = smem_u32(kh), kl_s = smem_u32(kl); /* REG: shared addresses */
+  const int pow2 = (dpad & (dpad - 1)) == 0, dsh = __ffs(dpad) - 1; /* REG: tile_copy_pow2 applies; log2(dpad) */
   float *q = (float *)P.q;
 
   for (int r = warp; r < ROWS; r += NWARPS)
@@ -437,7 +656,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const int ki = (int)(ni < P.k ? ni : P.k);
     __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
     for (int x = tid; x < ROWS * dpad; x += NT) {
-      const int r = x / dpad, d = x - r * dpad;
+      const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad; /* REG: no division when it can shift */
       const i64 t = t0 + r;
       const float v = t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
       split_bf16(v, &qh[r * DS + d], &ql[r * DS + d]);
@@ -447,6 +666,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const i64 kbase = hh * P.key_hs[i];
     const i64 row0 = PRE ? split_row0(P, i, hh) : 0;
     if (PRE) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
+    u32 qf[QK][4]; /* REG, pass 0: the warp's hi query fragments */
     float rthr = PEER_NEG_INF; /* THR: the merge row's threshold (<= its ki-th best score) */
     float rt[2];               /* THR 2: the thresholds of the mma rows rm + g and rm + g + 8 */
     float gm[4][4];            /* THR, pass 0: the largest score of each accumulator's column, over the tiles */
@@ -471,16 +691,46 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
        * issued before the previous tile's scores (those passes have no
        * merge for a copy to fly behind) */
       const int db = THR && pass < 2 && !key_lo;
+      if (REG && pass == 0) {
+        __syncthreads(); /* qh, ql are written */
+        load_query_frags(qf, qh, DS, dpad, rm, lane);
+      }
       for (i64 c0 = 0; c0 < ni; c0 += KT) {
         const int odd = db && ((c0 / KT) & 1);
         if (PRE) CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
-        if (db && c0 + KT < ni) /* into the buffer the last tile used: every warp is past it */
-          tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
+        if (db && c0 + KT < ni) { /* into the buffer the last tile used: every warp is past it */
+          if (REG && pow2) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, dpad, DS, tid);
+          else tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
+        }
         for (int c = warp; !PRE && c < KT; c += NWARPS)
           split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
         if (!PRE) __syncthreads();
-        {
+        const int lim = ni - c0 < KT ? (int)(ni - c0) : KT; /* the tile's keys */
+        /* REG: dsub 128 (the common query_dim 256 over 2 dims) as a literal,
+         * so that the k steps have no run-time bound to test */
+        if (REG && pass == 0) {
+          if (dpad == 128) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, lim);
+          else colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim);
+        } else if (REG && pass == 1 && db) {
+          float acc[4][4];
+#pragma unroll
+          for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+          if (dpad == 128) score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, 128, rm, cn, lane);
+          else score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, dpad, rm, cn, lane);
+#pragma unroll
+          for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) { /* as THR 2's pass 1 below */
+              const int col = cn + nt * 8 + 2 * tq + (e & 1), r = rm + g + 8 * (e >> 1);
+              if (col < lim && !(acc[nt][e] < rt[e >> 1])) {
+                const u32 slot = atomicAdd(&cnt[r], 1u);
+                if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(acc[nt][e], (u32)(c0 + col));
+              }
+            }
+        } else {
           float acc[4][4];
 #pragma unroll
           for (int nt = 0; nt < 4; nt++)
@@ -533,24 +783,19 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
             }
           }
         }
-        __syncthreads(); /* the scores are in st (or buf); kh, kl are free */
+        /* the scores are in st (or buf); kh, kl are free (REG's passes 0
+         * and 1 but the last tile: the next tile's barrier is enough) */
+        if (!(REG && db && c0 + KT < ni)) __syncthreads();
         if (PRE) {
           if (c0 + KT < ni) {
             if (!db) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
           } else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
           if (pass < 2) {
             if (c0 + KT < ni) continue;
-            if (pass == 1) { /* the buffered scores, unless some row overflowed (rows past T, all zeros, do not count) */
-              const u32 n = cnt[mr];
-              overflow = __syncthreads_or(n > BCAP && t0 + mr < P.T);
-              for (u32 j = mq; !overflow && j < n && j < BCAP; j += 4) insert_desc(L, buf[mr * BCAP + j], KL);
+            if (pass == 1) {
+              overflow = insert_buffer(L, KL, buf, cnt, mr, mq, t0 + mr < P.T);
             } else if (THR == 2) {
-              rthr = row_kth(gm, st, k, warp, g, tq, mr, mq);
-              __syncthreads(); /* column KT holds the rows' thresholds */
-              rt[0] = st[(rm + g) * STS + KT];
-              rt[1] = st[(rm + g + 8) * STS + KT];
-              __syncthreads(); /* read before the counters are zeroed (the buffer is over the score tile) */
-              if (tid < ROWS) cnt[tid] = 0;
+              if (!REG) rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, 0.f, rt);
             } else {
               rthr = row_threshold(gm, st, k, warp, g, tq, mr);
             }
@@ -568,6 +813,12 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
           offer(L, c, KL);
         }
       }
+      if (REG && pass == 0) { /* after the loop, so that rt and rthr are not carried through it (spills) */
+        const i64 grp = key_group(P, i, hh);
+        const float err = row_err(qh, ql, DS, dpad, mr, mq, ((const float *)kmax)[2 * grp],
+                                  ((const float *)kmax)[2 * grp + 1]);
+        rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, err, rt);
+      }
     }
     row_merge(L, KL);
     if (i > 0) {
@@ -583,19 +834,34 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
       u64 F[PEER_MAX_K];
 #pragma unroll
       for (int j = 0; j < KL; j++) F[j] = 0;
-      for (int a = mq; a < len; a += 4) {
-        const float va = lv[mr * PEER_MAX_K + a];
-        const u32 pa = li[mr * PEER_MAX_K + a] * (u32)ni;
+      const float cthr = REG ? combine_threshold(lv + mr * PEER_MAX_K, dl + mr * KL, (int)len, ki, k) : 0.f;
+      for (int a0 = REG ? 0 : mq; a0 < len; a0 += 4) { /* REG: the same trip count for every lane (its votes) */
+        const int a = REG ? a0 + mq : a0;
+        const bool on = a < len;
+        const float va = on ? lv[mr * PEER_MAX_K + a] : 0.f;
+        const u32 pa = on ? li[mr * PEER_MAX_K + a] * (u32)ni : 0u;
 #pragma unroll
         for (int b0 = 0; b0 < KL; b0 += CN) {
           if (b0 >= ki) break;
           u64 c[CN];
+          u32 mask = 0; /* REG: the sums at or above cthr (NaN too) */
 #pragma unroll
           for (int j = 0; j < CN; j++) {
-            const u64 e = b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
-            c[j] = e ? peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)) : 0ull;
+            const u64 e = on && b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
+            const float sum = va + peer_packed_value(e);
+            c[j] = e ? peer_pack(sum, pa + peer_packed_id(e)) : 0ull;
+            if (e && !(sum < cthr)) mask |= 1u << j;
           }
-          offer(F, c, KL);
+          if (!REG || __reduce_max_sync(PEER_FULL, (unsigned)__popc(mask)) > FILTER_CUT) {
+            offer(F, c, KL);
+            continue;
+          }
+          while (mask) { /* recomputed from shared memory: c[j] at a run-time j would go to local memory */
+            const int j = __ffs(mask) - 1;
+            mask &= mask - 1;
+            const u64 e = dl[mr * KL + b0 + j];
+            insert_desc(F, peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)), KL);
+          }
         }
       }
       row_merge(F, KL);
@@ -642,45 +908,98 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) { route_rows(P, 16, 0, 0, 0, 0); }
-extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) { route_rows(P, 32, 0, 0, 0, 0); }
+extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
+  route_rows(P, 16, 0, 0, 0, 0, 0, 0);
+}
+extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) {
+  route_rows(P, 32, 0, 0, 0, 0, 0, 0);
+}
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 0, khi, klo);
+  route_rows(P, 16, 1, 0, khi, klo, 0, 0);
 }
 /* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
 extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 1, khi, klo);
+  route_rows(P, 16, 1, 1, khi, klo, 0, 0);
 }
 /* The exact k-th column maximum as the threshold, the scores above it to
  * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
  * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 2, khi, klo);
+  route_rows(P, 16, 1, 2, khi, klo, 0, 0);
+}
+/* buf with the query fragments in registers, an approximate first pass and
+ * one barrier a tile (SMELT_PEER_ROUTE_KERNEL=reg, k <= 16, dsub <= 128;
+ * kmax from peer_split_keys). */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
+  route_rows(P, 16, 1, 2, khi, klo, 1, kmax);
 }
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, 0, khi, klo);
+  route_rows(P, 32, 1, 0, khi, klo, 0, 0);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in
  * split_row0's order, as bf16 hi and lo parts [rows][dpad] (L2-normalized
  * first when asked, zero past dsub) for peer_route_pre: once per call
  * instead of once per CTA and tile. A warp per row, with route_rows's own
- * arithmetic so that the two variants agree bit for bit. */
-extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_params P, u64 khi, u64 klo, i64 rows) {
-  const int lane = threadIdx.x & 31;
-  const i64 row = (i64)blockIdx.x * NWARPS + (threadIdx.x >> 5);
-  if (row >= rows) return; /* warp-uniform */
-  const i64 dsub = P.dsub;
-  const int dpad = (int)((dsub + 15) & ~(i64)15);
-  int i = 0;
-  i64 r = row;
-  while (i + 1 < P.p && r >= (P.key_hs[i] ? P.h : 1) * P.n[i]) {
-    r -= (P.key_hs[i] ? P.h : 1) * P.n[i];
-    i++;
+ * arithmetic so that the two variants agree bit for bit. kmax (f32
+ * [tables][2], zeroed by the caller; 0 = not wanted): the largest hi and lo
+ * row norms of each table (key_group's order), for peer_route_reg. */
+extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_params P, u64 khi, u64 klo, i64 rows,
+                                                                u64 kmax) {
+  __shared__ float wn[NWARPS][2];
+  __shared__ i64 wg[NWARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 row = (i64)blockIdx.x * NWARPS + warp;
+  i64 grp = -1;
+  if (row < rows) { /* warp-uniform */
+    const i64 dsub = P.dsub;
+    const int dpad = (int)((dsub + 15) & ~(i64)15);
+    int i = 0;
+    i64 r = row;
+    while (i + 1 < P.p && r >= (P.key_hs[i] ? P.h : 1) * P.n[i]) {
+      r -= (P.key_hs[i] ? P.h : 1) * P.n[i];
+      i++;
+    }
+    smelt_h16 *hi = (smelt_h16 *)khi + row * dpad, *lo = (smelt_h16 *)klo + row * dpad;
+    split_key_row(P, i, r * dsub, true, dpad, lane, hi, lo);
+    if (kmax) {
+      /* the row's hi and lo L2 norms (each lane reads back the elements it
+       * wrote); non-finite ones as +inf, so that route_rows's bound is +inf
+       * too */
+      float sh = 0.f, sl = 0.f;
+      for (int d = lane; d < dpad; d += 32) {
+        const float h = smelt_bf16_to_f32(hi[d]), l = smelt_bf16_to_f32(lo[d]);
+        sh += h * h;
+        sl += l * l;
+      }
+      const float nh = sqrtf(smelt_warp_sum(sh)), nl = sqrtf(smelt_warp_sum(sl));
+      grp = key_group(P, i, P.key_hs[i] ? r / P.n[i] : 0);
+      if (lane == 0) {
+        wn[warp][0] = nh <= 3.402823466e38f ? nh : __int_as_float(0x7f800000);
+        wn[warp][1] = nl <= 3.402823466e38f ? nl : __int_as_float(0x7f800000);
+      }
+    }
   }
-  split_key_row(P, i, r * dsub, true, dpad, lane, (smelt_h16 *)khi + row * dpad, (smelt_h16 *)klo + row * dpad);
+  if (!kmax) return; /* grid-uniform */
+  if (lane == 0) wg[warp] = grp;
+  __syncthreads();
+  /* into the tables' running maxima, one atomic per table and CTA (a CTA's
+   * rows are consecutive, so each table's are one run); non-negative floats
+   * order as their bits */
+  if (threadIdx.x < 2) {
+    const int c = threadIdx.x;
+    float m = 0.f;
+    for (int w = 0; w < NWARPS; w++) {
+      if (wg[w] < 0) break;
+      m = fmaxf(m, wn[w][c]);
+      if (w + 1 == NWARPS || wg[w + 1] != wg[w]) {
+        atomicMax((int *)kmax + 2 * wg[w] + c, __float_as_int(m));
+        m = 0.f;
+      }
+    }
+  }
 }
 
 /* ---------------------------------------------------------------- backward */

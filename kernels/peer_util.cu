@@ -7,6 +7,8 @@
  *   - the runs of equal keys in a sorted array (peer_seg_bounds) and the
  *     expert-gradient segment sums over them (peer_du, peer_dv);
  *   - deterministic column sums (peer_colsum_*: dbq and the norm params);
+ *   - a 16-bit matrix transpose (peer_transpose16: Wq made K-major so the
+ *     query projection runs on the Hopper GEMM kernel);
  *   - the expert store's batch policy (peer_store_*): per-expert use counts,
  *     hits and misses in ascending id order, and the CLOCK hand run in
  *     parallel: the victims of m misses are the first m slots of
@@ -302,6 +304,28 @@ extern "C" __global__ void __launch_bounds__(NT) peer_colsum_final(u64 part, i64
   float s = 0.f;
   for (int ch = 0; ch < CS_CHUNKS; ch++) s += ((const float *)part)[ch * cols + c];
   peer_st(out, c * out_stride, out_dt, s);
+}
+
+/* ---------------------------------------------------------------- transpose */
+
+#define TR_TILE 32
+
+/* out[c * rows + r] = in[r * rs + c * cs] for a rows x cols matrix of
+ * 16-bit elements (out contiguous, [cols][rows]); grid (ceil(cols / 32),
+ * ceil(rows / 32)), 256 threads: a 32 x 32 tile through shared memory so
+ * that reads and writes both run along rows (given row-major input). */
+extern "C" __global__ void __launch_bounds__(NT) peer_transpose16(u64 in, i64 rows, i64 cols, i64 rs, i64 cs, u64 out) {
+  __shared__ smelt_h16 tile[TR_TILE][TR_TILE + 2];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const i64 c0 = (i64)blockIdx.x * TR_TILE, r0 = (i64)blockIdx.y * TR_TILE;
+  const smelt_h16 *src = (const smelt_h16 *)in;
+#pragma unroll
+  for (int y = ty; y < TR_TILE; y += NT / 32)
+    if (r0 + y < rows && c0 + tx < cols) tile[y][tx] = src[(r0 + y) * rs + (c0 + tx) * cs];
+  __syncthreads();
+#pragma unroll
+  for (int y = ty; y < TR_TILE; y += NT / 32)
+    if (c0 + y < cols && r0 + tx < rows) ((smelt_h16 *)out)[(c0 + y) * rows + r0 + tx] = tile[tx][y];
 }
 
 /* ---------------------------------------------------------------- the store */

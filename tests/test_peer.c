@@ -502,13 +502,16 @@ static void test_peer_retrieve_ties(void) {
 /* Sub-key tables of several 64-key tiles and partial ones (tile copies and
  * the filtered merge across tiles), more than one CTA of 64 rows, lists of
  * 16 and 32: the CUDA routing kernels (SMELT_PEER_ROUTE_KERNEL=presplit,
- * sort, thr and buf, the default) against the reference, and the others
- * against presplit bit for bit. Exact data have many equal scores across
+ * sort, thr, buf and reg, the default) against the reference, and the
+ * others against presplit bit for bit (reg's approximate first pass and
+ * filtered combination included: random data with lo parts exercise its
+ * error bound, exact data its fallback). Exact data have many equal scores across
  * tiles (ties by id): the thresholds then let many scores through, so thr's
  * merge takes its sorting path and buf's buffers overflow (its fallback
  * pass); dims of fewer than k or 64 sub-keys leave columns empty (a -inf
  * threshold); random data keep buf's buffers within bounds. */
 static void test_peer_retrieve_tiles(void) {
+  enum { NK = 5 };
   static const pcase tile_cases[] = {
       {2, {100, 130}, 16, 2, 32, 16, 16, 1, 70, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
       {2, {200, 65}, 20, 3, 40, 12, 8, 1, 66, L2, 1, 1, 0, SIGMOID, GELU, 0, F32, F32, F32},
@@ -517,8 +520,11 @@ static void test_peer_retrieve_tiles(void) {
       {2, {300, 257}, 12, 2, 64, 16, 16, 1, 130, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
       {2, {520, 70}, 16, 1, 64, 16, 16, 1, 64, L2, 1, 0, 0, SOFTMAX, GELU, 0, F32, F32, F32},
       {2, {200, 100}, 4, 2, 32, 8, 8, 1, 70, NONE, 0, 1, 0, GRELU, GELU, 0, BF16, BF16, BF16},
+      /* dsub 128, bf16 keys: reg's literal-dpad tile loops and shifted copies */
+      {2, {130, 90}, 16, 1, 256, 16, 16, 1, 66, NONE, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, BF16},
+      {2, {100, 70}, 8, 2, 256, 16, 16, 1, 65, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
   };
-  static const char *const kernels[4] = {"presplit", "sort", "thr", "buf"};
+  static const char *const kernels[NK] = {"presplit", "sort", "thr", "buf", "reg"};
   FOR_EACH_BACKEND(ctx) {
     for (int tc = 0; tc < (int)(sizeof tile_cases / sizeof *tile_cases); tc++) {
       const pcase *c = &tile_cases[tc];
@@ -527,8 +533,8 @@ static void test_peer_retrieve_tiles(void) {
       dprob d;
       dprob_init(&d, ctx, &pr, 1);
       int64_t os[3] = {c->T, c->h, c->k};
-      double *gi[4] = {NULL, NULL, NULL, NULL}, *gs[4] = {NULL, NULL, NULL, NULL};
-      for (int kv = 0; kv < (is_cuda(ctx) ? 4 : 1); kv++) {
+      double *gi[NK] = {NULL}, *gs[NK] = {NULL};
+      for (int kv = 0; kv < (is_cuda(ctx) ? NK : 1); kv++) {
         obuf ids = out_new(ctx, SMELT_DTYPE_I64, 3, os), sc = out_new(ctx, F32, 3, os);
         char what[280], nm[200];
         snprintf(what, sizeof what, "tiles %s %s %s", is_cuda(ctx) ? "cuda" : "cpu", is_cuda(ctx) ? kernels[kv] : "",
@@ -543,7 +549,7 @@ static void test_peer_retrieve_tiles(void) {
         out_free(&ids);
         out_free(&sc);
       }
-      for (int kv = 1; kv < 4; kv++) {
+      for (int kv = 1; kv < NK; kv++) {
         if (!gi[0] || !gi[kv]) continue;
         int64_t differ = 0;
         for (int64_t i = 0; i < c->T * c->h * c->k; i++) differ += gi[0][i] != gi[kv][i] || gs[0][i] != gs[kv][i];
@@ -551,7 +557,7 @@ static void test_peer_retrieve_tiles(void) {
           th_fail(__FILE__, __LINE__, "tiles case %d: presplit and %s routing differ in %lld of %lld entries", tc,
                   kernels[kv], (long long)differ, (long long)(c->T * c->h * c->k));
       }
-      for (int kv = 0; kv < 4; kv++) {
+      for (int kv = 0; kv < NK; kv++) {
         free(gi[kv]);
         free(gs[kv]);
       }
@@ -1153,7 +1159,7 @@ static void test_peer_bad_inputs(void) {
     cfg = good;
     if (is_cuda(ctx)) { /* the routing kernel's switch */
       setenv("SMELT_PEER_ROUTE_KERNEL", "fast", 1);
-      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "SMELT_PEER_ROUTE_KERNEL=\"fast\"", "presplit, sort, thr or buf");
+      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "SMELT_PEER_ROUTE_KERNEL=\"fast\"", "presplit, sort, thr, buf or reg");
       unsetenv("SMELT_PEER_ROUTE_KERNEL");
     }
     /* the weights */

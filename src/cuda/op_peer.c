@@ -80,6 +80,7 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u) {
              {&u->dv, "peer_dv"},
              {&u->colsum_partial, "peer_colsum_partial"},
              {&u->colsum_final, "peer_colsum_final"},
+             {&u->transpose16, "peer_transpose16"},
              {&u->store_count, "peer_store_count"},
              {&u->store_lookup, "peer_store_lookup"},
              {&u->store_misses, "peer_store_misses"},
@@ -115,20 +116,24 @@ typedef struct expert_variant {
   unsigned fwd_smem, bwd_smem;
 } expert_variant;
 
-/* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: buf, the
- * fastest on an H100 at the acceptance shape (forward 1.621 ms against
- * presplit's 1.692 and thr's 1.681, c70e843; docs/PERF.md's version 5).
- * For k > 16 buf and thr take presplit's kernel. */
-#define PEER_ROUTE_DEFAULT "buf"
+/* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: reg (buf's
+ * two passes with the first one approximate and its query fragments in
+ * registers; docs/PERF.md's version 6). buf was the fastest of version 5
+ * on an H100 at the acceptance shape (forward 1.621 ms against presplit's
+ * 1.692 and thr's 1.681, c70e843). For k > 16 reg, buf and thr take
+ * presplit's kernel; for dsub > 128 reg takes buf's. */
+#define PEER_ROUTE_DEFAULT "reg"
 
 typedef struct peer_cuda {
   CUfunction route, rescore, route_bwd, dkeys;
   CUfunction split_keys; /* peer_split_keys when route is a presplit variant, else NULL */
+  int route_kmax;        /* route is peer_route_reg: split_keys also takes the tables' largest key norms */
   smelt__peer_util util;
   expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
   smelt_dtype wdt;
   unsigned route_smem, rbwd_smem;
   smelt_plan *gemm_q; /* q = x Wq + bq; NULL when T = 0 */
+  int wq_t;           /* gemm_q multiplies by a K-major copy of Wq (plan_projection) */
 } peer_cuda;
 
 static void peer_cuda_free(void *p) {
@@ -235,6 +240,48 @@ static smelt_tensor dev_tensor(const smelt_ctx *ctx, void *p, smelt_dtype dt, in
   return smelt_tensor_make(p, dt, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
 }
 
+static int hopper_gemm(const smelt_plan *p) { return strncmp(p->describe, "gemm_sm90", 9) == 0; }
+
+/* The projection's GEMM plan, made against workspaces like the runs'. The
+ * Hopper GEMM kernel (TMA + wgmma) takes B K-major only, and Wq [d_in, h*dq]
+ * is usually row-major (N-major): planned as given, the projection ran on
+ * mma.sync (119 us at the acceptance shape on an H100, docs/PERF.md). When
+ * the plan as given is not the Hopper kernel but one with a K-major copy of
+ * a 16-bit Wq is, each run first transposes Wq into the workspace
+ * (peer_transpose16: 4 MiB at the acceptance shape) and multiplies by the
+ * copy (wq_t). The same GEMM on the same values either way; only the
+ * kernel (and so the order of its f32 sums) differs. */
+static smelt_status plan_projection(smelt_ctx *ctx, const smelt__peer_state *ps, peer_cuda *pc) {
+  const smelt_device_info *dev = &ctx->cuda->info;
+  const smelt_tensor *x = &ps->t[SMELT__PT_X], *wq = &ps->t[SMELT__PT_WQ];
+  const smelt_tensor *bq = ps->t[SMELT__PT_BQ].ndim >= 0 ? &ps->t[SMELT__PT_BQ] : NULL;
+  const int64_t hd = ps->h * ps->dq;
+  void *q, *wt;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(ps->T * hd) * 4, &q);
+  if (s) return s;
+  smelt_tensor qt = dev_tensor(ctx, q, SMELT_DTYPE_F32, ps->T, hd);
+  s = smelt_gemm_plan(ctx, NULL, x, wq, NULL, &qt, bq, &pc->gemm_q);
+  const int try_t = !s && !hopper_gemm(pc->gemm_q) && dev->cc_major == 9 && dev->cc_minor == 0 &&
+                    (wq->dtype == SMELT_DTYPE_BF16 || wq->dtype == SMELT_DTYPE_F16) && x->dtype == wq->dtype &&
+                    (ps->din + 31) / 32 <= 65535;
+  if (try_t && !(s = smelt__cuda_alloc(ctx, (size_t)(ps->din * hd) * 2, &wt))) {
+    smelt_tensor wtt = dev_tensor(ctx, wt, wq->dtype, ps->din, hd);
+    wtt.strides[0] = 1;
+    wtt.strides[1] = ps->din;
+    smelt_plan *tp = NULL;
+    if (smelt_gemm_plan(ctx, NULL, x, &wtt, NULL, &qt, bq, &tp) == SMELT_OK && hopper_gemm(tp)) {
+      smelt_plan_destroy(pc->gemm_q);
+      pc->gemm_q = tp;
+      pc->wq_t = 1;
+    } else {
+      smelt_plan_destroy(tp);
+    }
+    s = smelt__cuda_free(ctx, wt);
+  }
+  smelt_status s2 = smelt__cuda_free(ctx, q);
+  return s ? s : s2;
+}
+
 smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   smelt__peer_state *ps = (smelt__peer_state *)plan->opdata;
   smelt_ctx *ctx = plan->ctx;
@@ -287,25 +334,32 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
    * peer_route_thr, which scores each dim's tiles twice, first for a
    * per-row threshold, then merging only the scores at or above it; buf (k
    * <= 16) takes peer_route_buf, a tighter threshold whose scores go to
-   * per-row buffers, merged once per dim (for k > 16 both take presplit's
-   * kernel; the plan's description says which). presplit splits the
-   * sub-keys once per call (peer_split_keys), as thr and buf do. Same
-   * results bit for bit. Unset: PEER_ROUTE_DEFAULT. */
+   * per-row buffers, merged once per dim; reg (k <= 16, dsub <= 128) takes
+   * peer_route_reg, buf with an approximate first pass from query
+   * fragments in registers, one barrier a tile and a filtered combination
+   * (for k > 16 these take presplit's kernel, reg with dsub > 128 buf's;
+   * the plan's description says which). presplit splits the sub-keys once
+   * per call (peer_split_keys), as thr, buf and reg do. Same results bit for
+   * bit. Unset: PEER_ROUTE_DEFAULT. */
   const char *route_env = smelt__getenv("SMELT_PEER_ROUTE_KERNEL");
   if (route_env && strcmp(route_env, "sort") != 0 && strcmp(route_env, "presplit") != 0 &&
-      strcmp(route_env, "thr") != 0 && strcmp(route_env, "buf") != 0)
+      strcmp(route_env, "thr") != 0 && strcmp(route_env, "buf") != 0 && strcmp(route_env, "reg") != 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit, sort, thr or buf)",
+                        OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit, sort, thr, buf or reg)",
                         route_env);
   const char *route = route_env ? route_env : PEER_ROUTE_DEFAULT;
   const int thr = strcmp(route, "thr") == 0 && ps->k <= 16;
-  const int buf = strcmp(route, "buf") == 0 && ps->k <= 16;
+  /* reg holds a query slice's fragments in registers: dsub <= 128 (else buf) */
+  const int reg = strcmp(route, "reg") == 0 && ps->k <= 16 && ps->dsub <= 128;
+  const int buf = (strcmp(route, "buf") == 0 || strcmp(route, "reg") == 0) && ps->k <= 16 && !reg;
   const int presplit = strcmp(route, "sort") != 0;
+  pc->route_kmax = reg;
   smelt__kernel_src src;
   smelt__peer_route_src(&src);
   smelt_status s;
   /* lists of 16 entries per merge thread when k allows, else 32 */
   const char *route_fn = thr        ? "peer_route_thr"
+                         : reg      ? "peer_route_reg"
                          : buf      ? "peer_route_buf"
                          : presplit ? (ps->k <= 16 ? "peer_route_pre" : "peer_route32_pre")
                                     : (ps->k <= 16 ? "peer_route" : "peer_route32");
@@ -316,15 +370,7 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
       (s = smelt__cuda_function(ctx, &src, "peer_dkeys", &pc->dkeys)) || (s = smelt__peer_util_load(ctx, &pc->util)) ||
       (s = expert_load(ctx, ps, wdt, wide ? V : 1, &pc->ev[0])))
     return s;
-  if (ps->T > 0) { /* the projection's GEMM plan, made against a workspace like the runs' */
-    void *q;
-    if ((s = smelt__cuda_alloc(ctx, (size_t)(ps->T * ps->h * ps->dq) * 4, &q))) return s;
-    smelt_tensor qt = dev_tensor(ctx, q, SMELT_DTYPE_F32, ps->T, ps->h * ps->dq);
-    const smelt_tensor *bq = ps->t[SMELT__PT_BQ].ndim >= 0 ? &ps->t[SMELT__PT_BQ] : NULL;
-    s = smelt_gemm_plan(ctx, NULL, &ps->t[SMELT__PT_X], &ps->t[SMELT__PT_WQ], NULL, &qt, bq, &pc->gemm_q);
-    smelt_status s2 = smelt__cuda_free(ctx, q);
-    if (s || s2) return s ? s : s2;
-  }
+  if (ps->T > 0 && (s = plan_projection(ctx, ps, pc))) return s;
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
   char pipe[40];
@@ -333,9 +379,11 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   else
     snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq + %s + %.32s%.36s", (long long)ps->N, ps->p,
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq%s + %s + %.24s%.32s", (long long)ps->N, ps->p,
            (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
+           pc->wq_t ? " (Wq K-major)" : "",
            thr ? "split keys + peer_route_thr"
+           : reg ? "split keys + peer_route_reg"
            : buf ? "split keys + peer_route_buf"
            : presplit ? "split keys + peer_route_pre"
                       : "peer_route (sort)",
@@ -461,12 +509,31 @@ static void expert_params(const smelt__peer_state *ps, const smelt_peer_weights 
   }
 }
 
-/* q = x Wq + bq into the f32 workspace q [T, h*dq]. */
+/* q = x Wq + bq into the f32 workspace q [T, h*dq]; through a K-major copy
+ * of Wq when planned so (wq_t). */
 static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x, void *q) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   const peer_cuda *pc = (const peer_cuda *)ps->cuda;
-  smelt_tensor qt = dev_tensor(plan->ctx, q, SMELT_DTYPE_F32, ps->T, ps->h * ps->dq);
-  return smelt_gemm_run(pc->gemm_q, x, w->wq, NULL, &qt, w->bq);
+  smelt_ctx *ctx = plan->ctx;
+  const int64_t hd = ps->h * ps->dq;
+  smelt_tensor qt = dev_tensor(ctx, q, SMELT_DTYPE_F32, ps->T, hd);
+  if (!pc->wq_t) return smelt_gemm_run(pc->gemm_q, x, w->wq, NULL, &qt, w->bq);
+  void *wt;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(ps->din * hd) * 2, &wt);
+  if (s) return s;
+  void *in = w->wq->data;
+  int64_t rows = ps->din, cols = hd, rs = w->wq->strides[0], cs = w->wq->strides[1];
+  void *tp[] = {&in, &rows, &cols, &rs, &cs, &wt};
+  s = smelt__cuda_launch(ctx, OP, pc->util.transpose16, (unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32), 1,
+                         256, 0, tp);
+  if (!s) {
+    smelt_tensor wtt = dev_tensor(ctx, wt, w->wq->dtype, rows, cols);
+    wtt.strides[0] = 1;
+    wtt.strides[1] = rows;
+    s = smelt_gemm_run(pc->gemm_q, x, &wtt, NULL, &qt, w->bq);
+  }
+  smelt_status s2 = smelt__cuda_free(ctx, wt);
+  return s ? s : s2;
 }
 
 static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P) {
@@ -477,18 +544,30 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P) 
     void *params[] = {P};
     return smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, params);
   }
-  /* the split sub-keys, hi and lo parts [rows][dpad] bf16, live for this call */
-  int64_t rows = 0;
-  for (int i = 0; i < ps->p; i++) rows += (ps->cfg.per_head_keys ? ps->h : 1) * ps->n[i];
+  /* the split sub-keys, hi and lo parts [rows][dpad] bf16, and for
+   * peer_route_reg each table's largest hi and lo row norms (f32 [tables][2],
+   * zeroed for split_keys's atomic maxima), live for this call */
+  int64_t rows = 0, tables = 0;
+  for (int i = 0; i < ps->p; i++) {
+    rows += (ps->cfg.per_head_keys ? ps->h : 1) * ps->n[i];
+    tables += ps->cfg.per_head_keys ? ps->h : 1;
+  }
   const int64_t dpad = (ps->dsub + 15) & ~(int64_t)15;
-  const size_t bytes[2] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2};
-  void *base, *r[2];
-  smelt_status s = ws_alloc(plan->ctx, bytes, 2, &base, r);
+  const size_t bytes[3] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
+                           pc->route_kmax ? (size_t)tables * 8 : 0};
+  void *base, *r[3];
+  smelt_status s = ws_alloc(plan->ctx, bytes, 3, &base, r);
   if (s) return s;
-  uint64_t khi = (uint64_t)(uintptr_t)r[0], klo = (uint64_t)(uintptr_t)r[1];
-  void *sp[] = {P, &khi, &klo, &rows};
-  s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
-  void *rp[] = {P, &khi, &klo};
+  uint64_t khi = (uint64_t)(uintptr_t)r[0], klo = (uint64_t)(uintptr_t)r[1], kmax = (uint64_t)(uintptr_t)r[2];
+  if (kmax) {
+    CUresult e = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kmax, 0, bytes[2], plan->ctx->cuda->stream);
+    if (e != 0) s = smelt__cu_error(e, OP, "cuMemsetD8Async");
+  }
+  void *sp[] = {P, &khi, &klo, &rows, &kmax};
+  /* kmax is read by peer_route_reg only (the driver takes as many
+   * parameters as the kernel declares) */
+  if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
+  void *rp[] = {P, &khi, &klo, &kmax};
   if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, rp);
   smelt_status s2 = smelt__cuda_free(plan->ctx, base);
   return s ? s : s2;
