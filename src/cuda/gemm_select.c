@@ -133,7 +133,7 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
    * the 128-row tiles for a skinny M, as cuBLAS's 64 x 64 tile with 13
    * stages of 16 KiB; 64 x 128 with 8 stages. (The 64 x 64 tile in 2 x 1
    * clusters sharing B, as cuBLAS runs it, was no faster on H100:
-   * docs/PERF.md, sixth round.) Appended last, as the entries above. */
+   * docs/PERF.md, seventh round.) Appended last, as the entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
     add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 64, 64, 13,
                                       1, 1, 0, 0, 1, 1});
@@ -374,7 +374,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * 64 x 64 tiles); and for M <= 64, where the tile counts are equal:
      * its 13 stages keep more of B in flight than 8 of 128 x 64, half of
      * whose A rows are zeros (on H100, 64 x 4096 x 4096: 18.6 against 29.5
-     * us; docs/PERF.md, sixth round). 64 x 128 only when asked for. */
+     * us; docs/PERF.md, seventh round). 64 x 128 only when asked for. */
     const int64_t narrow = ((f->m + 127) / 128) * ((f->n + 63) / 64) *
                            (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     const int rows64 = f->m <= 64 || 2 * narrow <= dev->sm_count;
