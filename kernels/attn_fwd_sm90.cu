@@ -382,6 +382,22 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
   }
 }
 
+#if ATTN_PERSISTENT
+/* One tile of a persistent walk: zeros without keys; else its key tiles,
+ * kv (the K/V ring's position) and q (Q's loads) running on across tiles. */
+static __device__ __forceinline__ void walk_tile(const attn_params &P, const fwd_tile &t, int c, u32 sQ, u32 sK,
+                                                 u32 sV, u32 fullQ, u32 fullK, u32 fullV, u32 empty, u32 emptyQ,
+                                                 int *kv, int *q) {
+  if (t.n_lo >= t.n_hi) {
+    zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
+    return;
+  }
+  consume(P, t, c, sQ, sK, sV, fullQ, *q & 1, fullK, fullV, empty, emptyQ, *kv);
+  *kv += t.n_hi - t.n_lo;
+  ++*q;
+}
+#endif
+
 #if ATTN_PERSISTENT == 1
 /* The static schedule's i-th query tile of P.m_tiles per (sequence,
  * head). With a right window (causal) the last query tiles see the most
@@ -596,14 +612,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     int b, h, m0;
     fwd_tile t;
     schedule(P, i, &b, &h, &m0);
-    if (!tile_at(P, b, h, m0, t)) continue;
-    if (t.n_lo >= t.n_hi) {
-      zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
-      continue;
-    }
-    consume(P, t, wg - 1, sQ, sK, sV, fullQ, q & 1, fullK, fullV, empty, emptyQ, kv);
-    kv += t.n_hi - t.n_lo;
-    q++;
+    if (tile_at(P, b, h, m0, t)) walk_tile(P, t, wg - 1, sQ, sK, sV, fullQ, fullK, fullV, empty, emptyQ, &kv, &q);
   }
 #elif ATTN_PERSISTENT == 2
   int kv = 0, q = 0;
@@ -616,14 +625,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
      * across the warp, and keeps the key-tile loop's stage addresses and
      * wgmma descriptors in uniform registers (untested: 16 more R2UR and
      * divergence checks per key tile at D 128, and 10-15% slower). */
-    if (!tile_of(P, i, t)) continue;
-    if (t.n_lo >= t.n_hi) {
-      zero_tile(P, t, threadIdx.x - 128, THREADS - 128);
-      continue;
-    }
-    consume(P, t, wg - 1, sQ, sK, sV, fullQ, q & 1, fullK, fullV, empty, emptyQ, kv);
-    kv += t.n_hi - t.n_lo;
-    q++;
+    if (tile_of(P, i, t)) walk_tile(P, t, wg - 1, sQ, sK, sV, fullQ, fullK, fullV, empty, emptyQ, &kv, &q);
   }
 #else
   consume(P, t, wg - 1, sQ, sK, sV, fullQ, 0, fullK, fullV, empty, emptyQ, 0);

@@ -554,6 +554,18 @@ static __device__ __forceinline__ void act_piece(float *v, int act, float slope,
   }
 }
 
+/* v = alpha * acc + bias for piece q's accumulators d[0 .. 31] (the
+ * layout of fast_piece). */
+static __device__ __forceinline__ void lin_piece(float alpha, const float *d, int q, const float *bias, int lane,
+                                                 float *v) {
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const float2 b = *(const float2 *)&bias[PIECE * q + 8 * j + 2 * (lane & 3)];
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[4 * j + e] + (e & 1 ? b.y : b.x);
+  }
+}
+
 /* Piece q (tile columns 64q .. 64q + 63), whose accumulators the caller
  * has moved to d[0 .. 31], as v = scale_d * act(alpha_ab * acc + bias),
  * clamped if asked. v[k] is at row 16 warp + lane/4 + 8 ((k/2) % 2) and
@@ -561,13 +573,7 @@ static __device__ __forceinline__ void act_piece(float *v, int act, float slope,
  * (zeros without a bias). */
 static __device__ __forceinline__ void fast_piece(const gemm_params &P, const float *d, int q, const float *bias,
                                                   int lane, float *v) {
-  const float alpha = (float)P.alpha_ab;
-#pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const float2 b = *(const float2 *)&bias[PIECE * q + 8 * j + 2 * (lane & 3)];
-#pragma unroll
-    for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[4 * j + e] + (e & 1 ? b.y : b.x);
-  }
+  lin_piece((float)P.alpha_ab, d, q, bias, lane, v);
   act_piece(v, P.act, P.slope, P.dt_d != DT_F32);
   const float m = P.dt_d == DT_F16 ? 65504.f : P.dt_d == DT_BF16 ? GEMM_BF16_MAX : GEMM_F32_MAX;
 #pragma unroll
@@ -911,12 +917,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (x >= w.n) continue; /* uniform: the piece is past N */
           const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           float v[32];
-#pragma unroll
-          for (int j = 0; j < 8; j++) {
-            const float2 b = *(const float2 *)&bias[PIECE * q + 8 * j + 2 * (lane & 3)];
-#pragma unroll
-            for (int e = 0; e < 4; e++) v[4 * j + e] = alpha * d[32 * p + 4 * j + e] + (e & 1 ? b.y : b.x);
-          }
+          lin_piece(alpha, d + 32 * p, q, bias, lane, v);
           if (P.act == ACT_GELU) act_piece16_n(v, ACT_GELU);
           else if (P.act == ACT_SILU) act_piece16_n(v, ACT_SILU);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);

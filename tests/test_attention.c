@@ -754,6 +754,36 @@ static void test_plan_reuse(void) {
   }
 }
 
+/* The CUDA context when its device is an sm_90 (the Hopper kernels'), else
+ * NULL and why not. */
+static smelt_ctx *hopper_ctx(const char **why) {
+  smelt_ctx *ctx = th_cuda();
+  smelt_device_info di;
+  *why = "no CUDA device";
+  if (!ctx) return NULL;
+  *why = "not an sm_90 device";
+  if (smelt_device_info_get(smelt_ctx_device_index(ctx), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    return NULL;
+  return ctx;
+}
+
+/* SMELT_ATTN_FWD_SCHEDULE as a test found it, to put back after. */
+typedef struct sched_env {
+  int set;
+  char value[64];
+} sched_env;
+
+static void sched_env_save(sched_env *e) {
+  const char *v = getenv("SMELT_ATTN_FWD_SCHEDULE");
+  e->set = v != NULL;
+  snprintf(e->value, sizeof e->value, "%s", v ? v : "");
+}
+
+static void sched_env_restore(const sched_env *e) {
+  if (e->set) setenv("SMELT_ATTN_FWD_SCHEDULE", e->value, 1);
+  else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
+}
+
 /* The Hopper backward (kernels/attn_bwd_sm90.cu: D 128 on cc 9.0, the
  * atomic mode): the plan must name it, and its cases cut every edge of
  * its tiles (128 keys, 64 queries): several of each, causal with Sq != Sk
@@ -762,11 +792,9 @@ static void test_plan_reuse(void) {
  * empty sequences. Deterministic mode (test_deterministic) stays on the
  * mma.sync kernel and is compared with this one there. */
 static void test_values_hopper_bwd(void) {
-  smelt_ctx *ctx = th_cuda();
-  if (!ctx) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(ctx), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
+  const char *why;
+  smelt_ctx *ctx = hopper_ctx(&why);
+  if (!ctx) SKIP(why);
   static const acase cases[] = {
       {2, 300, 300, 4, 2, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
       {1, 130, 400, 2, 1, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_PADDED},
@@ -799,14 +827,11 @@ static void test_values_hopper_bwd(void) {
  * sequences past their end and without keys (tiles skipped, tiles of
  * zeros between others). The environment is restored after. */
 static void test_values_fwd_persistent(void) {
-  smelt_ctx *ctx = th_cuda();
-  if (!ctx) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(ctx), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
-  const char *old = getenv("SMELT_ATTN_FWD_SCHEDULE");
-  char saved[64] = {0};
-  if (old) snprintf(saved, sizeof saved, "%s", old);
+  const char *why;
+  smelt_ctx *ctx = hopper_ctx(&why);
+  if (!ctx) SKIP(why);
+  sched_env saved;
+  sched_env_save(&saved);
   setenv("SMELT_ATTN_FWD_SCHEDULE", "fifo", 1);
   const acase *c0 = &small_cases[2];
   bwd_env e;
@@ -848,8 +873,7 @@ static void test_values_fwd_persistent(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
       for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
   }
-  if (old) setenv("SMELT_ATTN_FWD_SCHEDULE", saved, 1);
-  else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
+  sched_env_restore(&saved);
 }
 
 /* O's and LSE's bytes after a forward of e's inputs into its o and lse
@@ -883,14 +907,11 @@ static uint8_t *fwd_bytes(bwd_env *e, smelt_ctx *ctx, smelt_plan *plan, size_t *
  * with empty and key-less sequences; one plan of each run three times
  * (the dynamic one's counter must count from 0 at every launch). */
 static void test_fwd_schedules_bitwise(void) {
-  smelt_ctx *ctx = th_cuda();
-  if (!ctx) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(ctx), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
-  const char *old = getenv("SMELT_ATTN_FWD_SCHEDULE");
-  char saved[64] = {0};
-  if (old) snprintf(saved, sizeof saved, "%s", old);
+  const char *why;
+  smelt_ctx *ctx = hopper_ctx(&why);
+  if (!ctx) SKIP(why);
+  sched_env saved;
+  sched_env_save(&saved);
   static const acase cases[] = {
       {4, 1024, 1024, 16, 4, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
       {2, 3000, 3000, 8, 8, 64, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
@@ -933,8 +954,7 @@ static void test_fwd_schedules_bitwise(void) {
     free(want);
     bwd_env_free(&e);
   }
-  if (old) setenv("SMELT_ATTN_FWD_SCHEDULE", saved, 1);
-  else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
+  sched_env_restore(&saved);
 }
 
 /* Empty batches and sequences plan and run; no keys means O = 0, LSE = +inf,

@@ -225,6 +225,21 @@ static smelt_status begin(const char *op, smelt_ctx *ctx, const smelt_gemm_desc 
   return check_desc(d);
 }
 
+/* begin() for the entry points of one mode (array, grouped, grouped by
+ * offsets): desc.mode is AUTO or that mode, and split-K is not asked for. */
+static smelt_status begin_family(const char *op, smelt_ctx *ctx, const smelt_gemm_desc *desc, smelt_plan **out,
+                                 smelt_gemm_desc *d, smelt_gemm_mode mode) {
+  smelt_status s = begin(op, ctx, desc, out, d);
+  if (s) return s;
+  if (d->mode != SMELT_GEMM_MODE_AUTO && d->mode != mode)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or %s", op, mode_names[d->mode],
+                        mode_names[mode]);
+  if (d->split_k > 1)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
+                        d->split_k);
+  return SMELT_OK;
+}
+
 /* The entry points of the modes smelt_gemm_plan does not take. */
 static const char *family_of(smelt_gemm_mode mode) {
   return mode == SMELT_GEMM_MODE_ARRAY ? "array" : mode == SMELT_GEMM_MODE_GROUPED ? "grouped" : "grouped_offs";
@@ -412,14 +427,8 @@ smelt_status smelt_gemm_array_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, 
                                    const smelt_tensor *bias, smelt_plan **out) {
   const char *op = "smelt_gemm_array";
   smelt_gemm_desc dd;
-  smelt_status s = begin(op, ctx, desc, out, &dd);
+  smelt_status s = begin_family(op, ctx, desc, out, &dd, SMELT_GEMM_MODE_ARRAY);
   if (s || (s = need_c(op, &dd, c))) return s;
-  if (dd.mode != SMELT_GEMM_MODE_AUTO && dd.mode != SMELT_GEMM_MODE_ARRAY)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or ARRAY", op,
-                        mode_names[dd.mode]);
-  if (dd.split_k > 1)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
-                        dd.split_k);
   if (count < 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: count=%lld must be >= 0", op, (long long)count);
   smelt__gemm_args args;
@@ -508,14 +517,8 @@ smelt_status smelt_gemm_grouped_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc
                                      const smelt_tensor *bias, smelt_plan **out) {
   const char *op = "smelt_gemm_grouped";
   smelt_gemm_desc dd;
-  smelt_status s = begin(op, ctx, desc, out, &dd);
+  smelt_status s = begin_family(op, ctx, desc, out, &dd, SMELT_GEMM_MODE_GROUPED);
   if (s) return s;
-  if (dd.mode != SMELT_GEMM_MODE_AUTO && dd.mode != SMELT_GEMM_MODE_GROUPED)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or GROUPED", op,
-                        mode_names[dd.mode]);
-  if (dd.split_k > 1)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
-                        dd.split_k);
   if (count < 1)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         "%s: count=%lld must be >= 1 to plan (the dtypes come from group 0; runs may have 0)", op,
@@ -640,14 +643,8 @@ smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc 
                                           const smelt_tensor *bias, const smelt_tensor *offs, smelt_plan **out) {
   const char *op = "smelt_gemm_grouped_offs";
   smelt_gemm_desc dd;
-  smelt_status s = begin(op, ctx, desc, out, &dd);
+  smelt_status s = begin_family(op, ctx, desc, out, &dd, SMELT_GEMM_MODE_GROUPED_OFFS);
   if (s || (s = need_c(op, &dd, c))) return s;
-  if (dd.mode != SMELT_GEMM_MODE_AUTO && dd.mode != SMELT_GEMM_MODE_GROUPED_OFFS)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or GROUPED_OFFS", op,
-                        mode_names[dd.mode]);
-  if (dd.split_k > 1)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
-                        dd.split_k);
   const int has_c = dd.epilogue.beta != 0.0;
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);

@@ -140,14 +140,22 @@ smelt_status smelt__cuda_function(smelt_ctx *ctx, const smelt__kernel_src *src, 
   return SMELT_OK;
 }
 
+/* Binds the context and lets f take smem bytes of dynamic shared memory
+ * (above the default 48 KiB it must opt in; occupancy queries count it too). */
+static smelt_status prepare(smelt_ctx *ctx, const char *op, CUfunction f, unsigned smem) {
+  smelt_status s = smelt__cuda_bind(ctx, op);
+  if (s) return s;
+  if (smem > 48 * 1024)
+    SMELT__CU_CHECK(smelt__cu(NULL)->cuFuncSetAttribute(f, SMELT__CU_FUNC_ATTR_MAX_DYN_SMEM, (int)smem), op);
+  return SMELT_OK;
+}
+
 smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned gy,
                                 unsigned gz, unsigned block, unsigned smem, void **params) {
   if (gx == 0 || gy == 0 || gz == 0) return SMELT_OK;
-  smelt_status s = smelt__cuda_bind(ctx, op);
+  smelt_status s = prepare(ctx, op, f, smem);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
-  if (smem > 48 * 1024)
-    SMELT__CU_CHECK(cu->cuFuncSetAttribute(f, SMELT__CU_FUNC_ATTR_MAX_DYN_SMEM, (int)smem), op);
   SMELT__CU_CHECK(cu->cuLaunchKernel(f, gx, gy, gz, block, 1, 1, smem, ctx->cuda->stream, params, NULL), op);
   return SMELT_OK;
 }
@@ -174,11 +182,9 @@ smelt_status smelt__cuda_launch_cluster(smelt_ctx *ctx, const char *op, CUfuncti
   if (gx == 0) return SMELT_OK;
   if (gx % cluster != 0)
     return smelt__error(SMELT_STATUS_INTERNAL, "%s: grid %u is not a multiple of the cluster size %u", op, gx, cluster);
-  smelt_status s = smelt__cuda_bind(ctx, op);
+  smelt_status s = prepare(ctx, op, f, smem);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
-  if (smem > 48 * 1024)
-    SMELT__CU_CHECK(cu->cuFuncSetAttribute(f, SMELT__CU_FUNC_ATTR_MAX_DYN_SMEM, (int)smem), op);
   smelt__cu_launch_config c;
   smelt__cu_launch_attr a;
   cluster_config(ctx, &c, &a, gx, cluster, block, smem);
@@ -188,12 +194,9 @@ smelt_status smelt__cuda_launch_cluster(smelt_ctx *ctx, const char *op, CUfuncti
 
 smelt_status smelt__cuda_max_clusters(smelt_ctx *ctx, const char *op, CUfunction f, unsigned cluster, unsigned block,
                                       unsigned smem, int *n) {
-  smelt_status s = smelt__cuda_bind(ctx, op);
+  smelt_status s = prepare(ctx, op, f, smem);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
-  /* The occupancy query counts the dynamic shared memory the function allows. */
-  if (smem > 48 * 1024)
-    SMELT__CU_CHECK(cu->cuFuncSetAttribute(f, SMELT__CU_FUNC_ATTR_MAX_DYN_SMEM, (int)smem), op);
   smelt__cu_launch_config c;
   smelt__cu_launch_attr a;
   cluster_config(ctx, &c, &a, cluster, cluster, block, smem);
