@@ -56,6 +56,7 @@
 #include "smelt_mma.cuh"
 
 #define ROWS 64
+#define QB 8 /* query values a thread loads at once when splitting a dim's slice */
 #define KT 64
 #define STS (KT + 1)
 #define NT 256
@@ -329,12 +330,21 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
  * source from one 64-bit address a tile (tile_copy divides per chunk). */
 static __device__ __forceinline__ void tile_copy_pow2(u32 dst, u64 khi, i64 row0, i64 c0, i64 ni, int dpad, int ds,
                                                       int tid) {
-  const int sh = __ffs(dpad >> 3) - 1, cc = tid & ((dpad >> 3) - 1);
+  const int nch = dpad >> 3, sh = dpad == 128 ? 4 : __ffs(nch) - 1, cc = tid & (nch - 1);
   const smelt_h16 *src = (const smelt_h16 *)khi + (row0 + c0) * dpad + cc * 8;
   const int lim = ni - c0 < KT ? (int)(ni - c0) : KT;
-  for (int r = tid >> sh; r < KT; r += NT >> sh) {
-    const bool in = r < lim;
-    cp_async16(dst + (u32)(r * ds + cc * 8) * 2, in ? src + r * dpad : (const smelt_h16 *)khi, in ? 16 : 0);
+  const int r0 = (tid >> sh) & ((NT >> sh) - 1); /* = tid >> sh (tid < NT); the mask bounds it for the compiler */
+  const u32 d0 = dst + (u32)(r0 * ds + cc * 8) * 2;
+  /* a literal trip count when dpad is one (as route_rows passes 128), the
+   * rows' offsets immediates: the loop with its per-copy address
+   * arithmetic was ~21 instructions a copy (ncu, v6) */
+#pragma unroll
+  for (int u = 0; u < (KT * nch + NT - 1) / NT; u++) {
+    const int r = r0 + u * (NT >> sh);
+    if (r < KT) {
+      const bool in = r < lim; /* rows past the dim's end: zero-filled from the tile's first row (c0 < ni) */
+      cp_async16(d0 + (u32)(u * (NT >> sh) * ds) * 2, src + (in ? r : 0) * dpad, in ? 16 : 0);
+    }
   }
   cp_async_commit();
 }
@@ -457,6 +467,41 @@ static __device__ __forceinline__ void score_tile_u32(float (*acc)[4], u32 qh, u
         mma_16816_bf16(acc[2 * np + h], fh, bh[np] + 2 * h);
         mma_16816_bf16(acc[2 * np + h], fl, bh[np] + 2 * h);
       }
+  }
+}
+
+/* REG's second pass: the tile's scores at or above their row's threshold
+ * rt (NaN too), as THR 2's pass 1 keeps them, into the rows' buffers. A
+ * thread's passing entries are a mask walked one entry a round, so the
+ * warp runs as many rounds as its busiest thread has entries (~1.8 a tile
+ * with random scores) instead of 16 warp-uniform branches each taken, with
+ * its atomic, when any lane passes (46% of them: ~240 instructions a tile,
+ * the most of any part of reg; ncu, v6). The slots' order changes, not
+ * their contents, and the buffer's insertion does not depend on it. */
+static __device__ __forceinline__ void buffer_tile(const float (*acc)[4], const float *rt, u64 *buf, u32 *cnt, u32 c0,
+                                                   int rm, int cn, int g, int tq, int lim) {
+  u32 mask = 0; /* bit 4 nt + e: acc[nt][e] */
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      if (cn + nt * 8 + 2 * tq + (e & 1) < lim && !(acc[nt][e] < rt[e >> 1])) mask |= 1u << (4 * nt + e);
+  while (mask) {
+    const int j = __ffs(mask) - 1;
+    mask &= mask - 1;
+    /* acc[j >> 2][j & 3] by selects on j's bits (indexing acc at run time
+     * would put it in local memory) */
+    float s8[8], s4[4], s2[2];
+#pragma unroll
+    for (int x = 0; x < 8; x++) s8[x] = j & 1 ? acc[x >> 1][(x & 1) * 2 + 1] : acc[x >> 1][(x & 1) * 2];
+#pragma unroll
+    for (int x = 0; x < 4; x++) s4[x] = j & 2 ? s8[2 * x + 1] : s8[2 * x];
+#pragma unroll
+    for (int x = 0; x < 2; x++) s2[x] = j & 4 ? s4[2 * x + 1] : s4[2 * x];
+    const float s = j & 8 ? s2[1] : s2[0];
+    const int col = cn + (j >> 2) * 8 + 2 * tq + (j & 1), r = rm + g + 8 * ((j >> 1) & 1);
+    const u32 slot = atomicAdd(&cnt[r], 1u);
+    if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(s, c0 + (u32)col);
   }
 }
 
@@ -655,11 +700,23 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const i64 ni = P.n[i];
     const int ki = (int)(ni < P.k ? ni : P.k);
     __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
-    for (int x = tid; x < ROWS * dpad; x += NT) {
-      const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad; /* REG: no division when it can shift */
-      const i64 t = t0 + r;
-      const float v = t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
-      split_bf16(v, &qh[r * DS + d], &ql[r * DS + d]);
+    /* QB loads a thread in flight before the first split: one at a time,
+     * each waited for, this loop took ~15% of reg's stall samples (ncu) */
+    for (int x0 = tid; x0 < ROWS * dpad; x0 += QB * NT) {
+      float v[QB];
+#pragma unroll
+      for (int u = 0; u < QB; u++) {
+        const int x = x0 + u * NT;
+        const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad; /* REG: no division when it can shift */
+        const i64 t = t0 + r;
+        v[u] = x < ROWS * dpad && t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < QB; u++) {
+        const int x = x0 + u * NT;
+        const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad;
+        if (x < ROWS * dpad) split_bf16(v[u], &qh[r * DS + d], &ql[r * DS + d]);
+      }
     }
 #pragma unroll
     for (int j = 0; j < KL; j++) L[j] = 0;
@@ -700,7 +757,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         if (PRE) CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
         if (db && c0 + KT < ni) { /* into the buffer the last tile used: every warp is past it */
-          if (REG && pow2) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, dpad, DS, tid);
+          if (REG && dpad == 128) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, 128, 136, tid);
+          else if (REG && pow2) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, dpad, DS, tid);
           else tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
         }
         for (int c = warp; !PRE && c < KT; c += NWARPS)
@@ -720,16 +778,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
             for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
           if (dpad == 128) score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, 128, rm, cn, lane);
           else score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, dpad, rm, cn, lane);
-#pragma unroll
-          for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) { /* as THR 2's pass 1 below */
-              const int col = cn + nt * 8 + 2 * tq + (e & 1), r = rm + g + 8 * (e >> 1);
-              if (col < lim && !(acc[nt][e] < rt[e >> 1])) {
-                const u32 slot = atomicAdd(&cnt[r], 1u);
-                if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(acc[nt][e], (u32)(c0 + col));
-              }
-            }
+          buffer_tile(acc, rt, buf, cnt, (u32)c0, rm, cn, g, tq, lim);
         } else {
           float acc[4][4];
 #pragma unroll
