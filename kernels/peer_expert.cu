@@ -638,4 +638,192 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
     ((float *)P.dx)[t * din + i] = s;
   }
 }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* ---------------------------------------------------------------- persistent bulk-copy forward */
+
+/* peer_expert_fwd_bulk (Hopper): each warp owns whole tokens (gw, gw + W,
+ * ... for W warps in the grid, one CTA an SM) and streams their uses'
+ * rows, one use a slot, through a ring of P.stage_uses slots of its own:
+ * lane 0 fills a slot with two bulk copies (TMA: the U part, then the V
+ * part) that complete on the slot's mbarrier; rows the store left in host
+ * memory are copied by the lanes' cp.async instead and tracked by the same
+ * mbarrier. No CTA barrier at all, and no per-token CTA: the random 2 KiB
+ * rows then stream at the copy rate (bench/gather_bw.cu: 3.03 TB/s with
+ * 8 warps x 4 slots an SM against 3.00 for a d2d copy, H100), where the
+ * CTA-per-token warp kernel above reached ~80% of it (docs/PERF.md).
+ * A token's y lives in the lanes' registers as in the warp kernel, its x
+ * in registers too (the lane's down-projection columns), so a use costs
+ * the wait, the two dot products and the refill. Ids and gates come
+ * through a per-warp window of 64 uses in shared memory that the lanes
+ * fill 32 at a time, a batch ahead in registers. Same products as the
+ * other kernels, summed per token by one warp in use order (the results
+ * differ from theirs by rounding and repeat bit for bit; the store path
+ * runs this kernel too, so stored and dense results are identical). */
+#define BK_WIN 64 /* uses in a warp's id/gate window: two batches of 32 */
+
+/* A use's row code: the expert's index in the full tables (>= 0), a cache
+ * slot s as -(s + 2), or -1 for an id outside [0, N). */
+static __device__ __forceinline__ int bk_code(const peer_expert_params &P, i64 e) {
+  if (e < 0 || e >= P.N) return -1;
+  const int slot = P.table ? ((const int *)P.table)[e] : -1;
+  return slot >= 0 ? -(slot + 2) : (int)e;
+}
+
+/* The flat use f of warp gw (its tokens in order, hk uses each): the
+ * (token, use) index into ids and gates, or -1 past the warp's last. */
+static __device__ __forceinline__ i64 bk_use(const peer_expert_params &P, i64 f, i64 nu, i64 gw, i64 W) {
+  if (f >= nu) return -1;
+  const i64 i = f / P.hk;
+  return (gw + i * W) * P.hk + (f - i * P.hk);
+}
+
+/* Fills slot n % S with use n's rows (code c). */
+static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int c, welem *dst, u32 bar, i64 du,
+                                                i64 dv, int lane) {
+  if (c == -1) { /* nothing to copy: the phase completes at once */
+    if (lane == 0) mbar_arrive(bar);
+    return;
+  }
+  const bool cached = c < -1;
+  const i64 r = cached ? -(i64)c - 2 : c;
+  const welem *u = (const welem *)(cached ? P.u_cache : P.u_host) + r * du;
+  const welem *v = (const welem *)(cached ? P.v_cache : P.v_host) + r * dv;
+  if (cached || !P.table) { /* rows in HBM: two bulk copies by lane 0 */
+    if (lane == 0) {
+      const u32 d = smem_u32(dst);
+      /* the slot was read by the generic proxy (the last use's products)
+       * before the async proxy writes it */
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      mbar_expect_tx(bar, (u32)((du + dv) * sizeof(welem)));
+      bulk_load(d, u, (u32)(du * sizeof(welem)), bar);
+      bulk_load(d + (u32)(du * sizeof(welem)), v, (u32)(dv * sizeof(welem)), bar);
+    }
+    return;
+  }
+  /* a row in the store's host tables, read through the mapping */
+  const u32 d = smem_u32(dst);
+  for (i64 q = lane; q < (du + dv) / VEC; q += 32) {
+    const welem *src = q * VEC < du ? u + q * VEC : v + (q * VEC - du);
+    cp_async16(d + (u32)(q * 16), src, 16);
+  }
+  cp_async_mbar_arrive(bar);
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1) peer_expert_fwd_bulk(peer_expert_params P) {
+  extern __shared__ __align__(128) float smem[];
+  __shared__ __align__(8) u64 bars[NWARPS][8];
+  const int S = P.stage_uses; /* <= 8 */
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sh = P.he_shift;
+  const i64 he = P.he, din = P.din, dout = P.dout, hk = P.hk;
+  const i64 du = din * he, dv = he * dout, row = du + dv, ncu = du / VEC, nco = dout / VEC;
+  const i64 gw = (i64)blockIdx.x * NWARPS + warp, W = (i64)gridDim.x * NWARPS;
+  welem *ring = (welem *)smem + (i64)warp * S * row;
+  int *codes = (int *)((welem *)smem + (i64)NWARPS * S * row) + warp * 2 * BK_WIN; /* [BK_WIN] */
+  float *gates = (float *)(codes + BK_WIN);                                       /* [BK_WIN] */
+  const u32 bar0 = smem_u32(&bars[warp][0]);
+  if (lane < S) mbar_init(bar0 + 8 * lane, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncwarp();
+  const i64 ntok = gw < P.T ? (P.T - gw + W - 1) / W : 0, nu = ntok * hk;
+
+  /* the batch after the one being written: its ids and gates in flight */
+  i64 use = bk_use(P, lane, nu, gw, W);
+  i64 id_next = use >= 0 ? ((const i64 *)P.ids)[use] : -1;
+  float g_next = use >= 0 ? ((const float *)P.gates)[use] : 0.f;
+  i64 batch = 0; /* batches written to the window so far */
+  /* writes batch `batch` (its values in *_next) and loads the next one */
+#define BK_BATCH()                                                           \
+  do {                                                                       \
+    codes[(batch & 1) * 32 + lane] = bk_code(P, id_next);                    \
+    gates[(batch & 1) * 32 + lane] = g_next;                                 \
+    batch++;                                                                 \
+    use = bk_use(P, batch * 32 + lane, nu, gw, W);                           \
+    id_next = use >= 0 ? ((const i64 *)P.ids)[use] : -1;                     \
+    g_next = use >= 0 ? ((const float *)P.gates)[use] : 0.f;                 \
+    __syncwarp();                                                            \
+  } while (0)
+
+  BK_BATCH();
+  for (i64 n = 0; n < S && n < nu; n++) {
+    if (n == batch * 32) BK_BATCH();
+    bk_issue(P, codes[n & (BK_WIN - 1)], ring + (n % S) * row, bar0 + 8 * (u32)(n % S), du, dv, lane);
+  }
+
+  float x[WS_CH][VEC], y[WS_CH][VEC];
+  i64 j = 0, tok = gw; /* use j of token tok */
+  for (i64 m = 0; m < nu; m++) {
+    if (j == 0) {
+#pragma unroll
+      for (int c = 0; c < WS_CH; c++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+          const i64 f = (lane + 32 * c) * VEC + e;
+          x[c][e] = lane + 32 * c < ncu ? peer_ld(P.x, tok * P.x_rs + (f >> sh), P.x_dt) : 0.f;
+          y[c][e] = 0.f;
+        }
+    }
+    const int s = (int)(m % S);
+    mbar_wait(bar0 + 8 * (u32)s, (u32)((m / S) & 1));
+    const int c = codes[m & (BK_WIN - 1)];
+    if (c != -1) {
+      const welem *slot = ring + s * row, *v = slot + du;
+      float acc[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; e++) acc[e] = 0.f;
+#pragma unroll
+      for (int cc = 0; cc < WS_CH; cc++) {
+        if (lane + 32 * cc >= ncu) break;
+        float w[VEC];
+        load_vec(slot + (lane + 32 * cc) * VEC, w);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) acc[e] = fmaf(x[cc][e], w[e], acc[e]);
+      }
+      /* flat position f VEC + e is hidden unit e mod h_e (h_e divides VEC) */
+#pragma unroll
+      for (int w = VEC / 2; w >= 1; w >>= 1)
+        if (w >= he) {
+#pragma unroll
+          for (int e = 0; e < w; e++) acc[e] += acc[e + w];
+        }
+      const float g = gates[m & (BK_WIN - 1)];
+      float z[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, smelt_warp_sum(acc[e])) : 0.f;
+#pragma unroll
+      for (int cc = 0; cc < WS_CH; cc++) {
+        const i64 col = lane + 32 * cc;
+        if (col >= nco) break;
+#pragma unroll
+        for (int jj = 0; jj < VEC; jj++) {
+          if (jj >= he) break;
+          float w[VEC];
+          load_vec(v + jj * dout + col * VEC, w);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(z[jj], w[e], y[cc][e]);
+        }
+      }
+    }
+    __syncwarp(); /* every lane has read slot s before it is refilled */
+    const i64 n = m + S;
+    if (n < nu) {
+      if (n == batch * 32) BK_BATCH();
+      bk_issue(P, codes[n & (BK_WIN - 1)], ring + s * row, bar0 + 8 * (u32)s, du, dv, lane);
+    }
+    if (++j == hk) {
+#pragma unroll
+      for (int cc = 0; cc < WS_CH; cc++) {
+        const i64 col = lane + 32 * cc;
+        if (col < nco)
+#pragma unroll
+          for (int e = 0; e < VEC; e++) peer_st(P.y, tok * P.y_rs + col * VEC + e, P.y_dt, y[cc][e]);
+      }
+      j = 0;
+      tok += W;
+    }
+  }
+#undef BK_BATCH
+}
+#endif
 #endif

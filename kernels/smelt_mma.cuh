@@ -102,6 +102,13 @@ static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
       : "memory");
 }
 
+/* Lets the mbarrier's current phase wait for this thread's cp.async copies
+ * issued so far: one more pending arrival now, which each copy's
+ * completion (all of them) takes back. */
+static __device__ __forceinline__ void cp_async_mbar_arrive(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 /* ---------------------------------------------------------------- TMA */
 
 /* A CUtensorMap, passed by value as a __grid_constant__ parameter (TMA
@@ -125,6 +132,14 @@ static __device__ __forceinline__ void tma_load_4d(u32 dst, const tmap_t *map, i
       "[%6];" ::"r"(dst),
       "l"((u64)map), "r"(x), "r"(y), "r"(z), "r"(w), "r"(bar)
       : "memory");
+}
+
+/* bytes (a multiple of 16, both addresses 16-byte aligned) of contiguous
+ * global memory into dst by one bulk copy, completing on bar. */
+static __device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 /* ---------------------------------------------------------------- wgmma */

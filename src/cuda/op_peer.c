@@ -106,7 +106,9 @@ smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *d
 typedef enum expert_kind { EK_WARP, EK_ROWS } expert_kind;
 
 /* An expert-kernel variant with its launch shape: stage_uses is the slots
- * per warp (EK_WARP); chunk the uses per round (EK_ROWS). */
+ * per warp (EK_WARP); chunk the uses per round (EK_ROWS). fwd_bulk: the
+ * forward runs peer_expert_fwd_bulk instead (Hopper, where EK_WARP fits),
+ * persistent on fwd_grid CTAs with fwd_slots slots a warp. */
 typedef struct expert_variant {
   int vec;
   expert_kind kind;
@@ -114,6 +116,7 @@ typedef struct expert_variant {
   int64_t chunk, stage_uses;
   int gout, gin;
   unsigned fwd_smem, bwd_smem;
+  int fwd_bulk, fwd_slots;
 } expert_variant;
 
 /* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: reg (buf's
@@ -173,6 +176,35 @@ static unsigned warp_bwd_smem(const smelt__peer_state *ps, int64_t slots, int64_
   const int64_t hk = ps->h * ps->k;
   return (unsigned)(8 * slots * row_bytes + 4 * (r4(ps->din) + r4(ps->dout) + r4(hk)) + 16 * hk);
 }
+/* peer_expert_fwd_bulk: 8 rings of `slots` uses' rows and 8 windows of 64
+ * codes and gates (kernels/peer_expert.cu's BK_WIN). */
+#define PEER_BK_SLOTS_MAX 8
+static unsigned bulk_fwd_smem(int64_t slots, int64_t row_bytes) {
+  return (unsigned)(8 * slots * row_bytes + 8 * 64 * 8);
+}
+
+/* Switches a warp-streamed variant's forward to peer_expert_fwd_bulk on
+ * Hopper: one CTA an SM with as many slots a warp (<= 8) as its shared
+ * memory holds, at least 2. SMELT_PEER_EXPERT_KERNEL=warp keeps the warp
+ * kernel's forward (for comparing the two on a device). */
+static smelt_status bulk_forward(smelt_ctx *ctx, const smelt__peer_state *ps, const smelt__kernel_src *src,
+                                 int64_t row_bytes, expert_variant *ev) {
+  const smelt_device_info *dev = &ctx->cuda->info;
+  const char *kind_env = smelt__getenv("SMELT_PEER_EXPERT_KERNEL");
+  ev->fwd_bulk = 0;
+  if (dev->cc_major != 9 || (kind_env && strcmp(kind_env, "warp") == 0) || row_bytes > INT32_MAX ||
+      ps->N > INT32_MAX) /* the kernel's row codes are 32-bit */
+    return SMELT_OK;
+  int64_t slots = PEER_BK_SLOTS_MAX;
+  while (slots >= 2 && bulk_fwd_smem(slots, row_bytes) + 1024 > (unsigned)dev->smem_per_block_optin) slots--;
+  if (slots < 2) return SMELT_OK;
+  smelt_status s = smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk", &ev->fwd);
+  if (s) return s;
+  ev->fwd_bulk = 1;
+  ev->fwd_slots = (int)slots;
+  ev->fwd_smem = bulk_fwd_smem(slots, row_bytes);
+  return SMELT_OK;
+}
 
 /* Chooses the launch shape of a variant and loads it. */
 static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, smelt_dtype wdt, int vec,
@@ -193,6 +225,7 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   const expert_kind first = kind_env && strcmp(kind_env, "rows") == 0 ? EK_ROWS : EK_WARP;
   const int64_t row_bytes = (ps->din + ps->dout) * ps->he * (int64_t)smelt_dtype_size(wdt);
   ev->stage_uses = 0;
+  ev->fwd_bulk = 0;
   /* Warp-streamed when h_e <= the load width, the rows a lane keeps (y and
    * dx) fit its WS_CH chunks, and three (else two) slots a warp fit half
    * the SM's shared memory (two CTAs per SM). */
@@ -209,7 +242,7 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
       if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd_warp", &ev->fwd)) ||
           (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd_warp", &ev->bwd)))
         return s;
-      return SMELT_OK;
+      return bulk_forward(ctx, ps, &src, row_bytes, ev);
     }
   }
   /* Up to 256 uses staged at a time, fewer while that keeps shared memory
@@ -374,7 +407,9 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
   char pipe[40];
-  if (pc->ev[0].kind == EK_WARP)
+  if (pc->ev[0].fwd_bulk)
+    snprintf(pipe, sizeof pipe, " (bulk copies, %d slots a warp)", pc->ev[0].fwd_slots);
+  else if (pc->ev[0].kind == EK_WARP)
     snprintf(pipe, sizeof pipe, " (warp-streamed, %lld slots a warp)", (long long)pc->ev[0].stage_uses);
   else
     snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
@@ -635,7 +670,13 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     E.ids = (uint64_t)(uintptr_t)idp;
     E.gates = (uint64_t)(uintptr_t)gates;
     void *params[] = {&E};
-    s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)ps->T, 1, 1, 256, ev->fwd_smem, params);
+    if (ev->fwd_bulk) { /* persistent: a warp a token at a time, one CTA an SM at most */
+      const int64_t ctas = (ps->T + 7) / 8, sms = ctx->cuda->info.sm_count;
+      E.stage_uses = ev->fwd_slots;
+      s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)(ctas < sms ? ctas : sms), 1, 1, 256, ev->fwd_smem, params);
+    } else {
+      s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)ps->T, 1, 1, 256, ev->fwd_smem, params);
+    }
   }
   smelt__nvtx_pop();
   smelt_status s2 = smelt__cuda_free(ctx, base);
