@@ -66,8 +66,10 @@ typedef struct peer_expert_params {
   int x_dt, y_dt, dy_dt, act;
   int groups_out, groups_in;/* thread groups splitting the uses of the up (dout) and dx (din) phases */
   int he_shift, stage_uses;  /* log2(h_e); slots per warp of the warp-streamed kernels */
+  u64 ready;                /* peer_expert_fwd_bulk beside the routing: i32 [T >> ready_shift] counters, 0 = none */
+  int ready_need, ready_shift; /* a token's ids and gates are written once its counter reaches ready_need */
 } peer_expert_params;
-static_assert(sizeof(peer_expert_params) == 224, "peer_expert_params must match the host's smelt__peer_expert_params");
+static_assert(sizeof(peer_expert_params) == 240, "peer_expert_params must match the host's smelt__peer_expert_params");
 
 /* A value of run-time dtype dt (the smelt_dtype values: 1 f32, 2 f16, 3 bf16). */
 static __device__ __forceinline__ float peer_ld(u64 base, i64 i, int dt) {

@@ -669,12 +669,30 @@ static __device__ __forceinline__ int bk_code(const peer_expert_params &P, i64 e
   return slot >= 0 ? -(slot + 2) : (int)e;
 }
 
-/* The flat use f of warp gw (its tokens in order, hk uses each): the
- * (token, use) index into ids and gates, or -1 past the warp's last. */
-static __device__ __forceinline__ i64 bk_use(const peer_expert_params &P, i64 f, i64 nu, i64 gw, i64 W) {
-  if (f >= nu) return -1;
-  const i64 i = f / P.hk;
-  return (gw + i * W) * P.hk + (f - i * P.hk);
+/* The id and gate of flat use f of warp gw (its tokens in order, hk uses
+ * each); -1 and 0 past the warp's last use. Beside the routing (P.ready),
+ * first waits until the routing CTAs of the token's block have written
+ * them (their counter reaches ready_need; acquire, so the loads after it
+ * see the writes; L2 loads, as the lines were written by other SMs). */
+static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64 f, i64 nu, i64 gw, i64 W, i64 *id,
+                                                float *g) {
+  if (f >= nu) {
+    *id = -1;
+    *g = 0.f;
+    return;
+  }
+  const i64 i = f / P.hk, t = gw + i * W, use = t * P.hk + (f - i * P.hk);
+  if (P.ready) {
+    const int *c = (const int *)P.ready + (t >> P.ready_shift);
+    for (;;) {
+      int v;
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+      if (v >= P.ready_need) break;
+      __nanosleep(200);
+    }
+  }
+  *id = __ldcg((const long long *)P.ids + use);
+  *g = __ldcg((const float *)P.gates + use);
 }
 
 /* Fills slot n % S with use n's rows (code c). */
@@ -729,9 +747,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) peer_expert_fwd_bulk(peer_ex
   const i64 ntok = gw < P.T ? (P.T - gw + W - 1) / W : 0, nu = ntok * hk;
 
   /* the batch after the one being written: its ids and gates in flight */
-  i64 use = bk_use(P, lane, nu, gw, W);
-  i64 id_next = use >= 0 ? ((const i64 *)P.ids)[use] : -1;
-  float g_next = use >= 0 ? ((const float *)P.gates)[use] : 0.f;
+  i64 id_next;
+  float g_next;
+  bk_fetch(P, lane, nu, gw, W, &id_next, &g_next);
   i64 batch = 0; /* batches written to the window so far */
   /* writes batch `batch` (its values in *_next) and loads the next one */
 #define BK_BATCH()                                                           \
@@ -739,9 +757,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) peer_expert_fwd_bulk(peer_ex
     codes[(batch & 1) * 32 + lane] = bk_code(P, id_next);                    \
     gates[(batch & 1) * 32 + lane] = g_next;                                 \
     batch++;                                                                 \
-    use = bk_use(P, batch * 32 + lane, nu, gw, W);                           \
-    id_next = use >= 0 ? ((const i64 *)P.ids)[use] : -1;                     \
-    g_next = use >= 0 ? ((const float *)P.gates)[use] : 0.f;                 \
+    bk_fetch(P, batch * 32 + lane, nu, gw, W, &id_next, &g_next);            \
     __syncwarp();                                                            \
   } while (0)
 

@@ -668,7 +668,8 @@ static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st,
  * combination (combine_threshold). The fallback pass computes the exact
  * scores as PRE does. kmax: peer_split_keys's largest key-row norms. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
-                                                  const int THR, u64 khi, u64 klo, const int REG, u64 kmax) {
+                                                  const int THR, u64 khi, u64 klo, const int REG, u64 kmax,
+                                                  u64 ready) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
@@ -682,7 +683,9 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;     /* mma fragment coordinates */
   const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32; /* the warp's 16 rows x 32 keys of the tile */
-  const i64 t0 = (i64)blockIdx.x * ROWS, hh = blockIdx.y;
+  /* grid (token blocks, heads); beside the expert kernel (ready) (heads,
+   * token blocks), so that the blocks' heads finish together, in order */
+  const i64 t0 = (i64)(ready ? blockIdx.y : blockIdx.x) * ROWS, hh = ready ? blockIdx.x : blockIdx.y;
   const i64 hd = P.h * P.dq;
   const int k = (int)P.k;
   const int mr = tid >> 2, mq = tid & 3; /* the merge's row and quarter */
@@ -958,34 +961,42 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
 }
 
 extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
-  route_rows(P, 16, 0, 0, 0, 0, 0, 0);
+  route_rows(P, 16, 0, 0, 0, 0, 0, 0, 0);
 }
 extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) {
-  route_rows(P, 32, 0, 0, 0, 0, 0, 0);
+  route_rows(P, 32, 0, 0, 0, 0, 0, 0, 0);
 }
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 0, khi, klo, 0, 0);
+  route_rows(P, 16, 1, 0, khi, klo, 0, 0, 0);
 }
 /* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
 extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 1, khi, klo, 0, 0);
+  route_rows(P, 16, 1, 1, khi, klo, 0, 0, 0);
 }
 /* The exact k-th column maximum as the threshold, the scores above it to
  * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
  * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 2, khi, klo, 0, 0);
+  route_rows(P, 16, 1, 2, khi, klo, 0, 0, 0);
 }
 /* buf with the query fragments in registers, an approximate first pass and
  * one barrier a tile (SMELT_PEER_ROUTE_KERNEL=reg, k <= 16, dsub <= 128;
  * kmax from peer_split_keys). */
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
-  route_rows(P, 16, 1, 2, khi, klo, 1, kmax);
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax,
+                                                                   u64 ready) {
+  route_rows(P, 16, 1, 2, khi, klo, 1, kmax, ready);
+  /* beside peer_expert_fwd_bulk: count this head of the token block done
+   * once every thread's ids and gates are visible device-wide */
+  if (ready) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd((int *)ready + blockIdx.y, 1);
+  }
 }
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, 0, khi, klo, 0, 0);
+  route_rows(P, 32, 1, 0, khi, klo, 0, 0, 0);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in

@@ -1071,6 +1071,58 @@ static void test_peer_store_forward(void) {
   }
 }
 
+/* The forward with the expert kernel beside the routing (Hopper, dense
+ * tables, routing reg: the default there) against the two run one after
+ * the other, and against one expert CTA that waits on the routing for
+ * almost every token: the same ids and y bit for bit (the same arithmetic;
+ * a token read before its routing was written would differ). Elsewhere
+ * all three runs take the sequential path. */
+static void test_peer_overlap(void) {
+  pcase c = cases[4];
+  c.T = 1000; /* 16 routing blocks of 64 tokens */
+  static const char *const env[3][2] = {{NULL, NULL}, {"0", NULL}, {NULL, "1"}};
+  smelt_ctx *ctx = th_cuda();
+  if (!ctx) SKIP("no CUDA device");
+  {
+    prob pr;
+    prob_init(&pr, &c);
+    dprob d;
+    dprob_init(&d, ctx, &pr, 1);
+    int64_t ys[2] = {c.T, c.dout}, os[3] = {c.T, c.h, c.k};
+    void *yw = NULL, *iw = NULL;
+    for (int r = 0; r < 3; r++) {
+      if (env[r][0]) setenv("SMELT_PEER_OVERLAP", env[r][0], 1);
+      else unsetenv("SMELT_PEER_OVERLAP");
+      if (env[r][1]) setenv("SMELT_PEER_EXPERT_SMS", env[r][1], 1);
+      else unsetenv("SMELT_PEER_EXPERT_SMS");
+      obuf y = out_new(ctx, c.xdt, 2, ys), ids = out_new(ctx, SMELT_DTYPE_I64, 3, os);
+      CHECK_OK(smelt_peer_forward(ctx, &pr.cfg, &d.w, &d.t[B_X], &y.t, &ids.t, NULL));
+      void *yg = malloc(y.b.bytes), *ig = malloc(ids.b.bytes);
+      th_buf_download(&y.b, yg, y.b.bytes);
+      th_buf_download(&ids.b, ig, ids.b.bytes);
+      if (r == 0) {
+        yw = yg;
+        iw = ig;
+      } else {
+        if (memcmp(yw, yg, y.b.bytes) || memcmp(iw, ig, ids.b.bytes))
+          th_fail(__FILE__, __LINE__, "forward with SMELT_PEER_OVERLAP=%s SMELT_PEER_EXPERT_SMS=%s differs from the default",
+                  env[r][0] ? env[r][0] : "(unset)", env[r][1] ? env[r][1] : "(unset)");
+        free(yg);
+        free(ig);
+      }
+      CHECK(th_buf_guards_ok(&y.b));
+      out_free(&y);
+      out_free(&ids);
+    }
+    unsetenv("SMELT_PEER_OVERLAP");
+    unsetenv("SMELT_PEER_EXPERT_SMS");
+    free(yw);
+    free(iw);
+    dprob_free(&d);
+    prob_free(&pr);
+  }
+}
+
 /* ---------------------------------------------------------------- empty, config */
 
 static void test_peer_empty_and_config(void) {
@@ -1444,6 +1496,7 @@ const th_test th_tests_peer[] = {
     {"store_clock", test_peer_store_clock},
     {"store_cpu_vs_cuda", test_peer_store_cpu_vs_cuda},
     {"store_forward", test_peer_store_forward},
+    {"overlap", test_peer_overlap},
     {"empty_and_config", test_peer_empty_and_config},
     {"bad_inputs", test_peer_bad_inputs},
     {0, 0},

@@ -41,6 +41,7 @@ enum {
   SMELT__CU_MEMORYTYPE_DEVICE = 2,
   SMELT__CU_MEMORYTYPE_UNIFIED = 4,
   SMELT__CU_STREAM_NON_BLOCKING = 1,
+  SMELT__CU_EVENT_DISABLE_TIMING = 2,
   SMELT__CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
   SMELT__CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
   SMELT__CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
@@ -108,6 +109,9 @@ typedef struct smelt__cu_pool_props {
   X(cuStreamCreate, (CUstream * s, unsigned int flags))                                 \
   X(cuStreamDestroy, (CUstream s))                                                      \
   X(cuStreamSynchronize, (CUstream s))                                                  \
+  X(cuStreamCreateWithPriority, (CUstream * s, unsigned int flags, int priority))       \
+  X(cuCtxGetStreamPriorityRange, (int *least, int *greatest))                           \
+  X(cuStreamWaitEvent, (CUstream s, CUevent e, unsigned int flags))                     \
   X(cuModuleLoadData, (CUmodule * m, const void *image))                                \
   X(cuModuleUnload, (CUmodule m))                                                       \
   X(cuModuleGetFunction, (CUfunction * f, CUmodule m, const char *name))               \
@@ -221,6 +225,8 @@ typedef struct smelt__cuda_ctx {
   CUcontext cu_ctx;
   CUstream own_stream;
   CUstream stream; /* where launches go */
+  CUstream side;   /* greatest priority, for work forked beside `stream` (smelt__cuda_fork); 0 until used */
+  CUevent fork_ev, join_ev;
   CUmemoryPool pool;
   smelt_device_info info;
   smelt__module_entry *modules;
@@ -235,6 +241,14 @@ smelt_status smelt__cuda_bind(smelt_ctx *ctx, const char *op);
 /* Loads (compile/cache/in-memory) the module for src and returns function `fn`. */
 smelt_status smelt__cuda_function(smelt_ctx *ctx, const smelt__kernel_src *src, const char *fn,
                                   CUfunction *out);
+/* Forks the context's side stream off its stream (the side stream waits
+ * for the work queued so far) and returns it; smelt__cuda_join makes the
+ * stream wait for the side stream's work. Events only, so capturable. */
+smelt_status smelt__cuda_fork(smelt_ctx *ctx, const char *op, CUstream *side);
+smelt_status smelt__cuda_join(smelt_ctx *ctx, const char *op);
+/* smelt__cuda_launch on a given stream. */
+smelt_status smelt__cuda_launch_on(smelt_ctx *ctx, const char *op, CUstream st, CUfunction f, unsigned gx,
+                                   unsigned gy, unsigned gz, unsigned block, unsigned smem, void **params);
 /* Launch with checking; `op` names the op in any error. */
 smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx,
                                 unsigned gy, unsigned gz, unsigned block, unsigned smem,

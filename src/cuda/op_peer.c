@@ -571,7 +571,38 @@ static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const
   return s ? s : s2;
 }
 
-static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P) {
+/* The forward's expert kernel, to run beside the routing (launch_route). */
+typedef struct route_beside {
+  smelt__peer_expert_params *E;
+  const expert_variant *ev;
+  unsigned ctas;
+} route_beside;
+
+/* Beside the routing, peer_expert_fwd_bulk runs on a share of the SMs from
+ * the start, its warps waiting for their tokens' routing (counters the
+ * routing CTAs raise per block of 64 tokens), the routing CTAs on the
+ * other SMs: the routing is compute-bound, the expert rows memory-bound.
+ * Only for the bulk kernel and routing `reg` without a store (the store's
+ * batch needs every id first). SMELT_PEER_OVERLAP=0 turns it off;
+ * SMELT_PEER_EXPERT_SMS sets the expert kernel's CTAs (one an SM). The
+ * expert kernel is queued first, on the greatest-priority side stream, so
+ * that its CTAs are placed before the routing fills the SMs; it leaves at
+ * least half of them to the routing, which therefore always has SMs. */
+static unsigned beside_ctas(const smelt_ctx *ctx, const smelt__peer_state *ps, const peer_cuda *pc,
+                            const expert_variant *ev) {
+  const char *on = smelt__getenv("SMELT_PEER_OVERLAP");
+  if (!ev->fwd_bulk || ps->store || !pc->route_kmax || (on && strcmp(on, "0") == 0)) return 0;
+  const int sms = ctx->cuda->info.sm_count;
+  long n = (long)(sms * 0.4);
+  const char *e = smelt__getenv("SMELT_PEER_EXPERT_SMS");
+  if (e && *e) n = strtol(e, NULL, 10);
+  if (n > sms / 2) n = sms / 2;
+  const int64_t need = (ps->T + 7) / 8; /* a warp a token */
+  if (n > need) n = (long)need;
+  return n > 0 ? (unsigned)n : 0;
+}
+
+static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, const route_beside *bs) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   const peer_cuda *pc = (const peer_cuda *)ps->cuda;
   const int64_t gx = (ps->T + 63) / 64;
@@ -588,22 +619,50 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P) 
     tables += ps->cfg.per_head_keys ? ps->h : 1;
   }
   const int64_t dpad = (ps->dsub + 15) & ~(int64_t)15;
-  const size_t bytes[3] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
-                           pc->route_kmax ? (size_t)tables * 8 : 0};
-  void *base, *r[3];
-  smelt_status s = ws_alloc(plan->ctx, bytes, 3, &base, r);
+  const size_t bytes[4] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
+                           pc->route_kmax ? (size_t)tables * 8 : 0, bs ? (size_t)gx * 4 : 0};
+  void *base, *r[4];
+  smelt_status s = ws_alloc(plan->ctx, bytes, 4, &base, r);
   if (s) return s;
+  const smelt__cu_api *cu = smelt__cu(NULL);
+  CUstream st = plan->ctx->cuda->stream;
   uint64_t khi = (uint64_t)(uintptr_t)r[0], klo = (uint64_t)(uintptr_t)r[1], kmax = (uint64_t)(uintptr_t)r[2];
+  uint64_t ready = bs ? (uint64_t)(uintptr_t)r[3] : 0;
   if (kmax) {
-    CUresult e = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kmax, 0, bytes[2], plan->ctx->cuda->stream);
+    CUresult e = cu->cuMemsetD8Async((CUdeviceptr)kmax, 0, bytes[2], st);
+    if (e != 0) s = smelt__cu_error(e, OP, "cuMemsetD8Async");
+  }
+  if (!s && ready) {
+    CUresult e = cu->cuMemsetD8Async((CUdeviceptr)ready, 0, bytes[3], st);
     if (e != 0) s = smelt__cu_error(e, OP, "cuMemsetD8Async");
   }
   void *sp[] = {P, &khi, &klo, &rows, &kmax};
-  /* kmax is read by peer_route_reg only (the driver takes as many
-   * parameters as the kernel declares) */
+  /* kmax and ready are read by peer_route_reg only (the driver takes as
+   * many parameters as the kernel declares) */
   if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
-  void *rp[] = {P, &khi, &klo, &kmax};
-  if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, rp);
+  int forked = 0, beside = 0;
+  if (!s && ready) {
+    bs->E->ready = ready;
+    bs->E->ready_need = (int)ps->h;
+    bs->E->ready_shift = 6; /* kernels/peer_route.cu's ROWS */
+    bs->E->stage_uses = bs->ev->fwd_slots;
+    CUstream side;
+    void *ep[] = {bs->E};
+    s = smelt__cuda_fork(plan->ctx, OP, &side);
+    forked = !s;
+    if (!s) s = smelt__cuda_launch_on(plan->ctx, OP, side, bs->ev->fwd, bs->ctas, 1, 1, 256, bs->ev->fwd_smem, ep);
+    beside = !s;
+  }
+  void *rp[] = {P, &khi, &klo, &kmax, &ready};
+  if (!s)
+    s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)(ready ? ps->h : gx), (unsigned)(ready ? gx : ps->h), 1,
+                           256, pc->route_smem, rp);
+  if (s && beside) /* release the expert kernel's waits so that it ends */
+    cu->cuMemsetD8Async((CUdeviceptr)ready, 0x7f, bytes[3], st);
+  if (forked) {
+    smelt_status sj = smelt__cuda_join(plan->ctx, OP);
+    if (!s) s = sj;
+  }
   smelt_status s2 = smelt__cuda_free(plan->ctx, base);
   return s ? s : s2;
 }
@@ -627,7 +686,7 @@ smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weight
     P.q = (uint64_t)(uintptr_t)q;
     P.ids = (uint64_t)(uintptr_t)ids->data;
     P.scores = (uint64_t)(uintptr_t)scores->data;
-    s = launch_route(plan, &P);
+    s = launch_route(plan, &P, NULL);
   }
   smelt__nvtx_pop();
   smelt_status s2 = smelt__cuda_free(ctx, base);
@@ -650,6 +709,14 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   if ((s = ws_alloc(ctx, bytes, 3, &base, r))) return s;
   void *q = r[0], *gates = r[1], *idp = ids ? ids->data : r[2];
   smelt__nvtx_push("smelt_peer_forward");
+  smelt__peer_expert_params E;
+  expert_params(ps, w, x, ev, &E);
+  E.y = (uint64_t)(uintptr_t)y->data;
+  E.y_rs = y->strides[0];
+  E.y_dt = y->dtype;
+  E.ids = (uint64_t)(uintptr_t)idp;
+  E.gates = (uint64_t)(uintptr_t)gates;
+  const route_beside bs = {&E, ev, beside_ctas(ctx, ps, (const peer_cuda *)ps->cuda, ev)};
   s = project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
@@ -658,17 +725,10 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     P.ids = (uint64_t)(uintptr_t)idp;
     P.scores = scores ? (uint64_t)(uintptr_t)scores->data : 0;
     P.gates = (uint64_t)(uintptr_t)gates;
-    s = launch_route(plan, &P);
+    s = launch_route(plan, &P, bs.ctas ? &bs : NULL);
   }
   if (!s && ps->store) s = smelt__cuda_peer_store_batch(ps->store, (const int64_t *)idp, nuse);
-  if (!s) {
-    smelt__peer_expert_params E;
-    expert_params(ps, w, x, ev, &E);
-    E.y = (uint64_t)(uintptr_t)y->data;
-    E.y_rs = y->strides[0];
-    E.y_dt = y->dtype;
-    E.ids = (uint64_t)(uintptr_t)idp;
-    E.gates = (uint64_t)(uintptr_t)gates;
+  if (!s && !bs.ctas) {
     void *params[] = {&E};
     if (ev->fwd_bulk) { /* persistent: a warp a token at a time, one CTA an SM at most */
       const int64_t ctas = (ps->T + 7) / 8, sms = ctx->cuda->info.sm_count;

@@ -21,8 +21,10 @@ typedef struct smelt__peer_expert_params {
   uint64_t x, y, dy, ids, gates, u_host, v_host, u_cache, v_cache, table, ua, udz, dg, dx;
   int64_t T, hk, din, dout, he, N, x_rs, y_rs, dy_rs, chunk;
   int x_dt, y_dt, dy_dt, act, groups_out, groups_in, he_shift, stage_uses;
+  uint64_t ready;
+  int ready_need, ready_shift;
 } smelt__peer_expert_params;
-_Static_assert(sizeof(smelt__peer_expert_params) == 224, "smelt__peer_expert_params must match peer_expert_params");
+_Static_assert(sizeof(smelt__peer_expert_params) == 240, "smelt__peer_expert_params must match peer_expert_params");
 
 /* Module sources (the op's selector and the variant enumerator share them). */
 void smelt__peer_route_src(smelt__kernel_src *src);
