@@ -642,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
 /* ---------------------------------------------------------------- persistent bulk-copy forward */
 
 /* peer_expert_fwd_bulk (Hopper): each warp owns whole tokens (gw, gw + W,
- * ... for W warps in the grid, one CTA an SM) and streams their uses'
+ * ... for W warps in the grid, one CTA of 16 warps an SM) and streams their uses'
  * rows, one use a slot, through a ring of P.stage_uses slots of its own:
  * lane 0 fills a slot with two bulk copies (TMA: the U part, then the V
  * part) that complete on the slot's mbarrier; rows the store left in host
@@ -659,7 +659,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
  * other kernels, summed per token by one warp in use order (the results
  * differ from theirs by rounding and repeat bit for bit; the store path
  * runs this kernel too, so stored and dense results are identical). */
-#define BK_WIN 64 /* uses in a warp's id/gate window: two batches of 32 */
+#define BK_WIN 64   /* uses in a warp's id/gate window: two batches of 32 */
+#define BK_WARPS 16 /* a use's latency is a dependent chain (wait, two dot products, a warp sum, the refill):
+                     * 8 warps an SM streamed ~21 GB/s an SM, all 132 SMs of an H100 needed for ~2.8 TB/s */
 
 /* A use's row code: the expert's index in the full tables (>= 0), a cache
  * slot s as -(s + 2), or -1 for an id outside [0, N). */
@@ -729,16 +731,16 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
   if (lane == 0) mbar_arrive(bar);
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) peer_expert_fwd_bulk(peer_expert_params P) {
+extern "C" __global__ void __launch_bounds__(BK_WARPS * 32, 1) peer_expert_fwd_bulk(peer_expert_params P) {
   extern __shared__ __align__(128) float smem[];
-  __shared__ __align__(8) u64 bars[NWARPS][8];
+  __shared__ __align__(8) u64 bars[BK_WARPS][8];
   const int S = P.stage_uses; /* <= 8 */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sh = P.he_shift;
   const i64 he = P.he, din = P.din, dout = P.dout, hk = P.hk;
   const i64 du = din * he, dv = he * dout, row = du + dv, ncu = du / VEC, nco = dout / VEC;
-  const i64 gw = (i64)blockIdx.x * NWARPS + warp, W = (i64)gridDim.x * NWARPS;
+  const i64 gw = (i64)blockIdx.x * BK_WARPS + warp, W = (i64)gridDim.x * BK_WARPS;
   welem *ring = (welem *)smem + (i64)warp * S * row;
-  int *codes = (int *)((welem *)smem + (i64)NWARPS * S * row) + warp * 2 * BK_WIN; /* [BK_WIN] */
+  int *codes = (int *)((welem *)smem + (i64)BK_WARPS * S * row) + warp * 2 * BK_WIN; /* [BK_WIN] */
   float *gates = (float *)(codes + BK_WIN);                                       /* [BK_WIN] */
   const u32 bar0 = smem_u32(&bars[warp][0]);
   if (lane < S) mbar_init(bar0 + 8 * lane, 1);

@@ -176,11 +176,13 @@ static unsigned warp_bwd_smem(const smelt__peer_state *ps, int64_t slots, int64_
   const int64_t hk = ps->h * ps->k;
   return (unsigned)(8 * slots * row_bytes + 4 * (r4(ps->din) + r4(ps->dout) + r4(hk)) + 16 * hk);
 }
-/* peer_expert_fwd_bulk: 8 rings of `slots` uses' rows and 8 windows of 64
- * codes and gates (kernels/peer_expert.cu's BK_WIN). */
+/* peer_expert_fwd_bulk: CTAs of 16 warps (kernels/peer_expert.cu's
+ * BK_WARPS), each with a ring of `slots` uses' rows and a window of 64
+ * codes and gates (BK_WIN). */
+#define PEER_BK_WARPS 16
 #define PEER_BK_SLOTS_MAX 8
 static unsigned bulk_fwd_smem(int64_t slots, int64_t row_bytes) {
-  return (unsigned)(8 * slots * row_bytes + 8 * 64 * 8);
+  return (unsigned)(PEER_BK_WARPS * (slots * row_bytes + 64 * 8));
 }
 
 /* Switches a warp-streamed variant's forward to peer_expert_fwd_bulk on
@@ -597,7 +599,7 @@ static unsigned beside_ctas(const smelt_ctx *ctx, const smelt__peer_state *ps, c
   const char *e = smelt__getenv("SMELT_PEER_EXPERT_SMS");
   if (e && *e) n = strtol(e, NULL, 10);
   if (n > sms / 2) n = sms / 2;
-  const int64_t need = (ps->T + 7) / 8; /* a warp a token */
+  const int64_t need = (ps->T + PEER_BK_WARPS - 1) / PEER_BK_WARPS; /* a warp a token */
   if (n > need) n = (long)need;
   return n > 0 ? (unsigned)n : 0;
 }
@@ -650,7 +652,9 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
     void *ep[] = {bs->E};
     s = smelt__cuda_fork(plan->ctx, OP, &side);
     forked = !s;
-    if (!s) s = smelt__cuda_launch_on(plan->ctx, OP, side, bs->ev->fwd, bs->ctas, 1, 1, 256, bs->ev->fwd_smem, ep);
+    if (!s)
+      s = smelt__cuda_launch_on(plan->ctx, OP, side, bs->ev->fwd, bs->ctas, 1, 1, 32 * PEER_BK_WARPS, bs->ev->fwd_smem,
+                                ep);
     beside = !s;
   }
   void *rp[] = {P, &khi, &klo, &kmax, &ready};
@@ -731,9 +735,10 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   if (!s && !bs.ctas) {
     void *params[] = {&E};
     if (ev->fwd_bulk) { /* persistent: a warp a token at a time, one CTA an SM at most */
-      const int64_t ctas = (ps->T + 7) / 8, sms = ctx->cuda->info.sm_count;
+      const int64_t ctas = (ps->T + PEER_BK_WARPS - 1) / PEER_BK_WARPS, sms = ctx->cuda->info.sm_count;
       E.stage_uses = ev->fwd_slots;
-      s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)(ctas < sms ? ctas : sms), 1, 1, 256, ev->fwd_smem, params);
+      s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)(ctas < sms ? ctas : sms), 1, 1, 32 * PEER_BK_WARPS,
+                             ev->fwd_smem, params);
     } else {
       s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)ps->T, 1, 1, 256, ev->fwd_smem, params);
     }
