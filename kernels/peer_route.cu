@@ -440,6 +440,19 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
   cp_async_commit();
 }
 
+/* tile_copy_pow2 of a tile with all KT rows in (no row test or zero
+ * fill), from src, the thread's first row and chunk in the table
+ * (tile_copy_pow2's r0 and cc): the rows' offsets are immediates. */
+static __device__ __forceinline__ void tile_copy_full(u32 dst, const smelt_h16 *src, int dpad, int ds, int tid) {
+  const int nch = dpad >> 3, sh = dpad == 128 ? 4 : __ffs(nch) - 1, cc = tid & (nch - 1);
+  const int r0 = (tid >> sh) & ((NT >> sh) - 1);
+  const u32 d0 = dst + (u32)(r0 * ds + cc * 8) * 2;
+#pragma unroll
+  for (int u = 0; u < (KT * nch + NT - 1) / NT; u++)
+    if (r0 + u * (NT >> sh) < KT) cp_async16(d0 + (u32)(u * (NT >> sh) * ds) * 2, src + u * (NT >> sh) * dpad, 16);
+  cp_async_commit();
+}
+
 /* tile_copy of hi rows alone into the buffer at shared address dst, for
  * REG when a row's 16-byte chunks are a power of two (dpad 16, 32, ...,
  * 256): a thread's chunk and rows follow from shifts and masks, and its
@@ -458,11 +471,7 @@ static __device__ __forceinline__ void tile_copy_pow2(u32 dst, u64 khi, i64 row0
    * source address and immediate offsets (SASS, dpad 128: ~15
    * instructions a tile against ~59 with the per-row selects). */
   if (lim == KT) {
-    const smelt_h16 *s0 = src + r0 * dpad;
-#pragma unroll
-    for (int u = 0; u < (KT * nch + NT - 1) / NT; u++)
-      if (r0 + u * (NT >> sh) < KT) cp_async16(d0 + (u32)(u * (NT >> sh) * ds) * 2, s0 + u * (NT >> sh) * dpad, 16);
-    cp_async_commit();
+    tile_copy_full(dst, src + r0 * dpad, dpad, ds, tid);
     return;
   }
 #pragma unroll
@@ -531,11 +540,12 @@ static __device__ __forceinline__ void load_query_frags(u32 (*ah)[4], const smel
  * one mma a fragment, the hi query fragments ah from registers; row_err
  * bounds the difference to the exact ones) of the warp's 16 rows x 32
  * keys (cn..), into the column maxima gm as pass 0 keeps them (columns at
- * or past lim, the dim's end, skipped). Two n tiles at a time, so that 8
+ * or past lim, the dim's end, skipped; full, a literal: the tile has all
+ * KT keys, no column test). Two n tiles at a time, so that 8
  * accumulators are live instead of 16 (the order of the mma no longer
  * matters: these scores only bound the threshold). */
 static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32 (*ah)[4], u32 kh, int ds, int dpad,
-                                                       int cn, int lane, int tq, int lim) {
+                                                       int cn, int lane, int tq, int lim, int full) {
   const int lr = lane & 7, lm = lane >> 3;
   const u32 b0 = kh + (u32)((cn + (lm >> 1) * 8 + lr) * ds + (lm & 1) * 8) * 2, b1 = b0 + (u32)(16 * ds) * 2;
   const int ns = dpad >> 4; /* k steps */
@@ -565,7 +575,7 @@ static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32
     for (int h = 0; h < 2; h++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
-        if (cn + (np + h) * 8 + 2 * tq + (e & 1) < lim) gm[np + h][e] = fmaxf(gm[np + h][e], acc[h][e]);
+        if (full || cn + (np + h) * 8 + 2 * tq + (e & 1) < lim) gm[np + h][e] = fmaxf(gm[np + h][e], acc[h][e]);
   }
 }
 
@@ -604,15 +614,16 @@ static __device__ __forceinline__ void score_tile_u32(float (*acc)[4], u32 qh, u
  * with random scores) instead of 16 warp-uniform branches each taken, with
  * its atomic, when any lane passes (46% of them: ~240 instructions a tile,
  * the most of any part of reg; ncu, v6). The slots' order changes, not
- * their contents, and the buffer's insertion does not depend on it. */
+ * their contents, and the buffer's insertion does not depend on it. full
+ * (a literal): all KT keys in, no column test. */
 static __device__ __forceinline__ void buffer_tile(const float (*acc)[4], const float *rt, u64 *buf, u32 *cnt, u32 c0,
-                                                   int rm, int cn, int g, int tq, int lim) {
+                                                   int rm, int cn, int g, int tq, int lim, int full) {
   u32 mask = 0; /* bit 4 nt + e: acc[nt][e] */
 #pragma unroll
   for (int nt = 0; nt < 4; nt++)
 #pragma unroll
     for (int e = 0; e < 4; e++)
-      if (cn + nt * 8 + 2 * tq + (e & 1) < lim && !(acc[nt][e] < rt[e >> 1])) mask |= 1u << (4 * nt + e);
+      if ((full || cn + nt * 8 + 2 * tq + (e & 1) < lim) && !(acc[nt][e] < rt[e >> 1])) mask |= 1u << (4 * nt + e);
   while (mask) {
     const int j = __ffs(mask) - 1;
     mask &= mask - 1;
@@ -902,12 +913,17 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         __syncthreads(); /* qh, ql are written */
         load_query_frags(qf, qh, DS, dpad, rm, lane);
       }
-      for (i64 c0 = 0; c0 < ni; c0 += KT) {
+      /* REG, dpad 128: the thread's row and chunk of the next tile in the
+       * split table, advanced a tile an iteration (tile_copy_pow2 would
+       * rebuild it from c0: ~20 instructions a tile) */
+      const smelt_h16 *knext = (const smelt_h16 *)khi + (row0 + KT + (tid >> 4)) * 128 + (tid & 15) * 8;
+      for (i64 c0 = 0; c0 < ni; c0 += KT, knext += KT * 128) {
         const int odd = db && ((c0 / KT) & 1);
         if (PRE) CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
         if (db && c0 + KT < ni) { /* into the buffer the last tile used: every warp is past it */
-          if (REG && dpad == 128) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, 128, 136, tid);
+          if (REG && dpad == 128 && c0 + 2 * KT <= ni) tile_copy_full(odd ? kh_s : kl_s, knext, 128, 136, tid);
+          else if (REG && dpad == 128) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, 128, 136, tid);
           else if (REG && pow2) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, dpad, DS, tid);
           else tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
         }
@@ -918,8 +934,9 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         /* REG: dsub 128 (the common query_dim 256 over 2 dims) as a literal,
          * so that the k steps have no run-time bound to test */
         if (REG && pass == 0) {
-          if (dpad == 128) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, lim);
-          else colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim);
+          if (dpad == 128 && lim == KT) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, KT, 1);
+          else if (dpad == 128) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, lim, 0);
+          else colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim, 0);
         } else if (REG && pass == 1 && db) {
           float acc[4][4];
 #pragma unroll
@@ -928,7 +945,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
             for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
           if (dpad == 128) score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, 128, rm, cn, lane);
           else score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, dpad, rm, cn, lane);
-          buffer_tile(acc, rt, buf, cnt, (u32)c0, rm, cn, g, tq, lim);
+          if (lim == KT) buffer_tile(acc, rt, buf, cnt, (u32)c0, rm, cn, g, tq, KT, 1);
+          else buffer_tile(acc, rt, buf, cnt, (u32)c0, rm, cn, g, tq, lim, 0);
         } else {
           float acc[4][4];
 #pragma unroll
