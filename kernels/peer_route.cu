@@ -790,7 +790,7 @@ static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st,
  * again (the same mma in the same order: the same bits) and merges only
  * the scores at or above the threshold (~3.6% with random scores) through
  * the score tile (pass 2). THR 2 scores them again into per-row buffers
- * (pass 1: ~1.8%), inserted into the lists once per dim; if a row of the
+ * (pass 1: ~1.8%), sorted into the rows' lists once per dim (buffer_list); if a row of the
  * CTA overflowed its buffer, the CTA runs pass 2 as THR 1 does. Same ids
  * and scores as PRE bit for bit: the lists are exact top-k of a subset
  * that holds the row's top k.
