@@ -105,6 +105,17 @@ static __device__ __forceinline__ void split_bf16(float v, smelt_h16 *hi, smelt_
   *lo = smelt_f32_to_bf16(isfinite(hv) ? v - hv : 0.f);
 }
 
+/* split_bf16 of 4 values into hi[0..4), lo[0..4) (8-byte aligned). */
+static __device__ __forceinline__ void split4_bf16(float4 v, smelt_h16 *hi, smelt_h16 *lo) {
+  smelt_h16 h[4], l[4];
+  split_bf16(v.x, &h[0], &l[0]);
+  split_bf16(v.y, &h[1], &l[1]);
+  split_bf16(v.z, &h[2], &l[2]);
+  split_bf16(v.w, &h[3], &l[3]);
+  *(uint2 *)hi = make_uint2(h[0] | (u32)h[1] << 16, h[2] | (u32)h[3] << 16);
+  *(uint2 *)lo = make_uint2(l[0] | (u32)l[1] << 16, l[2] | (u32)l[3] << 16);
+}
+
 /* The sub-key row at element off of dim i's table (zeros when !in), L2-
  * normalized when asked, as bf16 hi and lo parts hi[0, dpad), lo[0, dpad)
  * (zero past dsub). A warp, lanes striding the row; route_rows's tiles and
@@ -187,17 +198,67 @@ static __device__ __forceinline__ void offer(u64 *L, u64 *c, int kl) {
   merge_into(L, c, kl);
 }
 
+/* Lanes l and l ^ o end with the same list: the kl best of their two. */
+static __device__ __forceinline__ void row_merge_step(u64 *L, int kl, int o) {
+  u64 other[PEER_MAX_K];
+#pragma unroll
+  for (int i = 0; i < kl; i++) other[i] = __shfl_xor_sync(PEER_FULL, L[i], o);
+#pragma unroll
+  for (int i = 0; i < kl; i++) L[i] = L[i] > other[kl - 1 - i] ? L[i] : other[kl - 1 - i];
+  merge_desc(L, kl);
+}
+
 /* The four threads of a row (lanes 4r..4r+3) end with the same list: the
  * kl best of their four. */
 static __device__ __forceinline__ void row_merge(u64 *L, int kl) {
+  row_merge_step(L, kl, 1);
+  row_merge_step(L, kl, 2);
+}
+
+/* sort_desc, merge_desc and row_merge on plain floats, for REG's
+ * thresholds (values without ids, no NaN among them): a compare-exchange
+ * is fmaxf and fminf, 2 instructions against 6 for a u64 (two compares,
+ * four selects), and a shuffle moves 4 bytes instead of 8. */
+static __device__ __forceinline__ void cmp_swap_f(float *a, int i, int j) {
+  const float x = a[i], y = a[j];
+  a[i] = fmaxf(x, y);
+  a[j] = fminf(x, y);
+}
+
+static __device__ __forceinline__ void sort_desc_f(float *a, int n) {
+#pragma unroll
+  for (int size = 2; size <= n; size <<= 1)
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+      for (int i = 0; i < n; i++) {
+        const int j = i ^ stride;
+        if (j > i) {
+          if ((i & size) == 0) cmp_swap_f(a, i, j);
+          else cmp_swap_f(a, j, i);
+        }
+      }
+}
+
+static __device__ __forceinline__ void merge_desc_f(float *a, int n) {
+#pragma unroll
+  for (int stride = n >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+      const int j = i ^ stride;
+      if (j > i) cmp_swap_f(a, i, j);
+    }
+}
+
+static __device__ __forceinline__ void row_merge_f(float *L, int kl) {
 #pragma unroll
   for (int o = 1; o <= 2; o <<= 1) {
-    u64 other[PEER_MAX_K];
+    float other[CN];
 #pragma unroll
     for (int i = 0; i < kl; i++) other[i] = __shfl_xor_sync(PEER_FULL, L[i], o);
 #pragma unroll
-    for (int i = 0; i < kl; i++) L[i] = L[i] > other[kl - 1 - i] ? L[i] : other[kl - 1 - i];
-    merge_desc(L, kl);
+    for (int i = 0; i < kl; i++) L[i] = fmaxf(L[i], other[kl - 1 - i]);
+    merge_desc_f(L, kl);
   }
 }
 
@@ -248,36 +309,91 @@ static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u
   }
 }
 
-/* THR 2: the buffered scores of merge row mr into L (each of its four
- * threads the slots j = mq mod 4), unless some row of the CTA overflowed
- * its buffer (rows past T, real = 0, all zeros, do not count); returns
- * whether one did (CTA-uniform). */
-static __device__ __forceinline__ int insert_buffer(u64 *L, int kl, const u64 *buf, const u32 *cnt, int mr, int mq,
-                                                    bool real) {
+/* THR 2: the buffered scores of merge row mr (each of its four threads
+ * the slots j = mq mod 4: at most 8 of the BCAP) as the row's list, the
+ * same in the four threads (CN = 16 entries, sorted), unless some row of
+ * the CTA overflowed its buffer (rows past T, real = 0, all zeros, do not
+ * count; L is then left as it was); returns whether one did (CTA-uniform).
+ * Each thread sorts its 8, the pairs l, l ^ 1 merge theirs into 16 (one
+ * list and the other reversed are a bitonic 16) and row_merge's second
+ * step takes the best 16 of the pairs' lists: ~700 instructions a thread
+ * against ~1400 for inserting the slots one at a time into lists of 16
+ * (~100 each, the warp as many as its busiest thread) and row_merge. */
+static __device__ __forceinline__ int buffer_list(u64 *L, const u64 *buf, const u32 *cnt, int mr, int mq, bool real) {
   const u32 n = cnt[mr];
-  const int overflow = __syncthreads_or(n > BCAP && real);
-  for (u32 j = mq; !overflow && j < n && j < BCAP; j += 4) insert_desc(L, buf[mr * BCAP + j], kl);
-  return overflow;
+  if (__syncthreads_or(n > BCAP && real)) return 1;
+  u64 c[8];
+#pragma unroll
+  for (int jj = 0; jj < 8; jj++) {
+    const u32 j = mq + 4 * jj;
+    c[jj] = j < n && j < BCAP ? buf[mr * BCAP + j] : 0ull;
+  }
+  sort_desc(c, 8);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    L[i] = c[i];
+    L[8 + i] = __shfl_xor_sync(PEER_FULL, c[7 - i], 1);
+  }
+  merge_desc(L, CN);
+  row_merge_step(L, CN, 2);
+  return 0;
 }
 
-/* REG's filter of the combination: a score at or below the row's k-th
- * best sum of running entry a (scores va[a], a < len) and dim entry b (dl,
- * packed, b < ki), both lists sorted best first. The pairs with b <
- * min(ki, k / (a + 1)) are at least k distinct candidates when they count
- * k (else -inf: nothing is filtered), and their least sum, on each a at
- * the largest such b (float addition is monotonic), is at or below all of
- * them; a sum below it ranks under k candidates. NaN sums (which rank
- * highest) are skipped by fminf, so they count without lowering it. */
-static __device__ __forceinline__ float combine_threshold(const float *va, const u64 *dl, int len, int ki, int k) {
-  float t = __int_as_float(0x7f800000);
-  int n = 0;
-  for (int a = 0; a < len; a++) {
-    const int b = ki < k / (a + 1) ? ki : k / (a + 1);
-    if (b == 0) break;
-    n += b;
-    t = fminf(t, va[a] + peer_packed_value(dl[b - 1]));
+/* REG's filter of the combination: a value at or below the row's k-th
+ * best sum of running entry a (values va[a], a < len) and dim entry b (L,
+ * b < ki), both lists sorted best first: the k-th largest of the sums of
+ * the pairs in row or column 0 or 1, 2 (len + ki) - 4 distinct pairs
+ * (fewer than k: -inf, nothing is filtered). Thread mq of the row takes
+ * (0, b) b >= 0, (a, 0) a >= 1, (1, b) b >= 1 or (a, 1) a >= 2, 16 in
+ * order of the varying index, so its sums are non-increasing (float
+ * addition is monotonic; with NaN counted as +inf, as it ranks highest:
+ * NaN entries lead their list, and inf - inf comes only from a +inf that
+ * leads its list or a -inf paired with the other list's +inf, itself at
+ * the head), pairs past the lists' ends -inf at the tail; row_merge_f
+ * then gives the row's 16 best without a sort. With random scores ~16.4
+ * of the 256 sums pass (the staircase bound a < len, b < k / (a + 1) this
+ * replaced let ~83 through; a simulation of 20000 rows of normal scores).
+ * Every thread of the row returns the same value. */
+static __device__ __forceinline__ float combine_threshold(const u64 *L, const float *va, int len, int ki, int k,
+                                                          int mq) {
+  const int col = mq & 1, fix = mq >> 1, v0 = fix + col; /* varying a (col) or b, from v0; the other is fix */
+  const float vf = col ? peer_packed_value(fix ? L[1] : L[0]) : va[fix];
+  const int vlim = col ? len : ki, on_fix = fix < (col ? ki : len);
+  float x[CN];
+#pragma unroll
+  for (int j = 0; j < CN; j++) {
+    const float s = col ? va[v0 + j] + vf : vf + peer_packed_value(j + 1 < CN && v0 ? L[j + 1] : L[j]);
+    x[j] = on_fix && v0 + j < vlim ? (s == s ? s : __int_as_float(0x7f800000)) : PEER_NEG_INF;
   }
-  return n >= k ? t : PEER_NEG_INF;
+  row_merge_f(x, CN);
+  float t = x[0];
+#pragma unroll
+  for (int j = 1; j < CN; j++)
+    if (j < k) t = x[j]; /* x[k - 1] (an index would put x in local memory) */
+  return t;
+}
+
+/* REG's combination: the sums at or above t (NaN too) into F, a row's
+ * pairs dealt to its four threads by (a + b) mod 4. Running entry a
+ * (values va, ids ia; a < len), dim entry b (dl, packed; b < ki), both
+ * sorted best first: for each a the passing b are a prefix (the sums are
+ * non-increasing but for NaN, which passes and leads), and once (a, 0)
+ * fails so does every later a (see combine_threshold), so the loops stop
+ * at the first failure. */
+static __device__ __forceinline__ void combine_survivors(u64 *F, const float *va, const u32 *ia, const u64 *dl,
+                                                         int len, int ki, u32 ni, float t, int mq, int kl) {
+  const float vb0 = peer_packed_value(dl[0]);
+  for (int a = 0; a < len; a++) {
+    const float v = va[a];
+    if (v + vb0 < t) break;
+    const u32 pa = ia[a] * ni;
+    for (int b = (mq - a) & 3; b < ki; b += 4) {
+      const u64 e = dl[b];
+      const float s = v + peer_packed_value(e);
+      if (s < t) break;
+      insert_desc(F, peer_pack(s, pa + peer_packed_id(e)), kl);
+    }
+  }
 }
 
 /* Gates of a row's scores, lane j holding score j (lanes >= k: on = 0). */
@@ -324,6 +440,19 @@ static __device__ __forceinline__ void tile_copy(smelt_h16 *kh, smelt_h16 *kl, u
   cp_async_commit();
 }
 
+/* tile_copy_pow2 of a tile with all KT rows in (no row test or zero
+ * fill), from src, the thread's first row and chunk in the table
+ * (tile_copy_pow2's r0 and cc): the rows' offsets are immediates. */
+static __device__ __forceinline__ void tile_copy_full(u32 dst, const smelt_h16 *src, int dpad, int ds, int tid) {
+  const int nch = dpad >> 3, sh = dpad == 128 ? 4 : __ffs(nch) - 1, cc = tid & (nch - 1);
+  const int r0 = (tid >> sh) & ((NT >> sh) - 1);
+  const u32 d0 = dst + (u32)(r0 * ds + cc * 8) * 2;
+#pragma unroll
+  for (int u = 0; u < (KT * nch + NT - 1) / NT; u++)
+    if (r0 + u * (NT >> sh) < KT) cp_async16(d0 + (u32)(u * (NT >> sh) * ds) * 2, src + u * (NT >> sh) * dpad, 16);
+  cp_async_commit();
+}
+
 /* tile_copy of hi rows alone into the buffer at shared address dst, for
  * REG when a row's 16-byte chunks are a power of two (dpad 16, 32, ...,
  * 256): a thread's chunk and rows follow from shifts and masks, and its
@@ -337,7 +466,14 @@ static __device__ __forceinline__ void tile_copy_pow2(u32 dst, u64 khi, i64 row0
   const u32 d0 = dst + (u32)(r0 * ds + cc * 8) * 2;
   /* a literal trip count when dpad is one (as route_rows passes 128), the
    * rows' offsets immediates: the loop with its per-copy address
-   * arithmetic was ~21 instructions a copy (ncu, v6) */
+   * arithmetic was ~21 instructions a copy (ncu, v6). A full tile (every
+   * tile at the acceptance shape) needs no row test or zero fill: one
+   * source address and immediate offsets (SASS, dpad 128: ~15
+   * instructions a tile against ~59 with the per-row selects). */
+  if (lim == KT) {
+    tile_copy_full(dst, src + r0 * dpad, dpad, ds, tid);
+    return;
+  }
 #pragma unroll
   for (int u = 0; u < (KT * nch + NT - 1) / NT; u++) {
     const int r = r0 + u * (NT >> sh);
@@ -404,11 +540,12 @@ static __device__ __forceinline__ void load_query_frags(u32 (*ah)[4], const smel
  * one mma a fragment, the hi query fragments ah from registers; row_err
  * bounds the difference to the exact ones) of the warp's 16 rows x 32
  * keys (cn..), into the column maxima gm as pass 0 keeps them (columns at
- * or past lim, the dim's end, skipped). Two n tiles at a time, so that 8
+ * or past lim, the dim's end, skipped; full, a literal: the tile has all
+ * KT keys, no column test). Two n tiles at a time, so that 8
  * accumulators are live instead of 16 (the order of the mma no longer
  * matters: these scores only bound the threshold). */
 static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32 (*ah)[4], u32 kh, int ds, int dpad,
-                                                       int cn, int lane, int tq, int lim) {
+                                                       int cn, int lane, int tq, int lim, int full) {
   const int lr = lane & 7, lm = lane >> 3;
   const u32 b0 = kh + (u32)((cn + (lm >> 1) * 8 + lr) * ds + (lm & 1) * 8) * 2, b1 = b0 + (u32)(16 * ds) * 2;
   const int ns = dpad >> 4; /* k steps */
@@ -438,7 +575,7 @@ static __device__ __forceinline__ void colmax_tile_reg(float (*gm)[4], const u32
     for (int h = 0; h < 2; h++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
-        if (cn + (np + h) * 8 + 2 * tq + (e & 1) < lim) gm[np + h][e] = fmaxf(gm[np + h][e], acc[h][e]);
+        if (full || cn + (np + h) * 8 + 2 * tq + (e & 1) < lim) gm[np + h][e] = fmaxf(gm[np + h][e], acc[h][e]);
   }
 }
 
@@ -477,15 +614,16 @@ static __device__ __forceinline__ void score_tile_u32(float (*acc)[4], u32 qh, u
  * with random scores) instead of 16 warp-uniform branches each taken, with
  * its atomic, when any lane passes (46% of them: ~240 instructions a tile,
  * the most of any part of reg; ncu, v6). The slots' order changes, not
- * their contents, and the buffer's insertion does not depend on it. */
+ * their contents, and the buffer's insertion does not depend on it. full
+ * (a literal): all KT keys in, no column test. */
 static __device__ __forceinline__ void buffer_tile(const float (*acc)[4], const float *rt, u64 *buf, u32 *cnt, u32 c0,
-                                                   int rm, int cn, int g, int tq, int lim) {
+                                                   int rm, int cn, int g, int tq, int lim, int full) {
   u32 mask = 0; /* bit 4 nt + e: acc[nt][e] */
 #pragma unroll
   for (int nt = 0; nt < 4; nt++)
 #pragma unroll
     for (int e = 0; e < 4; e++)
-      if (cn + nt * 8 + 2 * tq + (e & 1) < lim && !(acc[nt][e] < rt[e >> 1])) mask |= 1u << (4 * nt + e);
+      if ((full || cn + nt * 8 + 2 * tq + (e & 1) < lim) && !(acc[nt][e] < rt[e >> 1])) mask |= 1u << (4 * nt + e);
   while (mask) {
     const int j = __ffs(mask) - 1;
     mask &= mask - 1;
@@ -584,8 +722,9 @@ static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st,
  * 64 column maxima gm (k <= 16), at or below the row's k-th best since the
  * k largest are k distinct candidates. The maxima go to the score tile
  * (free in the first pass), each of the row's four merge threads sorts its
- * 16 (packed with the column, as candidates are, so the network is
- * offer's) and row_merge takes the row's 16 best. Every merge thread
+ * 16 and row_merge_f takes the row's 16 best (plain floats: the maxima
+ * are never NaN, fmaxf skips NaN scores, and only the value matters, so
+ * no column ids; a -0 for +0 changes no test). Every merge thread
  * returns the threshold; it is also left at column 64 of the row. With
  * REG's approximate first pass, the maxima are approximate and the
  * threshold is lowered by the row's bound err (row_err): the k columns'
@@ -599,16 +738,16 @@ static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k
 #pragma unroll
     for (int e = 0; e < 4; e++) st[(rm + g + 8 * (e >> 1)) * STS + cn + nt * 8 + 2 * tq + (e & 1)] = gm[nt][e];
   __syncthreads();
-  u64 c[CN];
+  float c[CN];
 #pragma unroll
-  for (int j = 0; j < CN; j++) c[j] = peer_pack(st[mr * STS + mq * CN + j], (u32)(mq * CN + j));
-  sort_desc(c, CN);
-  row_merge(c, CN);
-  u64 m = ~0ull; /* c[k - 1], the least of the first k (an index would put c in local memory) */
+  for (int j = 0; j < CN; j++) c[j] = st[mr * STS + mq * CN + j];
+  sort_desc_f(c, CN);
+  row_merge_f(c, CN);
+  float m = c[0]; /* c[k - 1] (an index would put c in local memory) */
 #pragma unroll
-  for (int j = 0; j < CN; j++)
-    if (j < k) m = m < c[j] ? m : c[j];
-  const float t = err > 0.f || err != err ? lower_by(peer_packed_value(m), err) : peer_packed_value(m);
+  for (int j = 1; j < CN; j++)
+    if (j < k) m = c[j];
+  const float t = err > 0.f || err != err ? lower_by(m, err) : m;
   if (mq == 0) st[mr * STS + KT] = t;
   return t;
 }
@@ -651,7 +790,7 @@ static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st,
  * again (the same mma in the same order: the same bits) and merges only
  * the scores at or above the threshold (~3.6% with random scores) through
  * the score tile (pass 2). THR 2 scores them again into per-row buffers
- * (pass 1: ~1.8%), inserted into the lists once per dim; if a row of the
+ * (pass 1: ~1.8%), sorted into the rows' lists once per dim (buffer_list); if a row of the
  * CTA overflowed its buffer, the CTA runs pass 2 as THR 1 does. Same ids
  * and scores as PRE bit for bit: the lists are exact top-k of a subset
  * that holds the row's top k.
@@ -704,21 +843,43 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const int ki = (int)(ni < P.k ? ni : P.k);
     __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
     /* QB loads a thread in flight before the first split: one at a time,
-     * each waited for, this loop took ~15% of reg's stall samples (ncu) */
-    for (int x0 = tid; x0 < ROWS * dpad; x0 += QB * NT) {
-      float v[QB];
+     * each waited for, this loop took ~15% of reg's stall samples (ncu).
+     * REG, when the slice is whole 16-byte vectors (dsub = dpad, dq a
+     * multiple of 4, q 16-byte aligned): QB float4 loads a thread, at
+     * dpad 128 the whole slice in one round of loads, and 8-byte stores of
+     * 4 split values (the same split_bf16 per value: the same bits). */
+    if (REG && pow2 && dsub == dpad && (P.dq & 3) == 0 && (P.q & 15) == 0) {
+      for (int x0 = tid; x0 < ROWS * dpad / 4; x0 += QB * NT) {
+        float4 v[QB];
 #pragma unroll
-      for (int u = 0; u < QB; u++) {
-        const int x = x0 + u * NT;
-        const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad; /* REG: no division when it can shift */
-        const i64 t = t0 + r;
-        v[u] = x < ROWS * dpad && t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+        for (int u = 0; u < QB; u++) {
+          const int x = 4 * (x0 + u * NT), r = x >> dsh, d = x - (r << dsh);
+          const i64 t = t0 + r;
+          v[u] = x < ROWS * dpad && t < P.T ? *(const float4 *)&q[t * hd + hh * P.dq + i * dsub + d]
+                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < QB; u++) {
+          const int x = 4 * (x0 + u * NT), r = x >> dsh, d = x - (r << dsh);
+          if (x < ROWS * dpad) split4_bf16(v[u], &qh[r * DS + d], &ql[r * DS + d]);
+        }
       }
+    } else {
+      for (int x0 = tid; x0 < ROWS * dpad; x0 += QB * NT) {
+        float v[QB];
 #pragma unroll
-      for (int u = 0; u < QB; u++) {
-        const int x = x0 + u * NT;
-        const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad;
-        if (x < ROWS * dpad) split_bf16(v[u], &qh[r * DS + d], &ql[r * DS + d]);
+        for (int u = 0; u < QB; u++) {
+          const int x = x0 + u * NT;
+          const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad; /* REG: no division when it can shift */
+          const i64 t = t0 + r;
+          v[u] = x < ROWS * dpad && t < P.T && d < dsub ? q[t * hd + hh * P.dq + i * dsub + d] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < QB; u++) {
+          const int x = x0 + u * NT;
+          const int r = REG && pow2 ? x >> dsh : x / dpad, d = x - r * dpad;
+          if (x < ROWS * dpad) split_bf16(v[u], &qh[r * DS + d], &ql[r * DS + d]);
+        }
       }
     }
 #pragma unroll
@@ -755,12 +916,17 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         __syncthreads(); /* qh, ql are written */
         load_query_frags(qf, qh, DS, dpad, rm, lane);
       }
-      for (i64 c0 = 0; c0 < ni; c0 += KT) {
+      /* REG, dpad 128: the thread's row and chunk of the next tile in the
+       * split table, advanced a tile an iteration (tile_copy_pow2 would
+       * rebuild it from c0: ~20 instructions a tile) */
+      const smelt_h16 *knext = (const smelt_h16 *)khi + (row0 + KT + (tid >> 4)) * 128 + (tid & 15) * 8;
+      for (i64 c0 = 0; c0 < ni; c0 += KT, knext += KT * 128) {
         const int odd = db && ((c0 / KT) & 1);
         if (PRE) CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
         if (db && c0 + KT < ni) { /* into the buffer the last tile used: every warp is past it */
-          if (REG && dpad == 128) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, 128, 136, tid);
+          if (REG && dpad == 128 && c0 + 2 * KT <= ni) tile_copy_full(odd ? kh_s : kl_s, knext, 128, 136, tid);
+          else if (REG && dpad == 128) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, 128, 136, tid);
           else if (REG && pow2) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, dpad, DS, tid);
           else tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
         }
@@ -771,8 +937,9 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         /* REG: dsub 128 (the common query_dim 256 over 2 dims) as a literal,
          * so that the k steps have no run-time bound to test */
         if (REG && pass == 0) {
-          if (dpad == 128) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, lim);
-          else colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim);
+          if (dpad == 128 && lim == KT) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, KT, 1);
+          else if (dpad == 128) colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, 128, cn, lane, tq, lim, 0);
+          else colmax_tile_reg(gm, qf, odd ? kl_s : kh_s, DS, dpad, cn, lane, tq, lim, 0);
         } else if (REG && pass == 1 && db) {
           float acc[4][4];
 #pragma unroll
@@ -781,7 +948,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
             for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
           if (dpad == 128) score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, 128, rm, cn, lane);
           else score_tile_u32(acc, qh_s, odd ? kl_s : kh_s, DS, dpad, rm, cn, lane);
-          buffer_tile(acc, rt, buf, cnt, (u32)c0, rm, cn, g, tq, lim);
+          if (lim == KT) buffer_tile(acc, rt, buf, cnt, (u32)c0, rm, cn, g, tq, KT, 1);
+          else buffer_tile(acc, rt, buf, cnt, (u32)c0, rm, cn, g, tq, lim, 0);
         } else {
           float acc[4][4];
 #pragma unroll
@@ -845,7 +1013,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
           if (pass < 2) {
             if (c0 + KT < ni) continue;
             if (pass == 1) {
-              overflow = insert_buffer(L, KL, buf, cnt, mr, mq, t0 + mr < P.T);
+              overflow = buffer_list(L, buf, cnt, mr, mq, t0 + mr < P.T);
             } else if (THR == 2) {
               if (!REG) rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, 0.f, rt);
             } else {
@@ -872,7 +1040,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, err, rt);
       }
     }
-    row_merge(L, KL);
+    if (THR != 2 || overflow) row_merge(L, KL); /* buffer_list's lists are the rows' already */
     if (i > 0) {
       /* combine with the running list: all len x ki sums, id = prefix * n_i
        * + a; the dim's list goes to shared memory (over the score tile) */
@@ -886,33 +1054,23 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
       u64 F[PEER_MAX_K];
 #pragma unroll
       for (int j = 0; j < KL; j++) F[j] = 0;
-      const float cthr = REG ? combine_threshold(lv + mr * PEER_MAX_K, dl + mr * KL, (int)len, ki, k) : 0.f;
-      for (int a0 = REG ? 0 : mq; a0 < len; a0 += 4) { /* REG: the same trip count for every lane (its votes) */
-        const int a = REG ? a0 + mq : a0;
-        const bool on = a < len;
-        const float va = on ? lv[mr * PEER_MAX_K + a] : 0.f;
-        const u32 pa = on ? li[mr * PEER_MAX_K + a] * (u32)ni : 0u;
+      if (REG) {
+        combine_survivors(F, lv + mr * PEER_MAX_K, li + mr * PEER_MAX_K, dl + mr * KL, (int)len, ki, (u32)ni,
+                          combine_threshold(L, lv + mr * PEER_MAX_K, (int)len, ki, k, mq), mq, KL);
+      } else {
+        for (int a = mq; a < len; a += 4) {
+          const float va = lv[mr * PEER_MAX_K + a];
+          const u32 pa = li[mr * PEER_MAX_K + a] * (u32)ni;
 #pragma unroll
-        for (int b0 = 0; b0 < KL; b0 += CN) {
-          if (b0 >= ki) break;
-          u64 c[CN];
-          u32 mask = 0; /* REG: the sums at or above cthr (NaN too) */
+          for (int b0 = 0; b0 < KL; b0 += CN) {
+            if (b0 >= ki) break;
+            u64 c[CN];
 #pragma unroll
-          for (int j = 0; j < CN; j++) {
-            const u64 e = on && b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
-            const float sum = va + peer_packed_value(e);
-            c[j] = e ? peer_pack(sum, pa + peer_packed_id(e)) : 0ull;
-            if (e && !(sum < cthr)) mask |= 1u << j;
-          }
-          if (!REG || __reduce_max_sync(PEER_FULL, (unsigned)__popc(mask)) > FILTER_CUT) {
+            for (int j = 0; j < CN; j++) {
+              const u64 e = b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
+              c[j] = e ? peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)) : 0ull;
+            }
             offer(F, c, KL);
-            continue;
-          }
-          while (mask) { /* recomputed from shared memory: c[j] at a run-time j would go to local memory */
-            const int j = __ffs(mask) - 1;
-            mask &= mask - 1;
-            const u64 e = dl[mr * KL + b0 + j];
-            insert_desc(F, peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)), KL);
           }
         }
       }
@@ -934,7 +1092,9 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     }
   }
   /* gates over the row's k entries (every thread of the row computes
-   * them, each writes the entries j = its quarter mod 4) */
+   * them, each writes the entries j = its quarter mod 4: L[j] by selects,
+   * so that the warp runs KL / 4 bodies with every lane on instead of KL
+   * with a quarter of them) */
   const i64 t = t0 + mr;
   if (t >= P.T) return;
   float m = PEER_NEG_INF, sum = 0.f;
@@ -947,14 +1107,16 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
       if (j < k) sum += expf(peer_packed_value(L[j]) - m);
   }
 #pragma unroll
-  for (int j = 0; j < KL; j++) {
-    if (j >= k || (j & 3) != mq) continue;
-    const float s = peer_packed_value(L[j]);
+  for (int j0 = 0; j0 < KL; j0 += 4) {
+    const int j = j0 + mq;
+    if (j >= k) break;
+    const u64 e = mq == 0 ? L[j0] : mq == 1 ? L[j0 + 1] : mq == 2 ? L[j0 + 2] : L[j0 + 3];
+    const float s = peer_packed_value(e);
     const float g = P.gate == GATE_SOFTMAX ? expf(s - m) / sum
                     : P.gate == GATE_SIGMOID ? 1.f / (1.f + expf(-s))
                                              : fmaxf(s, 0.f);
     const i64 o = (t * P.h + hh) * P.k + j;
-    ((i64 *)P.ids)[o] = (i64)peer_packed_id(L[j]);
+    ((i64 *)P.ids)[o] = (i64)peer_packed_id(e);
     if (P.scores) ((float *)P.scores)[o] = s;
     if (P.gates) ((float *)P.gates)[o] = g;
   }
