@@ -589,7 +589,7 @@ typedef struct route_beside {
  * SMELT_PEER_EXPERT_SMS sets the expert kernel's CTAs (one an SM). The
  * expert kernel is queued first, on the greatest-priority side stream, so
  * that its CTAs are placed before the routing fills the SMs; it leaves at
- * least half of them to the routing, which therefore always has SMs. */
+ * least a quarter of them to the routing, which therefore always has SMs. */
 static unsigned beside_ctas(const smelt_ctx *ctx, const smelt__peer_state *ps, const peer_cuda *pc,
                             const expert_variant *ev) {
   const char *on = smelt__getenv("SMELT_PEER_OVERLAP");
@@ -598,7 +598,7 @@ static unsigned beside_ctas(const smelt_ctx *ctx, const smelt__peer_state *ps, c
   long n = (long)(sms * 0.4);
   const char *e = smelt__getenv("SMELT_PEER_EXPERT_SMS");
   if (e && *e) n = strtol(e, NULL, 10);
-  if (n > sms / 2) n = sms / 2;
+  if (n > sms * 3 / 4) n = sms * 3 / 4;
   const int64_t need = (ps->T + PEER_BK_WARPS - 1) / PEER_BK_WARPS; /* a warp a token */
   if (n > need) n = (long)need;
   return n > 0 ? (unsigned)n : 0;
