@@ -1071,16 +1071,16 @@ static void test_peer_store_forward(void) {
   }
 }
 
-/* The forward with the expert kernel beside the routing (Hopper, dense
- * tables, routing reg: the default there) against the two run one after
- * the other, and against one expert CTA that waits on the routing for
- * almost every token: the same ids and y bit for bit (the same arithmetic;
- * a token read before its routing was written would differ). Elsewhere
- * all three runs take the sequential path. */
+/* The forward with the expert kernel beside the routing
+ * (SMELT_PEER_OVERLAP=1: Hopper, dense tables, routing reg) against the
+ * two run one after the other (the default), and with one expert CTA that
+ * waits on the routing for almost every token: the same ids and y bit for
+ * bit (the same arithmetic; a token read before its routing was written
+ * would differ). Elsewhere all three runs take the sequential path. */
 static void test_peer_overlap(void) {
   pcase c = cases[4];
   c.T = 1000; /* 16 routing blocks of 64 tokens */
-  static const char *const env[3][2] = {{NULL, NULL}, {"0", NULL}, {NULL, "1"}};
+  static const char *const env[3][2] = {{"1", NULL}, {NULL, NULL}, {"1", "1"}};
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
   {
@@ -1105,7 +1105,8 @@ static void test_peer_overlap(void) {
         iw = ig;
       } else {
         if (memcmp(yw, yg, y.b.bytes) || memcmp(iw, ig, ids.b.bytes))
-          th_fail(__FILE__, __LINE__, "forward with SMELT_PEER_OVERLAP=%s SMELT_PEER_EXPERT_SMS=%s differs from the default",
+          th_fail(__FILE__, __LINE__,
+                  "forward with SMELT_PEER_OVERLAP=%s SMELT_PEER_EXPERT_SMS=%s differs from the overlapped one",
                   env[r][0] ? env[r][0] : "(unset)", env[r][1] ? env[r][1] : "(unset)");
         free(yg);
         free(ig);

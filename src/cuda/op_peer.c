@@ -580,22 +580,28 @@ typedef struct route_beside {
   unsigned ctas;
 } route_beside;
 
-/* Beside the routing, peer_expert_fwd_bulk runs on a share of the SMs from
- * the start, its warps waiting for their tokens' routing (counters the
- * routing CTAs raise per block of 64 tokens), the routing CTAs on the
- * other SMs: the routing is compute-bound, the expert rows memory-bound.
- * Only for the bulk kernel and routing `reg` without a store (the store's
- * batch needs every id first). SMELT_PEER_OVERLAP=0 turns it off;
- * SMELT_PEER_EXPERT_SMS sets the expert kernel's CTAs (one an SM). The
- * expert kernel is queued first, on the greatest-priority side stream, so
- * that its CTAs are placed before the routing fills the SMs; it leaves at
- * least a quarter of them to the routing, which therefore always has SMs. */
+/* Beside the routing (SMELT_PEER_OVERLAP=1; off by default),
+ * peer_expert_fwd_bulk runs on a share of the SMs from the start, its
+ * warps waiting for their tokens' routing (counters the routing CTAs raise
+ * per block of 64 tokens), the routing CTAs on the other SMs: the routing
+ * is compute-bound, the expert rows memory-bound. Only for the bulk kernel
+ * and routing `reg` without a store (the store's batch needs every id
+ * first). SMELT_PEER_EXPERT_SMS sets the expert kernel's CTAs (one an SM;
+ * default half the SMs, at most 3/4). The expert kernel is queued first,
+ * on the greatest-priority side stream, so that its CTAs are placed before
+ * the routing fills the SMs; it leaves at least a quarter of them to the
+ * routing. Off by default because it measured a tie with the sequential
+ * forward on an H100 (1.130 ms at 66 expert SMs against 1.136, docs/PERF.md
+ * PEER version 10): the expert kernel streams ~30 GB/s an SM, so on half the
+ * SMs it takes longer than the whole routing; and the waits would never
+ * end where fewer SMs are really available than the device reports (MPS
+ * limits). */
 static unsigned beside_ctas(const smelt_ctx *ctx, const smelt__peer_state *ps, const peer_cuda *pc,
                             const expert_variant *ev) {
   const char *on = smelt__getenv("SMELT_PEER_OVERLAP");
-  if (!ev->fwd_bulk || ps->store || !pc->route_kmax || (on && strcmp(on, "0") == 0)) return 0;
+  if (!ev->fwd_bulk || ps->store || !pc->route_kmax || !on || strcmp(on, "1") != 0) return 0;
   const int sms = ctx->cuda->info.sm_count;
-  long n = (long)(sms * 0.4);
+  long n = sms / 2;
   const char *e = smelt__getenv("SMELT_PEER_EXPERT_SMS");
   if (e && *e) n = strtol(e, NULL, 10);
   if (n > sms * 3 / 4) n = sms * 3 / 4;
