@@ -710,10 +710,10 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
   const welem *v = (const welem *)(cached ? P.v_cache : P.v_host) + r * dv;
   if (cached || !P.table) { /* rows in HBM: two bulk copies by lane 0 */
     if (lane == 0) {
+      /* no proxy fence: the slot's last reads (generic proxy) have
+       * returned their values, consumed before the __syncwarp that
+       * precedes this refill */
       const u32 d = smem_u32(dst);
-      /* the slot was read by the generic proxy (the last use's products)
-       * before the async proxy writes it */
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       mbar_expect_tx(bar, (u32)((du + dv) * sizeof(welem)));
       bulk_load(d, u, (u32)(du * sizeof(welem)), bar);
       bulk_load(d + (u32)(du * sizeof(welem)), v, (u32)(dv * sizeof(welem)), bar);
@@ -731,12 +731,13 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
   if (lane == 0) mbar_arrive(bar);
 }
 
-extern "C" __global__ void __launch_bounds__(BK_WARPS * 32, 1) peer_expert_fwd_bulk(peer_expert_params P) {
+/* The kernel's body; HE: h_e as a literal (1, the issue's experts: the
+ * hidden-unit folds, loops and branches vanish), or 0 for P.he. */
+static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, u64 (*bars)[8], const int HE) {
   extern __shared__ __align__(128) float smem[];
-  __shared__ __align__(8) u64 bars[BK_WARPS][8];
   const int S = P.stage_uses; /* <= 8 */
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sh = P.he_shift;
-  const i64 he = P.he, din = P.din, dout = P.dout, hk = P.hk;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sh = HE == 1 ? 0 : P.he_shift;
+  const i64 he = HE ? HE : P.he, din = P.din, dout = P.dout, hk = P.hk;
   const i64 du = din * he, dv = he * dout, row = du + dv, ncu = du / VEC, nco = dout / VEC;
   const i64 gw = (i64)blockIdx.x * BK_WARPS + warp, W = (i64)gridDim.x * BK_WARPS;
   welem *ring = (welem *)smem + (i64)warp * S * row;
@@ -842,6 +843,12 @@ extern "C" __global__ void __launch_bounds__(BK_WARPS * 32, 1) peer_expert_fwd_b
     }
   }
 #undef BK_BATCH
+}
+
+extern "C" __global__ void __launch_bounds__(BK_WARPS * 32, 1) peer_expert_fwd_bulk(peer_expert_params P) {
+  __shared__ __align__(8) u64 bars[BK_WARPS][8];
+  if (P.he == 1) bulk_fwd(P, bars, 1);
+  else bulk_fwd(P, bars, 0);
 }
 #endif
 #endif
