@@ -590,16 +590,17 @@ typedef struct route_beside {
  * default half the SMs, at most 3/4). The expert kernel is queued first,
  * on the greatest-priority side stream, so that its CTAs are placed before
  * the routing fills the SMs; it leaves at least a quarter of them to the
- * routing. Off by default because it measured a tie with the sequential
- * forward on an H100 (1.130 ms at 66 expert SMs against 1.136, docs/PERF.md
- * PEER version 10): the expert kernel streams ~30 GB/s an SM, so on half the
- * SMs it takes longer than the whole routing; and the waits would never
- * end where fewer SMs are really available than the device reports (MPS
- * limits). */
+ * routing. Off by default: it relies on the two kernels running at the
+ * same time, which CUDA does not promise (CUDA_LAUNCH_BLOCKING=1, tools
+ * that serialize kernels, an MPS SM limit below what the device reports:
+ * the expert kernel's waits would never end), and it gained 0-7% on an H100
+ * (docs/PERF.md, PEER version 10). Never with CUDA_LAUNCH_BLOCKING=1. */
 static unsigned beside_ctas(const smelt_ctx *ctx, const smelt__peer_state *ps, const peer_cuda *pc,
                             const expert_variant *ev) {
-  const char *on = smelt__getenv("SMELT_PEER_OVERLAP");
-  if (!ev->fwd_bulk || ps->store || !pc->route_kmax || !on || strcmp(on, "1") != 0) return 0;
+  const char *on = smelt__getenv("SMELT_PEER_OVERLAP"), *blocking = smelt__getenv("CUDA_LAUNCH_BLOCKING");
+  if (!ev->fwd_bulk || ps->store || !pc->route_kmax || !on || strcmp(on, "1") != 0 ||
+      (blocking && strcmp(blocking, "1") == 0))
+    return 0;
   const int sms = ctx->cuda->info.sm_count;
   long n = sms / 2;
   const char *e = smelt__getenv("SMELT_PEER_EXPERT_SMS");
