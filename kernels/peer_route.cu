@@ -150,31 +150,30 @@ static __device__ __forceinline__ void cmp_swap(u64 *a, int i, int j) { /* a[i] 
   a[j] = x > y ? y : x;
 }
 
-static __device__ __forceinline__ void sort_desc(u64 *a, int n) {
-#pragma unroll
-  for (int size = 2; size <= n; size <<= 1)
-#pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1)
-#pragma unroll
-      for (int i = 0; i < n; i++) {
-        const int j = i ^ stride;
-        if (j > i) {
-          if ((i & size) == 0) cmp_swap(a, i, j);
-          else cmp_swap(a, j, i);
-        }
-      }
-}
-
-/* A bitonic sequence of n sorted descending. */
-static __device__ __forceinline__ void merge_desc(u64 *a, int n) {
-#pragma unroll
-  for (int stride = n >> 1; stride > 0; stride >>= 1)
-#pragma unroll
-    for (int i = 0; i < n; i++) {
-      const int j = i ^ stride;
-      if (j > i) cmp_swap(a, i, j);
-    }
-}
+/* sort_desc##SUF (a bitonic sort of n entries, descending) and
+ * merge_desc##SUF (a bitonic sequence of n sorted descending) over T with
+ * the compare-exchange CMP (a[i] >= a[j] after), for the u64 candidates
+ * and for plain floats. */
+#define PEER_BITONIC(SUF, T, CMP)                                              \
+  static __device__ __forceinline__ void sort_desc##SUF(T *a, int n) {         \
+    _Pragma("unroll") for (int size = 2; size <= n; size <<= 1)                \
+      _Pragma("unroll") for (int stride = size >> 1; stride > 0; stride >>= 1) \
+        _Pragma("unroll") for (int i = 0; i < n; i++) {                        \
+      const int j = i ^ stride;                                                \
+      if (j > i) {                                                             \
+        if ((i & size) == 0) CMP(a, i, j);                                     \
+        else CMP(a, j, i);                                                     \
+      }                                                                        \
+    }                                                                          \
+  }                                                                            \
+  static __device__ __forceinline__ void merge_desc##SUF(T *a, int n) {        \
+    _Pragma("unroll") for (int stride = n >> 1; stride > 0; stride >>= 1)      \
+      _Pragma("unroll") for (int i = 0; i < n; i++) {                          \
+      const int j = i ^ stride;                                                \
+      if (j > i) CMP(a, i, j);                                                 \
+    }                                                                          \
+  }
+PEER_BITONIC(, u64, cmp_swap)
 
 /* L (kl, descending) becomes the kl best of L and the CN candidates c
  * (descending): max(L[i], c[kl-1-i]) is bitonic and holds them. */
@@ -225,30 +224,7 @@ static __device__ __forceinline__ void cmp_swap_f(float *a, int i, int j) {
   a[j] = fminf(x, y);
 }
 
-static __device__ __forceinline__ void sort_desc_f(float *a, int n) {
-#pragma unroll
-  for (int size = 2; size <= n; size <<= 1)
-#pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1)
-#pragma unroll
-      for (int i = 0; i < n; i++) {
-        const int j = i ^ stride;
-        if (j > i) {
-          if ((i & size) == 0) cmp_swap_f(a, i, j);
-          else cmp_swap_f(a, j, i);
-        }
-      }
-}
-
-static __device__ __forceinline__ void merge_desc_f(float *a, int n) {
-#pragma unroll
-  for (int stride = n >> 1; stride > 0; stride >>= 1)
-#pragma unroll
-    for (int i = 0; i < n; i++) {
-      const int j = i ^ stride;
-      if (j > i) cmp_swap_f(a, i, j);
-    }
-}
+PEER_BITONIC(_f, float, cmp_swap_f)
 
 static __device__ __forceinline__ void row_merge_f(float *L, int kl) {
 #pragma unroll
