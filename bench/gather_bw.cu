@@ -32,27 +32,37 @@ static __device__ __forceinline__ uint4 ldg_nc(const void *p) {
   return r;
 }
 
+/* Reads UNR 2 KiB rows (lane: 4 x 16 B of each, all loads issued before
+ * any is used) and folds them into acc. */
+#define UNR 4
+static __device__ __forceinline__ uint32_t fold_rows(const char *const *base, int lane, uint32_t acc) {
+  uint4 x[UNR][4];
+#pragma unroll
+  for (int i = 0; i < UNR; i++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) x[i][c] = ldg_nc(base[i] + (c * 32 + lane) * 16);
+#pragma unroll
+  for (int i = 0; i < UNR; i++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) acc ^= x[i][c].x ^ x[i][c].y ^ x[i][c].z ^ x[i][c].w;
+  return acc;
+}
+
 /* Sequential: warp w reads rows w, w + W, ... of the first 2·USES rows of
  * U then V (the same bytes as the gather, in order). U lanes per use:
  * each lane 4 × 16 B of a 2 KiB row, UNR rows in flight. */
-#define UNR 4
 __global__ void seq_read(const char *u, const char *v, uint32_t *out) {
   const int lane = threadIdx.x & 31;
   const long w = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * (long)blockDim.x) >> 5;
   uint32_t acc = 0;
   for (long r0 = w * UNR; r0 < 2L * USES; r0 += nw * UNR) {
-    uint4 x[UNR][4];
+    const char *base[UNR];
 #pragma unroll
     for (int i = 0; i < UNR; i++) {
       const long r = r0 + i;
-      const char *base = r < USES ? u + r * ROW_BYTES : v + (r - USES) * ROW_BYTES;
-#pragma unroll
-      for (int c = 0; c < 4; c++) x[i][c] = ldg_nc(base + (c * 32 + lane) * 16);
+      base[i] = r < USES ? u + r * ROW_BYTES : v + (r - USES) * ROW_BYTES;
     }
-#pragma unroll
-    for (int i = 0; i < UNR; i++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) acc ^= x[i][c].x ^ x[i][c].y ^ x[i][c].z ^ x[i][c].w;
+    acc = fold_rows(base, lane, acc);
   }
   if (acc == 0x12345678u) out[w] = acc;
 }
@@ -64,18 +74,10 @@ __global__ void gather_ld(const char *u, const char *v, const int *ids, uint32_t
   const long w = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * (long)blockDim.x) >> 5;
   uint32_t acc = 0;
   for (long j0 = w * (UNR / 2); j0 < USES; j0 += nw * (UNR / 2)) {
-    uint4 x[UNR][4];
+    const char *base[UNR];
 #pragma unroll
-    for (int i = 0; i < UNR; i++) {
-      const long e = ids[j0 + i / 2];
-      const char *base = (i & 1 ? v : u) + e * ROW_BYTES;
-#pragma unroll
-      for (int c = 0; c < 4; c++) x[i][c] = ldg_nc(base + (c * 32 + lane) * 16);
-    }
-#pragma unroll
-    for (int i = 0; i < UNR; i++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) acc ^= x[i][c].x ^ x[i][c].y ^ x[i][c].z ^ x[i][c].w;
+    for (int i = 0; i < UNR; i++) base[i] = (i & 1 ? v : u) + (long)ids[j0 + i / 2] * ROW_BYTES;
+    acc = fold_rows(base, lane, acc);
   }
   if (acc == 0x12345678u) out[w] = acc;
 }

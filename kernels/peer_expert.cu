@@ -407,6 +407,50 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_
  * the issue's 4 KiB uses. */
 #define WS_CH 4
 
+/* z[e] (every lane) = the sum over the warp of the lanes' acc entries of
+ * hidden unit e < h_e: flat position f VEC + e is hidden unit e mod h_e
+ * (h_e divides VEC); 0 for e >= h_e. */
+static __device__ __forceinline__ void hidden_sums(float *acc, i64 he, float *z) {
+#pragma unroll
+  for (int s = VEC / 2; s >= 1; s >>= 1)
+    if (s >= he) {
+#pragma unroll
+      for (int e = 0; e < s; e++) acc[e] += acc[e + s];
+    }
+#pragma unroll
+  for (int e = 0; e < VEC; e++) z[e] = e < he ? smelt_warp_sum(acc[e]) : 0.f;
+}
+
+/* y[m] += Σ_{j < h_e} z_j V_e[j] over the lane's 16-byte chunks lane + 32 m
+ * of the d_out columns (v: the use's V rows [h_e][d_out]). */
+static __device__ __forceinline__ void up_rows(const welem *v, const float *z, float (*y)[VEC], i64 he, i64 dout,
+                                               int lane) {
+  const i64 nco = dout / VEC;
+#pragma unroll
+  for (int m = 0; m < WS_CH; m++) {
+    const i64 cc = lane + 32 * m;
+    if (cc >= nco) break;
+#pragma unroll
+    for (int jj = 0; jj < VEC; jj++) {
+      if (jj >= he) break;
+      float w[VEC];
+      load_vec(v + jj * dout + cc * VEC, w);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) y[m][e] = fmaf(z[jj], w[e], y[m][e]);
+    }
+  }
+}
+
+/* A use's rows (U part du elements, then the V part, row elements in all)
+ * into shared memory at dst by the warp's cp.async, 16 bytes a copy. */
+static __device__ __forceinline__ void copy_rows_async(u32 dst, const welem *u, const welem *v, i64 du, i64 row,
+                                                       int lane) {
+  for (i64 r = lane; r < row / VEC; r += 32) {
+    const welem *src = r * VEC < du ? u + r * VEC : v + (r * VEC - du);
+    cp_async16(dst + (u32)(r * 16), src, 16);
+  }
+}
+
 /* z[e] = x · U[:, e] for e < h_e <= VEC, in every lane. */
 static __device__ __forceinline__ void down_all(const peer_expert_params &P, const welem *ue, const float *xs,
                                                 float *z, int lane) {
@@ -423,14 +467,7 @@ static __device__ __forceinline__ void down_all(const peer_expert_params &P, con
 #pragma unroll
     for (int e = 0; e < VEC; e++) acc[e] = fmaf(xs[(base + e) >> sh], w[e], acc[e]);
   }
-#pragma unroll
-  for (int s = VEC / 2; s >= 1; s >>= 1)
-    if (s >= he) {
-#pragma unroll
-      for (int e = 0; e < s; e++) acc[e] += acc[e + s];
-    }
-#pragma unroll
-  for (int e = 0; e < VEC; e++) z[e] = e < he ? smelt_warp_sum(acc[e]) : 0.f;
+  hidden_sums(acc, he, z);
 }
 
 /* Copies use n of this warp (use warp + NWARPS n) into its slot n mod S,
@@ -441,13 +478,7 @@ static __device__ __forceinline__ void ws_issue(const peer_expert_params &P, int
   if (n < nw) {
     const i64 j = warp + NWARPS * n;
     const welem *u = up[j], *v = vp[j];
-    if (u) {
-      const u32 dst = smem_u32(ring + (i64)(n % P.stage_uses) * row);
-      for (i64 r = lane; r < row / VEC; r += 32) {
-        const welem *src = r * VEC < du ? u + r * VEC : v + (r * VEC - du);
-        cp_async16(dst + (u32)(r * 16), src, 16);
-      }
-    }
+    if (u) copy_rows_async(smem_u32(ring + (i64)(n % P.stage_uses) * row), u, v, du, row, lane);
   }
   cp_async_commit();
 }
@@ -490,20 +521,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_fwd_warp(peer_ex
     const float g = gs[j];
 #pragma unroll
     for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, z[e]) : 0.f;
-    const welem *v = slot + du;
-#pragma unroll
-    for (int m = 0; m < WS_CH; m++) {
-      const i64 cc = lane + 32 * m;
-      if (cc >= nco) break;
-#pragma unroll
-      for (int jj = 0; jj < VEC; jj++) {
-        if (jj >= he) break;
-        float w[VEC];
-        load_vec(v + jj * dout + cc * VEC, w);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) y[m][e] = fmaf(z[jj], w[e], y[m][e]);
-      }
-    }
+    up_rows(slot + du, z, y, he, dout, lane);
     __syncwarp(); /* the slot is read before a later issue refills it */
   }
   /* the warps' rows, added in warp order (over the ring) */
@@ -721,11 +739,7 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
     return;
   }
   /* a row in the store's host tables, read through the mapping */
-  const u32 d = smem_u32(dst);
-  for (i64 q = lane; q < (du + dv) / VEC; q += 32) {
-    const welem *src = q * VEC < du ? u + q * VEC : v + (q * VEC - du);
-    cp_async16(d + (u32)(q * 16), src, 16);
-  }
+  copy_rows_async(smem_u32(dst), u, v, du, du + dv, lane);
   cp_async_mbar_arrive(bar);
   __syncwarp();
   if (lane == 0) mbar_arrive(bar);
@@ -733,8 +747,8 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
 
 /* The kernel's body; HE: h_e as a literal (1, the issue's experts: the
  * hidden-unit folds, loops and branches vanish), or 0 for P.he. */
-static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, u64 (*bars)[8], const int HE) {
-  extern __shared__ __align__(128) float smem[];
+static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, float *smem, u64 (*bars)[8],
+                                                const int HE) {
   const int S = P.stage_uses; /* <= 8 */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sh = HE == 1 ? 0 : P.he_shift;
   const i64 he = HE ? HE : P.he, din = P.din, dout = P.dout, hk = P.hk;
@@ -799,30 +813,12 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, u64
 #pragma unroll
         for (int e = 0; e < VEC; e++) acc[e] = fmaf(x[cc][e], w[e], acc[e]);
       }
-      /* flat position f VEC + e is hidden unit e mod h_e (h_e divides VEC) */
-#pragma unroll
-      for (int w = VEC / 2; w >= 1; w >>= 1)
-        if (w >= he) {
-#pragma unroll
-          for (int e = 0; e < w; e++) acc[e] += acc[e + w];
-        }
       const float g = gates[m & (BK_WIN - 1)];
       float z[VEC];
+      hidden_sums(acc, he, z);
 #pragma unroll
-      for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, smelt_warp_sum(acc[e])) : 0.f;
-#pragma unroll
-      for (int cc = 0; cc < WS_CH; cc++) {
-        const i64 col = lane + 32 * cc;
-        if (col >= nco) break;
-#pragma unroll
-        for (int jj = 0; jj < VEC; jj++) {
-          if (jj >= he) break;
-          float w[VEC];
-          load_vec(v + jj * dout + col * VEC, w);
-#pragma unroll
-          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(z[jj], w[e], y[cc][e]);
-        }
-      }
+      for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, z[e]) : 0.f;
+      up_rows(v, z, y, he, dout, lane);
     }
     __syncwarp(); /* every lane has read slot s before it is refilled */
     const i64 n = m + S;
@@ -846,9 +842,10 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, u64
 }
 
 extern "C" __global__ void __launch_bounds__(BK_WARPS * 32, 1) peer_expert_fwd_bulk(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
   __shared__ __align__(8) u64 bars[BK_WARPS][8];
-  if (P.he == 1) bulk_fwd(P, bars, 1);
-  else bulk_fwd(P, bars, 0);
+  if (P.he == 1) bulk_fwd(P, smem, bars, 1);
+  else bulk_fwd(P, smem, bars, 0);
 }
 #endif
 #endif

@@ -108,7 +108,7 @@ typedef enum expert_kind { EK_WARP, EK_ROWS } expert_kind;
 /* An expert-kernel variant with its launch shape: stage_uses is the slots
  * per warp (EK_WARP); chunk the uses per round (EK_ROWS). fwd_bulk: the
  * forward runs peer_expert_fwd_bulk instead (Hopper, where EK_WARP fits),
- * persistent on fwd_grid CTAs with fwd_slots slots a warp. */
+ * persistent, with fwd_slots slots a warp. */
 typedef struct expert_variant {
   int vec;
   expert_kind kind;
@@ -187,13 +187,11 @@ static unsigned bulk_fwd_smem(int64_t slots, int64_t row_bytes) {
 
 /* Switches a warp-streamed variant's forward to peer_expert_fwd_bulk on
  * Hopper: one CTA an SM with as many slots a warp (<= 8) as its shared
- * memory holds, at least 2. SMELT_PEER_EXPERT_KERNEL=warp keeps the warp
- * kernel's forward (for comparing the two on a device). */
+ * memory holds, at least 2. SMELT_PEER_EXPERT_KERNEL=warp (kind_env) keeps
+ * the warp kernel's forward (for comparing the two on a device). */
 static smelt_status bulk_forward(smelt_ctx *ctx, const smelt__peer_state *ps, const smelt__kernel_src *src,
-                                 int64_t row_bytes, expert_variant *ev) {
+                                 const char *kind_env, int64_t row_bytes, expert_variant *ev) {
   const smelt_device_info *dev = &ctx->cuda->info;
-  const char *kind_env = smelt__getenv("SMELT_PEER_EXPERT_KERNEL");
-  ev->fwd_bulk = 0;
   if (dev->cc_major != 9 || (kind_env && strcmp(kind_env, "warp") == 0) || row_bytes > INT32_MAX ||
       ps->N > INT32_MAX) /* the kernel's row codes are 32-bit */
     return SMELT_OK;
@@ -244,7 +242,7 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
       if ((s = smelt__cuda_function(ctx, &src, "peer_expert_fwd_warp", &ev->fwd)) ||
           (s = smelt__cuda_function(ctx, &src, "peer_expert_bwd_warp", &ev->bwd)))
         return s;
-      return bulk_forward(ctx, ps, &src, row_bytes, ev);
+      return bulk_forward(ctx, ps, &src, kind_env, row_bytes, ev);
     }
   }
   /* Up to 256 uses staged at a time, fewer while that keeps shared memory
@@ -654,7 +652,6 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
     bs->E->ready = ready;
     bs->E->ready_need = (int)ps->h;
     bs->E->ready_shift = 6; /* kernels/peer_route.cu's ROWS */
-    bs->E->stage_uses = bs->ev->fwd_slots;
     CUstream side;
     void *ep[] = {bs->E};
     s = smelt__cuda_fork(plan->ctx, OP, &side);
@@ -727,6 +724,7 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   E.y_dt = y->dtype;
   E.ids = (uint64_t)(uintptr_t)idp;
   E.gates = (uint64_t)(uintptr_t)gates;
+  if (ev->fwd_bulk) E.stage_uses = ev->fwd_slots; /* the backward's E keeps the warp kernel's */
   const route_beside bs = {&E, ev, beside_ctas(ctx, ps, (const peer_cuda *)ps->cuda, ev)};
   s = project(plan, w, x, q);
   if (!s) {
@@ -743,7 +741,6 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     void *params[] = {&E};
     if (ev->fwd_bulk) { /* persistent: a warp a token at a time, one CTA an SM at most */
       const int64_t ctas = (ps->T + PEER_BK_WARPS - 1) / PEER_BK_WARPS, sms = ctx->cuda->info.sm_count;
-      E.stage_uses = ev->fwd_slots;
       s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)(ctas < sms ? ctas : sms), 1, 1, 32 * PEER_BK_WARPS,
                              ev->fwd_smem, params);
     } else {
