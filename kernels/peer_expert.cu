@@ -660,7 +660,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
 /* ---------------------------------------------------------------- persistent bulk-copy forward */
 
 /* peer_expert_fwd_bulk (Hopper): each warp owns whole tokens (gw, gw + W,
- * ... for W warps in the grid, one CTA of 16 warps an SM) and streams their uses'
+ * ... for W warps in the grid, one CTA an SM) and streams their uses'
  * rows, one use a slot, through a ring of P.stage_uses slots of its own:
  * lane 0 fills a slot with two bulk copies (TMA: the U part, then the V
  * part) that complete on the slot's mbarrier; rows the store left in host
@@ -676,10 +676,11 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
  * fill 32 at a time, a batch ahead in registers. Same products as the
  * other kernels, summed per token by one warp in use order (the results
  * differ from theirs by rounding and repeat bit for bit; the store path
- * runs this kernel too, so stored and dense results are identical). */
-#define BK_WIN 64   /* uses in a warp's id/gate window: two batches of 32 */
-#define BK_WARPS 16 /* a use's latency is a dependent chain (wait, two dot products, a warp sum, the refill):
-                     * 8 warps an SM streamed ~21 GB/s an SM, all 132 SMs of an H100 needed for ~2.8 TB/s */
+ * runs this kernel too, so stored and dense results are identical).
+ * Two entry points: 16 warps a CTA, alone on the GPU; and 8 warps
+ * (peer_expert_fwd_bulk8, at most 128 registers) to share each SM with a
+ * routing CTA (src/cuda/op_peer.c's overlap). */
+#define BK_WIN 64 /* uses in a warp's id/gate window: two batches of 32 */
 
 /* A use's row code: the expert's index in the full tables (>= 0), a cache
  * slot s as -(s + 2), or -1 for an id outside [0, N). */
@@ -701,7 +702,8 @@ static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64
     *g = 0.f;
     return;
   }
-  const i64 i = f / P.hk, t = gw + i * W, use = t * P.hk + (f - i * P.hk);
+  const u32 i = (u32)f / (u32)P.hk; /* f < the warp's uses, far below 2^32 */
+  const i64 t = gw + (i64)i * W, use = t * P.hk + (f - (i64)i * P.hk);
   if (P.ready) {
     const int *c = (const int *)P.ready + (t >> P.ready_shift);
     for (;;) {
@@ -745,19 +747,21 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
   if (lane == 0) mbar_arrive(bar);
 }
 
-/* The kernel's body; HE: h_e as a literal (1, the issue's experts: the
- * hidden-unit folds, loops and branches vanish), or 0 for P.he. */
-static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, float *smem, u64 (*bars)[8],
-                                                const int HE) {
+/* The kernel's body, for CTAs of NW warps. LIT: the issue's shape as
+ * literals (h_e = 1 and d_in = d_out = 32 WS_CH VEC, every lane's chunks
+ * whole: the hidden-unit folds, the chunk bounds, their loops and
+ * branches vanish), or 0 for any shape the warp kernels take. */
+static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, float *smem, u64 *bars, const int LIT,
+                                                const int NW) {
   const int S = P.stage_uses; /* <= 8 */
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sh = HE == 1 ? 0 : P.he_shift;
-  const i64 he = HE ? HE : P.he, din = P.din, dout = P.dout, hk = P.hk;
-  const i64 du = din * he, dv = he * dout, row = du + dv, ncu = du / VEC, nco = dout / VEC;
-  const i64 gw = (i64)blockIdx.x * BK_WARPS + warp, W = (i64)gridDim.x * BK_WARPS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sh = LIT ? 0 : P.he_shift;
+  const i64 he = LIT ? 1 : P.he, din = LIT ? 32 * WS_CH * VEC : P.din, dout = LIT ? 32 * WS_CH * VEC : P.dout;
+  const i64 hk = P.hk, du = din * he, dv = he * dout, row = du + dv, ncu = du / VEC, nco = dout / VEC;
+  const i64 gw = (i64)blockIdx.x * NW + warp, W = (i64)gridDim.x * NW;
   welem *ring = (welem *)smem + (i64)warp * S * row;
-  int *codes = (int *)((welem *)smem + (i64)BK_WARPS * S * row) + warp * 2 * BK_WIN; /* [BK_WIN] */
-  float *gates = (float *)(codes + BK_WIN);                                       /* [BK_WIN] */
-  const u32 bar0 = smem_u32(&bars[warp][0]);
+  int *codes = (int *)((welem *)smem + (i64)NW * S * row) + warp * 2 * BK_WIN; /* [BK_WIN] */
+  float *gates = (float *)(codes + BK_WIN);                                 /* [BK_WIN] */
+  const u32 bar0 = smem_u32(bars + warp * 8);
   if (lane < S) mbar_init(bar0 + 8 * lane, 1);
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncwarp();
@@ -779,13 +783,15 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
   } while (0)
 
   BK_BATCH();
-  for (i64 n = 0; n < S && n < nu; n++) {
+  for (int n = 0; n < S && n < nu; n++) {
     if (n == batch * 32) BK_BATCH();
-    bk_issue(P, codes[n & (BK_WIN - 1)], ring + (n % S) * row, bar0 + 8 * (u32)(n % S), du, dv, lane);
+    bk_issue(P, codes[n & (BK_WIN - 1)], ring + n * row, bar0 + 8 * (u32)n, du, dv, lane);
   }
 
   float x[WS_CH][VEC], y[WS_CH][VEC];
   i64 j = 0, tok = gw; /* use j of token tok */
+  int s = 0;           /* use m's slot, m % S, and that slot's phase parity, (m / S) & 1 */
+  u32 par = 0;
   for (i64 m = 0; m < nu; m++) {
     if (j == 0) {
 #pragma unroll
@@ -793,12 +799,11 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
           const i64 f = (lane + 32 * c) * VEC + e;
-          x[c][e] = lane + 32 * c < ncu ? peer_ld(P.x, tok * P.x_rs + (f >> sh), P.x_dt) : 0.f;
+          x[c][e] = LIT || lane + 32 * c < ncu ? peer_ld(P.x, tok * P.x_rs + (f >> sh), P.x_dt) : 0.f;
           y[c][e] = 0.f;
         }
     }
-    const int s = (int)(m % S);
-    mbar_wait(bar0 + 8 * (u32)s, (u32)((m / S) & 1));
+    mbar_wait(bar0 + 8 * (u32)s, par);
     const int c = codes[m & (BK_WIN - 1)];
     if (c != -1) {
       const welem *slot = ring + s * row, *v = slot + du;
@@ -807,7 +812,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
       for (int e = 0; e < VEC; e++) acc[e] = 0.f;
 #pragma unroll
       for (int cc = 0; cc < WS_CH; cc++) {
-        if (lane + 32 * cc >= ncu) break;
+        if (!LIT && lane + 32 * cc >= ncu) break;
         float w[VEC];
         load_vec(slot + (lane + 32 * cc) * VEC, w);
 #pragma unroll
@@ -826,11 +831,15 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
       if (n == batch * 32) BK_BATCH();
       bk_issue(P, codes[n & (BK_WIN - 1)], ring + s * row, bar0 + 8 * (u32)s, du, dv, lane);
     }
+    if (++s == S) {
+      s = 0;
+      par ^= 1;
+    }
     if (++j == hk) {
 #pragma unroll
       for (int cc = 0; cc < WS_CH; cc++) {
         const i64 col = lane + 32 * cc;
-        if (col < nco)
+        if (LIT || col < nco)
 #pragma unroll
           for (int e = 0; e < VEC; e++) peer_st(P.y, tok * P.y_rs + col * VEC + e, P.y_dt, y[cc][e]);
       }
@@ -841,11 +850,22 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
 #undef BK_BATCH
 }
 
-extern "C" __global__ void __launch_bounds__(BK_WARPS * 32, 1) peer_expert_fwd_bulk(peer_expert_params P) {
+/* The literal body's shape (bulk_fwd's LIT). */
+static __device__ __forceinline__ int bk_literal(const peer_expert_params &P) {
+  return P.he == 1 && P.din == 32 * WS_CH * VEC && P.dout == 32 * WS_CH * VEC;
+}
+
+extern "C" __global__ void __launch_bounds__(16 * 32, 1) peer_expert_fwd_bulk(peer_expert_params P) {
   extern __shared__ __align__(16) float smem[];
-  __shared__ __align__(8) u64 bars[BK_WARPS][8];
-  if (P.he == 1) bulk_fwd(P, smem, bars, 1);
-  else bulk_fwd(P, smem, bars, 0);
+  __shared__ __align__(8) u64 bars[16 * 8];
+  if (bk_literal(P)) bulk_fwd(P, smem, bars, 1, 16);
+  else bulk_fwd(P, smem, bars, 0, 16);
+}
+extern "C" __global__ void __launch_bounds__(8 * 32, 2) peer_expert_fwd_bulk8(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ __align__(8) u64 bars[8 * 8];
+  if (bk_literal(P)) bulk_fwd(P, smem, bars, 1, 8);
+  else bulk_fwd(P, smem, bars, 0, 8);
 }
 #endif
 #endif

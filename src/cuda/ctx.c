@@ -80,12 +80,6 @@ void smelt__cuda_ctx_destroy(smelt_ctx *ctx) {
     for (int i = 0; i < c->nmodules; i++) cu->cuModuleUnload(c->modules[i].module);
     if (c->pool) cu->cuMemPoolDestroy(c->pool);
     if (c->own_stream) cu->cuStreamDestroy(c->own_stream);
-    if (c->side) {
-      cu->cuStreamSynchronize(c->side);
-      cu->cuStreamDestroy(c->side);
-    }
-    if (c->fork_ev) cu->cuEventDestroy(c->fork_ev);
-    if (c->join_ev) cu->cuEventDestroy(c->join_ev);
     cu->cuDevicePrimaryCtxRelease(c->dev);
   }
   free(c->modules);
@@ -156,44 +150,37 @@ static smelt_status prepare(smelt_ctx *ctx, const char *op, CUfunction f, unsign
   return SMELT_OK;
 }
 
-smelt_status smelt__cuda_launch_on(smelt_ctx *ctx, const char *op, CUstream st, CUfunction f, unsigned gx,
-                                   unsigned gy, unsigned gz, unsigned block, unsigned smem, void **params) {
+smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned gy,
+                                unsigned gz, unsigned block, unsigned smem, void **params) {
   if (gx == 0 || gy == 0 || gz == 0) return SMELT_OK;
   smelt_status s = prepare(ctx, op, f, smem);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
-  SMELT__CU_CHECK(cu->cuLaunchKernel(f, gx, gy, gz, block, 1, 1, smem, st, params, NULL), op);
+  SMELT__CU_CHECK(cu->cuLaunchKernel(f, gx, gy, gz, block, 1, 1, smem, ctx->cuda->stream, params, NULL), op);
   return SMELT_OK;
 }
 
-smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned gy,
-                                unsigned gz, unsigned block, unsigned smem, void **params) {
-  return smelt__cuda_launch_on(ctx, op, ctx->cuda->stream, f, gx, gy, gz, block, smem, params);
-}
-
-smelt_status smelt__cuda_fork(smelt_ctx *ctx, const char *op, CUstream *side) {
-  smelt__cuda_ctx *c = ctx->cuda;
-  const smelt__cu_api *cu = smelt__cu(NULL);
-  smelt_status s = smelt__cuda_bind(ctx, op);
+smelt_status smelt__cuda_launch_dependent(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned block,
+                                          unsigned smem, void **params) {
+  if (gx == 0) return SMELT_OK;
+  smelt_status s = prepare(ctx, op, f, smem);
   if (s) return s;
-  if (!c->side) {
-    int least = 0, greatest = 0;
-    SMELT__CU_CHECK(cu->cuCtxGetStreamPriorityRange(&least, &greatest), op);
-    SMELT__CU_CHECK(cu->cuEventCreate(&c->fork_ev, SMELT__CU_EVENT_DISABLE_TIMING), op);
-    SMELT__CU_CHECK(cu->cuEventCreate(&c->join_ev, SMELT__CU_EVENT_DISABLE_TIMING), op);
-    SMELT__CU_CHECK(cu->cuStreamCreateWithPriority(&c->side, SMELT__CU_STREAM_NON_BLOCKING, greatest), op);
-  }
-  SMELT__CU_CHECK(cu->cuEventRecord(c->fork_ev, c->stream), op);
-  SMELT__CU_CHECK(cu->cuStreamWaitEvent(c->side, c->fork_ev, 0), op);
-  *side = c->side;
-  return SMELT_OK;
-}
-
-smelt_status smelt__cuda_join(smelt_ctx *ctx, const char *op) {
-  smelt__cuda_ctx *c = ctx->cuda;
   const smelt__cu_api *cu = smelt__cu(NULL);
-  SMELT__CU_CHECK(cu->cuEventRecord(c->join_ev, c->side), op);
-  SMELT__CU_CHECK(cu->cuStreamWaitEvent(c->stream, c->join_ev, 0), op);
+  smelt__cu_launch_config c;
+  smelt__cu_launch_attr a;
+  memset(&c, 0, sizeof c);
+  memset(&a, 0, sizeof a);
+  a.id = SMELT__CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION;
+  a.value.allowed = 1;
+  c.grid_x = gx;
+  c.grid_y = c.grid_z = 1;
+  c.block_x = block;
+  c.block_y = c.block_z = 1;
+  c.smem = smem;
+  c.stream = ctx->cuda->stream;
+  c.attrs = &a;
+  c.num_attrs = 1;
+  SMELT__CU_CHECK(cu->cuLaunchKernelEx(&c, f, params, NULL), op);
   return SMELT_OK;
 }
 

@@ -29,6 +29,7 @@ enum {
   SMELT__CU_DEV_ATTR_L2_CACHE_SIZE = 38,
   SMELT__CU_DEV_ATTR_CC_MAJOR = 75,
   SMELT__CU_DEV_ATTR_CC_MINOR = 76,
+  SMELT__CU_DEV_ATTR_SMEM_PER_SM = 81,
   SMELT__CU_DEV_ATTR_SMEM_OPTIN = 97,
   SMELT__CU_DEV_ATTR_MEMORY_POOLS = 115,
   SMELT__CU_FUNC_ATTR_SHARED_SIZE = 1,
@@ -61,7 +62,7 @@ typedef struct smelt__cu_tensor_map {
 /* CUlaunchAttribute with the one value we set, the cluster shape
  * (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), and CUlaunchConfig, in the CUDA
  * 12/13 layouts (the value is a 64-byte, 8-byte aligned union). */
-enum { SMELT__CU_LAUNCH_ATTR_CLUSTER_DIMENSION = 4 };
+enum { SMELT__CU_LAUNCH_ATTR_CLUSTER_DIMENSION = 4, SMELT__CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
 typedef struct smelt__cu_launch_attr {
   int id;
   char pad[4];
@@ -71,6 +72,7 @@ typedef struct smelt__cu_launch_attr {
     struct {
       unsigned x, y, z;
     } cluster_dim;
+    int allowed; /* programmatic stream serialization */
   } value;
 } smelt__cu_launch_attr;
 typedef struct smelt__cu_launch_config {
@@ -109,9 +111,6 @@ typedef struct smelt__cu_pool_props {
   X(cuStreamCreate, (CUstream * s, unsigned int flags))                                 \
   X(cuStreamDestroy, (CUstream s))                                                      \
   X(cuStreamSynchronize, (CUstream s))                                                  \
-  X(cuStreamCreateWithPriority, (CUstream * s, unsigned int flags, int priority))       \
-  X(cuCtxGetStreamPriorityRange, (int *least, int *greatest))                           \
-  X(cuStreamWaitEvent, (CUstream s, CUevent e, unsigned int flags))                     \
   X(cuModuleLoadData, (CUmodule * m, const void *image))                                \
   X(cuModuleUnload, (CUmodule m))                                                       \
   X(cuModuleGetFunction, (CUfunction * f, CUmodule m, const char *name))               \
@@ -225,8 +224,6 @@ typedef struct smelt__cuda_ctx {
   CUcontext cu_ctx;
   CUstream own_stream;
   CUstream stream; /* where launches go */
-  CUstream side;   /* greatest priority, for work forked beside `stream` (smelt__cuda_fork); 0 until used */
-  CUevent fork_ev, join_ev;
   CUmemoryPool pool;
   smelt_device_info info;
   smelt__module_entry *modules;
@@ -241,18 +238,19 @@ smelt_status smelt__cuda_bind(smelt_ctx *ctx, const char *op);
 /* Loads (compile/cache/in-memory) the module for src and returns function `fn`. */
 smelt_status smelt__cuda_function(smelt_ctx *ctx, const smelt__kernel_src *src, const char *fn,
                                   CUfunction *out);
-/* Forks the context's side stream off its stream (the side stream waits
- * for the work queued so far) and returns it; smelt__cuda_join makes the
- * stream wait for the side stream's work. Events only, so capturable. */
-smelt_status smelt__cuda_fork(smelt_ctx *ctx, const char *op, CUstream *side);
-smelt_status smelt__cuda_join(smelt_ctx *ctx, const char *op);
-/* smelt__cuda_launch on a given stream. */
-smelt_status smelt__cuda_launch_on(smelt_ctx *ctx, const char *op, CUstream st, CUfunction f, unsigned gx,
-                                   unsigned gy, unsigned gz, unsigned block, unsigned smem, void **params);
 /* Launch with checking; `op` names the op in any error. */
 smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx,
                                 unsigned gy, unsigned gz, unsigned block, unsigned smem,
                                 void **params);
+/* Launch of gx blocks along x as the programmatic dependent of the kernel
+ * queued before it on the context's stream (programmatic dependent launch,
+ * sm_90): its CTAs may start once every CTA of that kernel has executed
+ * griddepcontrol.launch_dependents (or ended), before that kernel ends;
+ * without that instruction, or where the driver serializes, it runs after
+ * it as usual. It must then not read that kernel's results without its own
+ * synchronization (it does not wait with griddepcontrol.wait). */
+smelt_status smelt__cuda_launch_dependent(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned block,
+                                          unsigned smem, void **params);
 /* Launch of gx blocks (a multiple of `cluster`) in clusters of `cluster`
  * blocks along x (cuLaunchKernelEx with the cluster shape). */
 smelt_status smelt__cuda_launch_cluster(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned cluster,

@@ -108,15 +108,17 @@ typedef enum expert_kind { EK_WARP, EK_ROWS } expert_kind;
 /* An expert-kernel variant with its launch shape: stage_uses is the slots
  * per warp (EK_WARP); chunk the uses per round (EK_ROWS). fwd_bulk: the
  * forward runs peer_expert_fwd_bulk instead (Hopper, where EK_WARP fits),
- * persistent, with fwd_slots slots a warp. */
+ * persistent, with fwd_slots slots a warp; fwd8 (NULL when its slots do
+ * not fit) is its 8-warp form for sharing the SMs with the routing
+ * (launch_route), fwd8_slots a warp; sm_smem the SM's shared memory. */
 typedef struct expert_variant {
   int vec;
   expert_kind kind;
-  CUfunction fwd, bwd;
+  CUfunction fwd, bwd, fwd8;
   int64_t chunk, stage_uses;
   int gout, gin;
-  unsigned fwd_smem, bwd_smem;
-  int fwd_bulk, fwd_slots;
+  unsigned fwd_smem, bwd_smem, fwd8_smem;
+  int fwd_bulk, fwd_slots, fwd8_slots, sm_smem;
 } expert_variant;
 
 /* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: reg (buf's
@@ -176,19 +178,27 @@ static unsigned warp_bwd_smem(const smelt__peer_state *ps, int64_t slots, int64_
   const int64_t hk = ps->h * ps->k;
   return (unsigned)(8 * slots * row_bytes + 4 * (r4(ps->din) + r4(ps->dout) + r4(hk)) + 16 * hk);
 }
-/* peer_expert_fwd_bulk: CTAs of 16 warps (kernels/peer_expert.cu's
- * BK_WARPS), each with a ring of `slots` uses' rows and a window of 64
- * codes and gates (BK_WIN). */
+/* peer_expert_fwd_bulk: CTAs of `warps` warps (16, or 8 for
+ * peer_expert_fwd_bulk8), each with a ring of `slots` uses' rows and a
+ * window of 64 codes and gates (BK_WIN). */
 #define PEER_BK_WARPS 16
+#define PEER_BK8_WARPS 8
 #define PEER_BK_SLOTS_MAX 8
-static unsigned bulk_fwd_smem(int64_t slots, int64_t row_bytes) {
-  return (unsigned)(PEER_BK_WARPS * (slots * row_bytes + 64 * 8));
+static unsigned bulk_fwd_smem(int warps, int64_t slots, int64_t row_bytes) {
+  return (unsigned)(warps * (slots * row_bytes + 64 * 8));
 }
+
+/* The least shared memory over half an SM's of sm_smem bytes (a CTA
+ * reserves 1 KiB more): a CTA that takes it has the SM's to itself. */
+static int64_t over_half(int sm_smem) { return sm_smem / 2 - 1024 + 128; }
 
 /* Switches a warp-streamed variant's forward to peer_expert_fwd_bulk on
  * Hopper: one CTA an SM with as many slots a warp (<= 8) as its shared
- * memory holds, at least 2. SMELT_PEER_EXPERT_KERNEL=warp (kind_env) keeps
- * the warp kernel's forward (for comparing the two on a device). */
+ * memory holds, at least 2; and loads peer_expert_fwd_bulk8 with as many
+ * slots (>= 2) as leave room on the SM for a routing CTA of over half its
+ * shared memory (over_half; 512 bytes of the kernel's barriers and 1 KiB a
+ * CTA reserved). SMELT_PEER_EXPERT_KERNEL=warp (kind_env)
+ * keeps the warp kernel's forward (for comparing the two on a device). */
 static smelt_status bulk_forward(smelt_ctx *ctx, const smelt__peer_state *ps, const smelt__kernel_src *src,
                                  const char *kind_env, int64_t row_bytes, expert_variant *ev) {
   const smelt_device_info *dev = &ctx->cuda->info;
@@ -196,14 +206,24 @@ static smelt_status bulk_forward(smelt_ctx *ctx, const smelt__peer_state *ps, co
       ps->N > INT32_MAX) /* the kernel's row codes are 32-bit */
     return SMELT_OK;
   int64_t slots = PEER_BK_SLOTS_MAX;
-  while (slots >= 2 && bulk_fwd_smem(slots, row_bytes) + 1024 > (unsigned)dev->smem_per_block_optin) slots--;
+  while (slots >= 2 && bulk_fwd_smem(PEER_BK_WARPS, slots, row_bytes) + 1024 > (unsigned)dev->smem_per_block_optin)
+    slots--;
   if (slots < 2) return SMELT_OK;
   smelt_status s = smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk", &ev->fwd);
   if (s) return s;
   ev->fwd_bulk = 1;
   ev->fwd_slots = (int)slots;
-  ev->fwd_smem = bulk_fwd_smem(slots, row_bytes);
-  return SMELT_OK;
+  ev->fwd_smem = bulk_fwd_smem(PEER_BK_WARPS, slots, row_bytes);
+  const smelt__cu_api *cu = smelt__cu(NULL);
+  SMELT__CU_CHECK(cu->cuDeviceGetAttribute(&ev->sm_smem, SMELT__CU_DEV_ATTR_SMEM_PER_SM, ctx->cuda->dev), OP);
+  const int64_t room = ev->sm_smem - over_half(ev->sm_smem) - 1024 - 512 - 1024;
+  ev->fwd8 = NULL;
+  for (slots = PEER_BK_SLOTS_MAX; slots >= 2; slots--)
+    if ((int64_t)bulk_fwd_smem(PEER_BK8_WARPS, slots, row_bytes) <= room) break;
+  if (slots < 2) return SMELT_OK;
+  ev->fwd8_slots = (int)slots;
+  ev->fwd8_smem = bulk_fwd_smem(PEER_BK8_WARPS, slots, row_bytes);
+  return smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk8", &ev->fwd8);
 }
 
 /* Chooses the launch shape of a variant and loads it. */
@@ -406,15 +426,17 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   if (ps->T > 0 && (s = plan_projection(ctx, ps, pc))) return s;
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
-  char pipe[40];
-  if (pc->ev[0].fwd_bulk)
+  char pipe[56];
+  if (pc->ev[0].fwd_bulk && pc->ev[0].fwd8 && reg && !ps->store) /* unless SMELT_PEER_OVERLAP=0 */
+    snprintf(pipe, sizeof pipe, " (bulk copies, %d slots a warp, beside the routing)", pc->ev[0].fwd8_slots);
+  else if (pc->ev[0].fwd_bulk)
     snprintf(pipe, sizeof pipe, " (bulk copies, %d slots a warp)", pc->ev[0].fwd_slots);
   else if (pc->ev[0].kind == EK_WARP)
     snprintf(pipe, sizeof pipe, " (warp-streamed, %lld slots a warp)", (long long)pc->ev[0].stage_uses);
   else
     snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq%s + %s + %.24s%.32s", (long long)ps->N, ps->p,
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq%s + %s + %.24s", (long long)ps->N, ps->p,
            (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
            pc->wq_t ? " (Wq K-major)" : "",
            thr ? "split keys + peer_route_thr"
@@ -422,7 +444,9 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
            : buf ? "split keys + peer_route_buf"
            : presplit ? "split keys + peer_route_pre"
                       : "peer_route (sort)",
-           es.name, pipe);
+           es.name);
+  const size_t used = strlen(plan->describe); /* the pipeline last: truncated first when too long */
+  snprintf(plan->describe + used, sizeof plan->describe - used, "%s", pipe);
   return SMELT_OK;
 }
 
@@ -571,42 +595,43 @@ static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const
   return s ? s : s2;
 }
 
-/* The forward's expert kernel, to run beside the routing (launch_route). */
+/* The forward's expert kernel beside the routing (launch_route). */
 typedef struct route_beside {
   smelt__peer_expert_params *E;
-  const expert_variant *ev;
-  unsigned ctas;
+  CUfunction fwd;
+  unsigned ctas, smem, route_ctas, route_smem;
 } route_beside;
 
-/* Beside the routing (SMELT_PEER_OVERLAP=1; off by default),
- * peer_expert_fwd_bulk runs on a share of the SMs from the start, its
- * warps waiting for their tokens' routing (counters the routing CTAs raise
- * per block of 64 tokens), the routing CTAs on the other SMs: the routing
- * is compute-bound, the expert rows memory-bound. Only for the bulk kernel
- * and routing `reg` without a store (the store's batch needs every id
- * first). SMELT_PEER_EXPERT_SMS sets the expert kernel's CTAs (one an SM;
- * default half the SMs, at most 3/4). The expert kernel is queued first,
- * on the greatest-priority side stream, so that its CTAs are placed before
- * the routing fills the SMs; it leaves at least a quarter of them to the
- * routing. Off by default: it relies on the two kernels running at the
- * same time, which CUDA does not promise (CUDA_LAUNCH_BLOCKING=1, tools
- * that serialize kernels, an MPS SM limit below what the device reports:
- * the expert kernel's waits would never end), and it gained 0-7% on an H100
- * (docs/PERF.md, PEER version 10). Never with CUDA_LAUNCH_BLOCKING=1. */
-static unsigned beside_ctas(const smelt_ctx *ctx, const smelt__peer_state *ps, const peer_cuda *pc,
-                            const expert_variant *ev) {
-  const char *on = smelt__getenv("SMELT_PEER_OVERLAP"), *blocking = smelt__getenv("CUDA_LAUNCH_BLOCKING");
-  if (!ev->fwd_bulk || ps->store || !pc->route_kmax || !on || strcmp(on, "1") != 0 ||
-      (blocking && strcmp(blocking, "1") == 0))
-    return 0;
-  const int sms = ctx->cuda->info.sm_count;
-  long n = sms / 2;
-  const char *e = smelt__getenv("SMELT_PEER_EXPERT_SMS");
-  if (e && *e) n = strtol(e, NULL, 10);
-  if (n > sms * 3 / 4) n = sms * 3 / 4;
-  const int64_t need = (ps->T + PEER_BK_WARPS - 1) / PEER_BK_WARPS; /* a warp a token */
-  if (n > need) n = (long)need;
-  return n > 0 ? (unsigned)n : 0;
+/* Beside the routing (the default; SMELT_PEER_OVERLAP=0 turns it off),
+ * peer_expert_fwd_bulk8 shares every SM with a routing CTA: the routing is
+ * compute-bound (tensor cores, shared memory), the expert rows
+ * memory-bound. peer_route_reg runs persistent, one CTA an SM (its shared
+ * memory over half the SM's), raising a counter per block of 64 tokens as
+ * each head of it is done; the expert kernel is its programmatic
+ * dependent, one CTA of 8 warps an SM in the room left, and its warps wait
+ * on those counters for their tokens. The dependent's CTAs are placed only
+ * once every routing CTA has started (kernels/peer_route.cu), so no wait
+ * can hold back a routing CTA that never got an SM: where CUDA runs the
+ * two one after the other (CUDA_LAUNCH_BLOCKING=1, tools that serialize
+ * kernels, an MPS SM limit) the forward is as correct, only slower. Only
+ * for the bulk kernel and routing `reg` without a store (the store's batch
+ * needs every id first). Returns 0 (sequential) or fills *bs. */
+static int plan_beside(const smelt_ctx *ctx, const smelt__peer_state *ps, const peer_cuda *pc,
+                       const expert_variant *ev, smelt__peer_expert_params *E, route_beside *bs) {
+  const char *on = smelt__getenv("SMELT_PEER_OVERLAP");
+  if (!ev->fwd_bulk || !ev->fwd8 || ps->store || !pc->route_kmax || (on && strcmp(on, "0") == 0)) return 0;
+  const int64_t rs = pc->route_smem > over_half(ev->sm_smem) ? pc->route_smem : over_half(ev->sm_smem);
+  if (rs > ctx->cuda->info.smem_per_block_optin || rs + 1024 + ev->fwd8_smem + 512 + 1024 > ev->sm_smem) return 0;
+  const int64_t sms = ctx->cuda->info.sm_count, tiles = (ps->T + 63) / 64 * ps->h;
+  const int64_t need = (ps->T + PEER_BK8_WARPS - 1) / PEER_BK8_WARPS; /* a warp a token */
+  bs->E = E;
+  bs->fwd = ev->fwd8;
+  bs->ctas = (unsigned)(need < sms ? need : sms);
+  bs->smem = ev->fwd8_smem;
+  bs->route_ctas = (unsigned)(tiles < sms ? tiles : sms);
+  bs->route_smem = (unsigned)rs;
+  E->stage_uses = ev->fwd8_slots;
+  return 1;
 }
 
 static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, const route_beside *bs) {
@@ -644,32 +669,20 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
     if (e != 0) s = smelt__cu_error(e, OP, "cuMemsetD8Async");
   }
   void *sp[] = {P, &khi, &klo, &rows, &kmax};
+  if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
   /* kmax and ready are read by peer_route_reg only (the driver takes as
    * many parameters as the kernel declares) */
-  if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
-  int forked = 0, beside = 0;
-  if (!s && ready) {
+  void *rp[] = {P, &khi, &klo, &kmax, &ready};
+  if (!s && bs)
+    s = smelt__cuda_launch(plan->ctx, OP, pc->route, bs->route_ctas, 1, 1, 256, bs->route_smem, rp);
+  else if (!s)
+    s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, rp);
+  if (!s && bs) {
     bs->E->ready = ready;
     bs->E->ready_need = (int)ps->h;
     bs->E->ready_shift = 6; /* kernels/peer_route.cu's ROWS */
-    CUstream side;
     void *ep[] = {bs->E};
-    s = smelt__cuda_fork(plan->ctx, OP, &side);
-    forked = !s;
-    if (!s)
-      s = smelt__cuda_launch_on(plan->ctx, OP, side, bs->ev->fwd, bs->ctas, 1, 1, 32 * PEER_BK_WARPS, bs->ev->fwd_smem,
-                                ep);
-    beside = !s;
-  }
-  void *rp[] = {P, &khi, &klo, &kmax, &ready};
-  if (!s)
-    s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)(ready ? ps->h : gx), (unsigned)(ready ? gx : ps->h), 1,
-                           256, pc->route_smem, rp);
-  if (s && beside) /* release the expert kernel's waits so that it ends */
-    cu->cuMemsetD8Async((CUdeviceptr)ready, 0x7f, bytes[3], st);
-  if (forked) {
-    smelt_status sj = smelt__cuda_join(plan->ctx, OP);
-    if (!s) s = sj;
+    s = smelt__cuda_launch_dependent(plan->ctx, OP, bs->fwd, bs->ctas, 32 * PEER_BK8_WARPS, bs->smem, ep);
   }
   smelt_status s2 = smelt__cuda_free(plan->ctx, base);
   return s ? s : s2;
@@ -725,7 +738,8 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   E.ids = (uint64_t)(uintptr_t)idp;
   E.gates = (uint64_t)(uintptr_t)gates;
   if (ev->fwd_bulk) E.stage_uses = ev->fwd_slots; /* the backward's E keeps the warp kernel's */
-  const route_beside bs = {&E, ev, beside_ctas(ctx, ps, (const peer_cuda *)ps->cuda, ev)};
+  route_beside bs;
+  const int beside = plan_beside(ctx, ps, (const peer_cuda *)ps->cuda, ev, &E, &bs);
   s = project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
@@ -734,10 +748,10 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     P.ids = (uint64_t)(uintptr_t)idp;
     P.scores = scores ? (uint64_t)(uintptr_t)scores->data : 0;
     P.gates = (uint64_t)(uintptr_t)gates;
-    s = launch_route(plan, &P, bs.ctas ? &bs : NULL);
+    s = launch_route(plan, &P, beside ? &bs : NULL);
   }
   if (!s && ps->store) s = smelt__cuda_peer_store_batch(ps->store, (const int64_t *)idp, nuse);
-  if (!s && !bs.ctas) {
+  if (!s && !beside) {
     void *params[] = {&E};
     if (ev->fwd_bulk) { /* persistent: a warp a token at a time, one CTA an SM at most */
       const int64_t ctas = (ps->T + PEER_BK_WARPS - 1) / PEER_BK_WARPS, sms = ctx->cuda->info.sm_count;
