@@ -787,7 +787,7 @@ static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st,
  * scores as PRE does. kmax: peer_split_keys's largest key-row norms. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
                                                   const int THR, u64 khi, u64 klo, const int REG, u64 kmax,
-                                                  const i64 t0, const i64 hh) {
+                                                  const i64 t0, const i64 hh, const int LOOP) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
@@ -798,12 +798,12 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   smelt_h16 *ql = qh + ROWS * DS;             /* lo part */
   smelt_h16 *kh = ql + ROWS * DS;             /* [KT][DS]: a tile of sub-keys, hi part */
   smelt_h16 *kl = kh + KT * DS;               /* lo part */
-  /* the thread index read by volatile asm: in peer_route_reg's tile loop
-   * the compiler cannot then hoist what derives from it out of the body
-   * (held across the loop, those values raised the spill from 20 to 150
-   * bytes) */
-  int tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  /* In peer_route_beside's tile loop the thread index is read by volatile
+   * asm, so that the compiler cannot hoist what derives from it out of the
+   * body (held across the loop, those values raised the spill from 20 to
+   * 150 bytes; 80 this way). */
+  int tid = threadIdx.x;
+  if (LOOP) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;     /* mma fragment coordinates */
   const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32; /* the warp's 16 rows x 32 keys of the tile */
@@ -1105,59 +1105,59 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
 }
 
 extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
-  route_rows(P, 16, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H);
+  route_rows(P, 16, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0);
 }
 extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) {
-  route_rows(P, 32, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H);
+  route_rows(P, 32, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0);
 }
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H);
+  route_rows(P, 16, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
 }
 /* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
 extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 1, khi, klo, 0, 0, TILE_T0, TILE_H);
+  route_rows(P, 16, 1, 1, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
 }
 /* The exact k-th column maximum as the threshold, the scores above it to
  * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
  * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 2, khi, klo, 0, 0, TILE_T0, TILE_H);
+  route_rows(P, 16, 1, 2, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
 }
 /* buf with the query fragments in registers, an approximate first pass and
  * one barrier a tile (SMELT_PEER_ROUTE_KERNEL=reg, k <= 16, dsub <= 128;
  * kmax from peer_split_keys). */
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax,
-                                                                   u64 ready) {
-  /* Beside peer_expert_fwd_bulk8 (ready; src/cuda/op_peer.c): persistent,
-   * tile b h + hh being head hh of token block b, so that the blocks
-   * finish in order and each block's heads together. The expert kernel,
-   * launched after this one as its programmatic dependent, is let in once
-   * every CTA of this grid has started (launch_dependents): its waits on
-   * the counters then cannot hold back a routing CTA that has no SM. */
-  if (ready) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  }
-  const int tiles = ready ? (int)((P.T + ROWS - 1) / ROWS * P.h) : 1;
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
+  route_rows(P, 16, 1, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0);
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/op_peer.c): persistent, tile
+ * b h + hh being head hh of token block b, so that the blocks finish in
+ * order and each block's heads together; `ready` (i32 per block) counts a
+ * block's heads done. The expert kernel, launched after this one as its
+ * programmatic dependent, is let in once every CTA of this grid has
+ * started (launch_dependents): its waits on the counters then cannot hold
+ * back a routing CTA that has no SM. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_beside(peer_route_params P, u64 khi, u64 klo, u64 kmax,
+                                                                      u64 ready) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int tiles = (int)((P.T + ROWS - 1) / ROWS * P.h);
 #pragma unroll 1
-  for (int tile = ready ? (int)blockIdx.x : 0; tile < tiles; tile += ready ? (int)gridDim.x : 1) {
-    const int b = ready ? tile / (int)P.h : (int)blockIdx.x, hh = ready ? tile - b * (int)P.h : (int)blockIdx.y;
-    route_rows(P, 16, 1, 2, khi, klo, 1, kmax, (i64)b * ROWS, hh);
-    if (ready) {
-      /* count this head of the block done once every thread's ids and
-       * gates are visible device-wide (the barrier also ends the tile's
-       * reads of shared memory before the next tile writes it) */
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) atomicAdd((int *)ready + b, 1);
-    }
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int b = tile / (int)P.h;
+    route_rows(P, 16, 1, 2, khi, klo, 1, kmax, (i64)b * ROWS, tile - b * (int)P.h, 1);
+    /* count this head of the block done once every thread's ids and
+     * gates are visible device-wide (the barrier also ends the tile's
+     * reads of shared memory before the next tile writes it) */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd((int *)ready + b, 1);
   }
 }
+#endif
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H);
+  route_rows(P, 32, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in

@@ -133,6 +133,7 @@ typedef struct peer_cuda {
   CUfunction route, rescore, route_bwd, dkeys;
   CUfunction split_keys; /* peer_split_keys when route is a presplit variant, else NULL */
   int route_kmax;        /* route is peer_route_reg: split_keys also takes the tables' largest key norms */
+  CUfunction route_beside; /* reg's persistent form beside the expert kernel (Hopper; else NULL) */
   smelt__peer_util util;
   expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
   smelt_dtype wdt;
@@ -285,6 +286,19 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   return SMELT_OK;
 }
 
+/* peer_route_beside, and the shared-memory carveout of it and of
+ * peer_expert_fwd_bulk8 at its largest: an SM's L1/shared split is set for
+ * the CTAs it runs, and one a routing CTA alone would get (the least that
+ * holds it) leaves no room for an expert CTA beside it. */
+static smelt_status load_beside(smelt_ctx *ctx, const smelt__kernel_src *src, peer_cuda *pc) {
+  smelt_status s = smelt__cuda_function(ctx, src, "peer_route_beside", &pc->route_beside);
+  if (s) return s;
+  const smelt__cu_api *cu = smelt__cu(NULL);
+  SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+  SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->ev[0].fwd8, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+  return SMELT_OK;
+}
+
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Workspace tensors: an f32 or i64 matrix at p. */
@@ -423,6 +437,7 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
       (s = smelt__cuda_function(ctx, &src, "peer_dkeys", &pc->dkeys)) || (s = smelt__peer_util_load(ctx, &pc->util)) ||
       (s = expert_load(ctx, ps, wdt, wide ? V : 1, &pc->ev[0])))
     return s;
+  if (reg && pc->ev[0].fwd8 && (s = load_beside(ctx, &src, pc))) return s;
   if (ps->T > 0 && (s = plan_projection(ctx, ps, pc))) return s;
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
@@ -619,7 +634,7 @@ typedef struct route_beside {
 static int plan_beside(const smelt_ctx *ctx, const smelt__peer_state *ps, const peer_cuda *pc,
                        const expert_variant *ev, smelt__peer_expert_params *E, route_beside *bs) {
   const char *on = smelt__getenv("SMELT_PEER_OVERLAP");
-  if (!ev->fwd_bulk || !ev->fwd8 || ps->store || !pc->route_kmax || (on && strcmp(on, "0") == 0)) return 0;
+  if (!ev->fwd_bulk || !ev->fwd8 || !pc->route_beside || ps->store || (on && strcmp(on, "0") == 0)) return 0;
   const int64_t rs = pc->route_smem > over_half(ev->sm_smem) ? pc->route_smem : over_half(ev->sm_smem);
   if (rs > ctx->cuda->info.smem_per_block_optin || rs + 1024 + ev->fwd8_smem + 512 + 1024 > ev->sm_smem) return 0;
   const int64_t sms = ctx->cuda->info.sm_count, tiles = (ps->T + 63) / 64 * ps->h;
@@ -670,11 +685,12 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   }
   void *sp[] = {P, &khi, &klo, &rows, &kmax};
   if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
-  /* kmax and ready are read by peer_route_reg only (the driver takes as
-   * many parameters as the kernel declares) */
+  /* kmax is read by peer_route_reg and peer_route_beside only, ready by
+   * the latter (the driver takes as many parameters as the kernel
+   * declares) */
   void *rp[] = {P, &khi, &klo, &kmax, &ready};
   if (!s && bs)
-    s = smelt__cuda_launch(plan->ctx, OP, pc->route, bs->route_ctas, 1, 1, 256, bs->route_smem, rp);
+    s = smelt__cuda_launch(plan->ctx, OP, pc->route_beside, bs->route_ctas, 1, 1, 256, bs->route_smem, rp);
   else if (!s)
     s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, rp);
   if (!s && bs) {
