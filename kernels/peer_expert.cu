@@ -710,7 +710,9 @@ static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64
       int v;
       asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
       if (v >= P.ready_need) break;
-      __nanosleep(200);
+      /* ~1 us between polls: every waiting warp polls, beside the routing
+       * that raises these counters (200 ns measured 0.5% slower) */
+      __nanosleep(1000);
     }
   }
   *id = __ldcg((const long long *)P.ids + use);
