@@ -711,7 +711,8 @@ static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64
       asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
       if (v >= P.ready_need) break;
       /* ~1 us between polls: every waiting warp polls, beside the routing
-       * that raises these counters (200 ns measured 0.5% slower) */
+       * that raises these counters (200 ns to 3 us measured within the
+       * run-to-run spread, docs/PERF.md: fewer polls for the same time) */
       __nanosleep(1000);
     }
   }
