@@ -108,6 +108,20 @@ static __device__ void stage_uses(const peer_expert_params &P, i64 t, i64 u0, i6
   }
 }
 
+/* z[e] (every lane) = the sum over the warp of the lanes' acc entries of
+ * hidden unit e < h_e: flat position f VEC + e is hidden unit e mod h_e
+ * (h_e divides VEC); 0 for e >= h_e. */
+static __device__ __forceinline__ void hidden_sums(float *acc, i64 he, float *z) {
+#pragma unroll
+  for (int s = VEC / 2; s >= 1; s >>= 1)
+    if (s >= he) {
+#pragma unroll
+      for (int e = 0; e < s; e++) acc[e] += acc[e + s];
+    }
+#pragma unroll
+  for (int e = 0; e < VEC; e++) z[e] = e < he ? smelt_warp_sum(acc[e]) : 0.f;
+}
+
 /* z = x · U_e for one use (a warp): writes z_j, or f(z_j) when `fn` says
  * so, to out[0..he). xs: the token's x (f32, shared). */
 static __device__ __forceinline__ void down(const peer_expert_params &P, const welem *ue, const float *xs, float *out,
@@ -132,19 +146,11 @@ static __device__ __forceinline__ void down(const peer_expert_params &P, const w
     }
   }
   if (he <= VEC) {
-    /* fold positions of equal residue mod he, then sum over the warp */
+    float z[VEC];
+    hidden_sums(acc, he, z);
 #pragma unroll
-    for (int s = VEC / 2; s >= 1; s >>= 1)
-      if (s >= he) {
-#pragma unroll
-        for (int e = 0; e < s; e++) acc[e] += acc[e + s];
-      }
-#pragma unroll
-    for (int e = 0; e < VEC; e++) {
-      if (e >= he) break;
-      const float z = smelt_warp_sum(acc[e]);
-      if (lane == 0) out[e] = apply_act ? gate * peer_act(P.act, z) : z;
-    }
+    for (int e = 0; e < VEC; e++)
+      if (e < he && lane == 0) out[e] = apply_act ? gate * peer_act(P.act, z[e]) : z[e];
   } else {
     /* lanes l and l + m·(he/VEC) hold the same units */
     for (int o = 16; o >= (int)(he / VEC); o >>= 1)
@@ -406,20 +412,6 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_
  * bytes in flight are the slots: 2 a warp, 16 warps an SM, 128 KiB for
  * the issue's 4 KiB uses. */
 #define WS_CH 4
-
-/* z[e] (every lane) = the sum over the warp of the lanes' acc entries of
- * hidden unit e < h_e: flat position f VEC + e is hidden unit e mod h_e
- * (h_e divides VEC); 0 for e >= h_e. */
-static __device__ __forceinline__ void hidden_sums(float *acc, i64 he, float *z) {
-#pragma unroll
-  for (int s = VEC / 2; s >= 1; s >>= 1)
-    if (s >= he) {
-#pragma unroll
-      for (int e = 0; e < s; e++) acc[e] += acc[e + s];
-    }
-#pragma unroll
-  for (int e = 0; e < VEC; e++) z[e] = e < he ? smelt_warp_sum(acc[e]) : 0.f;
-}
 
 /* y[m] += Σ_{j < h_e} z_j V_e[j] over the lane's 16-byte chunks lane + 32 m
  * of the d_out columns (v: the use's V rows [h_e][d_out]). */
