@@ -709,9 +709,8 @@ static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st,
  * threshold is lowered by the row's bound err (row_err): the k columns'
  * maxima are then k distinct candidates whose exact scores are at or
  * above it. */
-static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k, int warp, int g, int tq, int mr,
+static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k, int rm, int cn, int g, int tq, int mr,
                                                 int mq, float err) {
-  const int rm = (warp >> 1) * 16, cn = (warp & 1) * 32;
 #pragma unroll
   for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -733,17 +732,291 @@ static __device__ __forceinline__ float row_kth(float (*gm)[4], float *st, int k
 
 /* THR 2 after its first pass: the threshold of merge row mr (returned)
  * and of the thread's mma rows (rt), row_kth's with err, then the buffer's
- * counters zeroed. */
-static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st, u32 *cnt, int k, int warp, int g,
-                                                      int tq, int mr, int mq, float err, float *rt) {
-  const float t = row_kth(gm, st, k, warp, g, tq, mr, mq, err);
-  const int rm = (warp >> 1) * 16;
+ * counters zeroed. rm, cn: the thread's gm rows and columns in the score
+ * tile (route_rows's and wg_dim's warps hold different ones). */
+static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st, u32 *cnt, int k, int rm, int cn,
+                                                      int g, int tq, int mr, int mq, float err, float *rt) {
+  const float t = row_kth(gm, st, k, rm, cn, g, tq, mr, mq, err);
   __syncthreads(); /* column KT holds the rows' thresholds */
   rt[0] = st[(rm + g) * STS + KT];
   rt[1] = st[(rm + g + 8) * STS + KT];
   __syncthreads(); /* read before the counters are zeroed (the buffer is over the score tile) */
   if (threadIdx.x < ROWS) cnt[threadIdx.x] = 0;
   return t;
+}
+
+/* ---------------------------------------------------------------- WG: wgmma scores (Hopper) */
+
+/* WG (route_rows with WG, peer_route_wg, Hopper): THR 2 / REG's two passes
+ * with the scores on wgmma. A CTA's two warpgroups take 64 keys each of a
+ * 128-key chunk (m64n64k16: the warpgroup's 64 rows, as every CTA's); a
+ * chunk's hi key rows (dpad 128) come by cp.async into one of two stages
+ * in wgmma's K-major 128-byte-swizzled layout. The hi query fragments
+ * stay in registers for both passes (wgmma's register A operand, the
+ * mma.sync layout, loaded by ldmatrix); the lo part is read from shared
+ * memory (a descriptor). Pass 0 scores hi x hi, pass 1 hi x hi + lo x hi
+ * (in that order in each k step): one instruction a warpgroup for 64 x 64
+ * x 16 products where mma.sync took 16 a warp, and no fragment loads.
+ * Against reg: the same thresholds (row_err's bound, row_kth), buffers,
+ * lists and combination; the scores are wgmma's sums, so at near-ties
+ * the ids can differ from reg's (with data exact in the products, as the
+ * tests' exact cases, they are the same bits). Shared memory after the
+ * score tile and the lists: the lo query slice (16 KiB) and two key
+ * stages (32 KiB each), 1024-byte aligned. */
+#define WG_CH 128 /* keys a chunk */
+#define WG_STAGE (WG_CH * 256) /* bytes of a stage: 2 panels of WG_CH rows x 128 bytes */
+#define WG_QPANEL (ROWS * 128)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* d (64 x 64 a warpgroup, f32) = / += a b: a from registers (4 words of
+ * the mma.sync A fragment) or a K-major descriptor, b a K-major
+ * descriptor; acc 0 overwrites d. */
+static __device__ __forceinline__ void wg_rs(float *d, const u32 *a, u64 db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void wg_ss(float *d, u64 da, u64 db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(da), "l"(db), "r"(acc));
+}
+
+/* K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (SBO). */
+static __device__ __forceinline__ u64 wg_desc(u32 addr) {
+  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+#endif
+
+/* Orders this thread's shared-memory writes (st.shared, cp.async) before
+ * later reads by wgmma, which go through the async proxy. */
+static __device__ __forceinline__ void wg_fence_proxy(void) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+/* Byte offset of 16-byte chunk c (0..15: elements 8c..8c+7) of row r in a
+ * swizzled [2 panels][rows][128 B] array. */
+static __device__ __forceinline__ u32 wg_off(int r, int c, int rows) {
+  return (u32)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* One cp.async group: the split hi key rows c0 .. c0 + WG_CH - 1 of the
+ * table at row row0 (dpad 128) into the stage at dst, rows at or past ni
+ * zero-filled. Thread tid copies chunk tid % 16 of rows tid / 16 + 16 u:
+ * the same swizzle for all its rows, so the offsets are immediates. */
+static __device__ __forceinline__ void wg_copy(u32 dst, u64 khi, i64 row0, i64 c0, i64 ni, int tid) {
+  const int c = tid & 15, r0 = tid >> 4;
+  const smelt_h16 *tbl = (const smelt_h16 *)khi + row0 * 128 + c * 8, *src = tbl + (c0 + r0) * 128;
+  const u32 d0 = dst + wg_off(r0, c, WG_CH);
+  const i64 left = ni - c0 - r0; /* this thread's rows in the dim: u < left (16 u rows on) */
+#pragma unroll
+  for (int u = 0; u < WG_CH / 16; u++) {
+    const bool in = u < left; /* rows past the dim: the zero fill reads nothing; a valid address all the same */
+    cp_async16(d0 + (u32)(u * 16 * 128), in ? src + u * 16 * 128 : tbl, in ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
+/* The chunk's scores of the warpgroup's 64 rows x 64 keys (keys 64 wg ..
+ * of the stage at kst): hi x hi (pass 0) or hi x hi + lo x hi (pass 1, lo
+ * from the swizzled slice at qls), k steps in order. LO is a literal at
+ * every call: a wgmma under a run-time branch makes ptxas serialize them
+ * all (C7520). */
+static __device__ __forceinline__ void wg_scores(float *acc, const u32 (*qf)[4], u32 qls, u32 kst, int wg, const int LO) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const u32 kb = kst + (u32)(wg * 64 * 128);
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 8; s++) {
+    const u64 db = wg_desc(kb + (u32)((s >> 2) * WG_CH * 128 + (s & 3) * 32));
+    wg_rs(acc, qf[s], db, s > 0);
+    if (LO) wg_ss(acc, wg_desc(qls + (u32)((s >> 2) * WG_QPANEL + (s & 3) * 32)), db, 1);
+  }
+  wgmma_commit();
+  WGMMA_WAIT(0);
+#else
+  __trap(); /* wgmma is sm_90a's; op_peer.c picks WG on cc 9.0 only */
+#endif
+}
+
+/* A score of acc by its index j (0..31) in registers: selects on j's bits
+ * (indexing at run time would put acc in local memory). */
+static __device__ __forceinline__ float wg_pick(const float *acc, int j) {
+  float s16[16], s8[8], s4[4], s2[2];
+#pragma unroll
+  for (int x = 0; x < 16; x++) s16[x] = j & 1 ? acc[2 * x + 1] : acc[2 * x];
+#pragma unroll
+  for (int x = 0; x < 8; x++) s8[x] = j & 2 ? s16[2 * x + 1] : s16[2 * x];
+#pragma unroll
+  for (int x = 0; x < 4; x++) s4[x] = j & 4 ? s8[2 * x + 1] : s8[2 * x];
+#pragma unroll
+  for (int x = 0; x < 2; x++) s2[x] = j & 8 ? s4[2 * x + 1] : s4[2 * x];
+  return j & 16 ? s2[1] : s2[0];
+}
+
+/* Item it of wg_dim's two passes (chunk it mod nc, stage it & 1): waits
+ * for its copy, makes it visible to wgmma (the async proxy) and to every
+ * thread, then issues the next item's copy into the other stage, which
+ * every warpgroup is done with by this barrier. */
+static __device__ __forceinline__ void wg_next(u32 stg, u64 khi, i64 row0, int it, int nc, i64 ni, int tid) {
+  CP_ASYNC_WAIT(0);
+  wg_fence_proxy();
+  __syncthreads();
+  if (it + 1 < 2 * nc)
+    wg_copy(stg + (u32)(((it + 1) & 1) * WG_STAGE), khi, row0, (i64)((it + 1) % nc) * WG_CH, ni, tid);
+}
+
+/* Dim i of rows t0.. of head hh under WG: the query slice split into hi
+ * (over the score tile st) and lo (qls) parts, both swizzled; the hi
+ * fragments to registers; the two passes over the dim's chunks through
+ * the stages at stg; the rows' lists into L as buffer_list leaves them,
+ * or, when some row's buffer overflowed, the exact scores again merged
+ * through the score tile (half a chunk at a time) and row_merge'd. */
+static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i, i64 t0, i64 hh, u64 khi, u64 kmax,
+                                              float *st, u32 qls, u32 stg, u64 *L, int tid) {
+  const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  const int g = lane >> 2, tq = lane & 3, mr = tid >> 2, mq = tid & 3;
+  const int rm = (warp & 3) * 16, cn = wg * 32; /* the thread's mma rows; its gm columns in the score tile */
+  const i64 ni = P.n[i], dsub = P.dsub, hd = P.h * P.dq;
+  const int k = (int)P.k;
+  const i64 row0 = split_row0(P, i, hh);
+  const int nc = (int)((ni + WG_CH - 1) / WG_CH);
+  const u32 qhs = smem_u32(st);
+  wg_copy(stg, khi, row0, 0, ni, tid); /* pass 0's first chunk, flying while the slice is split */
+  const float *q = (const float *)P.q;
+  const bool vec = dsub == 128 && (P.dq & 3) == 0 && (P.q & 15) == 0;
+#pragma unroll
+  for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
+    const int x = 4 * (tid + u * NT), r = x >> 7, dd = x & 127;
+    const i64 t = t0 + r;
+    const float *src = q + t * hd + hh * P.dq + i * dsub + dd;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < P.T) {
+      if (vec) v = *(const float4 *)src;
+      else {
+        v.x = dd < dsub ? src[0] : 0.f;
+        v.y = dd + 1 < dsub ? src[1] : 0.f;
+        v.z = dd + 2 < dsub ? src[2] : 0.f;
+        v.w = dd + 3 < dsub ? src[3] : 0.f;
+      }
+    }
+    const u32 o = wg_off(r, dd >> 3, ROWS) + (u32)(dd & 7) * 2;
+    split4_bf16(v, (smelt_h16 *)((char *)st + o), (smelt_h16 *)((char *)st + (o + (qls - qhs))));
+  }
+  wg_fence_proxy(); /* the lo slice is read by wgmma */
+  __syncthreads();
+  u32 qf[8][4]; /* the warp's hi query fragments: ldmatrix of the swizzled slice, rows rm.., k step s */
+  {
+    const int lr = lane & 7, lm = lane >> 3, r = rm + lr + (lm & 1) * 8;
+#pragma unroll
+    for (int s = 0; s < 8; s++) ldsm_x4(qhs + wg_off(r, 2 * s + (lm >> 1), ROWS), qf[s]);
+  }
+  float err;
+  {
+    /* row_err's bound on the slice (the same sums, chunks read from their
+     * swizzled places) */
+    float sh = 0.f, sl = 0.f;
+#pragma unroll
+    for (int c = mq; c < 16; c += 4) {
+      const u32 o = wg_off(mr, c, ROWS);
+      const uint4 vh = *(const uint4 *)((const char *)st + o), vl = *(const uint4 *)((const char *)st + o + (qls - qhs));
+      const u32 wh[4] = {vh.x, vh.y, vh.z, vh.w}, wl[4] = {vl.x, vl.y, vl.z, vl.w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float h0 = __uint_as_float(wh[j] << 16), h1 = __uint_as_float(wh[j] & 0xffff0000u);
+        const float l0 = __uint_as_float(wl[j] << 16), l1 = __uint_as_float(wl[j] & 0xffff0000u);
+        sh += h0 * h0 + h1 * h1;
+        sl += l0 * l0 + l1 * l1;
+      }
+    }
+    sh += __shfl_xor_sync(PEER_FULL, sh, 1);
+    sl += __shfl_xor_sync(PEER_FULL, sl, 1);
+    sh += __shfl_xor_sync(PEER_FULL, sh, 2);
+    sl += __shfl_xor_sync(PEER_FULL, sl, 2);
+    const i64 grp = key_group(P, i, hh);
+    const float kmh = ((const float *)kmax)[2 * grp], kml = ((const float *)kmax)[2 * grp + 1];
+    const float nh = sqrtf(sh), nl = sqrtf(sl);
+    err = (nl * kmh + nh * kml + 8.f * 4.f * 0x1p-16f * (nh + nl) * (kmh + kml) + 0x1p-100f) * (1.f + 0x1p-8f);
+  }
+  float gm[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) gm[nt][e] = PEER_NEG_INF;
+  u64 *buf = (u64 *)st;
+  u32 *cnt = (u32 *)(buf + ROWS * BCAP);
+  float rt[2], acc[32];
+  /* item it: chunk it % nc of pass it / nc, in stage it & 1; its copy was
+   * issued one item ahead (wg_next). The passes are two loops so that each
+   * calls wg_scores with a literal LO. */
+#pragma unroll 1
+  for (int ci = 0; ci < nc; ci++) {
+    wg_next(stg, khi, row0, ci, nc, ni, tid);
+    wg_scores(acc, qf, qls, stg + (u32)((ci & 1) * WG_STAGE), wg, 0);
+    const int base = ci * WG_CH + 64 * wg + 2 * tq; /* the key of acc[0]; acc[4 j + e] is key base + 8 j + (e & 1) */
+    const bool full = (i64)(ci + 1) * WG_CH <= ni;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (full || base + 8 * j + (e & 1) < ni) gm[j & 3][e] = fmaxf(gm[j & 3][e], acc[4 * j + e]);
+  }
+  const float rthr = buf_threshold(gm, st, cnt, k, rm, cn, g, tq, mr, mq, err, rt);
+#pragma unroll 1
+  for (int ci = 0; ci < nc; ci++) {
+    const int it = nc + ci;
+    wg_next(stg, khi, row0, it, nc, ni, tid);
+    wg_scores(acc, qf, qls, stg + (u32)((it & 1) * WG_STAGE), wg, 1);
+    const int base = ci * WG_CH + 64 * wg + 2 * tq;
+    const bool full = (i64)(ci + 1) * WG_CH <= ni;
+    u32 mask = 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+      if ((full || base + 8 * (j >> 2) + (j & 1) < ni) && !(acc[j] < rt[(j >> 1) & 1])) mask |= 1u << j;
+    while (mask) {
+      const int j = __ffs(mask) - 1;
+      mask &= mask - 1;
+      const int r = rm + g + 8 * ((j >> 1) & 1);
+      const u32 slot = atomicAdd(&cnt[r], 1u);
+      if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(wg_pick(acc, j), (u32)(base + 8 * (j >> 2) + (j & 1)));
+    }
+  }
+  __syncthreads(); /* every buffer entry is in */
+  if (!buffer_list(L, buf, cnt, mr, mq, t0 + mr < P.T)) return;
+  /* an overflow (CTA-uniform): the exact scores again, every one at or
+   * above the row's threshold offered to L (all zeros: buffer_list left
+   * it), half a chunk (a warpgroup's 64 keys) at a time through the tile */
+#pragma unroll 1
+  for (int ci = 0; ci < nc; ci++) {
+    const i64 c0 = (i64)ci * WG_CH;
+    __syncthreads(); /* the stage's last readers and the tile's are done */
+    wg_copy(stg, khi, row0, c0, ni, tid);
+    CP_ASYNC_WAIT(0);
+    wg_fence_proxy();
+    __syncthreads();
+    wg_scores(acc, qf, qls, stg, wg, 1);
+#pragma unroll 1
+    for (int h = 0; h < 2; h++) {
+      if (h) __syncthreads(); /* the first half is merged */
+      if (wg == h)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const int col = 8 * j + 2 * tq;
+          st[(rm + g) * STS + col] = acc[4 * j];
+          st[(rm + g) * STS + col + 1] = acc[4 * j + 1];
+          st[(rm + g + 8) * STS + col] = acc[4 * j + 2];
+          st[(rm + g + 8) * STS + col + 1] = acc[4 * j + 3];
+        }
+      __syncthreads();
+      const i64 first = c0 + 64 * h + mq * CN, left = ni - first;
+      offer_filtered(L, st + mr * STS + mq * CN, (u32)first, left < 0 ? 0 : left < CN ? (int)left : CN, 16, 2, rthr);
+    }
+  }
+  row_merge(L, 16);
 }
 
 /* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
@@ -787,14 +1060,15 @@ static __device__ __forceinline__ float buf_threshold(float (*gm)[4], float *st,
  * scores as PRE does. kmax: peer_split_keys's largest key-row norms. */
 static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
                                                   const int THR, u64 khi, u64 klo, const int REG, u64 kmax,
-                                                  const i64 t0, const i64 hh, const int LOOP) {
+                                                  const i64 t0, const i64 hh, const int LOOP, const int WG) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
   const int dpad = (int)((dsub + 15) & ~(i64)15), DS = dpad + 8;
   float *st = smem;                           /* [ROWS][STS]: the tile's scores */
-  float *lv = st + ROWS * STS;                /* [ROWS][PEER_MAX_K]: running list, scores */
-  u32 *li = (u32 *)(lv + ROWS * PEER_MAX_K);  /* [ROWS][PEER_MAX_K]: running list, ids */
-  smelt_h16 *qh = (smelt_h16 *)(li + ROWS * PEER_MAX_K); /* [ROWS][DS]: this dim's query slice, hi part */
+  const int LS = WG ? 16 : PEER_MAX_K;       /* WG (k <= 16): lists of 16, so that two CTAs fit an SM */
+  float *lv = st + ROWS * STS;                /* [ROWS][LS]: running list, scores */
+  u32 *li = (u32 *)(lv + ROWS * LS);          /* [ROWS][LS]: running list, ids */
+  smelt_h16 *qh = (smelt_h16 *)(li + ROWS * LS); /* [ROWS][DS]: this dim's query slice, hi part */
   smelt_h16 *ql = qh + ROWS * DS;             /* lo part */
   smelt_h16 *kh = ql + ROWS * DS;             /* [KT][DS]: a tile of sub-keys, hi part */
   smelt_h16 *kl = kh + KT * DS;               /* lo part */
@@ -824,6 +1098,14 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     const i64 ni = P.n[i];
     const int ki = (int)(ni < P.k ? ni : P.k);
     __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
+    int overflow = 0; /* THR 2: some row of the CTA had more than BCAP (CTA-uniform) */
+    if (WG) {
+      /* the lo slice and the stages past the lists, 1024-byte aligned for wgmma's swizzle */
+      const u32 qls = (smem_u32(li + ROWS * LS) + 1023u) & ~1023u;
+#pragma unroll
+      for (int j = 0; j < KL; j++) L[j] = 0;
+      wg_dim(P, i, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid);
+    } else {
     /* QB loads a thread in flight before the first split: one at a time,
      * each waited for, this loop took ~15% of reg's stall samples (ncu).
      * REG, when the slice is whole 16-byte vectors (dsub = dpad, dq a
@@ -879,7 +1161,6 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
       for (int e = 0; e < 4; e++) gm[nt][e] = PEER_NEG_INF;
     u64 *buf = (u64 *)st;                  /* THR 2, pass 1: [ROWS][BCAP] the rows' scores >= threshold */
     u32 *cnt = (u32 *)(buf + ROWS * BCAP); /* [ROWS]: how many each row has (past BCAP: overflow) */
-    int overflow = 0;                      /* THR 2: some row of the CTA had more than BCAP (CTA-uniform) */
     /* pass 0: THR's column maxima; 1: THR 2's buffered scores; 2: the
      * merge through the score tile (THR 2: only after an overflow) */
 #pragma unroll
@@ -997,7 +1278,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
             if (pass == 1) {
               overflow = buffer_list(L, buf, cnt, mr, mq, t0 + mr < P.T);
             } else if (THR == 2) {
-              if (!REG) rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, 0.f, rt);
+              if (!REG) rthr = buf_threshold(gm, st, cnt, k, rm, cn, g, tq, mr, mq, 0.f, rt);
             } else {
               rthr = row_threshold(gm, st, k, warp, g, tq, mr);
             }
@@ -1019,10 +1300,11 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         const i64 grp = key_group(P, i, hh);
         const float err = row_err(qh, ql, DS, dpad, mr, mq, ((const float *)kmax)[2 * grp],
                                   ((const float *)kmax)[2 * grp + 1]);
-        rthr = buf_threshold(gm, st, cnt, k, warp, g, tq, mr, mq, err, rt);
+        rthr = buf_threshold(gm, st, cnt, k, rm, cn, g, tq, mr, mq, err, rt);
       }
     }
     if (THR != 2 || overflow) row_merge(L, KL); /* buffer_list's lists are the rows' already */
+    } /* !WG (wg_dim's lists are the rows') */
     if (i > 0) {
       /* combine with the running list: all len x ki sums, id = prefix * n_i
        * + a; the dim's list goes to shared memory (over the score tile) */
@@ -1037,12 +1319,12 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
 #pragma unroll
       for (int j = 0; j < KL; j++) F[j] = 0;
       if (REG) {
-        combine_survivors(F, lv + mr * PEER_MAX_K, li + mr * PEER_MAX_K, dl + mr * KL, (int)len, ki, (u32)ni,
-                          combine_threshold(L, lv + mr * PEER_MAX_K, (int)len, ki, k, mq), mq, KL);
+        combine_survivors(F, lv + mr * LS, li + mr * LS, dl + mr * KL, (int)len, ki, (u32)ni,
+                          combine_threshold(L, lv + mr * LS, (int)len, ki, k, mq), mq, KL);
       } else {
         for (int a = mq; a < len; a += 4) {
-          const float va = lv[mr * PEER_MAX_K + a];
-          const u32 pa = li[mr * PEER_MAX_K + a] * (u32)ni;
+          const float va = lv[mr * LS + a];
+          const u32 pa = li[mr * LS + a] * (u32)ni;
 #pragma unroll
           for (int b0 = 0; b0 < KL; b0 += CN) {
             if (b0 >= ki) break;
@@ -1068,8 +1350,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
 #pragma unroll
       for (int j = 0; j < KL; j++)
         if ((j & 3) == mq && j < len) {
-          lv[mr * PEER_MAX_K + j] = peer_packed_value(L[j]);
-          li[mr * PEER_MAX_K + j] = peer_packed_id(L[j]);
+          lv[mr * LS + j] = peer_packed_value(L[j]);
+          li[mr * LS + j] = peer_packed_id(L[j]);
         }
     }
   }
@@ -1105,29 +1387,35 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
 }
 
 extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
-  route_rows(P, 16, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0);
+  route_rows(P, 16, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) {
-  route_rows(P, 32, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0);
+  route_rows(P, 32, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
+  route_rows(P, 16, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 /* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
 extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 1, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
+  route_rows(P, 16, 1, 1, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 /* The exact k-th column maximum as the threshold, the scores above it to
  * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
  * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 2, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
+  route_rows(P, 16, 1, 2, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 /* buf with the query fragments in registers, an approximate first pass and
  * one barrier a tile (SMELT_PEER_ROUTE_KERNEL=reg, k <= 16, dsub <= 128;
  * kmax from peer_split_keys). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
-  route_rows(P, 16, 1, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0);
+  route_rows(P, 16, 1, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0, 0);
+}
+/* reg with wgmma scores (SMELT_PEER_ROUTE_KERNEL=wg, the default on Hopper;
+ * k <= 16, dpad 128, bf16 keys without L2 normalization: route_rows's
+ * WG). */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
+  route_rows(P, 16, 1, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0, 1);
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/op_peer.c): persistent, tile
@@ -1137,14 +1425,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_pa
  * programmatic dependent, is let in once every CTA of this grid has
  * started (launch_dependents): its waits on the counters then cannot hold
  * back a routing CTA that has no SM. */
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_beside(peer_route_params P, u64 khi, u64 klo, u64 kmax,
-                                                                      u64 ready) {
+static __device__ __forceinline__ void route_beside(const peer_route_params &P, u64 khi, u64 klo, u64 kmax, u64 ready,
+                                                    const int WG) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int tiles = (int)((P.T + ROWS - 1) / ROWS * P.h);
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int b = tile / (int)P.h;
-    route_rows(P, 16, 1, 2, khi, klo, 1, kmax, (i64)b * ROWS, tile - b * (int)P.h, 1);
+    route_rows(P, 16, 1, 2, khi, klo, 1, kmax, (i64)b * ROWS, tile - b * (int)P.h, 1, WG);
     /* count this head of the block done once every thread's ids and
      * gates are visible device-wide (the barrier also ends the tile's
      * reads of shared memory before the next tile writes it) */
@@ -1153,11 +1441,20 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_beside(peer_route
     if (threadIdx.x == 0) atomicAdd((int *)ready + b, 1);
   }
 }
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_beside(peer_route_params P, u64 khi, u64 klo, u64 kmax,
+                                                                      u64 ready) {
+  route_beside(P, khi, klo, kmax, ready, 0);
+}
+/* wg's persistent form, as reg's above */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_beside(peer_route_params P, u64 khi, u64 klo,
+                                                                         u64 kmax, u64 ready) {
+  route_beside(P, khi, klo, kmax, ready, 1);
+}
 #endif
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;
  * unbounded it takes 152): 8 bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0);
+  route_rows(P, 32, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in

@@ -121,23 +121,29 @@ typedef struct expert_variant {
   int fwd_bulk, fwd_slots, fwd8_slots, sm_smem;
 } expert_variant;
 
-/* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: reg (buf's
- * two passes with the first one approximate and its query fragments in
- * registers; docs/PERF.md's version 6). buf was the fastest of version 5
- * on an H100 at the acceptance shape (forward 1.621 ms against presplit's
- * 1.692 and thr's 1.681, c70e843). For k > 16 reg, buf and thr take
- * presplit's kernel; for dsub > 128 reg takes buf's. */
-#define PEER_ROUTE_DEFAULT "reg"
+/* The routing kernel when SMELT_PEER_ROUTE_KERNEL is unset: wg, which is
+ * reg (buf's two passes with the first one approximate and its query
+ * fragments in registers; docs/PERF.md's version 6) with the scores on
+ * wgmma where it can (cc 9.0, dsub 113-128, and at run time bf16 keys
+ * without L2 normalization; else reg itself). buf was the fastest of
+ * version 5 on an H100 at the acceptance shape (forward 1.621 ms against
+ * presplit's 1.692 and thr's 1.681, c70e843). For k > 16 reg, buf and thr
+ * take presplit's kernel; for dsub > 128 reg takes buf's. */
+#define PEER_ROUTE_DEFAULT "wg"
 
 typedef struct peer_cuda {
   CUfunction route, rescore, route_bwd, dkeys;
   CUfunction split_keys; /* peer_split_keys when route is a presplit variant, else NULL */
   int route_kmax;        /* route is peer_route_reg: split_keys also takes the tables' largest key norms */
   CUfunction route_beside; /* reg's persistent form beside the expert kernel (Hopper; else NULL) */
+  /* wg (Hopper): peer_route_wg and its persistent form, taken for runs
+   * whose keys are bf16 without L2 normalization (else route and
+   * route_beside, reg's); NULL when not planned */
+  CUfunction route_wg, route_wg_beside;
   smelt__peer_util util;
   expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
   smelt_dtype wdt;
-  unsigned route_smem, rbwd_smem;
+  unsigned route_smem, route_wg_smem, rbwd_smem;
   smelt_plan *gemm_q; /* q = x Wq + bq; NULL when T = 0 */
   int wq_t;           /* gemm_q multiplies by a K-major copy of Wq (plan_projection) */
 } peer_cuda;
@@ -292,9 +298,11 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
  * holds it) leaves no room for an expert CTA beside it. */
 static smelt_status load_beside(smelt_ctx *ctx, const smelt__kernel_src *src, peer_cuda *pc) {
   smelt_status s = smelt__cuda_function(ctx, src, "peer_route_beside", &pc->route_beside);
+  if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_beside", &pc->route_wg_beside);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+  if (pc->route_wg) SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->ev[0].fwd8, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   return SMELT_OK;
 }
@@ -389,6 +397,9 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
    * 64 rows of DS = round16(dsub) + 8 each. */
   const int64_t route_ds = ((ps->dsub + 15) & ~(int64_t)15) + 8;
   pc->route_smem = (unsigned)(4 * (64 * 65 + 64 * 32 * 2) + 2 * 4 * 64 * route_ds);
+  /* wg: the score tile, lists of 16, then (1024-byte aligned) the lo query
+   * slice and two stages of 128 key rows, 256 bytes each */
+  pc->route_wg_smem = 4 * (64 * 65 + 64 * 16 * 2) + 1024 + 64 * 256 + 2 * 128 * 256;
   pc->rbwd_smem = (unsigned)(4 * 8 * ps->dq + 8 * 32 * 4 * 8 + 8 * 32 * 4 * 4);
   const unsigned rneed = pc->route_smem > pc->rbwd_smem ? pc->route_smem : pc->rbwd_smem;
   if (rneed > (unsigned)dev->smem_per_block_optin)
@@ -407,18 +418,24 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
    * (for k > 16 these take presplit's kernel, reg with dsub > 128 buf's;
    * the plan's description says which). presplit splits the sub-keys once
    * per call (peer_split_keys), as thr, buf and reg do. Same results bit for
-   * bit. Unset: PEER_ROUTE_DEFAULT. */
+   * bit. wg is reg with the scores on wgmma (see PEER_ROUTE_DEFAULT): the
+   * same thresholds and lists, the scores wgmma's sums (the same ids as
+   * reg's but at near-ties). Unset: PEER_ROUTE_DEFAULT. */
   const char *route_env = smelt__getenv("SMELT_PEER_ROUTE_KERNEL");
   if (route_env && strcmp(route_env, "sort") != 0 && strcmp(route_env, "presplit") != 0 &&
-      strcmp(route_env, "thr") != 0 && strcmp(route_env, "buf") != 0 && strcmp(route_env, "reg") != 0)
+      strcmp(route_env, "thr") != 0 && strcmp(route_env, "buf") != 0 && strcmp(route_env, "reg") != 0 &&
+      strcmp(route_env, "wg") != 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit, sort, thr, buf or reg)",
+                        OP ": SMELT_PEER_ROUTE_KERNEL=\"%.32s\" is not a routing kernel (presplit, sort, thr, buf, reg or wg)",
                         route_env);
   const char *route = route_env ? route_env : PEER_ROUTE_DEFAULT;
   const int thr = strcmp(route, "thr") == 0 && ps->k <= 16;
   /* reg holds a query slice's fragments in registers: dsub <= 128 (else buf) */
-  const int reg = strcmp(route, "reg") == 0 && ps->k <= 16 && ps->dsub <= 128;
-  const int buf = (strcmp(route, "buf") == 0 || strcmp(route, "reg") == 0) && ps->k <= 16 && !reg;
+  const int regwg = strcmp(route, "reg") == 0 || strcmp(route, "wg") == 0;
+  const int reg = regwg && ps->k <= 16 && ps->dsub <= 128;
+  const int buf = (strcmp(route, "buf") == 0 || regwg) && ps->k <= 16 && !reg;
+  /* wg: wgmma (sm_90a) on a dsub padded to exactly 128 */
+  const int wg = reg && strcmp(route, "wg") == 0 && dev->cc_major == 9 && dev->cc_minor == 0 && ps->dsub > 112;
   const int presplit = strcmp(route, "sort") != 0;
   pc->route_kmax = reg;
   smelt__kernel_src src;
@@ -431,6 +448,7 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
                          : presplit ? (ps->k <= 16 ? "peer_route_pre" : "peer_route32_pre")
                                     : (ps->k <= 16 ? "peer_route" : "peer_route32");
   if ((s = smelt__cuda_function(ctx, &src, route_fn, &pc->route)) ||
+      (wg && (s = smelt__cuda_function(ctx, &src, "peer_route_wg", &pc->route_wg))) ||
       (presplit && (s = smelt__cuda_function(ctx, &src, "peer_split_keys", &pc->split_keys))) ||
       (s = smelt__cuda_function(ctx, &src, "peer_rescore", &pc->rescore)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_route_bwd", &pc->route_bwd)) ||
@@ -455,6 +473,7 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
            (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
            pc->wq_t ? " (Wq K-major)" : "",
            thr ? "split keys + peer_route_thr"
+           : wg ? "split keys + peer_route_wg"
            : reg ? "split keys + peer_route_reg"
            : buf ? "split keys + peer_route_buf"
            : presplit ? "split keys + peer_route_pre"
@@ -653,6 +672,8 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   const peer_cuda *pc = (const peer_cuda *)ps->cuda;
   const int64_t gx = (ps->T + 63) / 64;
+  /* wg's kernels where this run's keys allow (bf16, not L2-normalized: no lo part) */
+  const int wg = pc->route_wg && !P->key_l2 && P->key_dt == SMELT_DTYPE_BF16;
   if (!pc->split_keys) {
     void *params[] = {P};
     return smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, params);
@@ -690,9 +711,11 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
    * declares) */
   void *rp[] = {P, &khi, &klo, &kmax, &ready};
   if (!s && bs)
-    s = smelt__cuda_launch(plan->ctx, OP, pc->route_beside, bs->route_ctas, 1, 1, 256, bs->route_smem, rp);
+    s = smelt__cuda_launch(plan->ctx, OP, wg ? pc->route_wg_beside : pc->route_beside, bs->route_ctas, 1, 1, 256,
+                           bs->route_smem, rp);
   else if (!s)
-    s = smelt__cuda_launch(plan->ctx, OP, pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256, pc->route_smem, rp);
+    s = smelt__cuda_launch(plan->ctx, OP, wg ? pc->route_wg : pc->route, (unsigned)gx, (unsigned)ps->h, 1, 256,
+                           wg ? pc->route_wg_smem : pc->route_smem, rp);
   if (!s && bs) {
     bs->E->ready = ready;
     bs->E->ready_need = (int)ps->h;
