@@ -813,6 +813,12 @@ static __device__ __forceinline__ void wg_copy(u32 dst, u64 khi, i64 row0, i64 c
   const smelt_h16 *tbl = (const smelt_h16 *)khi + row0 * 128 + c * 8, *src = tbl + (c0 + r0) * 128;
   const u32 d0 = dst + wg_off(r0, c, WG_CH);
   const i64 left = ni - c0 - r0; /* this thread's rows in the dim: u < left (16 u rows on) */
+  if (c0 + WG_CH <= ni) {
+#pragma unroll
+    for (int u = 0; u < WG_CH / 16; u++) cp_async16(d0 + (u32)(u * 16 * 128), src + u * 16 * 128, 16);
+    cp_async_commit();
+    return;
+  }
 #pragma unroll
   for (int u = 0; u < WG_CH / 16; u++) {
     const bool in = u < left; /* rows past the dim: the zero fill reads nothing; a valid address all the same */
@@ -884,7 +890,7 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
   const i64 ni = P.n[i], dsub = P.dsub, hd = P.h * P.dq;
   const int k = (int)P.k;
   const i64 row0 = split_row0(P, i, hh);
-  const int nc = (int)((ni + WG_CH - 1) / WG_CH);
+  const int nc = (int)((ni + WG_CH - 1) / WG_CH), nk = (int)ni; /* a dim's keys fit an int (ids are u32) */
   const u32 qhs = smem_u32(st);
   wg_copy(stg, khi, row0, 0, ni, tid); /* pass 0's first chunk, flying while the slice is split */
   const float *q = (const float *)P.q;
@@ -958,12 +964,17 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
     wg_next(stg, khi, row0, ci, nc, ni, tid);
     wg_scores(acc, qf, qls, stg + (u32)((ci & 1) * WG_STAGE), wg, 0);
     const int base = ci * WG_CH + 64 * wg + 2 * tq; /* the key of acc[0]; acc[4 j + e] is key base + 8 j + (e & 1) */
-    const bool full = (i64)(ci + 1) * WG_CH <= ni;
+    /* a branch on the chunk being whole, so that whole ones (all but the
+     * dim's last, if any) test no key (the tests per score were ~160
+     * instructions a chunk) */
+    if ((ci + 1) * WG_CH <= nk) {
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+      for (int j = 0; j < 32; j++) gm[(j >> 2) & 3][j & 3] = fmaxf(gm[(j >> 2) & 3][j & 3], acc[j]);
+    } else {
 #pragma unroll
-      for (int e = 0; e < 4; e++)
-        if (full || base + 8 * j + (e & 1) < ni) gm[j & 3][e] = fmaxf(gm[j & 3][e], acc[4 * j + e]);
+      for (int j = 0; j < 32; j++)
+        if (base + 8 * (j >> 2) + (j & 1) < nk) gm[(j >> 2) & 3][j & 3] = fmaxf(gm[(j >> 2) & 3][j & 3], acc[j]);
+    }
   }
   const float rthr = buf_threshold(gm, st, cnt, k, rm, cn, g, tq, mr, mq, err, rt);
 #pragma unroll 1
@@ -972,11 +983,16 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
     wg_next(stg, khi, row0, it, nc, ni, tid);
     wg_scores(acc, qf, qls, stg + (u32)((it & 1) * WG_STAGE), wg, 1);
     const int base = ci * WG_CH + 64 * wg + 2 * tq;
-    const bool full = (i64)(ci + 1) * WG_CH <= ni;
     u32 mask = 0;
+    if ((ci + 1) * WG_CH <= nk) {
 #pragma unroll
-    for (int j = 0; j < 32; j++)
-      if ((full || base + 8 * (j >> 2) + (j & 1) < ni) && !(acc[j] < rt[(j >> 1) & 1])) mask |= 1u << j;
+      for (int j = 0; j < 32; j++)
+        if (!(acc[j] < rt[(j >> 1) & 1])) mask |= 1u << j;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; j++)
+        if (base + 8 * (j >> 2) + (j & 1) < nk && !(acc[j] < rt[(j >> 1) & 1])) mask |= 1u << j;
+    }
     while (mask) {
       const int j = __ffs(mask) - 1;
       mask &= mask - 1;
