@@ -622,6 +622,30 @@ static __device__ __forceinline__ void buffer_tile(const float (*acc)[4], const 
   }
 }
 
+/* Adds the squares of the 8 bf16 of vh to *sh and of vl to *sl. */
+static __device__ __forceinline__ void add_squares(uint4 vh, uint4 vl, float *sh, float *sl) {
+  const u32 wh[4] = {vh.x, vh.y, vh.z, vh.w}, wl[4] = {vl.x, vl.y, vl.z, vl.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const float h0 = __uint_as_float(wh[j] << 16), h1 = __uint_as_float(wh[j] & 0xffff0000u);
+    const float l0 = __uint_as_float(wl[j] << 16), l1 = __uint_as_float(wl[j] & 0xffff0000u);
+    *sh += h0 * h0 + h1 * h1;
+    *sl += l0 * l0 + l1 * l1;
+  }
+}
+
+/* The bound from the four merge threads' partial sums of squares sh, sl
+ * (add_squares over a quarter of the row's 16-byte chunks each). */
+static __device__ __forceinline__ float err_bound(float sh, float sl, int dpad, float kmh, float kml) {
+  sh += __shfl_xor_sync(PEER_FULL, sh, 1);
+  sl += __shfl_xor_sync(PEER_FULL, sl, 1);
+  sh += __shfl_xor_sync(PEER_FULL, sh, 2);
+  sl += __shfl_xor_sync(PEER_FULL, sl, 2);
+  const float nh = sqrtf(sh), nl = sqrtf(sl);
+  const float steps = (float)(dpad / 16);
+  return (nl * kmh + nh * kml + steps * 4.f * 0x1p-16f * (nh + nl) * (kmh + kml) + 0x1p-100f) * (1.f + 0x1p-8f);
+}
+
 /* REG: a bound on |exact - approximate| over the scores of merge row mr,
  * exact as the second pass computes them (hi·hi + lo·hi (+ hi·lo) in
  * mma's f32 arithmetic), approximate as the first pass does (hi·hi). The
@@ -637,24 +661,9 @@ static __device__ __forceinline__ void buffer_tile(const float (*acc)[4], const 
 static __device__ __forceinline__ float row_err(const smelt_h16 *qh, const smelt_h16 *ql, int ds, int dpad, int mr,
                                                 int mq, float kmh, float kml) {
   float sh = 0.f, sl = 0.f;
-  for (int c = mq * 8; c < dpad; c += 32) {
-    const uint4 vh = *(const uint4 *)&qh[mr * ds + c], vl = *(const uint4 *)&ql[mr * ds + c];
-    const u32 wh[4] = {vh.x, vh.y, vh.z, vh.w}, wl[4] = {vl.x, vl.y, vl.z, vl.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const float h0 = __uint_as_float(wh[j] << 16), h1 = __uint_as_float(wh[j] & 0xffff0000u);
-      const float l0 = __uint_as_float(wl[j] << 16), l1 = __uint_as_float(wl[j] & 0xffff0000u);
-      sh += h0 * h0 + h1 * h1;
-      sl += l0 * l0 + l1 * l1;
-    }
-  }
-  sh += __shfl_xor_sync(PEER_FULL, sh, 1);
-  sl += __shfl_xor_sync(PEER_FULL, sl, 1);
-  sh += __shfl_xor_sync(PEER_FULL, sh, 2);
-  sl += __shfl_xor_sync(PEER_FULL, sl, 2);
-  const float nh = sqrtf(sh), nl = sqrtf(sl);
-  const float steps = (float)(dpad / 16);
-  return (nl * kmh + nh * kml + steps * 4.f * 0x1p-16f * (nh + nl) * (kmh + kml) + 0x1p-100f) * (1.f + 0x1p-8f);
+  for (int c = mq * 8; c < dpad; c += 32)
+    add_squares(*(const uint4 *)&qh[mr * ds + c], *(const uint4 *)&ql[mr * ds + c], &sh, &sl);
+  return err_bound(sh, sl, dpad, kmh, kml);
 }
 
 /* A threshold at or below t - err, rounded down; -inf when that is NaN. */
@@ -923,30 +932,16 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
   }
   float err;
   {
-    /* row_err's bound on the slice (the same sums, chunks read from their
-     * swizzled places) */
+    /* row_err's bound on the slice (chunks read from their swizzled places) */
     float sh = 0.f, sl = 0.f;
 #pragma unroll
     for (int c = mq; c < 16; c += 4) {
       const u32 o = wg_off(mr, c, ROWS);
-      const uint4 vh = *(const uint4 *)((const char *)st + o), vl = *(const uint4 *)((const char *)st + o + (qls - qhs));
-      const u32 wh[4] = {vh.x, vh.y, vh.z, vh.w}, wl[4] = {vl.x, vl.y, vl.z, vl.w};
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float h0 = __uint_as_float(wh[j] << 16), h1 = __uint_as_float(wh[j] & 0xffff0000u);
-        const float l0 = __uint_as_float(wl[j] << 16), l1 = __uint_as_float(wl[j] & 0xffff0000u);
-        sh += h0 * h0 + h1 * h1;
-        sl += l0 * l0 + l1 * l1;
-      }
+      add_squares(*(const uint4 *)((const char *)st + o), *(const uint4 *)((const char *)st + o + (qls - qhs)), &sh,
+                  &sl);
     }
-    sh += __shfl_xor_sync(PEER_FULL, sh, 1);
-    sl += __shfl_xor_sync(PEER_FULL, sl, 1);
-    sh += __shfl_xor_sync(PEER_FULL, sh, 2);
-    sl += __shfl_xor_sync(PEER_FULL, sl, 2);
     const i64 grp = key_group(P, i, hh);
-    const float kmh = ((const float *)kmax)[2 * grp], kml = ((const float *)kmax)[2 * grp + 1];
-    const float nh = sqrtf(sh), nl = sqrtf(sl);
-    err = (nl * kmh + nh * kml + 8.f * 4.f * 0x1p-16f * (nh + nl) * (kmh + kml) + 0x1p-100f) * (1.f + 0x1p-8f);
+    err = err_bound(sh, sl, 128, ((const float *)kmax)[2 * grp], ((const float *)kmax)[2 * grp + 1]);
   }
   float gm[4][4];
 #pragma unroll
