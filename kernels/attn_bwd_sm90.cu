@@ -126,10 +126,6 @@ static __device__ __forceinline__ void wgmma_rs_n128(float *d, const u32 *a, u64
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-/* K-major, 128-byte swizzle: 8-row atoms 1024 bytes apart (SBO); LBO unused. */
-static __device__ __forceinline__ u64 desc_k(u32 addr) {
-  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
 /* MN-major, 128-byte swizzle: 8-row atoms along K 1024 bytes apart (SBO),
  * 64-column panels along M or N lbo bytes apart. */
 static __device__ __forceinline__ u64 desc_mn(u32 addr, u32 lbo) {
@@ -162,7 +158,7 @@ static __device__ __forceinline__ void gemm_s(float *d, u32 a, u32 b) {
   for (int p = 0; p < PANELS; p++)
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-      wgmma_ss_kk(d, desc_k(a + p * (BN * 128) + kk * 32), desc_k(b + p * (BM * 128) + kk * 32), p + kk);
+      wgmma_ss_kk(d, wgmma_desc_kmajor(a + p * (BN * 128) + kk * 32), wgmma_desc_kmajor(b + p * (BM * 128) + kk * 32), p + kk);
 }
 
 /* Whether query tile m (rows m BM .. of sq) sees key tile nt. */

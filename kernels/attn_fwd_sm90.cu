@@ -126,10 +126,6 @@ static __device__ __forceinline__ void wgmma_pv(float *d, const u32 *a, u64 db) 
 }
 #endif
 
-/* K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (SBO); LBO unused. */
-static __device__ __forceinline__ u64 desc_kmajor(u32 addr) {
-  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
 /* MN-major (V: d contiguous), 128-byte swizzle: 8-key atoms 1024 bytes
  * apart (SBO), 64-column panels BN x 128 bytes apart (LBO). */
 static __device__ __forceinline__ u64 desc_mnmajor(u32 addr) {
@@ -149,8 +145,8 @@ static __device__ __forceinline__ void gemm_s(float *s, u32 q, u32 k) {
   for (int p = 0; p < PANELS; p++)
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-      const u64 da = desc_kmajor(q + p * (BM * 128) + kk * 32);
-      const u64 db = desc_kmajor(k + p * (BN * 128) + kk * 32);
+      const u64 da = wgmma_desc_kmajor(q + p * (BM * 128) + kk * 32);
+      const u64 db = wgmma_desc_kmajor(k + p * (BN * 128) + kk * 32);
       if (p == 0 && kk == 0) wgmma_s_first(s, da, db);
       else wgmma_s(s, da, db);
     }

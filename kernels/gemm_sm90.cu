@@ -177,11 +177,6 @@
 
 /* ---------------------------------------------------------------- PTX wrappers */
 
-/* wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups
- * 1024 bytes apart (SBO); the leading offset is unused for this layout. */
-static __device__ __forceinline__ u64 wgmma_desc(u32 addr) {
-  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
 
 /* d (64 x BN per warpgroup) += A (64 x k) * B (k x BN), k = 32 bytes of K;
  * wgmma_first: d = A * B, the first step of a tile. d is only written
@@ -621,7 +616,7 @@ static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int h
 static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first) {
   /* A k step 32 bytes on is its descriptor + 2 (the address field counts
    * 16 bytes; shared addresses stay below 2^18, so it never carries). */
-  const u64 db = wgmma_desc(stage + A_BYTES);
+  const u64 db = wgmma_desc_kmajor(stage + A_BYTES);
   wgmma_fence();
 #if PINGPONG
   (void)c;
@@ -629,12 +624,12 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
   for (int kk = 0; kk < 4; kk++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const u64 da = wgmma_desc(stage + h * (64 * 128)) + 2 * kk;
+      const u64 da = wgmma_desc_kmajor(stage + h * (64 * 128)) + 2 * kk;
       if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
       else wgmma_step(d + 64 * h, da, db + 2 * kk);
     }
 #else
-  const u64 da = wgmma_desc(stage + c * (64 * 128));
+  const u64 da = wgmma_desc_kmajor(stage + c * (64 * 128));
   if (first) wgmma_first(d, da, db);
   else wgmma_step(d, da, db);
 #pragma unroll

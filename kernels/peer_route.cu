@@ -586,6 +586,22 @@ static __device__ __forceinline__ void score_tile_u32(float (*acc)[4], u32 qh, u
   }
 }
 
+/* a[j] of the n (a literal, 16 or 32) values a in registers, by selects
+ * on j's bits, lowest first (indexing a at run time would put it in local
+ * memory). */
+static __device__ __forceinline__ float pick(const float *a, const int n, int j) {
+  float s16[16], s8[8], s4[4], s2[2];
+#pragma unroll
+  for (int x = 0; x < n / 2; x++) s16[x] = j & 1 ? a[2 * x + 1] : a[2 * x];
+#pragma unroll
+  for (int x = 0; x < n / 4; x++) s8[x] = j & 2 ? s16[2 * x + 1] : s16[2 * x];
+#pragma unroll
+  for (int x = 0; x < n / 8; x++) s4[x] = j & 4 ? s8[2 * x + 1] : s8[2 * x];
+#pragma unroll
+  for (int x = 0; x < n / 16; x++) s2[x] = j & 8 ? s4[2 * x + 1] : s4[2 * x];
+  return n == 32 && (j & 16) ? s2[1] : s2[0];
+}
+
 /* REG's second pass: the tile's scores at or above their row's threshold
  * rt (NaN too), as THR 2's pass 1 keeps them, into the rows' buffers. A
  * thread's passing entries are a mask walked one entry a round, so the
@@ -606,16 +622,7 @@ static __device__ __forceinline__ void buffer_tile(const float (*acc)[4], const 
   while (mask) {
     const int j = __ffs(mask) - 1;
     mask &= mask - 1;
-    /* acc[j >> 2][j & 3] by selects on j's bits (indexing acc at run time
-     * would put it in local memory) */
-    float s8[8], s4[4], s2[2];
-#pragma unroll
-    for (int x = 0; x < 8; x++) s8[x] = j & 1 ? acc[x >> 1][(x & 1) * 2 + 1] : acc[x >> 1][(x & 1) * 2];
-#pragma unroll
-    for (int x = 0; x < 4; x++) s4[x] = j & 2 ? s8[2 * x + 1] : s8[2 * x];
-#pragma unroll
-    for (int x = 0; x < 2; x++) s2[x] = j & 4 ? s4[2 * x + 1] : s4[2 * x];
-    const float s = j & 8 ? s2[1] : s2[0];
+    const float s = pick((const float *)acc, 16, j); /* acc[j >> 2][j & 3] */
     const int col = cn + (j >> 2) * 8 + 2 * tq + (j & 1), r = rm + g + 8 * ((j >> 1) & 1);
     const u32 slot = atomicAdd(&cnt[r], 1u);
     if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(s, c0 + (u32)col);
@@ -792,11 +799,6 @@ static __device__ __forceinline__ void wg_ss(float *d, u64 da, u64 db, int acc) 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "l"(da), "l"(db), "r"(acc));
 }
-
-/* K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (SBO). */
-static __device__ __forceinline__ u64 wg_desc(u32 addr) {
-  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
 #endif
 
 /* Orders this thread's shared-memory writes (st.shared, cp.async) before
@@ -847,30 +849,15 @@ static __device__ __forceinline__ void wg_scores(float *acc, const u32 (*qf)[4],
   wgmma_fence();
 #pragma unroll
   for (int s = 0; s < 8; s++) {
-    const u64 db = wg_desc(kb + (u32)((s >> 2) * WG_CH * 128 + (s & 3) * 32));
+    const u64 db = wgmma_desc_kmajor(kb + (u32)((s >> 2) * WG_CH * 128 + (s & 3) * 32));
     wg_rs(acc, qf[s], db, s > 0);
-    if (LO) wg_ss(acc, wg_desc(qls + (u32)((s >> 2) * WG_QPANEL + (s & 3) * 32)), db, 1);
+    if (LO) wg_ss(acc, wgmma_desc_kmajor(qls + (u32)((s >> 2) * WG_QPANEL + (s & 3) * 32)), db, 1);
   }
   wgmma_commit();
   WGMMA_WAIT(0);
 #else
   __trap(); /* wgmma is sm_90a's; op_peer.c picks WG on cc 9.0 only */
 #endif
-}
-
-/* A score of acc by its index j (0..31) in registers: selects on j's bits
- * (indexing at run time would put acc in local memory). */
-static __device__ __forceinline__ float wg_pick(const float *acc, int j) {
-  float s16[16], s8[8], s4[4], s2[2];
-#pragma unroll
-  for (int x = 0; x < 16; x++) s16[x] = j & 1 ? acc[2 * x + 1] : acc[2 * x];
-#pragma unroll
-  for (int x = 0; x < 8; x++) s8[x] = j & 2 ? s16[2 * x + 1] : s16[2 * x];
-#pragma unroll
-  for (int x = 0; x < 4; x++) s4[x] = j & 4 ? s8[2 * x + 1] : s8[2 * x];
-#pragma unroll
-  for (int x = 0; x < 2; x++) s2[x] = j & 8 ? s4[2 * x + 1] : s4[2 * x];
-  return j & 16 ? s2[1] : s2[0];
 }
 
 /* Item it of wg_dim's two passes (chunk it mod nc, stage it & 1): waits
@@ -993,7 +980,7 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
       mask &= mask - 1;
       const int r = rm + g + 8 * ((j >> 1) & 1);
       const u32 slot = atomicAdd(&cnt[r], 1u);
-      if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(wg_pick(acc, j), (u32)(base + 8 * (j >> 2) + (j & 1)));
+      if (slot < BCAP) buf[r * BCAP + slot] = peer_pack(pick(acc, 32, j), (u32)(base + 8 * (j >> 2) + (j & 1)));
     }
   }
   __syncthreads(); /* every buffer entry is in */

@@ -2,7 +2,7 @@
  * memory addresses, cp.async, ldmatrix, the m16n8k16 mma.sync, mbarriers,
  * TMA loads and the wgmma fences. Only what does not depend on a kernel's
  * prelude lives here; each kernel keeps the wrappers shaped by its own
- * layout (wgmma descriptors, the wgmma instructions themselves).
+ * layout (MN-major wgmma descriptors, the wgmma instructions themselves).
  *
  * Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4), which the
  * kernels rely on when they move values between operands in registers:
@@ -143,6 +143,14 @@ static __device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 b
 }
 
 /* ---------------------------------------------------------------- wgmma */
+
+/* The shared-memory descriptor of a K-major wgmma operand with the
+ * 128-byte swizzle: 8-row atoms 1024 bytes apart (SBO); the leading offset
+ * is unused for this layout. (MN-major descriptors depend on a kernel's
+ * panel widths and stay with it.) */
+static __device__ __forceinline__ u64 wgmma_desc_kmajor(u32 addr) {
+  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
 
 static __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wgmma_commit(void) {
