@@ -4,8 +4,10 @@
  *     (peer_use_keys): the backward sorts the uses of each expert and of each
  *     sub-key so that every gradient row is a sum in a fixed order, written
  *     once, with no floating-point atomics;
- *   - the runs of equal keys in a sorted array (peer_seg_bounds) and the
- *     expert-gradient segment sums over them (peer_du, peer_dv);
+ *   - the runs of equal keys in a sorted array, indexed by key
+ *     (peer_seg_bounds) or listed in key order (peer_seg_heads,
+ *     peer_seg_compact), and the expert-gradient segment sums over them
+ *     (peer_du, peer_dv: dense or sparse rows);
  *   - deterministic column sums (peer_colsum_*: dbq and the norm params);
  *   - a 16-bit matrix transpose (peer_transpose16: Wq made K-major so the
  *     query projection runs on the Hopper GEMM kernel);
@@ -192,6 +194,64 @@ extern "C" __global__ void __launch_bounds__(NT) peer_seg_bounds(u64 skeys, i64 
   if (s == n - 1 || keys[s + 1] != key) b[2 * (i64)key + 1] = (u32)(s + 1);
 }
 
+/* The runs of the n sorted keys as a compact list (the sparse expert
+ * gradients): runs of keys < nrows in key order, two-level like the
+ * scans. peer_seg_heads: bsum[b] = the runs starting in tile b (TILE keys).
+ * peer_seg_compact, with bsum scanned and *total (u64) their sum: run r
+ * gets bounds[2 r], bounds[2 r + 1] and ids[r] = its key (i64), ids[i] =
+ * -1 for i >= total, and *count (i64, when given) = total. */
+static __device__ __forceinline__ void seg_flags(const u32 *keys, i64 n, i64 nrows, i64 i, bool *head, bool *tail) {
+  const u32 key = i < n ? keys[i] : 0u;
+  const bool in = i < n && (i64)key < nrows;
+  *head = in && (i == 0 || keys[i - 1] != key);
+  *tail = in && (i == n - 1 || keys[i + 1] != key);
+}
+
+extern "C" __global__ void __launch_bounds__(NT) peer_seg_heads(u64 skeys, i64 n, i64 nrows, u64 bsum) {
+  __shared__ u32 ws[NT / 32 + 1];
+  const i64 i0 = (i64)blockIdx.x * TILE + threadIdx.x * 4;
+  u32 mine = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    bool hd, tl;
+    seg_flags((const u32 *)skeys, n, nrows, i0 + j, &hd, &tl);
+    mine += hd;
+  }
+  u32 tot;
+  block_scan(mine, ws, &tot);
+  if (threadIdx.x == 0) ((u32 *)bsum)[blockIdx.x] = tot;
+}
+
+extern "C" __global__ void __launch_bounds__(NT) peer_seg_compact(u64 skeys, i64 n, i64 nrows, u64 bsum, u64 total,
+                                                                 u64 bounds, u64 ids, u64 count) {
+  __shared__ u32 ws[NT / 32 + 1];
+  const u32 *keys = (const u32 *)skeys;
+  const i64 i0 = (i64)blockIdx.x * TILE + threadIdx.x * 4, runs = (i64) * (const u64 *)total;
+  bool hd[4], tl[4];
+  u32 mine = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    seg_flags(keys, n, nrows, i0 + j, &hd[j], &tl[j]);
+    mine += hd[j];
+  }
+  u32 tot;
+  u32 r = ((const u32 *)bsum)[blockIdx.x] + block_scan(mine, ws, &tot); /* runs begun before i0 */
+  u32 *b = (u32 *)bounds;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const i64 i = i0 + j;
+    if (i >= n) break;
+    r += hd[j]; /* runs begun up to i: i's own run is r - 1 */
+    if (hd[j]) {
+      b[2 * (i64)(r - 1)] = (u32)i;
+      ((i64 *)ids)[r - 1] = keys[i];
+    }
+    if (tl[j]) b[2 * (i64)(r - 1) + 1] = (u32)(i + 1);
+    if (i >= runs) ((i64 *)ids)[i] = -1;
+  }
+  if (count && blockIdx.x == 0 && threadIdx.x == 0) *(i64 *)count = runs;
+}
+
 /* ---------------------------------------------------------------- expert gradients */
 
 #define SEG_E 8 /* contiguous elements per lane and pass */
@@ -217,14 +277,16 @@ static __device__ __forceinline__ void seg_store(u64 out, i64 i, int dt, const f
 
 /* Expert gradient rows, a warp per expert e (every row written: rows no
  * use selected get zeros), each row a sum over e's uses in sorted (use)
- * order, lane l covering elements [8 (l + 32 m), +8):
+ * order, lane l covering elements [8 (l + 32 m), +8). The sparse form
+ * passes peer_seg_compact's bounds and rows (e = the run's rank) and its
+ * run count (u64, device) as nrun: rows e >= *nrun are not written.
  *   dV_e[j, c] = Σ ua[use, j] dy[t(use), c]      peer_dv
  *   dU_e[i, j] = Σ udz[use, j] x[t(use), i]      peer_du */
-extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, i64 N, u64 ua, u64 dy, i64 dy_rs,
-                                                        int dy_dt, i64 hk, i64 he, i64 dout, u64 dv, int dv_dt) {
+extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, i64 N, u64 nrun, u64 ua, u64 dy,
+                                                        i64 dy_rs, int dy_dt, i64 hk, i64 he, i64 dout, u64 dv, int dv_dt) {
   const int lane = threadIdx.x & 31;
   const i64 e = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
-  if (e >= N) return;
+  if (e >= N || (nrun && (u64)e >= *(const u64 *)nrun)) return;
   const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
   const u32 *vals = (const u32 *)svals;
   const i64 row = he * dout;
@@ -254,11 +316,11 @@ extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 bounds, u64 svals, i64 N, u64 udz, u64 x, i64 x_rs,
-                                                        int x_dt, i64 hk, i64 he, i64 din, u64 du, int du_dt) {
+extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 bounds, u64 svals, i64 N, u64 nrun, u64 udz, u64 x,
+                                                        i64 x_rs, int x_dt, i64 hk, i64 he, i64 din, u64 du, int du_dt) {
   const int lane = threadIdx.x & 31;
   const i64 e = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
-  if (e >= N) return;
+  if (e >= N || (nrun && (u64)e >= *(const u64 *)nrun)) return;
   const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
   const u32 *vals = (const u32 *)svals;
   const i64 row = din * he;

@@ -699,6 +699,99 @@ static void dgrads_free(dgrads *gr) {
 static const char *const grad_names[G_COUNT] = {"dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "dsub_keys[0]",
                                                 "dsub_keys[1]", "dsub_keys[2]", "dsub_keys[3]", "du", "dv"};
 
+/* The sparse expert gradients (grad_ids, grad_count, du_rows, dv_rows) of
+ * one backward, downloaded. */
+typedef struct sparse_grads {
+  int64_t count, *ids;
+  void *du, *dv; /* the rows as stored, T·h·k rows each */
+  size_t du_bytes, dv_bytes;
+} sparse_grads;
+
+static void sparse_run(smelt_ctx *ctx, const prob *pr, const smelt_peer_weights *w, const smelt_tensor *x,
+                       const smelt_tensor *ids, const smelt_tensor *dy, smelt_dtype dt, sparse_grads *out) {
+  const pcase *c = &pr->c;
+  const int64_t nid = c->T * c->h * c->k, one = 1;
+  int64_t us[3] = {nid, c->din, c->he}, vs[3] = {nid, c->he, c->dout};
+  obuf gi = out_new(ctx, SMELT_DTYPE_I64, 1, &nid), gc = out_new(ctx, SMELT_DTYPE_I64, 1, &one);
+  obuf du = out_new(ctx, dt, 3, us), dv = out_new(ctx, dt, 3, vs);
+  smelt_peer_grads g;
+  memset(&g, 0, sizeof g);
+  g.grad_ids = &gi.t;
+  g.grad_count = &gc.t;
+  g.du_rows = &du.t;
+  g.dv_rows = &dv.t;
+  CHECK_OK(smelt_peer_backward(ctx, &pr->cfg, w, x, ids, dy, &g));
+  out->ids = (int64_t *)malloc(gi.b.bytes ? gi.b.bytes : 1);
+  th_buf_download(&gi.b, out->ids, gi.b.bytes);
+  th_buf_download(&gc.b, &out->count, 8);
+  out->du_bytes = du.b.bytes;
+  out->dv_bytes = dv.b.bytes;
+  out->du = malloc(du.b.bytes ? du.b.bytes : 1);
+  out->dv = malloc(dv.b.bytes ? dv.b.bytes : 1);
+  th_buf_download(&du.b, out->du, du.b.bytes);
+  th_buf_download(&dv.b, out->dv, dv.b.bytes);
+  CHECK(th_buf_guards_ok(&gi.b) && th_buf_guards_ok(&gc.b) && th_buf_guards_ok(&du.b) && th_buf_guards_ok(&dv.b));
+  out_free(&gi);
+  out_free(&gc);
+  out_free(&du);
+  out_free(&dv);
+}
+
+static void sparse_free(sparse_grads *s) {
+  free(s->ids);
+  free(s->du);
+  free(s->dv);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Sparse gradients against the dense du and dv of the same backward (ids
+ * on the host): the distinct ids ascending, then -1; each row the dense
+ * row's bytes; rows past the count untouched (still the 0xFF poison). */
+static void check_sparse(const char *what, const prob *pr, const int64_t *ids, const sparse_grads *sg, obuf *du,
+                         obuf *dv) {
+  const pcase *c = &pr->c;
+  const int64_t nid = c->T * c->h * c->k;
+  int64_t *want = (int64_t *)malloc((size_t)(nid ? nid : 1) * 8), m = 0;
+  memcpy(want, ids, (size_t)nid * 8);
+  qsort(want, (size_t)nid, 8, cmp_i64);
+  for (int64_t i = 0; i < nid; i++)
+    if (i == 0 || want[i] != want[i - 1]) want[m++] = want[i];
+  if (sg->count != m) th_fail(__FILE__, __LINE__, "%s: grad_count %lld, want %lld", what, (long long)sg->count, (long long)m);
+  for (int64_t i = 0; i < nid && sg->count == m; i++)
+    if (sg->ids[i] != (i < m ? want[i] : -1)) {
+      th_fail(__FILE__, __LINE__, "%s: grad_ids[%lld] = %lld, want %lld", what, (long long)i, (long long)sg->ids[i],
+              (long long)(i < m ? want[i] : -1));
+      break;
+    }
+  const size_t ur = sg->du_bytes / (size_t)(nid ? nid : 1), vr = sg->dv_bytes / (size_t)(nid ? nid : 1);
+  char *hu = (char *)malloc(du->b.bytes ? du->b.bytes : 1), *hv = (char *)malloc(dv->b.bytes ? dv->b.bytes : 1);
+  th_buf_download(&du->b, hu, du->b.bytes);
+  th_buf_download(&dv->b, hv, dv->b.bytes);
+  for (int64_t r = 0; r < nid && sg->count == m; r++) {
+    int bad;
+    if (r < m)
+      bad = memcmp((const char *)sg->du + r * ur, hu + want[r] * ur, ur) ||
+            memcmp((const char *)sg->dv + r * vr, hv + want[r] * vr, vr);
+    else {
+      bad = 0;
+      for (size_t b = 0; b < ur; b++) bad |= ((const unsigned char *)sg->du)[r * ur + b] != 0xFF;
+      for (size_t b = 0; b < vr; b++) bad |= ((const unsigned char *)sg->dv)[r * vr + b] != 0xFF;
+    }
+    if (bad) {
+      th_fail(__FILE__, __LINE__, "%s: sparse row %lld %s", what, (long long)r,
+              r < m ? "differs from the dense gradient's row" : "(past the count) was written");
+      break;
+    }
+  }
+  free(want);
+  free(hu);
+  free(hv);
+}
+
 /* L = Σ y ∘ wy on the CPU in f64 (the problem is all f64). */
 static double loss(smelt_ctx *ctx, const prob *pr, dprob *d, const double *wy, double *ids_out) {
   const pcase *c = &pr->c;
@@ -733,6 +826,12 @@ static void gradcheck_case(const pcase *c) {
   dgrads gr;
   dgrads_init(&gr, &d, &pr, F64, 1);
   CHECK_OK(smelt_peer_backward(ctx, &pr.cfg, &d.w, &d.t[B_X], &it, &dyt, &gr.g));
+  {
+    sparse_grads sg;
+    sparse_run(ctx, &pr, &d.w, &d.t[B_X], &it, &dyt, F64, &sg);
+    check_sparse("gradcheck sparse rows (cpu)", &pr, idv, &sg, &gr.o[G_DU], &gr.o[G_DV]);
+    sparse_free(&sg);
+  }
   /* parameter buffer behind each gradient */
   const int src[G_COUNT] = {B_X, B_WQ, B_BQ, B_NW, B_NB, B_K0, B_K0 + 1, B_K0 + 2, B_K0 + 3, B_U, B_V};
   char nm[200];
@@ -845,6 +944,19 @@ static void test_peer_backward_cuda(void) {
         free(b);
       }
       dgrads_free(&g16);
+    }
+    /* the sparse rows, on both backends: the dense rows' bytes */
+    if (!s) {
+      sparse_grads sc_, sg_;
+      char w2[300];
+      sparse_run(th_cpu(), &pr, &dc.w, &dc.t[B_X], &ic.t, &dyc.t, F32, &sc_);
+      sparse_run(gpu, &pr, &dg.w, &dg.t[B_X], &ig.t, &dyg.t, F32, &sg_);
+      snprintf(w2, sizeof w2, "%s: sparse rows (cpu)", what);
+      check_sparse(w2, &pr, (const int64_t *)ic.b.data, &sc_, &gc.o[G_DU], &gc.o[G_DV]);
+      snprintf(w2, sizeof w2, "%s: sparse rows (cuda)", what);
+      check_sparse(w2, &pr, (const int64_t *)ic.b.data, &sg_, &gg.o[G_DU], &gg.o[G_DV]);
+      sparse_free(&sc_);
+      sparse_free(&sg_);
     }
     /* deterministic: a second run gives the same bytes */
     if (!s) {
@@ -1031,6 +1143,11 @@ static void test_peer_store_forward(void) {
       CHECK_OK(smelt_peer_forward(ctx, &pr.cfg, &dd.w, &dd.t[B_X], &y0.t, &i0.t, NULL));
       void *want = malloc(y0.b.bytes), *got = malloc(y0.b.bytes);
       th_buf_download(&y0.b, want, y0.b.bytes);
+      obuf dy = out_new(ctx, c->xdt, 2, ys);
+      void *dyh = host_fill(&pr, c->xdt, c->T * c->dout, -1, 1, 0);
+      th_buf_upload(&dy.b, dyh, dy.b.bytes);
+      sparse_grads sd;
+      sparse_run(ctx, &pr, &dd.w, &dd.t[B_X], &i0.t, &dy.t, F32, &sd);
       const size_t es = smelt_dtype_size(c->wdt);
       const double slot = (double)((c->din + c->dout) * c->he * (int64_t)es);
       /* cache for every expert, for k + 1 of them, none; then all again with the
@@ -1053,6 +1170,13 @@ static void test_peer_store_forward(void) {
           out_free(&y);
           out_free(&i1);
         }
+        { /* sparse expert gradients through the store: the dense tables' bytes */
+          sparse_grads a;
+          sparse_run(ctx, &pr, &ds.w, &ds.t[B_X], &i0.t, &dy.t, F32, &a);
+          CHECK(a.count > 0 && a.count == sd.count && !memcmp(a.ids, sd.ids, (size_t)(c->T * c->h * c->k) * 8) &&
+                !memcmp(a.du, sd.du, a.du_bytes) && !memcmp(a.dv, sd.dv, a.dv_bytes));
+          sparse_free(&a);
+        }
         smelt_peer_store_stats cs;
         CHECK_OK(smelt_peer_store_stats_get(st, &cs));
         CHECK_EQ_INT(cs.batches, 2);
@@ -1064,6 +1188,9 @@ static void test_peer_store_forward(void) {
       }
       free(want);
       free(got);
+      free(dyh);
+      sparse_free(&sd);
+      out_free(&dy);
       out_free(&y0);
       out_free(&i0);
       dprob_free(&dd);

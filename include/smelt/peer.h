@@ -197,12 +197,23 @@ typedef struct smelt_peer_weights {
  * they differentiate; all overwritten (du and dv are dense: rows of experts
  * no token used are zero). The backward is deterministic: every gradient
  * element is summed in a fixed order (sorted segment reductions, no
- * floating-point atomics). du and dv are not available with a store. */
+ * floating-point atomics). du and dv are not available with a store.
+ *
+ * Sparse expert gradients, for tables too large to differentiate densely
+ * (and with a store): the M distinct experts of ids, ascending, and only
+ * their rows, each bit-identical to the dense gradient's row.
+ *   grad_ids   [T·h·k] i64: the M experts, then -1 in the remaining entries
+ *   grad_count [1] i64: M (optional)
+ *   du_rows    [T·h·k, d_in, h_e]: row r = dU of grad_ids[r], r < M
+ *   dv_rows    [T·h·k, h_e, d_out]: row r = dV of grad_ids[r], r < M
+ * Rows r >= M of du_rows and dv_rows are not written. du_rows and dv_rows
+ * need grad_ids. On CUDA, ids outside [0, N) are left out of the M. */
 typedef struct smelt_peer_grads {
   const smelt_tensor *dx, *dwq, *dbq;
   const smelt_tensor *dnorm_weight, *dnorm_bias; /* layernorm / batchnorm only */
   const smelt_tensor *dsub_keys[SMELT_PEER_MAX_DIMS];
   const smelt_tensor *du, *dv;
+  const smelt_tensor *grad_ids, *grad_count, *du_rows, *dv_rows;
 } smelt_peer_grads;
 
 /* ---------------------------------------------------------------- plan and run */

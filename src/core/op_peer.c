@@ -508,6 +508,44 @@ static smelt_status check_grad(const smelt_plan *plan, const char *name, const s
   return SMELT_OK;
 }
 
+/* The sparse expert gradients (smelt/peer.h): [T·h·k] ids and count in
+ * i64, rows [T·h·k, ...] in a float dtype, all contiguous outputs. */
+static smelt_status check_sparse_grads(const smelt_plan *plan, const smelt_peer_grads *g) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const int64_t nuse = ps->T * ps->h * ps->k;
+  smelt_status s;
+  if ((g->du_rows || g->dv_rows || g->grad_count) && !g->grad_ids)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": grads.%s needs grads.grad_ids (which expert each row is)",
+                        g->du_rows ? "du_rows" : g->dv_rows ? "dv_rows" : "grad_count");
+  if (g->grad_ids) {
+    int64_t dims[1] = {nuse};
+    if ((s = check_out_common(plan, "grad_ids", g->grad_ids)) ||
+        (s = smelt__check_dtype(OP, "grad_ids", g->grad_ids, &i64_type, 1)) ||
+        (s = check_shape("grad_ids", g->grad_ids, 1, dims, "[T*num_heads*k]")) ||
+        (s = check_contiguous("grad_ids", g->grad_ids)) || (s = smelt__check_output(OP, "grad_ids", g->grad_ids)))
+      return s;
+  }
+  if (g->grad_count) {
+    int64_t dims[1] = {1};
+    if ((s = check_out_common(plan, "grad_count", g->grad_count)) ||
+        (s = smelt__check_dtype(OP, "grad_count", g->grad_count, &i64_type, 1)) ||
+        (s = check_shape("grad_count", g->grad_count, 1, dims, "[1]")) ||
+        (s = smelt__check_output(OP, "grad_count", g->grad_count)))
+      return s;
+  }
+  const smelt_tensor *rows[2] = {g->du_rows, g->dv_rows};
+  const char *names[2] = {"du_rows", "dv_rows"};
+  const int64_t shapes[2][3] = {{nuse, ps->din, ps->he}, {nuse, ps->he, ps->dout}};
+  const char *what[2] = {"[T*num_heads*k, input_dim, expert_hidden]", "[T*num_heads*k, expert_hidden, output_dim]"};
+  for (int i = 0; i < 2; i++)
+    if (rows[i] && ((s = check_out_common(plan, names[i], rows[i])) ||
+                    (s = smelt__check_dtype(OP, names[i], rows[i], float_types, NFLOAT)) ||
+                    (s = check_shape(names[i], rows[i], 3, shapes[i], what[i])) ||
+                    (s = check_contiguous(names[i], rows[i])) || (s = smelt__check_output(OP, names[i], rows[i]))))
+      return s;
+  return SMELT_OK;
+}
+
 smelt_status smelt_peer_backward_run(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
                                      const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g) {
   smelt_status s = check_plan(OP "_backward_run", plan);
@@ -538,10 +576,12 @@ smelt_status smelt_peer_backward_run(smelt_plan *plan, const smelt_peer_weights 
   if ((g->du && (s = check_grad(plan, "du", g->du, SMELT__PT_U, "u"))) ||
       (g->dv && (s = check_grad(plan, "dv", g->dv, SMELT__PT_V, "v"))))
     return s;
-  const smelt_tensor *outs[8 + SMELT_PEER_MAX_DIMS] = {g->dx, g->dwq, g->dbq, g->dnorm_weight, g->dnorm_bias, g->du,
-                                                        g->dv};
-  const char *onames[8 + SMELT_PEER_MAX_DIMS] = {"dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "du", "dv"};
-  int nout = 7;
+  if ((s = check_sparse_grads(plan, g))) return s;
+  const smelt_tensor *outs[11 + SMELT_PEER_MAX_DIMS] = {g->dx, g->dwq, g->dbq, g->dnorm_weight, g->dnorm_bias, g->du,
+                                                         g->dv, g->grad_ids, g->grad_count, g->du_rows, g->dv_rows};
+  const char *onames[11 + SMELT_PEER_MAX_DIMS] = {"dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "du", "dv",
+                                                  "grad_ids", "grad_count", "du_rows", "dv_rows"};
+  int nout = 11;
   for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++, nout++) {
     outs[nout] = g->dsub_keys[i];
     onames[nout] = dkey_names[i];

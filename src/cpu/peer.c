@@ -9,8 +9,8 @@
  *
  * The backward recomputes q, the scores of the given ids and the gates;
  * expert gradients are summed per expert in (token, head, slot) order
- * after sorting the uses by expert, so du and dv need memory for the uses
- * and one row, not N rows of doubles. */
+ * after sorting the uses by expert, so du and dv (dense or sparse) need
+ * memory for the uses and one row, not N rows of doubles. */
 #include "../core/peer_internal.h"
 
 #include <math.h>
@@ -556,34 +556,47 @@ smelt_status smelt__cpu_peer_backward(const smelt__peer_state *ps, const smelt_p
       }
     }
   }
-  /* dU, dV: per expert, its uses in (token, head, slot) order */
+  /* dU, dV: per expert, its uses in (token, head, slot) order; the sparse
+   * form stores the same rows at the expert's rank among the distinct ids */
   zero(gr->du);
   zero(gr->dv);
-  if (gr->du || gr->dv) {
+  if (gr->du || gr->dv || gr->grad_ids) {
     qsort(uses, (size_t)nuse, sizeof(use), use_cmp);
-    for (int64_t b = 0; b < nuse;) {
+    const int64_t vrow = he * ps->dout, urow = ps->din * he;
+    int64_t rank = 0;
+    for (int64_t b = 0; b < nuse; rank++) {
       int64_t end = b;
       while (end < nuse && uses[end].e == uses[b].e) end++;
       const int64_t e = uses[b].e;
-      if (gr->dv) { /* dV_e[j, c] = Σ a_j dy[t, c] */
-        for (int64_t i = 0; i < he * ps->dout; i++) row[i] = 0;
+      if (gr->grad_ids) st(gr->grad_ids, rank, (double)e);
+      if (gr->dv || gr->dv_rows) { /* dV_e[j, c] = Σ a_j dy[t, c] */
+        for (int64_t i = 0; i < vrow; i++) row[i] = 0;
         for (int64_t m = b; m < end; m++)
           for (int64_t jj = 0; jj < he; jj++)
             for (int64_t c = 0; c < ps->dout; c++)
               row[jj * ps->dout + c] += ua[uses[m].pos * he + jj] * ld(dy, uses[m].t * ps->dout + c);
-        for (int64_t i = 0; i < he * ps->dout; i++) st(gr->dv, e * he * ps->dout + i, row[i]);
+        for (int64_t i = 0; i < vrow; i++) {
+          if (gr->dv) st(gr->dv, e * vrow + i, row[i]);
+          if (gr->dv_rows) st(gr->dv_rows, rank * vrow + i, row[i]);
+        }
       }
-      if (gr->du) { /* dU_e[i, j] = Σ dz_j x[t, i] */
-        for (int64_t i = 0; i < ps->din * he; i++) row[i] = 0;
+      if (gr->du || gr->du_rows) { /* dU_e[i, j] = Σ dz_j x[t, i] */
+        for (int64_t i = 0; i < urow; i++) row[i] = 0;
         for (int64_t m = b; m < end; m++)
           for (int64_t i = 0; i < ps->din; i++) {
             const double xv = ld(x, uses[m].t * ps->din + i);
             for (int64_t jj = 0; jj < he; jj++) row[i * he + jj] += udz[uses[m].pos * he + jj] * xv;
           }
-        for (int64_t i = 0; i < ps->din * he; i++) st(gr->du, e * ps->din * he + i, row[i]);
+        for (int64_t i = 0; i < urow; i++) {
+          if (gr->du) st(gr->du, e * urow + i, row[i]);
+          if (gr->du_rows) st(gr->du_rows, rank * urow + i, row[i]);
+        }
       }
       b = end;
     }
+    if (gr->grad_ids)
+      for (int64_t i = rank; i < nuse; i++) st(gr->grad_ids, i, -1.0);
+    if (gr->grad_count) st(gr->grad_count, 0, (double)rank);
   }
 done:
   free(dwq);

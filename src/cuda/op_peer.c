@@ -11,6 +11,8 @@
  *             -> GEMM dx = dq Wqᵀ + dx_experts, GEMM dWq = xᵀ dq,
  *                column sums (dbq, norm params), sorted segment sums
  *                (du, dv: a warp per expert row, every row written;
+ *                the sparse rows: the runs listed in expert order, a warp
+ *                per distinct expert;
  *                d sub-keys: a CTA per key row).
  *
  * The expert kernels come in one module per weight dtype and load width:
@@ -76,6 +78,8 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u) {
              {&u->sort_scatter, "peer_sort_scatter"},
              {&u->use_keys, "peer_use_keys"},
              {&u->seg_bounds, "peer_seg_bounds"},
+             {&u->seg_heads, "peer_seg_heads"},
+             {&u->seg_compact, "peer_seg_compact"},
              {&u->du, "peer_du"},
              {&u->dv, "peer_dv"},
              {&u->colsum_partial, "peer_colsum_partial"},
@@ -879,7 +883,49 @@ static smelt_status memset0(smelt_ctx *ctx, const smelt_tensor *t) {
   return SMELT_OK;
 }
 
-enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DQ16, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_BND, W_PART, W_N };
+/* The runs of the n sorted keys < nrows listed in key order (the sparse
+ * expert gradients): bounds[2 r], bounds[2 r + 1] and ids[r] for run r,
+ * -1 in ids past the runs, their number to *total (u64) and *count (i64,
+ * when not NULL). bsum: one u32 a tile of TILE keys. */
+static smelt_status seg_compact(smelt_ctx *ctx, const smelt__peer_util *u, void *skeys, int64_t n, int64_t nrows,
+                                void *bsum, void *total, void *bounds, void *ids, void *count) {
+  const unsigned tiles = (unsigned)((n + SMELT__PEER_SCAN_TILE - 1) / SMELT__PEER_SCAN_TILE);
+  void *hp[] = {&skeys, &n, &nrows, &bsum};
+  smelt_status s = smelt__cuda_launch(ctx, OP, u->seg_heads, tiles, 1, 1, 256, 0, hp);
+  if (!s) s = smelt__peer_scan(ctx, u, bsum, tiles, total);
+  void *cp[] = {&skeys, &n, &nrows, &bsum, &total, &bounds, &ids, &count};
+  if (!s) s = smelt__cuda_launch(ctx, OP, u->seg_compact, tiles, 1, 1, 256, 0, cp);
+  return s;
+}
+
+/* Expert gradient rows by sorted segment sums (peer_dv, peer_du): dense
+ * (rows = N, bounds by expert, nrun NULL) or sparse (rows = the uses, bounds
+ * by rank, nrun the device count of runs). */
+static smelt_status expert_grads(smelt_ctx *ctx, const smelt__peer_state *ps, const smelt__peer_util *u, void *bnd,
+                                 void *sv, int64_t rows, void *nrun, const smelt_tensor *x, const smelt_tensor *dy,
+                                 void *ua, void *udz, const smelt_tensor *du, const smelt_tensor *dv) {
+  int64_t hk = ps->h * ps->k, he = ps->he;
+  const unsigned grid = (unsigned)((rows + 7) / 8);
+  smelt_status s = SMELT_OK;
+  if (dv) {
+    void *dyp = dy->data, *dvp = dv->data;
+    int64_t dy_rs = dy->strides[0], dout = ps->dout;
+    int dy_dt = dy->dtype, dv_dt = dv->dtype;
+    void *vp[] = {&bnd, &sv, &rows, &nrun, &ua, &dyp, &dy_rs, &dy_dt, &hk, &he, &dout, &dvp, &dv_dt};
+    s = smelt__cuda_launch(ctx, OP, u->dv, grid, 1, 1, 256, 0, vp);
+  }
+  if (!s && du) {
+    void *xp = x->data, *dup = du->data;
+    int64_t x_rs = x->strides[0], din = ps->din;
+    int x_dt = x->dtype, du_dt = du->dtype;
+    void *up[] = {&bnd, &sv, &rows, &nrun, &udz, &xp, &x_rs, &x_dt, &hk, &he, &din, &dup, &du_dt};
+    s = smelt__cuda_launch(ctx, OP, u->du, grid, 1, 1, 256, 0, up);
+  }
+  return s;
+}
+
+enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DQ16, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_BND,
+       W_PART, W_RSUM, W_RTOT, W_N };
 
 smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
                                        const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g) {
@@ -899,7 +945,8 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   const int want_norm = g->dnorm_weight || g->dnorm_bias;
   int want_keys = 0;
   for (int i = 0; i < ps->p; i++) want_keys |= g->dsub_keys[i] != NULL;
-  const int want_sort = want_keys || g->du || g->dv;
+  const int sparse = g->grad_ids != NULL;
+  const int want_sort = want_keys || g->du || g->dv || sparse;
   const int64_t nblocks = (nuse + SMELT__PEER_SORT_TILE - 1) / SMELT__PEER_SORT_TILE;
   size_t bytes[W_N] = {0};
   bytes[W_Q] = (size_t)(T * hd) * 4;
@@ -923,11 +970,16 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     bytes[W_HIST] = (size_t)(256 * (nblocks ? nblocks : 1)) * 4;
     /* segment bounds of the longest table sorted: experts or a dim's key rows */
     int64_t rows = g->du || g->dv ? ps->N : 1;
+    if (sparse && nuse > rows) rows = nuse; /* the sparse rows' bounds, by rank */
     for (int i = 0; i < ps->p; i++)
       if (g->dsub_keys[i] && (ps->cfg.per_head_keys ? h : 1) * ps->n[i] > rows) rows = (ps->cfg.per_head_keys ? h : 1) * ps->n[i];
     bytes[W_BND] = (size_t)rows * 8;
   }
   bytes[W_PART] = (size_t)(SMELT__PEER_CS_CHUNKS * hd) * 4; /* the widest column sum: dbq */
+  if (sparse) {
+    bytes[W_RSUM] = (size_t)((nuse + SMELT__PEER_SCAN_TILE - 1) / SMELT__PEER_SCAN_TILE + 1) * 4;
+    bytes[W_RTOT] = 8;
+  }
   void *base, *r[W_N];
   if ((s = ws_alloc(ctx, bytes, W_N, &base, r))) return s;
   smelt__nvtx_push("smelt_peer_backward");
@@ -993,29 +1045,24 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   }
   sort_ws sw = {(uint32_t *)r[W_K0], (uint32_t *)r[W_V0], (uint32_t *)r[W_K1], (uint32_t *)r[W_V1],
                 (uint32_t *)r[W_HIST]};
-  if (!s && (g->du || g->dv) && nuse == 0) {
+  if (!s && nuse == 0) {
     if (g->du) s = memset0(ctx, g->du);
     if (!s && g->dv) s = memset0(ctx, g->dv);
-  } else if (!s && (g->du || g->dv)) { /* every row written: zeros where no use selected the expert */
+    if (!s && g->grad_count) s = memset0(ctx, g->grad_count);
+  } else if (!s && (g->du || g->dv || sparse)) {
     uint32_t *sk, *sv;
-    int64_t hk = h * k, he = ps->he, N = ps->N;
     void *bnd = r[W_BND];
     s = sort_uses(ctx, &pc->util, &sw, ids->data, nuse, h, k, ps->N, 1, 0, 0, (uint32_t)ps->N, &sk, &sv);
-    if (!s) s = seg_bounds(ctx, &pc->util, sk, nuse, N, bnd);
-    const unsigned grid = (unsigned)((N + 7) / 8);
-    if (!s && g->dv) {
-      void *a = r[W_UA], *dyp = dy->data, *dvp = g->dv->data, *svp = sv;
-      int64_t dy_rs = dy->strides[0], dout = ps->dout;
-      int dy_dt = dy->dtype, dv_dt = g->dv->dtype;
-      void *vp[] = {&bnd, &svp, &N, &a, &dyp, &dy_rs, &dy_dt, &hk, &he, &dout, &dvp, &dv_dt};
-      s = smelt__cuda_launch(ctx, OP, pc->util.dv, grid, 1, 1, 256, 0, vp);
+    if (!s && (g->du || g->dv)) { /* every row written: zeros where no use selected the expert */
+      s = seg_bounds(ctx, &pc->util, sk, nuse, ps->N, bnd);
+      if (!s) s = expert_grads(ctx, ps, &pc->util, bnd, sv, ps->N, NULL, x, dy, r[W_UA], r[W_UDZ], g->du, g->dv);
     }
-    if (!s && g->du) {
-      void *a = r[W_UDZ], *xp = x->data, *dup = g->du->data, *svp = sv;
-      int64_t x_rs = x->strides[0], din = ps->din;
-      int x_dt = x->dtype, du_dt = g->du->dtype;
-      void *up[] = {&bnd, &svp, &N, &a, &xp, &x_rs, &x_dt, &hk, &he, &din, &dup, &du_dt};
-      s = smelt__cuda_launch(ctx, OP, pc->util.du, grid, 1, 1, 256, 0, up);
+    if (!s && sparse) { /* the distinct experts' rows, in expert order (bnd reused in stream order) */
+      s = seg_compact(ctx, &pc->util, sk, nuse, ps->N, r[W_RSUM], r[W_RTOT], bnd, g->grad_ids->data,
+                      g->grad_count ? g->grad_count->data : NULL);
+      if (!s)
+        s = expert_grads(ctx, ps, &pc->util, bnd, sv, nuse, r[W_RTOT], x, dy, r[W_UA], r[W_UDZ], g->du_rows,
+                         g->dv_rows);
     }
   }
   for (int i = 0; i < ps->p && !s; i++) {

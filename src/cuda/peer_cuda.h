@@ -36,10 +36,12 @@ void smelt__peer_expert_src(smelt_dtype wdt, int vec, smelt__kernel_src *src);
 #define SMELT__PEER_TILE 1024
 #define SMELT__PEER_SORT_TILE 4096
 #define SMELT__PEER_CS_CHUNKS 32
+#define SMELT__PEER_SCAN_TILE 1024 /* keys a block of the two-level scans (peer_util.cu's TILE) */
 
 /* The util module's functions a caller needs. */
 typedef struct smelt__peer_util {
-  CUfunction scan, sort_hist, sort_scatter, use_keys, seg_bounds, du, dv, colsum_partial, colsum_final, transpose16;
+  CUfunction scan, sort_hist, sort_scatter, use_keys, seg_bounds, seg_heads, seg_compact, du, dv, colsum_partial,
+      colsum_final, transpose16;
   CUfunction store_count, store_lookup, store_misses, store_slot_count, store_slot_rank, store_assign, store_finish;
 } smelt__peer_util;
 smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u);
