@@ -63,7 +63,7 @@ static int64_t opt_tokens = 4096, opt_d_model = 1024, opt_d_out = 0, opt_experts
 static int64_t opt_top_k = 16, opt_query_dim = 256, opt_hidden = 1, opt_dims = 2, opt_cache_mb = 0;
 static int64_t opt_check_tokens = 8;
 static const char *opt_dtype = "bf16", *opt_routing = "uniform", *opt_zipf = NULL;
-static int opt_bwd, opt_check;
+static int opt_bwd, opt_check, opt_sparse;
 
 static const cli_opt options[] = {
     {"tokens", CLI_OPT_INT, &opt_tokens, "T", "tokens per run (default 4096)"},
@@ -83,6 +83,9 @@ static const cli_opt options[] = {
      "bench the store alone (needs --cache-mb > 0) on batches of tokens x heads x top-k expert ids drawn from an "
      "exact Zipf(S) distribution over the experts, S > 0 (e.g. 1.1)"},
     {"bwd", CLI_OPT_FLAG, &opt_bwd, NULL, "time the backward (dx, dWq, d sub-keys, dU, dV) instead of the forward"},
+    {"sparse-grads", CLI_OPT_FLAG, &opt_sparse, NULL,
+     "with --bwd: dU, dV as the distinct experts' rows (grad_ids, du_rows, dv_rows) instead of dense tables; "
+     "always so with a store"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare a few tokens of one run against the CPU backend"},
     {"check-tokens", CLI_OPT_INT, &opt_check_tokens, "N", "tokens checked (default 8)"},
     {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
@@ -106,7 +109,7 @@ static struct {
   int sets;
   void **x, **y, **ids, **dy, **dx;
   void *wq, *bq, *keys[SMELT_PEER_MAX_DIMS], *u, *v;
-  void *dwq, *dbq, *dkeys[SMELT_PEER_MAX_DIMS], *du, *dv;
+  void *dwq, *dbq, *dkeys[SMELT_PEER_MAX_DIMS], *du, *dv, *gids; /* du, dv: dense or the sparse rows */
   smelt_peer_store *store;
   smelt_plan *plan;
   cli_bench_case *c; /* the runner's case: teardown adds the store's counters */
@@ -159,6 +162,7 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
       cli_usage_error(doc->command, "--zipf benches the store alone: it needs --cache-mb > 0, without --bwd or --check");
   }
 
+  if (opt_sparse && !opt_bwd) cli_usage_error(doc->command, "--sparse-grads is an option of --bwd");
   st.cfg = smelt_peer_config_default();
   st.cfg.input_dim = st.din;
   st.cfg.output_dim = st.dout;
@@ -205,16 +209,17 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   snprintf(c->params_text, sizeof c->params_text,
            "%s tokens=%lld d_in=%lld d_out=%lld experts=%lld (%lld^%lld) heads=%lld top_k=%lld query_dim=%lld "
            "expert_hidden=%lld dtype=%s cache_mb=%lld routing=%s",
-           st.zipf_s > 0 ? "store" : opt_bwd ? "bwd" : "fwd", (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N,
+           st.zipf_s > 0 ? "store" : opt_bwd ? (st.store || opt_sparse ? "bwd(sparse dU dV)" : "bwd") : "fwd", (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N,
            (long long)st.n, (long long)st.P, (long long)st.H, (long long)st.K, (long long)st.dq, (long long)st.he,
            smelt_dtype_name(st.dt), (long long)opt_cache_mb, routing);
   snprintf(c->params_json, sizeof c->params_json,
            "\"tokens\":%lld,\"d_in\":%lld,\"d_out\":%lld,\"experts\":%lld,\"product_dims\":%lld,\"heads\":%lld,"
            "\"top_k\":%lld,\"query_dim\":%lld,\"expert_hidden\":%lld,\"dtype\":\"%s\",\"cache_mb\":%lld,"
-           "\"routing\":\"%s\",\"bwd\":%s,\"expert_bytes\":%llu",
+           "\"routing\":\"%s\",\"bwd\":%s,\"sparse_grads\":%s,\"expert_bytes\":%llu",
            (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N, (long long)st.P, (long long)st.H,
            (long long)st.K, (long long)st.dq, (long long)st.he, smelt_dtype_name(st.dt), (long long)opt_cache_mb,
-           routing, opt_bwd ? "true" : "false", (unsigned long long)st.expert_bytes);
+           routing, opt_bwd ? "true" : "false", opt_bwd && (st.store || opt_sparse) ? "true" : "false",
+           (unsigned long long)st.expert_bytes);
 }
 
 /* ---------------------------------------------------------------- views and runs */
@@ -232,7 +237,7 @@ static smelt_tensor dense(void *p, smelt_dtype dt, int nd, int64_t a, int64_t b,
  * point at them. */
 static struct {
   smelt_tensor wq, bq, keys[SMELT_PEER_MAX_DIMS], u, v;
-  smelt_tensor dwq, dbq, dkeys[SMELT_PEER_MAX_DIMS], du, dv;
+  smelt_tensor dwq, dbq, dkeys[SMELT_PEER_MAX_DIMS], du, dv, gids;
   smelt_peer_weights w;
   smelt_peer_grads g;
 } wv;
@@ -264,7 +269,15 @@ static void bind_weights(void) {
     wv.dkeys[i] = dense(st.dkeys[i], st.dt, 2, st.n, st.dq / st.P, 0);
     wv.g.dsub_keys[i] = &wv.dkeys[i];
   }
-  if (!st.store) {
+  if (st.gids) {
+    const int64_t nids = (int64_t)st.nids;
+    wv.gids = dense(st.gids, SMELT_DTYPE_I64, 1, nids, 0, 0);
+    wv.du = dense(st.du, st.dt, 3, nids, st.din, st.he);
+    wv.dv = dense(st.dv, st.dt, 3, nids, st.he, st.dout);
+    wv.g.grad_ids = &wv.gids;
+    wv.g.du_rows = &wv.du;
+    wv.g.dv_rows = &wv.dv;
+  } else {
     wv.du = dense(st.du, st.dt, 3, st.N, st.din, st.he);
     wv.dv = dense(st.dv, st.dt, 3, st.N, st.he, st.dout);
     wv.g.du = &wv.du;
@@ -626,7 +639,11 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
     st.dwq = cli_dev_alloc(ctx, st.nwq * es);
     st.dbq = cli_dev_alloc(ctx, (size_t)(st.H * st.dq) * es);
     for (int i = 0; i < st.P; i++) st.dkeys[i] = cli_dev_alloc(ctx, st.nkey * es);
-    if (!st.store) {
+    if (st.store || opt_sparse) { /* rows for every use: the distinct experts are at most that many */
+      st.gids = cli_dev_alloc(ctx, st.nids * 8);
+      st.du = cli_dev_alloc(ctx, st.nids * (size_t)(st.din * st.he) * es);
+      st.dv = cli_dev_alloc(ctx, st.nids * (size_t)(st.he * st.dout) * es);
+    } else {
       st.du = cli_dev_alloc(ctx, st.nu * es);
       st.dv = cli_dev_alloc(ctx, st.nv * es);
     }
@@ -735,7 +752,7 @@ static void teardown(void) {
   void **bufs[] = {st.x, st.y, st.ids, st.dy, st.dx};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (bufs[i]) cli_bench_free_sets(st.ctx, bufs[i], st.sets);
-  void *single[] = {st.wq, st.bq, st.u, st.v, st.dwq, st.dbq, st.du, st.dv};
+  void *single[] = {st.wq, st.bq, st.u, st.v, st.dwq, st.dbq, st.du, st.dv, st.gids};
   for (size_t i = 0; i < sizeof single / sizeof single[0]; i++)
     if (single[i]) CLI_TRY(smelt_free(st.ctx, single[i]));
   for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) {
