@@ -281,7 +281,63 @@ static __device__ __forceinline__ void seg_store(u64 out, i64 i, int dt, const f
  * passes peer_seg_compact's bounds and rows (e = the run's rank) and its
  * run count (u64, device) as nrun: rows e >= *nrun are not written.
  *   dV_e[j, c] = Σ ua[use, j] dy[t(use), c]      peer_dv
- *   dU_e[i, j] = Σ udz[use, j] x[t(use), i]      peer_du */
+ *   dU_e[i, j] = Σ udz[use, j] x[t(use), i]      peer_du
+ * Where a lane's 8 elements are contiguous and aligned in the token's row
+ * (dy, or x with h_e = 1) the vector path sweeps SEG_P of its passes per
+ * read of the uses, each use one 16-byte load a pass (the issue's shape:
+ * a 1024-element row in one sweep); else element by element. Both add in
+ * the same order, so dense and sparse rows are the same bits either way. */
+#define SEG_P 4
+
+/* 8 contiguous elements at base[i], 16-byte aligned (32 for f32). */
+static __device__ __forceinline__ void ld8(u64 base, i64 i, int dt, float *v) {
+  if (dt == SMELT_DT_F32) {
+    const float4 a = ((const float4 *)((const float *)base + i))[0], b = ((const float4 *)((const float *)base + i))[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 r = *(const uint4 *)((const smelt_h16 *)base + i);
+  const u32 w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const smelt_h16 lo = (smelt_h16)(w[e] & 0xffffu), hi = (smelt_h16)(w[e] >> 16);
+    v[2 * e] = dt == SMELT_DT_F16 ? smelt_f16_to_f32(lo) : smelt_bf16_to_f32(lo);
+    v[2 * e + 1] = dt == SMELT_DT_F16 ? smelt_f16_to_f32(hi) : smelt_bf16_to_f32(hi);
+  }
+}
+
+/* Rows of ld8-able tokens: 8-element groups start aligned in every row. */
+static __device__ __forceinline__ bool ld8_ok(u64 base, i64 rs, int dt, i64 n) {
+  const u64 align = dt == SMELT_DT_F32 ? 32u : 16u;
+  return n % SEG_E == 0 && rs % SEG_E == 0 && base % align == 0;
+}
+
+/* One sweep of the vector path: passes p < SEG_P of lane's elements from
+ * c0, the uses b0..b1; a(use, f) the use's factor for element group f,
+ * src(use) the token row's element 0, col(f) the column of f in it. */
+#define SEG_SWEEP(A_OF, SRC_OF, COL_OF, SRC, SRC_DT, OUT, OUT_DT)                  \
+  for (i64 c0 = 0; c0 < row; c0 += 32 * SEG_E * SEG_P) {                          \
+    float s[SEG_P][SEG_E];                                                         \
+    _Pragma("unroll") for (int p = 0; p < SEG_P; p++)                              \
+      _Pragma("unroll") for (int x = 0; x < SEG_E; x++) s[p][x] = 0.f;             \
+    for (u32 m = b0; m < b1; m++) {                                                \
+      const u32 use = vals[m], t = use / (u32)hk;                                  \
+      _Pragma("unroll") for (int p = 0; p < SEG_P; p++) {                          \
+        const i64 f = c0 + (i64)(p * 32 + lane) * SEG_E;                           \
+        if (f < row) {                                                             \
+          float v[SEG_E];                                                          \
+          ld8(SRC, SRC_OF + COL_OF, SRC_DT, v);                                    \
+          const float a = A_OF;                                                    \
+          _Pragma("unroll") for (int x = 0; x < SEG_E; x++) s[p][x] = fmaf(a, v[x], s[p][x]); \
+        }                                                                          \
+      }                                                                            \
+    }                                                                              \
+    _Pragma("unroll") for (int p = 0; p < SEG_P; p++) {                            \
+      const i64 f = c0 + (i64)(p * 32 + lane) * SEG_E;                             \
+      if (f < row) seg_store(OUT, e * row + f, OUT_DT, s[p], SEG_E);               \
+    }                                                                              \
+  }
+
 extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, i64 N, u64 nrun, u64 ua, u64 dy,
                                                         i64 dy_rs, int dy_dt, i64 hk, i64 he, i64 dout, u64 dv, int dv_dt) {
   const int lane = threadIdx.x & 31;
@@ -290,6 +346,11 @@ extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, 
   const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
   const u32 *vals = (const u32 *)svals;
   const i64 row = he * dout;
+  if (ld8_ok(dy, dy_rs, dy_dt, dout)) { /* a group lies in one row j of [he, dout] */
+    SEG_SWEEP(((const float *)ua)[(i64)use * he + (u32)f / (u32)dout], (i64)t * dy_rs, (u32)f % (u32)dout, dy, dy_dt,
+              dv, dv_dt)
+    return;
+  }
   for (i64 f0 = (i64)lane * SEG_E; f0 < row; f0 += 32 * SEG_E) {
     /* element f0 + x is (j[x], c[x]) of the [he, dout] row; one division per pass */
     u32 jx[SEG_E], cx[SEG_E];
@@ -324,6 +385,10 @@ extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 bounds, u64 svals, 
   const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
   const u32 *vals = (const u32 *)svals;
   const i64 row = din * he;
+  if (he == 1 && ld8_ok(x, x_rs, x_dt, din)) { /* element f is x[t, f] */
+    SEG_SWEEP(((const float *)udz)[use], (i64)t * x_rs, f, x, x_dt, du, du_dt)
+    return;
+  }
   const int sh = __ffsll(he) - 1; /* h_e is a power of two */
   for (i64 f0 = (i64)lane * SEG_E; f0 < row; f0 += 32 * SEG_E) {
     const int nx = row - f0 < SEG_E ? (int)(row - f0) : SEG_E;
