@@ -895,9 +895,12 @@ static void test_peer_gradcheck(void) {
 static void test_peer_backward_cuda(void) {
   smelt_ctx *gpu = th_cuda();
   if (!gpu) SKIP("no CUDA device");
-  static const int which[] = {0, 1, 2, 3, 4, 5, 7};
+  /* cases, and one with 19200 uses: the sorts' histograms take the
+   * two-level scan (over 4 tiles of 4096 keys) */
+  static const int which[] = {0, 1, 2, 3, 4, 5, 7, -1};
+  static const pcase big = {2, {32, 32}, 16, 4, 32, 64, 48, 1, 300, NONE, 0, 1, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16};
   for (size_t wi = 0; wi < sizeof which / sizeof *which; wi++) {
-    const pcase *c = &cases[which[wi]];
+    const pcase *c = which[wi] < 0 ? &big : &cases[which[wi]];
     prob pr;
     prob_init(&pr, c);
     dprob dc, dg;
@@ -1512,6 +1515,36 @@ static void test_peer_bad_inputs(void) {
     t = dyb.t;
     t.dtype = SMELT_DTYPE_I8;
     CHECK_REJECT(smelt_peer_backward_run(plan, &w, x, &ids.t, &t, &gr.g), SMELT_STATUS_DTYPE_MISMATCH, "dy.dtype=i8", "bf16");
+    { /* sparse expert gradients: rows need grad_ids; shapes and dtypes */
+      const int64_t nid = pc->T * pc->h * pc->k, us[3] = {nid, pc->din, pc->he}, one = 1;
+      obuf gi = out_new(ctx, SMELT_DTYPE_I64, 1, &nid), gu = out_new(ctx, F32, 3, us);
+      smelt_peer_grads gs;
+      memset(&gs, 0, sizeof gs);
+      gs.du_rows = &gu.t;
+      CHECK_REJECT(smelt_peer_backward_run(plan, &w, x, &ids.t, &dyb.t, &gs), SMELT_STATUS_INVALID_ARGUMENT, "du_rows needs grads.grad_ids", "smelt_peer");
+      gs.grad_ids = &gi.t;
+      gs.dv_rows = &gu.t;
+      CHECK_REJECT(smelt_peer_backward_run(plan, &w, x, &ids.t, &dyb.t, &gs), SMELT_STATUS_SHAPE_MISMATCH, "dv_rows.shape", "[T*num_heads*k, expert_hidden, output_dim]");
+      gs.dv_rows = NULL;
+      t = gi.t;
+      t.shape[0] = nid - 1;
+      gs.grad_ids = &t;
+      CHECK_REJECT(smelt_peer_backward_run(plan, &w, x, &ids.t, &dyb.t, &gs), SMELT_STATUS_SHAPE_MISMATCH, "grad_ids.shape", "[T*num_heads*k]");
+      gs.grad_ids = &gi.t;
+      t = gu.t;
+      t.dtype = SMELT_DTYPE_I64;
+      gs.du_rows = &t;
+      CHECK_REJECT(smelt_peer_backward_run(plan, &w, x, &ids.t, &dyb.t, &gs), SMELT_STATUS_DTYPE_MISMATCH, "du_rows.dtype", "f32");
+      gs.du_rows = &gu.t;
+      t = gi.t;
+      t.ndim = 1;
+      t.shape[0] = one;
+      t.dtype = F32;
+      gs.grad_count = &t;
+      CHECK_REJECT(smelt_peer_backward_run(plan, &w, x, &ids.t, &dyb.t, &gs), SMELT_STATUS_DTYPE_MISMATCH, "grad_count.dtype", "i64");
+      out_free(&gi);
+      out_free(&gu);
+    }
     if (!is_cuda(ctx)) { /* ids out of range are rejected before anything is written */
       int64_t *ih = (int64_t *)ids.b.data, keep = ih[5];
       ih[5] = 64;

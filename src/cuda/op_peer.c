@@ -74,6 +74,8 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u) {
     CUfunction *f;
     const char *name;
   } fns[] = {{&u->scan, "peer_scan"},
+             {&u->scan_sums, "peer_scan_sums"},
+             {&u->scan_add, "peer_scan_add"},
              {&u->sort_hist, "peer_sort_hist"},
              {&u->sort_scatter, "peer_sort_scatter"},
              {&u->use_keys, "peer_use_keys"},
@@ -816,8 +818,20 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
  * sentinel included). On return *keys / *vals point at the sorted arrays
  * (inside the workspace k0/v0/k1/v1). */
 typedef struct sort_ws {
-  uint32_t *k0, *v0, *k1, *v1, *hist;
+  uint32_t *k0, *v0, *k1, *v1, *hist; /* hist: 256 words a tile of keys, then a word a scan tile of those */
 } sort_ws;
+
+/* The histograms' exclusive scan: two-level (one block a scan tile) where
+ * one block would loop over many tiles; tsum holds a word a scan tile. */
+static smelt_status scan_hist(smelt_ctx *ctx, const smelt__peer_util *u, void *hist, int64_t count, void *tsum) {
+  const int64_t tiles = (count + SMELT__PEER_SCAN_TILE - 1) / SMELT__PEER_SCAN_TILE;
+  if (tiles <= 1) return smelt__peer_scan(ctx, u, hist, count, NULL);
+  void *p[] = {&hist, &count, &tsum};
+  smelt_status s = smelt__cuda_launch(ctx, OP, u->scan_sums, (unsigned)tiles, 1, 1, 256, 0, p);
+  if (!s) s = smelt__peer_scan(ctx, u, tsum, tiles, NULL);
+  if (!s) s = smelt__cuda_launch(ctx, OP, u->scan_add, (unsigned)tiles, 1, 1, 256, 0, p);
+  return s;
+}
 
 static smelt_status sort_uses(smelt_ctx *ctx, const smelt__peer_util *u, const sort_ws *ws, const void *ids, int64_t n,
                               int64_t h, int64_t k, int64_t N, int64_t div, int64_t mod, int64_t table_n,
@@ -840,7 +854,7 @@ static smelt_status sort_uses(smelt_ctx *ctx, const smelt__peer_util *u, const s
     void *kin = kbuf[cur], *kout = kbuf[cur ^ 1], *vout = vbuf[cur ^ 1];
     void *hp[] = {&kin, &n, &shift, &hist, &nblocks};
     smelt_status s = smelt__cuda_launch(ctx, OP, u->sort_hist, (unsigned)nblocks, 1, 1, 256, 0, hp);
-    if (!s) s = smelt__peer_scan(ctx, u, hist, 256 * nblocks, NULL);
+    if (!s) s = scan_hist(ctx, u, hist, 256 * nblocks, ws->hist + 256 * nblocks);
     void *sp[] = {&kin, &vin, &kout, &vout, &n, &shift, &hist, &nblocks};
     if (!s) s = smelt__cuda_launch(ctx, OP, u->sort_scatter, (unsigned)nblocks, 1, 1, 256, 0, sp);
     if (s) return s;
@@ -967,7 +981,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
   bytes[W_PB] = g->dnorm_bias ? (size_t)(T * hd) * 4 : 0;
   if (want_sort) {
     bytes[W_K0] = bytes[W_V0] = bytes[W_K1] = bytes[W_V1] = (size_t)(nuse ? nuse : 1) * 4;
-    bytes[W_HIST] = (size_t)(256 * (nblocks ? nblocks : 1)) * 4;
+    bytes[W_HIST] = (size_t)(256 * (nblocks ? nblocks : 1) + (nblocks + 3) / 4) * 4; /* + scan_hist's tile sums */
     /* segment bounds of the longest table sorted: experts or a dim's key rows */
     int64_t rows = g->du || g->dv ? ps->N : 1;
     if (sparse && nuse > rows) rows = nuse; /* the sparse rows' bounds, by rank */
