@@ -445,11 +445,11 @@ extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 bounds, u64 svals, 
 
 /* dU and dV rows together where both are wanted, h_e = 1 and both token
  * rows are ld8-able (the usual PEER shape): one read of a row's uses feeds
- * both sums. Persistent warps take rows in batches of 32 (rows e0 + j·W):
- * lane j loads row j's bounds and its first use, and that use's factors,
- * ahead of the batch, so a row with one use (most of them) waits for its
- * token rows only, and an empty row for nothing. The same additions in
- * the same order as peer_du and peer_dv (same bits). */
+ * both sums, and the warps are persistent (rows gw, gw + W, ...) with the
+ * next row's bounds loaded while this one sums, so a warp's chain of
+ * dependent loads (bounds, uses, token rows) is paid once a row, not once
+ * a row and kernel with a CTA launch each. The same additions in the same
+ * order as peer_du and peer_dv (same bits). */
 extern "C" __global__ void __launch_bounds__(NT) peer_duv(u64 bounds, u64 svals, i64 N, u64 nrun, u64 ua, u64 udz,
                                                          u64 dy, i64 dy_rs, int dy_dt, u64 x, i64 x_rs, int x_dt,
                                                          i64 hk, i64 din, i64 dout, u64 dv, int dv_dt, u64 du,
@@ -461,48 +461,40 @@ extern "C" __global__ void __launch_bounds__(NT) peer_duv(u64 bounds, u64 svals,
   const uint2 *bnd = (const uint2 *)bounds;
   const u32 *vals = (const u32 *)svals;
   const i64 wide = din > dout ? din : dout;
-  for (i64 e0 = gw; e0 < rows; e0 += 32 * W) {
-    const i64 mine = e0 + (i64)lane * W;
-    const uint2 mb = mine < rows ? bnd[mine] : make_uint2(0u, 0u);
-    const u32 mu = mb.y > mb.x ? vals[mb.x] : 0u;
-    const float mav = mb.y > mb.x ? ((const float *)ua)[mu] : 0.f, mau = mb.y > mb.x ? ((const float *)udz)[mu] : 0.f;
-    for (int j = 0; j < 32; j++) {
-      const i64 e = e0 + (i64)j * W;
-      if (e >= rows) break;
-      const u32 bx = __shfl_sync(PEER_FULL, mb.x, j), by = __shfl_sync(PEER_FULL, mb.y, j);
-      const u32 u0 = __shfl_sync(PEER_FULL, mu, j);
-      const float av0 = __shfl_sync(PEER_FULL, mav, j), au0 = __shfl_sync(PEER_FULL, mau, j);
-      for (i64 c0 = 0; c0 < wide; c0 += 32 * SEG_E * SEG_P) {
-        float sv[SEG_P][SEG_E], su[SEG_P][SEG_E];
+  uint2 next = gw < rows ? bnd[gw] : make_uint2(0u, 0u);
+  for (i64 e = gw; e < rows; e += W) {
+    const uint2 b = next;
+    if (e + W < rows) next = bnd[e + W];
+    for (i64 c0 = 0; c0 < wide; c0 += 32 * SEG_E * SEG_P) {
+      float sv[SEG_P][SEG_E], su[SEG_P][SEG_E];
 #pragma unroll
-        for (int p = 0; p < SEG_P; p++)
+      for (int p = 0; p < SEG_P; p++)
 #pragma unroll
-          for (int q = 0; q < SEG_E; q++) sv[p][q] = su[p][q] = 0.f;
-        for (u32 m = bx; m < by; m++) {
-          const u32 use = m == bx ? u0 : vals[m], t = use / (u32)hk;
-          const float av = m == bx ? av0 : ((const float *)ua)[use], au = m == bx ? au0 : ((const float *)udz)[use];
-#pragma unroll
-          for (int p = 0; p < SEG_P; p++) {
-            const i64 f = c0 + (i64)(p * 32 + lane) * SEG_E;
-            float v[SEG_E];
-            if (f < dout) {
-              ld8(dy, (i64)t * dy_rs + f, dy_dt, v);
-#pragma unroll
-              for (int q = 0; q < SEG_E; q++) sv[p][q] = fmaf(av, v[q], sv[p][q]);
-            }
-            if (f < din) {
-              ld8(x, (i64)t * x_rs + f, x_dt, v);
-#pragma unroll
-              for (int q = 0; q < SEG_E; q++) su[p][q] = fmaf(au, v[q], su[p][q]);
-            }
-          }
-        }
+        for (int q = 0; q < SEG_E; q++) sv[p][q] = su[p][q] = 0.f;
+      for (u32 m = b.x; m < b.y; m++) {
+        const u32 use = vals[m], t = use / (u32)hk;
+        const float av = ((const float *)ua)[use], au = ((const float *)udz)[use];
 #pragma unroll
         for (int p = 0; p < SEG_P; p++) {
           const i64 f = c0 + (i64)(p * 32 + lane) * SEG_E;
-          if (f < dout) seg_store(dv, e * dout + f, dv_dt, sv[p], SEG_E);
-          if (f < din) seg_store(du, e * din + f, du_dt, su[p], SEG_E);
+          float v[SEG_E];
+          if (f < dout) {
+            ld8(dy, (i64)t * dy_rs + f, dy_dt, v);
+#pragma unroll
+            for (int q = 0; q < SEG_E; q++) sv[p][q] = fmaf(av, v[q], sv[p][q]);
+          }
+          if (f < din) {
+            ld8(x, (i64)t * x_rs + f, x_dt, v);
+#pragma unroll
+            for (int q = 0; q < SEG_E; q++) su[p][q] = fmaf(au, v[q], su[p][q]);
+          }
         }
+      }
+#pragma unroll
+      for (int p = 0; p < SEG_P; p++) {
+        const i64 f = c0 + (i64)(p * 32 + lane) * SEG_E;
+        if (f < dout) seg_store(dv, e * dout + f, dv_dt, sv[p], SEG_E);
+        if (f < din) seg_store(du, e * din + f, du_dt, su[p], SEG_E);
       }
     }
   }
