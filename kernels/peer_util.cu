@@ -443,63 +443,6 @@ extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 bounds, u64 svals, 
   }
 }
 
-/* dU and dV rows together where both are wanted, h_e = 1 and both token
- * rows are ld8-able (the usual PEER shape): one read of a row's uses feeds
- * both sums, and the warps are persistent (rows gw, gw + W, ...) with the
- * next row's bounds loaded while this one sums, so a warp's chain of
- * dependent loads (bounds, uses, token rows) is paid once a row, not once
- * a row and kernel with a CTA launch each. The same additions in the same
- * order as peer_du and peer_dv (same bits). */
-extern "C" __global__ void __launch_bounds__(NT) peer_duv(u64 bounds, u64 svals, i64 N, u64 nrun, u64 ua, u64 udz,
-                                                         u64 dy, i64 dy_rs, int dy_dt, u64 x, i64 x_rs, int x_dt,
-                                                         i64 hk, i64 din, i64 dout, u64 dv, int dv_dt, u64 du,
-                                                         int du_dt) {
-  const int lane = threadIdx.x & 31;
-  const i64 gw = ((i64)blockIdx.x * NT + threadIdx.x) >> 5, W = ((i64)gridDim.x * NT) >> 5;
-  i64 rows = N;
-  if (nrun && (u64)rows > *(const u64 *)nrun) rows = (i64) * (const u64 *)nrun;
-  const uint2 *bnd = (const uint2 *)bounds;
-  const u32 *vals = (const u32 *)svals;
-  const i64 wide = din > dout ? din : dout;
-  uint2 next = gw < rows ? bnd[gw] : make_uint2(0u, 0u);
-  for (i64 e = gw; e < rows; e += W) {
-    const uint2 b = next;
-    if (e + W < rows) next = bnd[e + W];
-    for (i64 c0 = 0; c0 < wide; c0 += 32 * SEG_E * SEG_P) {
-      float sv[SEG_P][SEG_E], su[SEG_P][SEG_E];
-#pragma unroll
-      for (int p = 0; p < SEG_P; p++)
-#pragma unroll
-        for (int q = 0; q < SEG_E; q++) sv[p][q] = su[p][q] = 0.f;
-      for (u32 m = b.x; m < b.y; m++) {
-        const u32 use = vals[m], t = use / (u32)hk;
-        const float av = ((const float *)ua)[use], au = ((const float *)udz)[use];
-#pragma unroll
-        for (int p = 0; p < SEG_P; p++) {
-          const i64 f = c0 + (i64)(p * 32 + lane) * SEG_E;
-          float v[SEG_E];
-          if (f < dout) {
-            ld8(dy, (i64)t * dy_rs + f, dy_dt, v);
-#pragma unroll
-            for (int q = 0; q < SEG_E; q++) sv[p][q] = fmaf(av, v[q], sv[p][q]);
-          }
-          if (f < din) {
-            ld8(x, (i64)t * x_rs + f, x_dt, v);
-#pragma unroll
-            for (int q = 0; q < SEG_E; q++) su[p][q] = fmaf(au, v[q], su[p][q]);
-          }
-        }
-      }
-#pragma unroll
-      for (int p = 0; p < SEG_P; p++) {
-        const i64 f = c0 + (i64)(p * 32 + lane) * SEG_E;
-        if (f < dout) seg_store(dv, e * dout + f, dv_dt, sv[p], SEG_E);
-        if (f < din) seg_store(du, e * din + f, du_dt, su[p], SEG_E);
-      }
-    }
-  }
-}
-
 /* ---------------------------------------------------------------- column sums */
 
 #define CS_CHUNKS 32

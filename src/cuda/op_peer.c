@@ -84,7 +84,6 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u) {
              {&u->seg_compact, "peer_seg_compact"},
              {&u->du, "peer_du"},
              {&u->dv, "peer_dv"},
-             {&u->duv, "peer_duv"},
              {&u->colsum_partial, "peer_colsum_partial"},
              {&u->colsum_final, "peer_colsum_final"},
              {&u->transpose16, "peer_transpose16"},
@@ -913,13 +912,6 @@ static smelt_status seg_compact(smelt_ctx *ctx, const smelt__peer_util *u, void 
   return s;
 }
 
-/* Token rows [T, n] that peer_util.cu's ld8 can read 8 elements at a time
- * at every multiple of 8 (its ld8_ok). */
-static int ld8_ok(const smelt_tensor *t, int64_t n) {
-  const uintptr_t align = t->dtype == SMELT_DTYPE_F32 ? 32 : 16;
-  return n % 8 == 0 && t->strides[0] % 8 == 0 && (uintptr_t)t->data % align == 0;
-}
-
 /* Expert gradient rows by sorted segment sums (peer_dv, peer_du): dense
  * (rows = N, bounds by expert, nrun NULL) or sparse (rows = the uses, bounds
  * by rank, nrun the device count of runs). */
@@ -929,15 +921,6 @@ static smelt_status expert_grads(smelt_ctx *ctx, const smelt__peer_state *ps, co
   int64_t hk = ps->h * ps->k, he = ps->he;
   const unsigned grid = (unsigned)((rows + 7) / 8);
   smelt_status s = SMELT_OK;
-  if (du && dv && he == 1 && ld8_ok(dy, ps->dout) && ld8_ok(x, ps->din)) { /* peer_duv: both in one pass */
-    void *dyp = dy->data, *xp = x->data, *dup = du->data, *dvp = dv->data;
-    int64_t dy_rs = dy->strides[0], x_rs = x->strides[0], din = ps->din, dout = ps->dout;
-    int dy_dt = dy->dtype, x_dt = x->dtype, du_dt = du->dtype, dv_dt = dv->dtype;
-    const unsigned most = 2u * (unsigned)ctx->cuda->info.sm_count; /* persistent: 2 CTAs an SM (128 registers) */
-    void *p[] = {&bnd, &sv, &rows, &nrun, &ua, &udz, &dyp, &dy_rs, &dy_dt, &xp, &x_rs, &x_dt,
-                 &hk, &din, &dout, &dvp, &dv_dt, &dup, &du_dt};
-    return smelt__cuda_launch(ctx, OP, u->duv, grid < most ? grid : most, 1, 1, 256, 0, p);
-  }
   if (dv) {
     void *dyp = dy->data, *dvp = dv->data;
     int64_t dy_rs = dy->strides[0], dout = ps->dout;

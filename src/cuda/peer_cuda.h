@@ -40,7 +40,7 @@ void smelt__peer_expert_src(smelt_dtype wdt, int vec, smelt__kernel_src *src);
 
 /* The util module's functions a caller needs. */
 typedef struct smelt__peer_util {
-  CUfunction scan, scan_sums, scan_add, sort_hist, sort_scatter, use_keys, seg_bounds, seg_heads, seg_compact, du, dv, duv, colsum_partial,
+  CUfunction scan, scan_sums, scan_add, sort_hist, sort_scatter, use_keys, seg_bounds, seg_heads, seg_compact, du, dv, colsum_partial,
       colsum_final, transpose16;
   CUfunction store_count, store_lookup, store_misses, store_slot_count, store_slot_rank, store_assign, store_finish;
 } smelt__peer_util;
