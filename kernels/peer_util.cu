@@ -314,7 +314,7 @@ static __device__ __forceinline__ void seg_store(u64 out, i64 i, int dt, const f
  * use selected get zeros), each row a sum over e's uses in sorted (use)
  * order, lane l covering elements [8 (l + 32 m), +8). The sparse form
  * passes peer_seg_compact's bounds and rows (e = the run's rank) and its
- * run count (u64, device) as nrun: rows e >= *nrun are not written.
+ * run count (u64, device) as nrun: rows e >= *nrun get zeros.
  *   dV_e[j, c] = Σ ua[use, j] dy[t(use), c]      peer_dv
  *   dU_e[i, j] = Σ udz[use, j] x[t(use), i]      peer_du
  * Where a lane's 8 elements are contiguous and aligned in the token's row
@@ -377,8 +377,9 @@ extern "C" __global__ void __launch_bounds__(NT) peer_dv(u64 bounds, u64 svals, 
                                                         i64 dy_rs, int dy_dt, i64 hk, i64 he, i64 dout, u64 dv, int dv_dt) {
   const int lane = threadIdx.x & 31;
   const i64 e = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
-  if (e >= N || (nrun && (u64)e >= *(const u64 *)nrun)) return;
-  const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
+  if (e >= N) return;
+  const bool run = !nrun || (u64)e < *(const u64 *)nrun; /* rows past the runs: zeros, like unused experts' */
+  const u32 b0 = run ? ((const u32 *)bounds)[2 * e] : 0u, b1 = run ? ((const u32 *)bounds)[2 * e + 1] : 0u;
   const u32 *vals = (const u32 *)svals;
   const i64 row = he * dout;
   if (ld8_ok(dy, dy_rs, dy_dt, dout)) { /* a group lies in one row j of [he, dout] */
@@ -416,8 +417,9 @@ extern "C" __global__ void __launch_bounds__(NT) peer_du(u64 bounds, u64 svals, 
                                                         i64 x_rs, int x_dt, i64 hk, i64 he, i64 din, u64 du, int du_dt) {
   const int lane = threadIdx.x & 31;
   const i64 e = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
-  if (e >= N || (nrun && (u64)e >= *(const u64 *)nrun)) return;
-  const u32 b0 = ((const u32 *)bounds)[2 * e], b1 = ((const u32 *)bounds)[2 * e + 1];
+  if (e >= N) return;
+  const bool run = !nrun || (u64)e < *(const u64 *)nrun; /* rows past the runs: zeros, like unused experts' */
+  const u32 b0 = run ? ((const u32 *)bounds)[2 * e] : 0u, b1 = run ? ((const u32 *)bounds)[2 * e + 1] : 0u;
   const u32 *vals = (const u32 *)svals;
   const i64 row = din * he;
   if (he == 1 && ld8_ok(x, x_rs, x_dt, din)) { /* element f is x[t, f] */

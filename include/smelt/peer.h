@@ -206,8 +206,9 @@ typedef struct smelt_peer_weights {
  *   grad_count [1] i64: M (optional)
  *   du_rows    [T·h·k, d_in, h_e]: row r = dU of grad_ids[r], r < M
  *   dv_rows    [T·h·k, h_e, d_out]: row r = dV of grad_ids[r], r < M
- * Rows r >= M of du_rows and dv_rows are not written. du_rows and dv_rows
- * need grad_ids. On CUDA, ids outside [0, N) are left out of the M. */
+ * Rows r >= M of du_rows and dv_rows are zeros (as the dense gradient's
+ * rows of unused experts). du_rows and dv_rows need grad_ids. On CUDA, ids
+ * outside [0, N) are left out of the M. */
 typedef struct smelt_peer_grads {
   const smelt_tensor *dx, *dwq, *dbq;
   const smelt_tensor *dnorm_weight, *dnorm_bias; /* layernorm / batchnorm only */

@@ -9,10 +9,16 @@
  *            None where absent
  *   extra    () or, for the backward, (ids, dy)
  *   outs     retrieval (ids, scores); forward (y, ids, scores); backward
- *            (dx, dwq, dbq, dnorm_weight, dnorm_bias, dsub_key_0..3, du, dv).
+ *            (dx, dwq, dbq, dnorm_weight, dnorm_bias, dsub_key_0..3, du, dv,
+ *            grad_ids, grad_count, du_rows, dv_rows).
  *            Each None (not computed), True (allocated here: ids [T, h, k]
- *            i64, scores [T, h, k] f32, y [T, d_out] in x's dtype, a
- *            gradient like what it differentiates) or a tensor to write.
+ *            i64, scores [T, h, k] f32, y [T, d_out] in x's dtype, a dense
+ *            gradient like what it differentiates, the sparse expert
+ *            gradients as smelt/peer.h shapes them: grad_ids [T·h·k] and
+ *            grad_count [1] i64, du_rows and dv_rows [T·h·k, ...] in u's and
+ *            v's dtype) or a tensor to write. The sparse outputs are passed
+ *            through whole; trimming them to the M distinct experts is the
+ *            Python layer's choice (it takes a host sync).
  * Returns outs with the allocated tensors in place of True.
  *
  * PEER plans are made per call (plan, run, destroy), not cached: a PEER call
@@ -24,18 +30,24 @@
 #include <string.h>
 
 enum { W_WQ, W_BQ, W_NW, W_NB, W_BM, W_BV, W_SK0, W_U = W_SK0 + SMELT_PEER_MAX_DIMS, W_V, W_COUNT };
-enum { G_DX, G_DWQ, G_DBQ, G_DNW, G_DNB, G_DSK0, G_DU = G_DSK0 + SMELT_PEER_MAX_DIMS, G_DV, G_COUNT };
+enum {
+  G_DX, G_DWQ, G_DBQ, G_DNW, G_DNB, G_DSK0, G_DU = G_DSK0 + SMELT_PEER_MAX_DIMS, G_DV,
+  G_IDS, G_CNT, G_DUR, G_DVR, /* the sparse expert gradients */
+  G_COUNT
+};
 
 static const char *const w_names[W_COUNT] = {"wq",        "bq",        "norm_weight", "norm_bias",
                                              "bn_mean",   "bn_var",    "sub_keys[0]", "sub_keys[1]",
                                              "sub_keys[2]", "sub_keys[3]", "u",         "v"};
 static const char *const g_names[G_COUNT] = {"dx",           "dwq",          "dbq",          "dnorm_weight",
                                              "dnorm_bias",   "dsub_keys[0]", "dsub_keys[1]", "dsub_keys[2]",
-                                             "dsub_keys[3]", "du",           "dv"};
+                                             "dsub_keys[3]", "du",           "dv",           "grad_ids",
+                                             "grad_count",   "du_rows",      "dv_rows"};
 
-/* What each gradient differentiates (dx: x). */
-static const int g_like[G_COUNT] = {-1,          W_WQ,        W_BQ,        W_NW, W_NB, W_SK0,
-                                    W_SK0 + 1,   W_SK0 + 2,   W_SK0 + 3,   W_U,  W_V};
+/* What each gradient differentiates, or whose dtype its rows have (-1: dx,
+ * whose model is x, and grad_ids and grad_count, which are i64). */
+static const int g_like[G_COUNT] = {-1,        W_WQ,      W_BQ,      W_NW, W_NB, W_SK0, W_SK0 + 1, W_SK0 + 2,
+                                    W_SK0 + 3, W_U,       W_V,       -1,   -1,   W_U,   W_V};
 
 /* ---- cfg */
 
@@ -205,6 +217,9 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
     goto done;
   const int64_t tok = x->ndim >= 1 ? x->shape[0] : 0;
   const int64_t sel[3] = {tok, cfg.num_heads, cfg.num_experts_per_tok}, yshape[2] = {tok, cfg.output_dim};
+  const int64_t nuse = tok * cfg.num_heads * cfg.num_experts_per_tok, one = 1;
+  const int64_t urows[3] = {nuse, cfg.input_dim, cfg.expert_hidden_size};
+  const int64_t vrows[3] = {nuse, cfg.expert_hidden_size, cfg.output_dim};
   for (int i = 0; i < nouts[mode]; i++) {
     PyObject *given = PyTuple_GetItem(outs, i);
     int r;
@@ -214,14 +229,18 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
       const smelt_dtype dt = k == 0 ? x->dtype : k == 1 ? SMELT_DTYPE_I64 : SMELT_DTYPE_F32;
       r = out_arg(&call, given, names[k], dt, k ? 3 : 2, k ? sel : yshape, &slots[i], &o[i]);
     } else {
-      const smelt_tensor *like = i == G_DX ? x : wts[g_like[i]];
-      if (given == Py_True && !like) {
+      const smelt_tensor *like = i == G_DX ? x : g_like[i] < 0 ? NULL : wts[g_like[i]];
+      if (given == Py_True && !like && g_like[i] >= 0) {
         smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt.peer_backward: %s is asked for but %s is absent",
                    g_names[i], w_names[g_like[i]]);
         goto done;
       }
-      r = out_arg(&call, given, g_names[i], like ? like->dtype : SMELT_DTYPE_F32, like ? like->ndim : 0,
-                  like ? like->shape : NULL, &slots[i], &o[i]);
+      if (i < G_IDS)
+        r = out_arg(&call, given, g_names[i], like ? like->dtype : SMELT_DTYPE_F32, like ? like->ndim : 0,
+                    like ? like->shape : NULL, &slots[i], &o[i]);
+      else /* one entry or row per use of an expert (smelt/peer.h) */
+        r = out_arg(&call, given, g_names[i], like ? like->dtype : SMELT_DTYPE_I64, i < G_DUR ? 1 : 3,
+                    i == G_IDS ? &nuse : i == G_CNT ? &one : i == G_DUR ? urows : vrows, &slots[i], &o[i]);
     }
     if (r < 0) goto done;
   }
@@ -246,6 +265,10 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
   for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) g.dsub_keys[i] = o[G_DSK0 + i];
   g.du = o[G_DU];
   g.dv = o[G_DV];
+  g.grad_ids = o[G_IDS];
+  g.grad_count = o[G_CNT];
+  g.du_rows = o[G_DUR];
+  g.dv_rows = o[G_DVR];
   smelt_status s = run(&call, mode, &cfg, &w, x, o, ids, dy, &g);
   if (s) {
     smpy_raise_status(s);

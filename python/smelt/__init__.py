@@ -12,7 +12,9 @@ Devices and streams. Each op runs on the context of its tensors' device
 queued on the producer's current stream (``torch.cuda.current_stream()`` for
 torch tensors; the legacy default stream for producers that do not publish
 one) or on ``stream=`` (an int CUstream, a ``torch.cuda.Stream``, ...). smelt
-never synchronizes behind your back: the call returns once the work is queued.
+never synchronizes behind your back: the call returns once the work is queued
+(the one wait is asked for by name: peer_backward's trimmed sparse expert
+gradients read their row count back).
 
 Errors. smelt's statuses become exceptions that derive from both
 :class:`smelt.Error` and the Python class you would expect: ``ValueError``
@@ -468,6 +470,7 @@ def peer(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=No
 
 
 _PEER_GRADS = ("dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "dsub_keys", "du", "dv")
+_PEER_SPARSE = ("grad_ids", "grad_count", "du_rows", "dv_rows")
 
 
 def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
@@ -482,9 +485,24 @@ def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=
     dy:      [T, d_out], dL/dy.
     needs:   which gradients to compute, among 'dx', 'dwq', 'dbq',
              'dnorm_weight', 'dnorm_bias' (layernorm/batchnorm), 'dsub_keys',
-             'du', 'dv' (dense, like u and v); None = every one whose
-             parameter is given (bn_mean and bn_var are statistics: no gradient).
-    out:     dict of the same names to tensors to write (dsub_keys a list).
+             'du', 'dv' (dense, like u and v); None = every one of those whose
+             parameter is given (bn_mean and bn_var are statistics: no
+             gradient). Sparse expert gradients, the rows of the M distinct
+             experts of ids only (each bit-identical to the dense row):
+             'du_rows' [M, d_in, h_e], 'dv_rows' [M, h_e, d_out], and
+             'grad_ids' [M] int64, those experts in ascending order (always
+             returned with the rows). Finding M reads it back to the host:
+             this call waits for the device, and the results are sliced
+             (t[:M]), which numpy, torch and cupy support but a smelt.Tensor
+             does not.
+             'grad_count' returns the untrimmed outputs instead, with no wait:
+             grad_count [1] int64 (M, on the device), grad_ids [T·h·k] (-1
+             after the M ids), du_rows and dv_rows [T·h·k, ...] (rows from M
+             on zeros).
+    out:     dict of the same names to tensors to write (dsub_keys a list;
+             the sparse ones untrimmed, [T·h·k, ...]). A given sparse output
+             is returned as a view of its first M rows unless 'grad_count'
+             is asked for or given.
     Returns a dict name -> gradient (dsub_keys a list, one per table).
     """
     cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
@@ -497,8 +515,9 @@ def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=
         needs = [n for n in _PEER_GRADS if like[n] is not None]
     out = dict(out or {})
     for n in list(needs) + list(out):
-        if n not in like:
-            raise ArgumentError("smelt.peer_backward: no gradient named %r (known: %s)" % (n, ", ".join(_PEER_GRADS)))
+        if n not in like and n not in _PEER_SPARSE:
+            raise ArgumentError("smelt.peer_backward: no gradient named %r (known: %s)"
+                                % (n, ", ".join(_PEER_GRADS + _PEER_SPARSE)))
     npy = _is_numpy(x)
     np = _sys.modules["numpy"] if npy else None
 
@@ -515,6 +534,22 @@ def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=
     given_sk = list(out.get("dsub_keys") or [None] * p)
     flat += [slot("dsub_keys", sub_keys[i], given_sk[i]) for i in range(p)] + [None] * (4 - p)
     flat += [slot(n, like[n], out.get(n)) for n in ("du", "dv")]
+    # Any sparse output brings grad_ids (which expert each row is) and
+    # grad_count (where to trim); the rows only as asked.
+    sparse = any(n in needs or n in out for n in _PEER_SPARSE)
+    untrimmed = "grad_count" in needs or "grad_count" in out
+    nuse = int(x.shape[0]) * cfg["num_heads"] * cfg["num_experts_per_tok"]
+    made = {"grad_ids": ((nuse,), "int64"), "grad_count": ((1,), "int64"),
+            "du_rows": ((nuse,) + tuple(u.shape[1:]), u.dtype), "dv_rows": ((nuse,) + tuple(v.shape[1:]), v.dtype)}
+
+    def sparse_slot(name):
+        if out.get(name) is not None:
+            return out[name]
+        if not sparse or (name.endswith("_rows") and name not in needs):
+            return None
+        return np.empty(*made[name]) if npy else True
+
+    flat += [sparse_slot(n) for n in _PEER_SPARSE]
     w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
     r = _c_peer(2, cfg, x, w, (ids, dy), tuple(flat), ctx, stream)
     grads = {n: r[i] for i, n in enumerate(_PEER_GRADS[:5]) if r[i] is not None}
@@ -523,6 +558,10 @@ def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=
     for i, n in ((9, "du"), (10, "dv")):
         if r[i] is not None:
             grads[n] = r[i]
+    if sparse:
+        m = None if untrimmed else int(r[12][0])  # the host sync
+        grads.update((n, t if untrimmed else t[:m]) for n, t in zip(_PEER_SPARSE, r[11:])
+                     if t is not None and (untrimmed or n != "grad_count"))
     return grads
 
 

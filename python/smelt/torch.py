@@ -23,10 +23,13 @@ already imported, or on first use of a smelt op after torch is) registers:
     smelt::peer(Tensor x, Tensor wq, Tensor? bq, Tensor? norm_weight, Tensor? norm_bias, Tensor? bn_mean,
                 Tensor? bn_var, Tensor sk0, Tensor sk1, Tensor? sk2, Tensor? sk3, Tensor u, Tensor v, int k,
                 str activation, str query_norm, float norm_eps, float l2_eps, bool key_l2_norm,
-                str gate) -> (Tensor y, Tensor ids, Tensor scores)
+                str gate, bool sparse_grad=False) -> (Tensor y, Tensor ids, Tensor scores)
     smelt::peer_backward(Tensor x, Tensor ids, Tensor dy, <the weights and options of smelt::peer>,
-                         bool[] needs) -> (dx, dwq, dbq, dnorm_weight, dnorm_bias, dsk0..3, du, dv)
-                         (empty tensors where needs is false)
+                         bool[] needs) -> (dx, dwq, dbq, dnorm_weight, dnorm_bias, dsk0..3, du, dv,
+                                           grad_ids, grad_count, du_rows, dv_rows)
+                         (one needs entry per output; empty tensors where it is false; the sparse
+                         expert gradients untrimmed, [T·h·k, ...], du_rows and dv_rows zero from
+                         row grad_count on, as the kernels write them)
 
 and the module smelt.torch.PEER, whose parameters train through smelt's
 PEER backward kernels.
@@ -40,8 +43,10 @@ recomputed with smelt (gemm_grouped has none: its backward raises, since
 the weights' gradient A_gᵀ·dD_g per group is not a grouped GEMM by row
 offsets, issue 4); attention: smelt's own backward kernel, with the
 convention of FlashAttention that lse carries no gradient; peer: smelt's
-PEER backward, the selection itself not differentiated). The functional ops mutate nothing; activation_out declares
-its one mutation. Kernels run on torch's current stream with no copies.
+PEER backward, the selection itself not differentiated, u and v's gradients
+sparse COO tensors with sparse_grad, as torch.embedding's sparse=True). The
+functional ops mutate nothing; activation_out declares its one mutation.
+Kernels run on torch's current stream with no copies.
 
 The functions of this module mirror smelt.activation / softmax / topk and
 are what those route to inside torch.compile.
@@ -447,7 +452,8 @@ def _peer_heads(wq, sub_keys):
 def _peer(x: Tensor, wq: Tensor, bq: Optional[Tensor], norm_weight: Optional[Tensor], norm_bias: Optional[Tensor],
           bn_mean: Optional[Tensor], bn_var: Optional[Tensor], sk0: Tensor, sk1: Tensor, sk2: Optional[Tensor],
           sk3: Optional[Tensor], u: Tensor, v: Tensor, k: int, activation: str, query_norm: str, norm_eps: float,
-          l2_eps: float, key_l2_norm: bool, gate: str) -> tuple[Tensor, Tensor, Tensor]:
+          l2_eps: float, key_l2_norm: bool, gate: str, sparse_grad: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    # sparse_grad only shapes the backward (as torch.embedding's sparse does).
     sub_keys = _sub_keys(sk0, sk1, sk2, sk3)
     cfg = _smelt._peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
     sel = (x.shape[0], cfg["num_heads"], k)
@@ -461,7 +467,7 @@ def _peer(x: Tensor, wq: Tensor, bq: Optional[Tensor], norm_weight: Optional[Ten
 
 @_peer.register_fake
 def _peer_fake(x, wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sk0, sk1, sk2, sk3, u, v, k, activation,
-               query_norm, norm_eps, l2_eps, key_l2_norm, gate):
+               query_norm, norm_eps, l2_eps, key_l2_norm, gate, sparse_grad=False):
     torch._check(x.dim() == 2, lambda: "smelt.peer: x must be 2-D [T, input_dim]")
     sel = (x.shape[0], _peer_heads(wq, _sub_keys(sk0, sk1, sk2, sk3)), k)
     return (x.new_empty((x.shape[0], v.shape[-1])), x.new_empty(sel, dtype=torch.int64),
@@ -479,43 +485,75 @@ def _peer_backward_op(x: Tensor, ids: Tensor, dy: Tensor, wq: Tensor, bq: Option
                       u: Tensor, v: Tensor, k: int, activation: str, query_norm: str, norm_eps: float, l2_eps: float,
                       key_l2_norm: bool, gate: str, needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                                Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                                               Tensor]:
+                                                                               Tensor, Tensor, Tensor, Tensor, Tensor]:
     sub_keys = _sub_keys(sk0, sk1, sk2, sk3)
     cfg = _smelt._peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
-    like = (x, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v)
-    outs = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None else None
-                 for t, need in zip(like, needs))
+    outs = _peer_backward_outs(x, ids, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v, needs)
     w = _smelt._peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
-    _C.peer(2, cfg, x, w, (ids, dy), outs, None, None)
+    _C.peer(2, cfg, x, w, (ids, dy), tuple(outs), None, None)
     return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+
+def _peer_backward_outs(x, ids, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v, needs):
+    """smelt::peer_backward's outputs (None where not needed): the dense
+    gradients like what they differentiate, then the sparse expert
+    gradients with one entry or row per use of an expert, untrimmed so that
+    every shape is static (the kernels write zeros from row grad_count on,
+    so the op gives the same result every time)."""
+    torch._check(len(needs) == 15, lambda: "smelt.peer_backward: needs must have one entry per output (15)")
+    like = (x, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v)
+    outs = [torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None else None
+            for t, need in zip(like, needs)]
+    n = ids.numel()
+    return outs + [ids.new_empty(n) if needs[11] else None, ids.new_empty(1) if needs[12] else None,
+                   u.new_empty((n,) + tuple(u.shape[1:])) if needs[13] else None,
+                   v.new_empty((n,) + tuple(v.shape[1:])) if needs[14] else None]
 
 
 @_peer_backward_op.register_fake
 def _peer_backward_fake(x, ids, dy, wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sk0, sk1, sk2, sk3, u, v, k,
                         activation, query_norm, norm_eps, l2_eps, key_l2_norm, gate, needs):
-    like = (x, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v)
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None
-                 else x.new_empty(0) for t, need in zip(like, needs))
+    outs = _peer_backward_outs(x, ids, wq, bq, norm_weight, norm_bias, sk0, sk1, sk2, sk3, u, v, needs)
+    return tuple(x.new_empty(0) if o is None else o for o in outs)
 
 
 def _peer_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:13], output[1])
-    ctx.params = tuple(inputs[13:])
+    ctx.params = tuple(inputs[13:20])
+    ctx.sparse_grad = inputs[20]
 
 
 def _peer_backward(ctx, dy, dids, dscores):
     *saved, ids = ctx.saved_tensors
     x, wq, bq, nw, nb, bm, bv, sk0, sk1, sk2, sk3, u, v = saved
     needs = [bool(ctx.needs_input_grad[i]) and saved[i] is not None for i in _PEER_GRAD_INPUTS]
-    grads = [None] * 20
+    grads = [None] * 21
     if not any(needs):
         return tuple(grads)
+    rows = [ctx.sparse_grad and need for need in needs[9:]]  # u's and v's as rows instead of dense tables
+    if ctx.sparse_grad:
+        needs[9:] = [False, False]
     dy = torch.zeros((x.shape[0], v.shape[-1]), dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
     got = torch.ops.smelt.peer_backward(x, ids, dy, wq, bq, nw, nb, bm, bv, sk0, sk1, sk2, sk3, u, v, *ctx.params,
-                                        needs)
+                                        needs + [any(rows)] * 2 + rows)
     for j, i in enumerate(_PEER_GRAD_INPUTS):
         if needs[j]:
             grads[i] = got[j]
+    if any(rows):
+        # The op's outputs are dense and untrimmed, shaped by its inputs
+        # alone as fake tensors need (a sparse output would have a
+        # data-dependent nnz), so the sparse COO gradients are made here
+        # from the first M rows. Reading M waits for the device (under
+        # torch.compile it is an unbacked size). The ids are valid, distinct
+        # and ascending: coalesced as made, nothing to check.
+        m = got[12].item()
+        torch._check(m >= 0)  # a size within the rows: what torch.compile needs to slice by it
+        torch._check(m <= ids.numel())
+        index = got[11][:m].unsqueeze(0)
+        for j, i, t, need in ((13, 11, u, rows[0]), (14, 12, v, rows[1])):
+            if need:
+                grads[i] = torch.sparse_coo_tensor(index, got[j][:m], t.shape, is_coalesced=True,
+                                                   check_invariants=False)
     return tuple(grads)
 
 
@@ -538,13 +576,18 @@ class PEER(torch.nn.Module):
 
     sub_key_sizes defaults to num_experts^(1/p) each (a whole number). x is
     [..., input_dim]; the result [..., output_dim] has x's dtype. u and v
-    get dense gradients (rows of unused experts are zero).
+    get dense gradients (rows of unused experts are zero), or with
+    sparse_grad sparse COO ones holding only the rows of the experts used,
+    as torch.nn.Embedding(sparse=True): train them with an optimizer that
+    takes sparse gradients (torch.optim.SGD, SparseAdam, Adagrad). Each row
+    is bit-identical to the dense gradient's; making them waits for the
+    device once per backward (to read how many experts were used).
     """
 
     def __init__(self, input_dim, output_dim, num_experts, num_experts_per_tok=16, num_heads=8,
                  expert_hidden_size=1, query_dim=256, product_key_dims=2, sub_key_sizes=None, activation="gelu",
                  query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False, per_head_keys=False,
-                 gate="softmax", query_bias=True, device=None, dtype=None):
+                 gate="softmax", query_bias=True, sparse_grad=False, device=None, dtype=None):
         super().__init__()
         p = int(product_key_dims)
         if not 2 <= p <= 4 or query_dim % p:
@@ -567,6 +610,7 @@ class PEER(torch.nn.Module):
         self.k, self.num_heads, self.query_dim = num_experts_per_tok, num_heads, query_dim
         self.activation, self.query_norm, self.gate = activation, query_norm, gate
         self.norm_eps, self.l2_eps, self.key_l2_norm = float(norm_eps), float(l2_eps), bool(key_l2_norm)
+        self.sparse_grad = bool(sparse_grad)
         self.wq = torch.nn.Parameter(torch.empty(input_dim, num_heads * query_dim, **f))
         self.bq = torch.nn.Parameter(torch.empty(num_heads * query_dim, **f)) if query_bias else None
         lead = (num_heads,) if per_head_keys else ()
@@ -606,14 +650,15 @@ class PEER(torch.nn.Module):
         y, _, _ = torch.ops.smelt.peer(x.reshape(-1, x.shape[-1]), self.wq, self.bq, self.norm_weight,
                                        self.norm_bias, self.bn_mean, self.bn_var, sk[0], sk[1], sk[2], sk[3], self.u,
                                        self.v, self.k, self.activation, self.query_norm, self.norm_eps, self.l2_eps,
-                                       self.key_l2_norm, self.gate)
+                                       self.key_l2_norm, self.gate, self.sparse_grad)
         return y.reshape(*lead, y.shape[-1])
 
     def extra_repr(self):
         return ("input_dim=%d, output_dim=%d, num_experts=%d, k=%d, heads=%d, query_dim=%d, p=%d, activation=%s, "
-                "query_norm=%s, gate=%s" % (self.input_dim, self.output_dim, self.num_experts, self.k,
-                                            self.num_heads, self.query_dim, len(self.sub_keys), self.activation,
-                                            self.query_norm, self.gate))
+                "query_norm=%s, gate=%s%s" % (self.input_dim, self.output_dim, self.num_experts, self.k,
+                                              self.num_heads, self.query_dim, len(self.sub_keys), self.activation,
+                                              self.query_norm, self.gate, ", sparse_grad=True" if self.sparse_grad
+                                              else ""))
 
 
 # ---- the Python-facing functions (what smelt.* routes to under torch.compile)
@@ -715,14 +760,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 def peer(x, wq, sub_keys, u, v, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None, bn_var=None,
          activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False, gate="softmax",
-         return_ids=False, out=None, ids=None, scores=None):
+         return_ids=False, out=None, ids=None, scores=None, sparse_grad=False):
     """torch.ops.smelt.peer (differentiable in x and every parameter; ids
-    and scores carry no gradient); out/ids/scores are filled by copy. See
-    smelt.peer."""
+    and scores carry no gradient); out/ids/scores are filled by copy;
+    sparse_grad makes u's and v's gradients sparse COO tensors (see
+    smelt.torch.PEER). See smelt.peer."""
     sk = list(sub_keys) + [None] * (4 - len(sub_keys))
     y, i, s = torch.ops.smelt.peer(x, wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sk[0], sk[1], sk[2], sk[3], u,
                                    v, int(k), activation, query_norm, float(norm_eps), float(l2_eps),
-                                   bool(key_l2_norm), gate)
+                                   bool(key_l2_norm), gate, bool(sparse_grad))
     for given, got in ((out, y), (ids, i), (scores, s)):
         if given is not None:
             given.copy_(got)

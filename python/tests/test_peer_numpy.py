@@ -214,6 +214,65 @@ def test_peer_backward_needs_and_out(rng):
         smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("dbq",), **dict(c.kw(), bq=None))
 
 
+@pytest.mark.parametrize("opts", [dict(he=2), dict(sizes=(3, 4, 2), dq=12, he=4, k=4, norm="layernorm"),
+                                  dict(T=1, sizes=(2, 2), k=4)],
+                         ids=["he2", "p3-he4-k4", "every-expert"])
+@pytest.mark.parametrize("dt", ["float64", "float32"])
+def test_peer_backward_sparse_rows(rng, opts, dt):
+    """The sparse expert gradients: the distinct experts of ids ascending,
+    and their rows of the dense du and dv, bit for bit, in u's dtype."""
+    c = Case(rng, **opts).cast(np.dtype(dt))
+    y, ids, _ = smelt.peer(*c.args(), return_ids=True, **c.kw())
+    dy = rng.standard_normal(y.shape).astype(dt)
+    g = smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("du", "dv", "du_rows", "dv_rows"),
+                            **c.kw())
+    assert set(g) == {"du", "dv", "grad_ids", "du_rows", "dv_rows"}
+    np.testing.assert_array_equal(g["grad_ids"], np.unique(ids))
+    m = len(g["grad_ids"])
+    assert g["du_rows"].shape == (m,) + c.u.shape[1:] and g["dv_rows"].shape == (m,) + c.v.shape[1:]
+    assert g["du_rows"].dtype == np.dtype(dt) and g["grad_ids"].dtype == np.int64
+    np.testing.assert_array_equal(g["du_rows"], g["du"][g["grad_ids"]])
+    np.testing.assert_array_equal(g["dv_rows"], g["dv"][g["grad_ids"]])
+    # Without the dense tables, and each kind of row alone.
+    only_u = smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("du_rows",), **c.kw())
+    assert set(only_u) == {"grad_ids", "du_rows"}
+    np.testing.assert_array_equal(only_u["du_rows"], g["du_rows"])
+    only_ids = smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("grad_ids", "dx"), **c.kw())
+    assert set(only_ids) == {"grad_ids", "dx"}
+    np.testing.assert_array_equal(only_ids["grad_ids"], g["grad_ids"])
+
+
+def test_peer_backward_sparse_untrimmed_and_out(rng):
+    """'grad_count' (asked or given) returns the whole [T·h·k] outputs with
+    no trimming; given sparse outputs otherwise come back as views of
+    their first M rows."""
+    c = Case(rng, he=2)
+    y, ids, _ = smelt.peer(*c.args(), return_ids=True, **c.kw())
+    dy = rng.standard_normal(y.shape)
+    want = smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("du_rows", "dv_rows"), **c.kw())
+    m, nuse = len(want["grad_ids"]), ids.size
+    assert m < nuse  # experts repeat: there is something to trim
+    g = smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("grad_count", "du_rows"), **c.kw())
+    assert set(g) == {"grad_ids", "grad_count", "du_rows"}
+    assert g["grad_count"].shape == (1,) and g["grad_count"][0] == m
+    np.testing.assert_array_equal(g["grad_ids"][:m], want["grad_ids"])
+    assert (g["grad_ids"][m:] == -1).all() and g["du_rows"].shape == (nuse,) + c.u.shape[1:]
+    np.testing.assert_array_equal(g["du_rows"][:m], want["du_rows"])
+    out = {"grad_ids": np.full(nuse, 7, np.int64), "grad_count": np.full(1, -5, np.int64),
+           "dv_rows": np.full((nuse,) + c.v.shape[1:], np.nan)}
+    g = smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=(), out=out, **c.kw())
+    assert set(g) == set(out) and all(g[n] is out[n] for n in out)
+    assert out["grad_count"][0] == m and (out["grad_ids"][m:] == -1).all()
+    np.testing.assert_array_equal(out["dv_rows"][:m], want["dv_rows"])
+    assert (out["dv_rows"][m:] == 0).all()  # zeros past the count
+    rows = np.full((nuse,) + c.u.shape[1:], np.nan)
+    g = smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("dx",), out={"du_rows": rows}, **c.kw())
+    assert set(g) == {"dx", "grad_ids", "du_rows"} and np.shares_memory(g["du_rows"], rows)
+    np.testing.assert_array_equal(g["du_rows"], want["du_rows"])
+    with pytest.raises(smelt.ArgumentError, match="no gradient named 'du_row'.*du_rows"):
+        smelt.peer_backward(c.x, ids, dy, c.wq, c.sub_keys, c.u, c.v, needs=("du_row",), **c.kw())
+
+
 def test_peer_errors(rng):
     c = Case(rng)
     with pytest.raises(smelt.ArgumentError, match="activation='tanh' is not one of 'relu', 'gelu'"):

@@ -166,6 +166,113 @@ def test_only_some_grads(gen):
     assert rel(m.wq.grad, gq) < 1e-8
 
 
+@pytest.mark.parametrize("cfg", CONFIGS[:4], ids=["defaults", "p3-he4", "layernorm", "batchnorm-per-head"])
+def test_sparse_grad_matches_dense(seed, cfg):
+    """sparse_grad: u's and v's gradients are sparse COO tensors over the
+    distinct experts used, ascending, equal bit for bit to the dense ones;
+    every other gradient is unchanged."""
+    m = make_peer(torch.Generator().manual_seed(seed), **cfg)
+    ms = make_peer(torch.Generator().manual_seed(seed), sparse_grad=True, **cfg)
+    assert "sparse_grad=True" in repr(ms) and all(torch.equal(a, b) for a, b in zip(m.parameters(), ms.parameters()))
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(2, 3, 10, generator=gen, dtype=torch.float64, requires_grad=True)
+    y, ys = m(x), ms(x)
+    assert torch.equal(y, ys)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(ys, [x] + list(ms.parameters()), dy)
+    want = torch.autograd.grad(y, [x] + list(m.parameters()), dy)
+    _, ids, _ = st.peer(x.detach().reshape(-1, 10), m.wq, list(m.sub_keys), m.u, m.v, k=m.k, bq=m.bq,
+                        norm_weight=m.norm_weight, norm_bias=m.norm_bias, bn_mean=m.bn_mean, bn_var=m.bn_var,
+                        activation=m.activation, query_norm=m.query_norm, key_l2_norm=m.key_l2_norm, gate=m.gate,
+                        return_ids=True)
+    names = ["x"] + [n for n, _ in ms.named_parameters()]
+    for name, g, r in zip(names, got, want):
+        if name in ("u", "v"):
+            assert g.layout == torch.sparse_coo and g.shape == r.shape and g.dtype == r.dtype, name
+            assert torch.equal(g._indices()[0], torch.unique(ids)), name
+            assert torch.equal(g.to_dense(), r), name
+        else:
+            assert g.layout == torch.strided and torch.equal(g, r), name
+    # The functional form, and frozen v: only u's rows are made.
+    ms.v.requires_grad_(False)
+    ys = st.peer(x.reshape(-1, 10), ms.wq, list(ms.sub_keys), ms.u, ms.v, k=ms.k, bq=ms.bq,
+                 norm_weight=ms.norm_weight, norm_bias=ms.norm_bias, bn_mean=ms.bn_mean, bn_var=ms.bn_var,
+                 activation=ms.activation, query_norm=ms.query_norm, key_l2_norm=ms.key_l2_norm, gate=ms.gate,
+                 sparse_grad=True)
+    ys.backward(dy.reshape(ys.shape))
+    assert ms.v.grad is None and torch.equal(ms.u.grad.to_dense(), want[names.index("u")])
+
+
+def test_sparse_grad_binding_on_torch_tensors(gen):
+    """smelt.peer_backward on torch tensors: trimmed torch results, and the
+    op's untrimmed outputs with zeros past grad_count."""
+    m = make_peer(gen, expert_hidden_size=2)
+    x = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+    d = {n: p.detach() for n, p in m.named_parameters()}
+    sk = [d["sub_keys.0"], d["sub_keys.1"]]
+    y, ids, _ = smelt.peer(x, d["wq"], sk, d["u"], d["v"], k=m.k, bq=d["bq"], return_ids=True)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    g = smelt.peer_backward(x, ids, dy, d["wq"], sk, d["u"], d["v"], k=m.k, bq=d["bq"],
+                            needs=("du", "dv", "du_rows", "dv_rows"))
+    assert isinstance(g["du_rows"], torch.Tensor) and torch.equal(g["grad_ids"], torch.unique(ids))
+    assert torch.equal(g["du_rows"], g["du"][g["grad_ids"]]) and torch.equal(g["dv_rows"], g["dv"][g["grad_ids"]])
+    got = torch.ops.smelt.peer_backward(x, ids, dy, d["wq"], d["bq"], None, None, None, None, sk[0], sk[1], None, None,
+                                        d["u"], d["v"], m.k, "gelu", "none", 1e-5, 1e-12, False, "softmax",
+                                        [False] * 11 + [True] * 4)
+    n = int(got[12])
+    assert n == len(g["grad_ids"]) and torch.equal(got[11][:n], g["grad_ids"]) and (got[11][n:] == -1).all()
+    assert torch.equal(got[13][:n], g["du_rows"]) and torch.equal(got[14][:n], g["dv_rows"])
+    assert not got[13][n:].any() and not got[14][n:].any()
+
+
+def test_sparse_grad_optimizers(seed):
+    """One step of SGD (every parameter) and of SparseAdam (u, v) + Adam:
+    as from the dense gradients, and experts no token used stay as they were."""
+    m = make_peer(torch.Generator().manual_seed(seed), expert_hidden_size=2)
+    ms = make_peer(torch.Generator().manual_seed(seed), expert_hidden_size=2, sparse_grad=True)
+    # Two tokens use at most 12 of the 24 experts: some stay unused.
+    x = torch.randn(2, 10, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    u0 = m.u.detach().clone()
+    for mod in (m, ms):
+        (mod(x) ** 2).sum().backward()
+    used = ms.u.grad._indices()[0]
+    unused = torch.ones(m.num_experts, dtype=torch.bool)
+    unused[used] = False
+    torch.optim.SGD(m.parameters(), lr=0.1).step()
+    torch.optim.SGD(ms.parameters(), lr=0.1).step()
+    for (name, a), b in zip(m.named_parameters(), ms.parameters()):
+        assert rel(b, a) < 1e-15, name
+    assert torch.equal(ms.u[unused], u0[unused]) and not torch.equal(ms.u[used], u0[used])
+    # Adam, a fresh start: the first step of SparseAdam on the used rows is Adam's.
+    for mod in (m, ms):
+        mod.zero_grad(set_to_none=True)
+        (mod(x) ** 2).sum().backward()
+    u1 = ms.u.detach().clone()
+    eps = 1e-30  # SparseAdam adds eps before the bias correction, Adam after it: make it moot
+    torch.optim.Adam(m.parameters(), lr=0.01, eps=eps).step()
+    torch.optim.SparseAdam([ms.u, ms.v], lr=0.01, eps=eps).step()
+    torch.optim.Adam([p for n, p in ms.named_parameters() if n not in ("u", "v")], lr=0.01, eps=eps).step()
+    for (name, a), b in zip(m.named_parameters(), ms.parameters()):
+        assert rel(b, a) < 1e-14, name
+    used = ms.u.grad._indices()[0]
+    unused = torch.ones(m.num_experts, dtype=torch.bool)
+    unused[used] = False
+    assert torch.equal(ms.u[unused], u1[unused])
+
+
+def test_sparse_grad_compile(seed):
+    """torch.compile with sparse_grad: M becomes an unbacked size in the
+    compiled backward; the gradients are the eager ones."""
+    m = make_peer(torch.Generator().manual_seed(seed), dtype=torch.float32, sparse_grad=True)
+    mc = make_peer(torch.Generator().manual_seed(seed), dtype=torch.float32, sparse_grad=True)
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(seed + 1))
+    m(x).sum().backward()
+    torch.compile(mc, fullgraph=True)(x).sum().backward()
+    for (name, a), b in zip(m.named_parameters(), mc.parameters()):
+        assert a.grad.layout == b.grad.layout, name
+        assert rel(b.grad.to_dense(), a.grad.to_dense()) < 1e-6, name
+
+
 def test_module_errors():
     with pytest.raises(ValueError, match="not a whole number"):
         st.PEER(8, 8, num_experts=10)
@@ -191,9 +298,11 @@ def test_opcheck_peer(gen):
     x = args[0].detach()
     y, ids, _ = torch.ops.smelt.peer(*args)
     dy = torch.randn(y.shape, generator=gen)
-    bargs = (x, ids, dy, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args[1:13]], *args[13:],
-             [True] * 5 + [True, True, False, False, True, True])
-    torch.library.opcheck(torch.ops.smelt.peer_backward.default, bargs)
+    dense = [True] * 5 + [True, True, False, False, True, True]
+    bargs = (x, ids, dy, *[a.detach() if isinstance(a, torch.Tensor) else a for a in args[1:13]], *args[13:])
+    torch.library.opcheck(torch.ops.smelt.peer_backward.default, bargs + (dense + [False] * 4,))
+    torch.library.opcheck(torch.ops.smelt.peer_backward.default, bargs + ([False] * 11 + [True] * 4,))
+    torch.library.opcheck(torch.ops.smelt.peer.default, args + (True,))  # sparse_grad
 
 
 def test_compile_no_graph_breaks(gen):
@@ -234,3 +343,27 @@ def test_cuda_bf16_vs_reference(gen, cfg):
     assert rel(xb.grad, xf.grad) < 3e-2
     for n, p in m.named_parameters():
         assert rel(p.grad, f32[n].grad) < 3e-2, n
+
+
+@needs_cuda
+def test_cuda_sparse_grad(seed):
+    """On the GPU: sparse rows equal the dense gradients' rows bit for bit,
+    and SparseAdam steps on them."""
+    kw = dict(dtype=torch.float32, device="cuda", input_dim=64, output_dim=32, query_dim=32, sub_key_sizes=[16, 16],
+              k=8, num_heads=4, expert_hidden_size=4)
+    m = make_peer(torch.Generator().manual_seed(seed), **kw)
+    ms = make_peer(torch.Generator().manual_seed(seed), sparse_grad=True, **kw)
+    x = torch.randn(50, 64, generator=torch.Generator().manual_seed(seed + 1)).cuda()
+    for mod in (m, ms):
+        (mod(x) ** 2).sum().backward()
+    _, ids, _ = st.peer(x, m.wq, list(m.sub_keys), m.u, m.v, k=m.k, bq=m.bq, return_ids=True)
+    for name in ("u", "v"):
+        g, r = getattr(ms, name).grad, getattr(m, name).grad
+        assert g.layout == torch.sparse_coo and torch.equal(g._indices()[0], torch.unique(ids))
+        assert torch.equal(g.to_dense(), r), name
+    for (name, a), b in zip(m.named_parameters(), ms.parameters()):
+        if name not in ("u", "v"):
+            assert torch.equal(a.grad, b.grad), name
+    u0 = ms.u.detach().clone()
+    torch.optim.SparseAdam([ms.u, ms.v], lr=0.01).step()
+    assert not torch.equal(ms.u, u0)

@@ -596,6 +596,8 @@ smelt_status smelt__cpu_peer_backward(const smelt__peer_state *ps, const smelt_p
     }
     if (gr->grad_ids)
       for (int64_t i = rank; i < nuse; i++) st(gr->grad_ids, i, -1.0);
+    for (int64_t i = rank * urow; gr->du_rows && i < nuse * urow; i++) st(gr->du_rows, i, 0.0);
+    for (int64_t i = rank * vrow; gr->dv_rows && i < nuse * vrow; i++) st(gr->dv_rows, i, 0.0);
     if (gr->grad_count) st(gr->grad_count, 0, (double)rank);
   }
 done:
