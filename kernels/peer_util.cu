@@ -58,30 +58,32 @@ static __device__ __forceinline__ u32 block_scan(u32 v, u32 *warp_sums, u32 *tot
   return out;
 }
 
+/* Exclusive scan of the TILE words of data from i0 (thread: 4 at i0 + 4
+ * tid), starting at carry; returns the tile's sum. */
+static __device__ __forceinline__ u32 scan_tile(u32 *d, i64 count, i64 i0, u32 carry, u32 *ws) {
+  u32 v[4], sum = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    v[j] = i0 + j < count ? d[i0 + j] : 0u;
+    sum += v[j];
+  }
+  u32 tot;
+  u32 run = carry + block_scan(sum, ws, &tot);
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+    if (i0 + j < count) {
+      d[i0 + j] = run;
+      run += v[j];
+    }
+  return tot;
+}
+
 /* In-place exclusive scan of data[0..count) (u32), one block; the sum goes
  * to *total_out (u64) when given. */
 extern "C" __global__ void __launch_bounds__(NT) peer_scan(u64 data, i64 count, u64 total_out) {
   __shared__ u32 ws[NT / 32 + 1];
-  u32 *d = (u32 *)data;
   u32 carry = 0;
-  for (i64 base = 0; base < count; base += TILE) {
-    const i64 i0 = base + threadIdx.x * 4;
-    u32 v[4], sum = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      v[j] = i0 + j < count ? d[i0 + j] : 0u;
-      sum += v[j];
-    }
-    u32 tot;
-    u32 run = carry + block_scan(sum, ws, &tot);
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-      if (i0 + j < count) {
-        d[i0 + j] = run;
-        run += v[j];
-      }
-    carry += tot;
-  }
+  for (i64 base = 0; base < count; base += TILE) carry += scan_tile((u32 *)data, count, base + threadIdx.x * 4, carry, ws);
   if (threadIdx.x == 0 && total_out) *(u64 *)total_out = carry;
 }
 
@@ -102,22 +104,7 @@ extern "C" __global__ void __launch_bounds__(NT) peer_scan_sums(u64 data, i64 co
 
 extern "C" __global__ void __launch_bounds__(NT) peer_scan_add(u64 data, i64 count, u64 bsum) {
   __shared__ u32 ws[NT / 32 + 1];
-  u32 *d = (u32 *)data;
-  const i64 i0 = (i64)blockIdx.x * TILE + threadIdx.x * 4;
-  u32 v[4], sum = 0;
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    v[j] = i0 + j < count ? d[i0 + j] : 0u;
-    sum += v[j];
-  }
-  u32 tot;
-  u32 run = ((const u32 *)bsum)[blockIdx.x] + block_scan(sum, ws, &tot);
-#pragma unroll
-  for (int j = 0; j < 4; j++)
-    if (i0 + j < count) {
-      d[i0 + j] = run;
-      run += v[j];
-    }
+  scan_tile((u32 *)data, count, (i64)blockIdx.x * TILE + threadIdx.x * 4, ((const u32 *)bsum)[blockIdx.x], ws);
 }
 
 /* ---------------------------------------------------------------- radix sort */
