@@ -62,7 +62,7 @@
 static int64_t opt_tokens = 4096, opt_d_model = 1024, opt_d_out = 0, opt_experts = 1 << 20, opt_heads = 8;
 static int64_t opt_top_k = 16, opt_query_dim = 256, opt_hidden = 1, opt_dims = 2, opt_cache_mb = 0;
 static int64_t opt_check_tokens = 8;
-static const char *opt_dtype = "bf16", *opt_routing = "uniform", *opt_zipf = NULL;
+static const char *opt_dtype = "bf16", *opt_routing = "uniform", *opt_zipf = NULL, *opt_act = "gelu";
 static int opt_bwd, opt_check, opt_sparse;
 
 static const cli_opt options[] = {
@@ -76,6 +76,7 @@ static const cli_opt options[] = {
     {"expert-hidden", CLI_OPT_INT, &opt_hidden, "HE", "expert hidden size (default 1: singleton MLPs)"},
     {"product-dims", CLI_OPT_INT, &opt_dims, "P", "product-key dims (default 2)"},
     {"dtype", CLI_OPT_STRING, &opt_dtype, "DT", "bf16, f16 or f32 for x, y and every weight (default bf16)"},
+    {"activation", CLI_OPT_STRING, &opt_act, "A", "the experts' activation, gelu or relu (default gelu)"},
     {"cache-mb", CLI_OPT_INT, &opt_cache_mb, "MB",
      "0: U, V dense in device memory; > 0: a store with host tables and an HBM cache of MB MiB (default 0)"},
     {"routing", CLI_OPT_STRING, &opt_routing, "R", "uniform or zipf (skewed sub-key scores; default uniform)"},
@@ -172,6 +173,9 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   st.cfg.expert_hidden_size = st.he;
   st.cfg.query_dim = st.dq;
   st.cfg.product_key_dims = (int)st.P;
+  if (strcmp(opt_act, "gelu") == 0) st.cfg.activation = SMELT_ACT_GELU;
+  else if (strcmp(opt_act, "relu") == 0) st.cfg.activation = SMELT_ACT_RELU;
+  else cli_usage_error(doc->command, "--activation '%s' is not one of: gelu, relu", opt_act);
 
   st.es = smelt_dtype_size(st.dt);
   st.nx = (size_t)(st.T * st.din);
@@ -208,17 +212,17 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
 
   snprintf(c->params_text, sizeof c->params_text,
            "%s tokens=%lld d_in=%lld d_out=%lld experts=%lld (%lld^%lld) heads=%lld top_k=%lld query_dim=%lld "
-           "expert_hidden=%lld dtype=%s cache_mb=%lld routing=%s",
+           "expert_hidden=%lld activation=%s dtype=%s cache_mb=%lld routing=%s",
            st.zipf_s > 0 ? "store" : opt_bwd ? (st.store || opt_sparse ? "bwd(sparse dU dV)" : "bwd") : "fwd", (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N,
-           (long long)st.n, (long long)st.P, (long long)st.H, (long long)st.K, (long long)st.dq, (long long)st.he,
+           (long long)st.n, (long long)st.P, (long long)st.H, (long long)st.K, (long long)st.dq, (long long)st.he, opt_act,
            smelt_dtype_name(st.dt), (long long)opt_cache_mb, routing);
   snprintf(c->params_json, sizeof c->params_json,
            "\"tokens\":%lld,\"d_in\":%lld,\"d_out\":%lld,\"experts\":%lld,\"product_dims\":%lld,\"heads\":%lld,"
-           "\"top_k\":%lld,\"query_dim\":%lld,\"expert_hidden\":%lld,\"dtype\":\"%s\",\"cache_mb\":%lld,"
+           "\"top_k\":%lld,\"query_dim\":%lld,\"expert_hidden\":%lld,\"activation\":\"%s\",\"dtype\":\"%s\",\"cache_mb\":%lld,"
            "\"routing\":\"%s\",\"bwd\":%s,\"sparse_grads\":%s,\"expert_bytes\":%llu",
            (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N, (long long)st.P, (long long)st.H,
-           (long long)st.K, (long long)st.dq, (long long)st.he, smelt_dtype_name(st.dt), (long long)opt_cache_mb,
-           routing, opt_bwd ? "true" : "false", opt_bwd && (st.store || opt_sparse) ? "true" : "false",
+           (long long)st.K, (long long)st.dq, (long long)st.he, opt_act, smelt_dtype_name(st.dt),
+           (long long)opt_cache_mb, routing, opt_bwd ? "true" : "false", opt_bwd && (st.store || opt_sparse) ? "true" : "false",
            (unsigned long long)st.expert_bytes);
 }
 
