@@ -59,12 +59,9 @@ static __device__ __forceinline__ float wcvt(welem v) { return smelt_bf16_to_f32
 static_assert(VEC * sizeof(welem) == 16, "SMELT_VEC must make 16-byte loads");
 #endif
 
-/* VEC consecutive weights as f32. */
-static __device__ __forceinline__ void load_vec(const welem *p, float *w) {
-#if VEC == 1
-  w[0] = wcvt(*p);
-#else
-  const uint4 raw = *(const uint4 *)p;
+#if VEC > 1
+/* 16 bytes of weights (VEC of them) as f32. */
+static __device__ __forceinline__ void raw_vec(uint4 raw, float *w) {
   const u32 r[4] = {raw.x, raw.y, raw.z, raw.w};
 #if SMELT_WDT == SMELT_DT_F32
 #pragma unroll
@@ -76,6 +73,15 @@ static __device__ __forceinline__ void load_vec(const welem *p, float *w) {
     w[2 * i + 1] = wcvt((smelt_h16)(r[i] >> 16));
   }
 #endif
+}
+#endif
+
+/* VEC consecutive weights as f32. */
+static __device__ __forceinline__ void load_vec(const welem *p, float *w) {
+#if VEC == 1
+  w[0] = wcvt(*p);
+#else
+  raw_vec(*(const uint4 *)p, w);
 #endif
 }
 
@@ -800,11 +806,13 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
     }
     mbar_wait(bar0 + 8 * (u32)s, par);
     const int c = codes[m & (BK_WIN - 1)];
-    if (c != -1) {
-      const welem *slot = ring + s * row, *v = slot + du;
-      float acc[VEC];
+    const float g = gates[m & (BK_WIN - 1)];
+    const welem *slot = ring + s * row, *v = slot + du;
+    float acc[VEC];
+    uint4 vr[WS_CH]; /* LIT: the use's V row, raw, so that its slot is refilled before the sums */
 #pragma unroll
-      for (int e = 0; e < VEC; e++) acc[e] = 0.f;
+    for (int e = 0; e < VEC; e++) acc[e] = 0.f;
+    if (c != -1) {
 #pragma unroll
       for (int cc = 0; cc < WS_CH; cc++) {
         if (!LIT && lane + 32 * cc >= ncu) break;
@@ -813,19 +821,48 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
 #pragma unroll
         for (int e = 0; e < VEC; e++) acc[e] = fmaf(x[cc][e], w[e], acc[e]);
       }
-      const float g = gates[m & (BK_WIN - 1)];
+      if (LIT)
+#pragma unroll
+        for (int cc = 0; cc < WS_CH; cc++) vr[cc] = *(const uint4 *)(v + (lane + 32 * cc) * VEC);
+    }
+    /* The refill. With the literal shape it comes as soon as the lanes hold
+     * the slot's bytes, before the use's sums (the warp reduction, the
+     * activation, the up projection: most of a use's latency), so the slot
+     * is back in flight that much sooner; the proxy fence orders each
+     * lane's shared reads before the bulk copy's writes (values read but
+     * not consumed yet). Otherwise after the whole use, as before. */
+#define BK_REFILL()                                                                                   \
+  do {                                                                                                \
+    __syncwarp(); /* every lane has read slot s before it is refilled */                              \
+    const i64 n = m + S;                                                                              \
+    if (n < nu) {                                                                                     \
+      if (n == batch * 32) BK_BATCH();                                                                \
+      bk_issue(P, codes[n & (BK_WIN - 1)], ring + s * row, bar0 + 8 * (u32)s, du, dv, lane);          \
+    }                                                                                                 \
+  } while (0)
+    if (LIT) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      BK_REFILL();
+    }
+    if (c != -1) {
       float z[VEC];
       hidden_sums(acc, he, z);
 #pragma unroll
       for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, z[e]) : 0.f;
-      up_rows(v, z, y, he, dout, lane);
+      if (LIT) {
+#pragma unroll
+        for (int cc = 0; cc < WS_CH; cc++) {
+          float w[VEC];
+          raw_vec(vr[cc], w);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(z[0], w[e], y[cc][e]);
+        }
+      } else {
+        up_rows(v, z, y, he, dout, lane);
+      }
     }
-    __syncwarp(); /* every lane has read slot s before it is refilled */
-    const i64 n = m + S;
-    if (n < nu) {
-      if (n == batch * 32) BK_BATCH();
-      bk_issue(P, codes[n & (BK_WIN - 1)], ring + s * row, bar0 + 8 * (u32)s, du, dv, lane);
-    }
+    if (!LIT) BK_REFILL();
+#undef BK_REFILL
     if (++s == S) {
       s = 0;
       par ^= 1;
