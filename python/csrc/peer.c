@@ -5,8 +5,9 @@
  *
  *   cfg      dict with every smelt_peer_config field by name (activation,
  *            query_norm and gate as names); unknown keys are errors
- *   weights  (wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_key_0..3, u, v),
- *            None where absent
+ *   weights  (wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_key_0..3, u, v,
+ *            store), None where absent; store a smelt.PeerStore in place of
+ *            u and v, used on its own context
  *   extra    () or, for the backward, (ids, dy)
  *   outs     retrieval (ids, scores); forward (y, ids, scores); backward
  *            (dx, dwq, dbq, dnorm_weight, dnorm_bias, dsub_key_0..3, du, dv,
@@ -199,13 +200,27 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
     return NULL;
   }
   smelt_peer_config cfg;
-  if (parse_cfg(cfg_d, &cfg) < 0 || tuple_of(wt, W_COUNT, "weights") < 0 ||
-      tuple_of(extra, mode == 2 ? 2 : 0, "extra") < 0 || tuple_of(outs, nouts[mode], "outs") < 0)
+  if (parse_cfg(cfg_d, &cfg) < 0 ||
+      tuple_of(wt, W_COUNT + 1, "weights") < 0 || tuple_of(extra, mode == 2 ? 2 : 0, "extra") < 0 || tuple_of(outs, nouts[mode], "outs") < 0)
     return NULL;
   static const char *const op_names[3] = {"smelt.peer_retrieve", "smelt.peer", "smelt.peer_backward"};
   smpy_call call;
   PyObject *slots[G_COUNT] = {NULL}, *result = NULL;
   smelt_tensor *x, *wts[W_COUNT] = {NULL}, *o[G_COUNT] = {NULL}, *ids = NULL, *dy = NULL;
+  PyObject *so = PyTuple_GetItem(wt, W_COUNT);
+  smpy_store *store = NULL;
+  if (so != Py_None) {
+    if (!PyObject_TypeCheck(so, (PyTypeObject *)smpy_store_type)) {
+      PyErr_Format(PyExc_TypeError, "%s: store must be a smelt.PeerStore or None, got %R", op_names[mode],
+                   (PyObject *)Py_TYPE(so));
+      return NULL;
+    }
+    store = (smpy_store *)so;
+    if (!store->store) return smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "%s: the store is closed", op_names[mode]);
+    if (ctx != Py_None && ctx != (PyObject *)store->ctx)
+      return smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "%s: ctx is not the store's context", op_names[mode]);
+    ctx = (PyObject *)store->ctx; /* the store runs on its own context */
+  }
   if (smpy_call_begin(&call, op_names[mode], ctx, stream) < 0) return NULL;
   if (smpy_call_import(&call, xo, "x", 0, &x) < 0) goto done;
   for (int i = 0; i < W_COUNT; i++) {
@@ -230,6 +245,11 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
       r = out_arg(&call, given, names[k], dt, k ? 3 : 2, k ? sel : yshape, &slots[i], &o[i]);
     } else {
       const smelt_tensor *like = i == G_DX ? x : g_like[i] < 0 ? NULL : wts[g_like[i]];
+      if (i >= G_DUR && store) { /* the rows' dtype is the store's */
+        r = out_arg(&call, given, g_names[i], store->opts.dtype, 3, i == G_DUR ? urows : vrows, &slots[i], &o[i]);
+        if (r < 0) goto done;
+        continue;
+      }
       if (given == Py_True && !like && g_like[i] >= 0) {
         smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt.peer_backward: %s is asked for but %s is absent",
                    g_names[i], w_names[g_like[i]]);
@@ -255,6 +275,7 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
   for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) w.sub_keys[i] = wts[W_SK0 + i];
   w.u = wts[W_U];
   w.v = wts[W_V];
+  w.store = store ? store->store : NULL;
   smelt_peer_grads g;
   memset(&g, 0, sizeof g);
   g.dx = o[G_DX];

@@ -21,6 +21,7 @@
 
 #include "dlpack.h"
 #include "smelt.h"
+#include "smelt/peer.h"
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(hidden)
@@ -105,16 +106,31 @@ void smpy_tkey_fill(smpy_tkey *k, const smelt_tensor *t);
 
 typedef struct smpy_tensor {
   PyObject_HEAD
-  smpy_ctx *ctx;  /* strong reference */
-  void *stream;   /* stream the memory is ordered on (CUDA) */
+  smpy_ctx *ctx;   /* strong reference */
+  PyObject *owner; /* strong reference to what owns the memory (a view), or NULL: smelt allocated it */
+  void *stream;    /* stream the memory is ordered on (CUDA) */
   size_t nbytes;
-  smelt_tensor t; /* contiguous view of the allocation */
+  smelt_tensor t;  /* contiguous view of the allocation */
 } smpy_tensor;
 
 extern PyObject *smpy_tensor_type;
 int smpy_tensor_type_init(PyObject *module);
 /* A new contiguous tensor on c's device, allocated on `stream`. */
 PyObject *smpy_tensor_new(smpy_ctx *c, void *stream, smelt_dtype dt, int ndim, const int64_t *shape);
+/* A tensor over memory `owner` keeps alive (t: a contiguous view of it). */
+PyObject *smpy_tensor_view(smpy_ctx *c, PyObject *owner, const smelt_tensor *t);
+
+/* ---- the PEER expert store (peer_store.c) */
+
+typedef struct smpy_store {
+  PyObject_HEAD
+  smpy_ctx *ctx;            /* strong reference: the store's context */
+  smelt_peer_store *store;  /* NULL once closed */
+  smelt_peer_store_options opts;
+} smpy_store;
+
+extern PyObject *smpy_store_type;
+int smpy_store_type_init(PyObject *module);
 
 /* ---- DLPack consumption (dlpack_in.c) */
 

@@ -53,10 +53,29 @@ PyObject *smpy_tensor_new(smpy_ctx *c, void *stream, smelt_dtype dt, int ndim, c
   return (PyObject *)t;
 }
 
+PyObject *smpy_tensor_view(smpy_ctx *c, PyObject *owner, const smelt_tensor *t) {
+  PyTypeObject *tp = (PyTypeObject *)smpy_tensor_type;
+  allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+  smpy_tensor *v = (smpy_tensor *)alloc(tp, 0);
+  if (!v) return NULL;
+  size_t n = smelt_dtype_size(t->dtype);
+  for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+  v->t = *t;
+  v->nbytes = n;
+  v->stream = NULL;
+  Py_INCREF(owner);
+  v->owner = owner;
+  Py_INCREF(c);
+  v->ctx = c;
+  return (PyObject *)v;
+}
+
 static void tensor_dealloc(PyObject *self) {
   smpy_tensor *t = (smpy_tensor *)self;
   PyTypeObject *tp = Py_TYPE(self);
-  if (t->ctx) {
+  if (t->owner) {
+    Py_DECREF(t->owner);
+  } else if (t->ctx) {
     if (t->t.data) {
       smpy_ctx *c = t->ctx;
       smpy_ctx_lock(c);
@@ -69,8 +88,8 @@ static void tensor_dealloc(PyObject *self) {
       if (prev_set) smpy_ctx_use_stream(c, prev);
       smpy_ctx_unlock(c);
     }
-    Py_DECREF(t->ctx);
   }
+  Py_XDECREF(t->ctx);
   freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
   f(self);
   Py_DECREF(tp);

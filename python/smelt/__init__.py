@@ -42,6 +42,7 @@ from ._smelt import (  # noqa: F401
     DTypeError,
     Error,
     OutOfMemoryError,
+    PeerStore,
     Tensor,
     UnsupportedError,
     default_context,
@@ -51,7 +52,7 @@ from ._smelt import (  # noqa: F401
 __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
-    "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
+    "PeerStore", "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
     "default_context", "empty", "gemm", "gemm_grouped", "info", "peer", "peer_backward", "peer_retrieve", "softmax",
     "topk",
 ]
@@ -370,8 +371,21 @@ def _is_numpy(x):
     return type(x).__module__ == "numpy"
 
 
-def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps):
+def _peer_experts(u, v, store, op):
+    """(N, h_e, d_out) of the experts: from u and v, or from the store."""
+    if store is not None:
+        if u is not None or v is not None:
+            raise ArgumentError("%s: give either u and v or store=, not both" % op)
+        return int(store.num_experts), int(store.expert_hidden_size), int(store.output_dim)
+    if u is None or v is None:
+        raise ArgumentError("%s: u and v are required without store=" % op)
+    return int(u.shape[0]), int(u.shape[-1]), int(v.shape[-1])
+
+
+def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store=None,
+              op="smelt.peer"):
     """The smelt_peer_config of these tensors: every size comes from a shape."""
+    n_exp, hidden, d_out = _peer_experts(u, v, store, op)
     sub_keys = tuple(sub_keys)
     p = len(sub_keys)
     if not 2 <= p <= 4:
@@ -380,8 +394,8 @@ def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_nor
     query_dim = p * int(sub_keys[0].shape[-1])
     heads = int(sub_keys[0].shape[0]) if per_head else int(wq.shape[1]) // max(query_dim, 1)
     return {
-        "input_dim": int(x.shape[-1]), "output_dim": int(v.shape[-1]), "num_experts": int(u.shape[0]),
-        "num_experts_per_tok": int(k), "num_heads": heads, "expert_hidden_size": int(u.shape[-1]),
+        "input_dim": int(x.shape[-1]), "output_dim": d_out, "num_experts": n_exp,
+        "num_experts_per_tok": int(k), "num_heads": heads, "expert_hidden_size": hidden,
         "query_dim": query_dim, "product_key_dims": p,
         "sub_key_sizes": [int(t.shape[-2]) for t in sub_keys], "activation": activation,
         "query_norm": query_norm, "norm_eps": float(norm_eps), "l2_eps": float(l2_eps),
@@ -389,9 +403,9 @@ def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_nor
     }
 
 
-def _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v):
+def _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v, store=None):
     sk = tuple(sub_keys) + (None,) * (4 - len(sub_keys))
-    return (wq, bq, norm_weight, norm_bias, bn_mean, bn_var) + sk[:4] + (u, v)
+    return (wq, bq, norm_weight, norm_bias, bn_mean, bn_var) + sk[:4] + (u, v, store)
 
 
 
@@ -404,9 +418,9 @@ def _peer_outs_numpy(x, cfg, names):
     return [made[n]() for n in names]
 
 
-def peer_retrieve(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
+def peer_retrieve(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
                   bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False,
-                  gate="softmax", ids=None, scores=None, ctx=None, stream=None):
+                  gate="softmax", ids=None, scores=None, store=None, ctx=None, stream=None):
     """PEER's retrieval alone: for each token and head, the k experts with
     the largest product-key score (ties to the lower id), best first.
     Arguments as smelt.peer.
@@ -414,18 +428,19 @@ def peer_retrieve(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, nor
     Returns (ids [T, h, k] int64, scores [T, h, k] float32: the score sums
     before gating).
     """
-    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store,
+                    "smelt.peer_retrieve")
     if _is_numpy(x):
         mi, ms = _peer_outs_numpy(x, cfg, ("ids", "scores"))
         ids = mi if ids is None else ids
         scores = ms if scores is None else scores
-    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v, store)
     return _c_peer(0, cfg, x, w, (), (True if ids is None else ids, True if scores is None else scores), ctx, stream)
 
 
-def peer(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None, bn_var=None,
-         activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False, gate="softmax",
-         return_ids=False, out=None, ids=None, scores=None, ctx=None, stream=None):
+def peer(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
+         bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False,
+         gate="softmax", return_ids=False, out=None, ids=None, scores=None, store=None, ctx=None, stream=None):
     """PEER (Mixture of A Million Experts): product-key retrieval of k
     singleton experts per token and head, gated and summed.
 
@@ -448,14 +463,19 @@ def peer(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=No
     out:     where to write y [T, d_out] (x's dtype when allocated).
     return_ids: also return the selection (ids, scores), e.g. to keep ids
              for peer_backward; ids=/scores= given also computes them.
+    store:   a smelt.PeerStore holding U and V in host memory behind an HBM
+             cache, in place of u and v (which are then None); the call runs
+             on the store's context. Every forward is one batch of its cache
+             policy (smelt.PeerStore.stats()). Results are bit-identical to
+             dense u and v with the same values.
     Returns y, or (y, ids, scores) when return_ids is true.
     """
-    if _is_compiling():
+    if _is_compiling() and store is None:
         return _torch_impl.peer(x, wq, sub_keys, u, v, k=k, bq=bq, norm_weight=norm_weight, norm_bias=norm_bias,
                                 bn_mean=bn_mean, bn_var=bn_var, activation=activation, query_norm=query_norm,
                                 norm_eps=norm_eps, l2_eps=l2_eps, key_l2_norm=key_l2_norm, gate=gate,
                                 return_ids=return_ids, out=out, ids=ids, scores=scores)
-    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store)
     want = bool(return_ids)
     if _is_numpy(x):
         my, mi, ms = _peer_outs_numpy(x, cfg, ("y", "ids", "scores"))
@@ -464,18 +484,19 @@ def peer(x, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=No
         scores = ms if scores is None and want else scores
     outs = (True if out is None else out, True if ids is None and want else ids,
             True if scores is None and want else scores)
-    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v, store)
     y, i, s = _c_peer(1, cfg, x, w, (), outs, ctx, stream)
     return (y, i, s) if want else y
 
 
+_NUMPY_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16"}
 _PEER_GRADS = ("dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "dsub_keys", "du", "dv")
 _PEER_SPARSE = ("grad_ids", "grad_count", "du_rows", "dv_rows")
 
 
-def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
-                  bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False,
-                  gate="softmax", needs=None, out=None, ctx=None, stream=None):
+def peer_backward(x, ids, dy, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, norm_bias=None,
+                  bn_mean=None, bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12,
+                  key_l2_norm=False, gate="softmax", needs=None, out=None, store=None, ctx=None, stream=None):
     """Gradients of sum(y * dy) for PEER's forward with the experts in ids
     (its ids output: scores and gates are recomputed, the selection is not
     differentiated). Deterministic: every element is summed in a fixed order.
@@ -503,16 +524,20 @@ def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=
              the sparse ones untrimmed, [T·h·k, ...]). A given sparse output
              is returned as a view of its first M rows unless 'grad_count'
              is asked for or given.
+    store:   the smelt.PeerStore the forward read (u and v None): the
+             experts are read through it, unchanged; 'du' and 'dv' do not
+             exist then (the default needs has 'du_rows' and 'dv_rows').
     Returns a dict name -> gradient (dsub_keys a list, one per table).
     """
-    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps)
+    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store,
+                    "smelt.peer_backward")
     sub_keys = tuple(sub_keys)
     p = len(sub_keys)
     affine = query_norm in ("layernorm", "batchnorm")
     like = {"dx": x, "dwq": wq, "dbq": bq, "dnorm_weight": norm_weight if affine else None,
             "dnorm_bias": norm_bias if affine else None, "dsub_keys": sub_keys, "du": u, "dv": v}
     if needs is None:
-        needs = [n for n in _PEER_GRADS if like[n] is not None]
+        needs = [n for n in _PEER_GRADS if like[n] is not None] + (["du_rows", "dv_rows"] if store else [])
     out = dict(out or {})
     for n in list(needs) + list(out):
         if n not in like and n not in _PEER_SPARSE:
@@ -539,8 +564,14 @@ def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=
     sparse = any(n in needs or n in out for n in _PEER_SPARSE)
     untrimmed = "grad_count" in needs or "grad_count" in out
     nuse = int(x.shape[0]) * cfg["num_heads"] * cfg["num_experts_per_tok"]
-    made = {"grad_ids": ((nuse,), "int64"), "grad_count": ((1,), "int64"),
-            "du_rows": ((nuse,) + tuple(u.shape[1:]), u.dtype), "dv_rows": ((nuse,) + tuple(v.shape[1:]), v.dtype)}
+    if store is None:
+        rows = {"du_rows": ((nuse,) + tuple(u.shape[1:]), u.dtype), "dv_rows": ((nuse,) + tuple(v.shape[1:]), v.dtype)}
+    else:
+        he, sdt = cfg["expert_hidden_size"], _NUMPY_DTYPES.get(store.dtype)
+        rows = {"du_rows": ((nuse, cfg["input_dim"], he), sdt), "dv_rows": ((nuse, he, cfg["output_dim"]), sdt)}
+        if npy and sdt is None:
+            raise ArgumentError("smelt.peer_backward: numpy has no %s for the store's rows" % store.dtype)
+    made = dict(grad_ids=((nuse,), "int64"), grad_count=((1,), "int64"), **rows)
 
     def sparse_slot(name):
         if out.get(name) is not None:
@@ -550,7 +581,7 @@ def peer_backward(x, ids, dy, wq, sub_keys, u, v, *, k=16, bq=None, norm_weight=
         return np.empty(*made[name]) if npy else True
 
     flat += [sparse_slot(n) for n in _PEER_SPARSE]
-    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v)
+    w = _peer_weights(wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_keys, u, v, store)
     r = _c_peer(2, cfg, x, w, (ids, dy), tuple(flat), ctx, stream)
     grads = {n: r[i] for i, n in enumerate(_PEER_GRADS[:5]) if r[i] is not None}
     if r[5] is not None:
