@@ -214,15 +214,16 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
            "%s tokens=%lld d_in=%lld d_out=%lld experts=%lld (%lld^%lld) heads=%lld top_k=%lld query_dim=%lld "
            "expert_hidden=%lld activation=%s dtype=%s cache_mb=%lld routing=%s",
            st.zipf_s > 0 ? "store" : opt_bwd ? (st.store || opt_sparse ? "bwd(sparse dU dV)" : "bwd") : "fwd", (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N,
-           (long long)st.n, (long long)st.P, (long long)st.H, (long long)st.K, (long long)st.dq, (long long)st.he, opt_act,
-           smelt_dtype_name(st.dt), (long long)opt_cache_mb, routing);
+           (long long)st.n, (long long)st.P, (long long)st.H, (long long)st.K, (long long)st.dq, (long long)st.he,
+           opt_act, smelt_dtype_name(st.dt), (long long)opt_cache_mb, routing);
   snprintf(c->params_json, sizeof c->params_json,
            "\"tokens\":%lld,\"d_in\":%lld,\"d_out\":%lld,\"experts\":%lld,\"product_dims\":%lld,\"heads\":%lld,"
-           "\"top_k\":%lld,\"query_dim\":%lld,\"expert_hidden\":%lld,\"activation\":\"%s\",\"dtype\":\"%s\",\"cache_mb\":%lld,"
-           "\"routing\":\"%s\",\"bwd\":%s,\"sparse_grads\":%s,\"expert_bytes\":%llu",
+           "\"top_k\":%lld,\"query_dim\":%lld,\"expert_hidden\":%lld,\"activation\":\"%s\",\"dtype\":\"%s\","
+           "\"cache_mb\":%lld,\"routing\":\"%s\",\"bwd\":%s,\"sparse_grads\":%s,\"expert_bytes\":%llu",
            (long long)st.T, (long long)st.din, (long long)st.dout, (long long)st.N, (long long)st.P, (long long)st.H,
            (long long)st.K, (long long)st.dq, (long long)st.he, opt_act, smelt_dtype_name(st.dt),
-           (long long)opt_cache_mb, routing, opt_bwd ? "true" : "false", opt_bwd && (st.store || opt_sparse) ? "true" : "false",
+           (long long)opt_cache_mb, routing, opt_bwd ? "true" : "false",
+           opt_bwd && (st.store || opt_sparse) ? "true" : "false",
            (unsigned long long)st.expert_bytes);
 }
 

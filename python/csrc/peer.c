@@ -201,7 +201,8 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
   }
   smelt_peer_config cfg;
   if (parse_cfg(cfg_d, &cfg) < 0 ||
-      tuple_of(wt, W_COUNT + 1, "weights") < 0 || tuple_of(extra, mode == 2 ? 2 : 0, "extra") < 0 || tuple_of(outs, nouts[mode], "outs") < 0)
+      tuple_of(wt, W_COUNT + 1, "weights") < 0 || tuple_of(extra, mode == 2 ? 2 : 0, "extra") < 0 ||
+      tuple_of(outs, nouts[mode], "outs") < 0)
     return NULL;
   static const char *const op_names[3] = {"smelt.peer_retrieve", "smelt.peer", "smelt.peer_backward"};
   smpy_call call;

@@ -102,14 +102,39 @@ static void store_dealloc(PyObject *self) {
   Py_DECREF(tp);
 }
 
-/* Runs fn(store, arg) on the store's context, on its current stream. */
-static smelt_status store_run(smpy_store *st, smelt_status (*fn)(smelt_peer_store *, const void *), const void *arg) {
-  smelt_status s;
+/* Runs fn(store, arg) on the store's context, on `stream` when use_stream
+ * (else the context's current one), without the GIL. */
+static smelt_status store_run(smpy_store *st, smelt_status (*fn)(smelt_peer_store *, const void *), const void *arg,
+                              int use_stream, void *stream) {
+  smelt_status s = SMELT_OK;
   smpy_ctx_lock(st->ctx);
-  Py_BEGIN_ALLOW_THREADS s = fn(st->store, arg);
-  Py_END_ALLOW_THREADS
+  if (use_stream) s = smpy_ctx_use_stream(st->ctx, stream);
+  if (!s) {
+    Py_BEGIN_ALLOW_THREADS s = fn(st->store, arg);
+    Py_END_ALLOW_THREADS
+  }
   smpy_ctx_unlock(st->ctx);
   return s;
+}
+
+/* None, or the status's exception. */
+static PyObject *none_or_raise(smelt_status s) {
+  if (s) return smpy_raise_status(s);
+  Py_INCREF(Py_None);
+  return Py_None;
+}
+
+typedef struct write_args {
+  int64_t first, count;
+  const void *u, *v;
+} write_args;
+
+static smelt_status do_write(smelt_peer_store *s, const void *a) {
+  const write_args *w = (const write_args *)a;
+  return smelt_peer_store_write(s, w->first, w->count, w->u, w->v);
+}
+static smelt_status do_prefetch(smelt_peer_store *s, const void *a) {
+  return smelt_peer_store_prefetch(s, (const smelt_tensor *)a);
 }
 
 static smelt_status do_invalidate(smelt_peer_store *s, const void *a) {
@@ -178,16 +203,8 @@ static PyObject *store_write(PyObject *self, PyObject *args) {
                (long long)nv);
     goto done;
   }
-  smelt_status s;
-  smpy_ctx_lock(st->ctx);
-  Py_BEGIN_ALLOW_THREADS s = smelt_peer_store_write(st->store, first, nu, u->data, v->data);
-  Py_END_ALLOW_THREADS
-  smpy_ctx_unlock(st->ctx);
-  if (s) smpy_raise_status(s);
-  else {
-    Py_INCREF(Py_None);
-    r = Py_None;
-  }
+  const write_args wa = {first, nu, u->data, v->data};
+  r = none_or_raise(store_run(st, do_write, &wa, 0, NULL));
 done:
   smpy_call_end(&call);
   return r;
@@ -204,19 +221,7 @@ static PyObject *store_prefetch(PyObject *self, PyObject *args, PyObject *kw) {
   PyObject *r = NULL;
   if (smpy_call_begin(&call, STORE_OP ".prefetch", (PyObject *)st->ctx, stream) < 0) return NULL;
   if (smpy_call_import(&call, io, "ids", 0, &ids) < 0) goto done;
-  smelt_status s;
-  smpy_ctx_lock(st->ctx);
-  s = smpy_ctx_use_stream(st->ctx, call.stream);
-  if (!s) {
-    Py_BEGIN_ALLOW_THREADS s = smelt_peer_store_prefetch(st->store, ids);
-    Py_END_ALLOW_THREADS
-  }
-  smpy_ctx_unlock(st->ctx);
-  if (s) smpy_raise_status(s);
-  else {
-    Py_INCREF(Py_None);
-    r = Py_None;
-  }
+  r = none_or_raise(store_run(st, do_prefetch, ids, 1, call.stream));
 done:
   smpy_call_end(&call);
   return r;
@@ -225,9 +230,7 @@ done:
 static PyObject *store_simple(PyObject *self, smelt_status (*fn)(smelt_peer_store *, const void *)) {
   smpy_store *st = (smpy_store *)self;
   if (store_alive(st) < 0) return NULL;
-  smelt_status s = store_run(st, fn, NULL);
-  if (s) return smpy_raise_status(s);
-  Py_RETURN_NONE;
+  return none_or_raise(store_run(st, fn, NULL, 0, NULL));
 }
 static PyObject *store_invalidate(PyObject *self, PyObject *unused) { return store_simple(self, do_invalidate); }
 static PyObject *store_reset_stats(PyObject *self, PyObject *unused) { return store_simple(self, do_reset); }
@@ -236,7 +239,7 @@ static PyObject *store_stats(PyObject *self, PyObject *unused) {
   smpy_store *st = (smpy_store *)self;
   if (store_alive(st) < 0) return NULL;
   smelt_peer_store_stats x;
-  smelt_status s = store_run(st, do_stats, &x);
+  smelt_status s = store_run(st, do_stats, &x, 0, NULL);
   if (s) return smpy_raise_status(s);
   return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsLsLsd}", "batches", x.batches, "lookups", x.lookups, "hits", x.hits,
                        "misses", x.misses, "evictions", x.evictions, "uses", x.uses, "uses_mapped", x.uses_mapped,
@@ -267,8 +270,9 @@ static PyObject *store_heat(PyObject *self, PyObject *args, PyObject *kw) {
   long long count = st->opts.num_experts - first;
   if (co != Py_None && (count = PyLong_AsLongLong(co)) == -1 && PyErr_Occurred()) return NULL;
   if (first < 0 || count < 0 || first > st->opts.num_experts || count > st->opts.num_experts - first)
-    return smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, STORE_OP ".heat: experts [%lld, %lld + %lld) are not within [0, %lld)",
-                      first, first, count, (long long)st->opts.num_experts);
+    return smpy_raise(SMELT_STATUS_INVALID_ARGUMENT,
+                      STORE_OP ".heat: experts [%lld, %lld + %lld) are not within [0, %lld)", first, first, count,
+                      (long long)st->opts.num_experts);
   smpy_ctx *cpu = smpy_default_ctx(SMELT_DEVICE_CPU, 0);
   if (!cpu) return NULL;
   const int64_t shape[1] = {count};
