@@ -783,6 +783,17 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
     __syncwarp();                                                            \
   } while (0)
 
+  /* after use m: refills its slot s with use m + S (and the window) */
+#define BK_REFILL()                                                                           \
+  do {                                                                                        \
+    __syncwarp(); /* every lane has read slot s before it is refilled */                      \
+    const i64 n = m + S;                                                                      \
+    if (n < nu) {                                                                             \
+      if (n == batch * 32) BK_BATCH();                                                        \
+      bk_issue(P, codes[n & (BK_WIN - 1)], ring + s * row, bar0 + 8 * (u32)s, du, dv, lane);  \
+    }                                                                                         \
+  } while (0)
+
   BK_BATCH();
   for (int n = 0; n < S && n < nu; n++) {
     if (n == batch * 32) BK_BATCH();
@@ -831,15 +842,6 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
      * is back in flight that much sooner; the proxy fence orders each
      * lane's shared reads before the bulk copy's writes (values read but
      * not consumed yet). Otherwise after the whole use, as before. */
-#define BK_REFILL()                                                                                   \
-  do {                                                                                                \
-    __syncwarp(); /* every lane has read slot s before it is refilled */                              \
-    const i64 n = m + S;                                                                              \
-    if (n < nu) {                                                                                     \
-      if (n == batch * 32) BK_BATCH();                                                                \
-      bk_issue(P, codes[n & (BK_WIN - 1)], ring + s * row, bar0 + 8 * (u32)s, du, dv, lane);          \
-    }                                                                                                 \
-  } while (0)
     if (LIT) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       BK_REFILL();
@@ -862,7 +864,6 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
       }
     }
     if (!LIT) BK_REFILL();
-#undef BK_REFILL
     if (++s == S) {
       s = 0;
       par ^= 1;
@@ -879,6 +880,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
       tok += W;
     }
   }
+#undef BK_REFILL
 #undef BK_BATCH
 }
 

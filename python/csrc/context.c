@@ -350,12 +350,5 @@ static PyType_Slot ctx_slots[] = {
 static PyType_Spec ctx_spec = {"smelt.Context", sizeof(smpy_ctx), 0, Py_TPFLAGS_DEFAULT, ctx_slots};
 
 int smpy_ctx_type_init(PyObject *module) {
-  smpy_ctx_type = PyType_FromSpec(&ctx_spec);
-  if (!smpy_ctx_type) return -1;
-  Py_INCREF(smpy_ctx_type);
-  if (PyModule_AddObject(module, "Context", smpy_ctx_type) < 0) {
-    Py_DECREF(smpy_ctx_type);
-    return -1;
-  }
-  return 0;
+  return smpy_add_type(module, &ctx_spec, "Context", &smpy_ctx_type);
 }

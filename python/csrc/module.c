@@ -178,6 +178,17 @@ static PyObject *new_exc(PyObject *m, const char *name, PyObject *base2, const c
   return cls; /* the module holds one reference, this static the other */
 }
 
+int smpy_add_type(PyObject *module, PyType_Spec *spec, const char *name, PyObject **type) {
+  *type = PyType_FromSpec(spec);
+  if (!*type) return -1;
+  Py_INCREF(*type);
+  if (PyModule_AddObject(module, name, *type) < 0) {
+    Py_DECREF(*type);
+    return -1;
+  }
+  return 0;
+}
+
 static int add_methods(PyObject *m, PyMethodDef *defs) {
   PyObject *name = PyModule_GetNameObject(m);
   if (!name) return -1;

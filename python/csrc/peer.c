@@ -211,13 +211,7 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
   PyObject *so = PyTuple_GetItem(wt, W_COUNT);
   smpy_store *store = NULL;
   if (so != Py_None) {
-    if (!PyObject_TypeCheck(so, (PyTypeObject *)smpy_store_type)) {
-      PyErr_Format(PyExc_TypeError, "%s: store must be a smelt.PeerStore or None, got %R", op_names[mode],
-                   (PyObject *)Py_TYPE(so));
-      return NULL;
-    }
-    store = (smpy_store *)so;
-    if (!store->store) return smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "%s: the store is closed", op_names[mode]);
+    if (!(store = smpy_store_of(so, op_names[mode]))) return NULL;
     if (ctx != Py_None && ctx != (PyObject *)store->ctx)
       return smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "%s: ctx is not the store's context", op_names[mode]);
     ctx = (PyObject *)store->ctx; /* the store runs on its own context */

@@ -17,11 +17,20 @@ PyObject *smpy_store_type;
 
 #define STORE_OP "smelt.PeerStore"
 
-static int store_alive(const smpy_store *st) {
-  if (st->store) return 0;
-  smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, STORE_OP ": the store is closed");
-  return -1;
+smpy_store *smpy_store_of(PyObject *o, const char *op) {
+  if (!PyObject_TypeCheck(o, (PyTypeObject *)smpy_store_type)) {
+    PyErr_Format(PyExc_TypeError, "%s: store must be a smelt.PeerStore or None, got %R", op, (PyObject *)Py_TYPE(o));
+    return NULL;
+  }
+  smpy_store *st = (smpy_store *)o;
+  if (!st->store) {
+    smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "%s: the store is closed", op);
+    return NULL;
+  }
+  return st;
 }
+
+static int store_alive(smpy_store *st) { return smpy_store_of((PyObject *)st, STORE_OP) ? 0 : -1; }
 
 static PyObject *store_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"num_experts", "input_dim",   "output_dim", "expert_hidden_size", "dtype", "cache_mb",
@@ -359,12 +368,5 @@ static PyType_Slot store_slots[] = {
 static PyType_Spec store_spec = {"smelt.PeerStore", sizeof(smpy_store), 0, Py_TPFLAGS_DEFAULT, store_slots};
 
 int smpy_store_type_init(PyObject *module) {
-  smpy_store_type = PyType_FromSpec(&store_spec);
-  if (!smpy_store_type) return -1;
-  Py_INCREF(smpy_store_type);
-  if (PyModule_AddObject(module, "PeerStore", smpy_store_type) < 0) {
-    Py_DECREF(smpy_store_type);
-    return -1;
-  }
-  return 0;
+  return smpy_add_type(module, &store_spec, "PeerStore", &smpy_store_type);
 }

@@ -35,6 +35,10 @@ PyObject *smpy_raise_status(smelt_status s);
 /* Raises the class for `s` with a message formatted here; returns NULL. */
 PyObject *smpy_raise(smelt_status s, const char *fmt, ...);
 
+/* Creates the type of spec and adds it to module as `name` (module.c);
+ * *type gets a reference of its own. Returns 0 or -1 with an exception. */
+int smpy_add_type(PyObject *module, PyType_Spec *spec, const char *name, PyObject **type);
+
 /* ---- contexts (context.c) */
 
 #define SMPY_PLAN_SLOTS 128
@@ -131,6 +135,9 @@ typedef struct smpy_store {
 
 extern PyObject *smpy_store_type;
 int smpy_store_type_init(PyObject *module);
+/* o as an open store, or NULL with a TypeError (not a store) or an
+ * ArgumentError (closed) naming op. */
+smpy_store *smpy_store_of(PyObject *o, const char *op);
 
 /* ---- DLPack consumption (dlpack_in.c) */
 

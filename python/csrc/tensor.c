@@ -58,10 +58,8 @@ PyObject *smpy_tensor_view(smpy_ctx *c, PyObject *owner, const smelt_tensor *t) 
   allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
   smpy_tensor *v = (smpy_tensor *)alloc(tp, 0);
   if (!v) return NULL;
-  size_t n = smelt_dtype_size(t->dtype);
-  for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
   v->t = *t;
-  v->nbytes = n;
+  v->nbytes = (size_t)smelt_tensor_numel(t) * smelt_dtype_size(t->dtype);
   v->stream = NULL;
   Py_INCREF(owner);
   v->owner = owner;
@@ -374,12 +372,5 @@ static PyType_Slot tensor_slots[] = {
 static PyType_Spec tensor_spec = {"smelt.Tensor", sizeof(smpy_tensor), 0, Py_TPFLAGS_DEFAULT, tensor_slots};
 
 int smpy_tensor_type_init(PyObject *module) {
-  smpy_tensor_type = PyType_FromSpec(&tensor_spec);
-  if (!smpy_tensor_type) return -1;
-  Py_INCREF(smpy_tensor_type);
-  if (PyModule_AddObject(module, "Tensor", smpy_tensor_type) < 0) {
-    Py_DECREF(smpy_tensor_type);
-    return -1;
-  }
-  return 0;
+  return smpy_add_type(module, &tensor_spec, "Tensor", &smpy_tensor_type);
 }

@@ -489,7 +489,6 @@ def peer(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, no
     return (y, i, s) if want else y
 
 
-_NUMPY_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16"}
 _PEER_GRADS = ("dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "dsub_keys", "du", "dv")
 _PEER_SPARSE = ("grad_ids", "grad_count", "du_rows", "dv_rows")
 
@@ -567,9 +566,9 @@ def peer_backward(x, ids, dy, wq, sub_keys, u=None, v=None, *, k=16, bq=None, no
     if store is None:
         rows = {"du_rows": ((nuse,) + tuple(u.shape[1:]), u.dtype), "dv_rows": ((nuse,) + tuple(v.shape[1:]), v.dtype)}
     else:
-        he, sdt = cfg["expert_hidden_size"], _NUMPY_DTYPES.get(store.dtype)
+        he, sdt = cfg["expert_hidden_size"], {s: n for n, s in _DTYPE_NAMES.items()}[store.dtype]
         rows = {"du_rows": ((nuse, cfg["input_dim"], he), sdt), "dv_rows": ((nuse, he, cfg["output_dim"]), sdt)}
-        if npy and sdt is None:
+        if npy and not hasattr(np, sdt):
             raise ArgumentError("smelt.peer_backward: numpy has no %s for the store's rows" % store.dtype)
     made = dict(grad_ids=((nuse,), "int64"), grad_count=((1,), "int64"), **rows)
 
