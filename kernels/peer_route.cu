@@ -1017,6 +1017,82 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
   row_merge(L, 16);
 }
 
+/* Dim i > 0's combination with the running list (route_rows): row mr's
+ * entries a < len (values va, ids ia) with the dim's entries b < ki (L,
+ * every thread of the row holding the whole list; ni keys), into L: the
+ * row's best min(len ki, k) sums, id = ia[a] * ni + b. The dim's list goes
+ * to shared memory over the score tile (st), so every warp must be done
+ * with it. */
+static __device__ __forceinline__ void combine_dim(u64 *L, float *st, const float *va, const u32 *ia, const int KL,
+                                                   const int REG, int len, int ki, i64 ni, int k, int mr, int mq) {
+  u64 *dl = (u64 *)st; /* [ROWS][KL] */
+  __syncthreads();     /* every warp is done with the score tile */
+#pragma unroll
+  for (int j = 0; j < KL; j++)
+    if ((j & 3) == mq) dl[mr * KL + j] = L[j];
+  __syncwarp();
+  u64 F[PEER_MAX_K];
+#pragma unroll
+  for (int j = 0; j < KL; j++) F[j] = 0;
+  if (REG) {
+    combine_survivors(F, va, ia, dl + mr * KL, len, ki, (u32)ni, combine_threshold(L, va, len, ki, k, mq), mq, KL);
+  } else {
+    for (int a = mq; a < len; a += 4) {
+      const float v = va[a];
+      const u32 pa = ia[a] * (u32)ni;
+#pragma unroll
+      for (int b0 = 0; b0 < KL; b0 += CN) {
+        if (b0 >= ki) break;
+        u64 c[CN];
+#pragma unroll
+        for (int j = 0; j < CN; j++) {
+          const u64 e = b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
+          c[j] = e ? peer_pack(v + peer_packed_value(e), pa + peer_packed_id(e)) : 0ull;
+        }
+        offer(F, c, KL);
+      }
+    }
+  }
+  row_merge(F, KL);
+#pragma unroll
+  for (int j = 0; j < KL; j++) L[j] = F[j];
+}
+
+/* Row mr of the tile (token t0 + mr, head hh) from its final list L: ids,
+ * scores and gates of its k entries. Every thread of the row computes the
+ * gates and writes the entries j = its quarter mod 4 (L[j] by selects, so
+ * that the warp runs KL / 4 bodies with every lane on instead of KL with a
+ * quarter of them). */
+static __device__ __forceinline__ void write_row(const peer_route_params &P, const u64 *L, const int KL, i64 t0,
+                                                 i64 hh, int mr, int mq) {
+  const int k = (int)P.k;
+  const i64 t = t0 + mr;
+  if (t >= P.T) return;
+  float m = PEER_NEG_INF, sum = 0.f;
+  if (P.gate == GATE_SOFTMAX) {
+#pragma unroll
+    for (int j = 0; j < KL; j++)
+      if (j < k) m = fmaxf(m, peer_packed_value(L[j]));
+#pragma unroll
+    for (int j = 0; j < KL; j++)
+      if (j < k) sum += expf(peer_packed_value(L[j]) - m);
+  }
+#pragma unroll
+  for (int j0 = 0; j0 < KL; j0 += 4) {
+    const int j = j0 + mq;
+    if (j >= k) break;
+    const u64 e = mq == 0 ? L[j0] : mq == 1 ? L[j0 + 1] : mq == 2 ? L[j0 + 2] : L[j0 + 3];
+    const float s = peer_packed_value(e);
+    const float g = P.gate == GATE_SOFTMAX ? expf(s - m) / sum
+                    : P.gate == GATE_SIGMOID ? 1.f / (1.f + expf(-s))
+                                             : fmaxf(s, 0.f);
+    const i64 o = (t * P.h + hh) * P.k + j;
+    ((i64 *)P.ids)[o] = (i64)peer_packed_id(e);
+    if (P.scores) ((float *)P.scores)[o] = s;
+    if (P.gates) ((float *)P.gates)[o] = g;
+  }
+}
+
 /* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
  * for k <= 16, peer_route32 above). Each row of the CTA's 64 is merged by
  * four threads (row tid / 4, tile columns 16 (tid % 4) ...), each keeping
@@ -1304,41 +1380,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     if (THR != 2 || overflow) row_merge(L, KL); /* buffer_list's lists are the rows' already */
     } /* !WG (wg_dim's lists are the rows') */
     if (i > 0) {
-      /* combine with the running list: all len x ki sums, id = prefix * n_i
-       * + a; the dim's list goes to shared memory (over the score tile) */
-      u64 *dl = (u64 *)st; /* [ROWS][KL] */
-      __syncthreads(); /* every warp is done with the score tile */
-#pragma unroll
-      for (int j = 0; j < KL; j++)
-        if ((j & 3) == mq) dl[mr * KL + j] = L[j];
-      __syncwarp();
+      combine_dim(L, st, lv + mr * LS, li + mr * LS, KL, REG, (int)len, ki, ni, k, mr, mq);
       const i64 total = len * ki;
-      u64 F[PEER_MAX_K];
-#pragma unroll
-      for (int j = 0; j < KL; j++) F[j] = 0;
-      if (REG) {
-        combine_survivors(F, lv + mr * LS, li + mr * LS, dl + mr * KL, (int)len, ki, (u32)ni,
-                          combine_threshold(L, lv + mr * LS, (int)len, ki, k, mq), mq, KL);
-      } else {
-        for (int a = mq; a < len; a += 4) {
-          const float va = lv[mr * LS + a];
-          const u32 pa = li[mr * LS + a] * (u32)ni;
-#pragma unroll
-          for (int b0 = 0; b0 < KL; b0 += CN) {
-            if (b0 >= ki) break;
-            u64 c[CN];
-#pragma unroll
-            for (int j = 0; j < CN; j++) {
-              const u64 e = b0 + j < ki ? dl[mr * KL + b0 + j] : 0ull;
-              c[j] = e ? peer_pack(va + peer_packed_value(e), pa + peer_packed_id(e)) : 0ull;
-            }
-            offer(F, c, KL);
-          }
-        }
-      }
-      row_merge(F, KL);
-#pragma unroll
-      for (int j = 0; j < KL; j++) L[j] = F[j];
       len = total < P.k ? total : P.k;
     } else {
       len = ki;
@@ -1353,35 +1396,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         }
     }
   }
-  /* gates over the row's k entries (every thread of the row computes
-   * them, each writes the entries j = its quarter mod 4: L[j] by selects,
-   * so that the warp runs KL / 4 bodies with every lane on instead of KL
-   * with a quarter of them) */
-  const i64 t = t0 + mr;
-  if (t >= P.T) return;
-  float m = PEER_NEG_INF, sum = 0.f;
-  if (P.gate == GATE_SOFTMAX) {
-#pragma unroll
-    for (int j = 0; j < KL; j++)
-      if (j < k) m = fmaxf(m, peer_packed_value(L[j]));
-#pragma unroll
-    for (int j = 0; j < KL; j++)
-      if (j < k) sum += expf(peer_packed_value(L[j]) - m);
-  }
-#pragma unroll
-  for (int j0 = 0; j0 < KL; j0 += 4) {
-    const int j = j0 + mq;
-    if (j >= k) break;
-    const u64 e = mq == 0 ? L[j0] : mq == 1 ? L[j0 + 1] : mq == 2 ? L[j0 + 2] : L[j0 + 3];
-    const float s = peer_packed_value(e);
-    const float g = P.gate == GATE_SOFTMAX ? expf(s - m) / sum
-                    : P.gate == GATE_SIGMOID ? 1.f / (1.f + expf(-s))
-                                             : fmaxf(s, 0.f);
-    const i64 o = (t * P.h + hh) * P.k + j;
-    ((i64 *)P.ids)[o] = (i64)peer_packed_id(e);
-    if (P.scores) ((float *)P.scores)[o] = s;
-    if (P.gates) ((float *)P.gates)[o] = g;
-  }
+  write_row(P, L, KL, t0, hh, mr, mq);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
@@ -1447,6 +1462,79 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_beside(peer_route
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_beside(peer_route_params P, u64 khi, u64 klo,
                                                                          u64 kmax, u64 ready) {
   route_beside(P, khi, klo, kmax, ready, 1);
+}
+/* wg's persistent form with a tile's two dims apart (p = 2 and no query
+ * normalization, which would rewrite the rows both units read): unit
+ * 2 tile + d scores dim d of the tile (wg_dim) and leaves its rows' lists
+ * in xl ([tiles][2][ROWS][16], packed); the tile's second unit to finish
+ * (its counter in tcnt) combines the two lists and writes the rows, so a
+ * tile's latency is one dim's plus the combination instead of both dims'
+ * (the experts beside wait for the first tiles). The lists, the
+ * combination and the gates are route_rows's: the same ids, scores and
+ * gates bit for bit. Returns whether this unit finished the tile
+ * (CTA-uniform). */
+static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P, u64 khi, u64 kmax, u64 *xl, int *tcnt,
+                                                     int tile, i64 t0, i64 hh, int d) {
+  extern __shared__ __align__(16) float smem[];
+  float *st = smem, *lv = st + ROWS * STS;
+  /* the count this unit saw: past wg_dim's hi query slice (16 KiB), inside
+   * the score tile that only wg_dim's overflow pass writes */
+  volatile int *last = (volatile int *)(st + ROWS * 64);
+  u32 *li = (u32 *)(lv + ROWS * 16);
+  int tid; /* read by volatile asm, as route_rows's LOOP does */
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int mr = tid >> 2, mq = tid & 3, k = (int)P.k;
+  u64 L[16];
+#pragma unroll
+  for (int j = 0; j < 16; j++) L[j] = 0;
+  const u32 qls = (smem_u32(li + ROWS * 16) + 1023u) & ~1023u;
+  wg_dim(P, d, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid);
+  u64 *mine = xl + ((i64)(2 * tile + d) * ROWS + mr) * 16;
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+    if ((j & 3) == mq) __stcg((unsigned long long *)mine + j, L[j]);
+  __threadfence(); /* the lists are visible device-wide before the count says so */
+  __syncthreads();
+  if (tid == 0) *last = atomicAdd(tcnt + tile, 1);
+  __syncthreads();
+  if (!*last) return 0;
+  __threadfence();
+  const u64 *other = xl + ((i64)(2 * tile + 1 - d) * ROWS + mr) * 16;
+  const int k0 = (int)(P.n[0] < P.k ? P.n[0] : P.k), k1 = (int)(P.n[1] < P.k ? P.n[1] : P.k);
+  float *va = lv + mr * 16;
+  u32 *ia = li + mr * 16;
+  /* dim 0's list to the running list (lv, li), dim 1's in L */
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+    if ((j & 3) == mq && j < k0) {
+      const u64 e = d ? __ldcg((const unsigned long long *)other + j) : L[j];
+      va[j] = peer_packed_value(e);
+      ia[j] = peer_packed_id(e);
+    }
+  if (!d)
+#pragma unroll
+    for (int j = 0; j < 16; j++) L[j] = __ldcg((const unsigned long long *)other + j);
+  __syncwarp();
+  combine_dim(L, st, va, ia, 16, 1, k0, k1, P.n[1], k, mr, mq);
+  write_row(P, L, 16, t0, hh, mr, mq);
+  return 1;
+}
+/* Units in order (a tile's two dims together, the tiles as route_beside's),
+ * `ready` counting a block's heads as there; the tiles' counters follow the
+ * blocks' in the same workspace. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split(peer_route_params P, u64 khi, u64 klo,
+                                                                        u64 kmax, u64 ready, u64 xl) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int blocks = (int)((P.T + ROWS - 1) / ROWS), tiles = blocks * (int)P.h;
+  int *tcnt = (int *)ready + blocks;
+#pragma unroll 1
+  for (int u = blockIdx.x; u < 2 * tiles; u += gridDim.x) {
+    const int tile = u >> 1, b = tile / (int)P.h;
+    const int done = route_dim_unit(P, khi, kmax, (u64 *)xl, tcnt, tile, (i64)b * ROWS, tile - b * (int)P.h, u & 1);
+    __threadfence();
+    __syncthreads(); /* also ends the unit's reads of shared memory before the next unit writes it */
+    if (done && threadIdx.x == 0) atomicAdd((int *)ready + b, 1);
+  }
 }
 #endif
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;

@@ -1212,16 +1212,20 @@ static void test_peer_store_forward(void) {
  * on a 132-SM GPU, so the persistent tile loop runs. Elsewhere both runs
  * take the sequential path. */
 static void test_peer_overlap(void) {
-  /* routing reg's persistent form (dq/p 16), and wg's on Hopper (dq/p 128,
-   * a dim of 130 keys: a partial chunk) */
-  static const pcase ocases[2] = {
+  /* routing reg's persistent form (dq/p 16); on Hopper (dq/p 128) wg's
+   * with a tile's dims as two units (no query norm: a dim of 130 keys, a
+   * partial chunk; per-head keys, a dim shorter than k), and wg's whole
+   * tiles (layernorm) */
+  static const pcase ocases[4] = {
       {2, {32, 32}, 16, 4, 32, 64, 48, 1, 5000, NONE, 0, 1, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
       {2, {130, 90}, 16, 2, 256, 64, 48, 1, 5000, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      {2, {12, 200}, 16, 3, 256, 64, 48, 1, 3000, NONE, 0, 1, 0, SIGMOID, RELU, 1, BF16, BF16, BF16},
+      {2, {130, 90}, 16, 2, 256, 64, 48, 1, 5000, LN, 0, 0, 1, SOFTMAX, GELU, 1, BF16, BF16, BF16},
   };
   static const char *const env[2] = {NULL, "0"};
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
-  for (int oc = 0; oc < 2; oc++) {
+  for (int oc = 0; oc < 4; oc++) {
     const pcase c = ocases[oc];
     prob pr;
     prob_init(&pr, &c);

@@ -146,6 +146,9 @@ typedef struct peer_cuda {
    * whose keys are bf16 without L2 normalization (else route and
    * route_beside, reg's); NULL when not planned */
   CUfunction route_wg, route_wg_beside;
+  /* peer_route_wg_split: route_wg_beside with a tile's two dims as two
+   * units, for p = 2 without query normalization (Hopper; else NULL) */
+  CUfunction route_wg_split;
   smelt__peer_util util;
   expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
   smelt_dtype wdt;
@@ -305,10 +308,14 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
 static smelt_status load_beside(smelt_ctx *ctx, const smelt__kernel_src *src, peer_cuda *pc) {
   smelt_status s = smelt__cuda_function(ctx, src, "peer_route_beside", &pc->route_beside);
   if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_beside", &pc->route_wg_beside);
+  if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_split", &pc->route_wg_split);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
-  if (pc->route_wg) SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+  if (pc->route_wg) {
+    SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+    SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_split, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+  }
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->ev[0].fwd8, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   return SMELT_OK;
 }
@@ -693,10 +700,16 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
     tables += ps->cfg.per_head_keys ? ps->h : 1;
   }
   const int64_t dpad = (ps->dsub + 15) & ~(int64_t)15;
-  const size_t bytes[4] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
-                           pc->route_kmax ? (size_t)tables * 8 : 0, bs ? (size_t)gx * 4 : 0};
-  void *base, *r[4];
-  smelt_status s = ws_alloc(plan->ctx, bytes, 4, &base, r);
+  /* beside, wg with p = 2 and no query normalization: a tile's dims as two
+   * units (peer_route_wg_split), a counter per tile after the blocks' and
+   * the units' lists (64 rows x 16 packed entries each) */
+  const int split = bs && wg && pc->route_wg_split && ps->p == 2 && P->norm == SMELT_PEER_NORM_NONE;
+  const int64_t tiles = gx * ps->h;
+  const size_t bytes[5] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
+                           pc->route_kmax ? (size_t)tables * 8 : 0, bs ? (size_t)(gx + (split ? tiles : 0)) * 4 : 0,
+                           split ? (size_t)tiles * 2 * 64 * 16 * 8 : 0};
+  void *base, *r[5];
+  smelt_status s = ws_alloc(plan->ctx, bytes, 5, &base, r);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
   CUstream st = plan->ctx->cuda->stream;
@@ -712,11 +725,16 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   }
   void *sp[] = {P, &khi, &klo, &rows, &kmax};
   if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
-  /* kmax is read by peer_route_reg and peer_route_beside only, ready by
-   * the latter (the driver takes as many parameters as the kernel
-   * declares) */
-  void *rp[] = {P, &khi, &klo, &kmax, &ready};
-  if (!s && bs)
+  /* kmax is read by peer_route_reg and the persistent forms only, ready
+   * by the latter, xl by peer_route_wg_split (the driver takes as many
+   * parameters as the kernel declares) */
+  uint64_t xl = (uint64_t)(uintptr_t)r[4];
+  void *rp[] = {P, &khi, &klo, &kmax, &ready, &xl};
+  const int64_t sms = plan->ctx->cuda->info.sm_count;
+  if (!s && split)
+    s = smelt__cuda_launch(plan->ctx, OP, pc->route_wg_split, (unsigned)(2 * tiles < sms ? 2 * tiles : sms), 1, 1, 256,
+                           bs->route_smem, rp);
+  else if (!s && bs)
     s = smelt__cuda_launch(plan->ctx, OP, wg ? pc->route_wg_beside : pc->route_beside, bs->route_ctas, 1, 1, 256,
                            bs->route_smem, rp);
   else if (!s)
