@@ -701,12 +701,12 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   }
   const int64_t dpad = (ps->dsub + 15) & ~(int64_t)15;
   /* beside, wg with p = 2 and no query normalization: a tile's dims as two
-   * units (peer_route_wg_split), a counter per tile after the blocks' and
-   * the units' lists (64 rows x 16 packed entries each) */
+   * units (peer_route_wg_split), a counter per tile and the next unit's
+   * after the blocks', and the units' lists (64 rows x 16 packed entries) */
   const int split = bs && wg && pc->route_wg_split && ps->p == 2 && P->norm == SMELT_PEER_NORM_NONE;
   const int64_t tiles = gx * ps->h;
   const size_t bytes[5] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
-                           pc->route_kmax ? (size_t)tables * 8 : 0, bs ? (size_t)(gx + (split ? tiles : 0)) * 4 : 0,
+                           pc->route_kmax ? (size_t)tables * 8 : 0, bs ? (size_t)(gx + (split ? tiles + 1 : 0)) * 4 : 0,
                            split ? (size_t)tiles * 2 * 64 * 16 * 8 : 0};
   void *base, *r[5];
   smelt_status s = ws_alloc(plan->ctx, bytes, 5, &base, r);
