@@ -351,7 +351,7 @@ static smelt_status plan_projection(smelt_ctx *ctx, const smelt__peer_state *ps,
   s = smelt_gemm_plan(ctx, NULL, x, wq, NULL, &qt, bq, &pc->gemm_q);
   const int try_t = !s && !hopper_gemm(pc->gemm_q) && dev->cc_major == 9 && dev->cc_minor == 0 &&
                     (wq->dtype == SMELT_DTYPE_BF16 || wq->dtype == SMELT_DTYPE_F16) && x->dtype == wq->dtype &&
-                    (ps->din + 31) / 32 <= 65535;
+                    (ps->din + 63) / 64 <= 65535;
   if (try_t && !(s = smelt__cuda_alloc(ctx, (size_t)(ps->din * hd) * 2, &wt))) {
     smelt_tensor wtt = dev_tensor(ctx, wt, wq->dtype, ps->din, hd);
     wtt.strides[0] = 1;
@@ -630,7 +630,7 @@ static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const
   void *in = w->wq->data;
   int64_t rows = ps->din, cols = hd, rs = w->wq->strides[0], cs = w->wq->strides[1];
   void *tp[] = {&in, &rows, &cols, &rs, &cs, &wt};
-  s = smelt__cuda_launch(ctx, OP, pc->util.transpose16, (unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32), 1,
+  s = smelt__cuda_launch(ctx, OP, pc->util.transpose16, (unsigned)((cols + 63) / 64), (unsigned)((rows + 63) / 64), 1,
                          256, 0, tp);
   if (!s) {
     smelt_tensor wtt = dev_tensor(ctx, wt, w->wq->dtype, rows, cols);
@@ -715,12 +715,12 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   CUstream st = plan->ctx->cuda->stream;
   uint64_t khi = (uint64_t)(uintptr_t)r[0], klo = (uint64_t)(uintptr_t)r[1], kmax = (uint64_t)(uintptr_t)r[2];
   uint64_t ready = bs ? (uint64_t)(uintptr_t)r[3] : 0;
-  if (kmax) {
-    CUresult e = cu->cuMemsetD8Async((CUdeviceptr)kmax, 0, bytes[2], st);
-    if (e != 0) s = smelt__cu_error(e, OP, "cuMemsetD8Async");
-  }
-  if (!s && ready) {
-    CUresult e = cu->cuMemsetD8Async((CUdeviceptr)ready, 0, bytes[3], st);
+  /* kmax and the counters, adjacent in the workspace (either may be
+   * absent: NULL): one memset */
+  char *z0 = r[2] ? (char *)r[2] : (char *)r[3];
+  const size_t zero = r[3] ? (size_t)((char *)r[3] - z0) + bytes[3] : bytes[2];
+  if (z0) {
+    CUresult e = cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)z0, 0, zero, st);
     if (e != 0) s = smelt__cu_error(e, OP, "cuMemsetD8Async");
   }
   void *sp[] = {P, &khi, &klo, &rows, &kmax};
