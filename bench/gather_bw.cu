@@ -11,26 +11,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "probe.cuh"
 
 #define ROWS (1 << 20)
 #define ROW_BYTES 2048
 #define USES 524288
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
-
-static __device__ __forceinline__ uint4 ldg_nc(const void *p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 
 /* Reads UNR 2 KiB rows (lane: 4 x 16 B of each, all loads issued before
  * any is used) and folds them into acc. */

@@ -18,28 +18,14 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "probe.cuh"
 
 #define NE (1 << 20)
 #define D 1024
 #define T 4096
 #define UPT 128
 #define USES (T * UPT)
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
 
-static __device__ __forceinline__ uint4 ldg_nc(const void *p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 static __device__ __forceinline__ uint2 ldg_nc2(const void *p) {
   uint2 r;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
