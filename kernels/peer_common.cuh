@@ -48,8 +48,10 @@ typedef struct peer_route_params {
   i64 key_hs[PEER_MAX_DIMS];/* head stride of each sub-key table: n_i*dsub, or 0 when shared */
   float norm_eps, l2_eps;
   int p, norm, key_l2, gate, key_dt, param_dt, dq16_dt;
+  int ready_groups;         /* beside the experts: a block's heads in this many groups, counted apart */
+  int ready_round;          /* with groups > 1: blocks a round of the tile order (route_tile) */
 } peer_route_params;
-static_assert(sizeof(peer_route_params) == 312, "peer_route_params must match the host's smelt__peer_route_params");
+static_assert(sizeof(peer_route_params) == 320, "peer_route_params must match the host's smelt__peer_route_params");
 
 /* Expert kernels (peer_expert.cu). */
 typedef struct peer_expert_params {
@@ -66,10 +68,11 @@ typedef struct peer_expert_params {
   int x_dt, y_dt, dy_dt, act;
   int groups_out, groups_in;/* thread groups splitting the uses of the up (dout) and dx (din) phases */
   int he_shift, stage_uses;  /* log2(h_e); slots per warp of the warp-streamed kernels */
-  u64 ready;                /* peer_expert_fwd_bulk beside the routing: i32 [T >> ready_shift] counters, 0 = none */
-  int ready_need, ready_shift; /* a token's ids and gates are written once its counter reaches ready_need */
+  u64 ready;                /* peer_expert_fwd_bulk beside the routing: i32 [T >> ready_shift][ready_groups] counters, 0 = none */
+  int ready_need, ready_shift; /* a head group's ids and gates are written once its counter reaches ready_need */
+  int ready_groups, ready_gu; /* a token's heads in groups of h / ready_groups, ready_gu uses each */
 } peer_expert_params;
-static_assert(sizeof(peer_expert_params) == 240, "peer_expert_params must match the host's smelt__peer_expert_params");
+static_assert(sizeof(peer_expert_params) == 248, "peer_expert_params must match the host's smelt__peer_expert_params");
 
 /* A value of run-time dtype dt (the smelt_dtype values: 1 f32, 2 f16, 3 bf16). */
 static __device__ __forceinline__ float peer_ld(u64 base, i64 i, int dt) {

@@ -690,8 +690,9 @@ static __device__ __forceinline__ int bk_code(const peer_expert_params &P, i64 e
 
 /* The id and gate of flat use f of warp gw (its tokens in order, hk uses
  * each); -1 and 0 past the warp's last use. Beside the routing (P.ready),
- * first waits until the routing CTAs of the token's block have written
- * them (their counter reaches ready_need; acquire, so the loads after it
+ * first waits until the routing CTAs of the token's block and the use's
+ * head group have written them (the group's counter reaches ready_need:
+ * kernels/peer_route.cu's route_tile; acquire, so the loads after it
  * see the writes; L2 loads, as the lines were written by other SMs). */
 static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64 f, i64 nu, i64 gw, i64 W, i64 *id,
                                                 float *g) {
@@ -701,9 +702,10 @@ static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64
     return;
   }
   const u32 i = (u32)f / (u32)P.hk; /* f < the warp's uses, far below 2^32 */
-  const i64 t = gw + (i64)i * W, use = t * P.hk + (f - (i64)i * P.hk);
+  const i64 t = gw + (i64)i * W, j = f - (i64)i * P.hk, use = t * P.hk + j;
   if (P.ready) {
-    const int *c = (const int *)P.ready + (t >> P.ready_shift);
+    /* the counter of the use's head group (of ready_gu uses a token) */
+    const int *c = (const int *)P.ready + (t >> P.ready_shift) * P.ready_groups + (u32)j / (u32)P.ready_gu;
     for (;;) {
       int v;
       asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
@@ -800,21 +802,22 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
     bk_issue(P, codes[n & (BK_WIN - 1)], ring + n * row, bar0 + 8 * (u32)n, du, dv, lane);
   }
 
-  float x[WS_CH][VEC], y[WS_CH][VEC];
-  i64 j = 0, tok = gw; /* use j of token tok */
-  int s = 0;           /* use m's slot, m % S, and that slot's phase parity, (m / S) & 1 */
+  int s = 0; /* use m's slot, m % S, and that slot's phase parity, (m / S) & 1 */
   u32 par = 0;
-  for (i64 m = 0; m < nu; m++) {
-    if (j == 0) {
+  /* a token at a time: its x loaded and y stored outside the loop over its
+   * uses (measured faster beside the routing than one loop over all the
+   * warp's uses with the token's start and end as branches in it) */
+  for (i64 m = 0, tok = gw; m < nu; tok += W) {
+    float x[WS_CH][VEC], y[WS_CH][VEC];
 #pragma unroll
-      for (int c = 0; c < WS_CH; c++)
+    for (int c = 0; c < WS_CH; c++)
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-          const i64 f = (lane + 32 * c) * VEC + e;
-          x[c][e] = LIT || lane + 32 * c < ncu ? peer_ld(P.x, tok * P.x_rs + (f >> sh), P.x_dt) : 0.f;
-          y[c][e] = 0.f;
-        }
-    }
+      for (int e = 0; e < VEC; e++) {
+        const i64 f = (lane + 32 * c) * VEC + e;
+        x[c][e] = LIT || lane + 32 * c < ncu ? peer_ld(P.x, tok * P.x_rs + (f >> sh), P.x_dt) : 0.f;
+        y[c][e] = 0.f;
+      }
+    for (i64 j = 0; j < hk; j++, m++) {
     mbar_wait(bar0 + 8 * (u32)s, par);
     const int c = codes[m & (BK_WIN - 1)];
     const float g = gates[m & (BK_WIN - 1)];
@@ -868,16 +871,13 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
       s = 0;
       par ^= 1;
     }
-    if (++j == hk) {
+    }
 #pragma unroll
-      for (int cc = 0; cc < WS_CH; cc++) {
-        const i64 col = lane + 32 * cc;
-        if (LIT || col < nco)
+    for (int cc = 0; cc < WS_CH; cc++) {
+      const i64 col = lane + 32 * cc;
+      if (LIT || col < nco)
 #pragma unroll
-          for (int e = 0; e < VEC; e++) peer_st(P.y, tok * P.y_rs + col * VEC + e, P.y_dt, y[cc][e]);
-      }
-      j = 0;
-      tok += W;
+        for (int e = 0; e < VEC; e++) peer_st(P.y, tok * P.y_rs + col * VEC + e, P.y_dt, y[cc][e]);
     }
   }
 #undef BK_REFILL

@@ -1431,27 +1431,54 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg(peer_route_par
   route_rows(P, 16, 1, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0, 1);
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/op_peer.c): persistent, tile
- * b h + hh being head hh of token block b, so that the blocks finish in
- * order and each block's heads together; `ready` (i32 per block) counts a
- * block's heads done. The expert kernel, launched after this one as its
+/* Beside the experts the routing's tiles (b h + hh: head hh of token block
+ * b) run in the order the expert warps need them. A warp takes a token's
+ * uses head by head, so with G = P.ready_groups > 1 it can start on the
+ * token once the first h / G heads are routed: the tiles then run in
+ * rounds of P.ready_round blocks (the blocks of the expert warps' first
+ * tokens), each round's first head group for every block, then its
+ * second, ..., and `ready` counts each block's groups apart
+ * (ready[b G + g]). The first wave of routing units thus feeds every
+ * expert warp instead of half of them (docs/PERF.md, PEER version 16).
+ * With G = 1 the order is b h + hh. Sequence index i -> tile; *b, *hh. */
+static __device__ __forceinline__ int route_tile(const peer_route_params &P, int blocks, int i, int *b, int *hh) {
+  const int h = (int)P.h, G = P.ready_groups;
+  if (G == 1) {
+    *b = i / h;
+    *hh = i - *b * h;
+    return i;
+  }
+  const int R = P.ready_round, hg = h / G, r = i / (R * h), j = i - r * R * h;
+  const int nb = min(R, blocks - r * R), g = j / (nb * hg), jj = j - g * nb * hg, bi = jj / hg;
+  *b = r * R + bi;
+  *hh = g * hg + (jj - bi * hg);
+  return *b * h + *hh;
+}
+/* The counter of head hh's group in block b. */
+static __device__ __forceinline__ int ready_index(const peer_route_params &P, int b, int hh) {
+  return b * P.ready_groups + hh / ((int)P.h / P.ready_groups);
+}
+/* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/op_peer.c): persistent,
+ * the tiles in route_tile's order; `ready` counts a block's (group's)
+ * heads done. The expert kernel, launched after this one as its
  * programmatic dependent, is let in once every CTA of this grid has
  * started (launch_dependents): its waits on the counters then cannot hold
  * back a routing CTA that has no SM. */
 static __device__ __forceinline__ void route_beside(const peer_route_params &P, u64 khi, u64 klo, u64 kmax, u64 ready,
                                                     const int WG) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const int tiles = (int)((P.T + ROWS - 1) / ROWS * P.h);
+  const int blocks = (int)((P.T + ROWS - 1) / ROWS), tiles = blocks * (int)P.h;
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int b = tile / (int)P.h;
-    route_rows(P, 16, 1, 2, khi, klo, 1, kmax, (i64)b * ROWS, tile - b * (int)P.h, 1, WG);
+  for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+    int b, hh;
+    route_tile(P, blocks, i, &b, &hh);
+    route_rows(P, 16, 1, 2, khi, klo, 1, kmax, (i64)b * ROWS, hh, 1, WG);
     /* count this head of the block done once every thread's ids and
      * gates are visible device-wide (the barrier also ends the tile's
      * reads of shared memory before the next tile writes it) */
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) atomicAdd((int *)ready + b, 1);
+    if (threadIdx.x == 0) atomicAdd((int *)ready + ready_index(P, b, hh), 1);
   }
 }
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_beside(peer_route_params P, u64 khi, u64 klo, u64 kmax,
@@ -1519,8 +1546,8 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
   write_row(P, L, 16, t0, hh, mr, mq);
   return 1;
 }
-/* Units in order (a tile's two dims together, the tiles as route_beside's),
- * `ready` counting a block's heads as there. Each CTA's first unit is its
+/* Units in order (a tile's two dims together, the tiles in route_tile's
+ * order), `ready` counting as route_beside's. Each CTA's first unit is its
  * index, the later ones come from a counter: with a fixed stride the same
  * CTAs would finish the same tiles' pairs, each late by a combination, and
  * fall further behind every round (measured: 391 us for 319 of
@@ -1531,16 +1558,17 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split(peer_rou
   extern __shared__ __align__(16) float smem[];
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int blocks = (int)((P.T + ROWS - 1) / ROWS), tiles = blocks * (int)P.h;
-  int *tcnt = (int *)ready + blocks, *next = tcnt + tiles;
+  int *tcnt = (int *)ready + blocks * P.ready_groups, *next = tcnt + tiles;
   volatile int *un = (volatile int *)(smem + ROWS * 64 + 1); /* the next unit (route_dim_unit's word, then this) */
 #pragma unroll 1
   for (int u = blockIdx.x; u < 2 * tiles;) {
-    const int tile = u >> 1, b = tile / (int)P.h;
-    const int done = route_dim_unit(P, khi, kmax, (u64 *)xl, tcnt, tile, (i64)b * ROWS, tile - b * (int)P.h, u & 1);
+    int b, hh;
+    const int tile = route_tile(P, blocks, u >> 1, &b, &hh);
+    const int done = route_dim_unit(P, khi, kmax, (u64 *)xl, tcnt, tile, (i64)b * ROWS, hh, u & 1);
     __threadfence();
     __syncthreads(); /* every thread's rows are visible; the unit's reads of shared memory are done */
     if (threadIdx.x == 0) {
-      if (done) atomicAdd((int *)ready + b, 1);
+      if (done) atomicAdd((int *)ready + ready_index(P, b, hh), 1);
       *un = (int)gridDim.x + atomicAdd(next, 1);
     }
     __syncthreads();

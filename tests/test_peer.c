@@ -1206,11 +1206,14 @@ static void test_peer_store_forward(void) {
 /* The forward with the expert kernel beside the routing (the default on
  * Hopper with dense tables and routing reg: src/cuda/op_peer.c's
  * plan_beside) against the two run one after the other
- * (SMELT_PEER_OVERLAP=0): the same ids and y bit for bit (the same
- * arithmetic; a token read before its routing was written would differ).
+ * (SMELT_PEER_OVERLAP=0), and beside with the tiles in block order
+ * (SMELT_PEER_HEAD_GROUPS=1; by default an even h is routed in two head
+ * groups, round by round): the same ids and y bit for bit (the same
+ * arithmetic; a use read before its routing was written would differ).
  * 5000 tokens are 79 blocks of 64 x 4 heads, over 2 tiles a routing CTA
- * on a 132-SM GPU, so the persistent tile loop runs. Elsewhere both runs
- * take the sequential path. */
+ * on a 132-SM GPU, so the persistent tile loop runs, and 4 rounds of 17
+ * blocks and a partial one. Elsewhere every run takes the sequential
+ * path. */
 static void test_peer_overlap(void) {
   /* routing reg's persistent form (dq/p 16); on Hopper (dq/p 128) wg's
    * with a tile's dims as two units (no query norm: a dim of 130 keys, a
@@ -1222,7 +1225,7 @@ static void test_peer_overlap(void) {
       {2, {12, 200}, 16, 3, 256, 64, 48, 1, 3000, NONE, 0, 1, 0, SIGMOID, RELU, 1, BF16, BF16, BF16},
       {2, {130, 90}, 16, 2, 256, 64, 48, 1, 5000, LN, 0, 0, 1, SOFTMAX, GELU, 1, BF16, BF16, BF16},
   };
-  static const char *const env[2] = {NULL, "0"};
+  static const char *const env[3][2] = {{NULL, NULL}, {"SMELT_PEER_OVERLAP", "0"}, {"SMELT_PEER_HEAD_GROUPS", "1"}};
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
   for (int oc = 0; oc < 4; oc++) {
@@ -1233,9 +1236,8 @@ static void test_peer_overlap(void) {
     dprob_init(&d, ctx, &pr, 1);
     int64_t ys[2] = {c.T, c.dout}, os[3] = {c.T, c.h, c.k};
     void *yw = NULL, *iw = NULL;
-    for (int r = 0; r < 2; r++) {
-      if (env[r]) setenv("SMELT_PEER_OVERLAP", env[r], 1);
-      else unsetenv("SMELT_PEER_OVERLAP");
+    for (int r = 0; r < 3; r++) {
+      if (env[r][0]) setenv(env[r][0], env[r][1], 1);
       obuf y = out_new(ctx, c.xdt, 2, ys), ids = out_new(ctx, SMELT_DTYPE_I64, 3, os);
       CHECK_OK(smelt_peer_forward(ctx, &pr.cfg, &d.w, &d.t[B_X], &y.t, &ids.t, NULL));
       void *yg = malloc(y.b.bytes), *ig = malloc(ids.b.bytes);
@@ -1247,15 +1249,15 @@ static void test_peer_overlap(void) {
       } else {
         if (memcmp(yw, yg, y.b.bytes) || memcmp(iw, ig, ids.b.bytes))
           th_fail(__FILE__, __LINE__,
-                  "forward with SMELT_PEER_OVERLAP=%s differs from the overlapped one", env[r]);
+                  "forward with %s=%s differs from the default one", env[r][0], env[r][1]);
         free(yg);
         free(ig);
       }
       CHECK(th_buf_guards_ok(&y.b));
       out_free(&y);
       out_free(&ids);
+      if (env[r][0]) unsetenv(env[r][0]);
     }
-    unsetenv("SMELT_PEER_OVERLAP");
     free(yw);
     free(iw);
     dprob_free(&d);

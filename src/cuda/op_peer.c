@@ -541,6 +541,8 @@ static void route_params(const smelt__peer_state *ps, const smelt_peer_weights *
   P->key_l2 = ps->cfg.key_l2_norm != 0;
   P->gate = (int)ps->cfg.gate;
   P->key_dt = w->sub_keys[0]->dtype;
+  P->ready_groups = 1;
+  P->ready_round = 1;
 }
 
 /* Run-time tensors the plan did not see (outputs, dy) in f64: CPU-only. */
@@ -681,6 +683,16 @@ static int plan_beside(const smelt_ctx *ctx, const smelt__peer_state *ps, const 
   return 1;
 }
 
+/* Beside the experts, a token's heads routed in two groups when h is even
+ * (kernels/peer_route.cu's route_tile): an expert warp starts on a token
+ * once its first half of heads is routed. SMELT_PEER_HEAD_GROUPS=1 keeps
+ * one group, the tiles in block order (for comparing the two on a
+ * device); the results are the same either way. */
+static int head_groups(const smelt__peer_state *ps) {
+  const char *env = smelt__getenv("SMELT_PEER_HEAD_GROUPS");
+  return ps->h % 2 == 0 && !(env && strcmp(env, "1") == 0) ? 2 : 1;
+}
+
 static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, const route_beside *bs) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   const peer_cuda *pc = (const peer_cuda *)ps->cuda;
@@ -705,8 +717,13 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
    * after the blocks', and the units' lists (64 rows x 16 packed entries) */
   const int split = bs && wg && pc->route_wg_split && ps->p == 2 && P->norm == SMELT_PEER_NORM_NONE;
   const int64_t tiles = gx * ps->h;
+  if (bs) { /* the tiles' order and the expert warps' counters (route_tile) */
+    P->ready_groups = head_groups(ps);
+    P->ready_round = (int)((bs->ctas * PEER_BK8_WARPS + 63) / 64);
+  }
   const size_t bytes[5] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
-                           pc->route_kmax ? (size_t)tables * 8 : 0, bs ? (size_t)(gx + (split ? tiles + 1 : 0)) * 4 : 0,
+                           pc->route_kmax ? (size_t)tables * 8 : 0,
+                           bs ? (size_t)(gx * P->ready_groups + (split ? tiles + 1 : 0)) * 4 : 0,
                            split ? (size_t)tiles * 2 * 64 * 16 * 8 : 0};
   void *base, *r[5];
   smelt_status s = ws_alloc(plan->ctx, bytes, 5, &base, r);
@@ -742,8 +759,10 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
                            wg ? pc->route_wg_smem : pc->route_smem, rp);
   if (!s && bs) {
     bs->E->ready = ready;
-    bs->E->ready_need = (int)ps->h;
+    bs->E->ready_need = (int)(ps->h / P->ready_groups);
     bs->E->ready_shift = 6; /* kernels/peer_route.cu's ROWS */
+    bs->E->ready_groups = P->ready_groups;
+    bs->E->ready_gu = (int)(ps->h / P->ready_groups * ps->k);
     void *ep[] = {bs->E};
     s = smelt__cuda_launch_dependent(plan->ctx, OP, bs->fwd, bs->ctas, 32 * PEER_BK8_WARPS, bs->smem, ep);
   }

@@ -13,18 +13,18 @@ typedef struct smelt__peer_route_params {
       pbeta, dq16;
   int64_t T, h, dq, dsub, k, N, n[SMELT_PEER_MAX_DIMS], param_hs, key_hs[SMELT_PEER_MAX_DIMS];
   float norm_eps, l2_eps;
-  int p, norm, key_l2, gate, key_dt, param_dt, dq16_dt;
+  int p, norm, key_l2, gate, key_dt, param_dt, dq16_dt, ready_groups, ready_round;
 } smelt__peer_route_params;
-_Static_assert(sizeof(smelt__peer_route_params) == 312, "smelt__peer_route_params must match peer_route_params");
+_Static_assert(sizeof(smelt__peer_route_params) == 320, "smelt__peer_route_params must match peer_route_params");
 
 typedef struct smelt__peer_expert_params {
   uint64_t x, y, dy, ids, gates, u_host, v_host, u_cache, v_cache, table, ua, udz, dg, dx;
   int64_t T, hk, din, dout, he, N, x_rs, y_rs, dy_rs, chunk;
   int x_dt, y_dt, dy_dt, act, groups_out, groups_in, he_shift, stage_uses;
   uint64_t ready;
-  int ready_need, ready_shift;
+  int ready_need, ready_shift, ready_groups, ready_gu;
 } smelt__peer_expert_params;
-_Static_assert(sizeof(smelt__peer_expert_params) == 240, "smelt__peer_expert_params must match peer_expert_params");
+_Static_assert(sizeof(smelt__peer_expert_params) == 248, "smelt__peer_expert_params must match peer_expert_params");
 
 /* Module sources (the op's selector and the variant enumerator share them). */
 void smelt__peer_route_src(smelt__kernel_src *src);
