@@ -818,59 +818,59 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
         y[c][e] = 0.f;
       }
     for (i64 j = 0; j < hk; j++, m++) {
-    mbar_wait(bar0 + 8 * (u32)s, par);
-    const int c = codes[m & (BK_WIN - 1)];
-    const float g = gates[m & (BK_WIN - 1)];
-    const welem *slot = ring + s * row, *v = slot + du;
-    float acc[VEC];
-    uint4 vr[WS_CH]; /* LIT: the use's V row, raw, so that its slot is refilled before the sums */
+      mbar_wait(bar0 + 8 * (u32)s, par);
+      const int c = codes[m & (BK_WIN - 1)];
+      const float g = gates[m & (BK_WIN - 1)];
+      const welem *slot = ring + s * row, *v = slot + du;
+      float acc[VEC];
+      uint4 vr[WS_CH]; /* LIT: the use's V row, raw, so that its slot is refilled before the sums */
 #pragma unroll
-    for (int e = 0; e < VEC; e++) acc[e] = 0.f;
-    if (c != -1) {
-#pragma unroll
-      for (int cc = 0; cc < WS_CH; cc++) {
-        if (!LIT && lane + 32 * cc >= ncu) break;
-        float w[VEC];
-        load_vec(slot + (lane + 32 * cc) * VEC, w);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) acc[e] = fmaf(x[cc][e], w[e], acc[e]);
-      }
-      if (LIT)
-#pragma unroll
-        for (int cc = 0; cc < WS_CH; cc++) vr[cc] = *(const uint4 *)(v + (lane + 32 * cc) * VEC);
-    }
-    /* The refill. With the literal shape it comes as soon as the lanes hold
-     * the slot's bytes, before the use's sums (the warp reduction, the
-     * activation, the up projection: most of a use's latency), so the slot
-     * is back in flight that much sooner; the proxy fence orders each
-     * lane's shared reads before the bulk copy's writes (values read but
-     * not consumed yet). Otherwise after the whole use, as before. */
-    if (LIT) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      BK_REFILL();
-    }
-    if (c != -1) {
-      float z[VEC];
-      hidden_sums(acc, he, z);
-#pragma unroll
-      for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, z[e]) : 0.f;
-      if (LIT) {
+      for (int e = 0; e < VEC; e++) acc[e] = 0.f;
+      if (c != -1) {
 #pragma unroll
         for (int cc = 0; cc < WS_CH; cc++) {
+          if (!LIT && lane + 32 * cc >= ncu) break;
           float w[VEC];
-          raw_vec(vr[cc], w);
+          load_vec(slot + (lane + 32 * cc) * VEC, w);
 #pragma unroll
-          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(z[0], w[e], y[cc][e]);
+          for (int e = 0; e < VEC; e++) acc[e] = fmaf(x[cc][e], w[e], acc[e]);
         }
-      } else {
-        up_rows(v, z, y, he, dout, lane);
+        if (LIT)
+#pragma unroll
+          for (int cc = 0; cc < WS_CH; cc++) vr[cc] = *(const uint4 *)(v + (lane + 32 * cc) * VEC);
       }
-    }
-    if (!LIT) BK_REFILL();
-    if (++s == S) {
-      s = 0;
-      par ^= 1;
-    }
+      /* The refill. With the literal shape it comes as soon as the lanes hold
+       * the slot's bytes, before the use's sums (the warp reduction, the
+       * activation, the up projection: most of a use's latency), so the slot
+       * is back in flight that much sooner; the proxy fence orders each
+       * lane's shared reads before the bulk copy's writes (values read but
+       * not consumed yet). Otherwise after the whole use, as before. */
+      if (LIT) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        BK_REFILL();
+      }
+      if (c != -1) {
+        float z[VEC];
+        hidden_sums(acc, he, z);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) z[e] = e < he ? g * peer_act(P.act, z[e]) : 0.f;
+        if (LIT) {
+#pragma unroll
+          for (int cc = 0; cc < WS_CH; cc++) {
+            float w[VEC];
+            raw_vec(vr[cc], w);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(z[0], w[e], y[cc][e]);
+          }
+        } else {
+          up_rows(v, z, y, he, dout, lane);
+        }
+      }
+      if (!LIT) BK_REFILL();
+      if (++s == S) {
+        s = 0;
+        par ^= 1;
+      }
     }
 #pragma unroll
     for (int cc = 0; cc < WS_CH; cc++) {
