@@ -668,10 +668,10 @@ typedef struct route_beside {
  * peer_expert_fwd_bulk8 shares every SM with a routing CTA: the routing is
  * compute-bound (tensor cores, shared memory), the expert rows
  * memory-bound. peer_route_reg runs persistent, one CTA an SM (its shared
- * memory over half the SM's), raising a counter per block of 64 tokens as
- * each head of it is done; the expert kernel is its programmatic
- * dependent, one CTA of 8 warps an SM in the room left, and its warps wait
- * on those counters for their tokens. The dependent's CTAs are placed only
+ * memory over half the SM's), raising a counter per block of 64 tokens
+ * (and head group: head_groups) as each head of it is done; the expert
+ * kernel is its programmatic dependent, one CTA of 8 warps an SM in the
+ * room left, and its warps wait on those counters for their uses. The dependent's CTAs are placed only
  * once every routing CTA has started (kernels/peer_route.cu), so no wait
  * can hold back a routing CTA that never got an SM: where CUDA runs the
  * two one after the other (CUDA_LAUNCH_BLOCKING=1, tools that serialize
