@@ -1440,14 +1440,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg(peer_route_par
  * second, ..., and `ready` counts each block's groups apart
  * (ready[b G + g]). The first wave of routing units thus feeds every
  * expert warp instead of half of them (docs/PERF.md, PEER version 16).
- * With G = 1 the order is b h + hh. Sequence index i -> tile; *b, *hh. */
+ * With G = 1 (and any round) the order is b h + hh. Sequence index i ->
+ * tile; *b, *hh. */
 static __device__ __forceinline__ int route_tile(const peer_route_params &P, int blocks, int i, int *b, int *hh) {
   const int h = (int)P.h, G = P.ready_groups;
-  if (G == 1) {
-    *b = i / h;
-    *hh = i - *b * h;
-    return i;
-  }
   const int R = P.ready_round, hg = h / G, r = i / (R * h), j = i - r * R * h;
   const int nb = min(R, blocks - r * R), g = j / (nb * hg), jj = j - g * nb * hg, bi = jj / hg;
   *b = r * R + bi;

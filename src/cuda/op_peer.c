@@ -365,7 +365,7 @@ static smelt_status plan_projection(smelt_ctx *ctx, const smelt__peer_state *ps,
     d.tile.m = d.tile.n = 128;
     d.tile.k = 64;
     smelt_plan *tp = NULL;
-    if (ps->T < 2048 || smelt_gemm_plan(ctx, &d, x, &wtt, NULL, &qt, bq, &tp) != SMELT_OK || !hopper_gemm(tp)) {
+    if (ps->T >= 2048 && (smelt_gemm_plan(ctx, &d, x, &wtt, NULL, &qt, bq, &tp) != SMELT_OK || !hopper_gemm(tp))) {
       smelt_plan_destroy(tp);
       tp = NULL;
       smelt_clear_error();
@@ -671,9 +671,10 @@ typedef struct route_beside {
  * memory over half the SM's), raising a counter per block of 64 tokens
  * (and head group: head_groups) as each head of it is done; the expert
  * kernel is its programmatic dependent, one CTA of 8 warps an SM in the
- * room left, and its warps wait on those counters for their uses. The dependent's CTAs are placed only
- * once every routing CTA has started (kernels/peer_route.cu), so no wait
- * can hold back a routing CTA that never got an SM: where CUDA runs the
+ * room left, and its warps wait on those counters for their uses. The
+ * dependent's CTAs are placed only once every routing CTA has started
+ * (kernels/peer_route.cu), so no wait can hold back a routing CTA that
+ * never got an SM: where CUDA runs the
  * two one after the other (CUDA_LAUNCH_BLOCKING=1, tools that serialize
  * kernels, an MPS SM limit) the forward is as correct, only slower. Only
  * for the bulk kernel and routing `reg` without a store (the store's batch
