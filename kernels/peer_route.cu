@@ -267,6 +267,7 @@ static __device__ __forceinline__ void insert_desc(u64 *L, u64 x, int kl) {
  * (a simulation of 16 tiles of 16 candidates a thread). */
 #define FILTER_CUT 8
 #define BCAP 31 /* THR 2's buffer slots a row: 64 x 31 u64 and 64 counters fit the score tile */
+#define RCAP 64 /* combine_dim's survivor slots a row (rows RCAP + 1 apart: 8 rows a warp, 8 banks apart) */
 static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u32 id0, int nv, int kl, int THR,
                                                       float rthr) {
   const u64 thr = L[kl - 1];
@@ -360,7 +361,8 @@ static __device__ __forceinline__ float combine_threshold(const u64 *L, const fl
  * fails so does every later a (see combine_threshold), so the loops stop
  * at the first failure. */
 static __device__ __forceinline__ void combine_survivors(u64 *F, const float *va, const u32 *ia, const u64 *dl,
-                                                         int len, int ki, u32 ni, float t, int mq, int kl) {
+                                                         int len, int ki, u32 ni, float t, int mq, int kl, u64 *rs,
+                                                         u32 *rn) {
   const float vb0 = peer_packed_value(dl[0]);
   for (int a = 0; a < len; a++) {
     const float v = va[a];
@@ -370,9 +372,36 @@ static __device__ __forceinline__ void combine_survivors(u64 *F, const float *va
       const u64 e = dl[b];
       const float s = v + peer_packed_value(e);
       if (s < t) break;
-      insert_desc(F, peer_pack(s, pa + peer_packed_id(e)), kl);
+      const u64 c = peer_pack(s, pa + peer_packed_id(e));
+      if (rs) {
+        const u32 slot = atomicAdd(rn, 1u);
+        if (slot < RCAP) rs[slot] = c;
+      } else {
+        insert_desc(F, c, kl);
+      }
     }
   }
+}
+
+/* The row's list (kl entries, the same in its four threads, zeros past
+ * the survivors) from its n survivors in slots rs: each goes to its rank
+ * among them, counted against all n (the packed candidates are distinct:
+ * one id a pair), through the row's dl; n <= RCAP. ~n^2 / 4 compares a
+ * thread (n ~ 17 with random scores, combine_threshold) where inserting
+ * them into the threads' lists and row_merge took ~2000 instructions. */
+static __device__ __forceinline__ void rank_survivors(u64 *L, const u64 *rs, u32 n, u64 *dl, int mq, const int kl) {
+#pragma unroll
+  for (int j = 0; j < kl; j++)
+    if ((j & 3) == mq && (u32)j >= n) dl[j] = 0;
+  for (u32 e = mq; e < n; e += 4) {
+    const u64 x = rs[e];
+    int r = 0;
+    for (u32 f = 0; f < n; f++) r += rs[f] > x;
+    if (r < kl) dl[r] = x;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < kl; j++) L[j] = dl[j];
 }
 
 /* Gates of a row's scores, lane j holding score j (lanes >= k: on = 0). */
@@ -1024,18 +1053,32 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
  * to shared memory over the score tile (st), so every warp must be done
  * with it. */
 static __device__ __forceinline__ void combine_dim(u64 *L, float *st, const float *va, const u32 *ia, const int KL,
-                                                   const int REG, int len, int ki, i64 ni, int k, int mr, int mq) {
+                                                   const int REG, int len, int ki, i64 ni, int k, int mr, int mq,
+                                                   u64 *rb) {
   u64 *dl = (u64 *)st; /* [ROWS][KL] */
   __syncthreads();     /* every warp is done with the score tile */
 #pragma unroll
   for (int j = 0; j < KL; j++)
     if ((j & 3) == mq) dl[mr * KL + j] = L[j];
+  u32 *rn = rb ? (u32 *)(rb + ROWS * (RCAP + 1)) + mr : 0;
+  if (rb && mq == 0) *rn = 0;
   __syncwarp();
   u64 F[PEER_MAX_K];
 #pragma unroll
   for (int j = 0; j < KL; j++) F[j] = 0;
   if (REG) {
-    combine_survivors(F, va, ia, dl + mr * KL, len, ki, (u32)ni, combine_threshold(L, va, len, ki, k, mq), mq, KL);
+    const float t = combine_threshold(L, va, len, ki, k, mq);
+    if (rb) { /* the survivors ranked, unless some row of the warp had more than RCAP (warp-uniform) */
+      u64 *rs = rb + mr * (RCAP + 1);
+      combine_survivors(F, va, ia, dl + mr * KL, len, ki, (u32)ni, t, mq, KL, rs, rn);
+      __syncwarp();
+      const u32 n = *(volatile u32 *)rn;
+      if (!__any_sync(PEER_FULL, n > RCAP)) {
+        rank_survivors(L, rs, n, dl + mr * KL, mq, KL);
+        return;
+      }
+    }
+    combine_survivors(F, va, ia, dl + mr * KL, len, ki, (u32)ni, t, mq, KL, 0, 0);
   } else {
     for (int a = mq; a < len; a += 4) {
       const float v = va[a];
@@ -1380,7 +1423,11 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     if (THR != 2 || overflow) row_merge(L, KL); /* buffer_list's lists are the rows' already */
     } /* !WG (wg_dim's lists are the rows') */
     if (i > 0) {
-      combine_dim(L, st, lv + mr * LS, li + mr * LS, KL, REG, (int)len, ki, ni, k, mr, mq);
+      /* WG: the survivors' slots in the stages, idle until the next dim's wg_dim */
+      u64 *rb = WG ? (u64 *)((char *)smem + (((smem_u32(li + ROWS * LS) + 1023u) & ~1023u) + 2 * WG_QPANEL -
+                                             smem_u32(smem)))
+                   : 0;
+      combine_dim(L, st, lv + mr * LS, li + mr * LS, KL, REG, (int)len, ki, ni, k, mr, mq, rb);
       const i64 total = len * ki;
       len = total < P.k ? total : P.k;
     } else {
@@ -1538,7 +1585,8 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
 #pragma unroll
     for (int j = 0; j < 16; j++) L[j] = __ldcg((const unsigned long long *)other + j);
   __syncwarp();
-  combine_dim(L, st, va, ia, 16, 1, k0, k1, P.n[1], k, mr, mq);
+  /* the survivors' slots in the stages, idle until the next unit's wg_dim */
+  combine_dim(L, st, va, ia, 16, 1, k0, k1, P.n[1], k, mr, mq, (u64 *)((char *)smem + (qls + 2 * WG_QPANEL - smem_u32(smem))));
   write_row(P, L, 16, t0, hh, mr, mq);
   return 1;
 }
