@@ -267,7 +267,7 @@ static __device__ __forceinline__ void insert_desc(u64 *L, u64 x, int kl) {
  * (a simulation of 16 tiles of 16 candidates a thread). */
 #define FILTER_CUT 8
 #define BCAP 31 /* THR 2's buffer slots a row: 64 x 31 u64 and 64 counters fit the score tile */
-#define RCAP 64 /* combine_dim's survivor slots a row (rows RCAP + 1 apart: 8 rows a warp, 8 banks apart) */
+#define RCAP 64 /* combine_dim's survivor slots a row; rows RCAP + 1 apart, so a warp's 8 rows read 8 bank pairs */
 static __device__ __forceinline__ void offer_filtered(u64 *L, const float *sr, u32 id0, int nv, int kl, int THR,
                                                       float rthr) {
   const u64 thr = L[kl - 1];
@@ -361,8 +361,7 @@ static __device__ __forceinline__ float combine_threshold(const u64 *L, const fl
  * fails so does every later a (see combine_threshold), so the loops stop
  * at the first failure. */
 static __device__ __forceinline__ void combine_survivors(u64 *F, const float *va, const u32 *ia, const u64 *dl,
-                                                         int len, int ki, u32 ni, float t, int mq, int kl, u64 *rs,
-                                                         u32 *rn) {
+                                                         int len, int ki, u32 ni, float t, int mq, int kl) {
   const float vb0 = peer_packed_value(dl[0]);
   for (int a = 0; a < len; a++) {
     const float v = va[a];
@@ -372,15 +371,49 @@ static __device__ __forceinline__ void combine_survivors(u64 *F, const float *va
       const u64 e = dl[b];
       const float s = v + peer_packed_value(e);
       if (s < t) break;
-      const u64 c = peer_pack(s, pa + peer_packed_id(e));
-      if (rs) {
-        const u32 slot = atomicAdd(rn, 1u);
-        if (slot < RCAP) rs[slot] = c;
-      } else {
-        insert_desc(F, c, kl);
-      }
+      insert_desc(F, peer_pack(s, pa + peer_packed_id(e)), kl);
     }
   }
+}
+
+/* combine_survivors's sums at or above t (NaN too), the same set, into
+ * the row's slots rs (at most RCAP): thread mq of the row tests every
+ * pair (a, b), a < len, b = mq + 4 j < ki (b <= 15, KL 16), without
+ * branches (the loops above, each a pass of a few pairs, diverge and
+ * wait on every load: ~7 us a tile beside the experts); the four threads'
+ * counts give each its first slot (no atomics). Returns the row's count. */
+static __device__ __forceinline__ u32 combine_slots(const float *va, const u32 *ia, const u64 *dl, int len, int ki,
+                                                    u32 ni, float t, int mq, u64 *rs) {
+  float vb[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) vb[j] = peer_packed_value(dl[mq + 4 * j]);
+  u32 m[2] = {0u, 0u}; /* bit 4 a + j of pair (a, mq + 4 j), a < 8 in m[0] */
+#pragma unroll
+  for (int a = 0; a < 16; a++) {
+    const float v = va[a];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (a < len && mq + 4 * j < ki && !(v + vb[j] < t)) m[a >> 3] |= 1u << (4 * (a & 7) + j);
+  }
+  const u32 c = __popc(m[0]) + __popc(m[1]);
+  u32 p = c; /* inclusive prefix over the row's four lanes */
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    const u32 y = __shfl_up_sync(PEER_FULL, p, o, 4);
+    if (mq >= o) p += y;
+  }
+  u32 slot = p - c;
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+    while (m[h]) {
+      const int bit = __ffs(m[h]) - 1, a = 8 * h + (bit >> 2), b = mq + 4 * (bit & 3);
+      m[h] &= m[h] - 1;
+      const u64 e = dl[b];
+      const float s = va[a] + peer_packed_value(e);
+      if (slot < RCAP) rs[slot] = peer_pack(s, ia[a] * ni + peer_packed_id(e));
+      slot++;
+    }
+  return __shfl_sync(PEER_FULL, p, 3, 4);
 }
 
 /* The row's list (kl entries, the same in its four threads, zeros past
@@ -920,23 +953,32 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
   wg_copy(stg, khi, row0, 0, ni, tid); /* pass 0's first chunk, flying while the slice is split */
   const float *q = (const float *)P.q;
   const bool vec = dsub == 128 && (P.dq & 3) == 0 && (P.q & 15) == 0;
+  /* every load issued before the first split's stores: the compiler may
+   * not move a global load above a store through another generic pointer,
+   * and one at a time the slice took 4-6 us a unit (docs/PERF.md, PEER
+   * version 17) */
+  float4 v[ROWS * 128 / 4 / NT];
 #pragma unroll
   for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
     const int x = 4 * (tid + u * NT), r = x >> 7, dd = x & 127;
     const i64 t = t0 + r;
     const float *src = q + t * hd + hh * P.dq + i * dsub + dd;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (t < P.T) {
-      if (vec) v = *(const float4 *)src;
+      if (vec) v[u] = *(const float4 *)src;
       else {
-        v.x = dd < dsub ? src[0] : 0.f;
-        v.y = dd + 1 < dsub ? src[1] : 0.f;
-        v.z = dd + 2 < dsub ? src[2] : 0.f;
-        v.w = dd + 3 < dsub ? src[3] : 0.f;
+        v[u].x = dd < dsub ? src[0] : 0.f;
+        v[u].y = dd + 1 < dsub ? src[1] : 0.f;
+        v[u].z = dd + 2 < dsub ? src[2] : 0.f;
+        v[u].w = dd + 3 < dsub ? src[3] : 0.f;
       }
     }
+  }
+#pragma unroll
+  for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
+    const int x = 4 * (tid + u * NT), r = x >> 7, dd = x & 127;
     const u32 o = wg_off(r, dd >> 3, ROWS) + (u32)(dd & 7) * 2;
-    split4_bf16(v, (smelt_h16 *)((char *)st + o), (smelt_h16 *)((char *)st + (o + (qls - qhs))));
+    split4_bf16(v[u], (smelt_h16 *)((char *)st + o), (smelt_h16 *)((char *)st + (o + (qls - qhs))));
   }
   wg_fence_proxy(); /* the lo slice is read by wgmma */
   __syncthreads();
@@ -1051,7 +1093,11 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
  * every thread of the row holding the whole list; ni keys), into L: the
  * row's best min(len ki, k) sums, id = ia[a] * ni + b. The dim's list goes
  * to shared memory over the score tile (st), so every warp must be done
- * with it. */
+ * with it. REG with rb (KL 16; ROWS x (RCAP + 1) u64 of shared memory
+ * free until the call returns): the survivors of combine_threshold go to
+ * slots and are ranked (combine_slots, rank_survivors); a warp with a row
+ * of more than RCAP inserts them as without rb. The same list either
+ * way. */
 static __device__ __forceinline__ void combine_dim(u64 *L, float *st, const float *va, const u32 *ia, const int KL,
                                                    const int REG, int len, int ki, i64 ni, int k, int mr, int mq,
                                                    u64 *rb) {
@@ -1060,8 +1106,6 @@ static __device__ __forceinline__ void combine_dim(u64 *L, float *st, const floa
 #pragma unroll
   for (int j = 0; j < KL; j++)
     if ((j & 3) == mq) dl[mr * KL + j] = L[j];
-  u32 *rn = rb ? (u32 *)(rb + ROWS * (RCAP + 1)) + mr : 0;
-  if (rb && mq == 0) *rn = 0;
   __syncwarp();
   u64 F[PEER_MAX_K];
 #pragma unroll
@@ -1070,15 +1114,14 @@ static __device__ __forceinline__ void combine_dim(u64 *L, float *st, const floa
     const float t = combine_threshold(L, va, len, ki, k, mq);
     if (rb) { /* the survivors ranked, unless some row of the warp had more than RCAP (warp-uniform) */
       u64 *rs = rb + mr * (RCAP + 1);
-      combine_survivors(F, va, ia, dl + mr * KL, len, ki, (u32)ni, t, mq, KL, rs, rn);
+      const u32 n = combine_slots(va, ia, dl + mr * KL, len, ki, (u32)ni, t, mq, rs);
       __syncwarp();
-      const u32 n = *(volatile u32 *)rn;
       if (!__any_sync(PEER_FULL, n > RCAP)) {
         rank_survivors(L, rs, n, dl + mr * KL, mq, KL);
         return;
       }
     }
-    combine_survivors(F, va, ia, dl + mr * KL, len, ki, (u32)ni, t, mq, KL, 0, 0);
+    combine_survivors(F, va, ia, dl + mr * KL, len, ki, (u32)ni, t, mq, KL);
   } else {
     for (int a = mq; a < len; a += 4) {
       const float v = va[a];
