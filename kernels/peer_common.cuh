@@ -50,8 +50,14 @@ typedef struct peer_route_params {
   int p, norm, key_l2, gate, key_dt, param_dt, dq16_dt;
   int ready_groups;         /* beside the experts: a block's heads in this many groups, counted apart */
   int ready_round;          /* with groups > 1: blocks a round of the tile order (route_tile) */
+  /* peer_route_wg_split_pj: q computed by each unit (q = 0) from x (bf16
+   * [T, din] rows at x_rs), wt (bf16 [h*dq, din]: Wq's K-major copy) and
+   * bq (bq_dt [h*dq], 0 = none) */
+  u64 x, wt, bq;
+  i64 x_rs, din;
+  int bq_dt, pad;
 } peer_route_params;
-static_assert(sizeof(peer_route_params) == 320, "peer_route_params must match the host's smelt__peer_route_params");
+static_assert(sizeof(peer_route_params) == 368, "peer_route_params must match the host's smelt__peer_route_params");
 
 /* Expert kernels (peer_expert.cu). */
 typedef struct peer_expert_params {

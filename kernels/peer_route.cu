@@ -934,6 +934,80 @@ static __device__ __forceinline__ void wg_next(u32 stg, u64 khi, i64 row0, int i
     wg_copy(stg + (u32)(((it + 1) & 1) * WG_STAGE), khi, row0, (i64)((it + 1) % nc) * WG_CH, ni, tid);
 }
 
+#define PJ_STAGE (3 * ROWS * 128) /* bytes of a projection stage: x's 64 rows and wt's 128, 64 elements each */
+
+/* One cp.async group: chunk kc (64 of din) of x's rows t0.. (rows past T
+ * zero-filled) and of wt's rows col0.., each 128 bytes a row in the
+ * 128-byte swizzle (wg_off's, one panel), x's at dst, wt's after. */
+static __device__ __forceinline__ void pj_copy(const peer_route_params &P, u32 dst, i64 t0, i64 col0, int kc, int tid) {
+  const int c = tid & 7, r0 = tid >> 3;
+  const smelt_h16 *x = (const smelt_h16 *)P.x, *w = (const smelt_h16 *)P.wt;
+#pragma unroll
+  for (int u = 0; u < 2; u++) {
+    const int r = r0 + 32 * u;
+    const bool in = t0 + r < P.T;
+    cp_async16(dst + wg_off(r, c, ROWS), x + (in ? (t0 + r) * P.x_rs + kc * 64 + c * 8 : 0), in ? 16 : 0);
+  }
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int n = r0 + 32 * u;
+    cp_async16(dst + (u32)(ROWS * 128) + wg_off(n, c, 2 * ROWS), w + (col0 + n) * P.din + kc * 64 + c * 8, 16);
+  }
+  cp_async_commit();
+}
+
+/* PJ: dim i's query slice of rows t0.. of head hh computed here instead of
+ * read from q: x's 64 rows times wt's rows col0 .. col0 + 127 (warpgroup
+ * wg: 64 wg ..), f32 sums over din in order, k steps of 16, plus bq, split
+ * into hi (st) and lo (qls) as wg_dim's loads from q would be. Three
+ * stages of PJ_STAGE from qls (the lo slice and the key stages, idle until
+ * this returns); the caller's fence and barrier publish the slice. */
+static __device__ __forceinline__ void wg_project(const peer_route_params &P, int i, i64 t0, i64 hh, float *st, u32 qls,
+                                                  int tid) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  const i64 col0 = hh * P.dq + i * P.dsub;
+  const int nk = (int)(P.din >> 6);
+  float acc[32]; /* zeroed and always accumulated into: with a run-time first-step flag ptxas spilled ~1.5 KB */
+#pragma unroll
+  for (int s = 0; s < 32; s++) acc[s] = 0.f;
+  pj_copy(P, qls, t0, col0, 0, tid);
+  if (nk > 1) pj_copy(P, qls + PJ_STAGE, t0, col0, 1, tid);
+#pragma unroll 1
+  for (int kc = 0; kc < nk; kc++) {
+    if (kc + 1 < nk) CP_ASYNC_WAIT(1);
+    else CP_ASYNC_WAIT(0);
+    wg_fence_proxy();
+    __syncthreads(); /* chunk kc is in; every warpgroup is done with chunk kc - 1's stage */
+    if (kc + 2 < nk) pj_copy(P, qls + (u32)(((kc + 2) % 3) * PJ_STAGE), t0, col0, kc + 2, tid);
+    const u32 a = qls + (u32)((kc % 3) * PJ_STAGE), b = a + (u32)(ROWS * 128 + wg * 64 * 128);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) wg_ss(acc, wgmma_desc_kmajor(a + (u32)(s * 32)), wgmma_desc_kmajor(b + (u32)(s * 32)), 1);
+    wgmma_commit();
+    WGMMA_WAIT(0);
+  }
+  __syncthreads(); /* every warpgroup's reads of the stages are done: qls is the lo slice again */
+  /* acc[4 j + e]: row 16 (warp & 3) + lane / 4 (+ 8 for e >= 2), column 64 wg + 8 j + 2 (lane & 3) + (e & 1) */
+  const int r = 16 * (warp & 3) + (lane >> 2);
+  const u32 qhs = smem_u32(st);
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const int dd = 64 * wg + 8 * j + 2 * (lane & 3);
+    const float b0 = P.bq ? peer_ld(P.bq, col0 + dd, P.bq_dt) : 0.f, b1 = P.bq ? peer_ld(P.bq, col0 + dd + 1, P.bq_dt) : 0.f;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+      const u32 o = wg_off(r + 8 * hr, dd >> 3, ROWS) + (u32)(dd & 7) * 2;
+      smelt_h16 *hi = (smelt_h16 *)((char *)st + o), *lo = (smelt_h16 *)((char *)st + (o + (qls - qhs)));
+      split_bf16(acc[4 * j + 2 * hr] + b0, hi, lo);
+      split_bf16(acc[4 * j + 2 * hr + 1] + b1, hi + 1, lo + 1);
+    }
+  }
+#else
+  __trap(); /* wgmma is sm_90a's */
+#endif
+}
+
 /* Dim i of rows t0.. of head hh under WG: the query slice split into hi
  * (over the score tile st) and lo (qls) parts, both swizzled; the hi
  * fragments to registers; the two passes over the dim's chunks through
@@ -941,7 +1015,7 @@ static __device__ __forceinline__ void wg_next(u32 stg, u64 khi, i64 row0, int i
  * or, when some row's buffer overflowed, the exact scores again merged
  * through the score tile (half a chunk at a time) and row_merge'd. */
 static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i, i64 t0, i64 hh, u64 khi, u64 kmax,
-                                              float *st, u32 qls, u32 stg, u64 *L, int tid) {
+                                              float *st, u32 qls, u32 stg, u64 *L, int tid, const int PJ) {
   const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
   const int g = lane >> 2, tq = lane & 3, mr = tid >> 2, mq = tid & 3;
   const int rm = (warp & 3) * 16, cn = wg * 32; /* the thread's mma rows; its gm columns in the score tile */
@@ -950,35 +1024,40 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
   const i64 row0 = split_row0(P, i, hh);
   const int nc = (int)((ni + WG_CH - 1) / WG_CH), nk = (int)ni; /* a dim's keys fit an int (ids are u32) */
   const u32 qhs = smem_u32(st);
-  wg_copy(stg, khi, row0, 0, ni, tid); /* pass 0's first chunk, flying while the slice is split */
-  const float *q = (const float *)P.q;
-  const bool vec = dsub == 128 && (P.dq & 3) == 0 && (P.q & 15) == 0;
-  /* every load issued before the first split's stores: the compiler may
-   * not move a global load above a store through another generic pointer,
-   * and one at a time the slice took 4-6 us a unit (docs/PERF.md, PEER
-   * version 17) */
-  float4 v[ROWS * 128 / 4 / NT];
-#pragma unroll
-  for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
-    const int x = 4 * (tid + u * NT), r = x >> 7, dd = x & 127;
-    const i64 t = t0 + r;
-    const float *src = q + t * hd + hh * P.dq + i * dsub + dd;
-    v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (t < P.T) {
-      if (vec) v[u] = *(const float4 *)src;
-      else {
-        v[u].x = dd < dsub ? src[0] : 0.f;
-        v[u].y = dd + 1 < dsub ? src[1] : 0.f;
-        v[u].z = dd + 2 < dsub ? src[2] : 0.f;
-        v[u].w = dd + 3 < dsub ? src[3] : 0.f;
+  if (PJ) {
+    wg_project(P, i, t0, hh, st, qls, tid);
+    wg_copy(stg, khi, row0, 0, ni, tid); /* pass 0's first chunk (the stages held the projection's) */
+  } else {
+    wg_copy(stg, khi, row0, 0, ni, tid); /* pass 0's first chunk, flying while the slice is split */
+    const float *q = (const float *)P.q;
+    const bool vec = dsub == 128 && (P.dq & 3) == 0 && (P.q & 15) == 0;
+    /* every load issued before the first split's stores: the compiler may
+     * not move a global load above a store through another generic pointer,
+     * and one at a time the slice took 4-6 us a unit (docs/PERF.md, PEER
+     * version 17) */
+    float4 v[ROWS * 128 / 4 / NT];
+  #pragma unroll
+    for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
+      const int x = 4 * (tid + u * NT), r = x >> 7, dd = x & 127;
+      const i64 t = t0 + r;
+      const float *src = q + t * hd + hh * P.dq + i * dsub + dd;
+      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (t < P.T) {
+        if (vec) v[u] = *(const float4 *)src;
+        else {
+          v[u].x = dd < dsub ? src[0] : 0.f;
+          v[u].y = dd + 1 < dsub ? src[1] : 0.f;
+          v[u].z = dd + 2 < dsub ? src[2] : 0.f;
+          v[u].w = dd + 3 < dsub ? src[3] : 0.f;
+        }
       }
     }
-  }
-#pragma unroll
-  for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
-    const int x = 4 * (tid + u * NT), r = x >> 7, dd = x & 127;
-    const u32 o = wg_off(r, dd >> 3, ROWS) + (u32)(dd & 7) * 2;
-    split4_bf16(v[u], (smelt_h16 *)((char *)st + o), (smelt_h16 *)((char *)st + (o + (qls - qhs))));
+  #pragma unroll
+    for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
+      const int x = 4 * (tid + u * NT), r = x >> 7, dd = x & 127;
+      const u32 o = wg_off(r, dd >> 3, ROWS) + (u32)(dd & 7) * 2;
+      split4_bf16(v[u], (smelt_h16 *)((char *)st + o), (smelt_h16 *)((char *)st + (o + (qls - qhs))));
+    }
   }
   wg_fence_proxy(); /* the lo slice is read by wgmma */
   __syncthreads();
@@ -1264,7 +1343,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
       const u32 qls = (smem_u32(li + ROWS * LS) + 1023u) & ~1023u;
 #pragma unroll
       for (int j = 0; j < KL; j++) L[j] = 0;
-      wg_dim(P, i, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid);
+      wg_dim(P, i, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid, 0);
     } else {
     /* QB loads a thread in flight before the first split: one at a time,
      * each waited for, this loop took ~15% of reg's stall samples (ncu).
@@ -1587,7 +1666,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_beside(peer_ro
  * gates bit for bit. Returns whether this unit finished the tile
  * (CTA-uniform). */
 static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P, u64 khi, u64 kmax, u64 *xl, int *tcnt,
-                                                     int tile, i64 t0, i64 hh, int d) {
+                                                     int tile, i64 t0, i64 hh, int d, const int PJ) {
   extern __shared__ __align__(16) float smem[];
   float *st = smem, *lv = st + ROWS * STS;
   /* the count this unit saw: past wg_dim's hi query slice (16 KiB), inside
@@ -1601,7 +1680,7 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
 #pragma unroll
   for (int j = 0; j < 16; j++) L[j] = 0;
   const u32 qls = (smem_u32(li + ROWS * 16) + 1023u) & ~1023u;
-  wg_dim(P, d, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid);
+  wg_dim(P, d, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid, PJ);
   u64 *mine = xl + ((i64)(2 * tile + d) * ROWS + mr) * 16;
 #pragma unroll
   for (int j = 0; j < 16; j++)
@@ -1640,8 +1719,8 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
  * fall further behind every round (measured: 391 us for 319 of
  * route_wg_beside's whole tiles, H200). The tiles' counters and that one
  * follow the blocks' in the same zeroed workspace. */
-extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split(peer_route_params P, u64 khi, u64 klo,
-                                                                        u64 kmax, u64 ready, u64 xl) {
+static __device__ __forceinline__ void route_split(const peer_route_params &P, u64 khi, u64 kmax, u64 ready, u64 xl,
+                                                   const int PJ) {
   extern __shared__ __align__(16) float smem[];
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int blocks = (int)((P.T + ROWS - 1) / ROWS), tiles = blocks * (int)P.h;
@@ -1651,7 +1730,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split(peer_rou
   for (int u = blockIdx.x; u < 2 * tiles;) {
     int b, hh;
     const int tile = route_tile(P, blocks, u >> 1, &b, &hh);
-    const int done = route_dim_unit(P, khi, kmax, (u64 *)xl, tcnt, tile, (i64)b * ROWS, hh, u & 1);
+    const int done = route_dim_unit(P, khi, kmax, (u64 *)xl, tcnt, tile, (i64)b * ROWS, hh, u & 1, PJ);
     __threadfence();
     __syncthreads(); /* every thread's rows are visible; the unit's reads of shared memory are done */
     if (threadIdx.x == 0) {
@@ -1661,6 +1740,18 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split(peer_rou
     __syncthreads();
     u = *un;
   }
+}
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split(peer_route_params P, u64 khi, u64 klo,
+                                                                        u64 kmax, u64 ready, u64 xl) {
+  route_split(P, khi, kmax, ready, xl, 0);
+}
+/* The same with each unit's query slice projected in the unit (wg_project;
+ * P.x, P.wt; bf16): no q in HBM and no projection GEMM before the
+ * routing. Both the forward beside the experts and the one without
+ * (and retrieve) take it where it applies, so their ids agree bit for bit. */
+extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split_pj(peer_route_params P, u64 khi, u64 klo,
+                                                                           u64 kmax, u64 ready, u64 xl) {
+  route_split(P, khi, kmax, ready, xl, 1);
 }
 #endif
 /* At most 128 registers (2 CTAs an SM where the shared memory allows;

@@ -149,6 +149,9 @@ typedef struct peer_cuda {
   /* peer_route_wg_split: route_wg_beside with a tile's two dims as two
    * units, for p = 2 without query normalization (Hopper; else NULL) */
   CUfunction route_wg_split;
+  /* peer_route_wg_split_pj: the same with each unit's queries projected in
+   * it (route_pj); NULL when not planned */
+  CUfunction route_wg_split_pj;
   smelt__peer_util util;
   expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
   smelt_dtype wdt;
@@ -309,12 +312,14 @@ static smelt_status load_beside(smelt_ctx *ctx, const smelt__kernel_src *src, pe
   smelt_status s = smelt__cuda_function(ctx, src, "peer_route_beside", &pc->route_beside);
   if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_beside", &pc->route_wg_beside);
   if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_split", &pc->route_wg_split);
+  if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_split_pj", &pc->route_wg_split_pj);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   if (pc->route_wg) {
     SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
     SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_split, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+    SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_split_pj, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   }
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->ev[0].fwd8, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   return SMELT_OK;
@@ -630,6 +635,25 @@ static void expert_params(const smelt__peer_state *ps, const smelt_peer_weights 
   }
 }
 
+/* Wq's K-major copy (peer_transpose16) into a new workspace *wt, freed by
+ * the caller after its last use (stream-ordered). */
+static smelt_status transpose_wq(smelt_plan *plan, const smelt_peer_weights *w, void **wt) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const peer_cuda *pc = (const peer_cuda *)ps->cuda;
+  int64_t rows = ps->din, cols = ps->h * ps->dq, rs = w->wq->strides[0], cs = w->wq->strides[1];
+  smelt_status s = smelt__cuda_alloc(plan->ctx, (size_t)(rows * cols) * 2, wt);
+  if (s) return s;
+  void *in = w->wq->data;
+  void *tp[] = {&in, &rows, &cols, &rs, &cs, wt};
+  s = smelt__cuda_launch(plan->ctx, OP, pc->util.transpose16, (unsigned)((cols + 63) / 64), (unsigned)((rows + 63) / 64),
+                         1, 256, 0, tp);
+  if (s) {
+    smelt__cuda_free(plan->ctx, *wt);
+    *wt = NULL;
+  }
+  return s;
+}
+
 /* q = x Wq + bq into the f32 workspace q [T, h*dq]; through a K-major copy
  * of Wq when planned so (wq_t). */
 static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x, void *q) {
@@ -640,21 +664,42 @@ static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const
   smelt_tensor qt = dev_tensor(ctx, q, SMELT_DTYPE_F32, ps->T, hd);
   if (!pc->wq_t) return smelt_gemm_run(pc->gemm_q, x, w->wq, NULL, &qt, w->bq);
   void *wt;
-  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(ps->din * hd) * 2, &wt);
+  smelt_status s = transpose_wq(plan, w, &wt);
   if (s) return s;
-  void *in = w->wq->data;
-  int64_t rows = ps->din, cols = hd, rs = w->wq->strides[0], cs = w->wq->strides[1];
-  void *tp[] = {&in, &rows, &cols, &rs, &cs, &wt};
-  s = smelt__cuda_launch(ctx, OP, pc->util.transpose16, (unsigned)((cols + 63) / 64), (unsigned)((rows + 63) / 64), 1,
-                         256, 0, tp);
-  if (!s) {
-    smelt_tensor wtt = dev_tensor(ctx, wt, w->wq->dtype, rows, cols);
-    wtt.strides[0] = 1;
-    wtt.strides[1] = rows;
-    s = smelt_gemm_run(pc->gemm_q, x, &wtt, NULL, &qt, w->bq);
-  }
+  smelt_tensor wtt = dev_tensor(ctx, wt, w->wq->dtype, ps->din, hd);
+  wtt.strides[0] = 1;
+  wtt.strides[1] = ps->din;
+  s = smelt_gemm_run(pc->gemm_q, x, &wtt, NULL, &qt, w->bq);
   smelt_status s2 = smelt__cuda_free(ctx, wt);
   return s ? s : s2;
+}
+
+/* Whether this call's routing projects its own queries
+ * (peer_route_wg_split_pj: no projection GEMM, no q in HBM): bf16 x and
+ * Wq with Wq's K-major copy planned, p = 2 without query normalization,
+ * wg's keys (bf16, not L2-normalized), d_in a multiple of 64, x's rows
+ * 16-byte vectors. SMELT_PEER_FUSED_PROJECTION=0 turns it off (the GEMM,
+ * for comparing the two on a device). */
+static int route_pj(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x) {
+  const peer_cuda *pc = (const peer_cuda *)ps->cuda;
+  const char *env = smelt__getenv("SMELT_PEER_FUSED_PROJECTION");
+  if (env && strcmp(env, "0") == 0) return 0;
+  return pc->route_wg_split_pj && pc->wq_t && x->dtype == SMELT_DTYPE_BF16 && w->wq->dtype == SMELT_DTYPE_BF16 &&
+         ps->p == 2 && ps->cfg.query_norm == SMELT_PEER_NORM_NONE && !ps->cfg.key_l2_norm &&
+         w->sub_keys[0]->dtype == SMELT_DTYPE_BF16 && ps->dsub == 128 && ps->din % 64 == 0 && x->strides[1] == 1 &&
+         x->strides[0] % 8 == 0 && aligned16(x->data) && (!w->bq || w->bq->strides[0] == 1);
+}
+
+/* Fills P's projection fields for peer_route_wg_split_pj (wt: Wq's K-major copy). */
+static void pj_params(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x, void *wt,
+                      smelt__peer_route_params *P) {
+  P->q = 0;
+  P->x = (uint64_t)(uintptr_t)x->data;
+  P->x_rs = x->strides[0];
+  P->wt = (uint64_t)(uintptr_t)wt;
+  P->din = ps->din;
+  P->bq = w->bq ? (uint64_t)(uintptr_t)w->bq->data : 0;
+  P->bq_dt = w->bq ? w->bq->dtype : SMELT_DTYPE_F32;
 }
 
 /* The forward's expert kernel beside the routing (launch_route). */
@@ -729,7 +774,7 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   /* beside, wg with p = 2 and no query normalization: a tile's dims as two
    * units (peer_route_wg_split), a counter per tile and the next unit's
    * after the blocks', and the units' lists (64 rows x 16 packed entries) */
-  const int split = bs && wg && pc->route_wg_split && ps->p == 2 && P->norm == SMELT_PEER_NORM_NONE;
+  const int split = P->wt || (bs && wg && pc->route_wg_split && ps->p == 2 && P->norm == SMELT_PEER_NORM_NONE);
   const int64_t tiles = gx * ps->h;
   if (bs) { /* the tiles' order and the expert warps' counters (route_tile) */
     P->ready_groups = head_groups(ps);
@@ -737,7 +782,7 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   }
   const size_t bytes[5] = {(size_t)(rows * dpad) * 2, (size_t)(rows * dpad) * 2,
                            pc->route_kmax ? (size_t)tables * 8 : 0,
-                           bs ? (size_t)(gx * P->ready_groups + (split ? tiles + 1 : 0)) * 4 : 0,
+                           bs || split ? (size_t)(gx * P->ready_groups + (split ? tiles + 1 : 0)) * 4 : 0,
                            split ? (size_t)tiles * 2 * 64 * 16 * 8 : 0};
   void *base, *r[5];
   smelt_status s = ws_alloc(plan->ctx, bytes, 5, &base, r);
@@ -745,7 +790,7 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   const smelt__cu_api *cu = smelt__cu(NULL);
   CUstream st = plan->ctx->cuda->stream;
   uint64_t khi = (uint64_t)(uintptr_t)r[0], klo = (uint64_t)(uintptr_t)r[1], kmax = (uint64_t)(uintptr_t)r[2];
-  uint64_t ready = bs ? (uint64_t)(uintptr_t)r[3] : 0;
+  uint64_t ready = bs || split ? (uint64_t)(uintptr_t)r[3] : 0;
   /* kmax and the counters, adjacent in the workspace (either may be
    * absent: NULL): one memset */
   char *z0 = r[2] ? (char *)r[2] : (char *)r[3];
@@ -762,9 +807,12 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
   uint64_t xl = (uint64_t)(uintptr_t)r[4];
   void *rp[] = {P, &khi, &klo, &kmax, &ready, &xl};
   const int64_t sms = plan->ctx->cuda->info.sm_count;
+  /* split without the experts beside (P->wt only): two CTAs an SM */
+  const int64_t sctas = bs ? sms : 2 * sms;
   if (!s && split)
-    s = smelt__cuda_launch(plan->ctx, OP, pc->route_wg_split, (unsigned)(2 * tiles < sms ? 2 * tiles : sms), 1, 1, 256,
-                           bs->route_smem, rp);
+    s = smelt__cuda_launch(plan->ctx, OP, P->wt ? pc->route_wg_split_pj : pc->route_wg_split,
+                           (unsigned)(2 * tiles < sctas ? 2 * tiles : sctas), 1, 1, 256,
+                           bs ? bs->route_smem : pc->route_wg_smem, rp);
   else if (!s && bs)
     s = smelt__cuda_launch(plan->ctx, OP, wg ? pc->route_wg_beside : pc->route_beside, bs->route_ctas, 1, 1, 256,
                            bs->route_smem, rp);
@@ -791,23 +839,27 @@ smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weight
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   if (ps->T == 0) return SMELT_OK;
   smelt_ctx *ctx = plan->ctx;
-  const size_t bytes[1] = {(size_t)(ps->T * ps->h * ps->dq) * 4};
+  const int pj = route_pj(ps, w, x); /* no q then */
+  const size_t bytes[1] = {pj ? 0 : (size_t)(ps->T * ps->h * ps->dq) * 4};
   void *base, *q;
   smelt_status s = ws_alloc(ctx, bytes, 1, &base, &q);
   if (s) return s;
   smelt__nvtx_push("smelt_peer_retrieve");
-  s = project(plan, w, x, q);
+  void *wt = NULL;
+  s = pj ? transpose_wq(plan, w, &wt) : project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
     route_params(ps, w, &P);
     P.q = (uint64_t)(uintptr_t)q;
+    if (pj) pj_params(ps, w, x, wt, &P);
     P.ids = (uint64_t)(uintptr_t)ids->data;
     P.scores = (uint64_t)(uintptr_t)scores->data;
     s = launch_route(plan, &P, NULL);
   }
   smelt__nvtx_pop();
-  smelt_status s2 = smelt__cuda_free(ctx, base);
-  return s ? s : s2;
+  smelt_status s2 = wt ? smelt__cuda_free(ctx, wt) : SMELT_OK;
+  smelt_status s3 = smelt__cuda_free(ctx, base);
+  return s ? s : s2 ? s2 : s3;
 }
 
 smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
@@ -821,7 +873,8 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   const expert_variant *ev;
   if ((s = variant_for(plan, w, &ev))) return s;
   const int64_t nuse = ps->T * ps->h * ps->k;
-  const size_t bytes[3] = {(size_t)(ps->T * ps->h * ps->dq) * 4, (size_t)nuse * 4, ids ? 0 : (size_t)nuse * 8};
+  const int pj = route_pj(ps, w, x); /* no q then */
+  const size_t bytes[3] = {pj ? 0 : (size_t)(ps->T * ps->h * ps->dq) * 4, (size_t)nuse * 4, ids ? 0 : (size_t)nuse * 8};
   void *base, *r[3];
   if ((s = ws_alloc(ctx, bytes, 3, &base, r))) return s;
   void *q = r[0], *gates = r[1], *idp = ids ? ids->data : r[2];
@@ -836,11 +889,13 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   if (ev->fwd_bulk) E.stage_uses = ev->fwd_slots; /* the backward's E keeps the warp kernel's */
   route_beside bs;
   const int beside = plan_beside(ctx, ps, (const peer_cuda *)ps->cuda, ev, &E, &bs);
-  s = project(plan, w, x, q);
+  void *wt = NULL;
+  s = pj ? transpose_wq(plan, w, &wt) : project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
     route_params(ps, w, &P);
     P.q = (uint64_t)(uintptr_t)q;
+    if (pj) pj_params(ps, w, x, wt, &P);
     P.ids = (uint64_t)(uintptr_t)idp;
     P.scores = scores ? (uint64_t)(uintptr_t)scores->data : 0;
     P.gates = (uint64_t)(uintptr_t)gates;
@@ -858,8 +913,9 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     }
   }
   smelt__nvtx_pop();
-  smelt_status s2 = smelt__cuda_free(ctx, base);
-  return s ? s : s2;
+  smelt_status s2 = wt ? smelt__cuda_free(ctx, wt) : SMELT_OK;
+  smelt_status s3 = smelt__cuda_free(ctx, base);
+  return s ? s : s2 ? s2 : s3;
 }
 
 /* ---------------------------------------------------------------- backward */

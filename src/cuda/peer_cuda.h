@@ -14,8 +14,11 @@ typedef struct smelt__peer_route_params {
   int64_t T, h, dq, dsub, k, N, n[SMELT_PEER_MAX_DIMS], param_hs, key_hs[SMELT_PEER_MAX_DIMS];
   float norm_eps, l2_eps;
   int p, norm, key_l2, gate, key_dt, param_dt, dq16_dt, ready_groups, ready_round;
+  uint64_t x, wt, bq;
+  int64_t x_rs, din;
+  int bq_dt, pad;
 } smelt__peer_route_params;
-_Static_assert(sizeof(smelt__peer_route_params) == 320, "smelt__peer_route_params must match peer_route_params");
+_Static_assert(sizeof(smelt__peer_route_params) == 368, "smelt__peer_route_params must match peer_route_params");
 
 typedef struct smelt__peer_expert_params {
   uint64_t x, y, dy, ids, gates, u_host, v_host, u_cache, v_cache, table, ua, udz, dg, dx;
