@@ -983,7 +983,8 @@ static __device__ __forceinline__ void wg_project(const peer_route_params &P, in
     const u32 a = qls + (u32)((kc % 3) * PJ_STAGE), b = a + (u32)(ROWS * 128 + wg * 64 * 128);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; s++) wg_ss(acc, wgmma_desc_kmajor(a + (u32)(s * 32)), wgmma_desc_kmajor(b + (u32)(s * 32)), 1);
+    for (int s = 0; s < 4; s++)
+      wg_ss(acc, wgmma_desc_kmajor(a + (u32)(s * 32)), wgmma_desc_kmajor(b + (u32)(s * 32)), 1);
     wgmma_commit();
     WGMMA_WAIT(0);
   }
@@ -994,7 +995,8 @@ static __device__ __forceinline__ void wg_project(const peer_route_params &P, in
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     const int dd = 64 * wg + 8 * j + 2 * (lane & 3);
-    const float b0 = P.bq ? peer_ld(P.bq, col0 + dd, P.bq_dt) : 0.f, b1 = P.bq ? peer_ld(P.bq, col0 + dd + 1, P.bq_dt) : 0.f;
+    const float b0 = P.bq ? peer_ld(P.bq, col0 + dd, P.bq_dt) : 0.f;
+    const float b1 = P.bq ? peer_ld(P.bq, col0 + dd + 1, P.bq_dt) : 0.f;
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
       const u32 o = wg_off(r + 8 * hr, dd >> 3, ROWS) + (u32)(dd & 7) * 2;
@@ -1708,7 +1710,8 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
     for (int j = 0; j < 16; j++) L[j] = __ldcg((const unsigned long long *)other + j);
   __syncwarp();
   /* the survivors' slots in the stages, idle until the next unit's wg_dim */
-  combine_dim(L, st, va, ia, 16, 1, k0, k1, P.n[1], k, mr, mq, (u64 *)((char *)smem + (qls + 2 * WG_QPANEL - smem_u32(smem))));
+  u64 *rb = (u64 *)((char *)smem + (qls + 2 * WG_QPANEL - smem_u32(smem)));
+  combine_dim(L, st, va, ia, 16, 1, k0, k1, P.n[1], k, mr, mq, rb);
   write_row(P, L, 16, t0, hh, mr, mq);
   return 1;
 }

@@ -1259,7 +1259,8 @@ static void test_peer_overlap(void) {
         for (int64_t i = 0; i < n; i++) diff += ((const int64_t *)iw)[i] != ((const int64_t *)ig)[i];
         double num = 0, den = 0;
         for (int64_t i = 0; i < c.T * c.dout; i++) {
-          const double a = smelt_bf16_to_f32(((const uint16_t *)yw)[i]), b = smelt_bf16_to_f32(((const uint16_t *)yg)[i]);
+          const double a = smelt_bf16_to_f32(((const uint16_t *)yw)[i]);
+          const double b = smelt_bf16_to_f32(((const uint16_t *)yg)[i]);
           num += (a - b) * (a - b);
           den += b * b;
         }
