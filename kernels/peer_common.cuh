@@ -119,4 +119,56 @@ static __device__ __forceinline__ u64 peer_pack(float v, u32 id) { return ((u64)
 static __device__ __forceinline__ float peer_packed_value(u64 c) { return peer_key_value((u32)(c >> 32)); }
 static __device__ __forceinline__ u32 peer_packed_id(u64 c) { return ~(u32)c; }
 
+/* ---------------------------------------------------------------- transpose */
+
+#define PEER_TR_TILE 64
+#define PEER_TR_NT 256 /* threads a block */
+
+/* out[c * rows + r] = in[r * rs + c * cs] for a rows x cols matrix of
+ * 16-bit elements (out contiguous, [cols][rows]): tile (bx, by) of
+ * (ceil(cols / 64), ceil(rows / 64)), 256 threads (peer_transpose16, and
+ * peer_route_prep beside the key split), through shared memory so that
+ * reads and writes both run along rows (given row-major input), each
+ * thread moving element pairs, as 4-byte words where the strides and
+ * addresses allow (the 32 x 32 tile of single elements this replaced took
+ * 8 us for the acceptance shape's 4 MiB on an H100). */
+static __device__ __forceinline__ void peer_transpose_tile(u64 in, i64 rows, i64 cols, i64 rs, i64 cs, u64 out, i64 bx,
+                                                           i64 by) {
+  __shared__ __align__(4) smelt_h16 tile[PEER_TR_TILE][PEER_TR_TILE + 2]; /* rows of 33 words: conflict-free pairs */
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const i64 c0 = bx * PEER_TR_TILE, r0 = by * PEER_TR_TILE, c = c0 + 2 * tx;
+  const smelt_h16 *src = (const smelt_h16 *)in;
+  smelt_h16 *dst = (smelt_h16 *)out;
+  const bool win = cs == 1 && (rs & 1) == 0 && (cols & 1) == 0 && (in & 3) == 0, wout = (rows & 1) == 0 && (out & 3) == 0;
+  if (win) { /* every load issued before the first store (a load per row in turn took 8 us at 4 MiB) */
+    u32 v[PEER_TR_TILE / (PEER_TR_NT / 32)];
+#pragma unroll
+    for (int i = 0; i < PEER_TR_TILE / (PEER_TR_NT / 32); i++) {
+      const i64 r = r0 + ty + i * (PEER_TR_NT / 32);
+      v[i] = r < rows && c < cols ? *(const u32 *)&src[r * rs + c] : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < PEER_TR_TILE / (PEER_TR_NT / 32); i++) *(u32 *)&tile[ty + i * (PEER_TR_NT / 32)][2 * tx] = v[i];
+  } else {
+    for (int y = ty; y < PEER_TR_TILE && r0 + y < rows; y += PEER_TR_NT / 32) {
+      const i64 r = r0 + y;
+      if (c < cols) tile[y][2 * tx] = src[r * rs + c * cs];
+      if (c + 1 < cols) tile[y][2 * tx + 1] = src[r * rs + (c + 1) * cs];
+    }
+  }
+  __syncthreads();
+  const i64 r = r0 + 2 * tx;
+#pragma unroll
+  for (int y = ty; y < PEER_TR_TILE; y += PEER_TR_NT / 32) {
+    const i64 oc = c0 + y;
+    if (oc >= cols) break;
+    if (wout && r + 1 < rows) {
+      *(u32 *)&dst[oc * rows + r] = (u32)tile[2 * tx][y] | (u32)tile[2 * tx + 1][y] << 16;
+    } else {
+      if (r < rows) dst[oc * rows + r] = tile[2 * tx][y];
+      if (r + 1 < rows) dst[oc * rows + r + 1] = tile[2 * tx + 1][y];
+    }
+  }
+}
+
 #endif /* SMELT_PEER_COMMON_CUH */

@@ -1770,12 +1770,12 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_
  * arithmetic so that the two variants agree bit for bit. kmax (f32
  * [tables][2], zeroed by the caller; 0 = not wanted): the largest hi and lo
  * row norms of each table (key_group's order), for peer_route_reg. */
-extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_params P, u64 khi, u64 klo, i64 rows,
-                                                                u64 kmax) {
+static __device__ __forceinline__ void split_keys(const peer_route_params &P, u64 khi, u64 klo, i64 rows, u64 kmax,
+                                                  i64 blk) {
   __shared__ float wn[NWARPS][2];
   __shared__ i64 wg[NWARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const i64 row = (i64)blockIdx.x * NWARPS + warp;
+  const i64 row = blk * NWARPS + warp;
   i64 grp = -1;
   if (row < rows) { /* warp-uniform */
     const i64 dsub = P.dsub;
@@ -1824,6 +1824,23 @@ extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_para
       }
     }
   }
+}
+extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_params P, u64 khi, u64 klo, i64 rows,
+                                                                u64 kmax) {
+  split_keys(P, khi, klo, rows, kmax, blockIdx.x);
+}
+
+/* peer_split_keys and Wq's K-major copy (P.wt, for peer_route_wg_split_pj)
+ * in one launch: blocks below the transpose's tiles (ceil(h dq / 64) x
+ * ceil(din / 64)) copy a tile of Wq (wq, strides rs, cs), the rest split
+ * key rows as peer_split_keys's blocks. One kernel where there were two
+ * one after the other (~5 us each at the acceptance shape, H200). */
+extern "C" __global__ void __launch_bounds__(NT) peer_route_prep(peer_route_params P, u64 khi, u64 klo, i64 rows,
+                                                                u64 kmax, u64 wq, i64 rs, i64 cs) {
+  const i64 hd = P.h * P.dq, tx = (hd + PEER_TR_TILE - 1) / PEER_TR_TILE;
+  const i64 nt = tx * ((P.din + PEER_TR_TILE - 1) / PEER_TR_TILE), b = blockIdx.x;
+  if (b < nt) peer_transpose_tile(wq, P.din, hd, rs, cs, P.wt, b % tx, b / tx);
+  else split_keys(P, khi, klo, rows, kmax, b - nt);
 }
 
 /* ---------------------------------------------------------------- backward */

@@ -459,51 +459,9 @@ extern "C" __global__ void __launch_bounds__(NT) peer_colsum_final(u64 part, i64
 
 /* ---------------------------------------------------------------- transpose */
 
-#define TR_TILE 64
-
-/* out[c * rows + r] = in[r * rs + c * cs] for a rows x cols matrix of
- * 16-bit elements (out contiguous, [cols][rows]); grid (ceil(cols / 64),
- * ceil(rows / 64)), 256 threads: a 64 x 64 tile through shared memory so
- * that reads and writes both run along rows (given row-major input), each
- * thread moving element pairs, as 4-byte words where the strides and
- * addresses allow (the 32 x 32 tile of single elements this replaced took
- * 8 us for the acceptance shape's 4 MiB on an H100). */
+/* peer_transpose_tile (peer_common.cuh), a tile a block. */
 extern "C" __global__ void __launch_bounds__(NT) peer_transpose16(u64 in, i64 rows, i64 cols, i64 rs, i64 cs, u64 out) {
-  __shared__ __align__(4) smelt_h16 tile[TR_TILE][TR_TILE + 2]; /* rows of 33 words: the pair stores conflict-free */
-  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  const i64 c0 = (i64)blockIdx.x * TR_TILE, r0 = (i64)blockIdx.y * TR_TILE, c = c0 + 2 * tx;
-  const smelt_h16 *src = (const smelt_h16 *)in;
-  smelt_h16 *dst = (smelt_h16 *)out;
-  const bool win = cs == 1 && (rs & 1) == 0 && (cols & 1) == 0 && (in & 3) == 0, wout = (rows & 1) == 0 && (out & 3) == 0;
-  if (win) { /* every load issued before the first store (a load per row in turn took 8 us at 4 MiB) */
-    u32 v[TR_TILE / (NT / 32)];
-#pragma unroll
-    for (int i = 0; i < TR_TILE / (NT / 32); i++) {
-      const i64 r = r0 + ty + i * (NT / 32);
-      v[i] = r < rows && c < cols ? *(const u32 *)&src[r * rs + c] : 0u;
-    }
-#pragma unroll
-    for (int i = 0; i < TR_TILE / (NT / 32); i++) *(u32 *)&tile[ty + i * (NT / 32)][2 * tx] = v[i];
-  } else {
-    for (int y = ty; y < TR_TILE && r0 + y < rows; y += NT / 32) {
-      const i64 r = r0 + y;
-      if (c < cols) tile[y][2 * tx] = src[r * rs + c * cs];
-      if (c + 1 < cols) tile[y][2 * tx + 1] = src[r * rs + (c + 1) * cs];
-    }
-  }
-  __syncthreads();
-  const i64 r = r0 + 2 * tx;
-#pragma unroll
-  for (int y = ty; y < TR_TILE; y += NT / 32) {
-    const i64 oc = c0 + y;
-    if (oc >= cols) break;
-    if (wout && r + 1 < rows) {
-      *(u32 *)&dst[oc * rows + r] = (u32)tile[2 * tx][y] | (u32)tile[2 * tx + 1][y] << 16;
-    } else {
-      if (r < rows) dst[oc * rows + r] = tile[2 * tx][y];
-      if (r + 1 < rows) dst[oc * rows + r + 1] = tile[2 * tx + 1][y];
-    }
-  }
+  peer_transpose_tile(in, rows, cols, rs, cs, out, blockIdx.x, blockIdx.y);
 }
 
 /* ---------------------------------------------------------------- the store */

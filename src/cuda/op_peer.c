@@ -151,7 +151,7 @@ typedef struct peer_cuda {
   CUfunction route_wg_split;
   /* peer_route_wg_split_pj: the same with each unit's queries projected in
    * it (route_pj); NULL when not planned */
-  CUfunction route_wg_split_pj;
+  CUfunction route_wg_split_pj, route_prep; /* and peer_route_prep (the key split and Wq's K-major copy) */
   smelt__peer_util util;
   expert_variant ev[2]; /* [0] as planned, [1] scalar fallback (vec 0 until loaded) */
   smelt_dtype wdt;
@@ -313,6 +313,7 @@ static smelt_status load_beside(smelt_ctx *ctx, const smelt__kernel_src *src, pe
   if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_beside", &pc->route_wg_beside);
   if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_split", &pc->route_wg_split);
   if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_wg_split_pj", &pc->route_wg_split_pj);
+  if (!s && pc->route_wg) s = smelt__cuda_function(ctx, src, "peer_route_prep", &pc->route_prep);
   if (s) return s;
   const smelt__cu_api *cu = smelt__cu(NULL);
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_beside, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
@@ -752,7 +753,10 @@ static int head_groups(const smelt__peer_state *ps) {
   return ps->h % 2 == 0 && !(env && strcmp(env, "1") == 0) ? 2 : 1;
 }
 
-static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, const route_beside *bs) {
+/* wq: with P->wt (route_pj), Wq, copied K-major into P->wt beside the key
+ * split (peer_route_prep). */
+static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, const route_beside *bs,
+                                 const smelt_tensor *wq) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   const peer_cuda *pc = (const peer_cuda *)ps->cuda;
   const int64_t gx = (ps->T + 63) / 64;
@@ -799,8 +803,13 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
     CUresult e = cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)z0, 0, zero, st);
     if (e != 0) s = smelt__cu_error(e, OP, "cuMemsetD8Async");
   }
-  void *sp[] = {P, &khi, &klo, &rows, &kmax};
-  if (!s) s = smelt__cuda_launch(plan->ctx, OP, pc->split_keys, (unsigned)((rows + 7) / 8), 1, 1, 256, 0, sp);
+  uint64_t wqp = wq ? (uint64_t)(uintptr_t)wq->data : 0;
+  int64_t wrs = wq ? wq->strides[0] : 0, wcs = wq ? wq->strides[1] : 0;
+  void *sp[] = {P, &khi, &klo, &rows, &kmax, &wqp, &wrs, &wcs};
+  const int64_t tiles16 = P->wt ? (ps->h * ps->dq + 63) / 64 * ((ps->din + 63) / 64) : 0; /* the copy's */
+  if (!s)
+    s = smelt__cuda_launch(plan->ctx, OP, P->wt ? pc->route_prep : pc->split_keys,
+                           (unsigned)(tiles16 + (rows + 7) / 8), 1, 1, 256, 0, sp);
   /* kmax is read by peer_route_reg and the persistent forms only, ready
    * by the latter, xl by peer_route_wg_split (the driver takes as many
    * parameters as the kernel declares) */
@@ -846,7 +855,7 @@ smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weight
   if (s) return s;
   smelt__nvtx_push("smelt_peer_retrieve");
   void *wt = NULL;
-  s = pj ? transpose_wq(plan, w, &wt) : project(plan, w, x, q);
+  s = pj ? smelt__cuda_alloc(ctx, (size_t)(ps->din * ps->h * ps->dq) * 2, &wt) : project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
     route_params(ps, w, &P);
@@ -854,7 +863,7 @@ smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weight
     if (pj) pj_params(ps, w, x, wt, &P);
     P.ids = (uint64_t)(uintptr_t)ids->data;
     P.scores = (uint64_t)(uintptr_t)scores->data;
-    s = launch_route(plan, &P, NULL);
+    s = launch_route(plan, &P, NULL, pj ? w->wq : NULL);
   }
   smelt__nvtx_pop();
   smelt_status s2 = wt ? smelt__cuda_free(ctx, wt) : SMELT_OK;
@@ -890,7 +899,7 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   route_beside bs;
   const int beside = plan_beside(ctx, ps, (const peer_cuda *)ps->cuda, ev, &E, &bs);
   void *wt = NULL;
-  s = pj ? transpose_wq(plan, w, &wt) : project(plan, w, x, q);
+  s = pj ? smelt__cuda_alloc(ctx, (size_t)(ps->din * ps->h * ps->dq) * 2, &wt) : project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
     route_params(ps, w, &P);
@@ -899,7 +908,7 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     P.ids = (uint64_t)(uintptr_t)idp;
     P.scores = scores ? (uint64_t)(uintptr_t)scores->data : 0;
     P.gates = (uint64_t)(uintptr_t)gates;
-    s = launch_route(plan, &P, beside ? &bs : NULL);
+    s = launch_route(plan, &P, beside ? &bs : NULL, pj ? w->wq : NULL);
   }
   if (!s && ps->store) s = smelt__cuda_peer_store_batch(ps->store, (const int64_t *)idp, nuse);
   if (!s && !beside) {
