@@ -158,6 +158,7 @@ typedef struct peer_cuda {
   unsigned route_smem, route_wg_smem, rbwd_smem;
   smelt_plan *gemm_q; /* q = x Wq + bq; NULL when T = 0 */
   int wq_t;           /* gemm_q multiplies by a K-major copy of Wq (plan_projection) */
+  int pj;             /* route_pj's conditions known to the plan hold */
 } peer_cuda;
 
 static void peer_cuda_free(void *p) {
@@ -489,6 +490,11 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
     return s;
   if (reg && pc->ev[0].fwd8 && (s = load_beside(ctx, &src, pc))) return s;
   if (ps->T > 0 && (s = plan_projection(ctx, ps, pc))) return s;
+  /* route_pj's conditions that the plan knows (x's layout is the call's) */
+  const smelt_tensor *tx = &ps->t[SMELT__PT_X], *tq = &ps->t[SMELT__PT_WQ], *tk = &ps->t[SMELT__PT_KEY0];
+  pc->pj = pc->route_wg_split_pj && pc->wq_t && tx->dtype == SMELT_DTYPE_BF16 && tq->dtype == SMELT_DTYPE_BF16 &&
+           ps->p == 2 && ps->cfg.query_norm == SMELT_PEER_NORM_NONE && !ps->cfg.key_l2_norm &&
+           tk->dtype == SMELT_DTYPE_BF16 && ps->dsub == 128 && ps->din % 64 == 0;
   smelt__kernel_src es;
   smelt__peer_expert_src(wdt, pc->ev[0].vec, &es);
   char pipe[56];
@@ -501,9 +507,9 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   else
     snprintf(pipe, sizeof pipe, " (rounds of %lld uses)", (long long)pc->ev[0].chunk);
   snprintf(plan->describe, sizeof plan->describe,
-           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: GEMM x*Wq%s + %s + %.24s", (long long)ps->N, ps->p,
+           "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: %s + %s + %.24s", (long long)ps->N, ps->p,
            (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
-           pc->wq_t ? " (Wq K-major)" : "",
+           pc->pj ? "x*Wq in the routing" : pc->wq_t ? "GEMM x*Wq (Wq K-major)" : "GEMM x*Wq",
            thr ? "split keys + peer_route_thr"
            : wg ? "split keys + peer_route_wg"
            : reg ? "split keys + peer_route_reg"
@@ -678,17 +684,15 @@ static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const
 /* Whether this call's routing projects its own queries
  * (peer_route_wg_split_pj: no projection GEMM, no q in HBM): bf16 x and
  * Wq with Wq's K-major copy planned, p = 2 without query normalization,
- * wg's keys (bf16, not L2-normalized), d_in a multiple of 64, x's rows
- * 16-byte vectors. SMELT_PEER_FUSED_PROJECTION=0 turns it off (the GEMM,
- * for comparing the two on a device). */
+ * wg's keys (bf16, not L2-normalized), dq/p 128, d_in a multiple of 64
+ * (pc->pj), and x's rows 16-byte vectors. SMELT_PEER_FUSED_PROJECTION=0
+ * turns it off (the GEMM, for comparing the two on a device). */
 static int route_pj(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x) {
   const peer_cuda *pc = (const peer_cuda *)ps->cuda;
   const char *env = smelt__getenv("SMELT_PEER_FUSED_PROJECTION");
   if (env && strcmp(env, "0") == 0) return 0;
-  return pc->route_wg_split_pj && pc->wq_t && x->dtype == SMELT_DTYPE_BF16 && w->wq->dtype == SMELT_DTYPE_BF16 &&
-         ps->p == 2 && ps->cfg.query_norm == SMELT_PEER_NORM_NONE && !ps->cfg.key_l2_norm &&
-         w->sub_keys[0]->dtype == SMELT_DTYPE_BF16 && ps->dsub == 128 && ps->din % 64 == 0 && x->strides[1] == 1 &&
-         x->strides[0] % 8 == 0 && aligned16(x->data) && (!w->bq || w->bq->strides[0] == 1);
+  return pc->pj && x->strides[1] == 1 && x->strides[0] % 8 == 0 && aligned16(x->data) &&
+         (!w->bq || w->bq->strides[0] == 1);
 }
 
 /* Fills P's projection fields for peer_route_wg_split_pj (wt: Wq's K-major copy). */
