@@ -936,6 +936,7 @@ static __device__ __forceinline__ void wg_next(u32 stg, u64 khi, i64 row0, int i
 
 #define PJ_STAGE (3 * ROWS * 128) /* bytes of a projection stage: x's 64 rows and wt's 128, 64 elements each */
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* One cp.async group: chunk kc (64 of din) of x's rows t0.. (rows past T
  * zero-filled) and of wt's rows col0.., each 128 bytes a row in the
  * 128-byte swizzle (wg_off's, one panel), x's at dst, wt's after. */
@@ -955,6 +956,7 @@ static __device__ __forceinline__ void pj_copy(const peer_route_params &P, u32 d
   }
   cp_async_commit();
 }
+#endif
 
 /* PJ: dim i's query slice of rows t0.. of head hh computed here instead of
  * read from q: x's 64 rows times wt's rows col0 .. col0 + 127 (warpgroup
