@@ -1330,6 +1330,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   u64 L[PEER_MAX_K];
   const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
   const u32 qh_s = smem_u32(qh), kh_s = smem_u32(kh), kl_s = smem_u32(kl); /* REG: shared addresses */
+  /* WG: the lo slice and the stages past the lists, 1024-byte aligned for wgmma's swizzle */
+  const u32 qls = (smem_u32(li + ROWS * LS) + 1023u) & ~1023u;
   const int pow2 = (dpad & (dpad - 1)) == 0, dsh = __ffs(dpad) - 1; /* REG: tile_copy_pow2 applies; log2(dpad) */
   float *q = (float *)P.q;
 
@@ -1343,8 +1345,6 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     __syncthreads(); /* the normalized rows are visible; the previous dim's readers of qh, ql are done */
     int overflow = 0; /* THR 2: some row of the CTA had more than BCAP (CTA-uniform) */
     if (WG) {
-      /* the lo slice and the stages past the lists, 1024-byte aligned for wgmma's swizzle */
-      const u32 qls = (smem_u32(li + ROWS * LS) + 1023u) & ~1023u;
 #pragma unroll
       for (int j = 0; j < KL; j++) L[j] = 0;
       wg_dim(P, i, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid, 0);
@@ -1550,9 +1550,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     } /* !WG (wg_dim's lists are the rows') */
     if (i > 0) {
       /* WG: the survivors' slots in the stages, idle until the next dim's wg_dim */
-      u64 *rb = WG ? (u64 *)((char *)smem + (((smem_u32(li + ROWS * LS) + 1023u) & ~1023u) + 2 * WG_QPANEL -
-                                             smem_u32(smem)))
-                   : 0;
+      u64 *rb = WG ? (u64 *)((char *)smem + (qls + 2 * WG_QPANEL - smem_u32(smem))) : 0;
       combine_dim(L, st, lv + mr * LS, li + mr * LS, KL, REG, (int)len, ki, ni, k, mr, mq, rb);
       const i64 total = len * ki;
       len = total < P.k ? total : P.k;

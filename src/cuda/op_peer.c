@@ -642,25 +642,6 @@ static void expert_params(const smelt__peer_state *ps, const smelt_peer_weights 
   }
 }
 
-/* Wq's K-major copy (peer_transpose16) into a new workspace *wt, freed by
- * the caller after its last use (stream-ordered). */
-static smelt_status transpose_wq(smelt_plan *plan, const smelt_peer_weights *w, void **wt) {
-  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
-  const peer_cuda *pc = (const peer_cuda *)ps->cuda;
-  int64_t rows = ps->din, cols = ps->h * ps->dq, rs = w->wq->strides[0], cs = w->wq->strides[1];
-  smelt_status s = smelt__cuda_alloc(plan->ctx, (size_t)(rows * cols) * 2, wt);
-  if (s) return s;
-  void *in = w->wq->data;
-  void *tp[] = {&in, &rows, &cols, &rs, &cs, wt};
-  s = smelt__cuda_launch(plan->ctx, OP, pc->util.transpose16, (unsigned)((cols + 63) / 64), (unsigned)((rows + 63) / 64),
-                         1, 256, 0, tp);
-  if (s) {
-    smelt__cuda_free(plan->ctx, *wt);
-    *wt = NULL;
-  }
-  return s;
-}
-
 /* q = x Wq + bq into the f32 workspace q [T, h*dq]; through a K-major copy
  * of Wq when planned so (wq_t). */
 static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x, void *q) {
@@ -671,12 +652,19 @@ static smelt_status project(smelt_plan *plan, const smelt_peer_weights *w, const
   smelt_tensor qt = dev_tensor(ctx, q, SMELT_DTYPE_F32, ps->T, hd);
   if (!pc->wq_t) return smelt_gemm_run(pc->gemm_q, x, w->wq, NULL, &qt, w->bq);
   void *wt;
-  smelt_status s = transpose_wq(plan, w, &wt);
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(ps->din * hd) * 2, &wt);
   if (s) return s;
-  smelt_tensor wtt = dev_tensor(ctx, wt, w->wq->dtype, ps->din, hd);
-  wtt.strides[0] = 1;
-  wtt.strides[1] = ps->din;
-  s = smelt_gemm_run(pc->gemm_q, x, &wtt, NULL, &qt, w->bq);
+  void *in = w->wq->data;
+  int64_t rows = ps->din, cols = hd, rs = w->wq->strides[0], cs = w->wq->strides[1];
+  void *tp[] = {&in, &rows, &cols, &rs, &cs, &wt};
+  s = smelt__cuda_launch(ctx, OP, pc->util.transpose16, (unsigned)((cols + 63) / 64), (unsigned)((rows + 63) / 64), 1,
+                         256, 0, tp);
+  if (!s) {
+    smelt_tensor wtt = dev_tensor(ctx, wt, w->wq->dtype, rows, cols);
+    wtt.strides[0] = 1;
+    wtt.strides[1] = rows;
+    s = smelt_gemm_run(pc->gemm_q, x, &wtt, NULL, &qt, w->bq);
+  }
   smelt_status s2 = smelt__cuda_free(ctx, wt);
   return s ? s : s2;
 }
@@ -695,7 +683,13 @@ static int route_pj(const smelt__peer_state *ps, const smelt_peer_weights *w, co
          (!w->bq || w->bq->strides[0] == 1);
 }
 
-/* Fills P's projection fields for peer_route_wg_split_pj (wt: Wq's K-major copy). */
+/* The workspace's first region: q (f32 [T, h*dq]), or with route_pj the
+ * room for Wq's K-major copy (peer_route_prep writes it). */
+static size_t qws_bytes(const smelt__peer_state *ps, int pj) {
+  return pj ? (size_t)(ps->din * ps->h * ps->dq) * 2 : (size_t)(ps->T * ps->h * ps->dq) * 4;
+}
+
+/* Fills P's projection fields for peer_route_wg_split_pj (wt: the room for Wq's K-major copy). */
 static void pj_params(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x, void *wt,
                       smelt__peer_route_params *P) {
   P->q = 0;
@@ -779,9 +773,10 @@ static smelt_status launch_route(smelt_plan *plan, smelt__peer_route_params *P, 
     tables += ps->cfg.per_head_keys ? ps->h : 1;
   }
   const int64_t dpad = (ps->dsub + 15) & ~(int64_t)15;
-  /* beside, wg with p = 2 and no query normalization: a tile's dims as two
-   * units (peer_route_wg_split), a counter per tile and the next unit's
-   * after the blocks', and the units' lists (64 rows x 16 packed entries) */
+  /* beside, wg with p = 2 and no query normalization, and with P->wt
+   * beside or not: a tile's dims as two units (peer_route_wg_split, _pj),
+   * a counter per tile and the next unit's after the blocks', and the
+   * units' lists (64 rows x 16 packed entries) */
   const int split = P->wt || (bs && wg && pc->route_wg_split && ps->p == 2 && P->norm == SMELT_PEER_NORM_NONE);
   const int64_t tiles = gx * ps->h;
   if (bs) { /* the tiles' order and the expert warps' counters (route_tile) */
@@ -852,27 +847,25 @@ smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weight
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   if (ps->T == 0) return SMELT_OK;
   smelt_ctx *ctx = plan->ctx;
-  const int pj = route_pj(ps, w, x); /* no q then */
-  const size_t bytes[1] = {pj ? 0 : (size_t)(ps->T * ps->h * ps->dq) * 4};
+  const int pj = route_pj(ps, w, x);
+  const size_t bytes[1] = {qws_bytes(ps, pj)};
   void *base, *q;
   smelt_status s = ws_alloc(ctx, bytes, 1, &base, &q);
   if (s) return s;
   smelt__nvtx_push("smelt_peer_retrieve");
-  void *wt = NULL;
-  s = pj ? smelt__cuda_alloc(ctx, (size_t)(ps->din * ps->h * ps->dq) * 2, &wt) : project(plan, w, x, q);
+  s = pj ? SMELT_OK : project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
     route_params(ps, w, &P);
     P.q = (uint64_t)(uintptr_t)q;
-    if (pj) pj_params(ps, w, x, wt, &P);
+    if (pj) pj_params(ps, w, x, q, &P);
     P.ids = (uint64_t)(uintptr_t)ids->data;
     P.scores = (uint64_t)(uintptr_t)scores->data;
     s = launch_route(plan, &P, NULL, pj ? w->wq : NULL);
   }
   smelt__nvtx_pop();
-  smelt_status s2 = wt ? smelt__cuda_free(ctx, wt) : SMELT_OK;
-  smelt_status s3 = smelt__cuda_free(ctx, base);
-  return s ? s : s2 ? s2 : s3;
+  smelt_status s2 = smelt__cuda_free(ctx, base);
+  return s ? s : s2;
 }
 
 smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
@@ -886,8 +879,8 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   const expert_variant *ev;
   if ((s = variant_for(plan, w, &ev))) return s;
   const int64_t nuse = ps->T * ps->h * ps->k;
-  const int pj = route_pj(ps, w, x); /* no q then */
-  const size_t bytes[3] = {pj ? 0 : (size_t)(ps->T * ps->h * ps->dq) * 4, (size_t)nuse * 4, ids ? 0 : (size_t)nuse * 8};
+  const int pj = route_pj(ps, w, x);
+  const size_t bytes[3] = {qws_bytes(ps, pj), (size_t)nuse * 4, ids ? 0 : (size_t)nuse * 8};
   void *base, *r[3];
   if ((s = ws_alloc(ctx, bytes, 3, &base, r))) return s;
   void *q = r[0], *gates = r[1], *idp = ids ? ids->data : r[2];
@@ -902,13 +895,12 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   if (ev->fwd_bulk) E.stage_uses = ev->fwd_slots; /* the backward's E keeps the warp kernel's */
   route_beside bs;
   const int beside = plan_beside(ctx, ps, (const peer_cuda *)ps->cuda, ev, &E, &bs);
-  void *wt = NULL;
-  s = pj ? smelt__cuda_alloc(ctx, (size_t)(ps->din * ps->h * ps->dq) * 2, &wt) : project(plan, w, x, q);
+  s = pj ? SMELT_OK : project(plan, w, x, q);
   if (!s) {
     smelt__peer_route_params P;
     route_params(ps, w, &P);
     P.q = (uint64_t)(uintptr_t)q;
-    if (pj) pj_params(ps, w, x, wt, &P);
+    if (pj) pj_params(ps, w, x, q, &P);
     P.ids = (uint64_t)(uintptr_t)idp;
     P.scores = scores ? (uint64_t)(uintptr_t)scores->data : 0;
     P.gates = (uint64_t)(uintptr_t)gates;
@@ -926,9 +918,8 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     }
   }
   smelt__nvtx_pop();
-  smelt_status s2 = wt ? smelt__cuda_free(ctx, wt) : SMELT_OK;
-  smelt_status s3 = smelt__cuda_free(ctx, base);
-  return s ? s : s2 ? s2 : s3;
+  smelt_status s2 = smelt__cuda_free(ctx, base);
+  return s ? s : s2;
 }
 
 /* ---------------------------------------------------------------- backward */
