@@ -1331,7 +1331,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   const int key_lo = P.key_l2 || P.key_dt != SMELT_DT_BF16; /* keys not exact in bf16 */
   const u32 qh_s = smem_u32(qh), kh_s = smem_u32(kh), kl_s = smem_u32(kl); /* REG: shared addresses */
   /* WG: the lo slice and the stages past the lists, 1024-byte aligned for wgmma's swizzle */
-  const u32 qls = (smem_u32(li + ROWS * LS) + 1023u) & ~1023u;
+  const u32 qls = (smem_u32(li + ROWS * LS) + 1023u) & ~1023u, stg = qls + 2 * WG_QPANEL;
   const int pow2 = (dpad & (dpad - 1)) == 0, dsh = __ffs(dpad) - 1; /* REG: tile_copy_pow2 applies; log2(dpad) */
   float *q = (float *)P.q;
 
@@ -1347,7 +1347,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     if (WG) {
 #pragma unroll
       for (int j = 0; j < KL; j++) L[j] = 0;
-      wg_dim(P, i, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid, 0);
+      wg_dim(P, i, t0, hh, khi, kmax, st, qls, stg, L, tid, 0);
     } else {
     /* QB loads a thread in flight before the first split: one at a time,
      * each waited for, this loop took ~15% of reg's stall samples (ncu).
@@ -1550,7 +1550,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     } /* !WG (wg_dim's lists are the rows') */
     if (i > 0) {
       /* WG: the survivors' slots in the stages, idle until the next dim's wg_dim */
-      u64 *rb = WG ? (u64 *)((char *)smem + (qls + 2 * WG_QPANEL - smem_u32(smem))) : 0;
+      u64 *rb = WG ? (u64 *)((char *)smem + (stg - smem_u32(smem))) : 0;
       combine_dim(L, st, lv + mr * LS, li + mr * LS, KL, REG, (int)len, ki, ni, k, mr, mq, rb);
       const i64 total = len * ki;
       len = total < P.k ? total : P.k;
@@ -1681,8 +1681,8 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
   u64 L[16];
 #pragma unroll
   for (int j = 0; j < 16; j++) L[j] = 0;
-  const u32 qls = (smem_u32(li + ROWS * 16) + 1023u) & ~1023u;
-  wg_dim(P, d, t0, hh, khi, kmax, st, qls, qls + 2 * WG_QPANEL, L, tid, PJ);
+  const u32 qls = (smem_u32(li + ROWS * 16) + 1023u) & ~1023u, stg = qls + 2 * WG_QPANEL;
+  wg_dim(P, d, t0, hh, khi, kmax, st, qls, stg, L, tid, PJ);
   u64 *mine = xl + ((i64)(2 * tile + d) * ROWS + mr) * 16;
 #pragma unroll
   for (int j = 0; j < 16; j++)
@@ -1710,7 +1710,7 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
     for (int j = 0; j < 16; j++) L[j] = __ldcg((const unsigned long long *)other + j);
   __syncwarp();
   /* the survivors' slots in the stages, idle until the next unit's wg_dim */
-  u64 *rb = (u64 *)((char *)smem + (qls + 2 * WG_QPANEL - smem_u32(smem)));
+  u64 *rb = (u64 *)((char *)smem + (stg - smem_u32(smem)));
   combine_dim(L, st, va, ia, 16, 1, k0, k1, P.n[1], k, mr, mq, rb);
   write_row(P, L, 16, t0, hh, mr, mq);
   return 1;
