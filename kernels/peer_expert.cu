@@ -51,6 +51,11 @@ static __device__ __forceinline__ float wcvt(welem v) { return smelt_bf16_to_f32
 #endif
 
 #define VEC SMELT_VEC
+#if SMELT_WDT == SMELT_DT_F16
+#define PEER_MMA mma_16816_f16
+#elif SMELT_WDT == SMELT_DT_BF16
+#define PEER_MMA mma_16816_bf16
+#endif
 #define NT 256
 #define NWARPS (NT / 32)
 #define UP_BATCH 4 /* uses whose V rows one thread loads together */
@@ -723,7 +728,11 @@ static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64
 /* Fills slot n % S with use n's rows (code c). */
 static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int c, welem *dst, u32 bar, i64 du,
                                                 i64 dv, int lane) {
-  if (c == -1) { /* nothing to copy: the phase completes at once */
+  if (c == -1) { /* nothing to copy: the slot zeroed (bulk_fwd's pairs compute such a use
+                    * beside its neighbour and only then drop it: no stale bits may reach y) */
+    const int n16 = (int)((du + dv) * (i64)sizeof(welem) / 16);
+    for (int i = lane; i < n16; i += 32) ((uint4 *)dst)[i] = make_uint4(0u, 0u, 0u, 0u);
+    __syncwarp();
     if (lane == 0) mbar_arrive(bar);
     return;
   }
@@ -753,7 +762,10 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
 /* The kernel's body, for CTAs of NW warps. LIT: the issue's shape as
  * literals (h_e = 1 and d_in = d_out = 32 WS_CH VEC, every lane's chunks
  * whole: the hidden-unit folds, the chunk bounds, their loops and
- * branches vanish), or 0 for any shape the warp kernels take. */
+ * branches vanish); 2, the same with the down projection on tensor cores
+ * (bk_tensor); or 0 for any shape the warp kernels take. Each body has
+ * entry points of its own: one function holding two bodies spilled far
+ * more than either alone (ptxas), and ran ~10% slower. */
 static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, float *smem, u64 *bars, const int LIT,
                                                 const int NW) {
   const int S = P.stage_uses; /* <= 8 */
@@ -785,15 +797,15 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
     __syncwarp();                                                            \
   } while (0)
 
-  /* after use m: refills its slot s with use m + S (and the window) */
-#define BK_REFILL()                                                                           \
-  do {                                                                                        \
-    __syncwarp(); /* every lane has read slot s before it is refilled */                      \
-    const i64 n = m + S;                                                                      \
-    if (n < nu) {                                                                             \
-      if (n == batch * 32) BK_BATCH();                                                        \
-      bk_issue(P, codes[n & (BK_WIN - 1)], ring + s * row, bar0 + 8 * (u32)s, du, dv, lane);  \
-    }                                                                                         \
+  /* after use mm: refills its slot ss with use mm + S (and the window) */
+#define BK_REFILL(mm, ss)                                                                          \
+  do {                                                                                             \
+    __syncwarp(); /* every lane has read slot ss before it is refilled */                          \
+    const i64 n = (mm) + S;                                                                        \
+    if (n < nu) {                                                                                  \
+      if (n == batch * 32) BK_BATCH();                                                             \
+      bk_issue(P, codes[n & (BK_WIN - 1)], ring + (ss) * row, bar0 + 8 * (u32)(ss), du, dv, lane); \
+    }                                                                                              \
   } while (0)
 
   BK_BATCH();
@@ -814,9 +826,88 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
         const i64 f = (lane + 32 * c) * VEC + e;
-        x[c][e] = LIT || lane + 32 * c < ncu ? peer_ld(P.x, tok * P.x_rs + (f >> sh), P.x_dt) : 0.f;
+        x[c][e] = LIT == 2 ? 0.f : LIT || lane + 32 * c < ncu ? peer_ld(P.x, tok * P.x_rs + (f >> sh), P.x_dt) : 0.f;
         y[c][e] = 0.f;
       }
+#if SMELT_WDT != SMELT_DT_F32 && VEC == 8
+    if (LIT == 2) {
+      /* The down projection on tensor cores, two uses at a time (docs/PERF.md,
+       * PEER version 18). The dot x . U (1024 terms) is the trace of A B with
+       * A (16 x 64) the U row, row i's k block kb (8 elements) at 16-byte
+       * chunk i + 16 kb of the slot, and B (64 x 16) = x laid out to match:
+       * B[k][i] = x[8 i + 128 kb + k % 8]. Four k steps of 16, each A
+       * fragment one ldmatrix.x4 of 512 contiguous bytes (no bank conflict),
+       * two n tiles of 8; the diagonal's 16 values sit in the lanes with
+       * t = g / 2 and a warp sum adds them. x's 16 B fragments stay in
+       * registers for the token. The uses' V rows go to registers too, so
+       * both slots are refilled before the sums. */
+      const int g8 = lane >> 2, tq = lane & 3;
+      const bool diag = tq == (g8 >> 1);
+      u32 xb[2][4][2];
+      {
+        const u32 *xr = (const u32 *)((const welem *)P.x + tok * P.x_rs);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+          for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) xb[nt][ks][r] = xr[(8 * (8 * nt + g8) + 256 * ks + 128 * r + 2 * tq) >> 1];
+      }
+      for (i64 j = 0; j < hk; j += 2, m += 2) {
+        const int s1 = s + 1 == S ? 0 : s + 1;
+        const u32 par1 = s + 1 == S ? par ^ 1 : par;
+        mbar_wait(bar0 + 8 * (u32)s, par);
+        mbar_wait(bar0 + 8 * (u32)s1, par1);
+        const int c0 = codes[m & (BK_WIN - 1)], c1 = codes[(m + 1) & (BK_WIN - 1)];
+        const float g0 = gates[m & (BK_WIN - 1)], g1 = gates[(m + 1) & (BK_WIN - 1)];
+        const welem *sl0 = ring + s * row, *sl1 = ring + s1 * row;
+        const u32 sa0 = smem_u32(sl0) + 16 * lane, sa1 = smem_u32(sl1) + 16 * lane;
+        float d0[2][4], d1[2][4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) d0[0][e] = d0[1][e] = d1[0][e] = d1[1][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+          u32 a0[4], a1[4];
+          ldsm_x4(sa0 + 512 * ks, a0);
+          ldsm_x4(sa1 + 512 * ks, a1);
+          PEER_MMA(d0[0], a0, xb[0][ks]);
+          PEER_MMA(d0[1], a0, xb[1][ks]);
+          PEER_MMA(d1[0], a1, xb[0][ks]);
+          PEER_MMA(d1[1], a1, xb[1][ks]);
+        }
+        uint4 v0[WS_CH], v1[WS_CH];
+#pragma unroll
+        for (int cc = 0; cc < WS_CH; cc++) {
+          v0[cc] = *(const uint4 *)(sl0 + du + (lane + 32 * cc) * VEC);
+          v1[cc] = *(const uint4 *)(sl1 + du + (lane + 32 * cc) * VEC);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        BK_REFILL(m, s);
+        BK_REFILL(m + 1, s1);
+        const float p0 = diag ? (g8 & 1 ? d0[0][1] + d0[1][3] : d0[0][0] + d0[1][2]) : 0.f;
+        const float p1 = diag ? (g8 & 1 ? d1[0][1] + d1[1][3] : d1[0][0] + d1[1][2]) : 0.f;
+        const float z0 = smelt_warp_sum(p0), z1 = smelt_warp_sum(p1);
+        /* a use with no row (code -1) adds nothing: its slot was zeroed
+         * (bk_issue), so w = 0, and z = 0 whatever x holds */
+        const float h0 = c0 == -1 ? 0.f : g0 * peer_act(P.act, z0);
+        const float h1 = c1 == -1 ? 0.f : g1 * peer_act(P.act, z1);
+#pragma unroll
+        for (int cc = 0; cc < WS_CH; cc++) {
+          float w0[VEC], w1[VEC];
+          raw_vec(v0[cc], w0);
+          raw_vec(v1[cc], w1);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(h1, w1[e], fmaf(h0, w0[e], y[cc][e]));
+        }
+        s = s1; /* on past use m + 1 */
+        par = par1;
+        if (++s == S) {
+          s = 0;
+          par ^= 1;
+        }
+      }
+    } else
+#endif
     for (i64 j = 0; j < hk; j++, m++) {
       mbar_wait(bar0 + 8 * (u32)s, par);
       const int c = codes[m & (BK_WIN - 1)];
@@ -847,7 +938,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
        * not consumed yet). Otherwise after the whole use, as before. */
       if (LIT) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        BK_REFILL();
+        BK_REFILL(m, s);
       }
       if (c != -1) {
         float z[VEC];
@@ -866,7 +957,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
           up_rows(v, z, y, he, dout, lane);
         }
       }
-      if (!LIT) BK_REFILL();
+      if (!LIT) BK_REFILL(m, s);
       if (++s == S) {
         s = 0;
         par ^= 1;
@@ -889,6 +980,16 @@ static __device__ __forceinline__ int bk_literal(const peer_expert_params &P) {
   return P.he == 1 && P.din == 32 * WS_CH * VEC && P.dout == 32 * WS_CH * VEC;
 }
 
+/* The literal shape with the down projection on tensor cores (LIT 2):
+ * 16-bit weights, d_in = d_out = 1024, x of the weights' type with rows
+ * 4-byte aligned, h k even (pairs of uses). src/cuda/op_peer.c's expert_fn takes the _tc
+ * entry points only then; they trap otherwise, rather than compute
+ * from misread x. */
+static __device__ __forceinline__ int bk_tensor(const peer_expert_params &P) {
+  return SMELT_WDT != SMELT_DT_F32 && VEC == 8 && P.x_dt == SMELT_WDT && (P.x & 3) == 0 && P.x_rs % 2 == 0 &&
+         P.hk % 2 == 0 && bk_literal(P);
+}
+
 extern "C" __global__ void __launch_bounds__(16 * 32, 1) peer_expert_fwd_bulk(peer_expert_params P) {
   extern __shared__ __align__(16) float smem[];
   __shared__ __align__(8) u64 bars[16 * 8];
@@ -901,5 +1002,19 @@ extern "C" __global__ void __launch_bounds__(8 * 32, 2) peer_expert_fwd_bulk8(pe
   if (bk_literal(P)) bulk_fwd(P, smem, bars, 1, 8);
   else bulk_fwd(P, smem, bars, 0, 8);
 }
+#if SMELT_WDT != SMELT_DT_F32 && VEC == 8
+extern "C" __global__ void __launch_bounds__(16 * 32, 1) peer_expert_fwd_bulk_tc(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ __align__(8) u64 bars[16 * 8];
+  if (!bk_tensor(P)) __trap();
+  bulk_fwd(P, smem, bars, 2, 16);
+}
+extern "C" __global__ void __launch_bounds__(8 * 32, 2) peer_expert_fwd_bulk8_tc(peer_expert_params P) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ __align__(8) u64 bars[8 * 8];
+  if (!bk_tensor(P)) __trap();
+  bulk_fwd(P, smem, bars, 2, 8);
+}
+#endif
 #endif
 #endif

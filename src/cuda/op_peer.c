@@ -121,6 +121,8 @@ typedef struct expert_variant {
   int vec;
   expert_kind kind;
   CUfunction fwd, bwd, fwd8;
+  CUfunction fwd_tc, fwd8_tc; /* their tensor-core forms, or NULL (bulk_forward) */
+  smelt_dtype wdt;            /* the weights' type */
   int64_t chunk, stage_uses;
   int gout, gin;
   unsigned fwd_smem, bwd_smem, fwd8_smem;
@@ -221,6 +223,7 @@ static int64_t over_half(int sm_smem) { return sm_smem / 2 - 1024 + 128; }
  * keeps the warp kernel's forward (for comparing the two on a device). */
 static smelt_status bulk_forward(smelt_ctx *ctx, const smelt__peer_state *ps, const smelt__kernel_src *src,
                                  const char *kind_env, int64_t row_bytes, expert_variant *ev) {
+  ev->fwd_tc = ev->fwd8_tc = NULL;
   const smelt_device_info *dev = &ctx->cuda->info;
   if (dev->cc_major != 9 || (kind_env && strcmp(kind_env, "warp") == 0) || row_bytes > INT32_MAX ||
       ps->N > INT32_MAX) /* the kernel's row codes are 32-bit */
@@ -231,6 +234,11 @@ static smelt_status bulk_forward(smelt_ctx *ctx, const smelt__peer_state *ps, co
   if (slots < 2) return SMELT_OK;
   smelt_status s = smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk", &ev->fwd);
   if (s) return s;
+  /* the literal shape with 16-bit weights: the tensor-core forms too
+   * (kernels/peer_expert.cu's bk_tensor; expert_fn picks them per call) */
+  const int lit_tc = ev->wdt != SMELT_DTYPE_F32 && ev->vec == 8 && ps->he == 1 && ps->din == 32 * PEER_WS_CH * 8 &&
+                     ps->dout == 32 * PEER_WS_CH * 8 && ps->h * ps->k % 2 == 0;
+  if (lit_tc && (s = smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk_tc", &ev->fwd_tc))) return s;
   ev->fwd_bulk = 1;
   ev->fwd_slots = (int)slots;
   ev->fwd_smem = bulk_fwd_smem(PEER_BK_WARPS, slots, row_bytes);
@@ -243,7 +251,17 @@ static smelt_status bulk_forward(smelt_ctx *ctx, const smelt__peer_state *ps, co
   if (slots < 2) return SMELT_OK;
   ev->fwd8_slots = (int)slots;
   ev->fwd8_smem = bulk_fwd_smem(PEER_BK8_WARPS, slots, row_bytes);
-  return smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk8", &ev->fwd8);
+  if ((s = smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk8", &ev->fwd8))) return s;
+  return lit_tc ? smelt__cuda_function(ctx, src, "peer_expert_fwd_bulk8_tc", &ev->fwd8_tc) : SMELT_OK;
+}
+
+/* The forward's bulk kernel for this call: fwd (or fwd8 beside the
+ * routing), or its tensor-core form where x allows it: x of the weights'
+ * type, rows 4-byte aligned (kernels/peer_expert.cu's bk_tensor). */
+static CUfunction expert_fn(const expert_variant *ev, const smelt__peer_expert_params *E, int beside) {
+  const int tc = (beside ? ev->fwd8_tc : ev->fwd_tc) && E->x_dt == (int)ev->wdt && (E->x & 3) == 0 && E->x_rs % 2 == 0;
+  if (beside) return tc ? ev->fwd8_tc : ev->fwd8;
+  return tc ? ev->fwd_tc : ev->fwd;
 }
 
 /* Chooses the launch shape of a variant and loads it. */
@@ -252,6 +270,7 @@ static smelt_status expert_load(smelt_ctx *ctx, const smelt__peer_state *ps, sme
   const int smem_max = ctx->cuda->info.smem_per_block_optin;
   const int64_t hk = ps->h * ps->k;
   ev->vec = vec;
+  ev->wdt = wdt;
   ev->gout = groups_for(ps->dout / vec);
   ev->gin = groups_for(ps->din / vec);
   /* Shared memory under 96 KiB keeps two CTAs per SM on Hopper and Ampere. */
@@ -324,6 +343,8 @@ static smelt_status load_beside(smelt_ctx *ctx, const smelt__kernel_src *src, pe
     SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->route_wg_split_pj, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   }
   SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->ev[0].fwd8, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
+  if (pc->ev[0].fwd8_tc)
+    SMELT__CU_CHECK(cu->cuFuncSetAttribute(pc->ev[0].fwd8_tc, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   return SMELT_OK;
 }
 
@@ -732,7 +753,7 @@ static int plan_beside(const smelt_ctx *ctx, const smelt__peer_state *ps, const 
   const int64_t sms = ctx->cuda->info.sm_count, tiles = (ps->T + 63) / 64 * ps->h;
   const int64_t need = (ps->T + PEER_BK8_WARPS - 1) / PEER_BK8_WARPS; /* a warp a token */
   bs->E = E;
-  bs->fwd = ev->fwd8;
+  bs->fwd = expert_fn(ev, E, 1);
   bs->ctas = (unsigned)(need < sms ? need : sms);
   bs->smem = ev->fwd8_smem;
   bs->route_ctas = (unsigned)(tiles < sms ? tiles : sms);
@@ -911,8 +932,8 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
     void *params[] = {&E};
     if (ev->fwd_bulk) { /* persistent: a warp a token at a time, one CTA an SM at most */
       const int64_t ctas = (ps->T + PEER_BK_WARPS - 1) / PEER_BK_WARPS, sms = ctx->cuda->info.sm_count;
-      s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)(ctas < sms ? ctas : sms), 1, 1, 32 * PEER_BK_WARPS,
-                             ev->fwd_smem, params);
+      s = smelt__cuda_launch(ctx, OP, expert_fn(ev, &E, 0), (unsigned)(ctas < sms ? ctas : sms), 1, 1,
+                             32 * PEER_BK_WARPS, ev->fwd_smem, params);
     } else {
       s = smelt__cuda_launch(ctx, OP, ev->fwd, (unsigned)ps->T, 1, 1, 256, ev->fwd_smem, params);
     }
