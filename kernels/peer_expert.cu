@@ -831,8 +831,8 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
       }
 #if SMELT_WDT != SMELT_DT_F32 && VEC == 8
     if (LIT == 2) {
-      /* The down projection on tensor cores, two uses at a time (docs/PERF.md,
-       * PEER version 18). The dot x . U (1024 terms) is the trace of A B with
+      /* The down projection on tensor cores, beside the routing two uses at
+       * a time (docs/PERF.md, PEER version 18). The dot x . U (1024 terms) is the trace of A B with
        * A (16 x 64) the U row, row i's k block kb (8 elements) at 16-byte
        * chunk i + 16 kb of the slot, and B (64 x 16) = x laid out to match:
        * B[k][i] = x[8 i + 128 kb + k % 8]. Four k steps of 16, each A
@@ -840,7 +840,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
        * two n tiles of 8; the diagonal's 16 values sit in the lanes with
        * t = g / 2 and a warp sum adds them. x's 16 B fragments stay in
        * registers for the token. The uses' V rows go to registers too, so
-       * both slots are refilled before the sums. */
+       * the slots are refilled before the sums. */
       const int g8 = lane >> 2, tq = lane & 3;
       const bool diag = tq == (g8 >> 1);
       u32 xb[2][4][2];
@@ -853,7 +853,47 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
 #pragma unroll
             for (int r = 0; r < 2; r++) xb[nt][ks][r] = xr[(8 * (8 * nt + g8) + 256 * ks + 128 * r + 2 * tq) >> 1];
       }
-      for (i64 j = 0; j < hk; j += 2, m += 2) {
+      /* 16 warps (alone on the SM) one use at a time: they hide each
+       * other's latency, and a pair would keep fewer rows in flight a warp
+       * (docs/PERF.md, PEER version 18); the same sums in the same order
+       * as the pairs', so the same bits */
+      for (i64 j = 0; NW == 16 && j < hk; j++, m++) {
+        mbar_wait(bar0 + 8 * (u32)s, par);
+        const int c = codes[m & (BK_WIN - 1)];
+        const float g = gates[m & (BK_WIN - 1)];
+        const welem *sl = ring + s * row;
+        const u32 sa = smem_u32(sl) + 16 * lane;
+        float d[2][4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) d[0][e] = d[1][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+          u32 a[4];
+          ldsm_x4(sa + 512 * ks, a);
+          PEER_MMA(d[0], a, xb[0][ks]);
+          PEER_MMA(d[1], a, xb[1][ks]);
+        }
+        uint4 v[WS_CH];
+#pragma unroll
+        for (int cc = 0; cc < WS_CH; cc++) v[cc] = *(const uint4 *)(sl + du + (lane + 32 * cc) * VEC);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        BK_REFILL(m, s);
+        const float p = diag ? (g8 & 1 ? d[0][1] + d[1][3] : d[0][0] + d[1][2]) : 0.f;
+        const float z = smelt_warp_sum(p);
+        const float hz = c == -1 ? 0.f : g * peer_act(P.act, z);
+#pragma unroll
+        for (int cc = 0; cc < WS_CH; cc++) {
+          float w[VEC];
+          raw_vec(v[cc], w);
+#pragma unroll
+          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(hz, w[e], y[cc][e]);
+        }
+        if (++s == S) {
+          s = 0;
+          par ^= 1;
+        }
+      }
+      for (i64 j = 0; NW == 8 && j < hk; j += 2, m += 2) {
         const int s1 = s + 1 == S ? 0 : s + 1;
         const u32 par1 = s + 1 == S ? par ^ 1 : par;
         mbar_wait(bar0 + 8 * (u32)s, par);
