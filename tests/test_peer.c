@@ -407,6 +407,12 @@ static const pcase cases[] = {
     {4, {2, 3, 2, 3}, 5, 2, 8, 7, 5, 8, 6, NONE, 0, 0, 0, SIGMOID, GELU, 1, F32, F16, F32},
     {2, {1, 50}, 3, 2, 4, 9, 8, 2, 8, NONE, 0, 0, 0, SOFTMAX, RELU, 1, F16, F32, BF16},
     {3, {5, 6, 7}, 32, 2, 6, 24, 32, 4, 13, NONE, 1, 0, 0, SOFTMAX, GELU, 0, F32, F32, F32},
+    /* d 1024, h_e 1: on Hopper the bulk kernel's literal shape; with x of
+     * the weights' 16-bit type and h k even its tensor-core forms (bf16,
+     * f16), with f32 x and h k odd its FMA body */
+    {2, {16, 16}, 4, 2, 16, 1024, 1024, 1, 24, NONE, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, BF16},
+    {2, {16, 16}, 4, 2, 16, 1024, 1024, 1, 24, NONE, 0, 0, 0, SIGMOID, RELU, 0, F16, F16, F32},
+    {2, {16, 16}, 3, 1, 16, 1024, 1024, 1, 24, NONE, 0, 0, 0, SOFTMAX, GELU, 0, F32, BF16, BF16},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -1214,20 +1220,25 @@ static void test_peer_store_forward(void) {
  * on a 132-SM GPU, so the persistent tile loop runs, and 4 rounds of 17
  * blocks and a partial one. Elsewhere every run takes the sequential
  * path. On Hopper the wg cases without query norm project the queries in
- * the routing (route_pj; d_in 64 and 320: one chunk, and five through
- * three stages); against the projection GEMM (SMELT_PEER_FUSED_PROJECTION
- * =0) their f32 sums may round apart, so there the ids must agree but for
- * near ties (at most 1 in 1000) and y within bf16 rounding. */
+ * the routing (route_pj; d_in 64, 320 and 1024: one chunk, and five and
+ * sixteen through three stages); at d 1024 the expert kernel takes its
+ * tensor-core forms, whose pairs of uses must give the single uses' bits.
+ * Against the projection GEMM (SMELT_PEER_FUSED_PROJECTION=0) the f32
+ * sums may round apart, so there the ids must agree but for near ties (at
+ * most 1 in 1000) and y within bf16 rounding. */
 static void test_peer_overlap(void) {
   /* routing reg's persistent form (dq/p 16); on Hopper (dq/p 128) wg's
    * with a tile's dims as two units (no query norm: a dim of 130 keys, a
    * partial chunk; per-head keys, a dim shorter than k), and wg's whole
    * tiles (layernorm) */
-  static const pcase ocases[4] = {
+  static const pcase ocases[5] = {
       {2, {32, 32}, 16, 4, 32, 64, 48, 1, 5000, NONE, 0, 1, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
       {2, {130, 90}, 16, 2, 256, 64, 48, 1, 5000, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
       {2, {12, 200}, 16, 3, 256, 320, 48, 1, 3000, NONE, 0, 1, 0, SIGMOID, RELU, 1, BF16, BF16, BF16},
       {2, {130, 90}, 16, 2, 256, 64, 48, 1, 5000, LN, 0, 0, 1, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      /* d 1024: the expert kernel's tensor-core forms, two uses at a time
+       * beside the routing and one at a time after it */
+      {2, {32, 32}, 16, 4, 256, 1024, 1024, 1, 3000, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
   };
   static const char *const env[4][2] = {{NULL, NULL},
                                          {"SMELT_PEER_OVERLAP", "0"},
@@ -1235,7 +1246,7 @@ static void test_peer_overlap(void) {
                                          {"SMELT_PEER_FUSED_PROJECTION", "0"}};
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
-  for (int oc = 0; oc < 4; oc++) {
+  for (int oc = 0; oc < (int)(sizeof ocases / sizeof *ocases); oc++) {
     const pcase c = ocases[oc];
     prob pr;
     prob_init(&pr, &c);
