@@ -759,6 +759,44 @@ static __device__ __forceinline__ void bk_issue(const peer_expert_params &P, int
   if (lane == 0) mbar_arrive(bar);
 }
 
+#if SMELT_WDT != SMELT_DT_F32 && VEC == 8
+/* bulk_fwd's tensor-core body (LIT 2): this lane's shares p[u] of x . U
+ * for n (1 or 2, a literal) uses whose slots' U rows lane 0 reads at
+ * sa[u] - 16 lane (the layout and the diagonal: bulk_fwd), their loads
+ * and mma interleaved; a warp sum of a use's shares is its dot. */
+static __device__ __forceinline__ void tc_shares(const u32 *sa, const int n, const u32 (*xb)[4][2], bool diag, int g8,
+                                                 float *p) {
+  float d[2][2][4];
+#pragma unroll
+  for (int u = 0; u < n; u++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) d[u][0][e] = d[u][1][e] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < 4; ks++) {
+    u32 a[2][4];
+#pragma unroll
+    for (int u = 0; u < n; u++) ldsm_x4(sa[u] + 512 * ks, a[u]);
+#pragma unroll
+    for (int u = 0; u < n; u++) {
+      PEER_MMA(d[u][0], a[u], xb[0][ks]);
+      PEER_MMA(d[u][1], a[u], xb[1][ks]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < n; u++) p[u] = diag ? (g8 & 1 ? d[u][0][1] + d[u][1][3] : d[u][0][0] + d[u][1][2]) : 0.f;
+}
+/* y += h V for a V row held raw (the lane's WS_CH chunks). */
+static __device__ __forceinline__ void tc_up(const uint4 *v, float h, float (*y)[VEC]) {
+#pragma unroll
+  for (int cc = 0; cc < WS_CH; cc++) {
+    float w[VEC];
+    raw_vec(v[cc], w);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(h, w[e], y[cc][e]);
+  }
+}
+#endif
+
 /* The kernel's body, for CTAs of NW warps. LIT: the issue's shape as
  * literals (h_e = 1 and d_in = d_out = 32 WS_CH VEC, every lane's chunks
  * whole: the hidden-unit folds, the chunk bounds, their loops and
@@ -832,9 +870,10 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
 #if SMELT_WDT != SMELT_DT_F32 && VEC == 8
     if (LIT == 2) {
       /* The down projection on tensor cores, beside the routing two uses at
-       * a time (docs/PERF.md, PEER version 18). The dot x . U (1024 terms) is the trace of A B with
-       * A (16 x 64) the U row, row i's k block kb (8 elements) at 16-byte
-       * chunk i + 16 kb of the slot, and B (64 x 16) = x laid out to match:
+       * a time (docs/PERF.md, PEER version 18). The dot x . U (1024 terms)
+       * is the trace of A B with A (16 x 64) the U row, row i's k block kb
+       * (8 elements) at 16-byte chunk i + 16 kb of the slot, and B (64 x
+       * 16) = x laid out to match:
        * B[k][i] = x[8 i + 128 kb + k % 8]. Four k steps of 16, each A
        * fragment one ldmatrix.x4 of 512 contiguous bytes (no bank conflict),
        * two n tiles of 8; the diagonal's 16 values sit in the lanes with
@@ -863,31 +902,15 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
         const float g = gates[m & (BK_WIN - 1)];
         const welem *sl = ring + s * row;
         const u32 sa = smem_u32(sl) + 16 * lane;
-        float d[2][4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) d[0][e] = d[1][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-          u32 a[4];
-          ldsm_x4(sa + 512 * ks, a);
-          PEER_MMA(d[0], a, xb[0][ks]);
-          PEER_MMA(d[1], a, xb[1][ks]);
-        }
+        float p;
+        tc_shares(&sa, 1, xb, diag, g8, &p);
         uint4 v[WS_CH];
 #pragma unroll
         for (int cc = 0; cc < WS_CH; cc++) v[cc] = *(const uint4 *)(sl + du + (lane + 32 * cc) * VEC);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         BK_REFILL(m, s);
-        const float p = diag ? (g8 & 1 ? d[0][1] + d[1][3] : d[0][0] + d[1][2]) : 0.f;
         const float z = smelt_warp_sum(p);
-        const float hz = c == -1 ? 0.f : g * peer_act(P.act, z);
-#pragma unroll
-        for (int cc = 0; cc < WS_CH; cc++) {
-          float w[VEC];
-          raw_vec(v[cc], w);
-#pragma unroll
-          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(hz, w[e], y[cc][e]);
-        }
+        tc_up(v, c == -1 ? 0.f : g * peer_act(P.act, z), y);
         if (++s == S) {
           s = 0;
           par ^= 1;
@@ -901,20 +924,9 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
         const int c0 = codes[m & (BK_WIN - 1)], c1 = codes[(m + 1) & (BK_WIN - 1)];
         const float g0 = gates[m & (BK_WIN - 1)], g1 = gates[(m + 1) & (BK_WIN - 1)];
         const welem *sl0 = ring + s * row, *sl1 = ring + s1 * row;
-        const u32 sa0 = smem_u32(sl0) + 16 * lane, sa1 = smem_u32(sl1) + 16 * lane;
-        float d0[2][4], d1[2][4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) d0[0][e] = d0[1][e] = d1[0][e] = d1[1][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-          u32 a0[4], a1[4];
-          ldsm_x4(sa0 + 512 * ks, a0);
-          ldsm_x4(sa1 + 512 * ks, a1);
-          PEER_MMA(d0[0], a0, xb[0][ks]);
-          PEER_MMA(d0[1], a0, xb[1][ks]);
-          PEER_MMA(d1[0], a1, xb[0][ks]);
-          PEER_MMA(d1[1], a1, xb[1][ks]);
-        }
+        const u32 sa[2] = {smem_u32(sl0) + 16 * lane, smem_u32(sl1) + 16 * lane};
+        float p[2];
+        tc_shares(sa, 2, xb, diag, g8, p);
         uint4 v0[WS_CH], v1[WS_CH];
 #pragma unroll
         for (int cc = 0; cc < WS_CH; cc++) {
@@ -924,21 +936,11 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         BK_REFILL(m, s);
         BK_REFILL(m + 1, s1);
-        const float p0 = diag ? (g8 & 1 ? d0[0][1] + d0[1][3] : d0[0][0] + d0[1][2]) : 0.f;
-        const float p1 = diag ? (g8 & 1 ? d1[0][1] + d1[1][3] : d1[0][0] + d1[1][2]) : 0.f;
-        const float z0 = smelt_warp_sum(p0), z1 = smelt_warp_sum(p1);
+        const float z0 = smelt_warp_sum(p[0]), z1 = smelt_warp_sum(p[1]);
         /* a use with no row (code -1) adds nothing: its slot was zeroed
          * (bk_issue), so w = 0, and z = 0 whatever x holds */
-        const float h0 = c0 == -1 ? 0.f : g0 * peer_act(P.act, z0);
-        const float h1 = c1 == -1 ? 0.f : g1 * peer_act(P.act, z1);
-#pragma unroll
-        for (int cc = 0; cc < WS_CH; cc++) {
-          float w0[VEC], w1[VEC];
-          raw_vec(v0[cc], w0);
-          raw_vec(v1[cc], w1);
-#pragma unroll
-          for (int e = 0; e < VEC; e++) y[cc][e] = fmaf(h1, w1[e], fmaf(h0, w0[e], y[cc][e]));
-        }
+        tc_up(v0, c0 == -1 ? 0.f : g0 * peer_act(P.act, z0), y);
+        tc_up(v1, c1 == -1 ? 0.f : g1 * peer_act(P.act, z1), y);
         s = s1; /* on past use m + 1 */
         par = par1;
         if (++s == S) {
@@ -1022,9 +1024,9 @@ static __device__ __forceinline__ int bk_literal(const peer_expert_params &P) {
 
 /* The literal shape with the down projection on tensor cores (LIT 2):
  * 16-bit weights, d_in = d_out = 1024, x of the weights' type with rows
- * 4-byte aligned, h k even (pairs of uses). src/cuda/op_peer.c's expert_fn takes the _tc
- * entry points only then; they trap otherwise, rather than compute
- * from misread x. */
+ * 4-byte aligned, h k even (pairs of uses). src/cuda/op_peer.c's
+ * expert_fn takes the _tc entry points only then; they trap otherwise,
+ * rather than compute from misread x. */
 static __device__ __forceinline__ int bk_tensor(const peer_expert_params &P) {
   return SMELT_WDT != SMELT_DT_F32 && VEC == 8 && P.x_dt == SMELT_WDT && (P.x & 3) == 0 && P.x_rs % 2 == 0 &&
          P.hk % 2 == 0 && bk_literal(P);
