@@ -892,61 +892,45 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
 #pragma unroll
             for (int r = 0; r < 2; r++) xb[nt][ks][r] = xr[(8 * (8 * nt + g8) + 256 * ks + 128 * r + 2 * tq) >> 1];
       }
-      /* 16 warps (alone on the SM) one use at a time: they hide each
-       * other's latency, and a pair would keep fewer rows in flight a warp
-       * (docs/PERF.md, PEER version 18); the same sums in the same order
-       * as the pairs', so the same bits */
-      for (i64 j = 0; NW == 16 && j < hk; j++, m++) {
-        mbar_wait(bar0 + 8 * (u32)s, par);
-        const int c = codes[m & (BK_WIN - 1)];
-        const float g = gates[m & (BK_WIN - 1)];
-        const welem *sl = ring + s * row;
-        const u32 sa = smem_u32(sl) + 16 * lane;
-        float p;
-        tc_shares(&sa, 1, xb, diag, g8, &p);
-        uint4 v[WS_CH];
+      /* NU uses at a time: beside the routing (8 warps) two, so that their
+       * waits, loads, reductions and activations interleave; 16 warps (alone
+       * on the SM) one, as they hide each other's latency and a pair would
+       * keep fewer rows in flight a warp (docs/PERF.md, PEER version 18).
+       * Each use's sums are the same either way, so the bits are too. */
+      const int NU = NW == 8 ? 2 : 1;
+      for (i64 j = 0; j < hk; j += NU, m += NU) {
+        int su[2], c[2]; /* use m + u's slot and row code */
+        float g[2];
+        u32 sa[2];
 #pragma unroll
-        for (int cc = 0; cc < WS_CH; cc++) v[cc] = *(const uint4 *)(sl + du + (lane + 32 * cc) * VEC);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        BK_REFILL(m, s);
-        const float z = smelt_warp_sum(p);
-        tc_up(v, c == -1 ? 0.f : g * peer_act(P.act, z), y);
-        if (++s == S) {
-          s = 0;
-          par ^= 1;
+        for (int u = 0; u < NU; u++) { /* s, par on past the group */
+          su[u] = s;
+          mbar_wait(bar0 + 8 * (u32)s, par);
+          if (++s == S) {
+            s = 0;
+            par ^= 1;
+          }
+          c[u] = codes[(m + u) & (BK_WIN - 1)];
+          g[u] = gates[(m + u) & (BK_WIN - 1)];
+          sa[u] = smem_u32(ring + su[u] * row) + 16 * lane;
         }
-      }
-      for (i64 j = 0; NW == 8 && j < hk; j += 2, m += 2) {
-        const int s1 = s + 1 == S ? 0 : s + 1;
-        const u32 par1 = s + 1 == S ? par ^ 1 : par;
-        mbar_wait(bar0 + 8 * (u32)s, par);
-        mbar_wait(bar0 + 8 * (u32)s1, par1);
-        const int c0 = codes[m & (BK_WIN - 1)], c1 = codes[(m + 1) & (BK_WIN - 1)];
-        const float g0 = gates[m & (BK_WIN - 1)], g1 = gates[(m + 1) & (BK_WIN - 1)];
-        const welem *sl0 = ring + s * row, *sl1 = ring + s1 * row;
-        const u32 sa[2] = {smem_u32(sl0) + 16 * lane, smem_u32(sl1) + 16 * lane};
         float p[2];
-        tc_shares(sa, 2, xb, diag, g8, p);
-        uint4 v0[WS_CH], v1[WS_CH];
+        tc_shares(sa, NU, xb, diag, g8, p);
+        uint4 v[2][WS_CH];
 #pragma unroll
-        for (int cc = 0; cc < WS_CH; cc++) {
-          v0[cc] = *(const uint4 *)(sl0 + du + (lane + 32 * cc) * VEC);
-          v1[cc] = *(const uint4 *)(sl1 + du + (lane + 32 * cc) * VEC);
-        }
+        for (int cc = 0; cc < WS_CH; cc++)
+#pragma unroll
+          for (int u = 0; u < NU; u++) v[u][cc] = *(const uint4 *)(ring + su[u] * row + du + (lane + 32 * cc) * VEC);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        BK_REFILL(m, s);
-        BK_REFILL(m + 1, s1);
-        const float z0 = smelt_warp_sum(p[0]), z1 = smelt_warp_sum(p[1]);
+#pragma unroll
+        for (int u = 0; u < NU; u++) BK_REFILL(m + u, su[u]);
+        float z[2];
+#pragma unroll
+        for (int u = 0; u < NU; u++) z[u] = smelt_warp_sum(p[u]);
         /* a use with no row (code -1) adds nothing: its slot was zeroed
          * (bk_issue), so w = 0, and z = 0 whatever x holds */
-        tc_up(v0, c0 == -1 ? 0.f : g0 * peer_act(P.act, z0), y);
-        tc_up(v1, c1 == -1 ? 0.f : g1 * peer_act(P.act, z1), y);
-        s = s1; /* on past use m + 1 */
-        par = par1;
-        if (++s == S) {
-          s = 0;
-          par ^= 1;
-        }
+#pragma unroll
+        for (int u = 0; u < NU; u++) tc_up(v[u], c[u] == -1 ? 0.f : g[u] * peer_act(P.act, z[u]), y);
       }
     } else
 #endif
