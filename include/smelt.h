@@ -237,6 +237,7 @@ typedef struct smelt_system_info {
   char cache_dir[512];   /* "" when the disk cache is off */
   uint64_t cache_bytes;  /* size of the entries in cache_dir */
   uint64_t cache_entries;
+  char cache_error[768]; /* why the disk cache is off, when cache_dir is "" */
 } smelt_system_info;
 
 SMELT_API smelt_status smelt_system_info_get(smelt_system_info *out);
@@ -325,7 +326,9 @@ SMELT_API smelt_status smelt_topk(smelt_ctx *ctx, int64_t k, const smelt_tensor 
  * "sm_80", ...; NULL = each local device's arch) into the disk cache. No GPU
  * is needed. `progress` (may be NULL) is called once per kernel with index
  * counting from 1 and cached = 1 when the kernel was already in the cache;
- * *compiled_count counts every kernel now in the cache, cached ones included. */
+ * *compiled_count counts every kernel now in the cache, cached ones included.
+ * Fails with INVALID_ARGUMENT for an arch below sm_80 or not of that form, and
+ * with CACHE_ERROR (naming why) when there is no usable cache folder. */
 typedef void (*smelt_progress_fn)(void *user, const char *kernel, int index, int total,
                                   double seconds, int cached);
 SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn progress, void *user,

@@ -1,7 +1,8 @@
 /* JIT + disk cache tests: concurrent compiles from 8 processes leave one valid
  * entry; truncated or corrupted entries are rebuilt; an unusable folder falls
  * back to memory with a warning; keys change with source, options and arch.
- * With a GPU: load and launch a kernel, cold (compiled) and warm (disk hit). */
+ * A folder others can write or own is refused, planted links are not followed,
+ * and precompile refuses bad archs and a cache that cannot save. With a GPU: load and launch a kernel, cold (compiled) and warm (disk hit). */
 #include "harness.h"
 #include "cuda/cuda_internal.h"
 
@@ -316,12 +317,118 @@ static void test_gpu_gemm_hopper_cold_warm(void) {
   remove_dir(dir);
 }
 
+/* The cache folder is refused when it or a folder above it is writable by
+ * others or owned by someone else, and when its path is too long; the reason
+ * is kept for `smelt info`. Needs no NVRTC: only the folder is checked. */
+static void expect_refused(const char *dir, const char *why) {
+  setenv("SMELT_CACHE_DIR", dir, 1);
+  CHECK(smelt__cache_dir()[0] == 0);
+  char reason[768];
+  smelt__cache_off_reason(reason, sizeof reason);
+  if (!strstr(reason, why)) {
+    th_fail(__FILE__, __LINE__, "cache refusal reason");
+    fprintf(stderr, "    for %.60s: got \"%s\", want \"%s\"\n", dir, reason, why);
+  }
+}
+
+static void test_untrusted_folders(void) {
+  char dir[64], sub[128];
+  fresh_cache_dir(dir, sizeof dir);
+  CHECK(strcmp(smelt__cache_dir(), dir) == 0); /* mkdtemp's 0700 under sticky /tmp: trusted */
+  CHECK(chmod(dir, 0777) == 0);
+  expect_refused(dir, "writable by group or others");
+  CHECK(chmod(dir, 01777) == 0); /* sticky is fine for a parent, never for the folder itself */
+  expect_refused(dir, "writable by group or others");
+  snprintf(sub, sizeof sub, "%s/cache", dir); /* a private folder below a sticky one, as in /tmp */
+  setenv("SMELT_CACHE_DIR", sub, 1);
+  CHECK(smelt__cache_dir()[0] != 0);
+  CHECK(chmod(dir, 0777) == 0); /* below a shared one that is not sticky */
+  expect_refused(sub, "writable by group or others");
+  CHECK(chmod(dir, 0700) == 0);
+  setenv("SMELT_CACHE_DIR", sub, 1);
+  CHECK(smelt__cache_dir()[0] != 0);
+  if (geteuid() == 0) { /* only root can give a folder away */
+    CHECK(chown(sub, 65534, 65534) == 0);
+    expect_refused(sub, "not by this user");
+  }
+  char long_dir[700];
+  memset(long_dir, 'a', sizeof long_dir - 1);
+  long_dir[0] = '/';
+  long_dir[sizeof long_dir - 1] = 0;
+  expect_refused(long_dir, "longer than");
+  restore_cache_env();
+  remove_dir(dir);
+}
+
+/* Entries and lock files are opened without following links: a planted link
+ * at an entry's name is a miss, and one at the lock's name is not followed. */
+static void test_planted_links(void) {
+  if (!have_nvrtc()) SKIP("NVRTC not found");
+  char dir[64], entry[600], moved[620], lock[600], target[600];
+  fresh_cache_dir(dir, sizeof dir);
+  smelt__kernel_src s;
+  selftest_src(&s, 17);
+  void *bin;
+  size_t n;
+  int cached;
+  double secs;
+  CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
+  free(bin);
+  REQUIRE(count_entries(dir, entry, sizeof entry) == 1);
+  /* A valid entry reached through a link is not loaded. */
+  snprintf(moved, sizeof moved, "%s.elsewhere", entry);
+  REQUIRE(rename(entry, moved) == 0 && symlink(moved, entry) == 0);
+  CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
+  CHECK(cached == 0);
+  free(bin);
+  /* Nor is an entry that others may write. */
+  CHECK(chmod(entry, 0666) == 0);
+  CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
+  CHECK(cached == 0);
+  free(bin);
+  /* A link at a missing key's lock file: the file it names is never made. */
+  smelt__kernel_src other;
+  selftest_src(&other, 19);
+  char key[65];
+  smelt__cache_key(&other, "sm_80", key);
+  snprintf(lock, sizeof lock, "%s/%s.lock", dir, key);
+  snprintf(target, sizeof target, "%s/planted-target", dir);
+  REQUIRE(symlink(target, lock) == 0);
+  CHECK_OK(smelt__jit_cubin(&other, "sm_80", &bin, &n, &cached, &secs));
+  free(bin);
+  CHECK(access(target, F_OK) != 0);
+  restore_cache_env();
+  remove_dir(dir);
+}
+
+/* smelt_precompile refuses an over-long or pre-Ampere arch before hashing or
+ * compiling anything, and fails when nothing could be saved. */
+static void test_precompile_refusals(void) {
+  char arch[400];
+  memset(arch, '9', sizeof arch - 1);
+  memcpy(arch, "sm_", 3);
+  arch[sizeof arch - 1] = 0;
+  int count = -1;
+  CHECK_STATUS(smelt_precompile(arch, NULL, NULL, &count), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_EQ_INT(count, 0);
+  CHECK_STATUS(smelt_precompile("sm_75", NULL, NULL, &count), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("sm_80 or newer");
+  setenv("SMELT_CACHE_DIR", "/proc/self/smelt-cache", 1);
+  CHECK_STATUS(smelt_precompile("sm_90a", NULL, NULL, &count), SMELT_STATUS_CACHE_ERROR);
+  CHECK_MSG("nothing could be saved");
+  CHECK_EQ_INT(count, 0);
+  restore_cache_env();
+}
+
 const th_test th_tests_cache[] = {
     {"keys", test_keys},
     {"compile_and_reload", test_compile_and_reload},
     {"bad_entries_rebuilt", test_bad_entries_rebuilt},
     {"concurrent_processes", test_concurrent_processes},
     {"unusable_folder", test_unusable_folder},
+    {"untrusted_folders", test_untrusted_folders},
+    {"planted_links", test_planted_links},
+    {"precompile_refusals", test_precompile_refusals},
     {"gpu_cold_warm", test_gpu_cold_warm},
     {"gpu_gemm_hopper_cold_warm", test_gpu_gemm_hopper_cold_warm},
     {0, 0},

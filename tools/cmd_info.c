@@ -78,7 +78,7 @@ int cli_cmd_info(int argc, char **argv) {
     printf("cache      %s: %llu entries, %s\n", sys.cache_dir, (unsigned long long)sys.cache_entries,
            cli_fmt_bytes(sys.cache_bytes, size, sizeof size));
   } else {
-    printf("cache      off\n");
+    printf("cache      off: %s\n", sys.cache_error[0] ? sys.cache_error : "no SMELT_CACHE_DIR, XDG_CACHE_HOME or HOME");
   }
   print_context();
   return CLI_EXIT_OK;

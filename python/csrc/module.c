@@ -106,7 +106,8 @@ static PyObject *py_info(PyObject *self, PyObject *unused) {
       set_item(d, "device_count", PyLong_FromLong(si.device_count)) ||
       set_item(d, "cache_dir", PyUnicode_FromString(si.cache_dir)) ||
       set_item(d, "cache_bytes", PyLong_FromUnsignedLongLong(si.cache_bytes)) ||
-      set_item(d, "cache_entries", PyLong_FromUnsignedLongLong(si.cache_entries))) {
+      set_item(d, "cache_entries", PyLong_FromUnsignedLongLong(si.cache_entries)) ||
+      set_item(d, "cache_error", PyUnicode_FromString(si.cache_error))) {
     Py_DECREF(d);
     return NULL;
   }

@@ -11,6 +11,8 @@
 
 #include "../core/internal.h"
 
+#include <sys/types.h>
+
 #define SMELT__CU_ABI 12000
 
 typedef int CUresult;
@@ -198,8 +200,19 @@ int smelt__nvrtc_options(const char *arch, const char **opts, int max);
 
 /* ---- JIT: disk cache in front of NVRTC. */
 /* Cache folder ($SMELT_CACHE_DIR or $XDG_CACHE_HOME/smelt or ~/.cache/smelt),
- * "" when off (no usable folder); created with mode 0700. */
+ * resolved, created with mode 0700; "" when off: it cannot be made, its path is
+ * too long, or it or a folder above it is another user's or writable by
+ * others (src/cuda/cache_dir.c). */
 const char *smelt__cache_dir(void);
+/* The longest cache folder path: with "/gemm-tune/<64 hex>.json" below it, a
+ * path still fits the buffers, and the folder fits smelt_system_info.cache_dir. */
+#define SMELT__CACHE_DIR_MAX 400
+/* Why the cache is off ("" when it never was), for `smelt info` and precompile. */
+void smelt__cache_off_reason(char *out, size_t n);
+/* open() for files in the cache folder: never follows a link, close-on-exec,
+ * and only a regular file owned by this user and writable by no one else;
+ * -1 with errno set otherwise. */
+int smelt__cache_open(const char *path, int flags, mode_t mode);
 /* The content key (hex SHA-256) for src on arch. */
 void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[65]);
 /* Gets the CUBIN for src on arch: disk hit, else compile (unless SMELT_JIT=off)

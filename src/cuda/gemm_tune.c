@@ -284,8 +284,12 @@ smelt__tune_verdict smelt__gemm_tune_load(const char *key, smelt__gemm_tune_reco
   char path[700], text[4096], why[96];
   smelt__gemm_tune_path(key, path, sizeof path);
   if (!path[0]) return SMELT__TUNE_ABSENT;
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return SMELT__TUNE_ABSENT;
+  int fd = smelt__cache_open(path, O_RDONLY, 0);
+  FILE *fp = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!fp) {
+    if (fd >= 0) close(fd);
+    return SMELT__TUNE_ABSENT;
+  }
   const size_t len = fread(text, 1, sizeof text - 1, fp);
   const int more = fgetc(fp) != EOF;
   fclose(fp);

@@ -61,6 +61,7 @@ smelt_status smelt_system_info_get(smelt_system_info *out) {
   snprintf(out->nvrtc_path, sizeof out->nvrtc_path, "%s", ni->path);
   snprintf(out->nvrtc_error, sizeof out->nvrtc_error, "%s", ni->error);
   snprintf(out->cache_dir, sizeof out->cache_dir, "%s", smelt__cache_dir());
+  if (!out->cache_dir[0]) smelt__cache_off_reason(out->cache_error, sizeof out->cache_error);
   if (out->cache_dir[0]) {
     DIR *dir = opendir(out->cache_dir);
     struct dirent *e;

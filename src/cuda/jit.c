@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,45 +47,17 @@ static void warn_once(const char *fmt, const char *a, const char *b) {
   if (first) smelt__log(SMELT__LOG_WARN, fmt, a, b);
 }
 
-/* mkdir -p with mode 0700 for the folders we create. */
-static int make_dirs(const char *path) {
-  char buf[512];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -1;
-  struct stat st;
-  return (stat(buf, &st) == 0 && S_ISDIR(st.st_mode)) ? 0 : -1;
-}
-
-const char *smelt__cache_dir(void) {
-  static _Thread_local char dir[512];
-  const char *env = smelt__getenv("SMELT_CACHE_DIR");
-  const char *xdg = smelt__getenv("XDG_CACHE_HOME");
-  const char *home = smelt__getenv("HOME");
-  if (env) snprintf(dir, sizeof dir, "%s", env);
-  else if (xdg) snprintf(dir, sizeof dir, "%s/smelt", xdg);
-  else if (home) snprintf(dir, sizeof dir, "%s/.cache/smelt", home);
-  else dir[0] = 0;
-  if (dir[0] && make_dirs(dir) != 0) {
-    warn_once("kernel cache folder %s is unusable (%s); kernels stay in memory only", dir, strerror(errno));
-    dir[0] = 0;
-  }
-  return dir;
-}
-
 void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[65]) {
   smelt__sha256 h;
   smelt__sha256_init(&h);
   const smelt__nvrtc_info *ni = smelt__nvrtc_info_get();
-  char head[256];
-  int n = snprintf(head, sizeof head, "%s|%s|nvrtc %d.%d|%s|", ENTRY_FORMAT, SMELT_VERSION_STRING, ni->major,
-                   ni->minor, arch);
+  char head[128];
+  int n = snprintf(head, sizeof head, "%s|%s|nvrtc %d.%d|", ENTRY_FORMAT, SMELT_VERSION_STRING, ni->major, ni->minor);
   smelt__sha256_update(&h, head, (size_t)n);
+  /* The arch is the caller's string: hashed in place, never copied into a
+   * fixed buffer. */
+  smelt__sha256_update(&h, arch, strlen(arch));
+  smelt__sha256_update(&h, "|", 1);
   const char *opts[16];
   int nopts = smelt__nvrtc_options(arch, opts, 16);
   /* Options in sorted order so their listing order never changes the key. */
@@ -124,8 +97,12 @@ static uint64_t get_u64le(const uint8_t *p) {
 
 /* Reads and verifies an entry; NULL on any mismatch (a miss). */
 static void *read_entry(const char *path, const char *key, size_t *size) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
+  int fd = smelt__cache_open(path, O_RDONLY, 0);
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    if (fd >= 0) close(fd);
+    return NULL;
+  }
   uint8_t head[HEADER_BYTES];
   void *payload = NULL;
   if (fread(head, 1, sizeof head, f) != sizeof head) goto bad;
@@ -168,9 +145,9 @@ static int write_all(int fd, const void *p, size_t n) {
 int smelt__cache_write_atomic(const char *dir, const char *path, const char *tag, const void *head, size_t head_n,
                               const void *body, size_t body_n) {
   static int counter;
-  char tmp[700];
+  char tmp[PATH_MAX + 96];
   snprintf(tmp, sizeof tmp, "%s/.%s.%d.%d.tmp", dir, tag, (int)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return -1;
   int ok = write_all(fd, head, head_n) == 0 && write_all(fd, body, body_n) == 0 && fsync(fd) == 0;
   ok = (close(fd) == 0) && ok;
@@ -205,7 +182,7 @@ smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, vo
   char key[65];
   smelt__cache_key(src, arch, key);
   const char *d = smelt__cache_dir();
-  char dir[512], path[600], lockp[600];
+  char dir[PATH_MAX], path[PATH_MAX + 80], lockp[PATH_MAX + 80];
   snprintf(dir, sizeof dir, "%s", d);
   int lockfd = -1;
   if (dir[0]) {
@@ -215,7 +192,7 @@ smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, vo
       /* Miss: take the key's lock, then look again — another process may have
        * compiled it while we waited. */
       snprintf(lockp, sizeof lockp, "%s/%s.lock", dir, key);
-      lockfd = open(lockp, O_RDWR | O_CREAT, 0600);
+      lockfd = smelt__cache_open(lockp, O_RDWR | O_CREAT, 0600);
       if (lockfd >= 0 && flock(lockfd, LOCK_EX) != 0) {
         close(lockfd);
         lockfd = -1;

@@ -5,7 +5,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* "sm_" then 2-3 digits, at least 80, then at most one letter (sm_90a,
+ * sm_100f): smelt's kernels need Ampere or newer, and a bad string should be
+ * one clear error rather than NVRTC's. */
+static int arch_is_supported(const char *a) {
+  if (strncmp(a, "sm_", 3) != 0) return 0;
+  const char *p = a + 3;
+  int cc = 0, digits = 0;
+  for (; *p >= '0' && *p <= '9' && digits < 4; p++, digits++) cc = cc * 10 + (*p - '0');
+  if (*p >= 'a' && *p <= 'z') p++;
+  return *p == '\0' && digits >= 2 && digits <= 3 && cc >= 80;
+}
+
 static smelt_status one_arch(const char *arch, smelt_progress_fn progress, void *user, int *count) {
+  if (!smelt__cache_dir()[0]) {
+    char why[768];
+    smelt__cache_off_reason(why, sizeof why);
+    return smelt__error(SMELT_STATUS_CACHE_ERROR, "smelt_precompile: nothing could be saved: %s",
+                        why[0] ? why : "no cache folder (set SMELT_CACHE_DIR, XDG_CACHE_HOME or HOME)");
+  }
   int total = 0;
   for (int f = 0; f < smelt__variant_enum_count; f++) total += smelt__variant_enums[f](NULL, 0);
   smelt__kernel_src *all = (smelt__kernel_src *)calloc((size_t)(total ? total : 1), sizeof *all);
@@ -33,9 +51,11 @@ smelt_status smelt_precompile(const char *arch, smelt_progress_fn progress, void
   int *count = compiled_count ? compiled_count : &dummy;
   *count = 0;
   if (arch) {
-    if (strncmp(arch, "sm_", 3) || strlen(arch) < 5)
+    if (!arch_is_supported(arch))
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                          "smelt_precompile: arch=\"%s\" must look like sm_80, sm_86, sm_89 or sm_90a", arch);
+                          "smelt_precompile: arch=\"%.40s\" is not a supported target: sm_80 or newer, such as "
+                          "sm_80, sm_86, sm_89 or sm_90a",
+                          arch);
     return one_arch(arch, progress, user, count);
   }
   smelt_system_info si;
