@@ -34,6 +34,10 @@ RESULTS = os.path.join(REPO, "bench", "results.jsonl")
 PERF_MD = os.path.join(REPO, "docs", "PERF.md")
 PLOT_DIR = os.path.join(REPO, "docs", "perf")
 
+# The value column's header where the value is not smelt's (the ceilings are
+# probes and copies).
+VALUE_HEADER = {"ceiling": "measured"}
+
 MARKER = re.compile(r"(<!-- results:([a-z_,]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 # The plots: one PNG an op, with the ops it draws and, where the history of
@@ -85,10 +89,11 @@ def table(rows, ops):
     sel = latest(rows, ops)
     if not sel:
         return "(no rows in bench/results.jsonl for " + ", ".join(ops) + ")\n"
-    lines = ["| case | dtype | GPU | smelt | peer | peer's | unit | ratio | date | commit |",
+    value = VALUE_HEADER.get(ops[0], "smelt")
+    lines = [f"| case | dtype | GPU | {value} | peer | peer's | unit | ratio | date | commit |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sel:
-        ratio = f"{r['ratio']:.3g}" if r.get("ratio") is not None else "—"
+        ratio = f"{r['ratio']:.3f}".rstrip("0").rstrip(".") if r.get("ratio") is not None else "—"
         note = f" ({r['note']})" if r.get("note") else ""
         lines.append(f"| {r['case']}{note} | {r['dtype']} | {gpu_short(r['gpu'])} | {num(r.get('smelt'))} | "
                      f"{r.get('peer') or '—'} | {num(r.get('peer_value'))} | {r['unit']} | {ratio} | "
