@@ -37,8 +37,6 @@ rows bench/perf_report.py turns into docs/PERF.md.
 Exit status: 0 when every case ran and met its bars, 1 otherwise.
 """
 
-import argparse
-import json
 import math
 import statistics
 import sys
@@ -276,45 +274,28 @@ def run_case(torch, c, opts, backends):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="cases: " + ", ".join(c["name"] for c in CASES) + "\n")
-    ap.add_argument("--quick", action="store_true", help="the S = 4k cases: " +
-                    ", ".join(c["name"] for c in CASES if c["quick"]))
-    ap.add_argument("--cases", help="comma-separated case names (default: all)")
+    ap = bench.case_parser(__doc__, CASES, "the S = 4k cases", "all")
     bench.add_common_args(ap, warmup=5, iters=25)
     ap.add_argument("--check-rows", type=int, default=128,
                     help="smelt --check-rows: first and last rows checked per head (default 128: 512 queries "
                          "over two heads)")
     ap.add_argument("--no-check", action="store_true", help="skip smelt's --check (and so the accuracy line)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip cuDNN's error measurement")
-    ap.add_argument("--list", action="store_true", help="list the cases and exit")
     opts = ap.parse_args()
     if opts.list:
         for c in CASES:
             bars = ", ".join(f">= {v}x {k}" for k, v in c["bars"].items())
             print(f"{c['name']:24s} {c['title']:36s} {bars}{' (quick)' if c['quick'] else ''}")
         return 0
-    if opts.iters < 20:
-        ap.error("--iters must be at least 20 (the acceptance asks for a median of >= 20 runs)")
-
-    cases = bench.select_cases(ap, opts, CASES, lambda c: c["quick"] or not opts.quick)
-    missing = bench.smelt_missing(opts, "attention_vs_peers")
-    if missing:
-        print(missing, file=sys.stderr)
+    cases = bench.prepare(ap, opts, CASES, lambda c: c["quick"] or not opts.quick, "attention_vs_peers")
+    torch = bench.cuda_torch("attention_vs_peers") if cases is not None else None
+    if torch is None:
         return 1
-
-    import torch  # after argument parsing, so --help and --list work without torch
     from torch.nn.attention import SDPBackend
 
-    if not torch.cuda.is_available():
-        print("attention_vs_peers: torch sees no CUDA device", file=sys.stderr)
-        return 1
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
-    gpu = torch.cuda.get_device_name(0)
-    commit = bench.git_commit(opts.commit)
-    date = bench.utc_now()
-    record = bench.Recorder(opts, gpu, commit)
+    record = bench.Recorder(opts, torch.cuda.get_device_name(0))
+    gpu, commit, date = record.gpu, record.commit, bench.utc_now()
     cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     print(f"smelt attention vs torch SDPA on {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}, "
           f"cuDNN {cudnn_v}); smelt {commit}; {date}")
@@ -355,17 +336,8 @@ def main():
               f"cuDNN {r['cudnn_rel_l2']:.3e} / {r['cudnn_max_abs']:.3e}  {ok}"
               f"{'' if r.get('inputs_match') else ' (smelt ref_l2 %s vs %s)' % (r['smelt'].get('check_ref_l2'), r['ref_l2'])}")
 
-    print("\nsmelt kernels:")
-    for r in results:
-        chk = f" [check {r['check']}]" if r.get("check") else ""
-        print(f"  {r['case']:24s} {r.get('kernel') or '; '.join(r['errors'])}{chk}")
-
-    if opts.json_out:
-        doc = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, cudnn=cudnn_v, commit=commit, date=date,
-                   iters=opts.iters, warmup=opts.warmup, results=results)
-        with open(opts.json_out, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-        print(f"\nresults written to {opts.json_out}")
+    bench.print_kernels(results, 24, lambda r: "; ".join(r["errors"]))
+    bench.write_json(opts, torch, record, date, results, cudnn=cudnn_v)
     return 0 if results and all(r["status"] == "pass" for r in results) else 1
 
 

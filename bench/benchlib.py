@@ -7,11 +7,13 @@ Run from any folder: each script puts bench/ first on sys.path, as Python
 does for the script's own folder. Nothing here imports torch at module level,
 so every script's --help works without it."""
 
+import argparse
 import datetime
 import json
 import math
 import os
 import subprocess
+import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +55,18 @@ def fmt(v, spec, width=0):
 # ---------------------------------------------------------------- options
 
 
+def case_parser(doc, cases, quick, default):
+    """The parser of a script with a case table: its docstring's first
+    paragraph, the case names, --quick (`quick` says which), --cases, --list."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="cases: " + ", ".join(c["name"] for c in cases) + "\n")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{quick}: " + ", ".join(c["name"] for c in cases if c["quick"]))
+    ap.add_argument("--cases", help=f"comma-separated case names (default: {default})")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    return ap
+
+
 def add_common_args(ap, warmup, iters, results=True):
     """The options every peer script takes, with its own run counts."""
     ap.add_argument("--json-out", metavar="PATH", help="write the results (and the raw smelt JSON) here")
@@ -69,6 +83,30 @@ def add_common_args(ap, warmup, iters, results=True):
         ap.add_argument("--commit", help="the commit the rows name (default: git, else $SMELT_COMMIT, else unknown)")
 
 
+def prepare(ap, opts, cases, default, script):
+    """Checks the run count and the smelt binary and returns the cases to
+    run (select_cases), or None after a message when the binary is missing."""
+    if opts.iters < 20:
+        ap.error("--iters must be at least 20 (the acceptance asks for a median of >= 20 runs)")
+    selected = select_cases(ap, opts, cases, default)
+    if not os.access(opts.smelt, os.X_OK):
+        print(f"{script}: {opts.smelt} is not an executable (build first: cmake -S . -B build && "
+              f"cmake --build build -j)", file=sys.stderr)
+        return None
+    return selected
+
+
+def cuda_torch(script):
+    """torch, imported only now (so --help and --list work without it), or
+    None after a message when it sees no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{script}: torch sees no CUDA device", file=sys.stderr)
+        return None
+    return torch
+
+
 def select_cases(ap, opts, cases, default):
     """The cases --cases names (an unknown name is a usage error), else those
     `default(case)` keeps."""
@@ -80,14 +118,6 @@ def select_cases(ap, opts, cases, default):
     if unknown:
         ap.error(f"unknown case(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
     return [c for c in cases if c["name"] in wanted]
-
-
-def smelt_missing(opts, script):
-    """An error line when the smelt binary is not there, else None."""
-    if os.access(opts.smelt, os.X_OK):
-        return None
-    return (f"{script}: {opts.smelt} is not an executable (build first: cmake -S . -B build && "
-            f"cmake --build build -j)")
 
 
 # ---------------------------------------------------------------- smelt
@@ -154,6 +184,28 @@ def time_rotated(torch, call, data, opts):
         end[i].record()
     torch.cuda.synchronize()
     return sorted(s.elapsed_time(e) for s, e in zip(start, end)), first_call_s
+
+
+# ---------------------------------------------------------------- the run's report
+
+
+def print_kernels(results, width, failed):
+    """Which smelt kernel each case ran (failed(r) where none did)."""
+    print("\nsmelt kernels:")
+    for r in results:
+        chk = f" [check {r['check']}]" if r.get("check") else ""
+        print(f"  {r['case']:{width}s} {r.get('kernel') or failed(r)}{chk}")
+
+
+def write_json(opts, torch, record, date, results, **versions):
+    """The results (with each case's raw smelt JSON) to --json-out, if given."""
+    if not opts.json_out:
+        return
+    doc = dict(gpu=record.gpu, torch=torch.__version__, cuda=torch.version.cuda, **versions, commit=record.commit,
+               date=date, iters=opts.iters, warmup=opts.warmup, results=results)
+    with open(opts.json_out, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    print(f"\nresults written to {opts.json_out}")
 
 
 # ---------------------------------------------------------------- results file

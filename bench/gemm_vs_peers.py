@@ -23,8 +23,6 @@ Each result is also appended to bench/results.jsonl (--results PATH elsewhere,
 Exit status: 0 when every case ran and met its bar, 1 otherwise.
 """
 
-import argparse
-import json
 import random
 import statistics
 import sys
@@ -202,42 +200,24 @@ def time_peer(torch, peer, opts):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="cases: " + ", ".join(c["name"] for c in CASES) + "\n")
-    ap.add_argument("--quick", action="store_true", help="a short subset: " +
-                    ", ".join(c["name"] for c in CASES if c["quick"]))
-    ap.add_argument("--cases", help="comma-separated case names (default: all but opt-in ones)")
+    ap = bench.case_parser(__doc__, CASES, "a short subset", "all but opt-in ones")
     ap.add_argument("--with-compile", action="store_true",
                     help="add the torch.compile max-autotune case (minutes of autotuning)")
     bench.add_common_args(ap, warmup=10, iters=50)
     ap.add_argument("--no-check", action="store_true", help="skip smelt's --check against the CPU backend")
-    ap.add_argument("--list", action="store_true", help="list the cases and exit")
     opts = ap.parse_args()
     if opts.list:
         for c in CASES:
             extra = " (quick)" if c["quick"] else " (opt-in: --with-compile)" if c["opt_in"] else ""
             print(f"{c['name']:32s} {c['title']}, bar {c['bar']:.3f}{extra}")
         return 0
-    if opts.iters < 20:
-        ap.error("--iters must be at least 20 (the acceptance asks for a median of >= 20 runs)")
-
-    cases = bench.select_cases(ap, opts, CASES, lambda c: (c["quick"] or not opts.quick) and
-                           (not c["opt_in"] or getattr(opts, c["opt_in"])))
-    missing = bench.smelt_missing(opts, "gemm_vs_peers")
-    if missing:
-        print(missing, file=sys.stderr)
+    cases = bench.prepare(ap, opts, CASES, lambda c: (c["quick"] or not opts.quick) and
+                          (not c["opt_in"] or getattr(opts, c["opt_in"])), "gemm_vs_peers")
+    torch = bench.cuda_torch("gemm_vs_peers") if cases is not None else None
+    if torch is None:
         return 1
-
-    import torch  # after argument parsing, so --help and --list work without torch
-
-    if not torch.cuda.is_available():
-        print("gemm_vs_peers: torch sees no CUDA device", file=sys.stderr)
-        return 1
-    gpu = torch.cuda.get_device_name(0)
-    commit = bench.git_commit(opts.commit)
-    date = bench.utc_now()
-    record = bench.Recorder(opts, gpu, commit)
+    record = bench.Recorder(opts, torch.cuda.get_device_name(0))
+    gpu, commit, date = record.gpu, record.commit, bench.utc_now()
     print(f"smelt GEMM vs peers on {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
           f"smelt {commit}; {date}")
     print(f"median of {opts.iters} timed runs after {opts.warmup} warm-up runs on both sides, random data, "
@@ -300,17 +280,8 @@ def main():
     for r in results:
         print(f"{r['title']:40s} {fmt(r['smelt_tflops'], '10.1f', 10)} {fmt(r['peer_tflops'], '10.1f', 10)} "
               f"{fmt(r['ratio'], '7.3f', 7)} {r['bar']:6.3f}  {r['status']:12s} {r.get('peer', '')}")
-    print("\nsmelt kernels:")
-    for r in results:
-        chk = f" [check {r['check']}]" if r.get("check") else ""
-        print(f"  {r['case']:32s} {r.get('kernel') or r['error']}{chk}")
-
-    if opts.json_out:
-        doc = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, commit=commit, date=date,
-                   iters=opts.iters, warmup=opts.warmup, results=results)
-        with open(opts.json_out, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"\nresults written to {opts.json_out}")
+    bench.print_kernels(results, 32, lambda r: r["error"])
+    bench.write_json(opts, torch, record, date, results)
     return 0 if results and all(r["status"] == "pass" for r in results) else 1
 
 
