@@ -31,22 +31,19 @@ Usage (from the repository root, after building build/smelt):
     python3 bench/attention_vs_peers.py                 # every case (~2-3 minutes on an H100)
     python3 bench/attention_vs_peers.py --quick         # the S = 4k cases
     python3 bench/attention_vs_peers.py --cases fwd_d128_s16k_causal --json-out /tmp/attn.json
+Each result (smelt against cuDNN and against FA2) is also appended to
+bench/results.jsonl (--results PATH elsewhere, --no-results for none), the
+rows bench/perf_report.py turns into docs/PERF.md.
 Exit status: 0 when every case ran and met its bars, 1 otherwise.
 """
 
-import argparse
-import datetime
-import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from benchlib import fmt, git_commit  # noqa: E402
+import benchlib as bench
+from benchlib import fmt
 
 # The inputs of `smelt bench attention` (tools/bench_attention.c): seeds and ranges.
 SEED_Q, SEED_K, SEED_V, SEED_DO = 0x5EED1501, 0x5EED1502, 0x5EED1503, 0x5EED1504
@@ -64,6 +61,7 @@ def case(name, bwd, batch, seq, heads, dim, causal, bars, quick=False):
 
 
 FWD128 = {"cudnn": 0.9, "fa2": 1.5}
+PEER_LABELS = {"cudnn": "cuDNN (SDPA)", "fa2": "FA2 (SDPA)"}
 CASES = [
     case("fwd_d128_s4k_full", False, 4, 4096, 16, 128, False, FWD128, quick=True),
     case("fwd_d128_s4k_causal", False, 4, 4096, 16, 128, True, FWD128, quick=True),
@@ -97,28 +95,11 @@ def smelt_args(c):
 
 
 def run_smelt(c, opts):
-    """Runs `smelt bench attention` and returns its JSON object (with 'rc'),
-    or raises RuntimeError with the command's own error message."""
-    cmd = [opts.smelt, "bench", "attention", *smelt_args(c), "--device", opts.device, "--json", "--warmup",
-           str(opts.warmup), "--iters", str(opts.iters)]
+    """Runs `smelt bench attention` on case c with the run counts and the check asked for."""
+    extra = ["--warmup", str(opts.warmup), "--iters", str(opts.iters)]
     if not opts.no_check:
-        cmd += ["--check", "--check-rows", str(opts.check_rows)]
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"smelt timed out after {opts.timeout} s: {' '.join(cmd)}")
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        err = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()
-        raise RuntimeError(f"smelt exited {p.returncode}: {' | '.join(err[-3:])}")
-    res = json.loads(lines[-1])
-    res["rc"] = p.returncode
-    res["wall_s"] = time.time() - t0
-    res["command"] = " ".join(cmd)
-    if p.returncode != 0:
-        res["stderr"] = p.stderr.strip()
-    return res
+        extra += ["--check", "--check-rows", str(opts.check_rows)]
+    return bench.run_smelt(opts, "attention", [*smelt_args(c), *extra])
 
 
 # ---------------------------------------------------------------- smelt's inputs, regenerated
@@ -207,11 +188,7 @@ def time_sdpa(torch, c, backend, opts):
 
     F = torch.nn.functional
     B, S, H, D = c["batch"], c["seq"], c["heads"], c["dim"]
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
-    set_bytes = 2 * B * S * H * D * (8 if c["bwd"] else 4)
-    free, _ = torch.cuda.mem_get_info()
-    sets = max(1, min(2 * l2 // set_bytes + 1, int(0.3 * free) // set_bytes, 64))
+    sets = bench.rotation_sets(torch, 2 * B * S * H * D * (8 if c["bwd"] else 4), 0.3, 64)
 
     def make():
         t = [torch.empty((B, S, H, D), device="cuda", dtype=torch.float32).uniform_(*r).to(torch.bfloat16)
@@ -232,21 +209,7 @@ def time_sdpa(torch, c, backend, opts):
 
     data = [make() for _ in range(sets)]
     with sdpa_kernel([backend]):
-        call(data[0])
-        torch.cuda.synchronize()
-        for i in range(opts.warmup):
-            call(data[i % sets])
-        torch.cuda.synchronize()
-        start = [torch.cuda.Event(enable_timing=True) for _ in range(opts.iters)]
-        end = [torch.cuda.Event(enable_timing=True) for _ in range(opts.iters)]
-        if hasattr(torch.cuda, "_sleep"):  # keep the GPU busy while Python enqueues
-            torch.cuda._sleep(50_000_000)
-        for i in range(opts.iters):
-            start[i].record()
-            call(data[(opts.warmup + i) % sets])
-            end[i].record()
-        torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in zip(start, end))
+        ms, _ = bench.time_rotated(torch, call, data, opts)
     del data
     return dict(median_ms=statistics.median(ms), min_ms=ms[0], sets=sets)
 
@@ -311,57 +274,28 @@ def run_case(torch, c, opts, backends):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="cases: " + ", ".join(c["name"] for c in CASES) + "\n")
-    ap.add_argument("--quick", action="store_true", help="the S = 4k cases: " +
-                    ", ".join(c["name"] for c in CASES if c["quick"]))
-    ap.add_argument("--cases", help="comma-separated case names (default: all)")
-    ap.add_argument("--json-out", metavar="PATH", help="write the results (and the raw smelt JSON) here")
-    ap.add_argument("--smelt", default=os.path.join(REPO, "build", "smelt"), help="the smelt binary (default build/smelt)")
-    ap.add_argument("--device", default="cuda", help="smelt --device (default cuda: never fall back to the CPU)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed runs on every side (default 5)")
-    ap.add_argument("--iters", type=int, default=25, help="timed runs on every side, at least 20 (default 25)")
+    ap = bench.case_parser(__doc__, CASES, "the S = 4k cases", "all")
+    bench.add_common_args(ap, warmup=5, iters=25)
     ap.add_argument("--check-rows", type=int, default=128,
                     help="smelt --check-rows: first and last rows checked per head (default 128: 512 queries "
                          "over two heads)")
     ap.add_argument("--no-check", action="store_true", help="skip smelt's --check (and so the accuracy line)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip cuDNN's error measurement")
-    ap.add_argument("--timeout", type=int, default=300, help="seconds one smelt run may take (default 300)")
-    ap.add_argument("--list", action="store_true", help="list the cases and exit")
     opts = ap.parse_args()
     if opts.list:
         for c in CASES:
             bars = ", ".join(f">= {v}x {k}" for k, v in c["bars"].items())
             print(f"{c['name']:24s} {c['title']:36s} {bars}{' (quick)' if c['quick'] else ''}")
         return 0
-    if opts.iters < 20:
-        ap.error("--iters must be at least 20 (the acceptance asks for a median of >= 20 runs)")
-
-    names = {c["name"] for c in CASES}
-    if opts.cases:
-        wanted = [s.strip() for s in opts.cases.split(",") if s.strip()]
-        unknown = [s for s in wanted if s not in names]
-        if unknown:
-            ap.error(f"unknown case(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-        cases = [c for c in CASES if c["name"] in wanted]
-    else:
-        cases = [c for c in CASES if c["quick"] or not opts.quick]
-    if not os.access(opts.smelt, os.X_OK):
-        print(f"attention_vs_peers: {opts.smelt} is not an executable (build first: cmake -S . -B build && "
-              f"cmake --build build -j)", file=sys.stderr)
+    cases = bench.prepare(ap, opts, CASES, lambda c: c["quick"] or not opts.quick, "attention_vs_peers")
+    torch = bench.cuda_torch("attention_vs_peers") if cases is not None else None
+    if torch is None:
         return 1
-
-    import torch  # after argument parsing, so --help and --list work without torch
     from torch.nn.attention import SDPBackend
 
-    if not torch.cuda.is_available():
-        print("attention_vs_peers: torch sees no CUDA device", file=sys.stderr)
-        return 1
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
-    gpu = torch.cuda.get_device_name(0)
-    commit = git_commit()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    record = bench.Recorder(opts, torch.cuda.get_device_name(0))
+    gpu, commit, date = record.gpu, record.commit, bench.utc_now()
     cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     print(f"smelt attention vs torch SDPA on {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}, "
           f"cuDNN {cudnn_v}); smelt {commit}; {date}")
@@ -372,6 +306,9 @@ def main():
     for c in cases:
         r = run_case(torch, c, opts, backends)
         results.append(r)
+        if r.get("check") != "fail":
+            for peer, label in PEER_LABELS.items():
+                record("attention", c["name"], "bf16", r["smelt_tflops"], label, r.get(f"{peer}_tflops"), "TF/s")
         line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')}, cuDNN {fmt(r.get('cudnn_tflops'), '.1f')}, "
                 f"FA2 {fmt(r.get('fa2_tflops'), '.1f')} TFLOP/s -> {r['status']} ({r['wall_s']:.0f} s)")
         print(line + "".join(f"\n    error: {e}" for e in r["errors"]), flush=True)
@@ -399,17 +336,8 @@ def main():
               f"cuDNN {r['cudnn_rel_l2']:.3e} / {r['cudnn_max_abs']:.3e}  {ok}"
               f"{'' if r.get('inputs_match') else ' (smelt ref_l2 %s vs %s)' % (r['smelt'].get('check_ref_l2'), r['ref_l2'])}")
 
-    print("\nsmelt kernels:")
-    for r in results:
-        chk = f" [check {r['check']}]" if r.get("check") else ""
-        print(f"  {r['case']:24s} {r.get('kernel') or '; '.join(r['errors'])}{chk}")
-
-    if opts.json_out:
-        doc = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, cudnn=cudnn_v, commit=commit, date=date,
-                   iters=opts.iters, warmup=opts.warmup, results=results)
-        with open(opts.json_out, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-        print(f"\nresults written to {opts.json_out}")
+    bench.print_kernels(results, 24, lambda r: "; ".join(r["errors"]))
+    bench.write_json(opts, torch, record, date, results, cudnn=cudnn_v)
     return 0 if results and all(r["status"] == "pass" for r in results) else 1
 
 

@@ -18,23 +18,19 @@ Usage (from the repository root, after building build/smelt):
     python3 bench/gemm_vs_peers.py --quick         # a short subset
     python3 bench/gemm_vs_peers.py --cases bf16_8192,e4m3_8192 --json-out /tmp/gemm.json
     python3 bench/gemm_vs_peers.py --with-compile  # adds the torch.compile case
+Each result is also appended to bench/results.jsonl (--results PATH elsewhere,
+--no-results for none), the rows bench/perf_report.py turns into docs/PERF.md.
 Exit status: 0 when every case ran and met its bar, 1 otherwise.
 """
 
-import argparse
-import datetime
-import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from benchlib import fmt, git_commit  # noqa: E402
+import benchlib as bench
+from benchlib import fmt
 
 
 # ---------------------------------------------------------------- cases
@@ -98,28 +94,9 @@ CASES = [
 
 
 def run_smelt(args, opts):
-    """Runs `smelt bench gemm` and returns its JSON object (with 'rc'), or
-    raises RuntimeError with the command's own error message."""
-    cmd = [opts.smelt, "bench", "gemm", *args, "--device", opts.device, "--json",
-           "--warmup", str(opts.warmup), "--iters", str(opts.iters)]
-    if not opts.no_check:
-        cmd.append("--check")
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"smelt timed out after {opts.timeout} s: {' '.join(cmd)}")
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        err = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()
-        raise RuntimeError(f"smelt exited {p.returncode}: {' | '.join(err[-3:])}")
-    res = json.loads(lines[-1])
-    res["rc"] = p.returncode
-    res["wall_s"] = time.time() - t0
-    res["command"] = " ".join(cmd[:1] + [a if "," not in a else "<list>" for a in cmd[1:]])
-    if p.returncode != 0:
-        res["stderr"] = p.stderr.strip()
-    return res
+    """Runs `smelt bench gemm` with the run counts and the check asked for."""
+    extra = ["--warmup", str(opts.warmup), "--iters", str(opts.iters)] + ([] if opts.no_check else ["--check"])
+    return bench.run_smelt(opts, "gemm", [*args, *extra])
 
 
 # ---------------------------------------------------------------- peers
@@ -205,36 +182,13 @@ def make_peer(torch, spec, opts):
 
 def time_peer(torch, peer, opts):
     """Median and min ms of peer.call over input sets rotated past 2x L2."""
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20) or (50 << 20)
     first = peer.make()
-    set_bytes = nbytes(*first) + peer.out_bytes
-    free, _ = torch.cuda.mem_get_info()
-    sets = max(1, min(2 * l2 // set_bytes + 1, int(0.4 * free) // set_bytes, 1024))
+    sets = bench.rotation_sets(torch, nbytes(*first) + peer.out_bytes, 0.4, 1024)
     data = [first] + [peer.make() for _ in range(sets - 1)]
     if peer.setup:
         peer.setup()
     try:
-        t0 = time.time()
-        peer.call(data[0])  # the first call may compile or autotune: not timed
-        torch.cuda.synchronize()
-        first_call_s = time.time() - t0
-        for i in range(opts.warmup):
-            peer.call(data[i % sets])
-        torch.cuda.synchronize()
-        start = [torch.cuda.Event(enable_timing=True) for _ in range(opts.iters)]
-        end = [torch.cuda.Event(enable_timing=True) for _ in range(opts.iters)]
-        # Keep the GPU busy while Python enqueues the timed calls, so launch
-        # overhead between the events is not measured (it would flatter smelt
-        # on the short cases).
-        if hasattr(torch.cuda, "_sleep"):
-            torch.cuda._sleep(50_000_000)
-        for i in range(opts.iters):
-            start[i].record()
-            peer.call(data[(opts.warmup + i) % sets])
-            end[i].record()
-        torch.cuda.synchronize()
-        ms = sorted(s.elapsed_time(e) for s, e in zip(start, end))
+        ms, first_call_s = bench.time_rotated(torch, peer.call, data, opts)
     finally:
         if peer.teardown:
             peer.teardown()
@@ -246,55 +200,24 @@ def time_peer(torch, peer, opts):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="cases: " + ", ".join(c["name"] for c in CASES) + "\n")
-    ap.add_argument("--quick", action="store_true", help="a short subset: " +
-                    ", ".join(c["name"] for c in CASES if c["quick"]))
-    ap.add_argument("--cases", help="comma-separated case names (default: all but opt-in ones)")
+    ap = bench.case_parser(__doc__, CASES, "a short subset", "all but opt-in ones")
     ap.add_argument("--with-compile", action="store_true",
                     help="add the torch.compile max-autotune case (minutes of autotuning)")
-    ap.add_argument("--json-out", metavar="PATH", help="write the results (and the raw smelt JSON) here")
-    ap.add_argument("--smelt", default=os.path.join(REPO, "build", "smelt"),
-                    help="the smelt binary (default build/smelt)")
-    ap.add_argument("--device", default="cuda", help="smelt --device (default cuda: never fall back to the CPU)")
-    ap.add_argument("--warmup", type=int, default=10, help="untimed runs on both sides (default 10)")
-    ap.add_argument("--iters", type=int, default=50, help="timed runs on both sides, at least 20 (default 50)")
+    bench.add_common_args(ap, warmup=10, iters=50)
     ap.add_argument("--no-check", action="store_true", help="skip smelt's --check against the CPU backend")
-    ap.add_argument("--timeout", type=int, default=300, help="seconds one smelt run may take (default 300)")
-    ap.add_argument("--list", action="store_true", help="list the cases and exit")
     opts = ap.parse_args()
     if opts.list:
         for c in CASES:
             extra = " (quick)" if c["quick"] else " (opt-in: --with-compile)" if c["opt_in"] else ""
             print(f"{c['name']:32s} {c['title']}, bar {c['bar']:.3f}{extra}")
         return 0
-    if opts.iters < 20:
-        ap.error("--iters must be at least 20 (the acceptance asks for a median of >= 20 runs)")
-
-    names = {c["name"] for c in CASES}
-    if opts.cases:
-        wanted = [s.strip() for s in opts.cases.split(",") if s.strip()]
-        unknown = [s for s in wanted if s not in names]
-        if unknown:
-            ap.error(f"unknown case(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-        cases = [c for c in CASES if c["name"] in wanted]
-    else:
-        cases = [c for c in CASES if (c["quick"] or not opts.quick) and
-                 (not c["opt_in"] or getattr(opts, c["opt_in"]))]
-    if not os.access(opts.smelt, os.X_OK):
-        print(f"gemm_vs_peers: {opts.smelt} is not an executable (build first: cmake -S . -B build && "
-              f"cmake --build build -j)", file=sys.stderr)
+    cases = bench.prepare(ap, opts, CASES, lambda c: (c["quick"] or not opts.quick) and
+                          (not c["opt_in"] or getattr(opts, c["opt_in"])), "gemm_vs_peers")
+    torch = bench.cuda_torch("gemm_vs_peers") if cases is not None else None
+    if torch is None:
         return 1
-
-    import torch  # after argument parsing, so --help and --list work without torch
-
-    if not torch.cuda.is_available():
-        print("gemm_vs_peers: torch sees no CUDA device", file=sys.stderr)
-        return 1
-    gpu = torch.cuda.get_device_name(0)
-    commit = git_commit()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    record = bench.Recorder(opts, torch.cuda.get_device_name(0))
+    gpu, commit, date = record.gpu, record.commit, bench.utc_now()
     print(f"smelt GEMM vs peers on {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
           f"smelt {commit}; {date}")
     print(f"median of {opts.iters} timed runs after {opts.warmup} warm-up runs on both sides, random data, "
@@ -342,6 +265,8 @@ def main():
                 torch.cuda.empty_cache()  # the next smelt process needs the memory
         r["wall_s"] = time.time() - t0
         results.append(r)
+        if r["error"] is None and r.get("check") != "fail":
+            record("gemm", c["name"], c["peer"][1], r["smelt_tflops"], r.get("peer"), r["peer_tflops"], "TF/s")
         first = r.get("peer_first_call_s")
         line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')} TFLOP/s, {r.get('peer', 'peer')} "
                 f"{fmt(r['peer_tflops'], '.1f')} TFLOP/s, ratio {fmt(r['ratio'], '.3f')} -> {r['status']} "
@@ -355,17 +280,8 @@ def main():
     for r in results:
         print(f"{r['title']:40s} {fmt(r['smelt_tflops'], '10.1f', 10)} {fmt(r['peer_tflops'], '10.1f', 10)} "
               f"{fmt(r['ratio'], '7.3f', 7)} {r['bar']:6.3f}  {r['status']:12s} {r.get('peer', '')}")
-    print("\nsmelt kernels:")
-    for r in results:
-        chk = f" [check {r['check']}]" if r.get("check") else ""
-        print(f"  {r['case']:32s} {r.get('kernel') or r['error']}{chk}")
-
-    if opts.json_out:
-        doc = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, commit=commit, date=date,
-                   iters=opts.iters, warmup=opts.warmup, results=results)
-        with open(opts.json_out, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"\nresults written to {opts.json_out}")
+    bench.print_kernels(results, 32, lambda r: r["error"])
+    bench.write_json(opts, torch, record, date, results)
     return 0 if results and all(r["status"] == "pass" for r in results) else 1
 
 

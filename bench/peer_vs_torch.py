@@ -42,6 +42,9 @@ Usage (from the repository root, after building build/smelt):
     python3 bench/peer_vs_torch.py                 # acceptance case (~1-2 minutes on an H100)
     python3 bench/peer_vs_torch.py --quick         # fewer runs, no check
     python3 bench/peer_vs_torch.py --json-out /tmp/peer.json
+The figures (forward, fwd+bwd, backward, traffic, store) are also appended to
+bench/results.jsonl (--results PATH elsewhere, --no-results for none), the
+rows bench/perf_report.py turns into docs/PERF.md.
 Exit status: 0 when everything ran and met its bars, 1 otherwise.
 """
 
@@ -55,9 +58,8 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from benchlib import fmt, git_commit  # noqa: E402
+import benchlib as bench
+from benchlib import REPO, fmt
 
 SHAPE = dict(tokens=4096, d_in=1024, d_out=1024, n=1024, heads=8, top_k=16, query_dim=256, hidden=1)
 BARS = dict(fwd_speedup=5.0, fwdbwd_speedup=3.0, pct_of_copy=70.0)
@@ -73,25 +75,7 @@ def smelt_args(s, extra=()):
 
 
 def run_smelt(opts, args):
-    """Runs `smelt bench peer` and returns its JSON object (with 'rc'), or
-    raises RuntimeError with the command's own error message."""
-    cmd = [opts.smelt, "bench", "peer", *args, "--device", opts.device, "--json"]
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"smelt timed out after {opts.timeout} s: {' '.join(cmd)}")
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        err = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()
-        raise RuntimeError(f"smelt exited {p.returncode}: {' | '.join(err[-3:])}")
-    res = json.loads(lines[-1])
-    res["rc"] = p.returncode
-    res["wall_s"] = round(time.time() - t0, 2)
-    res["command"] = " ".join(cmd)
-    if p.returncode != 0:
-        res["stderr"] = p.stderr.strip()[-2000:]
-    return res
+    return bench.run_smelt(opts, "peer", args)
 
 
 # ---------------------------------------------------------------- torch
@@ -181,6 +165,26 @@ def torch_peer(torch, s, opts, errors):
 # ---------------------------------------------------------------- main
 
 
+def record_rows(opts, raw, tor, store, h2d, s_fb):
+    """The run's figures as result rows: times against torch eager, the
+    forward's traffic against the device copy, the store's miss path against
+    pinned H2D."""
+    f, b = raw.get("fwd", {}), raw.get("bwd", {})
+    gpu = tor.get("gpu") or f.get("device_name") or "unknown"
+    record = bench.Recorder(opts, gpu)
+    eager = "torch eager"
+    record("peer", "fwd", "bf16", f.get("median_ms"), eager, tor.get("fwd_ms"), "ms")
+    record("peer", "fwd+bwd", "bf16", s_fb, eager, tor.get("fwdbwd_ms"), "ms")
+    record("peer", "bwd (dense dU/dV)", "bf16", b.get("median_ms"), None, None, "ms")
+    record("peer", "fwd traffic", "bf16", f.get("gbps"), "device copy", f.get("copy_gbps"), "GB/s")
+    for r in store:
+        zipf = "miss_path_gbps" in r
+        record("peer_store", "Zipf(1.1) ids, a batch" if zipf else "uniform, a forward", "bf16", r.get("median_ms"),
+               None, None, "ms")
+        if zipf:
+            record("peer_store", "miss path", "bf16", r["miss_path_gbps"], "pinned H2D", (h2d or {}).get("gbps"), "GB/s")
+
+
 def ratio(a, b):
     return b / a if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 else None
 
@@ -189,17 +193,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="20 timed runs, 3 warm-up, no --check run")
-    ap.add_argument("--json-out", metavar="PATH", help="write the results (and the raw smelt JSON) here")
-    ap.add_argument("--smelt", default=os.path.join(REPO, "build", "smelt"), help="the smelt binary (default build/smelt)")
-    ap.add_argument("--device", default="cuda", help="smelt --device (default cuda: never fall back to the CPU)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed runs on every side (default 5)")
-    ap.add_argument("--iters", type=int, default=30, help="timed runs on every side, at least 20 (default 30)")
+    bench.add_common_args(ap, warmup=5, iters=30)
     ap.add_argument("--store", action="store_true",
                     help="also run the 16 GiB store cases (uniform forward, exact Zipf(1.1) ids) and the H2D ceiling")
     ap.add_argument("--tiny", action="store_true",
                     help="a tiny shape (64 tokens, 64^2 experts) to try the script, e.g. with --device cpu --no-torch")
     ap.add_argument("--no-torch", action="store_true", help="smelt only (no speedups)")
-    ap.add_argument("--timeout", type=int, default=300, help="seconds one smelt run may take (default 300)")
     opts = ap.parse_args()
     if opts.quick:
         opts.warmup, opts.iters = 3, 20
@@ -321,11 +320,13 @@ def main():
     for e in errors:
         print(f"  error: {e}")
     ok = not errors and all(checks.values())
+    if not opts.tiny and checks.get("smelt_check", True):
+        record_rows(opts, raw, tor, store, h2d, s_fb)
     print(f"\n{'all bars met' if ok else 'NOT all bars met'} ({time.time() - t_start:.0f} s)")
 
     if opts.json_out:
-        doc = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(), commit=git_commit(), shape=s,
-                   bars=BARS, smelt_fwd_ms=s_fwd, smelt_bwd_ms=b.get("median_ms"), smelt_fwdbwd_ms=s_fb,
+        doc = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(), commit=bench.git_commit(opts.commit),
+                   shape=s, bars=BARS, smelt_fwd_ms=s_fwd, smelt_bwd_ms=b.get("median_ms"), smelt_fwdbwd_ms=s_fb,
                    torch=tor, speedup_fwd=sp_fwd, speedup_fwdbwd=sp_fb, pct_of_copy=pct, expert_gbps=expert_gbps,
                    expert_pct_of_copy=expert_pct, h2d=h2d, checks=checks, errors=errors, ok=ok, smelt=raw)
         try:

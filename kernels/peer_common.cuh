@@ -130,8 +130,8 @@ static __device__ __forceinline__ u32 peer_packed_id(u64 c) { return ~(u32)c; }
  * peer_route_prep beside the key split), through shared memory so that
  * reads and writes both run along rows (given row-major input), each
  * thread moving element pairs, as 4-byte words where the strides and
- * addresses allow (the 32 x 32 tile of single elements this replaced took
- * 8 us for the acceptance shape's 4 MiB on an H100). */
+ * addresses allow (faster than the 32 x 32 tile of single elements it
+ * replaced: docs/PERF.md, PEER: overlap and projection). */
 static __device__ __forceinline__ void peer_transpose_tile(u64 in, i64 rows, i64 cols, i64 rs, i64 cs, u64 out, i64 bx,
                                                            i64 by) {
   __shared__ __align__(4) smelt_h16 tile[PEER_TR_TILE][PEER_TR_TILE + 2]; /* rows of 33 words: conflict-free pairs */
@@ -140,7 +140,7 @@ static __device__ __forceinline__ void peer_transpose_tile(u64 in, i64 rows, i64
   const smelt_h16 *src = (const smelt_h16 *)in;
   smelt_h16 *dst = (smelt_h16 *)out;
   const bool win = cs == 1 && (rs & 1) == 0 && (cols & 1) == 0 && (in & 3) == 0, wout = (rows & 1) == 0 && (out & 3) == 0;
-  if (win) { /* every load issued before the first store (a load per row in turn took 8 us at 4 MiB) */
+  if (win) { /* every load issued before the first store (a load per row in turn was slower) */
     u32 v[PEER_TR_TILE / (PEER_TR_NT / 32)];
 #pragma unroll
     for (int i = 0; i < PEER_TR_TILE / (PEER_TR_NT / 32); i++) {

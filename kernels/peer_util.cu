@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(NT) peer_scan(u64 data, i64 count, 
 }
 
 /* A two-level form for long arrays (the radix sort's histograms, 256 a
- * tile of keys: 32k words for the issue's 524k uses, 35 µs in one block):
+ * tile of keys: 32k words for the 524k uses; docs/PERF.md, PEER: backward):
  * peer_scan_sums sums each TILE (bsum[b]), peer_scan scans bsum, and
  * peer_scan_add writes each tile's exclusive prefix from bsum[b]. */
 extern "C" __global__ void __launch_bounds__(NT) peer_scan_sums(u64 data, i64 count, u64 bsum) {

@@ -31,8 +31,8 @@
 #define BLOCK 256
 #define UNROLL 4
 /* On Hopper the 16-bit fast path asks for every thread slot (2048 per SM,
- * so 32 registers) to keep the most loads in flight: gelu f16 went from 73%
- * to 89% of copy bandwidth on H200. f32 (whose gelu needs 48 registers),
+ * so 32 registers) to keep the most loads in flight (docs/PERF.md,
+ * Elementwise activations). f32 (whose gelu needs 48 registers),
  * identity (a plain copy, which ptxas then spills) and sm_80 (where the cap
  * spills, and lower bandwidth leaves room) keep the default. */
 #if SMELT_DT == SMELT_DT_F32 || SMELT_ACT == ACT_IDENTITY || __CUDA_ARCH__ < 900

@@ -350,8 +350,8 @@ smelt__tune_verdict smelt__gemm_tune_lookup(const smelt__gemm_state *st, const s
     smelt__gemm_kernel_src(&table[cand[i]], &src);
     if (strcmp(src.name, r.kernel)) continue;
     /* The tuner never records a split of the persistent Hopper kernel (it
-     * times none: slower than unsplit on H100, docs/PERF.md), unless the
-     * plan fixed its split, which its key then holds. */
+     * times none: slower than unsplit, docs/PERF.md, GEMM: decisions),
+     * unless the plan fixed its split, which its key then holds. */
     if (table[cand[i]].fam == SMELT__GK_SM90 && r.split_k != 1 && !st->split_k) break;
     *kernel = cand[i];
     *split_k = r.split_k;
@@ -473,7 +473,8 @@ static int splits_for(const smelt__gemm_kernel *k, const smelt__gemm_state *req,
     return 1;
   }
   out[0] = 1;
-  /* Hopper split-K runs only when asked: unsplit was faster on H100. */
+  /* Hopper split-K runs only when asked: unsplit was faster (docs/PERF.md,
+   * GEMM: decisions). */
   if (k->fam == SMELT__GK_SM90 || req->mode == SMELT_GEMM_MODE_BATCHED) return 1;
   const smelt__gemm_prob *p = &req->prob;
   const int64_t tiles = ((p->m + k->bm - 1) / k->bm) * ((p->n + k->bn - 1) / k->bn);

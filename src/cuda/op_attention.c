@@ -77,21 +77,22 @@ typedef struct attn_kernel {
 
 #define MAX_KERNELS 32
 #define BWD_BM 64 /* queries per step of attn_bwd and attn_bwd_sm90 (BM in both files) */
-/* attn_bwd_sm90's options (docs/PERF.md has their timings): STAGES, the
- * depth of the Q/dO ring (2 or 3); DQ_TMA, dQ added with
- * red.global.add.v2.f32 (0) or through a shared f32 tile and TMA
- * reduce-add (1, 32 KiB more shared memory). */
+/* attn_bwd_sm90's options (timed in docs/PERF.md, Attention backward:
+ * decisions): STAGES, the depth of the Q/dO ring (2 or 3); DQ_TMA, dQ
+ * added with red.global.add.v2.f32 (0) or through a shared f32 tile and
+ * TMA reduce-add (1, 32 KiB more shared memory). */
 #define BWD90_STAGES 2
 #define BWD90_DQ_TMA 1
 /* SPREAD: each block starts its query tiles at an offset, so that the
- * blocks of a head add into different dQ rows at a time (1: 1.03-1.04x at
- * S4k, 4 bytes spilled), or all walk them from the first (0). */
+ * blocks of a head add into different dQ rows at a time (1: faster, 4 bytes
+ * spilled), or all walk them from the first (0). */
 #define BWD90_SPREAD 1
 /* The Hopper forward's schedules (ATTN_PERSISTENT in the kernel): one CTA
  * per query tile; one per SM walking the tiles in a static stride of the
  * grid; one per SM taking them from a counter. SMELT_ATTN_FWD_SCHEDULE
  * (tiles, persistent, dynamic) picks one; unset, fwd90_schedule() decides
- * by the mask, as measured on H100 (docs/PERF.md). */
+ * by the mask, as measured (docs/PERF.md, Attention forward: persistent
+ * schedules). */
 enum { FWD90_TILES, FWD90_STATIC, FWD90_DYNAMIC };
 static const char *const fwd90_names[] = {"tiles", "persistent", "dynamic"};
 /* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
@@ -156,8 +157,9 @@ static int table(attn_kernel *t) {
     add(t, &n, AK_FWD80, dt, 96, 64);
     add(t, &n, AK_FWD80, dt, 128, 64);
     add(t, &n, AK_FWD80, dt, 256, 32);
-    /* Measured on H100 (docs/PERF.md): D 64 is bound by the exponentials
-     * and wants a third consumer to overlap them; D 128 fits two. */
+    /* Measured (docs/PERF.md, Attention forward: decisions): D 64 is bound
+     * by the exponentials and wants a third consumer to overlap them; D 128
+     * fits two. */
     add90(t, &n, dt, 64, 128, 3, 4);
     add90(t, &n, dt, 128, 128, 2, 3);
     add(t, &n, AK_BWD80, dt, 64, 128);
@@ -260,12 +262,11 @@ static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d, int
 
 /* The Hopper forward's schedule: SMELT_ATTN_FWD_SCHEDULE (tiles,
  * persistent or dynamic; anything else is an error), else by the mask.
- * Measured on H100 (docs/PERF.md, "Persistent schedule"): the static
- * persistent schedule beats one CTA per tile by 3-11% without a right
- * window (every query tile sees about as many keys) and loses 10% at
- * causal S4k, where one CTA per tile wins; the dynamic one ties one CTA
- * per tile under a causal mask (+1% at S4k, -3% at S16k) and trails the
- * static one without. */
+ * Measured (docs/PERF.md, Attention forward: persistent schedules): the
+ * static persistent schedule beats one CTA per tile without a right window
+ * (every query tile sees about as many keys) and loses to it under a
+ * causal mask; the dynamic one ties one CTA per tile under a causal mask
+ * and trails the static one without. */
 static smelt_status fwd90_schedule(const smelt__attn_state *st, int *sched) {
   const char *env = smelt__getenv("SMELT_ATTN_FWD_SCHEDULE");
   if (env) {

@@ -79,10 +79,10 @@ smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *arg
   if (st->split_k == 0) {
     /* AUTO left it open (a plain GEMM may become a parallel split) or a
      * split mode asked us to choose (a tuning record's split comes first).
-     * The persistent Hopper kernel does not split by itself: on H100, 128 x
-     * 4096 x 4096 in two or four slices of the narrow tile plus gemm_reduce
-     * took 27.6 / 29.0 us against 22.3 us unsplit on 64 SMs (docs/PERF.md);
-     * a split mode asked for gets choose_split's slices. */
+     * The persistent Hopper kernel does not split by itself: a skinny M in
+     * two or four slices plus gemm_reduce ran slower than unsplit on fewer
+     * SMs (docs/PERF.md, GEMM: decisions, third round); a split mode asked
+     * for gets choose_split's slices. */
     st->split_k = tuned_split                                 ? tuned_split
                   : k->fam == SMELT__GK_SM90 && !split_mode ? 1
                                                             : choose_split(k, f.m, f.n, f.k, dev->sm_count);
