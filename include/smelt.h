@@ -324,8 +324,10 @@ SMELT_API smelt_status smelt_topk(smelt_ctx *ctx, int64_t k, const smelt_tensor 
 
 /* Compiles every kernel variant the selectors can pick for `arch` ("sm_90a",
  * "sm_80", ...; NULL = each local device's arch) into the disk cache. No GPU
- * is needed. `progress` (may be NULL) is called once per kernel with index
- * counting from 1 and cached = 1 when the kernel was already in the cache;
+ * is needed. Kernels compile on one thread per core. `progress` (may be NULL)
+ * is called once per kernel, from those threads but never two calls at once,
+ * with index counting completions from 1 and cached = 1 when the kernel was
+ * already in the cache;
  * *compiled_count counts every kernel now in the cache, cached ones included.
  * Fails with INVALID_ARGUMENT for an arch below sm_80 or not of that form, and
  * with CACHE_ERROR (naming why) when there is no usable cache folder. */
