@@ -80,6 +80,14 @@ static smelt_status resolve_config(const smelt_peer_config *cfg, smelt__peer_sta
   if ((unsigned)cfg->gate >= SMELT_PEER_GATE_COUNT)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         OP ": cfg.gate=%d is not a smelt_peer_gate (softmax, sigmoid, relu)", (int)cfg->gate);
+  const smelt_peer_kernels *kc = &cfg->kernels;
+  if ((unsigned)kc->route >= SMELT_PEER_ROUTE_COUNT || (unsigned)kc->expert >= SMELT_PEER_EXPERT_COUNT ||
+      (unsigned)kc->overlap >= SMELT_PEER_OVERLAP_COUNT || (unsigned)kc->projection >= SMELT_PEER_PROJECTION_COUNT ||
+      kc->head_groups < 0 || kc->head_groups > 2)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        OP ": cfg.kernels route=%d expert=%d overlap=%d projection=%d head_groups=%d: each must be "
+                           "one of its enum's values (0 = auto), head_groups 0, 1 or 2",
+                        (int)kc->route, (int)kc->expert, (int)kc->overlap, (int)kc->projection, kc->head_groups);
   if (!isfinite(cfg->norm_eps) || cfg->norm_eps < 0 || !isfinite(cfg->l2_eps) || cfg->l2_eps < 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": cfg.norm_eps=%g and cfg.l2_eps=%g must be finite and >= 0",
                         cfg->norm_eps, cfg->l2_eps);
