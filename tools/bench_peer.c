@@ -282,16 +282,23 @@ static struct {
   smelt_peer_grads g;
 } wv;
 
+/* Views shaped as Wq, bq and the sub-keys (the weights or their
+ * gradients) at wq, bq and keys, pointed at by *pwq, *pbq and pkeys. */
+static void bind_query(void *wq, void *bq, void *const *keys, smelt_tensor *twq, smelt_tensor *tbq, smelt_tensor *tkeys,
+                       const smelt_tensor **pwq, const smelt_tensor **pbq, const smelt_tensor **pkeys) {
+  *twq = dense(wq, st.dt, 2, st.din, st.H * st.dq, 0);
+  *tbq = dense(bq, st.dt, 1, st.H * st.dq, 0, 0);
+  *pwq = twq;
+  *pbq = tbq;
+  for (int i = 0; i < st.P; i++) {
+    tkeys[i] = dense(keys[i], st.dt, 2, st.n, st.dq / st.P, 0);
+    pkeys[i] = &tkeys[i];
+  }
+}
+
 static void bind_weights(void) {
   memset(&wv, 0, sizeof wv);
-  wv.wq = dense(st.wq, st.dt, 2, st.din, st.H * st.dq, 0);
-  wv.bq = dense(st.bq, st.dt, 1, st.H * st.dq, 0, 0);
-  wv.w.wq = &wv.wq;
-  wv.w.bq = &wv.bq;
-  for (int i = 0; i < st.P; i++) {
-    wv.keys[i] = dense(st.keys[i], st.dt, 2, st.n, st.dq / st.P, 0);
-    wv.w.sub_keys[i] = &wv.keys[i];
-  }
+  bind_query(st.wq, st.bq, st.keys, &wv.wq, &wv.bq, wv.keys, &wv.w.wq, &wv.w.bq, wv.w.sub_keys);
   if (st.store) {
     wv.w.store = st.store;
   } else {
@@ -301,14 +308,7 @@ static void bind_weights(void) {
     wv.w.v = &wv.v;
   }
   if (!opt_bwd) return;
-  wv.dwq = dense(st.dwq, st.dt, 2, st.din, st.H * st.dq, 0);
-  wv.dbq = dense(st.dbq, st.dt, 1, st.H * st.dq, 0, 0);
-  wv.g.dwq = &wv.dwq;
-  wv.g.dbq = &wv.dbq;
-  for (int i = 0; i < st.P; i++) {
-    wv.dkeys[i] = dense(st.dkeys[i], st.dt, 2, st.n, st.dq / st.P, 0);
-    wv.g.dsub_keys[i] = &wv.dkeys[i];
-  }
+  bind_query(st.dwq, st.dbq, st.dkeys, &wv.dwq, &wv.dbq, wv.dkeys, &wv.g.dwq, &wv.g.dbq, wv.g.dsub_keys);
   if (st.gids) {
     const int64_t nids = (int64_t)st.nids;
     wv.gids = dense(st.gids, SMELT_DTYPE_I64, 1, nids, 0, 0);
@@ -600,6 +600,19 @@ static void zipf_setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
            st.zipf_s);
 }
 
+/* The store of --cache-mb MiB for the bench's shape (tables zeroed). */
+static void create_store(smelt_ctx *ctx) {
+  smelt_peer_store_options o = smelt_peer_store_options_default();
+  o.num_experts = st.N;
+  o.input_dim = st.din;
+  o.output_dim = st.dout;
+  o.expert_hidden_size = st.he;
+  o.dtype = st.dt;
+  o.cache_mb = (double)opt_cache_mb;
+  o.use_env = 0;
+  CLI_TRY(smelt_peer_store_create(ctx, &o, &st.store));
+}
+
 static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   st.ctx = ctx;
   st.sets = sets;
@@ -607,15 +620,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   if (st.zipf_s > 0) {
     /* The store alone: its tables stay as created (zeroed); the copies
      * move the same bytes whatever they hold. */
-    smelt_peer_store_options o = smelt_peer_store_options_default();
-    o.num_experts = st.N;
-    o.input_dim = st.din;
-    o.output_dim = st.dout;
-    o.expert_hidden_size = st.he;
-    o.dtype = st.dt;
-    o.cache_mb = (double)opt_cache_mb;
-    o.use_env = 0;
-    CLI_TRY(smelt_peer_store_create(ctx, &o, &st.store));
+    create_store(ctx);
     zipf_setup(ctx, sets, c);
     return;
   }
@@ -633,15 +638,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   void *hu = NULL, *hv = NULL;
   int own_host_tables = 0;
   if (opt_cache_mb > 0) {
-    smelt_peer_store_options o = smelt_peer_store_options_default();
-    o.num_experts = st.N;
-    o.input_dim = st.din;
-    o.output_dim = st.dout;
-    o.expert_hidden_size = st.he;
-    o.dtype = st.dt;
-    o.cache_mb = (double)opt_cache_mb;
-    o.use_env = 0;
-    CLI_TRY(smelt_peer_store_create(ctx, &o, &st.store));
+    create_store(ctx);
     smelt_tensor tu, tv;
     CLI_TRY(smelt_peer_store_tables(st.store, &tu, &tv));
     tile(NULL, tu.data, st.nu, hw.upat, PATTERN_ELEMS);

@@ -272,32 +272,16 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
     }
     if (r < 0) goto done;
   }
-  smelt_peer_weights w;
-  memset(&w, 0, sizeof w);
-  w.wq = wts[W_WQ];
-  w.bq = wts[W_BQ];
-  w.norm_weight = wts[W_NW];
-  w.norm_bias = wts[W_NB];
-  w.bn_mean = wts[W_BM];
-  w.bn_var = wts[W_BV];
-  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) w.sub_keys[i] = wts[W_SK0 + i];
-  w.u = wts[W_U];
-  w.v = wts[W_V];
-  w.store = store ? store->store : NULL;
-  smelt_peer_grads g;
-  memset(&g, 0, sizeof g);
-  g.dx = o[G_DX];
-  g.dwq = o[G_DWQ];
-  g.dbq = o[G_DBQ];
-  g.dnorm_weight = o[G_DNW];
-  g.dnorm_bias = o[G_DNB];
-  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) g.dsub_keys[i] = o[G_DSK0 + i];
-  g.du = o[G_DU];
-  g.dv = o[G_DV];
-  g.grad_ids = o[G_IDS];
-  g.grad_count = o[G_CNT];
-  g.du_rows = o[G_DUR];
-  g.dv_rows = o[G_DVR];
+  smelt_peer_weights w = {.wq = wts[W_WQ], .bq = wts[W_BQ], .norm_weight = wts[W_NW], .norm_bias = wts[W_NB],
+                          .bn_mean = wts[W_BM], .bn_var = wts[W_BV], .u = wts[W_U], .v = wts[W_V],
+                          .store = store ? store->store : NULL};
+  smelt_peer_grads g = {.dx = o[G_DX], .dwq = o[G_DWQ], .dbq = o[G_DBQ], .dnorm_weight = o[G_DNW],
+                        .dnorm_bias = o[G_DNB], .du = o[G_DU], .dv = o[G_DV], .grad_ids = o[G_IDS],
+                        .grad_count = o[G_CNT], .du_rows = o[G_DUR], .dv_rows = o[G_DVR]};
+  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) {
+    w.sub_keys[i] = wts[W_SK0 + i];
+    g.dsub_keys[i] = o[G_DSK0 + i];
+  }
   smelt_status s = run(&call, mode, &cfg, &w, x, o, ids, dy, &g);
   if (s) {
     smpy_raise_status(s);

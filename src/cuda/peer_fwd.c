@@ -33,7 +33,12 @@ smelt_tensor smelt__peer_dev_tensor(const smelt_ctx *ctx, void *p, smelt_dtype d
 }
 
 void smelt__peer_fill_route(const smelt__peer_state *ps, const smelt_peer_weights *w, smelt__peer_route_params *P) {
-  memset(P, 0, sizeof *P);
+  *P = (smelt__peer_route_params){.T = ps->T, .h = ps->h, .dq = ps->dq, .dsub = ps->dsub, .k = ps->k, .N = ps->N,
+                                  .param_hs = ps->norm_per_head ? ps->dq : 0,
+                                  .norm_eps = (float)ps->cfg.norm_eps, .l2_eps = (float)ps->cfg.l2_eps,
+                                  .p = ps->p, .norm = (int)ps->cfg.query_norm, .key_l2 = ps->cfg.key_l2_norm != 0,
+                                  .gate = (int)ps->cfg.gate, .key_dt = w->sub_keys[0]->dtype,
+                                  .param_dt = SMELT_DTYPE_F32, .ready_groups = 1, .ready_round = 1};
   for (int i = 0; i < ps->p; i++) {
     P->keys[i] = (uint64_t)(uintptr_t)w->sub_keys[i]->data;
     P->n[i] = ps->n[i];
@@ -41,28 +46,11 @@ void smelt__peer_fill_route(const smelt__peer_state *ps, const smelt_peer_weight
   }
   const smelt_tensor *np[4] = {w->norm_weight, w->norm_bias, w->bn_mean, w->bn_var};
   uint64_t *dst[4] = {&P->norm_w, &P->norm_b, &P->bn_mean, &P->bn_var};
-  P->param_dt = SMELT_DTYPE_F32;
   for (int i = 0; i < 4; i++)
     if (np[i]) {
       *dst[i] = (uint64_t)(uintptr_t)np[i]->data;
       P->param_dt = np[i]->dtype;
     }
-  P->T = ps->T;
-  P->h = ps->h;
-  P->dq = ps->dq;
-  P->dsub = ps->dsub;
-  P->k = ps->k;
-  P->N = ps->N;
-  P->param_hs = ps->norm_per_head ? ps->dq : 0;
-  P->norm_eps = (float)ps->cfg.norm_eps;
-  P->l2_eps = (float)ps->cfg.l2_eps;
-  P->p = ps->p;
-  P->norm = (int)ps->cfg.query_norm;
-  P->key_l2 = ps->cfg.key_l2_norm != 0;
-  P->gate = (int)ps->cfg.gate;
-  P->key_dt = w->sub_keys[0]->dtype;
-  P->ready_groups = 1;
-  P->ready_round = 1;
 }
 
 smelt_status smelt__peer_no_f64(const smelt_tensor *const *t, const char *const *names, int n) {
@@ -225,6 +213,25 @@ static smelt_status launch_route(smelt_plan *plan, const smelt__peer_variant *v,
 
 /* ---------------------------------------------------------------- retrieve, forward */
 
+/* Projects (unless fused: the room for Wq's copy at q) and routes by L:
+ * ids, and scores and gates where not NULL; E as launch_route's. */
+static smelt_status project_route(smelt_plan *plan, const smelt__peer_variant *v, const smelt__peer_route_launch *L,
+                                  const smelt_peer_weights *w, const smelt_tensor *x, void *q, void *ids, void *scores,
+                                  void *gates, smelt__peer_expert_params *E) {
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const int pj = v->projection == SMELT_PEER_PROJECTION_FUSED;
+  smelt_status s = pj ? SMELT_OK : smelt__peer_project(plan, w, x, q);
+  if (s) return s;
+  smelt__peer_route_params P;
+  smelt__peer_fill_route(ps, w, &P);
+  P.q = (uint64_t)(uintptr_t)q;
+  if (pj) pj_params(ps, w, x, q, &P);
+  P.ids = (uint64_t)(uintptr_t)ids;
+  P.scores = (uint64_t)(uintptr_t)scores;
+  P.gates = (uint64_t)(uintptr_t)gates;
+  return launch_route(plan, v, L, &P, E, pj ? w->wq : NULL);
+}
+
 smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
                                        const smelt_tensor *ids, const smelt_tensor *scores) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
@@ -238,16 +245,7 @@ smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weight
   void *base, *q;
   if ((s = smelt__peer_ws_alloc(ctx, bytes, 1, &base, &q))) return s;
   smelt__nvtx_push("smelt_peer_retrieve");
-  s = pj ? SMELT_OK : smelt__peer_project(plan, w, x, q);
-  if (!s) {
-    smelt__peer_route_params P;
-    smelt__peer_fill_route(ps, w, &P);
-    P.q = (uint64_t)(uintptr_t)q;
-    if (pj) pj_params(ps, w, x, q, &P);
-    P.ids = (uint64_t)(uintptr_t)ids->data;
-    P.scores = (uint64_t)(uintptr_t)scores->data;
-    s = launch_route(plan, v, &v->alone, &P, NULL, pj ? w->wq : NULL);
-  }
+  s = project_route(plan, v, &v->alone, w, x, q, ids->data, scores->data, NULL, NULL);
   smelt__nvtx_pop();
   smelt_status s2 = smelt__cuda_free(ctx, base);
   return s ? s : s2;
@@ -278,17 +276,7 @@ smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights
   E.ids = (uint64_t)(uintptr_t)idp;
   E.gates = (uint64_t)(uintptr_t)gates;
   E.stage_uses = v->expert_slots; /* the backward's E keeps the warp kernel's */
-  s = pj ? SMELT_OK : smelt__peer_project(plan, w, x, q);
-  if (!s) {
-    smelt__peer_route_params P;
-    smelt__peer_fill_route(ps, w, &P);
-    P.q = (uint64_t)(uintptr_t)q;
-    if (pj) pj_params(ps, w, x, q, &P);
-    P.ids = (uint64_t)(uintptr_t)idp;
-    P.scores = scores ? (uint64_t)(uintptr_t)scores->data : 0;
-    P.gates = (uint64_t)(uintptr_t)gates;
-    s = launch_route(plan, v, &v->fwd, &P, beside ? &E : NULL, pj ? w->wq : NULL);
-  }
+  s = project_route(plan, v, &v->fwd, w, x, q, idp, scores ? scores->data : NULL, gates, beside ? &E : NULL);
   if (!s && ps->store) s = smelt__cuda_peer_store_batch(ps->store, (const int64_t *)idp, nuse);
   if (!s && !beside) {
     void *params[] = {&E};

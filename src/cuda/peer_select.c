@@ -29,15 +29,27 @@ static const smelt_dtype weight_dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SM
 
 /* ---------------------------------------------------------------- sources */
 
+/* The shared-memory layout constants a module's kernels check
+ * (peer_cuda.h), into its prelude. */
+typedef struct layout_define {
+  const char *name;
+  long long value;
+} layout_define;
+
+static void define_layouts(smelt__kernel_src *src, const layout_define *d, size_t n) {
+  for (size_t i = 0; i < n; i++) smelt__prelude_define(src, d[i].name, d[i].value);
+}
+
 void smelt__peer_route_src(smelt__kernel_src *src) {
+  static const layout_define layouts[] = {{"SMELT_PEER_SMEM_ROUTE", SMELT__PEER_SMEM_ROUTE},
+                                          {"SMELT_PEER_SMEM_ROUTE_DS", SMELT__PEER_SMEM_ROUTE_DS},
+                                          {"SMELT_PEER_SMEM_ROUTE_WG", SMELT__PEER_SMEM_ROUTE_WG},
+                                          {"SMELT_PEER_SMEM_RBWD_DQ", SMELT__PEER_SMEM_RBWD_DQ},
+                                          {"SMELT_PEER_SMEM_RBWD", SMELT__PEER_SMEM_RBWD}};
   memset(src, 0, sizeof *src);
   snprintf(src->name, sizeof src->name, "peer_route");
   src->body = "peer_route.cu";
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_ROUTE", SMELT__PEER_SMEM_ROUTE);
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_ROUTE_DS", SMELT__PEER_SMEM_ROUTE_DS);
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_ROUTE_WG", SMELT__PEER_SMEM_ROUTE_WG);
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_RBWD_DQ", SMELT__PEER_SMEM_RBWD_DQ);
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_RBWD", SMELT__PEER_SMEM_RBWD);
+  define_layouts(src, layouts, sizeof layouts / sizeof *layouts);
 }
 
 void smelt__peer_util_src(smelt__kernel_src *src) {
@@ -47,16 +59,17 @@ void smelt__peer_util_src(smelt__kernel_src *src) {
 }
 
 void smelt__peer_expert_src(smelt_dtype wdt, int vec, smelt__kernel_src *src) {
+  static const layout_define layouts[] = {{"SMELT_PEER_SMEM_USE_PTRS", SMELT__PEER_SMEM_USE_PTRS},
+                                          {"SMELT_PEER_WS_WARPS", SMELT__PEER_WS_WARPS},
+                                          {"SMELT_PEER_WS_CH", SMELT__PEER_WS_CH},
+                                          {"SMELT_PEER_SMEM_BULK_WIN", SMELT__PEER_SMEM_BULK_WIN},
+                                          {"SMELT_PEER_SMEM_BULK8_BARS", SMELT__PEER_SMEM_BULK8_BARS}};
   memset(src, 0, sizeof *src);
   snprintf(src->name, sizeof src->name, "peer_expert_%s_%s", smelt_dtype_name(wdt), vec > 1 ? "v16" : "scalar");
   src->body = "peer_expert.cu";
   smelt__prelude_define(src, "SMELT_WDT", wdt);
   smelt__prelude_define(src, "SMELT_VEC", vec);
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_USE_PTRS", SMELT__PEER_SMEM_USE_PTRS);
-  smelt__prelude_define(src, "SMELT_PEER_WS_WARPS", SMELT__PEER_WS_WARPS);
-  smelt__prelude_define(src, "SMELT_PEER_WS_CH", SMELT__PEER_WS_CH);
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_BULK_WIN", SMELT__PEER_SMEM_BULK_WIN);
-  smelt__prelude_define(src, "SMELT_PEER_SMEM_BULK8_BARS", SMELT__PEER_SMEM_BULK8_BARS);
+  define_layouts(src, layouts, sizeof layouts / sizeof *layouts);
 }
 
 static int vec_of(smelt_dtype wdt) { return (int)(16 / smelt_dtype_size(wdt)); }
