@@ -688,7 +688,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
  * runs this kernel too, so stored and dense results are identical).
  * Two entry points: 16 warps a CTA, alone on the GPU; and 8 warps
  * (peer_expert_fwd_bulk8, at most 128 registers) to share each SM with a
- * routing CTA (src/cuda/op_peer.c's overlap). */
+ * routing CTA (src/cuda/peer_select.c's overlap). */
 #define BK_WIN 64 /* uses in a warp's id/gate window: two batches of 32 */
 static_assert(BK_WIN * (sizeof(int) + sizeof(float)) == SMELT_PEER_SMEM_BULK_WIN,
               "a warp's window of codes and gates must take the host's SMELT_PEER_SMEM_BULK_WIN bytes");
@@ -1016,8 +1016,8 @@ static __device__ __forceinline__ int bk_literal(const peer_expert_params &P) {
 
 /* The literal shape with the down projection on tensor cores (LIT 2):
  * 16-bit weights, d_in = d_out = 1024, x of the weights' type with rows
- * 4-byte aligned, h k even (pairs of uses). src/cuda/op_peer.c's
- * expert_fn takes the _tc entry points only then; they trap otherwise,
+ * 4-byte aligned, h k even (pairs of uses). src/cuda/peer_select.c's
+ * expert_tc takes the _tc entry points only then; they trap otherwise,
  * rather than compute from misread x. */
 static __device__ __forceinline__ int bk_tensor(const peer_expert_params &P) {
   return SMELT_WDT != SMELT_DT_F32 && VEC == 8 && P.x_dt == SMELT_WDT && (P.x & 3) == 0 && P.x_rs % 2 == 0 &&

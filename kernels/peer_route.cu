@@ -889,7 +889,7 @@ static __device__ __forceinline__ void wg_scores(float *acc, const u32 (*qf)[4],
   wgmma_commit();
   WGMMA_WAIT(0);
 #else
-  __trap(); /* wgmma is sm_90a's; op_peer.c picks WG on cc 9.0 only */
+  __trap(); /* wgmma is sm_90a's; peer_select.c picks WG on cc 9.0 only */
 #endif
 }
 
@@ -1566,7 +1566,7 @@ static __device__ __forceinline__ int route_tile(const peer_route_params &P, int
 static __device__ __forceinline__ int ready_index(const peer_route_params &P, int b, int hh) {
   return b * P.ready_groups + hh / ((int)P.h / P.ready_groups);
 }
-/* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/op_peer.c): persistent,
+/* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/peer_select.c): persistent,
  * the tiles in route_tile's order; `ready` counts a block's (group's)
  * heads done. The expert kernel, launched after this one as its
  * programmatic dependent, is let in once every CTA of this grid has

@@ -1253,7 +1253,7 @@ static void test_peer_store_forward(void) {
  * on a 132-SM GPU, so the persistent tile loop runs, and 4 rounds of 17
  * blocks and a partial one. Elsewhere every run takes the sequential
  * path. On Hopper the wg cases without query norm project the queries in
- * the routing (route_pj; d_in 64, 320 and 1024: one chunk, and five and
+ * the routing (the fused projection; d_in 64, 320 and 1024: one chunk, and five and
  * sixteen through three stages); at d 1024 the expert kernel takes its
  * tensor-core forms, whose pairs of uses must give the single uses' bits.
  * Against the projection GEMM (cfg.kernels.projection gemm) the f32

@@ -462,8 +462,10 @@ static smelt_status load(smelt_ctx *ctx, smelt__peer_variant *v) {
   return s;
 }
 
-/* What the plan runs, from its variant (the expert kernel's pipeline
- * last: truncated first when too long). */
+/* What the plan runs, from its variant: the projection, the forward's
+ * routing kernel (and the retrieval's when it differs), the expert module
+ * and its forward kernel, beside the routing or not, and its slots a warp
+ * or uses a round (last: truncated first when too long). */
 static void describe(smelt_plan *plan, const smelt__peer_state *ps, const smelt__peer_cuda *pc,
                      const smelt__peer_variant *v) {
   smelt__kernel_src es;
@@ -471,18 +473,18 @@ static void describe(smelt_plan *plan, const smelt__peer_state *ps, const smelt_
   const size_t skip = strlen("peer_");
   char route[64], expert[96];
   if (strcmp(v->alone.name, v->fwd.name))
-    snprintf(route, sizeof route, "%.24s (retrieval %.24s)", v->fwd.name + skip, v->alone.name + skip);
+    snprintf(route, sizeof route, "%.24s (alone %.24s)", v->fwd.name + skip, v->alone.name + skip);
   else
     snprintf(route, sizeof route, "%.24s", v->fwd.name + skip);
-  snprintf(expert, sizeof expert, "%.24s %.16s%s, %d %s", es.name, expert_fwd_name(v) + strlen("peer_expert_"),
+  snprintf(expert, sizeof expert, "%.24s %.16s%s, %d %s", es.name + skip, expert_fwd_name(v) + strlen("peer_expert_"),
            v->overlap != SMELT_PEER_OVERLAP_BESIDE ? "" : v->head_groups == 2 ? " beside, 2 head groups" : " beside",
            v->ev.kind == SMELT_PEER_EXPERT_ROWS ? (int)v->ev.chunk : v->expert_slots,
-           v->ev.kind == SMELT_PEER_EXPERT_ROWS ? "uses a round" : "slots a warp");
+           v->ev.kind == SMELT_PEER_EXPERT_ROWS ? "uses a round" : "slots");
   snprintf(plan->describe, sizeof plan->describe, "peer N=%lld (p=%d) h=%lld k=%lld dq=%lld h_e=%lld: %s + %s + ",
            (long long)ps->N, ps->p, (long long)ps->h, (long long)ps->k, (long long)ps->dq, (long long)ps->he,
-           v->projection == SMELT_PEER_PROJECTION_FUSED ? "x*Wq in the routing"
-           : pc->wq_t                                   ? "GEMM x*Wq (Wq K-major)"
-                                                        : "GEMM x*Wq",
+           v->projection == SMELT_PEER_PROJECTION_FUSED ? "x Wq fused"
+           : pc->wq_t                                   ? "GEMM x Wq (K-major)"
+                                                        : "GEMM x Wq",
            route);
   const size_t used = strlen(plan->describe); /* the expert kernel last: truncated first when too long */
   snprintf(plan->describe + used, sizeof plan->describe - used, "%s", expert);
