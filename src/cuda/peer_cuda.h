@@ -54,9 +54,9 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u);
  * device) when total is not NULL. */
 smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *data, int64_t count, void *total);
 
-/* ---- shared-memory layouts
+/* ---- shared-memory layouts */
 
- * The host sizes each kernel's dynamic shared memory from these; the
+/* The host sizes each kernel's dynamic shared memory from these; the
  * selector writes them into the modules' preludes (SMELT_PEER_SMEM_*),
  * where each kernel checks its own layout against them at compile time,
  * so the two sides cannot drift. Layouts whose size depends on the shape
@@ -83,12 +83,12 @@ smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *d
 #define SMELT__PEER_SMEM_BULK_WIN (64 * 8)
 #define SMELT__PEER_SMEM_BULK8_BARS (8 * 8 * 8)
 
-/* ---- the plan's variant
+/* ---- the plan's variant */
 
- * Everything a run launches, chosen once by the selector (peer_select.c)
+/* Everything a run launches, chosen once by the selector (peer_select.c)
  * from the problem, the device and cfg.kernels; smelt_plan_describe prints
- * it. A run whose tensors are less aligned than planned takes the
- * variant the same selector gives for its pointers (smelt__peer_variant_for). */
+ * it. A run whose pointers are aligned otherwise than planned takes the
+ * variant the same selector gives for them (smelt__peer_variant_for). */
 typedef struct smelt__peer_expert {
   smelt_peer_expert_kernel kind; /* BULK, WARP or ROWS */
   smelt_dtype wdt;               /* the weights' type */
