@@ -532,10 +532,10 @@ static void test_peer_retrieve_ties(void) {
 
 /* Sub-key tables of several 64-key tiles and partial ones (tile copies and
  * the filtered merge across tiles), more than one CTA of 64 rows, lists of
- * 16 and 32: the CUDA routing kernels (cfg.kernels.route reg, and wg where
- * it applies: Hopper, dq/p 128, bf16 keys) against the reference,
- * computed once for both, and wg against reg bit for bit where the
- * products are exact (reg's approximate first pass and filtered
+ * 16 and 32, dq/p over 128: the CUDA routing kernels (cfg.kernels.route
+ * reg, and wg where it applies: Hopper, dq/p 128, bf16 keys) against the
+ * reference, computed once for both, and wg against reg bit for bit where
+ * the products are exact (reg's approximate first pass and filtered
  * combination included: random data with lo parts exercise its error
  * bound, exact data its fallback). Exact data have many equal scores
  * across tiles (ties by id): the thresholds then let many scores through,
@@ -555,6 +555,9 @@ static void test_peer_retrieve_tiles(void) {
       /* dsub 128, bf16 keys: reg's literal-dpad tile loops and shifted copies */
       {2, {130, 90}, 16, 1, 256, 16, 16, 1, 66, NONE, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, BF16},
       {2, {100, 70}, 8, 2, 256, 16, 16, 1, 65, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      /* dsub 160 and 200: reg's buffered form (peer_route_buf), its fallback pass on exact data */
+      {2, {130, 70}, 16, 2, 320, 16, 16, 1, 66, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      {2, {90, 80}, 12, 1, 400, 16, 16, 1, 70, LN, 0, 1, 0, SIGMOID, GELU, 0, F32, F32, F32},
   };
   static const smelt_peer_route_kernel kernels[NK] = {SMELT_PEER_ROUTE_REG, SMELT_PEER_ROUTE_WG};
   static const char *const knames[NK] = {"reg", "wg"};
