@@ -58,6 +58,11 @@ static __device__ __forceinline__ float wcvt(welem v) { return smelt_bf16_to_f32
 #endif
 #define NT 256
 #define NWARPS (NT / 32)
+/* The host sizes shared memory from the prelude's layout constants
+ * (src/cuda/peer_cuda.h); the layouts below must match them. */
+static_assert(NWARPS == SMELT_PEER_WS_WARPS, "the warp kernels' rings must be the host's SMELT_PEER_WS_WARPS");
+static_assert(2 * sizeof(const welem *) == SMELT_PEER_SMEM_USE_PTRS,
+              "a use's U and V row pointers must take the host's SMELT_PEER_SMEM_USE_PTRS bytes");
 #define UP_BATCH 4 /* uses whose V rows one thread loads together */
 
 #if VEC > 1
@@ -423,6 +428,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd(peer_expert_
  * bytes in flight are the slots: 2 a warp, 16 warps an SM, 128 KiB for
  * the issue's 4 KiB uses. */
 #define WS_CH 4
+static_assert(WS_CH == SMELT_PEER_WS_CH, "a lane's chunks must be the host's SMELT_PEER_WS_CH");
 
 /* y[m] += Σ_{j < h_e} z_j V_e[j] over the lane's 16-byte chunks lane + 32 m
  * of the d_out columns (v: the use's V rows [h_e][d_out]). */
@@ -682,8 +688,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
  * runs this kernel too, so stored and dense results are identical).
  * Two entry points: 16 warps a CTA, alone on the GPU; and 8 warps
  * (peer_expert_fwd_bulk8, at most 128 registers) to share each SM with a
- * routing CTA (src/cuda/op_peer.c's overlap). */
+ * routing CTA (src/cuda/peer_select.c's overlap). */
 #define BK_WIN 64 /* uses in a warp's id/gate window: two batches of 32 */
+static_assert(BK_WIN * (sizeof(int) + sizeof(float)) == SMELT_PEER_SMEM_BULK_WIN,
+              "a warp's window of codes and gates must take the host's SMELT_PEER_SMEM_BULK_WIN bytes");
 
 /* A use's row code: the expert's index in the full tables (>= 0), a cache
  * slot s as -(s + 2), or -1 for an id outside [0, N). */
@@ -1008,8 +1016,8 @@ static __device__ __forceinline__ int bk_literal(const peer_expert_params &P) {
 
 /* The literal shape with the down projection on tensor cores (LIT 2):
  * 16-bit weights, d_in = d_out = 1024, x of the weights' type with rows
- * 4-byte aligned, h k even (pairs of uses). src/cuda/op_peer.c's
- * expert_fn takes the _tc entry points only then; they trap otherwise,
+ * 4-byte aligned, h k even (pairs of uses). src/cuda/peer_select.c's
+ * expert_tc takes the _tc entry points only then; they trap otherwise,
  * rather than compute from misread x. */
 static __device__ __forceinline__ int bk_tensor(const peer_expert_params &P) {
   return SMELT_WDT != SMELT_DT_F32 && VEC == 8 && P.x_dt == SMELT_WDT && (P.x & 3) == 0 && P.x_rs % 2 == 0 &&
@@ -1025,6 +1033,7 @@ extern "C" __global__ void __launch_bounds__(16 * 32, 1) peer_expert_fwd_bulk(pe
 extern "C" __global__ void __launch_bounds__(8 * 32, 2) peer_expert_fwd_bulk8(peer_expert_params P) {
   extern __shared__ __align__(16) float smem[];
   __shared__ __align__(8) u64 bars[8 * 8];
+  static_assert(sizeof bars == SMELT_PEER_SMEM_BULK8_BARS, "the barriers must take the host's SMELT_PEER_SMEM_BULK8_BARS");
   if (bk_literal(P)) bulk_fwd(P, smem, bars, 1, 8);
   else bulk_fwd(P, smem, bars, 0, 8);
 }

@@ -1,53 +1,51 @@
 /* PEER routing: query normalization, sub-key scores, per-dim top-k, the
  * pairwise candidate combination, the final top-k and the gates, fused in
- * one kernel per chunk of 64 token rows of one head (peer_route); and the
- * backward's routing kernels: scores and gates of given ids (peer_rescore),
- * gates -> scores -> normalized query -> query (peer_route_bwd), and the
- * sub-key gradients as a sorted segment reduction (peer_dkeys).
+ * one kernel per chunk of 64 token rows of one head (route_rows: the
+ * kernels peer_route_reg, _buf, _wg and peer_route32_pre, and the
+ * persistent forms beside the expert kernel); and the backward's routing
+ * kernels: scores and gates of given ids (peer_rescore), gates -> scores
+ * -> normalized query -> query (peer_route_bwd), and the sub-key gradients
+ * as a sorted segment reduction (peer_dkeys). src/cuda/peer_select.c
+ * chooses among them.
  *
- * peer_route, per CTA (256 threads, rows t0..t0+63 of head h):
+ * route_rows, per CTA (256 threads, rows t0..t0+63 of head h):
  *   1. each warp normalizes 8 query rows in place in the f32 workspace the
  *      projection GEMM wrote (the rows belong to this CTA alone);
  *   2. per product-key dim i: the rows' slice of dq/p values goes to shared
  *      memory split into two bf16 parts (hi = bf16(q), lo = bf16(q - hi)),
- *      then tiles of 64 sub-keys (L2-normalized on load when asked, split
- *      the same way) are scored on tensor cores (mma.sync m16n8k16, f32
- *      accumulators): hi·hi + lo·hi + hi·lo, which is q·k to ~2^-16
- *      relative (the lo·lo term is below that) and exact whenever q and k
- *      have at most 16 significant bits, as with the tests' exact data; the
- *      hi·lo product is skipped for bf16 keys without L2 normalization
- *      (their lo part is zero). The mma order is fixed, so runs repeat bit
- *      for bit. Four threads per row then merge its 64 scores of the tile,
- *      16 each, into lists of their 16 (k <= 16) or 32 best held in
- *      registers: a (score, id) packed in a u64 whose order is the ranking
- *      (score, then lower id), candidates sorted by a bitonic network and
- *      merged into the list by a bitonic merge, skipped when none beats
- *      the list's last entry; after the dim's last tile the row's four
- *      lists are merged through shuffles (each thread ends with the row's
- *      list). Independent lists per thread keep the merge throughput-bound
- *      (the earlier warp-wide insertion of one candidate at a time was a
- *      chain of dependent shuffles per candidate);
+ *      then tiles of 64 sub-keys, split the same way once per call
+ *      (peer_split_keys, L2-normalized first when asked) and copied by
+ *      cp.async behind the previous tile's merge, are scored on tensor
+ *      cores (mma.sync m16n8k16, f32 accumulators): hi·hi + lo·hi + hi·lo,
+ *      which is q·k to ~2^-16 relative (the lo·lo term is below that) and
+ *      exact whenever q and k have at most 16 significant bits, as with
+ *      the tests' exact data; the hi·lo product is skipped for bf16 keys
+ *      without L2 normalization (their lo part is zero). The mma order is
+ *      fixed, so runs repeat bit for bit. Four threads per row then merge
+ *      its 64 scores of the tile, 16 each, into lists of their 16 (k <= 16)
+ *      or 32 best held in registers: a (score, id) packed in a u64 whose
+ *      order is the ranking (score, then lower id), each candidate tested
+ *      against the list's last entry and the few that beat it inserted
+ *      (offer_filtered); after the dim's last tile the row's four lists are
+ *      merged through shuffles (each thread ends with the row's list);
  *   3. the dim's list is combined with the running list of dims 0..i-1:
  *      all len x k sums, id = prefix * n_i + a, offered (a quarter of the
- *      prefixes per thread) to fresh lists merged as in 2 (smelt/peer.h
- *      explains why this pairwise top-k is exact);
+ *      prefixes per thread) to fresh lists merged by bitonic networks
+ *      (smelt/peer.h explains why this pairwise top-k is exact);
  *   4. gates over each row's final k entries; ids, scores, gates written.
- * peer_route_pre (route_rows with PRE, SMELT_PEER_ROUTE_KERNEL=presplit)
- * takes the key tiles already split (peer_split_keys, once per call) by
- * cp.async, overlapping each copy with the previous tile's merge, and
- * merges a tile by testing each candidate against the list's last entry
- * and inserting the few that beat it (offer_filtered);
- * SMELT_PEER_ROUTE_KERNEL=sort keeps the per-tile split and the
- * sorting-network merge described above; thr, buf and reg (peer_route_thr,
- * _buf, _reg; k <= 16) score each dim twice, first for a per-row
+ * For k <= 16 the kernels score each dim twice, first for a per-row
  * threshold, then keeping only the scores at or above it (route_rows's THR
- * and REG). reg, the default (src/cuda/op_peer.c), is buf with an
- * approximate first pass, see route_rows.
+ * and REG); reg, the default where wg does not apply, is buf with an
+ * approximate first pass, see route_rows. docs/PERF.md records the
+ * variants that lost to these (the per-tile split with sorting-network
+ * merges, one pass with filtered merges for k <= 16, thr's one-threshold
+ * merge), since deleted.
  * Shared memory: the 64x65 score tile (which also holds the dim's lists
  * while they are combined), the running lists (64 x 32 x 8 bytes), and the
  * hi and lo parts of the query slice and of the key tile (64 x DS bf16
  * each, DS = dsub rounded up to 16, plus 8 so that the fragment loads hit
- * 32 distinct banks).
+ * 32 distinct banks): SMELT_PEER_SMEM_ROUTE + DS SMELT_PEER_SMEM_ROUTE_DS
+ * bytes, the host's size (src/cuda/peer_cuda.h), checked below.
  *
  * 2·T·h·n·dq FLOP of scores (17 GFLOP for 4096 tokens, 8 heads, 1024²
  * experts, dq 256) take ~0.5 ms on the SIMT f32 units and tens of
@@ -64,6 +62,13 @@
 #define STS (KT + 1)
 #define NT 256
 #define NWARPS (NT / 32)
+/* route_rows's layout against the host's size (the prelude's, from
+ * src/cuda/peer_cuda.h): the score tile and the lists, then per column of
+ * DS the query slice's and the key tile's hi and lo rows. */
+static_assert(sizeof(float) * (ROWS * STS + ROWS * PEER_MAX_K) + sizeof(u32) * ROWS * PEER_MAX_K == SMELT_PEER_SMEM_ROUTE,
+              "route_rows's score tile and lists must take the host's SMELT_PEER_SMEM_ROUTE bytes");
+static_assert(sizeof(smelt_h16) * (2 * ROWS + 2 * KT) == SMELT_PEER_SMEM_ROUTE_DS,
+              "route_rows's query and key tiles must take the host's SMELT_PEER_SMEM_ROUTE_DS bytes a column");
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -741,40 +746,6 @@ static __device__ __forceinline__ float lower_by(float t, float err) {
   return r == r ? r : PEER_NEG_INF;
 }
 
-/* THR's threshold of merge row mr, from the first pass's column maxima gm
- * (each thread holds rows rm + g (e < 2) and rm + g + 8 (e >= 2), 8
- * columns each; a row's 64 columns are spread over the 4 lanes tq of its
- * warp and over the two warps of cn 0 and 32). Each column is a disjoint
- * group of the row's candidates, so a thread's m-th largest column maximum
- * (m = ceil(k / 8)) has m distinct candidates at or above it, and the
- * minimum over the row's 8 threads has 8m >= k: it is <= the row's k-th
- * best score (an empty column, -inf, only lowers it). Columns that held
- * only NaN count as -inf too, which is safe the same way; NaN scores pass
- * the second pass's test (!(s < thr)), as they rank highest. Exchanged
- * through the score tile's columns 0 and 1 (free in the first pass). */
-static __device__ __forceinline__ float row_threshold(float (*gm)[4], float *st, int k, int warp, int g, int tq,
-                                                      int mr) {
-  float t1[2] = {PEER_NEG_INF, PEER_NEG_INF}, t2[2] = {PEER_NEG_INF, PEER_NEG_INF};
-#pragma unroll
-  for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int r = e >> 1;
-      t2[r] = fmaxf(t2[r], fminf(t1[r], gm[nt][e]));
-      t1[r] = fmaxf(t1[r], gm[nt][e]);
-    }
-  const int rm = (warp >> 1) * 16;
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    float t = k <= 8 ? t1[r] : t2[r];
-    t = fminf(t, __shfl_xor_sync(PEER_FULL, t, 1));
-    t = fminf(t, __shfl_xor_sync(PEER_FULL, t, 2));
-    if (tq == 0) st[(rm + g + 8 * r) * STS + (warp & 1)] = t;
-  }
-  __syncthreads();
-  return fminf(st[mr * STS], st[mr * STS + 1]);
-}
-
 /* THR 2's threshold of merge row mr: the exact k-th largest of the row's
  * 64 column maxima gm (k <= 16), at or below the row's k-th best since the
  * k largest are k distinct candidates. The maxima go to the score tile
@@ -918,7 +889,7 @@ static __device__ __forceinline__ void wg_scores(float *acc, const u32 (*qf)[4],
   wgmma_commit();
   WGMMA_WAIT(0);
 #else
-  __trap(); /* wgmma is sm_90a's; op_peer.c picks WG on cc 9.0 only */
+  __trap(); /* wgmma is sm_90a's; peer_select.c picks WG on cc 9.0 only */
 #endif
 }
 
@@ -935,6 +906,14 @@ static __device__ __forceinline__ void wg_next(u32 stg, u64 khi, i64 row0, int i
 }
 
 #define PJ_STAGE (3 * ROWS * 128) /* bytes of a projection stage: x's 64 rows and wt's 128, 64 elements each */
+/* WG's layout against the host's size: the score tile, lists of 16, up to
+ * 1 KiB of alignment, the lo query slice and two key stages; wg_project's
+ * three stages take the room of the last two. */
+static_assert(sizeof(float) * (ROWS * STS + ROWS * 16) + sizeof(u32) * ROWS * 16 + 1024 + 2 * WG_QPANEL +
+                      2 * WG_STAGE ==
+                  SMELT_PEER_SMEM_ROUTE_WG,
+              "peer_route_wg's layout must take the host's SMELT_PEER_SMEM_ROUTE_WG bytes");
+static_assert(3 * PJ_STAGE <= 2 * WG_QPANEL + 2 * WG_STAGE, "wg_project's stages must fit the lo slice's and key stages' room");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* One cp.async group: chunk kc (64 of din) of x's rows t0.. (rows past T
@@ -1262,33 +1241,26 @@ static __device__ __forceinline__ void write_row(const peer_route_params &P, con
   }
 }
 
-/* The kernel body for lists of KL entries (16 or 32, a literal: peer_route
- * for k <= 16, peer_route32 above). Each row of the CTA's 64 is merged by
- * four threads (row tid / 4, tile columns 16 (tid % 4) ...), each keeping
- * a list of its KL best in registers.
- *
- * PRE (a literal) selects the presplit variant (peer_route_pre): the key
- * tiles come from peer_split_keys's bf16 hi/lo tables (khi, klo) by
+/* The kernel body for lists of KL entries (16 or 32, a literal:
+ * peer_route_reg, _buf and _wg for k <= 16, peer_route32_pre above). Each
+ * row of the CTA's 64 is merged by four threads (row tid / 4, tile columns
+ * 16 (tid % 4) ...), each keeping a list of its KL best in registers. The
+ * key tiles come from peer_split_keys's bf16 hi/lo tables (khi, klo) by
  * cp.async, the next tile's copy issued as soon as the score phase is done
- * with the buffer so that it flies while the scores are merged (no
- * conversion, normalization or load latency between the barriers), and
- * the tile merge takes offer_filtered. Without PRE (SMELT_PEER_ROUTE_KERNEL
- * =sort) warps load, normalize and split each tile between barriers and
- * merge with offer. Both give the same ids and scores bit for bit.
+ * with the buffer so that it flies while the scores are merged, and the
+ * tile merge takes offer_filtered.
  *
- * THR (a literal, 1 or 2, with PRE: peer_route_thr, peer_route_buf)
- * scores each dim's tiles twice. Pass 0 keeps, in registers, the largest
- * score of each accumulator column over the tiles (no score tile, no
- * merge: the mma, 16 fmaxf and the barriers the copies need), and turns
- * them into a per-row threshold at or below the row's k-th best
- * (row_threshold, THR 1; row_kth, THR 2). THR 1 then scores the tiles
- * again (the same mma in the same order: the same bits) and merges only
- * the scores at or above the threshold (~3.6% with random scores) through
- * the score tile (pass 2). THR 2 scores them again into per-row buffers
- * (pass 1: ~1.8%), sorted into the rows' lists once per dim (buffer_list); if a row of the
- * CTA overflowed its buffer, the CTA runs pass 2 as THR 1 does. Same ids
- * and scores as PRE bit for bit: the lists are exact top-k of a subset
- * that holds the row's top k.
+ * THR (a literal, 0 or 2; 2: peer_route_buf, _reg, _wg) scores each dim's
+ * tiles twice. Pass 0 keeps, in registers, the largest score of each
+ * accumulator column over the tiles (no score tile, no merge: the mma, 16
+ * fmaxf and the barriers the copies need), and turns them into a per-row
+ * threshold at or below the row's k-th best (row_kth). Pass 1 scores them
+ * again (the same mma in the same order: the same bits) into per-row
+ * buffers (~1.8% with random scores), sorted into the rows' lists once
+ * per dim (buffer_list); if a row of the CTA overflowed its buffer, the
+ * CTA runs pass 2, which merges the scores at or above the threshold
+ * through the score tile. Same ids and scores as THR 0 bit for bit: the
+ * lists are exact top-k of a subset that holds the row's top k.
  *
  * REG (a literal, with THR 2 and dpad <= 128: peer_route_reg) scores pass
  * 0 with the hi parts alone (one mma a fragment instead of 2 or 3) from
@@ -1298,11 +1270,11 @@ static __device__ __forceinline__ void write_row(const peer_route_params &P, con
  * 0 and 1 but the last (the double-buffered copies need only the barrier
  * before); without lo keys, copies tiles by shifts when dpad is a power of
  * two and scores pass 1 with score_tile_u32 (u32 shared addresses, the
- * same mma order as PRE's, so the same bits); and filters the dims'
+ * same mma order as THR 0's, so the same bits); and filters the dims'
  * combination (combine_threshold). The fallback pass computes the exact
- * scores as PRE does. kmax: peer_split_keys's largest key-row norms. */
-static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int PRE,
-                                                  const int THR, u64 khi, u64 klo, const int REG, u64 kmax,
+ * scores as THR 0 does. kmax: peer_split_keys's largest key-row norms. */
+static __device__ __forceinline__ void route_rows(const peer_route_params &P, const int KL, const int THR, u64 khi,
+                                                  u64 klo, const int REG, u64 kmax,
                                                   const i64 t0, const i64 hh, const int LOOP, const int WG) {
   extern __shared__ __align__(16) float smem[];
   const i64 dsub = P.dsub;
@@ -1391,9 +1363,8 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
     }
 #pragma unroll
     for (int j = 0; j < KL; j++) L[j] = 0;
-    const i64 kbase = hh * P.key_hs[i];
-    const i64 row0 = PRE ? split_row0(P, i, hh) : 0;
-    if (PRE) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
+    const i64 row0 = split_row0(P, i, hh);
+    tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
     u32 qf[QK][4]; /* REG, pass 0: the warp's hi query fragments */
     float rthr = PEER_NEG_INF; /* THR: the merge row's threshold (<= its ki-th best score) */
     float rt[2];               /* THR 2: the thresholds of the mma rows rm + g and rm + g + 8 */
@@ -1408,7 +1379,6 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
      * merge through the score tile (THR 2: only after an overflow) */
 #pragma unroll
     for (int pass = THR ? 0 : 2; pass < 3; pass++) {
-      if (pass == 1 && THR != 2) continue;
       if (pass == 2 && THR == 2) {
         if (!overflow) break;
         tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid);
@@ -1428,7 +1398,7 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
       const smelt_h16 *knext = (const smelt_h16 *)khi + (row0 + KT + (tid >> 4)) * 128 + (tid & 15) * 8;
       for (i64 c0 = 0; c0 < ni; c0 += KT, knext += KT * 128) {
         const int odd = db && ((c0 / KT) & 1);
-        if (PRE) CP_ASYNC_WAIT(0);
+        CP_ASYNC_WAIT(0);
         __syncthreads(); /* the last tile's scores were merged (and qh, ql are written) */
         if (db && c0 + KT < ni) { /* into the buffer the last tile used: every warp is past it */
           if (REG && dpad == 128 && c0 + 2 * KT <= ni) tile_copy_full(odd ? kh_s : kl_s, knext, 128, 136, tid);
@@ -1436,9 +1406,6 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
           else if (REG && pow2) tile_copy_pow2(odd ? kh_s : kl_s, khi, row0, c0 + KT, ni, dpad, DS, tid);
           else tile_copy(odd ? kh : kl, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, 0, tid);
         }
-        for (int c = warp; !PRE && c < KT; c += NWARPS)
-          split_key_row(P, i, kbase + (c0 + c) * dsub, c0 + c < ni, dpad, lane, kh + c * DS, kl + c * DS);
-        if (!PRE) __syncthreads();
         const int lim = ni - c0 < KT ? (int)(ni - c0) : KT; /* the tile's keys */
         /* REG: dsub 128 (the common query_dim 256 over 2 dims) as a literal,
          * so that the k steps have no run-time bound to test */
@@ -1512,32 +1479,20 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
         /* the scores are in st (or buf); kh, kl are free (REG's passes 0
          * and 1 but the last tile: the next tile's barrier is enough) */
         if (!(REG && db && c0 + KT < ni)) __syncthreads();
-        if (PRE) {
-          if (c0 + KT < ni) {
-            if (!db) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
-          } else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
-          if (pass < 2) {
-            if (c0 + KT < ni) continue;
-            if (pass == 1) {
-              overflow = buffer_list(L, buf, cnt, mr, mq, t0 + mr < P.T);
-            } else if (THR == 2) {
-              if (!REG) rthr = buf_threshold(gm, st, cnt, k, rm, cn, g, tq, mr, mq, 0.f, rt);
-            } else {
-              rthr = row_threshold(gm, st, k, warp, g, tq, mr);
-            }
-            continue;
+        if (c0 + KT < ni) {
+          if (!db) tile_copy(kh, kl, khi, klo, row0, c0 + KT, ni, dpad, DS, key_lo, tid);
+        } else if (pass == 0) tile_copy(kh, kl, khi, klo, row0, 0, ni, dpad, DS, key_lo, tid); /* the next pass's */
+        if (pass < 2) {
+          if (c0 + KT < ni) continue;
+          if (pass == 1) {
+            overflow = buffer_list(L, buf, cnt, mr, mq, t0 + mr < P.T);
+          } else if (!REG) {
+            rthr = buf_threshold(gm, st, cnt, k, rm, cn, g, tq, mr, mq, 0.f, rt);
           }
-          const i64 left = ni - c0 - mq * CN;
-          offer_filtered(L, st + mr * STS + mq * CN, (u32)(c0 + mq * CN), left < CN ? (int)left : CN, KL, THR, rthr);
-        } else {
-          u64 c[CN];
-#pragma unroll
-          for (int j = 0; j < CN; j++) {
-            const int col = mq * CN + j;
-            c[j] = c0 + col < ni ? peer_pack(st[mr * STS + col], (u32)(c0 + col)) : 0ull;
-          }
-          offer(L, c, KL);
+          continue;
         }
+        const i64 left = ni - c0 - mq * CN;
+        offer_filtered(L, st + mr * STS + mq * CN, (u32)(c0 + mq * CN), left < CN ? (int)left : CN, KL, THR, rthr);
       }
       if (REG && pass == 0) { /* after the loop, so that rt and rthr are not carried through it (spills) */
         const i64 grp = key_group(P, i, hh);
@@ -1570,36 +1525,22 @@ static __device__ __forceinline__ void route_rows(const peer_route_params &P, co
   write_row(P, L, KL, t0, hh, mr, mq);
 }
 
-extern "C" __global__ void __launch_bounds__(NT) peer_route(peer_route_params P) {
-  route_rows(P, 16, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0, 0);
-}
-extern "C" __global__ void __launch_bounds__(NT) peer_route32(peer_route_params P) {
-  route_rows(P, 32, 0, 0, 0, 0, 0, 0, TILE_T0, TILE_H, 0, 0);
-}
-extern "C" __global__ void __launch_bounds__(NT) peer_route_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
-}
-/* Two passes over each dim's key tiles (SMELT_PEER_ROUTE_KERNEL=thr, k <= 16). */
-extern "C" __global__ void __launch_bounds__(NT) peer_route_thr(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 1, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
-}
 /* The exact k-th column maximum as the threshold, the scores above it to
- * per-row buffers (SMELT_PEER_ROUTE_KERNEL=buf, k <= 16). At most 128
- * registers, for 2 CTAs an SM (unbounded it takes more; no spill). */
+ * per-row buffers (k <= 16, dsub > 128, where reg's fragments do not fit
+ * its registers). At most 128 registers, for 2 CTAs an SM (unbounded it
+ * takes more; no spill). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_buf(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 16, 1, 2, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
+  route_rows(P, 16, 2, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 /* buf with the query fragments in registers, an approximate first pass and
- * one barrier a tile (SMELT_PEER_ROUTE_KERNEL=reg, k <= 16, dsub <= 128;
- * kmax from peer_split_keys). */
+ * one barrier a tile (k <= 16, dsub <= 128; kmax from peer_split_keys). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_reg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
-  route_rows(P, 16, 1, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0, 0);
+  route_rows(P, 16, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0, 0);
 }
-/* reg with wgmma scores (SMELT_PEER_ROUTE_KERNEL=wg, the default on Hopper;
- * k <= 16, dpad 128, bf16 keys without L2 normalization: route_rows's
- * WG). */
+/* reg with wgmma scores (the default on Hopper where it applies: k <= 16,
+ * dpad 128, bf16 keys without L2 normalization; route_rows's WG). */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg(peer_route_params P, u64 khi, u64 klo, u64 kmax) {
-  route_rows(P, 16, 1, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0, 1);
+  route_rows(P, 16, 2, khi, klo, 1, kmax, TILE_T0, TILE_H, 0, 1);
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* Beside the experts the routing's tiles (b h + hh: head hh of token block
@@ -1625,7 +1566,7 @@ static __device__ __forceinline__ int route_tile(const peer_route_params &P, int
 static __device__ __forceinline__ int ready_index(const peer_route_params &P, int b, int hh) {
   return b * P.ready_groups + hh / ((int)P.h / P.ready_groups);
 }
-/* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/op_peer.c): persistent,
+/* reg beside peer_expert_fwd_bulk8 (Hopper; src/cuda/peer_select.c): persistent,
  * the tiles in route_tile's order; `ready` counts a block's (group's)
  * heads done. The expert kernel, launched after this one as its
  * programmatic dependent, is let in once every CTA of this grid has
@@ -1639,7 +1580,7 @@ static __device__ __forceinline__ void route_beside(const peer_route_params &P, 
   for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
     int b, hh;
     route_tile(P, blocks, i, &b, &hh);
-    route_rows(P, 16, 1, 2, khi, klo, 1, kmax, (i64)b * ROWS, hh, 1, WG);
+    route_rows(P, 16, 2, khi, klo, 1, kmax, (i64)b * ROWS, hh, 1, WG);
     /* count this head of the block done once every thread's ids and
      * gates are visible device-wide (the barrier also ends the tile's
      * reads of shared memory before the next tile writes it) */
@@ -1757,17 +1698,17 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_route_wg_split_pj(peer_
   route_split(P, khi, kmax, ready, xl, 1);
 }
 #endif
-/* At most 128 registers (2 CTAs an SM where the shared memory allows;
- * unbounded it takes 152): 8 bytes of spill. */
+/* Lists of 32 for k > 16, one pass over the tiles. At most 128 registers
+ * (2 CTAs an SM where the shared memory allows; unbounded it takes 152): 8
+ * bytes of spill. */
 extern "C" __global__ void __launch_bounds__(NT, 2) peer_route32_pre(peer_route_params P, u64 khi, u64 klo) {
-  route_rows(P, 32, 1, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
+  route_rows(P, 32, 0, khi, klo, 0, 0, TILE_T0, TILE_H, 0, 0);
 }
 
 /* Every sub-key row of every dim (and head, when per head), rows in
  * split_row0's order, as bf16 hi and lo parts [rows][dpad] (L2-normalized
- * first when asked, zero past dsub) for peer_route_pre: once per call
- * instead of once per CTA and tile. A warp per row, with route_rows's own
- * arithmetic so that the two variants agree bit for bit. kmax (f32
+ * first when asked, zero past dsub) for the routing kernels: once per call
+ * instead of once per CTA and tile. A warp per row. kmax (f32
  * [tables][2], zeroed by the caller; 0 = not wanted): the largest hi and lo
  * row norms of each table (key_group's order), for peer_route_reg. */
 static __device__ __forceinline__ void split_keys(const peer_route_params &P, u64 khi, u64 klo, i64 rows, u64 kmax,
@@ -1846,6 +1787,11 @@ extern "C" __global__ void __launch_bounds__(NT) peer_route_prep(peer_route_para
 /* ---------------------------------------------------------------- backward */
 
 #define RB_WARPS 8 /* rows (warps) per CTA of the per-row kernels */
+/* peer_route_bwd's layout against the host's size: dq floats a warp, then
+ * a warp's digits (i64) and key scales (f32), PEER_MAX_K x PEER_MAX_DIMS each. */
+static_assert(sizeof(float) * RB_WARPS == SMELT_PEER_SMEM_RBWD_DQ &&
+                  (sizeof(i64) + sizeof(float)) * RB_WARPS * PEER_MAX_K * PEER_MAX_DIMS == SMELT_PEER_SMEM_RBWD,
+              "peer_route_bwd's layout must take the host's SMELT_PEER_SMEM_RBWD_DQ dq + SMELT_PEER_SMEM_RBWD bytes");
 
 /* Expert e's digit in dim i (e = ((a_0 n_1 + a_1) n_2 + a_2)...), computed
  * alone so no per-dim array needs local memory. */

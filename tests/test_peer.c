@@ -276,12 +276,28 @@ static int ranks_before(double a, int64_t ia, double b, int64_t ib) {
   return a > b || (a == b && ia < ib);
 }
 
-/* All N scores of (t, hh) into all[]; the exhaustive top-k into ids/sc. */
+/* All N scores of (t, hh) into all[] (or_score's sums, from each dim's
+ * sub-key scores computed once); the exhaustive top-k into ids/sc. */
 static void or_topk(const prob *pr, int64_t t, int64_t hh, double *all, int64_t *ids, double *sc, uint8_t *taken) {
   double *q = (double *)malloc((size_t)pr->hd * sizeof(double)), *qn = (double *)malloc((size_t)pr->c.dq * sizeof(double));
   or_q(pr, t, q);
   or_norm(pr, hh, q + hh * pr->c.dq, qn);
-  for (int64_t e = 0; e < pr->N; e++) all[e] = or_score(pr, hh, e, qn);
+  double *sub[SMELT_PEER_MAX_DIMS];
+  for (int i = 0; i < pr->c.p; i++) {
+    sub[i] = (double *)malloc((size_t)pr->c.n[i] * sizeof(double));
+    for (int64_t a = 0; a < pr->c.n[i]; a++) sub[i][a] = or_sub(pr, i, hh, a, qn);
+  }
+  for (int64_t e = 0; e < pr->N; e++) {
+    int64_t digit[SMELT_PEER_MAX_DIMS], r = e;
+    for (int i = pr->c.p - 1; i >= 0; i--) {
+      digit[i] = r % pr->c.n[i];
+      r /= pr->c.n[i];
+    }
+    double s = 0;
+    for (int i = 0; i < pr->c.p; i++) s += sub[i][digit[i]];
+    all[e] = s;
+  }
+  for (int i = 0; i < pr->c.p; i++) free(sub[i]);
   memset(taken, 0, (size_t)pr->N);
   for (int64_t j = 0; j < pr->c.k; j++) {
     int64_t best = -1;
@@ -340,45 +356,55 @@ static void or_forward(const prob *pr, const double *ids, double *y) {
   free(g);
 }
 
-/* Checks ids/scores of a run against the exhaustive oracle. tol = 0: ids
+/* Checks ids/scores of n runs (what[v], ids[v], sc[v]; NULL ids: no run)
+ * against the exhaustive oracle, computed once for all. tol = 0: ids
  * exactly equal (ties by lower id); else a got id may differ from the
  * oracle's only where the oracle's scores are within tol (relative). */
-static void check_retrieval(const char *what, const prob *pr, const double *ids, const double *sc, double tol,
-                            double score_tol) {
+static void check_retrievals(const char *const *what, const prob *pr, double *const *ids, double *const *sc, int n,
+                             double tol, double score_tol) {
   const pcase *c = &pr->c;
   double *all = (double *)malloc((size_t)pr->N * sizeof(double)), *rsc = (double *)malloc((size_t)c->k * sizeof(double));
   int64_t *rid = (int64_t *)malloc((size_t)c->k * sizeof(int64_t));
   uint8_t *taken = (uint8_t *)malloc((size_t)pr->N);
-  int fails = 0;
-  for (int64_t t = 0; t < c->T && fails < 3; t++)
-    for (int64_t hh = 0; hh < c->h && fails < 3; hh++) {
+  int fails[8] = {0}, open = 1;
+  for (int64_t t = 0; t < c->T && open; t++)
+    for (int64_t hh = 0; hh < c->h && open; hh++) {
       or_topk(pr, t, hh, all, rid, rsc, taken);
       const int64_t base = (t * c->h + hh) * c->k;
       const double kth = rsc[c->k - 1], scale = 1 + fabs(kth);
-      memset(taken, 0, (size_t)pr->N);
-      for (int64_t j = 0; j < c->k && fails < 3; j++) {
-        const double gid = ids[base + j];
-        const int in_range = gid >= 0 && gid < (double)pr->N && gid == floor(gid);
-        const int64_t e = in_range ? (int64_t)gid : 0;
-        int ok = in_range && !taken[e];
-        if (ok) taken[e] = 1;
-        if (ok && tol == 0) ok = e == rid[j];
-        if (ok && tol > 0) ok = fabs(all[e] - rsc[j]) <= tol * scale && all[e] >= kth - tol * scale;
-        if (ok) ok = fabs(sc[base + j] - all[e]) <= score_tol * (1 + fabs(all[e]));
-        if (!ok) {
-          fails++;
-          th_fail(__FILE__, __LINE__,
-                  "%s: token %lld head %lld slot %lld: got id %g score %.9g, want id %lld score %.9g (score of got "
-                  "id %.9g)",
-                  what, (long long)t, (long long)hh, (long long)j, gid, sc[base + j], (long long)rid[j], rsc[j],
-                  in_range ? all[e] : NAN);
+      open = 0;
+      for (int v = 0; v < n; v++) {
+        if (!ids[v]) continue;
+        memset(taken, 0, (size_t)pr->N);
+        for (int64_t j = 0; j < c->k && fails[v] < 3; j++) {
+          const double gid = ids[v][base + j];
+          const int in_range = gid >= 0 && gid < (double)pr->N && gid == floor(gid);
+          const int64_t e = in_range ? (int64_t)gid : 0;
+          int ok = in_range && !taken[e];
+          if (ok) taken[e] = 1;
+          if (ok && tol == 0) ok = e == rid[j];
+          if (ok && tol > 0) ok = fabs(all[e] - rsc[j]) <= tol * scale && all[e] >= kth - tol * scale;
+          if (ok) ok = fabs(sc[v][base + j] - all[e]) <= score_tol * (1 + fabs(all[e]));
+          if (!ok) {
+            fails[v]++;
+            th_fail(__FILE__, __LINE__,
+                    "%s: token %lld head %lld slot %lld: got id %g score %.9g, want id %lld score %.9g (score of got "
+                    "id %.9g)",
+                    what[v], (long long)t, (long long)hh, (long long)j, gid, sc[v][base + j], (long long)rid[j], rsc[j],
+                    in_range ? all[e] : NAN);
+          }
         }
+        open |= fails[v] < 3;
       }
     }
   free(all);
   free(rsc);
   free(rid);
   free(taken);
+}
+
+static void check_retrieval(const char *what, const prob *pr, double *ids, double *sc, double tol, double score_tol) {
+  check_retrievals(&what, pr, &ids, &sc, 1, tol, score_tol);
 }
 
 /* ---------------------------------------------------------------- cases */
@@ -504,20 +530,20 @@ static void test_peer_retrieve_ties(void) {
   }
 }
 
-/* Relative L2 bound of y per output dtype (f32 math on the GPU). */
 /* Sub-key tables of several 64-key tiles and partial ones (tile copies and
  * the filtered merge across tiles), more than one CTA of 64 rows, lists of
- * 16 and 32: the CUDA routing kernels (SMELT_PEER_ROUTE_KERNEL=presplit,
- * sort, thr, buf and reg, the default) against the reference, and the
- * others against presplit bit for bit (reg's approximate first pass and
- * filtered combination included: random data with lo parts exercise its
- * error bound, exact data its fallback). Exact data have many equal scores across
- * tiles (ties by id): the thresholds then let many scores through, so thr's
- * merge takes its sorting path and buf's buffers overflow (its fallback
- * pass); dims of fewer than k or 64 sub-keys leave columns empty (a -inf
- * threshold); random data keep buf's buffers within bounds. */
+ * 16 and 32, dq/p over 128: the CUDA routing kernels (cfg.kernels.route
+ * reg, and wg where it applies: Hopper, dq/p 128, bf16 keys) against the
+ * reference, computed once for both, and wg against reg bit for bit where
+ * the products are exact (reg's approximate first pass and filtered
+ * combination included: random data with lo parts exercise its error
+ * bound, exact data its fallback). Exact data have many equal scores
+ * across tiles (ties by id): the thresholds then let many scores through,
+ * so the buffers overflow (the fallback pass); dims of fewer than k or 64
+ * sub-keys leave columns empty (a -inf threshold); random data keep the
+ * buffers within bounds. */
 static void test_peer_retrieve_tiles(void) {
-  enum { NK = 6 };
+  enum { NK = 2 };
   static const pcase tile_cases[] = {
       {2, {100, 130}, 16, 2, 32, 16, 16, 1, 70, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
       {2, {200, 65}, 20, 3, 40, 12, 8, 1, 66, L2, 1, 1, 0, SIGMOID, GELU, 0, F32, F32, F32},
@@ -529,10 +555,12 @@ static void test_peer_retrieve_tiles(void) {
       /* dsub 128, bf16 keys: reg's literal-dpad tile loops and shifted copies */
       {2, {130, 90}, 16, 1, 256, 16, 16, 1, 66, NONE, 0, 0, 0, SOFTMAX, GELU, 0, BF16, BF16, BF16},
       {2, {100, 70}, 8, 2, 256, 16, 16, 1, 65, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      /* dsub 160 and 200: reg's buffered form (peer_route_buf), its fallback pass on exact data */
+      {2, {130, 70}, 16, 2, 320, 16, 16, 1, 66, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
+      {2, {90, 80}, 12, 1, 400, 16, 16, 1, 70, LN, 0, 1, 0, SIGMOID, GELU, 0, F32, F32, F32},
   };
-  /* wg (wgmma scores, Hopper; elsewhere reg) sums in wgmma's order: bit
-   * for bit with presplit only where the products are exact (c->exact) */
-  static const char *const kernels[NK] = {"presplit", "sort", "thr", "buf", "reg", "wg"};
+  static const smelt_peer_route_kernel kernels[NK] = {SMELT_PEER_ROUTE_REG, SMELT_PEER_ROUTE_WG};
+  static const char *const knames[NK] = {"reg", "wg"};
   FOR_EACH_BACKEND(ctx) {
     for (int tc = 0; tc < (int)(sizeof tile_cases / sizeof *tile_cases); tc++) {
       const pcase *c = &tile_cases[tc];
@@ -542,28 +570,35 @@ static void test_peer_retrieve_tiles(void) {
       dprob_init(&d, ctx, &pr, 1);
       int64_t os[3] = {c->T, c->h, c->k};
       double *gi[NK] = {NULL}, *gs[NK] = {NULL};
+      char what[NK][280];
+      const char *whats[NK] = {what[0], what[1]};
       for (int kv = 0; kv < (is_cuda(ctx) ? NK : 1); kv++) {
         obuf ids = out_new(ctx, SMELT_DTYPE_I64, 3, os), sc = out_new(ctx, F32, 3, os);
-        char what[280], nm[200];
-        snprintf(what, sizeof what, "tiles %s %s %s", is_cuda(ctx) ? "cuda" : "cpu", is_cuda(ctx) ? kernels[kv] : "",
-                 case_name(c, nm, sizeof nm));
-        setenv("SMELT_PEER_ROUTE_KERNEL", kernels[kv], 1);
-        smelt_status s = smelt_peer_retrieve(ctx, &pr.cfg, &d.w, &d.t[B_X], &ids.t, &sc.t);
-        unsetenv("SMELT_PEER_ROUTE_KERNEL");
-        if (s) th_fail(__FILE__, __LINE__, "%s: %s (%s)", what, smelt_status_name(s), smelt_last_error());
-        gi[kv] = out_get(what, &ids);
-        gs[kv] = out_get(what, &sc);
-        if (!s) check_retrieval(what, &pr, gi[kv], gs[kv], id_tol(ctx, c), is_cuda(ctx) ? 1e-4 : 1e-6);
+        char nm[200];
+        snprintf(what[kv], sizeof what[kv], "tiles %s %s %s", is_cuda(ctx) ? "cuda" : "cpu",
+                 is_cuda(ctx) ? knames[kv] : "", case_name(c, nm, sizeof nm));
+        smelt_peer_config cfg = pr.cfg;
+        cfg.kernels.route = kernels[kv];
+        smelt_status s = smelt_peer_retrieve(ctx, &cfg, &d.w, &d.t[B_X], &ids.t, &sc.t);
+        if (s == SMELT_STATUS_UNSUPPORTED && kernels[kv] == SMELT_PEER_ROUTE_WG &&
+            strstr(smelt_last_error(), "cfg.kernels.route=wg needs")) {
+          smelt_clear_error(); /* wg does not apply to this case or device */
+        } else if (s) {
+          th_fail(__FILE__, __LINE__, "%s: %s (%s)", what[kv], smelt_status_name(s), smelt_last_error());
+        } else {
+          gi[kv] = out_get(what[kv], &ids);
+          gs[kv] = out_get(what[kv], &sc);
+        }
         out_free(&ids);
         out_free(&sc);
       }
-      for (int kv = 1; kv < NK; kv++) {
-        if (!gi[0] || !gi[kv] || (strcmp(kernels[kv], "wg") == 0 && !c->exact)) continue;
+      check_retrievals(whats, &pr, gi, gs, NK, id_tol(ctx, c), is_cuda(ctx) ? 1e-4 : 1e-6);
+      if (gi[0] && gi[1] && c->exact) {
         int64_t differ = 0;
-        for (int64_t i = 0; i < c->T * c->h * c->k; i++) differ += gi[0][i] != gi[kv][i] || gs[0][i] != gs[kv][i];
+        for (int64_t i = 0; i < c->T * c->h * c->k; i++) differ += gi[0][i] != gi[1][i] || gs[0][i] != gs[1][i];
         if (differ)
-          th_fail(__FILE__, __LINE__, "tiles case %d: presplit and %s routing differ in %lld of %lld entries", tc,
-                  kernels[kv], (long long)differ, (long long)(c->T * c->h * c->k));
+          th_fail(__FILE__, __LINE__, "tiles case %d: reg and wg routing differ in %lld of %lld entries", tc,
+                  (long long)differ, (long long)(c->T * c->h * c->k));
       }
       for (int kv = 0; kv < NK; kv++) {
         free(gi[kv]);
@@ -575,6 +610,7 @@ static void test_peer_retrieve_tiles(void) {
   }
 }
 
+/* Relative L2 bound of y per output dtype (f32 math on the GPU). */
 static double y_bound(smelt_ctx *ctx, smelt_dtype dt) {
   if (!is_cuda(ctx)) return dt == F64 ? 1e-12 : dt == F32 ? 1e-6 : dt == F16 ? 1e-3 : 8e-3;
   return dt == F32 ? 2e-5 : dt == F16 ? 2e-3 : 1e-2;
@@ -1210,20 +1246,20 @@ static void test_peer_store_forward(void) {
 }
 
 /* The forward with the expert kernel beside the routing (the default on
- * Hopper with dense tables and routing reg: src/cuda/op_peer.c's
- * plan_beside) against the two run one after the other
- * (SMELT_PEER_OVERLAP=0), and beside with the tiles in block order
- * (SMELT_PEER_HEAD_GROUPS=1; by default an even h is routed in two head
+ * Hopper with dense tables and routing reg or wg: src/cuda/peer_select.c's
+ * beside_fits) against the two run one after the other
+ * (cfg.kernels.overlap after), and beside with the tiles in block order
+ * (cfg.kernels.head_groups 1; by default an even h is routed in two head
  * groups, round by round): the same ids and y bit for bit (the same
  * arithmetic; a use read before its routing was written would differ).
  * 5000 tokens are 79 blocks of 64 x 4 heads, over 2 tiles a routing CTA
  * on a 132-SM GPU, so the persistent tile loop runs, and 4 rounds of 17
  * blocks and a partial one. Elsewhere every run takes the sequential
  * path. On Hopper the wg cases without query norm project the queries in
- * the routing (route_pj; d_in 64, 320 and 1024: one chunk, and five and
+ * the routing (the fused projection; d_in 64, 320 and 1024: one chunk, and five and
  * sixteen through three stages); at d 1024 the expert kernel takes its
  * tensor-core forms, whose pairs of uses must give the single uses' bits.
- * Against the projection GEMM (SMELT_PEER_FUSED_PROJECTION=0) the f32
+ * Against the projection GEMM (cfg.kernels.projection gemm) the f32
  * sums may round apart, so there the ids must agree but for near ties (at
  * most 1 in 1000) and y within bf16 rounding. */
 static void test_peer_overlap(void) {
@@ -1240,10 +1276,7 @@ static void test_peer_overlap(void) {
        * beside the routing and one at a time after it */
       {2, {32, 32}, 16, 4, 256, 1024, 1024, 1, 3000, NONE, 0, 0, 0, SOFTMAX, GELU, 1, BF16, BF16, BF16},
   };
-  static const char *const env[4][2] = {{NULL, NULL},
-                                         {"SMELT_PEER_OVERLAP", "0"},
-                                         {"SMELT_PEER_HEAD_GROUPS", "1"},
-                                         {"SMELT_PEER_FUSED_PROJECTION", "0"}};
+  static const char *const runs[4] = {"the default", "overlap after", "head_groups 1", "projection gemm"};
   smelt_ctx *ctx = th_cuda();
   if (!ctx) SKIP("no CUDA device");
   for (int oc = 0; oc < (int)(sizeof ocases / sizeof *ocases); oc++) {
@@ -1255,9 +1288,12 @@ static void test_peer_overlap(void) {
     int64_t ys[2] = {c.T, c.dout}, os[3] = {c.T, c.h, c.k};
     void *yw = NULL, *iw = NULL;
     for (int r = 0; r < 4; r++) {
-      if (env[r][0]) setenv(env[r][0], env[r][1], 1);
+      smelt_peer_config cfg = pr.cfg;
+      if (r == 1) cfg.kernels.overlap = SMELT_PEER_OVERLAP_AFTER;
+      if (r == 2) cfg.kernels.head_groups = 1;
+      if (r == 3) cfg.kernels.projection = SMELT_PEER_PROJECTION_GEMM;
       obuf y = out_new(ctx, c.xdt, 2, ys), ids = out_new(ctx, SMELT_DTYPE_I64, 3, os);
-      CHECK_OK(smelt_peer_forward(ctx, &pr.cfg, &d.w, &d.t[B_X], &y.t, &ids.t, NULL));
+      CHECK_OK(smelt_peer_forward(ctx, &cfg, &d.w, &d.t[B_X], &y.t, &ids.t, NULL));
       void *yg = malloc(y.b.bytes), *ig = malloc(ids.b.bytes);
       th_buf_download(&y.b, yg, y.b.bytes);
       th_buf_download(&ids.b, ig, ids.b.bytes);
@@ -1276,21 +1312,19 @@ static void test_peer_overlap(void) {
           den += b * b;
         }
         if (diff * 1000 > n || num > 1e-4 * den)
-          th_fail(__FILE__, __LINE__, "forward with %s=%s: %lld of %lld ids differ, y relative L2 %.3g", env[r][0],
-                  env[r][1], (long long)diff, (long long)n, sqrt(num / (den > 0 ? den : 1)));
+          th_fail(__FILE__, __LINE__, "forward with %s: %lld of %lld ids differ, y relative L2 %.3g", runs[r],
+                  (long long)diff, (long long)n, sqrt(num / (den > 0 ? den : 1)));
         free(yg);
         free(ig);
       } else {
         if (memcmp(yw, yg, y.b.bytes) || memcmp(iw, ig, ids.b.bytes))
-          th_fail(__FILE__, __LINE__,
-                  "forward with %s=%s differs from the default one", env[r][0], env[r][1]);
+          th_fail(__FILE__, __LINE__, "forward with %s differs from the default one", runs[r]);
         free(yg);
         free(ig);
       }
       CHECK(th_buf_guards_ok(&y.b));
       out_free(&y);
       out_free(&ids);
-      if (env[r][0]) unsetenv(env[r][0]);
     }
     free(yw);
     free(iw);
@@ -1385,10 +1419,17 @@ static void test_peer_bad_inputs(void) {
     cfg = good; cfg.input_dim = 0;
     CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "input_dim=0", "2^31");
     cfg = good;
-    if (is_cuda(ctx)) { /* the routing kernel's switch */
-      setenv("SMELT_PEER_ROUTE_KERNEL", "fast", 1);
-      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "SMELT_PEER_ROUTE_KERNEL=\"fast\"", "presplit, sort, thr, buf, reg or wg");
-      unsetenv("SMELT_PEER_ROUTE_KERNEL");
+    cfg.kernels.route = (smelt_peer_route_kernel)9;
+    CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "cfg.kernels route=9", "0 = auto");
+    cfg = good; cfg.kernels.head_groups = 3;
+    CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "head_groups=3", "0, 1 or 2");
+    cfg = good;
+    if (is_cuda(ctx)) { /* choices the case cannot take, rejected when planning */
+      cfg.kernels.route = SMELT_PEER_ROUTE_WG;
+      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_UNSUPPORTED, "cfg.kernels.route=wg", "112 < query_dim");
+      cfg = good; cfg.kernels.projection = SMELT_PEER_PROJECTION_FUSED;
+      CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_UNSUPPORTED, "cfg.kernels.projection=fused", "routing wg");
+      cfg = good;
     }
     /* the weights */
     w.wq = NULL;

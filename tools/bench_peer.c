@@ -52,7 +52,11 @@
  * them) of set 0 against the CPU backend, computed in double from the same
  * rounded weights: y and, with --bwd, dx (the backward of those tokens with
  * the device's ids). Retrieval ids are compared too and mismatches reported
- * (near-equal scores may rank differently under f32 and f64 arithmetic). */
+ * (near-equal scores may rank differently under f32 and f64 arithmetic).
+ *
+ * --route, --expert-kernel, --overlap, --head-groups and --projection set
+ * cfg.kernels, for comparing the CUDA variants; the case's kernel line is
+ * the plan's description of what runs. */
 #include "bench.h"
 
 #include <math.h>
@@ -63,6 +67,8 @@ static int64_t opt_tokens = 4096, opt_d_model = 1024, opt_d_out = 0, opt_experts
 static int64_t opt_top_k = 16, opt_query_dim = 256, opt_hidden = 1, opt_dims = 2, opt_cache_mb = 0;
 static int64_t opt_check_tokens = 8;
 static const char *opt_dtype = "bf16", *opt_routing = "uniform", *opt_zipf = NULL, *opt_act = "gelu";
+static const char *opt_route = "auto", *opt_expert_kernel = "auto", *opt_overlap = "auto", *opt_projection = "auto";
+static int64_t opt_head_groups = 0;
 static int opt_bwd, opt_check, opt_sparse;
 
 static const cli_opt options[] = {
@@ -89,6 +95,15 @@ static const cli_opt options[] = {
      "always so with a store"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare a few tokens of one run against the CPU backend"},
     {"check-tokens", CLI_OPT_INT, &opt_check_tokens, "N", "tokens checked (default 8)"},
+    {"route", CLI_OPT_STRING, &opt_route, "K", "routing kernel: auto, reg or wg (cfg.kernels.route; default auto)"},
+    {"expert-kernel", CLI_OPT_STRING, &opt_expert_kernel, "K",
+     "expert kernel: auto, bulk, warp or rows (cfg.kernels.expert; default auto)"},
+    {"overlap", CLI_OPT_STRING, &opt_overlap, "O",
+     "the forward's expert kernel beside the routing or after it: auto, beside or after (default auto)"},
+    {"head-groups", CLI_OPT_INT, &opt_head_groups, "G",
+     "beside the experts, a token block's heads routed in G groups, 1 or 2; 0 = auto (default 0)"},
+    {"projection", CLI_OPT_STRING, &opt_projection, "P",
+     "the query projection: auto, fused (inside the routing) or gemm (default auto)"},
     {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
 };
 
@@ -126,6 +141,25 @@ static int64_t int_root(int64_t N, int64_t p) {
     if (prod == N) return c;
   }
   return 0;
+}
+
+/* The index of value in names (a kernel choice's enum), else a usage error. */
+static int choice(const cli_doc *doc, const char *flag, const char *value, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(value, names[i]) == 0) return i;
+  cli_usage_error(doc->command, "--%s '%s' is not one of: %s", flag, value, names[n]);
+}
+
+static void choose_kernels(const cli_doc *doc, smelt_peer_kernels *k) {
+  static const char *const route[] = {"auto", "reg", "wg", "auto, reg, wg"};
+  static const char *const expert[] = {"auto", "bulk", "warp", "rows", "auto, bulk, warp, rows"};
+  static const char *const overlap[] = {"auto", "beside", "after", "auto, beside, after"};
+  static const char *const projection[] = {"auto", "fused", "gemm", "auto, fused, gemm"};
+  k->route = (smelt_peer_route_kernel)choice(doc, "route", opt_route, route, SMELT_PEER_ROUTE_COUNT);
+  k->expert = (smelt_peer_expert_kernel)choice(doc, "expert-kernel", opt_expert_kernel, expert, SMELT_PEER_EXPERT_COUNT);
+  k->overlap = (smelt_peer_overlap)choice(doc, "overlap", opt_overlap, overlap, SMELT_PEER_OVERLAP_COUNT);
+  k->projection = (smelt_peer_projection)choice(doc, "projection", opt_projection, projection, SMELT_PEER_PROJECTION_COUNT);
+  k->head_groups = (int)cli_require_range(doc, "head-groups", opt_head_groups, 0, 2);
 }
 
 static void describe(const cli_doc *doc, cli_bench_case *c) {
@@ -176,6 +210,7 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   if (strcmp(opt_act, "gelu") == 0) st.cfg.activation = SMELT_ACT_GELU;
   else if (strcmp(opt_act, "relu") == 0) st.cfg.activation = SMELT_ACT_RELU;
   else cli_usage_error(doc->command, "--activation '%s' is not one of: gelu, relu", opt_act);
+  choose_kernels(doc, &st.cfg.kernels);
 
   st.es = smelt_dtype_size(st.dt);
   st.nx = (size_t)(st.T * st.din);
@@ -247,16 +282,23 @@ static struct {
   smelt_peer_grads g;
 } wv;
 
+/* Views shaped as Wq, bq and the sub-keys (the weights or their
+ * gradients) at wq, bq and keys, pointed at by *pwq, *pbq and pkeys. */
+static void bind_query(void *wq, void *bq, void *const *keys, smelt_tensor *twq, smelt_tensor *tbq, smelt_tensor *tkeys,
+                       const smelt_tensor **pwq, const smelt_tensor **pbq, const smelt_tensor **pkeys) {
+  *twq = dense(wq, st.dt, 2, st.din, st.H * st.dq, 0);
+  *tbq = dense(bq, st.dt, 1, st.H * st.dq, 0, 0);
+  *pwq = twq;
+  *pbq = tbq;
+  for (int i = 0; i < st.P; i++) {
+    tkeys[i] = dense(keys[i], st.dt, 2, st.n, st.dq / st.P, 0);
+    pkeys[i] = &tkeys[i];
+  }
+}
+
 static void bind_weights(void) {
   memset(&wv, 0, sizeof wv);
-  wv.wq = dense(st.wq, st.dt, 2, st.din, st.H * st.dq, 0);
-  wv.bq = dense(st.bq, st.dt, 1, st.H * st.dq, 0, 0);
-  wv.w.wq = &wv.wq;
-  wv.w.bq = &wv.bq;
-  for (int i = 0; i < st.P; i++) {
-    wv.keys[i] = dense(st.keys[i], st.dt, 2, st.n, st.dq / st.P, 0);
-    wv.w.sub_keys[i] = &wv.keys[i];
-  }
+  bind_query(st.wq, st.bq, st.keys, &wv.wq, &wv.bq, wv.keys, &wv.w.wq, &wv.w.bq, wv.w.sub_keys);
   if (st.store) {
     wv.w.store = st.store;
   } else {
@@ -266,14 +308,7 @@ static void bind_weights(void) {
     wv.w.v = &wv.v;
   }
   if (!opt_bwd) return;
-  wv.dwq = dense(st.dwq, st.dt, 2, st.din, st.H * st.dq, 0);
-  wv.dbq = dense(st.dbq, st.dt, 1, st.H * st.dq, 0, 0);
-  wv.g.dwq = &wv.dwq;
-  wv.g.dbq = &wv.dbq;
-  for (int i = 0; i < st.P; i++) {
-    wv.dkeys[i] = dense(st.dkeys[i], st.dt, 2, st.n, st.dq / st.P, 0);
-    wv.g.dsub_keys[i] = &wv.dkeys[i];
-  }
+  bind_query(st.dwq, st.dbq, st.dkeys, &wv.dwq, &wv.dbq, wv.dkeys, &wv.g.dwq, &wv.g.dbq, wv.g.dsub_keys);
   if (st.gids) {
     const int64_t nids = (int64_t)st.nids;
     wv.gids = dense(st.gids, SMELT_DTYPE_I64, 1, nids, 0, 0);
@@ -565,6 +600,19 @@ static void zipf_setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
            st.zipf_s);
 }
 
+/* The store of --cache-mb MiB for the bench's shape (tables zeroed). */
+static void create_store(smelt_ctx *ctx) {
+  smelt_peer_store_options o = smelt_peer_store_options_default();
+  o.num_experts = st.N;
+  o.input_dim = st.din;
+  o.output_dim = st.dout;
+  o.expert_hidden_size = st.he;
+  o.dtype = st.dt;
+  o.cache_mb = (double)opt_cache_mb;
+  o.use_env = 0;
+  CLI_TRY(smelt_peer_store_create(ctx, &o, &st.store));
+}
+
 static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   st.ctx = ctx;
   st.sets = sets;
@@ -572,15 +620,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   if (st.zipf_s > 0) {
     /* The store alone: its tables stay as created (zeroed); the copies
      * move the same bytes whatever they hold. */
-    smelt_peer_store_options o = smelt_peer_store_options_default();
-    o.num_experts = st.N;
-    o.input_dim = st.din;
-    o.output_dim = st.dout;
-    o.expert_hidden_size = st.he;
-    o.dtype = st.dt;
-    o.cache_mb = (double)opt_cache_mb;
-    o.use_env = 0;
-    CLI_TRY(smelt_peer_store_create(ctx, &o, &st.store));
+    create_store(ctx);
     zipf_setup(ctx, sets, c);
     return;
   }
@@ -598,15 +638,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   void *hu = NULL, *hv = NULL;
   int own_host_tables = 0;
   if (opt_cache_mb > 0) {
-    smelt_peer_store_options o = smelt_peer_store_options_default();
-    o.num_experts = st.N;
-    o.input_dim = st.din;
-    o.output_dim = st.dout;
-    o.expert_hidden_size = st.he;
-    o.dtype = st.dt;
-    o.cache_mb = (double)opt_cache_mb;
-    o.use_env = 0;
-    CLI_TRY(smelt_peer_store_create(ctx, &o, &st.store));
+    create_store(ctx);
     smelt_tensor tu, tv;
     CLI_TRY(smelt_peer_store_tables(st.store, &tu, &tv));
     tile(NULL, tu.data, st.nu, hw.upat, PATTERN_ELEMS);

@@ -64,6 +64,60 @@ typedef enum smelt_peer_gate {
   SMELT_PEER_GATE_COUNT
 } smelt_peer_gate;
 
+/* ---------------------------------------------------------------- kernel choices (CUDA) */
+
+/* For comparing the CUDA variants on a device: AUTO (0) is the selector's
+ * pick; a choice that cannot run on the device, the config or the planned
+ * tensors is rejected by smelt_peer_plan (UNSUPPORTED, naming the
+ * condition). All choices give the same results bit for bit but where
+ * noted. smelt_plan_describe says what a plan runs. The CPU backend
+ * ignores them. */
+typedef enum smelt_peer_route_kernel {
+  SMELT_PEER_ROUTE_AUTO = 0, /* wg where it applies, else reg */
+  SMELT_PEER_ROUTE_REG,      /* scores on mma.sync in two passes (peer_route_reg); its buffered form for
+                                dq/p > 128 (peer_route_buf), its lists of 32 for k > 16 (peer_route32_pre) */
+  SMELT_PEER_ROUTE_WG,       /* reg with the scores on wgmma: sm_90a, k <= 16, 112 < dq/p <= 128, bf16 sub-keys
+                                without key_l2_norm; the same ids as reg's but at near-ties */
+  SMELT_PEER_ROUTE_COUNT
+} smelt_peer_route_kernel;
+
+typedef enum smelt_peer_expert_kernel {
+  SMELT_PEER_EXPERT_AUTO = 0, /* bulk where it fits, else warp where it fits, else rows */
+  SMELT_PEER_EXPERT_BULK,     /* the forward persistent with TMA bulk copies (sm_90), the backward as warp's */
+  SMELT_PEER_EXPERT_WARP,     /* warp-streamed: 16-byte expert rows, h_e <= 16 / weight size, d_in * h_e and
+                                 d_out <= 128 loads of 16 bytes, two slots a warp in half an SM's shared memory */
+  SMELT_PEER_EXPERT_ROWS,     /* rounds of staged uses: any shape the plan takes */
+  SMELT_PEER_EXPERT_COUNT
+} smelt_peer_expert_kernel;
+
+typedef enum smelt_peer_overlap {
+  SMELT_PEER_OVERLAP_AUTO = 0, /* beside where it applies, else after */
+  SMELT_PEER_OVERLAP_BESIDE,   /* the forward's expert kernel shares the SMs with the routing (sm_90, expert
+                                  kernel bulk with room for its 8-warp form, routing reg or wg with k <= 16 and
+                                  dq/p <= 128, dense expert tables) */
+  SMELT_PEER_OVERLAP_AFTER,    /* the expert kernel after the routing */
+  SMELT_PEER_OVERLAP_COUNT
+} smelt_peer_overlap;
+
+typedef enum smelt_peer_projection {
+  SMELT_PEER_PROJECTION_AUTO = 0, /* fused where it applies and the expert kernel has its 8-warp form, else gemm */
+  SMELT_PEER_PROJECTION_FUSED,    /* x Wq inside the routing: routing wg, bf16 x, Wq and sub-keys, p 2, no query
+                                     norm, dq/p 128, d_in a multiple of 64, a Hopper GEMM for Wq's K-major copy,
+                                     x 16-byte aligned with rows of whole 16-byte vectors and bq unit-stride; the
+                                     ids agree with gemm's but at near-ties */
+  SMELT_PEER_PROJECTION_GEMM,     /* x Wq by the GEMM engine before the routing */
+  SMELT_PEER_PROJECTION_COUNT
+} smelt_peer_projection;
+
+typedef struct smelt_peer_kernels {
+  smelt_peer_route_kernel route;
+  smelt_peer_expert_kernel expert;
+  smelt_peer_overlap overlap;
+  smelt_peer_projection projection;
+  int head_groups; /* beside the experts, a token block's heads are routed in this many groups, 1 or 2 (2 needs
+                      an even num_heads); 0 = auto (2 where h is even) */
+} smelt_peer_kernels;
+
 typedef struct smelt_peer_config {
   int64_t input_dim;           /* d_in */
   int64_t output_dim;          /* d_out */
@@ -82,10 +136,11 @@ typedef struct smelt_peer_config {
   int key_l2_norm;             /* L2-normalize every sub-key row before scoring */
   int per_head_keys;           /* one sub-key table per head ([h, n_i, dq/p]) instead of shared */
   smelt_peer_gate gate;
+  smelt_peer_kernels kernels;  /* CUDA kernel choices (all AUTO by default) */
 } smelt_peer_config;
 
 /* k 16, 8 heads, h_e 1, p 2, GELU, no query norm, softmax gates, eps
- * defaults; the dims (input_dim, output_dim, num_experts, query_dim) are 0
+ * defaults, every kernel choice AUTO; the dims (input_dim, output_dim, num_experts, query_dim) are 0
  * and must be set. */
 SMELT_API smelt_peer_config smelt_peer_config_default(void);
 

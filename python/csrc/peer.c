@@ -4,7 +4,9 @@
  * keyword arguments, so this layer only converts.
  *
  *   cfg      dict with every smelt_peer_config field by name (activation,
- *            query_norm and gate as names); unknown keys are errors
+ *            query_norm and gate as names), and cfg.kernels's as route,
+ *            expert_kernel, overlap, projection (names) and head_groups;
+ *            unknown keys are errors
  *   weights  (wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sub_key_0..3, u, v,
  *            store), None where absent; store a smelt.PeerStore in place of
  *            u and v, used on its own context
@@ -85,6 +87,10 @@ static int parse_cfg(PyObject *d, smelt_peer_config *c) {
   static const char *const acts[SMELT_ACT_COUNT] = {[SMELT_ACT_GELU] = "gelu", [SMELT_ACT_RELU] = "relu"};
   static const char *const norms[] = {"none", "layernorm", "batchnorm", "l2"};
   static const char *const gates[] = {"softmax", "sigmoid", "relu"};
+  static const char *const routes[] = {"auto", "reg", "wg"};
+  static const char *const experts[] = {"auto", "bulk", "warp", "rows"};
+  static const char *const overlaps[] = {"auto", "beside", "after"};
+  static const char *const projections[] = {"auto", "fused", "gemm"};
   if (!PyDict_Check(d)) {
     PyErr_SetString(PyExc_TypeError, "smelt.peer: cfg must be a dict");
     return -1;
@@ -117,6 +123,13 @@ static int parse_cfg(PyObject *d, smelt_peer_config *c) {
     else if (!strcmp(k, "activation")) rc = enum_of(v, k, acts, SMELT_ACT_COUNT, &e), c->activation = (smelt_act)e;
     else if (!strcmp(k, "query_norm")) rc = enum_of(v, k, norms, 4, &e), c->query_norm = (smelt_peer_norm)e;
     else if (!strcmp(k, "gate")) rc = enum_of(v, k, gates, 3, &e), c->gate = (smelt_peer_gate)e;
+    else if (!strcmp(k, "route")) rc = enum_of(v, k, routes, 3, &e), c->kernels.route = (smelt_peer_route_kernel)e;
+    else if (!strcmp(k, "expert_kernel"))
+      rc = enum_of(v, k, experts, 4, &e), c->kernels.expert = (smelt_peer_expert_kernel)e;
+    else if (!strcmp(k, "overlap")) rc = enum_of(v, k, overlaps, 3, &e), c->kernels.overlap = (smelt_peer_overlap)e;
+    else if (!strcmp(k, "projection"))
+      rc = enum_of(v, k, projections, 3, &e), c->kernels.projection = (smelt_peer_projection)e;
+    else if (!strcmp(k, "head_groups")) rc = int_of(v, k, &iv), c->kernels.head_groups = (int)iv;
     else if (!strcmp(k, "sub_key_sizes")) {
       Py_ssize_t n = PySequence_Check(v) ? PySequence_Size(v) : -1;
       if (n < 0 || n > SMELT_PEER_MAX_DIMS) {
@@ -259,32 +272,16 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
     }
     if (r < 0) goto done;
   }
-  smelt_peer_weights w;
-  memset(&w, 0, sizeof w);
-  w.wq = wts[W_WQ];
-  w.bq = wts[W_BQ];
-  w.norm_weight = wts[W_NW];
-  w.norm_bias = wts[W_NB];
-  w.bn_mean = wts[W_BM];
-  w.bn_var = wts[W_BV];
-  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) w.sub_keys[i] = wts[W_SK0 + i];
-  w.u = wts[W_U];
-  w.v = wts[W_V];
-  w.store = store ? store->store : NULL;
-  smelt_peer_grads g;
-  memset(&g, 0, sizeof g);
-  g.dx = o[G_DX];
-  g.dwq = o[G_DWQ];
-  g.dbq = o[G_DBQ];
-  g.dnorm_weight = o[G_DNW];
-  g.dnorm_bias = o[G_DNB];
-  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) g.dsub_keys[i] = o[G_DSK0 + i];
-  g.du = o[G_DU];
-  g.dv = o[G_DV];
-  g.grad_ids = o[G_IDS];
-  g.grad_count = o[G_CNT];
-  g.du_rows = o[G_DUR];
-  g.dv_rows = o[G_DVR];
+  smelt_peer_weights w = {.wq = wts[W_WQ], .bq = wts[W_BQ], .norm_weight = wts[W_NW], .norm_bias = wts[W_NB],
+                          .bn_mean = wts[W_BM], .bn_var = wts[W_BV], .u = wts[W_U], .v = wts[W_V],
+                          .store = store ? store->store : NULL};
+  smelt_peer_grads g = {.dx = o[G_DX], .dwq = o[G_DWQ], .dbq = o[G_DBQ], .dnorm_weight = o[G_DNW],
+                        .dnorm_bias = o[G_DNB], .du = o[G_DU], .dv = o[G_DV], .grad_ids = o[G_IDS],
+                        .grad_count = o[G_CNT], .du_rows = o[G_DUR], .dv_rows = o[G_DVR]};
+  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) {
+    w.sub_keys[i] = wts[W_SK0 + i];
+    g.dsub_keys[i] = o[G_DSK0 + i];
+  }
   smelt_status s = run(&call, mode, &cfg, &w, x, o, ids, dy, &g);
   if (s) {
     smpy_raise_status(s);

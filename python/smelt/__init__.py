@@ -383,8 +383,10 @@ def _peer_experts(u, v, store, op):
 
 
 def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store=None,
-              op="smelt.peer"):
-    """The smelt_peer_config of these tensors: every size comes from a shape."""
+              op="smelt.peer", kernels=None):
+    """The smelt_peer_config of these tensors: every size comes from a shape;
+    kernels (a dict: route, expert_kernel, overlap, projection, head_groups)
+    sets cfg.kernels."""
     n_exp, hidden, d_out = _peer_experts(u, v, store, op)
     sub_keys = tuple(sub_keys)
     p = len(sub_keys)
@@ -399,7 +401,7 @@ def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_nor
         "query_dim": query_dim, "product_key_dims": p,
         "sub_key_sizes": [int(t.shape[-2]) for t in sub_keys], "activation": activation,
         "query_norm": query_norm, "norm_eps": float(norm_eps), "l2_eps": float(l2_eps),
-        "key_l2_norm": bool(key_l2_norm), "per_head_keys": per_head, "gate": gate,
+        "key_l2_norm": bool(key_l2_norm), "per_head_keys": per_head, "gate": gate, **(kernels or {}),
     }
 
 
@@ -420,7 +422,7 @@ def _peer_outs_numpy(x, cfg, names):
 
 def peer_retrieve(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
                   bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False,
-                  gate="softmax", ids=None, scores=None, store=None, ctx=None, stream=None):
+                  gate="softmax", ids=None, scores=None, store=None, kernels=None, ctx=None, stream=None):
     """PEER's retrieval alone: for each token and head, the k experts with
     the largest product-key score (ties to the lower id), best first.
     Arguments as smelt.peer.
@@ -429,7 +431,7 @@ def peer_retrieve(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight
     before gating).
     """
     cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store,
-                    "smelt.peer_retrieve")
+                    "smelt.peer_retrieve", kernels)
     if _is_numpy(x):
         mi, ms = _peer_outs_numpy(x, cfg, ("ids", "scores"))
         ids = mi if ids is None else ids
@@ -440,7 +442,8 @@ def peer_retrieve(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight
 
 def peer(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None,
          bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12, key_l2_norm=False,
-         gate="softmax", return_ids=False, out=None, ids=None, scores=None, store=None, ctx=None, stream=None):
+         gate="softmax", return_ids=False, out=None, ids=None, scores=None, store=None, kernels=None, ctx=None,
+         stream=None):
     """PEER (Mixture of A Million Experts): product-key retrieval of k
     singleton experts per token and head, gated and summed.
 
@@ -468,6 +471,12 @@ def peer(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, no
              on the store's context. Every forward is one batch of its cache
              policy (smelt.PeerStore.stats()). Results are bit-identical to
              dense u and v with the same values.
+    kernels: for comparing the CUDA kernels, a dict of route ('auto', 'reg',
+             'wg'), expert_kernel ('auto', 'bulk', 'warp', 'rows'), overlap
+             ('auto', 'beside', 'after'), projection ('auto', 'fused',
+             'gemm') and head_groups (0 = auto, 1, 2): smelt/peer.h's
+             cfg.kernels; a choice the device or the shapes cannot take is
+             an error. The CPU ignores it.
     Returns y, or (y, ids, scores) when return_ids is true.
     """
     if _is_compiling() and store is None:
@@ -475,7 +484,8 @@ def peer(x, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, no
                                 bn_mean=bn_mean, bn_var=bn_var, activation=activation, query_norm=query_norm,
                                 norm_eps=norm_eps, l2_eps=l2_eps, key_l2_norm=key_l2_norm, gate=gate,
                                 return_ids=return_ids, out=out, ids=ids, scores=scores)
-    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store)
+    cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store,
+                    kernels=kernels)
     want = bool(return_ids)
     if _is_numpy(x):
         my, mi, ms = _peer_outs_numpy(x, cfg, ("y", "ids", "scores"))
@@ -495,7 +505,8 @@ _PEER_SPARSE = ("grad_ids", "grad_count", "du_rows", "dv_rows")
 
 def peer_backward(x, ids, dy, wq, sub_keys, u=None, v=None, *, k=16, bq=None, norm_weight=None, norm_bias=None,
                   bn_mean=None, bn_var=None, activation="gelu", query_norm="none", norm_eps=1e-5, l2_eps=1e-12,
-                  key_l2_norm=False, gate="softmax", needs=None, out=None, store=None, ctx=None, stream=None):
+                  key_l2_norm=False, gate="softmax", needs=None, out=None, store=None, kernels=None, ctx=None,
+                  stream=None):
     """Gradients of sum(y * dy) for PEER's forward with the experts in ids
     (its ids output: scores and gates are recomputed, the selection is not
     differentiated). Deterministic: every element is summed in a fixed order.
@@ -529,7 +540,7 @@ def peer_backward(x, ids, dy, wq, sub_keys, u=None, v=None, *, k=16, bq=None, no
     Returns a dict name -> gradient (dsub_keys a list, one per table).
     """
     cfg = _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store,
-                    "smelt.peer_backward")
+                    "smelt.peer_backward", kernels)
     sub_keys = tuple(sub_keys)
     p = len(sub_keys)
     affine = query_norm in ("layernorm", "batchnorm")

@@ -287,3 +287,19 @@ def test_peer_errors(rng):
         smelt.peer(*c.args(), **dict(c.kw(), query_norm="batchnorm"))
     with pytest.raises(smelt.DTypeError):
         smelt.peer(c.x, c.wq, c.sub_keys, c.u.astype(np.float32), c.v, **c.kw())
+
+
+def test_peer_kernel_choices(rng):
+    # cfg.kernels from the kernels= dict: the CPU takes and ignores valid
+    # choices; names and fields are checked either way
+    c = Case(rng)
+    y0 = smelt.peer(*c.args(), **c.kw())
+    y1 = smelt.peer(*c.args(), **dict(c.kw(), kernels={"route": "reg", "expert_kernel": "rows", "overlap": "after",
+                                                       "projection": "gemm", "head_groups": 1}))
+    np.testing.assert_array_equal(y0, y1)
+    with pytest.raises(smelt.ArgumentError, match="route='sort' is not one of 'auto', 'reg', 'wg'"):
+        smelt.peer(*c.args(), **dict(c.kw(), kernels={"route": "sort"}))
+    with pytest.raises(smelt.ArgumentError, match="cfg has no field 'threshold'"):
+        smelt.peer(*c.args(), **dict(c.kw(), kernels={"threshold": 1}))
+    with pytest.raises(smelt.ArgumentError, match="head_groups=3"):
+        smelt.peer(*c.args(), **dict(c.kw(), kernels={"head_groups": 3}))

@@ -80,6 +80,14 @@ static smelt_status resolve_config(const smelt_peer_config *cfg, smelt__peer_sta
   if ((unsigned)cfg->gate >= SMELT_PEER_GATE_COUNT)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         OP ": cfg.gate=%d is not a smelt_peer_gate (softmax, sigmoid, relu)", (int)cfg->gate);
+  const smelt_peer_kernels *kc = &cfg->kernels;
+  if ((unsigned)kc->route >= SMELT_PEER_ROUTE_COUNT || (unsigned)kc->expert >= SMELT_PEER_EXPERT_COUNT ||
+      (unsigned)kc->overlap >= SMELT_PEER_OVERLAP_COUNT || (unsigned)kc->projection >= SMELT_PEER_PROJECTION_COUNT ||
+      kc->head_groups < 0 || kc->head_groups > 2)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        OP ": cfg.kernels route=%d expert=%d overlap=%d projection=%d head_groups=%d: each must be "
+                           "one of its enum's values (0 = auto), head_groups 0, 1 or 2",
+                        (int)kc->route, (int)kc->expert, (int)kc->overlap, (int)kc->projection, kc->head_groups);
   if (!isfinite(cfg->norm_eps) || cfg->norm_eps < 0 || !isfinite(cfg->l2_eps) || cfg->l2_eps < 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": cfg.norm_eps=%g and cfg.l2_eps=%g must be finite and >= 0",
                         cfg->norm_eps, cfg->l2_eps);
@@ -594,34 +602,34 @@ smelt_status smelt_peer_backward_run(smelt_plan *plan, const smelt_peer_weights 
   return smelt__cpu_peer_backward(ps, w, x, ids, dy, g);
 }
 
-smelt_status smelt_peer_retrieve(smelt_ctx *ctx, const smelt_peer_config *cfg, const smelt_peer_weights *w,
-                                 const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *scores) {
+/* The one-shot calls: plan, one run, destroy. mode: 0 retrieve, 1
+ * forward, 2 backward (the run's own tensors, NULL where it has none). */
+static smelt_status one_shot(smelt_ctx *ctx, const smelt_peer_config *cfg, const smelt_peer_weights *w,
+                             const smelt_tensor *x, int mode, const smelt_tensor *y, const smelt_tensor *ids,
+                             const smelt_tensor *scores, const smelt_tensor *dy, const smelt_peer_grads *grads) {
   smelt_plan *plan;
   smelt_status s = smelt_peer_plan(ctx, cfg, w, x, &plan);
   if (s) return s;
-  s = smelt_peer_retrieve_run(plan, w, x, ids, scores);
+  s = mode == 0   ? smelt_peer_retrieve_run(plan, w, x, ids, scores)
+      : mode == 1 ? smelt_peer_forward_run(plan, w, x, y, ids, scores)
+                  : smelt_peer_backward_run(plan, w, x, ids, dy, grads);
   smelt_plan_destroy(plan);
   return s;
+}
+
+smelt_status smelt_peer_retrieve(smelt_ctx *ctx, const smelt_peer_config *cfg, const smelt_peer_weights *w,
+                                 const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *scores) {
+  return one_shot(ctx, cfg, w, x, 0, NULL, ids, scores, NULL, NULL);
 }
 
 smelt_status smelt_peer_forward(smelt_ctx *ctx, const smelt_peer_config *cfg, const smelt_peer_weights *w,
                                 const smelt_tensor *x, const smelt_tensor *y, const smelt_tensor *ids,
                                 const smelt_tensor *scores) {
-  smelt_plan *plan;
-  smelt_status s = smelt_peer_plan(ctx, cfg, w, x, &plan);
-  if (s) return s;
-  s = smelt_peer_forward_run(plan, w, x, y, ids, scores);
-  smelt_plan_destroy(plan);
-  return s;
+  return one_shot(ctx, cfg, w, x, 1, y, ids, scores, NULL, NULL);
 }
 
 smelt_status smelt_peer_backward(smelt_ctx *ctx, const smelt_peer_config *cfg, const smelt_peer_weights *w,
                                  const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *dy,
                                  const smelt_peer_grads *grads) {
-  smelt_plan *plan;
-  smelt_status s = smelt_peer_plan(ctx, cfg, w, x, &plan);
-  if (s) return s;
-  s = smelt_peer_backward_run(plan, w, x, ids, dy, grads);
-  smelt_plan_destroy(plan);
-  return s;
+  return one_shot(ctx, cfg, w, x, 2, NULL, ids, NULL, dy, grads);
 }

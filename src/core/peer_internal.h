@@ -30,7 +30,7 @@ typedef struct smelt__peer_state {
   int norm_per_head;          /* norm params are [h, dq] (else [dq], shared) */
   smelt_tensor t[SMELT__PT_COUNT]; /* planned views; ndim -1 = absent */
   smelt_peer_store *store;    /* NULL: dense u, v */
-  /* CUDA backend state (src/cuda/op_peer.c), freed with cuda_free. */
+  /* CUDA backend state (src/cuda/peer_select.c), freed with cuda_free. */
   void *cuda;
   void (*cuda_free)(void *cuda);
 } smelt__peer_state;
@@ -73,7 +73,7 @@ smelt_status smelt__cpu_peer_forward(const smelt__peer_state *ps, const smelt_pe
 smelt_status smelt__cpu_peer_backward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
                                       const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g);
 
-/* ---- CUDA backend (src/cuda/op_peer.c, src/cuda/peer_store_cuda.c). */
+/* ---- CUDA backend (src/cuda/peer_select.c, peer_fwd.c, peer_bwd.c, peer_store_cuda.c). */
 smelt_status smelt__cuda_peer_plan(smelt_plan *plan);
 smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
                                        const smelt_tensor *ids, const smelt_tensor *scores);

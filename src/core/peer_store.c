@@ -169,14 +169,19 @@ smelt_status smelt_peer_store_tables(smelt_peer_store *st, smelt_tensor *u, smel
   return SMELT_OK;
 }
 
+/* A store and experts [first, first + count) within it, for op. */
+static smelt_status check_experts(const char *op, const smelt_peer_store *st, int64_t first, int64_t count) {
+  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: store is NULL", op);
+  if (first < 0 || count < 0 || first > st->N - count)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: experts [%lld, %lld + %lld) are not within [0, num_experts=%lld)",
+                        op, (long long)first, (long long)first, (long long)count, (long long)st->N);
+  return SMELT_OK;
+}
+
 smelt_status smelt_peer_store_write(smelt_peer_store *st, int64_t first, int64_t count, const void *u_rows,
                                     const void *v_rows) {
-  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_write: store is NULL");
-  if (first < 0 || count < 0 || first > st->N - count)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        OP "_write: experts [%lld, %lld + %lld) are not within [0, num_experts=%lld)", (long long)first,
-                        (long long)first, (long long)count, (long long)st->N);
-  if (count == 0) return SMELT_OK;
+  smelt_status s = check_experts(OP "_write", st, first, count);
+  if (s || count == 0) return s;
   if (!u_rows || !v_rows)
     return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_write: %s is NULL", !u_rows ? "u_rows" : "v_rows");
   if (st->cuda) return smelt__cuda_peer_store_write(st, first, count, u_rows, v_rows);
@@ -353,12 +358,8 @@ smelt_status smelt_peer_store_report(smelt_peer_store *st, char *buf, size_t n) 
 }
 
 smelt_status smelt_peer_store_heat(smelt_peer_store *st, int64_t first, int64_t count, uint64_t *out) {
-  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_heat: store is NULL");
-  if (first < 0 || count < 0 || first > st->N - count)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        OP "_heat: experts [%lld, %lld + %lld) are not within [0, num_experts=%lld)", (long long)first,
-                        (long long)first, (long long)count, (long long)st->N);
-  if (count == 0) return SMELT_OK;
+  smelt_status s = check_experts(OP "_heat", st, first, count);
+  if (s || count == 0) return s;
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_heat: out is NULL");
   if (st->cuda) return smelt__cuda_peer_store_heat(st, first, count, out);
   memcpy(out, st->heat + first, (size_t)count * sizeof(uint64_t));

@@ -137,7 +137,7 @@ static void normalize(ref *r, int64_t hh, norm_stats *ns) {
   memset(ns, 0, sizeof *ns);
   switch (ps->cfg.query_norm) {
     case SMELT_PEER_NORM_NONE:
-      for (int64_t c = 0; c < dq; c++) qn[c] = q[c];
+      memcpy(qn, q, (size_t)dq * sizeof *qn);
       break;
     case SMELT_PEER_NORM_LAYERNORM: {
       double m = 0, v = 0;
@@ -276,28 +276,10 @@ static void write_topk(const smelt__peer_state *ps, const int64_t *ids, const do
   }
 }
 
-smelt_status smelt__cpu_peer_retrieve(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                      const smelt_tensor *tid, const smelt_tensor *tsc) {
-  ref r;
-  smelt_status s = ref_init(&r, ps, w, x);
-  if (s) return s;
-  const int64_t n = ps->T * ps->h * ps->k;
-  int64_t *ids = (int64_t *)malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-  double *scores = (double *)malloc((size_t)(n ? n : 1) * sizeof(double));
-  if (!ids || !scores) {
-    s = smelt__error(SMELT_STATUS_OUT_OF_MEMORY, OP ": no host memory for %lld ids", (long long)n);
-  } else {
-    retrieve_all(&r, ids, scores);
-    write_topk(ps, ids, scores, tid, tsc);
-  }
-  free(ids);
-  free(scores);
-  ref_free(&r);
-  return s;
-}
-
-smelt_status smelt__cpu_peer_forward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                     const smelt_tensor *y, const smelt_tensor *tid, const smelt_tensor *tsc) {
+/* The selection (ids, scores), and with y the forward (retrieval: y NULL,
+ * and no batch of the store's policy). */
+static smelt_status select_and_mix(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                                   const smelt_tensor *y, const smelt_tensor *tid, const smelt_tensor *tsc) {
   ref r;
   smelt_status s = ref_init(&r, ps, w, x);
   if (s) return s;
@@ -312,8 +294,8 @@ smelt_status smelt__cpu_peer_forward(const smelt__peer_state *ps, const smelt_pe
     goto done;
   }
   retrieve_all(&r, ids, scores);
-  if (ps->store) smelt__peer_store_batch_cpu(ps->store, ids, n);
-  for (int64_t t = 0; t < ps->T; t++) { /* y[t] = Σ_h Σ_j g_j act(x[t] U_e) V_e */
+  if (y && ps->store) smelt__peer_store_batch_cpu(ps->store, ids, n);
+  for (int64_t t = 0; y && t < ps->T; t++) { /* y[t] = Σ_h Σ_j g_j act(x[t] U_e) V_e */
     for (int64_t c = 0; c < ps->dout; c++) yt[c] = 0;
     for (int64_t hh = 0; hh < ps->h; hh++) {
       const int64_t base = (t * ps->h + hh) * ps->k;
@@ -338,6 +320,16 @@ done:
   free(yt);
   ref_free(&r);
   return s;
+}
+
+smelt_status smelt__cpu_peer_retrieve(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                                      const smelt_tensor *tid, const smelt_tensor *tsc) {
+  return select_and_mix(ps, w, x, NULL, tid, tsc);
+}
+
+smelt_status smelt__cpu_peer_forward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                                     const smelt_tensor *y, const smelt_tensor *tid, const smelt_tensor *tsc) {
+  return select_and_mix(ps, w, x, y, tid, tsc);
 }
 
 /* ---------------------------------------------------------------- backward */

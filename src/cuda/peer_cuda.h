@@ -1,7 +1,8 @@
 /* The CUDA PEER backend's internal interface: the launch parameter blocks
  * (host twins of the structs in kernels/peer_common.cuh, byte for byte),
- * the kernel sources, and the sort and scan helpers the op and the store
- * share. */
+ * the kernel sources and their shared-memory layouts, the plan's variant
+ * (what the selector chose), and the helpers the selector, the forward,
+ * the backward and the store share. */
 #ifndef SMELT_PEER_CUDA_H
 #define SMELT_PEER_CUDA_H
 
@@ -52,5 +53,120 @@ smelt_status smelt__peer_util_load(smelt_ctx *ctx, smelt__peer_util *u);
 /* In-place exclusive scan of count u32 at data; the sum to *total (u64,
  * device) when total is not NULL. */
 smelt_status smelt__peer_scan(smelt_ctx *ctx, const smelt__peer_util *u, void *data, int64_t count, void *total);
+
+/* ---- shared-memory layouts */
+
+/* The host sizes each kernel's dynamic shared memory from these; the
+ * selector writes them into the modules' preludes (SMELT_PEER_SMEM_*),
+ * where each kernel checks its own layout against them at compile time,
+ * so the two sides cannot drift. Layouts whose size depends on the shape
+ * carry their fixed part and their per-unit part. */
+/* route_rows (peer_route_reg, _buf, 32_pre): the 64 x 65 f32 score tile and
+ * the running lists (64 x 32 scores and ids), then per column of DS
+ * (dq/p rounded up to 16, plus 8) the hi and lo bf16 parts of the query
+ * slice's 64 rows and of the key tile's 64. */
+#define SMELT__PEER_SMEM_ROUTE (4 * (64 * 65 + 64 * 32 * 2))
+#define SMELT__PEER_SMEM_ROUTE_DS (2 * 4 * 64)
+/* peer_route_wg: the score tile, lists of 16, then (1024-byte aligned) the
+ * lo query slice and two stages of 128 key rows, 256 bytes each. */
+#define SMELT__PEER_SMEM_ROUTE_WG (4 * (64 * 65 + 64 * 16 * 2) + 1024 + 64 * 256 + 2 * 128 * 256)
+/* peer_route_bwd, per warp of 8: dq f32, then 32 x 4 digits (i64) and key scales (f32). */
+#define SMELT__PEER_SMEM_RBWD_DQ (4 * 8)
+#define SMELT__PEER_SMEM_RBWD (8 * 32 * 4 * 8 + 8 * 32 * 4 * 4)
+/* The expert kernels: a use's two row pointers (the round and warp
+ * kernels), the warp kernels' warps (a ring of slots each) and their
+ * lanes' 16-byte chunks, and the bulk kernel's window of codes and gates a
+ * warp and the 8-warp form's barriers. */
+#define SMELT__PEER_SMEM_USE_PTRS 16
+#define SMELT__PEER_WS_WARPS 8
+#define SMELT__PEER_WS_CH 4
+#define SMELT__PEER_SMEM_BULK_WIN (64 * 8)
+#define SMELT__PEER_SMEM_BULK8_BARS (8 * 8 * 8)
+
+/* ---- the plan's variant */
+
+/* Everything a run launches, chosen once by the selector (peer_select.c)
+ * from the problem, the device and cfg.kernels; smelt_plan_describe prints
+ * it. A run whose pointers are aligned otherwise than planned takes the
+ * variant the same selector gives for them (smelt__peer_variant_for). */
+typedef struct smelt__peer_expert {
+  smelt_peer_expert_kernel kind; /* BULK, WARP or ROWS */
+  smelt_dtype wdt;               /* the weights' type */
+  int vec;                       /* elements a load: 16 bytes' worth, or 1 (scalar) */
+  int tc;                        /* BULK, the literal shape with 16-bit weights and x: the tensor-core forms */
+  int64_t chunk;                 /* ROWS: uses a round; else h k */
+  int64_t stage_uses;            /* WARP and BULK's backward: slots a warp */
+  int gout, gin;                 /* ROWS: thread groups over the uses */
+  int fwd_slots, fwd8_slots;     /* BULK: slots a warp of the 16-warp and the 8-warp forms (0: no 8-warp form) */
+  unsigned fwd_smem, bwd_smem, fwd8_smem;
+  int sm_smem;                   /* BULK: an SM's shared memory */
+  CUfunction fwd, bwd, fwd8;     /* fwd, fwd8: the tensor-core forms when tc */
+} smelt__peer_expert;
+
+/* What a selection depends on beyond the plan: the pointers' alignment. */
+typedef struct smelt__peer_facts {
+  int wide;  /* the expert tables allow 16-byte loads */
+  int x16;   /* x 16-byte aligned (the fused projection) */
+  int x4;    /* x 4-byte aligned (the tensor-core expert forms) */
+} smelt__peer_facts;
+
+/* A routing launch: the kernel, its grid (256 threads a CTA) and dynamic
+ * shared memory; split: a tile's two dims as two units. */
+typedef struct smelt__peer_route_launch {
+  const char *name;
+  CUfunction f;
+  unsigned grid[2], smem;
+  int split;
+} smelt__peer_route_launch;
+
+typedef struct smelt__peer_variant {
+  smelt__peer_facts facts;
+  smelt_peer_route_kernel route;    /* REG or WG */
+  smelt_peer_projection projection; /* FUSED or GEMM */
+  smelt_peer_overlap overlap;       /* BESIDE or AFTER */
+  int head_groups;                  /* BESIDE: 1 or 2; else 1 */
+  int kmax;                         /* the routing reads the tables' largest key norms (reg and wg) */
+  CUfunction prep;                  /* peer_split_keys, or peer_route_prep when fused */
+  smelt__peer_route_launch fwd;     /* the forward's routing (beside the experts or not) */
+  smelt__peer_route_launch alone;   /* the retrieval's (the forward's when after) */
+  smelt__peer_expert ev;
+  unsigned expert_grid, expert_block, expert_smem; /* the forward's expert launch */
+  int expert_slots;                 /* its slots a warp (stage_uses) */
+} smelt__peer_variant;
+
+#define SMELT__PEER_MAX_VARIANTS 8 /* one per combination of facts */
+
+/* The plan's CUDA state (smelt__peer_state.cuda). */
+typedef struct smelt__peer_cuda {
+  CUfunction rescore, route_bwd, dkeys;
+  smelt__peer_util util;
+  unsigned rbwd_smem;
+  smelt_plan *gemm_q;     /* q = x Wq + bq; NULL when T = 0 */
+  int wq_t;               /* gemm_q multiplies by a K-major copy of Wq */
+  /* by facts: the planned one and those runs' pointers asked for (fwd.name NULL until selected) */
+  smelt__peer_variant v[SMELT__PEER_MAX_VARIANTS];
+  int planned; /* v's index of the planned variant */
+} smelt__peer_cuda;
+
+/* The variant for a run's tensors: the planned one, or the selection for
+ * pointers aligned otherwise (selected and loaded on first use); x NULL:
+ * x's facts as planned (the backward, which reads only the expert
+ * kernel). */
+smelt_status smelt__peer_variant_for(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
+                                     const smelt__peer_variant **out);
+
+/* ---- run helpers (peer_fwd.c), shared by the forward and the backward */
+
+/* One pool allocation carved into n (<= 32) regions of 256-byte aligned sizes. */
+smelt_status smelt__peer_ws_alloc(smelt_ctx *ctx, const size_t *bytes, int n, void **base, void **regions);
+/* An f32, i64 or 16-bit matrix at p. */
+smelt_tensor smelt__peer_dev_tensor(const smelt_ctx *ctx, void *p, smelt_dtype dt, int64_t rows, int64_t cols);
+void smelt__peer_fill_route(const smelt__peer_state *ps, const smelt_peer_weights *w, smelt__peer_route_params *P);
+void smelt__peer_fill_expert(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                               const smelt__peer_expert *ev, smelt__peer_expert_params *P);
+/* q = x Wq + bq into the f32 workspace q [T, h*dq]. */
+smelt_status smelt__peer_project(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x, void *q);
+/* Run-time tensors the plan did not see (outputs, dy) in f64: CPU-only. */
+smelt_status smelt__peer_no_f64(const smelt_tensor *const *t, const char *const *names, int n);
 
 #endif /* SMELT_PEER_CUDA_H */
