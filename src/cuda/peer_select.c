@@ -504,7 +504,7 @@ static int hopper_gemm(const smelt_plan *p) {
 /* The projection's GEMM plan, made against workspaces like the runs'. The
  * Hopper GEMM kernel (TMA + wgmma) takes B K-major only, and Wq [d_in, h*dq]
  * is usually row-major (N-major): planned as given, the projection ran on
- * mma.sync (119 us at the acceptance shape on an H100, docs/PERF.md). When
+ * mma.sync (docs/PERF.md, "PEER: overlap and projection"). When
  * the plan as given is not the Hopper kernel but one with a K-major copy of
  * a 16-bit Wq is, each run first transposes Wq into the workspace
  * (peer_transpose16: 4 MiB at the acceptance shape) and multiplies by the
@@ -529,8 +529,8 @@ static smelt_status plan_projection(smelt_ctx *ctx, const smelt__peer_state *ps,
     wtt.strides[1] = ps->din;
     /* From 2048 tokens the 128 x 128 tiles (ping-pong warpgroups): twice
      * the 128 x 256 tiles the GEMM's heuristic takes, so fewer SMs idle in
-     * the last wave; 33.0 against 37.3 us at the acceptance shape (H200,
-     * the GEMM's autotuner, docs/PERF.md PEER version 16). Else, or where
+     * the last wave (measured by the GEMM's autotuner: docs/PERF.md, "PEER:
+     * overlap and projection"). Else, or where
      * no such kernel plans, the heuristic's. */
     smelt_gemm_desc d = smelt_gemm_desc_default();
     d.tile.m = d.tile.n = 128;
