@@ -1374,6 +1374,38 @@ static void test_peer_empty_and_config(void) {
     CHECK_MSG(frag2);                          \
   } while (0)
 
+/* k = 2^30 is a valid request (k <= N = 2^30), but the CPU reference's k x k
+ * combination scratch is 2^60 entries: refused with OVERFLOW before anything
+ * is allocated or written (it once wrapped to a 0-byte buffer and overflowed
+ * it). The tables' and outputs' 28 GiB are never touched, so they are only
+ * addresses. */
+static void test_peer_huge_k(void) {
+  smelt_peer_config cfg = smelt_peer_config_default();
+  cfg.input_dim = 2;
+  cfg.output_dim = 2;
+  cfg.num_experts = (int64_t)1 << 30;
+  cfg.num_experts_per_tok = (int64_t)1 << 30;
+  cfg.num_heads = 1;
+  cfg.query_dim = 2;
+  cfg.expert_hidden_size = 1;
+  enum { SUB = 1 << 15 };
+  static float keys[2][SUB], wq_data[4], x_data[2];
+  for (int i = 0; i < SUB; i++) keys[0][i] = keys[1][i] = (float)(i % 7) - 3.0f;
+  int64_t ks[2] = {SUB, 1}, ws[2] = {2, 2}, xs[2] = {1, 2}, os[3] = {1, 1, (int64_t)1 << 30};
+  smelt_tensor k0 = smelt_tensor_make(keys[0], F32, SMELT_DEVICE_CPU, 0, 2, ks);
+  smelt_tensor k1 = smelt_tensor_make(keys[1], F32, SMELT_DEVICE_CPU, 0, 2, ks);
+  smelt_tensor wq = smelt_tensor_make(wq_data, F32, SMELT_DEVICE_CPU, 0, 2, ws);
+  smelt_tensor x = smelt_tensor_make(x_data, F32, SMELT_DEVICE_CPU, 0, 2, xs);
+  smelt_tensor ids = smelt_tensor_make((void *)(uintptr_t)((uint64_t)1 << 44), SMELT_DTYPE_I64, SMELT_DEVICE_CPU, 0, 3, os);
+  smelt_tensor sc = smelt_tensor_make((void *)(uintptr_t)((uint64_t)1 << 45), F32, SMELT_DEVICE_CPU, 0, 3, os);
+  int64_t us[3] = {(int64_t)1 << 30, 2, 1}, vs[3] = {(int64_t)1 << 30, 1, 2};
+  smelt_tensor u = smelt_tensor_make((void *)(uintptr_t)((uint64_t)1 << 42), F32, SMELT_DEVICE_CPU, 0, 3, us);
+  smelt_tensor v = smelt_tensor_make((void *)(uintptr_t)((uint64_t)1 << 43), F32, SMELT_DEVICE_CPU, 0, 3, vs);
+  smelt_peer_weights w = {.wq = &wq, .sub_keys = {&k0, &k1}, .u = &u, .v = &v};
+  CHECK_STATUS(smelt_peer_retrieve(th_cpu(), &cfg, &w, &x, &ids, &sc), SMELT_STATUS_OVERFLOW);
+  CHECK_MSG("k x k");
+}
+
 static void test_peer_bad_inputs(void) {
   const pcase *pc = &cases[1]; /* layernorm, per-head params, key l2, h_e 4 */
   FOR_EACH_BACKEND(ctx) {
@@ -1414,6 +1446,13 @@ static void test_peer_bad_inputs(void) {
     CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "product of cfg.sub_key_sizes is 32", "num_experts=64");
     cfg = good; cfg.sub_key_sizes[2] = 3;
     CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "sub_key_sizes[2]=3", "must be 0");
+    cfg = good; /* 81920 * 52634 * 60992 * 70144 = 2^64 + 2^30: wrapped, an impossible factorization of 2^30 */
+    cfg.num_experts = (int64_t)1 << 30;
+    cfg.product_key_dims = 4;
+    cfg.query_dim = 8;
+    const int64_t wrap[4] = {81920, 52634, 60992, 70144};
+    memcpy(cfg.sub_key_sizes, wrap, sizeof wrap);
+    CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "sub_key_sizes overflows", "num_experts=1073741824");
     cfg = good; cfg.norm_eps = NAN;
     CHECK_REJECT(smelt_peer_retrieve(ctx, &cfg, &w, x, &ids.t, &sc.t), SMELT_STATUS_INVALID_ARGUMENT, "norm_eps", "finite");
     cfg = good; cfg.input_dim = 0;
@@ -1663,6 +1702,11 @@ static void test_peer_bad_inputs(void) {
     CHECK_REJECT(smelt_peer_store_create(ctx, NULL, &sp), SMELT_STATUS_NULL_POINTER, "smelt_peer_store_create", "opts");
     o.input_dim = 0;
     CHECK_REJECT(smelt_peer_store_create(ctx, &o, &sp), SMELT_STATUS_INVALID_ARGUMENT, "opts.input_dim=0", "2^31");
+    /* Each dim valid, an expert's bytes past 2^63: refused, not wrapped. */
+    o.input_dim = o.output_dim = o.expert_hidden_size = ((int64_t)1 << 31) - 1;
+    CHECK_REJECT(smelt_peer_store_create(ctx, &o, &sp), SMELT_STATUS_OVERFLOW, "smelt_peer_store_create", "an expert's bytes overflows");
+    CHECK(sp == NULL);
+    o.output_dim = o.expert_hidden_size = 4;
     o.input_dim = 4;
     o.dtype = SMELT_DTYPE_I8;
     CHECK_REJECT(smelt_peer_store_create(ctx, &o, &sp), SMELT_STATUS_DTYPE_MISMATCH, "opts.dtype=i8", "bf16");
@@ -1746,5 +1790,6 @@ const th_test th_tests_peer[] = {
     {"overlap", test_peer_overlap},
     {"empty_and_config", test_peer_empty_and_config},
     {"bad_inputs", test_peer_bad_inputs},
+    {"huge_k", test_peer_huge_k},
     {0, 0},
 };

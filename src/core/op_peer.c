@@ -114,7 +114,10 @@ static smelt_status resolve_config(const smelt_peer_config *cfg, smelt__peer_sta
     if (n < 1 || n > cfg->num_experts)
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": cfg.sub_key_sizes[%d]=%lld must be in [1, num_experts]",
                           i, (long long)n);
-    prod *= n;
+    if (__builtin_mul_overflow(prod, n, &prod))
+      return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                          OP ": the product of cfg.sub_key_sizes overflows, so it cannot be num_experts=%lld",
+                          (long long)cfg->num_experts);
     ps->n[i] = n;
   }
   if (prod != cfg->num_experts)

@@ -9,6 +9,7 @@
  * tests comparing their statistics compare two implementations. On the CPU
  * backend the "cache" is bookkeeping only: every read goes to the host
  * tables, which is what a cached copy holds anyway. */
+#include "checked.h"
 #include "peer_internal.h"
 
 #include <errno.h>
@@ -124,9 +125,17 @@ smelt_status smelt_peer_store_create(smelt_ctx *ctx, const smelt_peer_store_opti
   st->dout = o.output_dim;
   st->he = o.expert_hidden_size;
   st->dtype = o.dtype;
-  st->ulen = st->din * st->he;
-  st->vlen = st->he * st->dout;
-  st->slot_bytes = (uint64_t)(st->ulen + st->vlen) * smelt_dtype_size(o.dtype);
+  int64_t slot_elems = 0, slot_bytes = 0, table_bytes = 0;
+  if ((s = smelt__mul_i64(st->din, st->he, &st->ulen, OP "_create", "input_dim x expert_hidden_size")) ||
+      (s = smelt__mul_i64(st->he, st->dout, &st->vlen, OP "_create", "expert_hidden_size x output_dim")) ||
+      (s = smelt__add_i64(st->ulen, st->vlen, &slot_elems, OP "_create", "an expert's elements")) ||
+      (s = smelt__mul_i64(slot_elems, (int64_t)smelt_dtype_size(o.dtype), &slot_bytes, OP "_create",
+                          "an expert's bytes")) ||
+      (s = smelt__mul_i64(st->N, slot_bytes, &table_bytes, OP "_create", "the tables' bytes"))) {
+    free(st);
+    return s;
+  }
+  st->slot_bytes = (uint64_t)slot_bytes;
   st->cache_mb = o.cache_mb;
   st->managed = o.use_managed_memory != 0;
   const double cache_bytes = o.cache_mb * 1048576.0;
@@ -141,10 +150,6 @@ smelt_status smelt_peer_store_create(smelt_ctx *ctx, const smelt_peer_store_opti
   }
   /* More slots than experts would stay empty. */
   st->slots = want > (double)st->N ? st->N : (int64_t)want;
-  if ((double)st->N * (double)st->slot_bytes > 9.2e18) {
-    free(st);
-    return smelt__error(SMELT_STATUS_OVERFLOW, OP "_create: the tables exceed 2^63 bytes");
-  }
   s = cpu ? create_cpu(st) : smelt__cuda_peer_store_create(st);
   if (s) {
     free(st);

@@ -11,6 +11,7 @@
  * expert gradients are summed per expert in (token, head, slot) order
  * after sorting the uses by expert, so du and dv (dense or sparse) need
  * memory for the uses and one row, not N rows of doubles. */
+#include "../core/checked.h"
 #include "../core/peer_internal.h"
 
 #include <math.h>
@@ -53,21 +54,32 @@ static void ref_free(ref *r) {
   free(r->qn);
 }
 
+/* Scratch of n elements; the first failure (a size that overflows, or no
+ * memory) is kept in *s and later calls do nothing. */
+static void *scratch(int64_t n, size_t elem, const char *what, smelt_status *s) {
+  size_t bytes = 0;
+  if (*s || (*s = smelt__bytes(n, elem, &bytes, OP, what))) return NULL;
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) *s = smelt__error(SMELT_STATUS_OUT_OF_MEMORY, OP ": no host memory for the CPU reference's %s", what);
+  return p;
+}
+
 static smelt_status ref_init(ref *r, const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x) {
   memset(r, 0, sizeof *r);
   r->ps = ps;
   r->w = w;
   r->x = x;
   r->kh = ps->cfg.per_head_keys ? (int)ps->h : 1;
-  int64_t nmax = 0;
-  int ok = 1;
-  for (int i = 0; i < ps->p; i++) {
-    const int64_t rows = r->kh * ps->n[i];
+  int64_t nmax = 0, rows = 0, cells = 0;
+  smelt_status s = SMELT_OK;
+  for (int i = 0; i < ps->p && !s; i++) {
     if (ps->n[i] > nmax) nmax = ps->n[i];
-    r->keys[i] = (double *)malloc((size_t)(rows * ps->dsub) * sizeof(double));
-    r->knorm[i] = (double *)malloc((size_t)rows * sizeof(double));
-    ok &= r->keys[i] && r->knorm[i];
-    for (int64_t a = 0; ok && a < rows; a++) { /* C_i: [kh * n_i, dsub] */
+    if ((s = smelt__mul_i64(r->kh, ps->n[i], &rows, OP, "the sub-key rows")) ||
+        (s = smelt__mul_i64(rows, ps->dsub, &cells, OP, "the sub-key table")))
+      break;
+    r->keys[i] = (double *)scratch(cells, sizeof(double), "sub-key table", &s);
+    r->knorm[i] = (double *)scratch(rows, sizeof(double), "sub-key norms", &s);
+    for (int64_t a = 0; !s && a < rows; a++) { /* C_i: [kh * n_i, dsub] */
       double ss = 0;
       for (int64_t d = 0; d < ps->dsub; d++) {
         const double c = ld(w->sub_keys[i], a * ps->dsub + d);
@@ -81,14 +93,14 @@ static smelt_status ref_init(ref *r, const smelt__peer_state *ps, const smelt_pe
       }
     }
   }
-  const int64_t kk = ps->k * ps->k;
-  r->dimbuf = (smelt__rank *)malloc((size_t)nmax * sizeof(smelt__rank));
-  r->combbuf = (smelt__rank *)malloc((size_t)kk * sizeof(smelt__rank));
-  r->list = (smelt__rank *)malloc((size_t)ps->k * sizeof(smelt__rank));
-  r->next = (smelt__rank *)malloc((size_t)ps->k * sizeof(smelt__rank));
-  r->q = (double *)malloc((size_t)(ps->h * ps->dq) * sizeof(double));
-  r->qn = (double *)malloc((size_t)ps->dq * sizeof(double));
-  ok &= r->dimbuf && r->combbuf && r->list && r->next && r->q && r->qn;
+  int64_t kk = 0;
+  if (!s) s = smelt__mul_i64(ps->k, ps->k, &kk, OP, "the k x k combination of two dims' candidates");
+  r->dimbuf = (smelt__rank *)scratch(nmax, sizeof(smelt__rank), "per-dim candidates", &s);
+  r->combbuf = (smelt__rank *)scratch(kk, sizeof(smelt__rank), "k x k combination", &s);
+  r->list = (smelt__rank *)scratch(ps->k, sizeof(smelt__rank), "top-k list", &s);
+  r->next = (smelt__rank *)scratch(ps->k, sizeof(smelt__rank), "top-k list", &s);
+  r->q = (double *)scratch(ps->h * ps->dq, sizeof(double), "queries", &s);
+  r->qn = (double *)scratch(ps->dq, sizeof(double), "query", &s);
   if (w->u) {
     r->u = w->u->data;
     r->v = w->v->data;
@@ -98,11 +110,8 @@ static smelt_status ref_init(ref *r, const smelt__peer_state *ps, const smelt_pe
     r->v = w->store->v_host;
     r->wdt = w->store->dtype;
   }
-  if (!ok) {
-    ref_free(r);
-    return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, OP ": no host memory for the CPU reference's scratch");
-  }
-  return SMELT_OK;
+  if (s) ref_free(r);
+  return s;
 }
 
 /* q = x[t] · Wq + bq  [h*dq] */
@@ -283,16 +292,17 @@ static smelt_status select_and_mix(const smelt__peer_state *ps, const smelt_peer
   ref r;
   smelt_status s = ref_init(&r, ps, w, x);
   if (s) return s;
-  const int64_t n = ps->T * ps->h * ps->k;
-  int64_t *ids = (int64_t *)malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-  double *scores = (double *)malloc((size_t)(n ? n : 1) * sizeof(double));
-  double *g = (double *)malloc((size_t)ps->k * sizeof(double));
-  double *z = (double *)malloc((size_t)ps->he * sizeof(double));
-  double *yt = (double *)malloc((size_t)ps->dout * sizeof(double));
-  if (!ids || !scores || !g || !z || !yt) {
-    s = smelt__error(SMELT_STATUS_OUT_OF_MEMORY, OP ": no host memory for the forward's scratch");
-    goto done;
+  int64_t n = 0;
+  if ((s = smelt__mul_i64(ps->T, ps->h * ps->k, &n, OP, "tokens x heads x k"))) {
+    ref_free(&r);
+    return s;
   }
+  int64_t *ids = (int64_t *)scratch(n, sizeof(int64_t), "selected ids", &s);
+  double *scores = (double *)scratch(n, sizeof(double), "selected scores", &s);
+  double *g = (double *)scratch(ps->k, sizeof(double), "gates", &s);
+  double *z = (double *)scratch(ps->he, sizeof(double), "expert hidden", &s);
+  double *yt = (double *)scratch(ps->dout, sizeof(double), "output row", &s);
+  if (s) goto done;
   retrieve_all(&r, ids, scores);
   if (y && ps->store) smelt__peer_store_batch_cpu(ps->store, ids, n);
   for (int64_t t = 0; y && t < ps->T; t++) { /* y[t] = Σ_h Σ_j g_j act(x[t] U_e) V_e */

@@ -1,0 +1,36 @@
+/* Checked arithmetic for sizes, offsets and element counts computed from
+ * caller input. A product of valid-looking dimensions can wrap (k * k with
+ * k = 2^31, a row of 2^60 elements times 16 bytes); every such computation
+ * goes through these, and an overflow becomes SMELT_STATUS_OVERFLOW naming
+ * the op and the quantity, before anything is allocated or written. */
+#ifndef SMELT_CHECKED_H
+#define SMELT_CHECKED_H
+
+#include "internal.h"
+
+#include <stdint.h>
+
+/* *out = a * b (a, b >= 0); OVERFLOW "<op>: <what> overflows" when it does
+ * not fit in int64_t. */
+static inline smelt_status smelt__mul_i64(int64_t a, int64_t b, int64_t *out, const char *op, const char *what) {
+  if (__builtin_mul_overflow(a, b, out))
+    return smelt__error(SMELT_STATUS_OVERFLOW, "%s: %s overflows (%lld x %lld)", op, what, (long long)a, (long long)b);
+  return SMELT_OK;
+}
+
+/* *out = a + b, checked as above. */
+static inline smelt_status smelt__add_i64(int64_t a, int64_t b, int64_t *out, const char *op, const char *what) {
+  if (__builtin_add_overflow(a, b, out))
+    return smelt__error(SMELT_STATUS_OVERFLOW, "%s: %s overflows (%lld + %lld)", op, what, (long long)a, (long long)b);
+  return SMELT_OK;
+}
+
+/* *out = n * elem_bytes as a size_t allocation size, checked likewise. */
+static inline smelt_status smelt__bytes(int64_t n, size_t elem_bytes, size_t *out, const char *op, const char *what) {
+  if (n < 0 || __builtin_mul_overflow((uint64_t)n, (uint64_t)elem_bytes, out))
+    return smelt__error(SMELT_STATUS_OVERFLOW, "%s: %s of %lld elements of %zu bytes overflows", op, what, (long long)n,
+                        elem_bytes);
+  return SMELT_OK;
+}
+
+#endif
