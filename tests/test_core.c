@@ -153,6 +153,19 @@ static void test_tensor_views(void) {
   smelt_tensor s = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 0, NULL);
   CHECK_EQ_INT(smelt_tensor_numel(&s), 1);
   CHECK_OK(smelt__check_tensor("op", "s", &s));
+  /* More than 2^63 elements: strides saturate instead of wrapping (a signed
+   * overflow, which UBSan reports), the view is not contiguous, and
+   * validation fails as an overflow. */
+  int64_t huge[3] = {(int64_t)1 << 31, (int64_t)1 << 32, 2};
+  smelt_tensor h = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, huge);
+  CHECK_EQ_INT(h.strides[0], (int64_t)1 << 33);
+  CHECK_EQ_INT(smelt_tensor_numel(&h), -1);
+  CHECK(!smelt_tensor_is_contiguous(&h));
+  CHECK_STATUS(smelt__check_tensor("op", "h", &h), SMELT_STATUS_OVERFLOW);
+  int64_t huger[4] = {2, (int64_t)1 << 31, (int64_t)1 << 32, 2};
+  h = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 4, huger);
+  CHECK_EQ_INT(h.strides[0], INT64_MAX);
+  CHECK_STATUS(smelt__check_tensor("op", "h", &h), SMELT_STATUS_OVERFLOW);
 }
 
 static void test_tensor_validation(void) {

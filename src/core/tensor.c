@@ -23,7 +23,9 @@ smelt_tensor smelt_tensor_make(void *data, smelt_dtype dt, smelt_device_kind dev
   for (int i = ndim - 1; i >= 0; i--) {
     t.shape[i] = shape[i];
     t.strides[i] = stride;
-    stride *= shape[i] > 0 ? shape[i] : 1;
+    /* Saturate rather than wrap: a shape of more than 2^63 elements then
+     * fails every op's validation as an overflow. */
+    if (__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride)) stride = INT64_MAX;
   }
   return t;
 }
@@ -43,10 +45,11 @@ int64_t smelt_tensor_numel(const smelt_tensor *t) {
 
 int smelt_tensor_is_contiguous(const smelt_tensor *t) {
   if (!t || t->ndim < 0 || t->ndim > SMELT_MAX_DIMS) return 0;
+  if (smelt_tensor_numel(t) < 0) return 0; /* not a valid tensor, let alone a contiguous one */
   int64_t expect = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->strides[i] != expect) return 0;
-    expect *= t->shape[i];
+    if (__builtin_mul_overflow(expect, t->shape[i], &expect)) return 0;
   }
   return 1;
 }
