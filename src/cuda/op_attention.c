@@ -353,7 +353,7 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
 
 enum { F_MAIN, F_PRE, F_DQ, F_DET };
 
-smelt_status smelt__cuda_attention_plan(smelt_plan *plan) {
+static smelt_status plan_attention(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   attn_kernel t[MAX_KERNELS];
   const int n = table(t);
@@ -585,10 +585,12 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   return s ? s : s2;
 }
 
-smelt_status smelt__cuda_attention_run(smelt_plan *plan, const smelt__attn_args *a) {
+static smelt_status run_attention(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   smelt__nvtx_push(st->op);
-  smelt_status s = run(plan, a);
+  smelt_status s = run(plan, (const smelt__attn_args *)args);
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_attention = {.plan = plan_attention, .run = run_attention};

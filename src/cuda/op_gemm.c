@@ -59,7 +59,8 @@ static smelt_status load(smelt_ctx *ctx, const smelt__gemm_kernel *k, void **fun
   return s;
 }
 
-smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *args) {
+static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
+  const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
   smelt__gemm_state *st = (smelt__gemm_state *)plan->opdata;
   const smelt_device_info *dev = &plan->ctx->cuda->info;
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
@@ -470,9 +471,11 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   return s;
 }
 
-smelt_status smelt__cuda_gemm_run(smelt_plan *plan, const smelt__gemm_args *args) {
+static smelt_status run_gemm(smelt_plan *plan, const void *args) {
   smelt__nvtx_push("smelt_gemm");
-  smelt_status s = run(plan, args);
+  smelt_status s = run(plan, (const smelt__gemm_args *)args);
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_gemm = {.plan = plan_gemm, .run = run_gemm};

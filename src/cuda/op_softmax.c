@@ -61,7 +61,7 @@ int smelt__softmax_variants(smelt__kernel_src *out, int max) {
   return n;
 }
 
-smelt_status smelt__cuda_softmax_plan(smelt_plan *plan) {
+static smelt_status plan_softmax(smelt_plan *plan, const void *args) {
   const smelt_tensor *x = &plan->t[0];
   int64_t C = x->shape[x->ndim - 1];
   int b = select_bucket(C);
@@ -88,8 +88,8 @@ static int rows_aligned(const smelt__kshape *k, int64_t vw) {
   return 1;
 }
 
-smelt_status smelt__cuda_softmax_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *y,
-                                     const smelt_tensor *lse) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *y = t[1], *lse = t[2];
   int64_t n = smelt_tensor_numel(x);
   if (n == 0) return SMELT_OK;
   const bucket *bk = &buckets[plan->variant];
@@ -123,3 +123,5 @@ smelt_status smelt__cuda_softmax_run(smelt_plan *plan, const smelt_tensor *x, co
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_softmax = {.plan = plan_softmax, .run = run};

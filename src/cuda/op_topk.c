@@ -50,7 +50,7 @@ int smelt__topk_variants(smelt__kernel_src *out, int max) {
   return n;
 }
 
-smelt_status smelt__cuda_topk_plan(smelt_plan *plan) {
+static smelt_status plan_topk(smelt_plan *plan, const void *args) {
   const smelt_tensor *x = &plan->t[0], *ind = &plan->t[2];
   int64_t C = x->shape[x->ndim - 1];
   /* The kernels pack an element's index into 32 bits. */
@@ -72,8 +72,8 @@ smelt_status smelt__cuda_topk_plan(smelt_plan *plan) {
 }
 
 
-smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *values,
-                                  const smelt_tensor *indices) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *values = t[1], *indices = t[2];
   int64_t n = smelt_tensor_numel(x);
   if (n == 0) return SMELT_OK;
   const path *pt = &paths[plan->variant];
@@ -96,3 +96,5 @@ smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x, const
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_topk = {.plan = plan_topk, .run = run};
