@@ -880,19 +880,27 @@ static void test_act_table(void) {
   CHECK(smelt_act_apply(SMELT_ACT_GELU, INFINITY, 0.1) == INFINITY);
 }
 
-const th_test th_tests_ops[] = {
+const th_test th_tests_activation[] = {
     {"act_table", test_act_table},
-    {"activation_values", test_activation_values},
-    {"activation_nan_inf", test_activation_nan_inf},
-    {"activation_in_place", test_activation_in_place},
-    {"activation_plan_reuse", test_activation_plan_reuse},
-    {"activation_bad_inputs", test_activation_bad_inputs},
-    {"softmax_values", test_softmax_values},
-    {"softmax_nan_inf", test_softmax_nan_inf},
-    {"softmax_bad_inputs", test_softmax_bad_inputs},
-    {"topk_values", test_topk_values},
-    {"topk_nan_inf_ties", test_topk_nan_inf_ties},
-    {"topk_bad_inputs", test_topk_bad_inputs},
-    {"empty", test_ops_empty},
+    {"values", test_activation_values},
+    {"nan_inf", test_activation_nan_inf},
+    {"in_place", test_activation_in_place},
+    {"plan_reuse", test_activation_plan_reuse},
+    {"bad_inputs", test_activation_bad_inputs},
+    {"empty_all_ops", test_ops_empty},
+    {0, 0},
+};
+
+const th_test th_tests_softmax[] = {
+    {"values", test_softmax_values},
+    {"nan_inf", test_softmax_nan_inf},
+    {"bad_inputs", test_softmax_bad_inputs},
+    {0, 0},
+};
+
+const th_test th_tests_topk[] = {
+    {"values", test_topk_values},
+    {"nan_inf_ties", test_topk_nan_inf_ties},
+    {"bad_inputs", test_topk_bad_inputs},
     {0, 0},
 };

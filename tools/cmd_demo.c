@@ -10,14 +10,10 @@
 
 #include <string.h>
 
-static const cli_demo_section sections[] = {
-    {"activations", cli_demo_activation},
-    {"softmax", cli_demo_softmax},
-    {"topk", cli_demo_topk},
-    {"gemm", cli_demo_gemm},
-    {"attention", cli_demo_attention},
-    {"peer", cli_demo_peer},
-};
+/* Each op family's section, from the family list (a family without one is
+ * a NULL entry, skipped). */
+#define SECTION(name) {#name, cli_demo_##name},
+static const cli_demo_section sections[] = {SMELT__FAMILY_LIST(SECTION, SECTION)};
 enum { NSECTIONS = sizeof sections / sizeof sections[0] };
 
 /* Few runs: the demo shows an op, it does not benchmark one. */
@@ -147,6 +143,7 @@ int cli_cmd_demo(int argc, char **argv) {
   printf("timing: median of %d runs after %d warm-up runs\n", env.iters, env.warmup);
 
   for (int i = 0; i < NSECTIONS; i++) {
+    if (!sections[i].run) continue;
     sections[i].run(&env);
     if (profile_memory) print_pool(env.ctx, sections[i].name);
   }

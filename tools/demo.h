@@ -1,11 +1,12 @@
 /* The demo's sections and what they share. A section is one function that
  * runs one op family on the model-shaped problem described by cli_demo_env:
- * on the device under test, checked against the CPU backend, timed. New ops
- * add a section file and one line to the table in cmd_demo.c. */
+ * on the device under test, checked against the CPU backend, timed. A new
+ * family adds a section file; cmd_demo.c finds it through the family list. */
 #ifndef SMELT_CLI_DEMO_H
 #define SMELT_CLI_DEMO_H
 
 #include "cli.h"
+#include "core/families.h"
 
 typedef struct cli_demo_env {
   smelt_ctx *ctx; /* the device under test */
@@ -22,12 +23,10 @@ typedef struct cli_demo_section {
   void (*run)(cli_demo_env *env);
 } cli_demo_section;
 
-void cli_demo_activation(cli_demo_env *env);
-void cli_demo_softmax(cli_demo_env *env);
-void cli_demo_topk(cli_demo_env *env);
-void cli_demo_gemm(cli_demo_env *env);
-void cli_demo_attention(cli_demo_env *env);
-void cli_demo_peer(cli_demo_env *env);
+/* Each op family's section, cli_demo_<name> (src/core/families.h): weak,
+ * so a family may have none. */
+#define CLI_DEMO_DECL(name) void cli_demo_##name(cli_demo_env *env) __attribute__((weak));
+SMELT__FAMILY_LIST(CLI_DEMO_DECL, CLI_DEMO_DECL)
 
 /* A view of rows [row0, row0 + rows) of a contiguous [*, cols] matrix on the
  * context's device; cols == 0 gives the 1-D [rows] view of a vector. */
