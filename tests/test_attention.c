@@ -13,6 +13,7 @@
  * give identical bits in two runs. Bad-input tests cover every public entry
  * point: status, a message naming the tensor and the constraint, and
  * outputs left untouched. */
+#include "core/error_bound.h"
 #include "harness.h"
 
 #include <math.h>
@@ -249,11 +250,12 @@ static void ref_backward(const acase *c, const ageom *g, const double *q, const 
 /* Relative L2 bounds. The CPU computes in double and rounds once to the
  * output type; the GPU rounds P and dS to the 16-bit input type on their
  * way into the tensor cores and accumulates in f32. */
-static double bound(smelt_ctx *ctx, smelt_dtype dt) {
-  if (is_cuda(ctx)) return dt == SMELT_DTYPE_BF16 ? 1e-2 : 5e-3;
-  return dt == SMELT_DTYPE_F64 ? 1e-12 : dt == SMELT_DTYPE_F32 ? 2e-6 : dt == SMELT_DTYPE_F16 ? 1e-3 : 8e-3;
+static double bound_of(smelt_ctx *ctx, smelt_dtype dt, int output) {
+  const smelt__bound_query q = {.family = "attention", .device = smelt_ctx_device(ctx), .dtype = dt, .output = output};
+  return smelt__error_bound(&q);
 }
-static double lse_bound(smelt_ctx *ctx) { return is_cuda(ctx) ? 2e-5 : 1e-6; }
+static double bound(smelt_ctx *ctx, smelt_dtype dt) { return bound_of(ctx, dt, 0); }
+static double lse_bound(smelt_ctx *ctx) { return bound_of(ctx, SMELT_DTYPE_F32, 1); }
 
 /* A host buffer for layout l: random values (the gaps too), and the dense
  * doubles of its elements after rounding to dt. */

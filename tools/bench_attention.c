@@ -19,6 +19,7 @@
  * (dk, dv). A slice is a smaller attention problem whose mask is the full
  * problem's mask restricted to it: see sub_desc(). */
 #include "bench.h"
+#include "core/error_bound.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -360,17 +361,12 @@ static void check_keys(check_data *cd, int64_t b, int64_t hk, int64_t j0, int64_
 
 static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-/* Relative L2 bounds, as tests/test_attention.c: the GPU rounds P and dS to
- * the 16-bit input type before its tensor cores; the CPU backend computes in
- * double and rounds once. */
-static double value_bound(void) {
-  const int cuda = smelt_ctx_device(st.ctx) == SMELT_DEVICE_CUDA;
-  switch (st.dt) {
-    case SMELT_DTYPE_BF16: return 1e-2;
-    case SMELT_DTYPE_F16: return cuda ? 5e-3 : 1e-3;
-    case SMELT_DTYPE_F32: return 2e-6;
-    default: return 1e-12;
-  }
+/* Relative L2 bounds against the CPU reference (src/core/error_bound.c):
+ * output 0 the values, 1 the logsumexp. */
+static double check_bound(int output) {
+  const smelt__bound_query q = {
+      .family = "attention", .device = smelt_ctx_device(st.ctx), .dtype = output ? SMELT_DTYPE_F32 : st.dt, .output = output};
+  return smelt__error_bound(&q);
 }
 
 static void check(const void *hq, const void *hk, const void *hv, const void *hdo, cli_bench_case *c) {
@@ -421,7 +417,7 @@ static void check(const void *hq, const void *hk, const void *hv, const void *hd
   }
   smelt_ctx_destroy(cd.cpu);
 
-  const double bound = value_bound(), lbound = smelt_ctx_device(st.ctx) == SMELT_DEVICE_CUDA ? 2e-5 : 1e-6;
+  const double bound = check_bound(0), lbound = check_bound(1);
   const int64_t nan = cd.eo.nan_mismatch + cd.edq.nan_mismatch + cd.edk.nan_mismatch + cd.edv.nan_mismatch + cd.lse_nan;
   const double eo = rel_l2(&cd.eo), edq = rel_l2(&cd.edq), edk = rel_l2(&cd.edk), edv = rel_l2(&cd.edv);
   const double worst = fmax(fmax(eo, edq), fmax(edk, edv));

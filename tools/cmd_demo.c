@@ -6,6 +6,7 @@
  * Rows go to the device in blocks of --block-size, the way a serving loop
  * feeds them, while the reference gets the whole tensor in one call: the
  * comparison therefore also checks that blocking does not change results. */
+#include "core/error_bound.h"
 #include "demo.h"
 
 #include <string.h>
@@ -61,6 +62,11 @@ void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user) 
     int64_t rows = env->tokens - row0 < env->block ? env->tokens - row0 : env->block;
     fn(user, row0, rows, rows == env->block ? 0 : 1);
   }
+}
+
+double cli_demo_bound(const cli_diff *d, const char *family, smelt_dtype dt) {
+  const smelt__bound_query q = {.family = family, .metric = SMELT__METRIC_MAX_REL, .dtype = dt};
+  return smelt__error_bound(&q) * (d->max_ref > 1.0 ? d->max_ref : 1.0);
 }
 
 void cli_demo_table(const char *title, const char *shapes) {

@@ -39,6 +39,10 @@ smelt_tensor cli_demo_rows(smelt_ctx *ctx, void *base, smelt_dtype dt, int64_t r
 typedef void (*cli_demo_block_fn)(void *user, int64_t row0, int64_t rows, int slot);
 void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user);
 
+/* The largest error a row of `family` allows in an output of dtype dt
+ * (src/core/error_bound.c, one element's worst) at d's scale: the larger
+ * of its largest reference magnitude and 1. */
+double cli_demo_bound(const cli_diff *d, const char *family, smelt_dtype dt);
 /* Starts a section's table: its title, the shapes, the column header. */
 void cli_demo_table(const char *title, const char *shapes);
 /* One row: the case, its largest error against the CPU backend and the bound

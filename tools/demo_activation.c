@@ -47,7 +47,7 @@ static void run_case(act_case *c, const void *x_host, void *ref, void *got, size
 
   char label[64];
   snprintf(label, sizeof label, "%s %s", smelt_act_name(c->desc.act), smelt_dtype_name(c->dt));
-  double bound = cli_rel_bound(c->dt) * (d.max_ref > 1.0 ? d.max_ref : 1.0);
+  double bound = cli_demo_bound(&d, "activation", c->dt);
   cli_demo_row(env, label, &d, bound, env->d_model, &t, 2.0 * (double)bytes,
                smelt_plan_describe(c->plan[0]));
   for (int i = 0; i < 2; i++)

@@ -64,11 +64,10 @@ void cli_demo_softmax(cli_demo_env *env) {
 
     char label[64];
     snprintf(label, sizeof label, "%s y", smelt_dtype_name(dt));
-    /* Probabilities are at most 1, so the relative bound is also absolute. */
-    cli_demo_row(env, label, &dy, cli_rel_bound(dt), env->d_model, &t,
+    cli_demo_row(env, label, &dy, cli_demo_bound(&dy, "softmax", dt), env->d_model, &t,
                  2.0 * (double)bytes + (double)lse_bytes, smelt_plan_describe(c.plan[0]));
     snprintf(label, sizeof label, "%s lse", smelt_dtype_name(dt));
-    double lse_bound = cli_rel_bound(SMELT_DTYPE_F32) * (dl.max_ref > 1.0 ? dl.max_ref : 1.0);
+    double lse_bound = cli_demo_bound(&dl, "softmax", SMELT_DTYPE_F32);
     cli_demo_row(env, label, &dl, lse_bound, 1, NULL, 0.0, "f32");
 
     for (int p = 0; p < 2; p++)

@@ -4,9 +4,11 @@
 #include "error_bound.h"
 #include "internal.h"
 
+#include <string.h>
+
 double smelt__error_bound(const smelt__bound_query *q) {
   for (int i = 0; i < smelt__family_count; i++)
-    if ((int)smelt__families[i]->id == q->op) return smelt__families[i]->bound(q);
+    if (!strcmp(smelt__families[i]->name, q->family)) return smelt__families[i]->bound(q);
   return -1.0;
 }
 

@@ -19,7 +19,7 @@ typedef enum smelt__metric {
 
 /* What was computed, and where. */
 typedef struct smelt__bound_query {
-  int op;                     /* smelt__op (src/core/internal.h) */
+  const char *family;         /* its name in src/core/families.h: "gemm" */
   smelt__metric metric;
   smelt_device_kind device;   /* the backend checked against the CPU reference; SMELT_DEVICE_CPU: the
                                  reference itself against an exact computation in double */

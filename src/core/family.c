@@ -75,6 +75,12 @@ static const smelt__backend *backend_of(const smelt_plan *plan) {
   return plan->ctx->device == SMELT_DEVICE_CUDA ? plan->family->cuda : plan->family->cpu;
 }
 
+smelt_status smelt__family_plan_new(const smelt__family *f, smelt_ctx *ctx, smelt_plan **out) {
+  smelt_status s = smelt__plan_new(ctx, SMELT__OP_FAMILY, out);
+  if (!s) (*out)->family = f;
+  return s;
+}
+
 smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const void *params,
                                 const smelt_tensor *const *t, smelt_plan **out) {
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: out is NULL", f->op);
@@ -82,8 +88,7 @@ smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const vo
   if (!ctx) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: ctx is NULL", f->op);
   smelt_plan *plan;
   smelt_status s = check_args(f, ctx, t);
-  if (s || (s = smelt__plan_new(ctx, f->id, &plan))) return s;
-  plan->family = f;
+  if (s || (s = smelt__family_plan_new(f, ctx, &plan))) return s;
   plan->ntensors = f->nroles;
   for (int r = 0; r < f->nroles; r++)
     if (t[r]) plan->t[r] = *t[r];
@@ -99,7 +104,7 @@ smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const vo
 
 smelt_status smelt__check_plan(const smelt__family *f, const char *op, const smelt_plan *plan) {
   if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: plan is NULL", op);
-  if (plan->op != f->id)
+  if (plan->family != f)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is not %s plan", op, f->what);
   return SMELT_OK;
 }

@@ -83,12 +83,10 @@ struct smelt_ctx {
 };
 
 /* ---- plans */
+/* What made a plan: a family on the op-family interface (plan->family
+ * says which), or one with entry points of its own. */
 typedef enum smelt__op {
-  SMELT__OP_ACTIVATION = 1,
-  SMELT__OP_SOFTMAX,
-  SMELT__OP_TOPK,
-  SMELT__OP_GEMM,
-  SMELT__OP_ATTENTION,
+  SMELT__OP_FAMILY = 1,
   SMELT__OP_PEER
 } smelt__op;
 
@@ -158,9 +156,9 @@ typedef struct smelt__role {
 struct smelt__bound_query;
 
 typedef struct smelt__family {
+  const char *name; /* as in src/core/families.h: "softmax" */
   const char *op;   /* the entry points' prefix and every message's: "smelt_softmax" */
   const char *what; /* "a softmax": "the plan is not a softmax plan" */
-  smelt__op id;
   int nroles;
   const smelt__role *roles;
   /* What the shared checks cannot see (parameters, shapes), after them and
@@ -170,6 +168,8 @@ typedef struct smelt__family {
   double (*bound)(const struct smelt__bound_query *q); /* src/core/error_bound.h */
 } smelt__family;
 
+/* A new plan of family f (nothing planned yet). */
+smelt_status smelt__family_plan_new(const smelt__family *f, smelt_ctx *ctx, smelt_plan **out);
 /* Plans a family's call: ctx and out, every role's presence, tensor, device
  * and dtype, the family's check, outputs distinct and disjoint, then the
  * backend's plan. On failure *out is NULL and nothing was written. */

@@ -80,9 +80,9 @@ static smelt_status check(smelt_plan *plan, const void *params, const smelt_tens
 }
 
 const smelt__family smelt__family_activation = {
+    .name = "activation",
     .op = "smelt_activation",
     .what = "an activation",
-    .id = SMELT__OP_ACTIVATION,
     .nroles = 2,
     .roles = roles,
     .check = check,

@@ -23,9 +23,9 @@ static const smelt__role roles[SMELT__ATT_COUNT] = {
 };
 
 const smelt__family smelt__family_attention = {
+    .name = "attention",
     .op = "smelt_attention",
     .what = "an attention",
-    .id = SMELT__OP_ATTENTION,
     .nroles = SMELT__ATT_COUNT,
     .roles = roles,
     .cpu = &smelt__cpu_attention,
@@ -258,12 +258,11 @@ static smelt_status plan_any(smelt_ctx *ctx, const smelt_attention_desc *desc, i
   if (!st) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
   smelt_status s = validate(ctx, desc, bwd, varlen, t, st);
   smelt_plan *plan = NULL;
-  if (!s) s = smelt__plan_new(ctx, SMELT__OP_ATTENTION, &plan);
+  if (!s) s = smelt__family_plan_new(&smelt__family_attention, ctx, &plan);
   if (s) {
     free(st);
     return s;
   }
-  plan->family = &smelt__family_attention;
   plan->opdata = st;
   plan->opdata_free = state_free;
   snprintf(plan->describe, sizeof plan->describe, "attention %s %s D=%lld H=%lld Hk=%lld%s (cpu reference)",
@@ -280,7 +279,7 @@ static smelt_status plan_any(smelt_ctx *ctx, const smelt_attention_desc *desc, i
 static smelt_status run_any(smelt_plan *plan, int bwd, int varlen, const smelt_tensor *const *t) {
   const char *op = op_name(bwd, varlen);
   if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s_run: plan is NULL", op);
-  const smelt__attn_state *st = plan->op == SMELT__OP_ATTENTION ? (const smelt__attn_state *)plan->opdata : NULL;
+  const smelt__attn_state *st = plan->family == &smelt__family_attention ? (const smelt__attn_state *)plan->opdata : NULL;
   if (!st || st->bwd != bwd || st->varlen != varlen)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s_run: the plan is not a %s plan (it was made by %s)", op, op,
                         st ? st->op : "another op");

@@ -99,9 +99,9 @@ static const smelt__role roles[R_COUNT] = {
 };
 
 const smelt__family smelt__family_gemm = {
+    .name = "gemm",
     .op = OP,
     .what = "a GEMM",
-    .id = SMELT__OP_GEMM,
     .nroles = R_COUNT,
     .roles = roles,
     .cpu = &smelt__cpu_gemm,
@@ -277,12 +277,11 @@ static void keep_tensors(smelt_plan *plan, const smelt_tensor *a, const smelt_te
 
 static smelt_status finish(smelt_ctx *ctx, smelt__gemm_state *st, const smelt__gemm_args *args, smelt_plan **out) {
   smelt_plan *plan;
-  smelt_status s = smelt__plan_new(ctx, SMELT__OP_GEMM, &plan);
+  smelt_status s = smelt__family_plan_new(&smelt__family_gemm, ctx, &plan);
   if (s) {
     free(st);
     return s;
   }
-  plan->family = &smelt__family_gemm;
   plan->opdata = st;
   plan->opdata_free = state_free;
   st->kernel = st->fallback = -1;

@@ -46,9 +46,9 @@ static smelt_status check(smelt_plan *plan, const void *params, const smelt_tens
 }
 
 const smelt__family smelt__family_softmax = {
+    .name = "softmax",
     .op = "smelt_softmax",
     .what = "a softmax",
-    .id = SMELT__OP_SOFTMAX,
     .nroles = 3,
     .roles = roles,
     .check = check,

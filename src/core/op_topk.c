@@ -50,9 +50,9 @@ static smelt_status check(smelt_plan *plan, const void *params, const smelt_tens
 }
 
 const smelt__family smelt__family_topk = {
+    .name = "topk",
     .op = "smelt_topk",
     .what = "a top-k",
-    .id = SMELT__OP_TOPK,
     .nroles = 3,
     .roles = roles,
     .check = check,

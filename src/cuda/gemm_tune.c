@@ -21,6 +21,7 @@
  * Anything else is ignored with a log line, and planning falls back to the
  * heuristic. Records hold kernel names, never code. */
 #include "gemm_tune.h"
+#include "../core/error_bound.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -370,33 +371,14 @@ int smelt__gemm_tune_choice(const smelt__gemm_state *st, const smelt__gemm_facts
 
 /* ---------------------------------------------------------------- tuning */
 
-/* The bound each GPU result has against the exact product. */
-static double exact_bound(const smelt__gemm_state *st) {
-  const smelt_gemm_epilogue *e = &st->desc.epilogue;
-  const double in = st->dt_a == SMELT_DTYPE_F64 || st->dt_a == SMELT_DTYPE_I8 ? 1e-12
-                    : st->desc.math.op == SMELT_GEMM_MATH_TF32           ? 2e-3
-                                                                          : 1e-5;
-  switch (st->dt_d) {
-    case SMELT_DTYPE_F64: return in;
-    case SMELT_DTYPE_F32: return in + 1e-6;
-    case SMELT_DTYPE_F16: return in + 2e-3;
-    case SMELT_DTYPE_BF16: return in + 1e-2;
-    case SMELT_DTYPE_E4M3: return in + 0.08;
-    case SMELT_DTYPE_E5M2: return in + 0.15;
-    default: /* i8, i32: exact when nothing but the integer product reaches D */
-      return in + (st->dt_a == SMELT_DTYPE_I8 && e->act == SMELT_ACT_IDENTITY && e->alpha == 1.0 && !st->has_c &&
-                           e->scale_a == 1.0f && e->scale_b == 1.0f && e->scale_d == 1.0f
-                       ? 0.0
-                       : 1e-2);
-  }
-}
-
 /* Relative L2 bound between two GPU results of one GEMM: twice the bound
- * each has against the exact result (about one output rounding plus the
- * arithmetic's own error, as tests/test_gemm.c and `smelt bench gemm
- * --check` bound it). A wrong kernel misses it by orders of magnitude. */
+ * each has against the exact result (src/core/error_bound.c, which the
+ * tests and `smelt bench gemm --check` use too). A wrong kernel misses it
+ * by orders of magnitude. */
 static double tolerance(const smelt__gemm_state *st) {
-  return 2.0 * exact_bound(st);
+  const smelt__bound_query q = {
+      .family = "gemm", .dtype = st->dt_d, .dt_a = st->dt_a, .gemm = &st->desc, .has_c = st->has_c};
+  return 2.0 * smelt__error_bound(&q);
 }
 
 /* ||got - ref|| / ||ref|| over D's elements; NaN and infinities must sit
