@@ -34,10 +34,6 @@ typedef struct smelt__gemm_state {
   int64_t count;         /* batched L, array count, groups (as planned) */
   smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped; when
                             grouped by offsets, all T rows: b.bs and bias_gs step from group to group) */
-  /* CUDA backend: the picked kernel and its fallback for runs whose operands
-   * do not fit it (loaded on first use). Indices into the variant table. */
-  int kernel, fallback;
-  void *fallback_func;
 } smelt__gemm_state;
 
 /* What a run binds. */

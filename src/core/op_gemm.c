@@ -284,7 +284,6 @@ static smelt_status finish(smelt_ctx *ctx, smelt__gemm_state *st, const smelt__g
   }
   plan->opdata = st;
   plan->opdata_free = state_free;
-  st->kernel = st->fallback = -1;
   snprintf(plan->describe, sizeof plan->describe, "gemm %s %s x %s -> %s acc %s (cpu reference)",
            mode_names[st->mode], smelt_dtype_name(st->dt_a), smelt_dtype_name(st->dt_b), smelt_dtype_name(st->dt_d),
            acc_names[st->acc]);

@@ -454,7 +454,7 @@ static int splits_for(const smelt__gemm_kernel *k, const smelt__gemm_state *req,
   /* Hopper split-K runs only when asked: unsplit was faster on H100. */
   if (k->fam == SMELT__GK_SM90 || req->mode == SMELT_GEMM_MODE_BATCHED) return 1;
   const smelt__gemm_prob *p = &req->prob;
-  const int64_t tiles = ((p->m + k->bm - 1) / k->bm) * ((p->n + k->bn - 1) / k->bn);
+  const int64_t tiles = smelt__ceil_div(p->m, k->bm) * smelt__ceil_div(p->n, k->bn);
   int n = 1;
   for (int s = 2; s <= 16 && tiles < dev->sm_count; s *= 2)
     if (tiles * s <= 4 * (int64_t)dev->sm_count && p->k / s >= 256) out[n++] = s;
@@ -485,7 +485,7 @@ static smelt_status plan_forced(tune_io *io, const smelt_gemm_desc *desc, int ki
   tuning.split_k = split;
   smelt_status s = smelt_gemm_plan(io->ctx, desc, io->a, io->b, io->c, io->d, io->bias, out);
   tuning.force = 0;
-  if (!s && ((const smelt__gemm_state *)(*out)->opdata)->kernel != ki) {
+  if (!s && ((const smelt__gemm_cuda_plan *)(*out)->backend)->kernel != ki) {
     smelt_plan_destroy(*out);
     *out = NULL;
     s = smelt__error(SMELT_STATUS_INTERNAL, OP ": planning did not take the candidate kernel (table entry %d)", ki);
@@ -505,7 +505,8 @@ static smelt_status tune(tune_io *io, const smelt_gemm_desc *desc, smelt_plan *h
   if (nk > SMELT_GEMM_TUNE_MAX_CANDIDATES) nk = SMELT_GEMM_TUNE_MAX_CANDIDATES;
   int tensor = 0;
   for (int i = 0; i < nk; i++) tensor |= table[ks[i]].fam != SMELT__GK_SIMT;
-  add_candidate(r, kernels, table, hs->kernel, hs->split_k, 1);
+  const smelt__gemm_cuda_plan *hc = (const smelt__gemm_cuda_plan *)heur->backend;
+  add_candidate(r, kernels, table, hc->kernel, hc->split_k, 1);
   for (int i = 0; i < nk; i++) {
     /* CUDA cores are no match for tensor cores where both can serve. */
     if (tensor && table[ks[i]].fam == SMELT__GK_SIMT) continue;

@@ -425,14 +425,13 @@ static smelt_status tensor_map(const smelt__attn_state *st, const smelt_tensor *
                             (uint64_t)(batches > 0 ? batches : 1)};
   const uint64_t strides[3] = {(rs + 15) / 16 * 16, (hs + 15) / 16 * 16, (bs + 15) / 16 * 16};
   const unsigned box[4] = {64, (unsigned)box_rows, 1, 1}, ones[4] = {1, 1, 1, 1};
-  enum { TMA_F16 = 6, TMA_BF16 = 9, SWIZZLE_128B = 3, L2_256B = 3 }; /* CUtensorMap* enums */
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, t->dtype == SMELT_DTYPE_BF16 ? TMA_BF16 : TMA_F16, 4,
-                                                        t->data, dims, strides, box, ones, 0, SWIZZLE_128B, L2_256B, 0);
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(
+      map, t->dtype == SMELT_DTYPE_BF16 ? SMELT__TMA_BF16 : SMELT__TMA_F16, 4, t->data, dims, strides, box, ones,
+      SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B, SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, st->op, "cuTensorMapEncodeTiled");
   return SMELT_OK;
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* attn_bwd_sm90: tensor maps over Q and dO (boxes of 64 rows), K and V
  * (boxes of bn rows), then the launch, grid (key tiles, Hk, B). */
@@ -448,12 +447,12 @@ static smelt_status launch_bwd90(smelt_plan *plan, const smelt__attn_args *a, co
   const uint64_t dims[3] = {(uint64_t)st->D, (uint64_t)st->H, (uint64_t)(st->rows_q > 0 ? st->rows_q : 1)};
   const uint64_t strides[2] = {(uint64_t)st->D * 4, (uint64_t)st->H * (uint64_t)st->D * 4};
   const unsigned box[3] = {32, 1, (unsigned)k->bm}, ones[3] = {1, 1, 1};
-  enum { TMA_F32 = 7, SWIZZLE_128B = 3, L2_256B = 3 };
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(&tdq, TMA_F32, 3, (void *)(uintptr_t)kp->dq_acc, dims, strides, box,
-                                                        ones, 0, SWIZZLE_128B, L2_256B, 0);
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(
+      &tdq, SMELT__TMA_F32, 3, (void *)(uintptr_t)kp->dq_acc, dims, strides, box, ones, SMELT__TMA_INTERLEAVE_NONE,
+      SMELT__TMA_SWIZZLE_128B, SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, st->op, "cuTensorMapEncodeTiled");
   void *p90[] = {&tq, &tk, &tv, &tdo, &tdq, kp};
-  return smelt__cuda_launch(plan->ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
+  return smelt__cuda_launch(plan->ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)smelt__ceil_div(st->Sk, k->bn),
                             (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, p90);
 }
 
@@ -507,7 +506,7 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   void *params[] = {&kp};
 
   if (!st->bwd) {
-    const unsigned gx = (unsigned)ceil_div(st->Sq, k->bm);
+    const unsigned gx = (unsigned)smelt__ceil_div(st->Sq, k->bm);
     if (gx == 0) return SMELT_OK;
     if (k->fam == AK_FWD90) {
       smelt__cu_tensor_map tq, tk, tv;
@@ -549,7 +548,7 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
 
   /* Backward: one workspace, 256-byte aligned parts. */
   const int det = st->desc.deterministic || ctx->deterministic;
-  const int64_t m_tiles = ceil_div(st->Sq, BWD_BM);
+  const int64_t m_tiles = smelt__ceil_div(st->Sq, BWD_BM);
   const size_t acc = ((size_t)st->rows_q * (size_t)st->H * (size_t)st->D * 4 + 255) / 256 * 256;
   const size_t vec = ((size_t)st->rows_q * (size_t)st->H * 4 + 255) / 256 * 256;
   const size_t sems = det ? (size_t)st->B * (size_t)st->H * (size_t)m_tiles * 4 : 0;
@@ -567,17 +566,17 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   }
   /* attn_bwd_pre and attn_bwd_dq: 16 (row, head) pairs per block of 8 warps. */
   const int64_t pairs = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
-  const unsigned aux_grid = (unsigned)(ceil_div(pairs, 16) < cap ? ceil_div(pairs, 16) : cap);
+  const unsigned aux_grid = (unsigned)(smelt__ceil_div(pairs, 16) < cap ? smelt__ceil_div(pairs, 16) : cap);
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
   if (!s && k->fam == AK_BWD90 && det) {
     /* The deterministic mode runs the mma.sync kernel the plan also loaded. */
     const attn_kernel *k80 = &t[find(t, nt, AK_BWD80, k->dt, k->d, 0)];
-    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DET], (unsigned)ceil_div(st->Sk, k80->bn),
+    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DET], (unsigned)smelt__ceil_div(st->Sk, k80->bn),
                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k80->threads, (unsigned)k80->smem, params);
   } else if (!s && k->fam == AK_BWD90) {
     s = launch_bwd90(plan, a, k, &kp);
   } else if (!s) {
-    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
+    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)smelt__ceil_div(st->Sk, k->bn),
                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, params);
   }
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DQ], aux_grid, 1, 1, 256, 0, params);
