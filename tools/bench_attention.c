@@ -27,7 +27,7 @@
 
 static int64_t opt_batch = 4, opt_heads = 16, opt_kv_heads = 0, opt_seq_q = 4096, opt_seq_k = 0, opt_head_dim = 128;
 static int64_t opt_wl = -1, opt_wr = -1, opt_check_rows = 64;
-static const char *opt_dtype = "bf16";
+static const char *opt_dtype = "bf16", *opt_schedule = "auto";
 static int opt_causal, opt_bwd, opt_det, opt_check;
 
 static const cli_opt options[] = {
@@ -43,6 +43,8 @@ static const cli_opt options[] = {
     {"dtype", CLI_OPT_STRING, &opt_dtype, "DT", "bf16 or f16; f32, f64 on the CPU backend (default bf16)"},
     {"bwd", CLI_OPT_FLAG, &opt_bwd, NULL, "time the backward (dq, dk, dv) instead of the forward"},
     {"deterministic", CLI_OPT_FLAG, &opt_det, NULL, "backward: the bitwise-repeatable mode"},
+    {"schedule", CLI_OPT_STRING, &opt_schedule, "S",
+     "Hopper forward: auto, tiles, persistent or dynamic (desc.fwd_schedule; default auto)"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare slices of one run against the CPU backend"},
     {"check-rows", CLI_OPT_INT, &opt_check_rows, "N", "rows (and keys) per checked slice end (default 64)"},
     {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
@@ -118,6 +120,12 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   st.desc.window_left = st.wl;
   st.desc.window_right = opt_causal ? -1 : st.wr;
   st.desc.deterministic = opt_det;
+  static const char *const schedules[SMELT_ATTENTION_SCHEDULE_COUNT] = {"auto", "tiles", "persistent", "dynamic"};
+  int sched = 0;
+  while (sched < SMELT_ATTENTION_SCHEDULE_COUNT && strcmp(opt_schedule, schedules[sched])) sched++;
+  if (sched == SMELT_ATTENTION_SCHEDULE_COUNT)
+    cli_usage_error(doc->command, "--schedule %s is not auto, tiles, persistent or dynamic", opt_schedule);
+  st.desc.fwd_schedule = (smelt_attention_schedule)sched;
 
   const uint64_t es = smelt_dtype_size(st.dt);
   /* Forward: reads q, k, v, writes o, lse. Backward: reads q, k, v, o, d_o,

@@ -206,6 +206,11 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc->window_%s=%lld must be >= -1 (-1 = unbounded)", op,
                         d.window_left < -1 ? "left" : "right",
                         (long long)(d.window_left < -1 ? d.window_left : d.window_right));
+  if ((unsigned)d.fwd_schedule >= SMELT_ATTENTION_SCHEDULE_COUNT)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: desc->fwd_schedule=%d is not a smelt_attention_schedule (supported: AUTO, TILES, "
+                        "PERSISTENT, DYNAMIC)",
+                        op, (int)d.fwd_schedule);
   if (d.causal && d.window_right > 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         "%s: desc->causal with desc->window_right=%lld; a causal mask allows window_right -1 or 0", op,

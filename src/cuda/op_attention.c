@@ -20,7 +20,7 @@
  * device's shared memory.
  *
  * Run: the forward is one launch, grid (query tiles, H, B), or on Hopper
- * with a persistent schedule (fwd90_schedule(), SMELT_ATTN_FWD_SCHEDULE)
+ * with a persistent schedule (fwd90_schedule(), desc.fwd_schedule)
  * one CTA per SM walking the query tiles; the dynamic one first zeroes
  * its tile counter, a pool allocation of its own. The backward
  * takes one workspace from the context's pool (dq's f32 accumulator, LSE ·
@@ -89,11 +89,10 @@ typedef struct attn_kernel {
 #define BWD90_SPREAD 1
 /* The Hopper forward's schedules (ATTN_PERSISTENT in the kernel): one CTA
  * per query tile; one per SM walking the tiles in a static stride of the
- * grid; one per SM taking them from a counter. SMELT_ATTN_FWD_SCHEDULE
- * (tiles, persistent, dynamic) picks one; unset, fwd90_schedule() decides
- * by the mask, as measured on H100 (docs/PERF.md). */
+ * grid; one per SM taking them from a counter. desc.fwd_schedule picks
+ * one; AUTO, fwd90_schedule() decides by the mask, as measured on H100
+ * (docs/PERF.md). */
 enum { FWD90_TILES, FWD90_STATIC, FWD90_DYNAMIC };
-static const char *const fwd90_names[] = {"tiles", "persistent", "dynamic"};
 /* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
 _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 * BWD_BM * 2 +
                        BWD90_STAGES * 8 * BWD_BM + 8 * (1 + 2 * BWD90_STAGES) +
@@ -258,30 +257,24 @@ static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d, int
   return -1;
 }
 
-/* The Hopper forward's schedule: SMELT_ATTN_FWD_SCHEDULE (tiles,
- * persistent or dynamic; anything else is an error), else by the mask.
+/* The Hopper forward's schedule: the one desc.fwd_schedule names, else
+ * (AUTO) by the mask.
  * Measured on H100 (docs/PERF.md, "Persistent schedule"): the static
  * persistent schedule beats one CTA per tile by 3-11% without a right
  * window (every query tile sees about as many keys) and loses 10% at
  * causal S4k, where one CTA per tile wins; the dynamic one ties one CTA
  * per tile under a causal mask (+1% at S4k, -3% at S16k) and trails the
  * static one without. */
-static smelt_status fwd90_schedule(const smelt__attn_state *st, int *sched) {
-  const char *env = smelt__getenv("SMELT_ATTN_FWD_SCHEDULE");
-  if (env) {
-    for (int i = FWD90_TILES; i <= FWD90_DYNAMIC; i++)
-      if (strcmp(env, fwd90_names[i]) == 0) {
-        *sched = i;
-        return SMELT_OK;
-      }
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        "%s: SMELT_ATTN_FWD_SCHEDULE=\"%.32s\" is not a schedule (tiles, persistent or dynamic)",
-                        st->op, env);
+static int fwd90_schedule(const smelt__attn_state *st) {
+  switch (st->desc.fwd_schedule) {
+    case SMELT_ATTENTION_SCHEDULE_TILES: return FWD90_TILES;
+    case SMELT_ATTENTION_SCHEDULE_PERSISTENT: return FWD90_STATIC;
+    case SMELT_ATTENTION_SCHEDULE_DYNAMIC: return FWD90_DYNAMIC;
+    default: break;
   }
   /* A right window (causal) the kernel applies: as in run(). */
   const int right = st->wr >= 0 && st->wr < st->Sq + st->Sk;
-  *sched = right ? FWD90_TILES : FWD90_STATIC;
-  return SMELT_OK;
+  return right ? FWD90_TILES : FWD90_STATIC;
 }
 
 /* Picks the kernels for st on dev: *main (forward or backward) and, for
@@ -323,8 +316,7 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
       return smelt__error(SMELT_STATUS_UNSUPPORTED,
                           "%s: head dim D=%lld has no CUDA forward kernel (supported: 64, 96, 128, 256)", st->op,
                           (long long)D);
-    int sched = FWD90_TILES;
-    if ((s = fwd90_schedule(st, &sched))) return s;
+    const int sched = fwd90_schedule(st);
     int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, sched) : -1;
     /* The dynamic kernel counts tiles in 32 bits: the tiles (varlen: of
      * the longest sequence, per sequence and head) plus one overshoot per
