@@ -6,6 +6,8 @@
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 smelt_status smelt__check_role(const char *op, const smelt__role *r, const smelt_tensor *t, const smelt_ctx *ctx) {
   smelt_status s;
@@ -81,6 +83,16 @@ smelt_status smelt__family_plan_new(const smelt__family *f, smelt_ctx *ctx, smel
   return s;
 }
 
+/* The plan's copy of the family's description, in opdata. */
+static smelt_status keep_params(const smelt__family *f, smelt_plan *plan, const void *params) {
+  if (!f->params_size || !params) return SMELT_OK;
+  plan->opdata = malloc(f->params_size);
+  if (!plan->opdata) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", f->op);
+  memcpy(plan->opdata, params, f->params_size);
+  plan->opdata_free = free;
+  return SMELT_OK;
+}
+
 smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const void *params,
                                 const smelt_tensor *const *t, smelt_plan **out) {
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: out is NULL", f->op);
@@ -92,7 +104,8 @@ smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const vo
   plan->ntensors = f->nroles;
   for (int r = 0; r < f->nroles; r++)
     if (t[r]) plan->t[r] = *t[r];
-  if (!(s = f->check(plan, params, t)) && !(s = check_outputs(f, t)) && backend_of(plan)->plan)
+  if (!(s = keep_params(f, plan, params)) && !(s = f->check(plan, params, t)) && !(s = check_outputs(f, t)) &&
+      backend_of(plan)->plan)
     s = backend_of(plan)->plan(plan, t);
   if (s) {
     smelt_plan_destroy(plan);

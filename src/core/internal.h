@@ -161,6 +161,7 @@ typedef struct smelt__family {
   const char *what; /* "a softmax": "the plan is not a softmax plan" */
   int nroles;
   const smelt__role *roles;
+  size_t params_size; /* bytes of the description (`params`) the plan keeps in opdata; 0: none */
   /* What the shared checks cannot see (parameters, shapes), after them and
    * before the output checks; fills plan->p, opdata and describe. */
   smelt_status (*check)(smelt_plan *plan, const void *params, const smelt_tensor *const *t);
