@@ -115,6 +115,25 @@ smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const vo
   return SMELT_OK;
 }
 
+smelt_status smelt__family_plan_state(const smelt__family *f, smelt_ctx *ctx, void *state, void (*state_free)(void *),
+                                      const char *describe, const void *args, smelt_plan **out) {
+  smelt_plan *plan;
+  smelt_status s = smelt__family_plan_new(f, ctx, &plan);
+  if (s) {
+    state_free(state);
+    return s;
+  }
+  plan->opdata = state;
+  plan->opdata_free = state_free;
+  snprintf(plan->describe, sizeof plan->describe, "%s", describe);
+  if (backend_of(plan)->plan && (s = backend_of(plan)->plan(plan, args))) {
+    smelt_plan_destroy(plan);
+    return s;
+  }
+  *out = plan;
+  return SMELT_OK;
+}
+
 smelt_status smelt__check_plan(const smelt__family *f, const char *op, const smelt_plan *plan) {
   if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: plan is NULL", op);
   if (plan->family != f)

@@ -171,6 +171,12 @@ typedef struct smelt__family {
 
 /* A new plan of family f (nothing planned yet). */
 smelt_status smelt__family_plan_new(const smelt__family *f, smelt_ctx *ctx, smelt_plan **out);
+/* A plan of f around a family's resolved `state` (the plan owns it from
+ * here on, also on failure, and frees it with state_free), described by
+ * `describe` until the backend says what it picked, then planned by the
+ * context's backend for `args`. For families with entry points of their own. */
+smelt_status smelt__family_plan_state(const smelt__family *f, smelt_ctx *ctx, void *state, void (*state_free)(void *),
+                                      const char *describe, const void *args, smelt_plan **out);
 /* Plans a family's call: ctx and out, every role's presence, tensor, device
  * and dtype, the family's check, outputs distinct and disjoint, then the
  * backend's plan. On failure *out is NULL and nothing was written. */

@@ -262,23 +262,15 @@ static smelt_status plan_any(smelt_ctx *ctx, const smelt_attention_desc *desc, i
   smelt__attn_state *st = (smelt__attn_state *)calloc(1, sizeof *st);
   if (!st) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
   smelt_status s = validate(ctx, desc, bwd, varlen, t, st);
-  smelt_plan *plan = NULL;
-  if (!s) s = smelt__family_plan_new(&smelt__family_attention, ctx, &plan);
   if (s) {
     free(st);
     return s;
   }
-  plan->opdata = st;
-  plan->opdata_free = state_free;
-  snprintf(plan->describe, sizeof plan->describe, "attention %s %s D=%lld H=%lld Hk=%lld%s (cpu reference)",
-           bwd ? "bwd" : "fwd", smelt_dtype_name(t[SMELT__ATT_Q]->dtype), (long long)st->D, (long long)st->H,
-           (long long)st->Hk, varlen ? " varlen" : "");
-  if (ctx->device == SMELT_DEVICE_CUDA && (s = smelt__cuda_attention.plan(plan, NULL))) {
-    smelt_plan_destroy(plan);
-    return s;
-  }
-  *out = plan;
-  return SMELT_OK;
+  char describe[160];
+  snprintf(describe, sizeof describe, "attention %s %s D=%lld H=%lld Hk=%lld%s (cpu reference)", bwd ? "bwd" : "fwd",
+           smelt_dtype_name(t[SMELT__ATT_Q]->dtype), (long long)st->D, (long long)st->H, (long long)st->Hk,
+           varlen ? " varlen" : "");
+  return smelt__family_plan_state(&smelt__family_attention, ctx, st, state_free, describe, NULL, out);
 }
 
 static smelt_status run_any(smelt_plan *plan, int bwd, int varlen, const smelt_tensor *const *t) {

@@ -274,25 +274,11 @@ static void keep_tensors(smelt_plan *plan, const smelt_tensor *a, const smelt_te
 }
 
 /* Makes the plan around a resolved state and lets the backend pick. */
-
 static smelt_status finish(smelt_ctx *ctx, smelt__gemm_state *st, const smelt__gemm_args *args, smelt_plan **out) {
-  smelt_plan *plan;
-  smelt_status s = smelt__family_plan_new(&smelt__family_gemm, ctx, &plan);
-  if (s) {
-    free(st);
-    return s;
-  }
-  plan->opdata = st;
-  plan->opdata_free = state_free;
-  snprintf(plan->describe, sizeof plan->describe, "gemm %s %s x %s -> %s acc %s (cpu reference)",
-           mode_names[st->mode], smelt_dtype_name(st->dt_a), smelt_dtype_name(st->dt_b), smelt_dtype_name(st->dt_d),
-           acc_names[st->acc]);
-  if (ctx->device == SMELT_DEVICE_CUDA && (s = smelt__cuda_gemm.plan(plan, args))) {
-    smelt_plan_destroy(plan);
-    return s;
-  }
-  *out = plan;
-  return SMELT_OK;
+  char describe[160];
+  snprintf(describe, sizeof describe, "gemm %s %s x %s -> %s acc %s (cpu reference)", mode_names[st->mode],
+           smelt_dtype_name(st->dt_a), smelt_dtype_name(st->dt_b), smelt_dtype_name(st->dt_d), acc_names[st->acc]);
+  return smelt__family_plan_state(&smelt__family_gemm, ctx, st, state_free, describe, args, out);
 }
 
 static smelt_status new_state(const smelt_gemm_desc *d, const smelt_tensor *a, const smelt_tensor *b,
@@ -376,6 +362,21 @@ static smelt_status check_bias_presence(const char *op, const smelt__gemm_state 
   return SMELT_OK;
 }
 
+/* The planned problem with a run's pointers (plain and grouped by offsets). */
+static smelt__gemm_args bound_args(const smelt__gemm_state *st, const smelt_tensor *a, const smelt_tensor *b,
+                                   const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.prob = st->prob;
+  args.count = st->count;
+  args.prob.a.data = a->data;
+  args.prob.b.data = b->data;
+  args.prob.c.data = st->has_c ? c->data : NULL;
+  args.prob.d.data = d->data;
+  args.prob.bias = bias ? bias->data : NULL;
+  return args;
+}
+
 /* A run of the plain and grouped-by-offsets modes: every tensor as planned. */
 static smelt_status check_run(const char *op, const smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
                               const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
@@ -400,15 +401,7 @@ smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan; use smelt_gemm_%s_run", op,
                         mode_names[st->mode], family_of(st->mode));
   if ((s = check_run(op, plan, a, b, c, d, bias, NULL))) return s;
-  smelt__gemm_args args;
-  memset(&args, 0, sizeof args);
-  args.prob = st->prob;
-  args.count = st->count;
-  args.prob.a.data = a->data;
-  args.prob.b.data = b->data;
-  args.prob.c.data = st->has_c ? c->data : NULL;
-  args.prob.d.data = d->data;
-  args.prob.bias = bias ? bias->data : NULL;
+  const smelt__gemm_args args = bound_args(st, a, b, c, d, bias);
   return smelt__plan_dispatch(plan, &args);
 }
 
@@ -664,15 +657,7 @@ smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt_tensor *a
   if (!a || !b || !d || !offs)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : !d ? "D" : "offs");
   if ((s = check_run(op, plan, a, b, c, d, bias, offs))) return s;
-  smelt__gemm_args args;
-  memset(&args, 0, sizeof args);
-  args.prob = st->prob;
-  args.count = st->count;
-  args.prob.a.data = a->data;
-  args.prob.b.data = b->data;
-  args.prob.c.data = st->has_c ? c->data : NULL;
-  args.prob.d.data = d->data;
-  args.prob.bias = bias ? bias->data : NULL;
+  smelt__gemm_args args = bound_args(st, a, b, c, d, bias);
   args.offs = offs->data;
   return smelt__plan_dispatch(plan, &args);
 }
