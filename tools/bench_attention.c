@@ -377,6 +377,23 @@ static double check_bound(int output) {
   return smelt__error_bound(&q);
 }
 
+/* check_rows or check_keys: items [i0, i1) of sequence b, head h, seeing
+ * the other side's items [0, other). */
+typedef void (*check_fn)(check_data *cd, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t other);
+
+/* Checks --check-rows items (query rows, or keys) at both ends of n, whose
+ * other side has m items and a window w toward it (-1: unbounded): the
+ * first slice needs the other side up to the last item its last one sees. */
+static void check_ends(check_data *cd, check_fn fn, int64_t b, int64_t h, int64_t n, int64_t m, int64_t w) {
+  const int64_t r = opt_check_rows;
+  if (n <= 2 * r) {
+    fn(cd, b, h, 0, n, m);
+    return;
+  }
+  fn(cd, b, h, 0, r, w < 0 ? m : clamp(r + m - n + w, 0, m));
+  fn(cd, b, h, n - r, n, m);
+}
+
 static void check(const void *hq, const void *hk, const void *hv, const void *hdo, cli_bench_case *c) {
   check_data cd;
   memset(&cd, 0, sizeof cd);
@@ -398,29 +415,16 @@ static void check(const void *hq, const void *hk, const void *hv, const void *hd
     cli_dev_download(st.ctx, cd.dk, st.dk[0], st.nk * es);
     cli_dev_download(st.ctx, cd.dv, st.dv[0], st.nk * es);
   }
-  const int64_t r = opt_check_rows, bs[2] = {0, st.B - 1}, hs[2] = {0, st.H - 1}, hks[2] = {0, st.Hk - 1};
+  const int64_t bs[2] = {0, st.B - 1}, hs[2] = {0, st.H - 1}, hks[2] = {0, st.Hk - 1};
   for (int bi = 0; bi < 2; bi++) {
     if (bi && bs[1] == bs[0]) break;
-    const int64_t b = bs[bi];
     for (int hi = 0; hi < 2; hi++) {
       if (hi && hs[1] == hs[0]) break;
-      if (st.Sq <= 2 * r) {
-        check_rows(&cd, b, hs[hi], 0, st.Sq, st.Sk);
-      } else {
-        /* The first rows need the keys up to the last one row r - 1 sees. */
-        check_rows(&cd, b, hs[hi], 0, r, st.wr < 0 ? st.Sk : clamp(r + st.Sk - st.Sq + st.wr, 0, st.Sk));
-        check_rows(&cd, b, hs[hi], st.Sq - r, st.Sq, st.Sk);
-      }
+      check_ends(&cd, check_rows, bs[bi], hs[hi], st.Sq, st.Sk, st.wr);
     }
     for (int hi = 0; opt_bwd && hi < 2; hi++) {
       if (hi && hks[1] == hks[0]) break;
-      if (st.Sk <= 2 * r) {
-        check_keys(&cd, b, hks[hi], 0, st.Sk, st.Sq);
-      } else {
-        /* The first keys are seen by the rows up to the last one that sees key r - 1. */
-        check_keys(&cd, b, hks[hi], 0, r, st.wl < 0 ? st.Sq : clamp(r + st.Sq - st.Sk + st.wl, 0, st.Sq));
-        check_keys(&cd, b, hks[hi], st.Sk - r, st.Sk, st.Sq);
-      }
+      check_ends(&cd, check_keys, bs[bi], hks[hi], st.Sk, st.Sq, st.wl);
     }
   }
   smelt_ctx_destroy(cd.cpu);

@@ -43,6 +43,21 @@ void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user);
  * (src/core/error_bound.c, one element's worst) at d's scale: the larger
  * of its largest reference magnitude and 1. */
 double cli_demo_bound(const cli_diff *d, const char *family, smelt_dtype dt);
+/* What a section's case starts with: the env, the function that runs one
+ * block of rows (called with the case as `user`) and its plan per block
+ * slot. */
+typedef struct cli_demo_case {
+  cli_demo_env *env;
+  cli_demo_block_fn block;
+  smelt_plan *plan[2];
+} cli_demo_case;
+/* Runs every block of the case `user` once (a cli_time_runs work function). */
+void cli_demo_run_all(void *user, int iter);
+/* Times the case's runs (the env's warm-up, then its timed runs). */
+cli_timing cli_demo_time(cli_demo_case *c);
+/* Destroys the case's plans (a new problem plans again). */
+void cli_demo_case_reset(cli_demo_case *c);
+
 /* Starts a section's table: its title, the shapes, the column header. */
 void cli_demo_table(const char *title, const char *shapes);
 /* One row: the case, its largest error against the CPU backend and the bound
