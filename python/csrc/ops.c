@@ -213,6 +213,20 @@ static PyObject *out_and_lse(PyObject *out, PyObject *lse, int want_lse) {
   return out;
 }
 
+/* The end of a call with an output and an optional lse (slots out_slot and
+ * out_slot + 1 of o): imports them, runs, returns out (and lse, when wanted). */
+static PyObject *run_out_lse(smpy_call *call, op_args *o, int out_slot, PyObject *out, PyObject *lse, int want_lse) {
+  smelt_tensor *t;
+  if (smpy_call_import(call, out, "out", 1, &t) < 0) return NULL;
+  o->t[out_slot] = t;
+  if (lse != Py_None) {
+    if (smpy_call_import(call, lse, "lse", 1, &t) < 0) return NULL;
+    o->t[out_slot + 1] = t;
+  }
+  if (execute(call, o) < 0) return NULL;
+  return out_and_lse(out, lse, want_lse);
+}
+
 static PyObject *py_softmax(PyObject *self, PyObject *args) {
   PyObject *a[6]; /* x, out, lse, want_lse, ctx, stream */
   if (unpack(args, "softmax", 6, a) < 0) return NULL;
@@ -224,7 +238,7 @@ static PyObject *py_softmax(PyObject *self, PyObject *args) {
 
   smpy_call call;
   PyObject *out = a[1], *lse = a[2], *made_out = NULL, *made_lse = NULL, *result = NULL;
-  smelt_tensor *x, *y, *l = NULL;
+  smelt_tensor *x;
   if (smpy_call_begin(&call, "smelt.softmax", a[4], a[5]) < 0) return NULL;
   if (smpy_call_import(&call, a[0], "x", 0, &x) < 0) goto done;
   if ((out == Py_None || (lse == Py_None && want_lse)) && x->ndim < 1) {
@@ -235,13 +249,8 @@ static PyObject *py_softmax(PyObject *self, PyObject *args) {
   if (lse == Py_None && want_lse &&
       !(lse = made_lse = smpy_call_alloc(&call, SMELT_DTYPE_F32, x->ndim - 1, x->shape)))
     goto done;
-  if (smpy_call_import(&call, out, "out", 1, &y) < 0) goto done;
-  if (lse != Py_None && smpy_call_import(&call, lse, "lse", 1, &l) < 0) goto done;
   o.t[0] = x;
-  o.t[1] = y;
-  o.t[2] = l;
-  if (execute(&call, &o) < 0) goto done;
-  result = out_and_lse(out, lse, want_lse);
+  result = run_out_lse(&call, &o, 1, out, lse, want_lse);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made_out);
@@ -487,7 +496,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
 
   smpy_call call;
   PyObject *out = a[3], *lse = a[4], *made_o = NULL, *made_l = NULL, *result = NULL;
-  smelt_tensor *q, *k, *v, *to, *tl = NULL, *cq = NULL, *ck = NULL;
+  smelt_tensor *q, *k, *v, *cq = NULL, *ck = NULL;
   const char *name = varlen ? "smelt.attention_varlen" : "smelt.attention";
   if (smpy_call_begin(&call, name, a[14], a[15]) < 0) return NULL;
   if (smpy_call_import(&call, a[0], "q", 0, &q) < 0 || smpy_call_import(&call, a[1], "k", 0, &k) < 0 ||
@@ -517,17 +526,12 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
     }
     if (!(lse = made_l = smpy_call_alloc(&call, SMELT_DTYPE_F32, varlen ? 2 : 3, ls))) goto done;
   }
-  if (smpy_call_import(&call, out, "out", 1, &to) < 0) goto done;
-  if (lse != Py_None && smpy_call_import(&call, lse, "lse", 1, &tl) < 0) goto done;
   o.t[0] = q;
   o.t[1] = k;
   o.t[2] = v;
-  o.t[3] = to;
-  o.t[4] = tl;
   o.t[5] = cq;
   o.t[6] = ck;
-  if (execute(&call, &o) < 0) goto done;
-  result = out_and_lse(out, lse, want_lse);
+  result = run_out_lse(&call, &o, 3, out, lse, want_lse);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made_o);
