@@ -177,7 +177,8 @@ static void act_case(smelt_ctx *ctx, smelt_dtype dt, smelt_act act, const int64_
   } else {
     check_output(what, &yv, &yb, dt, got);
   }
-  if (!th_compare(what, got, ref, xv.numel, bound("activation", dt, 0), ABS_BOUND)) th_fail(__FILE__, __LINE__, "%s differs", what);
+  if (!th_compare(what, got, ref, xv.numel, bound("activation", dt, 0), ABS_BOUND))
+    th_fail(__FILE__, __LINE__, "%s differs", what);
   free(got);
   free(ref);
   free(xh);
@@ -317,10 +318,12 @@ static void softmax_case(smelt_ctx *ctx, smelt_dtype dt, int ndim, const int64_t
     ref_softmax_row(row, C, ref + r * C, &lref[r]);
   }
   check_output(what, &yv, &yb, dt, got);
-  if (!th_compare(what, got, ref, xv.numel, bound("softmax", dt, 0), ABS_BOUND)) th_fail(__FILE__, __LINE__, "%s: y differs", what);
+  if (!th_compare(what, got, ref, xv.numel, bound("softmax", dt, 0), ABS_BOUND))
+    th_fail(__FILE__, __LINE__, "%s: y differs", what);
   if (lse_layout >= 0) {
     check_output(what, &lv, &lb, SMELT_DTYPE_F32, lgot);
-    if (!th_compare(what, lgot, lref, rows, bound("softmax", SMELT_DTYPE_F32, 1), 0)) th_fail(__FILE__, __LINE__, "%s: lse differs", what);
+    if (!th_compare(what, lgot, lref, rows, bound("softmax", SMELT_DTYPE_F32, 1), 0))
+      th_fail(__FILE__, __LINE__, "%s: lse differs", what);
   } else {
     uint8_t *lh = (uint8_t *)malloc((size_t)lv.storage * 4);
     th_buf_download(&lb, lh, (size_t)lv.storage * 4);

@@ -372,8 +372,10 @@ static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x
 /* Relative L2 bounds against the CPU reference (src/core/error_bound.c):
  * output 0 the values, 1 the logsumexp. */
 static double check_bound(int output) {
-  const smelt__bound_query q = {
-      .family = "attention", .device = smelt_ctx_device(st.ctx), .dtype = output ? SMELT_DTYPE_F32 : st.dt, .output = output};
+  const smelt__bound_query q = {.family = "attention",
+                                .device = smelt_ctx_device(st.ctx),
+                                .dtype = output ? SMELT_DTYPE_F32 : st.dt,
+                                .output = output};
   return smelt__error_bound(&q);
 }
 

@@ -426,7 +426,8 @@ static void run(int set) {
 
 /* Relative L2 bound against the CPU reference (src/core/error_bound.c). */
 static double check_bound(void) {
-  const smelt__bound_query q = {.family = "gemm", .dtype = st.dt_d, .dt_a = st.dt_a, .gemm = &st.desc, .has_c = st.has_c};
+  const smelt__bound_query q = {
+      .family = "gemm", .dtype = st.dt_d, .dt_a = st.dt_a, .gemm = &st.desc, .has_c = st.has_c};
   return smelt__error_bound(&q);
 }
 

@@ -276,7 +276,8 @@ static smelt_status plan_any(smelt_ctx *ctx, const smelt_attention_desc *desc, i
 static smelt_status run_any(smelt_plan *plan, int bwd, int varlen, const smelt_tensor *const *t) {
   const char *op = op_name(bwd, varlen);
   if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s_run: plan is NULL", op);
-  const smelt__attn_state *st = plan->family == &smelt__family_attention ? (const smelt__attn_state *)plan->opdata : NULL;
+  const smelt__attn_state *st =
+      plan->family == &smelt__family_attention ? (const smelt__attn_state *)plan->opdata : NULL;
   if (!st || st->bwd != bwd || st->varlen != varlen)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s_run: the plan is not a %s plan (it was made by %s)", op, op,
                         st ? st->op : "another op");

@@ -105,9 +105,10 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, sm90(tc, wide));
   add(out, &n, sm90(SMELT__TC_TF32, (tile){.bm = 128, .bn = 256, .bk = 32, .stages = 4, .wm = 2}));
   static const smelt_dtype f8[] = {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2};
+  const tile fp8_wide = {.bm = 128, .bn = 256, .bk = 128, .stages = 4, .wm = 2};
   for (int a = 0; a < 2; a++)
     for (int b = 0; b < 2; b++)
-      add(out, &n, fp8(sm90(SMELT__TC_FP8, (tile){.bm = 128, .bn = 256, .bk = 128, .stages = 4, .wm = 2}), f8[a], f8[b]));
+      add(out, &n, fp8(sm90(SMELT__TC_FP8, fp8_wide), f8[a], f8[b]));
   const tile narrow = {.bm = 128, .bn = 64, .bk = 64, .stages = 8, .wm = 2};
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, sm90(tc, narrow));
   /* 16-bit: every layout, a large and a small tile. */

@@ -83,7 +83,7 @@ static void merge_dims(const smelt_tensor *x, const smelt_tensor *y, smelt__ksha
 
 static unsigned grid_for(const smelt_plan *plan, int64_t work) {
   int64_t cap = (int64_t)plan->ctx->cuda->info.sm_count * BLOCKS_PER_SM;
-  int64_t g = (work + BLOCK - 1) / BLOCK;
+  int64_t g = smelt__ceil_div(work, BLOCK);
   if (g > cap) g = cap;
   return (unsigned)(g > 0 ? g : 1);
 }

@@ -322,7 +322,7 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
      * the longest sequence, per sequence and head) plus one overshoot per
      * CTA must stay below 2^31; past that, one CTA per tile. */
     const int too_many = h >= 0 && sched == FWD90_DYNAMIC &&
-                         (st->Sq + t[h].bm - 1) / t[h].bm * st->H * st->B > INT32_MAX - dev->sm_count;
+                         smelt__ceil_div(st->Sq, t[h].bm) * st->H * st->B > INT32_MAX - dev->sm_count;
     if (too_many) h = find(t, n, AK_FWD90, dt, (int)D, FWD90_TILES);
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       k = h;

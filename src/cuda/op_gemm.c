@@ -206,7 +206,8 @@ static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const 
 /* Hopper: output tiles of an m x n problem in units of a cluster's tiles
  * (kernels/gemm_sm90.cu walks units; one tile without clusters). */
 static int64_t sm90_units(const smelt__gemm_kernel *k, int64_t m, int64_t n) {
-  return smelt__ceil_div(smelt__ceil_div(m, k->bm), k->cluster_m) * smelt__ceil_div(smelt__ceil_div(n, k->bn), k->cluster_n);
+  return smelt__ceil_div(smelt__ceil_div(m, k->bm), k->cluster_m) *
+         smelt__ceil_div(smelt__ceil_div(n, k->bn), k->cluster_n);
 }
 
 /* Hopper launch: one persistent CTA per SM (or per unit, when there are

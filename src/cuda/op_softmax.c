@@ -111,7 +111,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
                   rows_aligned(&xr, vw) && rows_aligned(&yr, vw);
 
   const int64_t rows_per_cta = bk->block / bk->group;
-  int64_t g = (rows + rows_per_cta - 1) / rows_per_cta;
+  int64_t g = smelt__ceil_div(rows, rows_per_cta);
   unsigned grid = (unsigned)(g > 0x7fffffff ? 0x7fffffff : g);
   void *params[] = {&xp, &yp, &lp, &rows, &C, &xr, &yr, &lr, &xcs, &ycs};
   smelt__nvtx_push("smelt_softmax");

@@ -87,7 +87,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   if (indices) smelt__kshape_rows(indices, indices->ndim - 1, &ir);
   void *xp = x->data, *vp = values->data, *ip = indices ? indices->data : NULL;
   const int64_t rows_per_cta = pt->items ? pt->block / 32 : 1;
-  int64_t g = (rows + rows_per_cta - 1) / rows_per_cta;
+  int64_t g = smelt__ceil_div(rows, rows_per_cta);
   unsigned grid = (unsigned)(g > 0x7fffffff ? 0x7fffffff : g);
   void *params[] = {&xp, &vp, &ip, &rows, &C, &k, &xr, &vr, &ir, &xcs, &vcs, &ics};
   smelt__nvtx_push("smelt_topk");
