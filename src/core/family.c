@@ -101,7 +101,6 @@ smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const vo
   smelt_plan *plan;
   smelt_status s = check_args(f, ctx, t);
   if (s || (s = smelt__family_plan_new(f, ctx, &plan))) return s;
-  plan->ntensors = f->nroles;
   for (int r = 0; r < f->nroles; r++)
     if (t[r]) plan->t[r] = *t[r];
   if (!(s = keep_params(f, plan, params)) && !(s = f->check(plan, params, t)) && !(s = check_outputs(f, t)) &&

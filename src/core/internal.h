@@ -100,7 +100,6 @@ struct smelt_plan {
   smelt__op op;
   const struct smelt__family *family; /* NULL for families with entry points of their own */
   char describe[160];
-  int ntensors;
   smelt_tensor t[SMELT__PLAN_MAX_TENSORS]; /* planned views (data ignored); ndim -1 = absent */
   union {
     smelt_activation_desc act;
@@ -121,12 +120,13 @@ struct smelt_plan {
 
 smelt_status smelt__plan_new(smelt_ctx *ctx, smelt__op op, smelt_plan **out);
 
-/* ---- the op-family interface (src/core/family.c). A family registers once:
- * its tensor roles, its own checks, its CPU and CUDA backends, its variant
- * enumerator and its error bound; the shared code does the rest (argument
- * checks, the plan's copy of the views, the run's check against it, the
- * backend dispatch and the one-shot call). Families list themselves in
- * src/core/families.h. */
+/* ---- the op-family interface (src/core/family.c). A family registers
+ * once: a line in src/core/families.h (which also names its variant
+ * enumerator, smelt__<name>_variants, and its backends) and its
+ * smelt__family: tensor roles, description size, own checks, CPU and CUDA
+ * backends, error bound. The shared code does the rest: argument checks,
+ * the plan's copy of the views and of the description, the run's check
+ * against them, the backend dispatch and the one-shot call. */
 
 /* A backend's half of a family. `args` is the family's run arguments: for
  * families planned by smelt__family_plan, the role-indexed tensor array

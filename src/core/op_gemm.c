@@ -268,7 +268,6 @@ static smelt_status need_c(const char *op, const smelt_gemm_desc *d, const void 
 static void keep_tensors(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
                          const smelt_tensor *d, const smelt_tensor *bias, const smelt_tensor *offs) {
   const smelt_tensor *t[R_COUNT] = {a, b, c, d, bias, offs};
-  plan->ntensors = R_COUNT;
   for (int r = 0; r < R_COUNT; r++)
     if (t[r]) plan->t[r] = *t[r];
 }
