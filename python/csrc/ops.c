@@ -258,6 +258,16 @@ done:
   return result;
 }
 
+/* Raises s with fmt, whose one %s gets o's repr; returns -1. */
+static int raise_repr(smelt_status s, const char *fmt, PyObject *o) {
+  PyObject *r = PyObject_Repr(o);
+  PyObject *b = r ? PyUnicode_AsUTF8String(r) : NULL;
+  smpy_raise(s, fmt, b ? PyBytes_AsString(b) : "?");
+  Py_XDECREF(r);
+  Py_XDECREF(b);
+  return -1;
+}
+
 static int parse_index_dtype(PyObject *o, int *want, smelt_dtype *dt) {
   *want = 1;
   if (o == Py_None) {
@@ -274,13 +284,7 @@ static int parse_index_dtype(PyObject *o, int *want, smelt_dtype *dt) {
       return 0;
     }
   }
-  PyObject *r = PyObject_Repr(o);
-  PyObject *b = r ? PyUnicode_AsUTF8String(r) : NULL;
-  smpy_raise(SMELT_STATUS_DTYPE_MISMATCH, "smelt.topk: index_dtype=%s is not 'int64', 'int32' or None",
-             b ? PyBytes_AsString(b) : "?");
-  Py_XDECREF(r);
-  Py_XDECREF(b);
-  return -1;
+  return raise_repr(SMELT_STATUS_DTYPE_MISMATCH, "smelt.topk: index_dtype=%s is not 'int64', 'int32' or None", o);
 }
 
 static PyObject *py_topk(PyObject *self, PyObject *args) {
@@ -340,13 +344,7 @@ static int parse_math(PyObject *o, smelt_gemm_math_op *op) {
         *op = (smelt_gemm_math_op)i;
         return 0;
       }
-  PyObject *r = PyObject_Repr(o);
-  PyObject *b = r ? PyUnicode_AsUTF8String(r) : NULL;
-  smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt.gemm: math=%s is not 'default', 'tf32' or '3xtf32'",
-             b ? PyBytes_AsString(b) : "?");
-  Py_XDECREF(r);
-  Py_XDECREF(b);
-  return -1;
+  return raise_repr(SMELT_STATUS_INVALID_ARGUMENT, "smelt.gemm: math=%s is not 'default', 'tf32' or '3xtf32'", o);
 }
 
 /* None keeps *dt; otherwise a smelt dtype name ('f32', 'bf16', ...). */
@@ -359,13 +357,9 @@ static int parse_dtype_name(PyObject *o, const char *what, smelt_dtype *dt) {
   }
   Py_XDECREF(b);
   PyErr_Clear();
-  PyObject *r = PyObject_Repr(o);
-  PyObject *rb = r ? PyUnicode_AsUTF8String(r) : NULL;
-  smpy_raise(SMELT_STATUS_DTYPE_MISMATCH, "%s: %s is not a smelt dtype name ('f32', 'f16', 'bf16', ...)", what,
-             rb ? PyBytes_AsString(rb) : "?");
-  Py_XDECREF(r);
-  Py_XDECREF(rb);
-  return -1;
+  char fmt[160];
+  snprintf(fmt, sizeof fmt, "%s: %%s is not a smelt dtype name ('f32', 'f16', 'bf16', ...)", what);
+  return raise_repr(SMELT_STATUS_DTYPE_MISMATCH, fmt, o);
 }
 
 /* The GEMM description from the five arguments alpha, beta, activation,
