@@ -1,18 +1,20 @@
 /* The test runner: every suite's tests in order, each with a fresh seed
  * (SMELT_TEST_SEED fixes it), ending with "N passed, N failed, N skipped".
- * An argument filters tests by substring; `--exclude S` skips those matching S. */
+ * An argument filters tests by substring; `--exclude S` skips those matching S.
+ * The op families' suites come from the family list, in its order. */
+#include "core/families.h"
 #include "harness.h"
 
 #include <time.h>
 
 extern const th_test th_tests_core[];
 extern const th_test th_tests_cache[];
-extern const th_test th_tests_ops[];
-extern const th_test th_tests_gemm[];
 extern const th_test th_tests_gemm_tune[];
-extern const th_test th_tests_attention[];
-extern const th_test th_tests_peer[];
 extern const th_test th_tests_compile[];
+/* Every op family has a suite of its name (src/core/families.h). */
+#define SUITE_DECL(name) extern const th_test th_tests_##name[];
+SMELT__FAMILY_LIST(SUITE_DECL, SUITE_DECL)
+#define SUITE(name) {#name, th_tests_##name},
 
 static const struct {
   const char *name;
@@ -20,11 +22,8 @@ static const struct {
 } suites[] = {
     {"core", th_tests_core},
     {"cache", th_tests_cache},
-    {"ops", th_tests_ops},
-    {"gemm", th_tests_gemm},
+    SMELT__FAMILY_LIST(SUITE, SUITE)
     {"gemm_tune", th_tests_gemm_tune},
-    {"attention", th_tests_attention},
-    {"peer", th_tests_peer},
     {"compile", th_tests_compile},
 };
 

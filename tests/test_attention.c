@@ -13,6 +13,7 @@
  * give identical bits in two runs. Bad-input tests cover every public entry
  * point: status, a message naming the tensor and the constraint, and
  * outputs left untouched. */
+#include "core/error_bound.h"
 #include "harness.h"
 
 #include <math.h>
@@ -249,11 +250,12 @@ static void ref_backward(const acase *c, const ageom *g, const double *q, const 
 /* Relative L2 bounds. The CPU computes in double and rounds once to the
  * output type; the GPU rounds P and dS to the 16-bit input type on their
  * way into the tensor cores and accumulates in f32. */
-static double bound(smelt_ctx *ctx, smelt_dtype dt) {
-  if (is_cuda(ctx)) return dt == SMELT_DTYPE_BF16 ? 1e-2 : 5e-3;
-  return dt == SMELT_DTYPE_F64 ? 1e-12 : dt == SMELT_DTYPE_F32 ? 2e-6 : dt == SMELT_DTYPE_F16 ? 1e-3 : 8e-3;
+static double bound_of(smelt_ctx *ctx, smelt_dtype dt, int output) {
+  const smelt__bound_query q = {.family = "attention", .device = smelt_ctx_device(ctx), .dtype = dt, .output = output};
+  return smelt__error_bound(&q);
 }
-static double lse_bound(smelt_ctx *ctx) { return is_cuda(ctx) ? 2e-5 : 1e-6; }
+static double bound(smelt_ctx *ctx, smelt_dtype dt) { return bound_of(ctx, dt, 0); }
+static double lse_bound(smelt_ctx *ctx) { return bound_of(ctx, SMELT_DTYPE_F32, 1); }
 
 /* A host buffer for layout l: random values (the gaps too), and the dense
  * doubles of its elements after rounding to dt. */
@@ -280,8 +282,13 @@ static th_buf cu_upload(smelt_ctx *ctx, const int64_t *starts, int64_t B, smelt_
   return buf;
 }
 
+/* The Hopper forward's schedule every case's desc asks for (the schedule
+ * tests set it, and put AUTO back after). */
+static smelt_attention_schedule fwd_schedule = SMELT_ATTENTION_SCHEDULE_AUTO;
+
 static smelt_attention_desc desc_of(const acase *c, const ageom *g) {
   smelt_attention_desc d = smelt_attention_desc_default();
+  d.fwd_schedule = fwd_schedule;
   d.scale = c->scale;
   d.causal = c->causal;
   d.window_left = c->wl;
@@ -767,23 +774,6 @@ static smelt_ctx *hopper_ctx(const char **why) {
   return ctx;
 }
 
-/* SMELT_ATTN_FWD_SCHEDULE as a test found it, to put back after. */
-typedef struct sched_env {
-  int set;
-  char value[64];
-} sched_env;
-
-static void sched_env_save(sched_env *e) {
-  const char *v = getenv("SMELT_ATTN_FWD_SCHEDULE");
-  e->set = v != NULL;
-  snprintf(e->value, sizeof e->value, "%s", v ? v : "");
-}
-
-static void sched_env_restore(const sched_env *e) {
-  if (e->set) setenv("SMELT_ATTN_FWD_SCHEDULE", e->value, 1);
-  else unsetenv("SMELT_ATTN_FWD_SCHEDULE");
-}
-
 /* The Hopper backward (kernels/attn_bwd_sm90.cu: D 128 on cc 9.0, the
  * atomic mode): the plan must name it, and its cases cut every edge of
  * its tiles (128 keys, 64 queries): several of each, causal with Sq != Sk
@@ -817,39 +807,34 @@ static void test_values_hopper_bwd(void) {
     for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 1);
 }
 
-/* The Hopper forward's three schedules (SMELT_ATTN_FWD_SCHEDULE=tiles,
- * persistent, dynamic: kernels/attn_fwd_sm90.cu with ATTN_PERSISTENT 0, 1,
+/* The Hopper forward's three schedules (desc.fwd_schedule TILES,
+ * PERSISTENT, DYNAMIC: kernels/attn_fwd_sm90.cu with ATTN_PERSISTENT 0, 1,
  * 2), each forced whatever the mask (the default picks by it): the
  * forward cases of the head dims it has (64, 128) against the CPU
  * reference as in run_case, and cases with more query tiles than SMs, so
  * that a CTA walks several tiles (the K/V ring's and Q's phases running
  * on across them), causal (longest first) and full, and varlen with
  * sequences past their end and without keys (tiles skipped, tiles of
- * zeros between others). The environment is restored after. */
+ * zeros between others). */
 static void test_values_fwd_persistent(void) {
   const char *why;
   smelt_ctx *ctx = hopper_ctx(&why);
   if (!ctx) SKIP(why);
-  sched_env saved;
-  sched_env_save(&saved);
-  setenv("SMELT_ATTN_FWD_SCHEDULE", "fifo", 1);
   const acase *c0 = &small_cases[2];
   bwd_env e;
   bwd_env_new(&e, ctx, SMELT_DTYPE_BF16, c0);
   smelt_attention_desc d = desc_of(&e.c, &e.g);
   smelt_plan *plan = NULL;
-  CHECK_STATUS(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan), SMELT_STATUS_INVALID_ARGUMENT);
-  CHECK_MSG("SMELT_ATTN_FWD_SCHEDULE=\"fifo\"");
-  CHECK_MSG("tiles, persistent or dynamic");
   /* The end of the kernel's name each schedule must plan (c0 is D 64:
    * attn_fwd_sm90_bf16_d64_n128_c3_s4 with one CTA per tile). */
-  static const char *const scheds[3] = {"tiles", "persistent", "dynamic"};
+  static const smelt_attention_schedule scheds[3] = {
+      SMELT_ATTENTION_SCHEDULE_TILES, SMELT_ATTENTION_SCHEDULE_PERSISTENT, SMELT_ATTENTION_SCHEDULE_DYNAMIC};
   static const char *const names[3] = {"_s4 (", "_s4_persistent (", "_s4_dynamic ("};
   for (int sc = 0; sc < 3; sc++) {
-    setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+    d.fwd_schedule = scheds[sc];
     CHECK_OK(smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
     if (plan && (!strstr(smelt_plan_describe(plan), "attn_fwd_sm90") || !strstr(smelt_plan_describe(plan), names[sc])))
-      th_fail(__FILE__, __LINE__, "SMELT_ATTN_FWD_SCHEDULE=%s on sm_90 took %s", scheds[sc], smelt_plan_describe(plan));
+      th_fail(__FILE__, __LINE__, "fwd_schedule %d on sm_90 took %s", (int)scheds[sc], smelt_plan_describe(plan));
     smelt_plan_destroy(plan);
     plan = NULL;
   }
@@ -867,13 +852,13 @@ static void test_values_fwd_persistent(void) {
       {5, 0, 0, 16, 2, 64, 1, -1, -1, 0, 1, {600, 1, 0, 333, 257}, {600, 5, 3, 0, 300}, LAY_PADDED},
   };
   for (int sc = 0; sc < 3; sc++) {
-    setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+    fwd_schedule = scheds[sc];
     for (size_t i = 0; i < sizeof small_cases / sizeof *small_cases; i++)
       for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &small_cases[i], 0);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
       for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
   }
-  sched_env_restore(&saved);
+  fwd_schedule = SMELT_ATTENTION_SCHEDULE_AUTO;
 }
 
 /* O's and LSE's bytes after a forward of e's inputs into its o and lse
@@ -910,8 +895,6 @@ static void test_fwd_schedules_bitwise(void) {
   const char *why;
   smelt_ctx *ctx = hopper_ctx(&why);
   if (!ctx) SKIP(why);
-  sched_env saved;
-  sched_env_save(&saved);
   static const acase cases[] = {
       {4, 1024, 1024, 16, 4, 128, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_CONTIG},
       {2, 3000, 3000, 8, 8, 64, 1, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
@@ -926,27 +909,28 @@ static void test_fwd_schedules_bitwise(void) {
     bwd_env_new(&e, ctx, dt, &cases[i]);
     char what[320];
     case_text(&cases[i], ctx, dt, what, sizeof what);
-    setenv("SMELT_ATTN_FWD_SCHEDULE", "tiles", 1);
+    fwd_schedule = SMELT_ATTENTION_SCHEDULE_TILES;
     size_t n = 0, m = 0;
     uint8_t *want = fwd_bytes(&e, ctx, NULL, &n);
-    static const char *const scheds[2] = {"persistent", "dynamic"};
+    static const smelt_attention_schedule scheds[2] = {SMELT_ATTENTION_SCHEDULE_PERSISTENT,
+                                                       SMELT_ATTENTION_SCHEDULE_DYNAMIC};
+    static const char *const sched_names[2] = {"persistent", "dynamic"};
     for (int sc = 0; sc < 2; sc++) {
-      setenv("SMELT_ATTN_FWD_SCHEDULE", scheds[sc], 1);
+      fwd_schedule = scheds[sc];
       const smelt_attention_desc d = desc_of(&e.c, &e.g);
       smelt_plan *plan = NULL;
       CHECK_OK(e.c.varlen
                    ? smelt_attention_varlen_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.cq, &e.ck, &e.o, &e.lse, &plan)
                    : smelt_attention_fwd_plan(ctx, &d, &e.q, &e.k, &e.v, &e.o, &e.lse, &plan));
-      if (plan && !strstr(smelt_plan_describe(plan), scheds[sc]))
-        th_fail(__FILE__, __LINE__, "%s: SMELT_ATTN_FWD_SCHEDULE=%s took %s", what, scheds[sc],
-                smelt_plan_describe(plan));
+      if (plan && !strstr(smelt_plan_describe(plan), sched_names[sc]))
+        th_fail(__FILE__, __LINE__, "%s: the %s schedule took %s", what, sched_names[sc], smelt_plan_describe(plan));
       for (int r = 0; r < 3 && plan; r++) {
         uint8_t *got = fwd_bytes(&e, ctx, plan, &m);
         size_t at = 0;
         while (at < n && got[at] == want[at]) at++;
         if (m != n || at < n)
           th_fail(__FILE__, __LINE__, "%s: run %d of the %s schedule differs from the tiles schedule at byte %zu of %zu",
-                  what, r, scheds[sc], at, n);
+                  what, r, sched_names[sc], at, n);
         free(got);
       }
       smelt_plan_destroy(plan);
@@ -954,7 +938,7 @@ static void test_fwd_schedules_bitwise(void) {
     free(want);
     bwd_env_free(&e);
   }
-  sched_env_restore(&saved);
+  fwd_schedule = SMELT_ATTENTION_SCHEDULE_AUTO;
 }
 
 /* Empty batches and sequences plan and run; no keys means O = 0, LSE = +inf,
@@ -1234,6 +1218,10 @@ static void test_fwd_bad_inputs(void) {
     bd.window_right = 3;
     CHECK_REJECT(smelt_attention_fwd(ctx, &bd, &e.q, &e.k, &e.v, &e.o, &e.lse), SMELT_STATUS_INVALID_ARGUMENT,
                  "desc->window_right=3", "causal");
+    bd = dd;
+    bd.fwd_schedule = (smelt_attention_schedule)7;
+    CHECK_REJECT(smelt_attention_fwd(ctx, &bd, &e.q, &e.k, &e.v, &e.o, &e.lse), SMELT_STATUS_INVALID_ARGUMENT,
+                 "desc->fwd_schedule=7", "PERSISTENT");
     t = e.o;
     t.data = e.q.data;
     CHECK_REJECT(smelt_attention_fwd(ctx, d, &e.q, &e.k, &e.v, &t, &e.lse), SMELT_STATUS_INVALID_ARGUMENT,

@@ -8,6 +8,7 @@
  * reference with a bound per dtype. Every output is poisoned, padded between
  * rows and guarded at both ends; every element must be written and nothing
  * else. Bad-input tests check status, message and an untouched output. */
+#include "core/error_bound.h"
 #include "harness.h"
 #include "cuda/gemm_cuda.h"
 
@@ -262,28 +263,11 @@ static smelt_status run_case(smelt_ctx *ctx, const gspec *s, const ginputs *in, 
 
 static int is_fp8(smelt_dtype d) { return d == SMELT_DTYPE_E4M3 || d == SMELT_DTYPE_E5M2; }
 
-/* Relative L2 bound of a GPU result against the CPU reference: the
- * arithmetic's own error plus about one rounding of the output type (the two
- * sides round values that differ in the last bits). */
+/* Relative L2 bound of a GPU result against the CPU reference
+ * (src/core/error_bound.c). */
 static double bound_of(const gspec *s) {
-  double in;
-  const smelt_gemm_desc *d = &s->desc;
-  if (s->a == SMELT_DTYPE_F64) in = 1e-12;
-  else if (s->a == SMELT_DTYPE_I8) in = 1e-12;
-  else if (d->math.acc == SMELT_GEMM_ACC_F16) in = 3e-2;
-  else if (d->math.op == SMELT_GEMM_MATH_TF32) in = 2e-3;
-  else in = 1e-5; /* f32 accumulation of exact products (and 3xtf32) */
-  double out;
-  switch (s->d) {
-    case SMELT_DTYPE_F64: out = 0; break;
-    case SMELT_DTYPE_F32: out = 1e-6; break;
-    case SMELT_DTYPE_F16: out = 2e-3; break;
-    case SMELT_DTYPE_BF16: out = 1e-2; break;
-    case SMELT_DTYPE_E4M3: out = 0.08; break;
-    case SMELT_DTYPE_E5M2: out = 0.15; break;
-    default: out = s->a == SMELT_DTYPE_I8 && d->epilogue.act == SMELT_ACT_IDENTITY ? 0 : 1e-2; break;
-  }
-  return in + out;
+  const smelt__bound_query q = {.family = "gemm", .dtype = s->d, .dt_a = s->a, .gemm = &s->desc, .has_c = s->has_c};
+  return smelt__error_bound(&q);
 }
 
 static const char *dn(smelt_dtype d) { return smelt_dtype_name(d); }

@@ -7,6 +7,7 @@
  * not, and that NaN/Inf come out where the reference has them. Bad-input tests
  * cover every public entry point: the status, a message naming the tensor and
  * the constraint, and an output left untouched. */
+#include "core/error_bound.h"
 #include "harness.h"
 
 #include <math.h>
@@ -14,9 +15,11 @@
 static const smelt_dtype float_dts[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 #define NDT 3
 
-/* Relative L2 error bounds per output dtype: a few f32 ulps; about one
- * rounding of the 16-bit formats (f16 2^-11, bf16 2^-8 relative). */
-static double bound(smelt_dtype dt) { return dt == SMELT_DTYPE_F32 ? 2e-6 : dt == SMELT_DTYPE_F16 ? 1e-3 : 8e-3; }
+/* Relative L2 error bounds per family and output (src/core/error_bound.c). */
+static double bound(const char *family, smelt_dtype dt, int output) {
+  const smelt__bound_query q = {.family = family, .dtype = dt, .output = output};
+  return smelt__error_bound(&q);
+}
 /* An absolute bound for outputs near 0, where one element can carry all of
  * a small tensor's relative error (f16 subnormals are 6e-8 apart). */
 #define ABS_BOUND 1e-7
@@ -174,7 +177,8 @@ static void act_case(smelt_ctx *ctx, smelt_dtype dt, smelt_act act, const int64_
   } else {
     check_output(what, &yv, &yb, dt, got);
   }
-  if (!th_compare(what, got, ref, xv.numel, bound(dt), ABS_BOUND)) th_fail(__FILE__, __LINE__, "%s differs", what);
+  if (!th_compare(what, got, ref, xv.numel, bound("activation", dt, 0), ABS_BOUND))
+    th_fail(__FILE__, __LINE__, "%s differs", what);
   free(got);
   free(ref);
   free(xh);
@@ -237,7 +241,7 @@ static void test_activation_plan_reuse(void) {
       double got[1003], ref[1003];
       check_output("activation plan reuse", &v, &yb, dt, got);
       for (int64_t i = 0; i < v.numel; i++) ref[i] = tanh(th_get(h, dt, v.offset + i));
-      CHECK(th_compare("activation plan reuse", got, ref, v.numel, bound(dt), ABS_BOUND));
+      CHECK(th_compare("activation plan reuse", got, ref, v.numel, bound("activation", dt, 0), ABS_BOUND));
       free(h);
       th_buf_free(&xb);
       th_buf_free(&yb);
@@ -314,10 +318,12 @@ static void softmax_case(smelt_ctx *ctx, smelt_dtype dt, int ndim, const int64_t
     ref_softmax_row(row, C, ref + r * C, &lref[r]);
   }
   check_output(what, &yv, &yb, dt, got);
-  if (!th_compare(what, got, ref, xv.numel, bound(dt), ABS_BOUND)) th_fail(__FILE__, __LINE__, "%s: y differs", what);
+  if (!th_compare(what, got, ref, xv.numel, bound("softmax", dt, 0), ABS_BOUND))
+    th_fail(__FILE__, __LINE__, "%s: y differs", what);
   if (lse_layout >= 0) {
     check_output(what, &lv, &lb, SMELT_DTYPE_F32, lgot);
-    if (!th_compare(what, lgot, lref, rows, 4e-6, 0)) th_fail(__FILE__, __LINE__, "%s: lse differs", what);
+    if (!th_compare(what, lgot, lref, rows, bound("softmax", SMELT_DTYPE_F32, 1), 0))
+      th_fail(__FILE__, __LINE__, "%s: lse differs", what);
   } else {
     uint8_t *lh = (uint8_t *)malloc((size_t)lv.storage * 4);
     th_buf_download(&lb, lh, (size_t)lv.storage * 4);
@@ -880,19 +886,27 @@ static void test_act_table(void) {
   CHECK(smelt_act_apply(SMELT_ACT_GELU, INFINITY, 0.1) == INFINITY);
 }
 
-const th_test th_tests_ops[] = {
+const th_test th_tests_activation[] = {
     {"act_table", test_act_table},
-    {"activation_values", test_activation_values},
-    {"activation_nan_inf", test_activation_nan_inf},
-    {"activation_in_place", test_activation_in_place},
-    {"activation_plan_reuse", test_activation_plan_reuse},
-    {"activation_bad_inputs", test_activation_bad_inputs},
-    {"softmax_values", test_softmax_values},
-    {"softmax_nan_inf", test_softmax_nan_inf},
-    {"softmax_bad_inputs", test_softmax_bad_inputs},
-    {"topk_values", test_topk_values},
-    {"topk_nan_inf_ties", test_topk_nan_inf_ties},
-    {"topk_bad_inputs", test_topk_bad_inputs},
-    {"empty", test_ops_empty},
+    {"values", test_activation_values},
+    {"nan_inf", test_activation_nan_inf},
+    {"in_place", test_activation_in_place},
+    {"plan_reuse", test_activation_plan_reuse},
+    {"bad_inputs", test_activation_bad_inputs},
+    {"empty_all_ops", test_ops_empty},
+    {0, 0},
+};
+
+const th_test th_tests_softmax[] = {
+    {"values", test_softmax_values},
+    {"nan_inf", test_softmax_nan_inf},
+    {"bad_inputs", test_softmax_bad_inputs},
+    {0, 0},
+};
+
+const th_test th_tests_topk[] = {
+    {"values", test_topk_values},
+    {"nan_inf_ties", test_topk_nan_inf_ties},
+    {"bad_inputs", test_topk_bad_inputs},
     {0, 0},
 };

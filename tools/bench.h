@@ -6,6 +6,7 @@
 #define SMELT_CLI_BENCH_H
 
 #include "cli.h"
+#include "core/families.h"
 
 typedef struct cli_bench_case {
   char params_text[256];  /* "rows=8192 cols=4096 dtype=f32" */
@@ -37,12 +38,10 @@ typedef struct cli_bench_op {
 } cli_bench_op;
 
 extern const cli_bench_op cli_bench_copy;
-extern const cli_bench_op cli_bench_activation;
-extern const cli_bench_op cli_bench_softmax;
-extern const cli_bench_op cli_bench_topk;
-extern const cli_bench_op cli_bench_gemm;
-extern const cli_bench_op cli_bench_attention;
-extern const cli_bench_op cli_bench_peer;
+/* Each op family's bench, cli_bench_<name> (src/core/families.h): weak, so
+ * a family may have none. */
+#define CLI_BENCH_DECL(name) extern const cli_bench_op cli_bench_##name __attribute__((weak));
+SMELT__FAMILY_LIST(CLI_BENCH_DECL, CLI_BENCH_DECL)
 
 /* Times a device-to-device copy of `bytes` rotated over `sets` buffer pairs:
  * the bandwidth ceiling every other op is quoted against. */

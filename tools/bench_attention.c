@@ -19,6 +19,7 @@
  * (dk, dv). A slice is a smaller attention problem whose mask is the full
  * problem's mask restricted to it: see sub_desc(). */
 #include "bench.h"
+#include "core/error_bound.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@
 
 static int64_t opt_batch = 4, opt_heads = 16, opt_kv_heads = 0, opt_seq_q = 4096, opt_seq_k = 0, opt_head_dim = 128;
 static int64_t opt_wl = -1, opt_wr = -1, opt_check_rows = 64;
-static const char *opt_dtype = "bf16";
+static const char *opt_dtype = "bf16", *opt_schedule = "auto";
 static int opt_causal, opt_bwd, opt_det, opt_check;
 
 static const cli_opt options[] = {
@@ -42,6 +43,8 @@ static const cli_opt options[] = {
     {"dtype", CLI_OPT_STRING, &opt_dtype, "DT", "bf16 or f16; f32, f64 on the CPU backend (default bf16)"},
     {"bwd", CLI_OPT_FLAG, &opt_bwd, NULL, "time the backward (dq, dk, dv) instead of the forward"},
     {"deterministic", CLI_OPT_FLAG, &opt_det, NULL, "backward: the bitwise-repeatable mode"},
+    {"schedule", CLI_OPT_STRING, &opt_schedule, "S",
+     "Hopper forward: auto, tiles, persistent or dynamic (desc.fwd_schedule; default auto)"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare slices of one run against the CPU backend"},
     {"check-rows", CLI_OPT_INT, &opt_check_rows, "N", "rows (and keys) per checked slice end (default 64)"},
     {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
@@ -117,6 +120,12 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   st.desc.window_left = st.wl;
   st.desc.window_right = opt_causal ? -1 : st.wr;
   st.desc.deterministic = opt_det;
+  static const char *const schedules[SMELT_ATTENTION_SCHEDULE_COUNT] = {"auto", "tiles", "persistent", "dynamic"};
+  int sched = 0;
+  while (sched < SMELT_ATTENTION_SCHEDULE_COUNT && strcmp(opt_schedule, schedules[sched])) sched++;
+  if (sched == SMELT_ATTENTION_SCHEDULE_COUNT)
+    cli_usage_error(doc->command, "--schedule %s is not auto, tiles, persistent or dynamic", opt_schedule);
+  st.desc.fwd_schedule = (smelt_attention_schedule)sched;
 
   const uint64_t es = smelt_dtype_size(st.dt);
   /* Forward: reads q, k, v, writes o, lse. Backward: reads q, k, v, o, d_o,
@@ -360,17 +369,31 @@ static void check_keys(check_data *cd, int64_t b, int64_t hk, int64_t j0, int64_
 
 static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-/* Relative L2 bounds, as tests/test_attention.c: the GPU rounds P and dS to
- * the 16-bit input type before its tensor cores; the CPU backend computes in
- * double and rounds once. */
-static double value_bound(void) {
-  const int cuda = smelt_ctx_device(st.ctx) == SMELT_DEVICE_CUDA;
-  switch (st.dt) {
-    case SMELT_DTYPE_BF16: return 1e-2;
-    case SMELT_DTYPE_F16: return cuda ? 5e-3 : 1e-3;
-    case SMELT_DTYPE_F32: return 2e-6;
-    default: return 1e-12;
+/* Relative L2 bounds against the CPU reference (src/core/error_bound.c):
+ * output 0 the values, 1 the logsumexp. */
+static double check_bound(int output) {
+  const smelt__bound_query q = {.family = "attention",
+                                .device = smelt_ctx_device(st.ctx),
+                                .dtype = output ? SMELT_DTYPE_F32 : st.dt,
+                                .output = output};
+  return smelt__error_bound(&q);
+}
+
+/* check_rows or check_keys: items [i0, i1) of sequence b, head h, seeing
+ * the other side's items [0, other). */
+typedef void (*check_fn)(check_data *cd, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t other);
+
+/* Checks --check-rows items (query rows, or keys) at both ends of n, whose
+ * other side has m items and a window w toward it (-1: unbounded): the
+ * first slice needs the other side up to the last item its last one sees. */
+static void check_ends(check_data *cd, check_fn fn, int64_t b, int64_t h, int64_t n, int64_t m, int64_t w) {
+  const int64_t r = opt_check_rows;
+  if (n <= 2 * r) {
+    fn(cd, b, h, 0, n, m);
+    return;
   }
+  fn(cd, b, h, 0, r, w < 0 ? m : clamp(r + m - n + w, 0, m));
+  fn(cd, b, h, n - r, n, m);
 }
 
 static void check(const void *hq, const void *hk, const void *hv, const void *hdo, cli_bench_case *c) {
@@ -394,34 +417,21 @@ static void check(const void *hq, const void *hk, const void *hv, const void *hd
     cli_dev_download(st.ctx, cd.dk, st.dk[0], st.nk * es);
     cli_dev_download(st.ctx, cd.dv, st.dv[0], st.nk * es);
   }
-  const int64_t r = opt_check_rows, bs[2] = {0, st.B - 1}, hs[2] = {0, st.H - 1}, hks[2] = {0, st.Hk - 1};
+  const int64_t bs[2] = {0, st.B - 1}, hs[2] = {0, st.H - 1}, hks[2] = {0, st.Hk - 1};
   for (int bi = 0; bi < 2; bi++) {
     if (bi && bs[1] == bs[0]) break;
-    const int64_t b = bs[bi];
     for (int hi = 0; hi < 2; hi++) {
       if (hi && hs[1] == hs[0]) break;
-      if (st.Sq <= 2 * r) {
-        check_rows(&cd, b, hs[hi], 0, st.Sq, st.Sk);
-      } else {
-        /* The first rows need the keys up to the last one row r - 1 sees. */
-        check_rows(&cd, b, hs[hi], 0, r, st.wr < 0 ? st.Sk : clamp(r + st.Sk - st.Sq + st.wr, 0, st.Sk));
-        check_rows(&cd, b, hs[hi], st.Sq - r, st.Sq, st.Sk);
-      }
+      check_ends(&cd, check_rows, bs[bi], hs[hi], st.Sq, st.Sk, st.wr);
     }
     for (int hi = 0; opt_bwd && hi < 2; hi++) {
       if (hi && hks[1] == hks[0]) break;
-      if (st.Sk <= 2 * r) {
-        check_keys(&cd, b, hks[hi], 0, st.Sk, st.Sq);
-      } else {
-        /* The first keys are seen by the rows up to the last one that sees key r - 1. */
-        check_keys(&cd, b, hks[hi], 0, r, st.wl < 0 ? st.Sq : clamp(r + st.Sq - st.Sk + st.wl, 0, st.Sq));
-        check_keys(&cd, b, hks[hi], st.Sk - r, st.Sk, st.Sq);
-      }
+      check_ends(&cd, check_keys, bs[bi], hks[hi], st.Sk, st.Sq, st.wl);
     }
   }
   smelt_ctx_destroy(cd.cpu);
 
-  const double bound = value_bound(), lbound = smelt_ctx_device(st.ctx) == SMELT_DEVICE_CUDA ? 2e-5 : 1e-6;
+  const double bound = check_bound(0), lbound = check_bound(1);
   const int64_t nan = cd.eo.nan_mismatch + cd.edq.nan_mismatch + cd.edk.nan_mismatch + cd.edv.nan_mismatch + cd.lse_nan;
   const double eo = rel_l2(&cd.eo), edq = rel_l2(&cd.edq), edk = rel_l2(&cd.edk), edv = rel_l2(&cd.edv);
   const double worst = fmax(fmax(eo, edq), fmax(edk, edv));

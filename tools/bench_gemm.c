@@ -24,6 +24,7 @@
  * --autotune runs smelt_gemm_autotune on the problem first (its table goes
  * to stderr) and then times the plan that takes the recorded winner. */
 #include "bench.h"
+#include "core/error_bound.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -423,26 +424,11 @@ static void run(int set) {
 
 /* ---------------------------------------------------------------- check */
 
-/* Relative L2 bound against the CPU reference (as tests/test_gemm.c): the
- * arithmetic's own error plus about one rounding of the output type. */
+/* Relative L2 bound against the CPU reference (src/core/error_bound.c). */
 static double check_bound(void) {
-  const smelt_gemm_desc *d = &st.desc;
-  double in = st.dt_a == SMELT_DTYPE_F64 || st.dt_a == SMELT_DTYPE_I8 ? 1e-12
-              : d->math.op == SMELT_GEMM_MATH_TF32               ? 2e-3
-                                                                 : 1e-5;
-  switch (st.dt_d) {
-    case SMELT_DTYPE_F64: return in;
-    case SMELT_DTYPE_F32: return in + 1e-6;
-    case SMELT_DTYPE_F16: return in + 2e-3;
-    case SMELT_DTYPE_BF16: return in + 1e-2;
-    case SMELT_DTYPE_E4M3: return in + 0.08;
-    case SMELT_DTYPE_E5M2: return in + 0.15;
-    default:
-      return in + (st.dt_a == SMELT_DTYPE_I8 && d->epilogue.act == SMELT_ACT_IDENTITY && d->epilogue.alpha == 1.0 &&
-                           !st.has_c
-                       ? 0.0
-                       : 1e-2);
-  }
+  const smelt__bound_query q = {
+      .family = "gemm", .dtype = st.dt_d, .dt_a = st.dt_a, .gemm = &st.desc, .has_c = st.has_c};
+  return smelt__error_bound(&q);
 }
 
 typedef struct check_sums {

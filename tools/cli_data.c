@@ -4,6 +4,7 @@
  * reference. Conversions go through the library's own host converters so the
  * tool rounds exactly as the library does. */
 #include "cli.h"
+#include "core/error_bound.h"
 
 #include <math.h>
 #include <string.h>
@@ -74,9 +75,6 @@ cli_diff cli_compare(const void *got, const void *ref, smelt_dtype dt, size_t n)
 }
 
 double cli_rel_bound(smelt_dtype dt) {
-  switch (dt) {
-  case SMELT_DTYPE_F16: return 0x1.0p-9;  /* 2 ulp of a 10-bit mantissa */
-  case SMELT_DTYPE_BF16: return 0x1.0p-6; /* 2 ulp of a 7-bit mantissa */
-  default: return 1e-5;                   /* f32: room for fast intrinsics */
-  }
+  const smelt__bound_query q = {.metric = SMELT__METRIC_MAX_REL, .dtype = dt};
+  return smelt__bound_elementwise(&q);
 }

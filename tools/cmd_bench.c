@@ -10,9 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const cli_bench_op *const ops[] = {
-    &cli_bench_copy, &cli_bench_activation, &cli_bench_softmax, &cli_bench_topk, &cli_bench_gemm,
-    &cli_bench_attention, &cli_bench_peer};
+/* The copy, then each op family's bench, from the family list (a family
+ * without one is a NULL entry, skipped). */
+#define BENCH(name) &cli_bench_##name,
+static const cli_bench_op *const ops[] = {&cli_bench_copy, SMELT__FAMILY_LIST(BENCH, BENCH)};
 enum { NOPS = sizeof ops / sizeof ops[0] };
 
 static const char *device_opt;
@@ -151,6 +152,7 @@ static void print_json(const cli_bench_op *op, const cli_bench_case *c, const cl
 _Noreturn static void usage_no_op(const char *what) {
   char names[128] = "";
   for (int i = 0; i < NOPS; i++) {
+    if (!ops[i]) continue;
     strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
     strncat(names, ops[i]->name, sizeof names - strlen(names) - 1);
   }
@@ -165,7 +167,7 @@ static void print_bench_help(void) {
                      "against a device copy of the same traffic measured in the same run;\n"
                      "ops that count arithmetic (gemm) are quoted in TFLOP/s too.\n\nops:\n");
   for (int i = 0; i < NOPS; i++)
-    len += snprintf(about + len, sizeof about - (size_t)len, "  %-12s %s\n", ops[i]->name, ops[i]->about);
+    if (ops[i]) len += snprintf(about + len, sizeof about - (size_t)len, "  %-12s %s\n", ops[i]->name, ops[i]->about);
   snprintf(about + len, sizeof about - (size_t)len,
            "\nRun 'smelt bench <op> --help' for the op's own options.\n");
   const cli_doc doc = {"smelt bench", "smelt bench <op> [options]", about};
@@ -181,7 +183,7 @@ int cli_cmd_bench(int argc, char **argv) {
   }
   const cli_bench_op *op = NULL;
   for (int i = 0; i < NOPS; i++)
-    if (strcmp(argv[1], ops[i]->name) == 0) op = ops[i];
+    if (ops[i] && strcmp(argv[1], ops[i]->name) == 0) op = ops[i];
   if (!op) {
     char what[96];
     snprintf(what, sizeof what, "unknown op '%s'", argv[1]);

@@ -6,18 +6,15 @@
  * Rows go to the device in blocks of --block-size, the way a serving loop
  * feeds them, while the reference gets the whole tensor in one call: the
  * comparison therefore also checks that blocking does not change results. */
+#include "core/error_bound.h"
 #include "demo.h"
 
 #include <string.h>
 
-static const cli_demo_section sections[] = {
-    {"activations", cli_demo_activation},
-    {"softmax", cli_demo_softmax},
-    {"topk", cli_demo_topk},
-    {"gemm", cli_demo_gemm},
-    {"attention", cli_demo_attention},
-    {"peer", cli_demo_peer},
-};
+/* Each op family's section, from the family list (a family without one is
+ * a NULL entry, skipped). */
+#define SECTION(name) {#name, cli_demo_##name},
+static const cli_demo_section sections[] = {SMELT__FAMILY_LIST(SECTION, SECTION)};
 enum { NSECTIONS = sizeof sections / sizeof sections[0] };
 
 /* Few runs: the demo shows an op, it does not benchmark one. */
@@ -65,6 +62,28 @@ void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user) 
     int64_t rows = env->tokens - row0 < env->block ? env->tokens - row0 : env->block;
     fn(user, row0, rows, rows == env->block ? 0 : 1);
   }
+}
+
+void cli_demo_run_all(void *user, int iter) {
+  cli_demo_case *c = user;
+  (void)iter;
+  cli_demo_blocks(c->env, c->block, c);
+}
+
+cli_timing cli_demo_time(cli_demo_case *c) {
+  return cli_time_runs(c->env->ctx, c->env->warmup, c->env->iters, cli_demo_run_all, c);
+}
+
+void cli_demo_case_reset(cli_demo_case *c) {
+  for (int i = 0; i < 2; i++) {
+    smelt_plan_destroy(c->plan[i]);
+    c->plan[i] = NULL;
+  }
+}
+
+double cli_demo_bound(const cli_diff *d, const char *family, smelt_dtype dt) {
+  const smelt__bound_query q = {.family = family, .metric = SMELT__METRIC_MAX_REL, .dtype = dt};
+  return smelt__error_bound(&q) * (d->max_ref > 1.0 ? d->max_ref : 1.0);
 }
 
 void cli_demo_table(const char *title, const char *shapes) {
@@ -147,6 +166,7 @@ int cli_cmd_demo(int argc, char **argv) {
   printf("timing: median of %d runs after %d warm-up runs\n", env.iters, env.warmup);
 
   for (int i = 0; i < NSECTIONS; i++) {
+    if (!sections[i].run) continue;
     sections[i].run(&env);
     if (profile_memory) print_pool(env.ctx, sections[i].name);
   }

@@ -1,11 +1,12 @@
 /* The demo's sections and what they share. A section is one function that
  * runs one op family on the model-shaped problem described by cli_demo_env:
- * on the device under test, checked against the CPU backend, timed. New ops
- * add a section file and one line to the table in cmd_demo.c. */
+ * on the device under test, checked against the CPU backend, timed. A new
+ * family adds a section file; cmd_demo.c finds it through the family list. */
 #ifndef SMELT_CLI_DEMO_H
 #define SMELT_CLI_DEMO_H
 
 #include "cli.h"
+#include "core/families.h"
 
 typedef struct cli_demo_env {
   smelt_ctx *ctx; /* the device under test */
@@ -22,12 +23,10 @@ typedef struct cli_demo_section {
   void (*run)(cli_demo_env *env);
 } cli_demo_section;
 
-void cli_demo_activation(cli_demo_env *env);
-void cli_demo_softmax(cli_demo_env *env);
-void cli_demo_topk(cli_demo_env *env);
-void cli_demo_gemm(cli_demo_env *env);
-void cli_demo_attention(cli_demo_env *env);
-void cli_demo_peer(cli_demo_env *env);
+/* Each op family's section, cli_demo_<name> (src/core/families.h): weak,
+ * so a family may have none. */
+#define CLI_DEMO_DECL(name) void cli_demo_##name(cli_demo_env *env) __attribute__((weak));
+SMELT__FAMILY_LIST(CLI_DEMO_DECL, CLI_DEMO_DECL)
 
 /* A view of rows [row0, row0 + rows) of a contiguous [*, cols] matrix on the
  * context's device; cols == 0 gives the 1-D [rows] view of a vector. */
@@ -39,6 +38,25 @@ smelt_tensor cli_demo_rows(smelt_ctx *ctx, void *base, smelt_dtype dt, int64_t r
  * would. */
 typedef void (*cli_demo_block_fn)(void *user, int64_t row0, int64_t rows, int slot);
 void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user);
+
+/* The largest error a row of `family` allows in an output of dtype dt
+ * (src/core/error_bound.c, one element's worst) at d's scale: the larger
+ * of its largest reference magnitude and 1. */
+double cli_demo_bound(const cli_diff *d, const char *family, smelt_dtype dt);
+/* What a section's case starts with: the env, the function that runs one
+ * block of rows (called with the case as `user`) and its plan per block
+ * slot. */
+typedef struct cli_demo_case {
+  cli_demo_env *env;
+  cli_demo_block_fn block;
+  smelt_plan *plan[2];
+} cli_demo_case;
+/* Runs every block of the case `user` once (a cli_time_runs work function). */
+void cli_demo_run_all(void *user, int iter);
+/* Times the case's runs (the env's warm-up, then its timed runs). */
+cli_timing cli_demo_time(cli_demo_case *c);
+/* Destroys the case's plans (a new problem plans again). */
+void cli_demo_case_reset(cli_demo_case *c);
 
 /* Starts a section's table: its title, the shapes, the column header. */
 void cli_demo_table(const char *title, const char *shapes);

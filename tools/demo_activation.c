@@ -10,48 +10,41 @@ static const smelt_act acts[] = {SMELT_ACT_RELU, SMELT_ACT_SILU, SMELT_ACT_GELU,
 static const smelt_dtype dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_BF16};
 
 typedef struct act_case {
-  cli_demo_env *env;
+  cli_demo_case base;
   smelt_activation_desc desc;
   smelt_dtype dt;
-  void *x, *y;         /* device buffers [tokens, d_model] */
-  smelt_plan *plan[2]; /* per block slot */
+  void *x, *y; /* device buffers [tokens, d_model] */
 } act_case;
 
 static void run_block(void *user, int64_t row0, int64_t rows, int slot) {
   act_case *c = user;
-  smelt_ctx *ctx = c->env->ctx;
-  smelt_tensor x = cli_demo_rows(ctx, c->x, c->dt, row0, rows, c->env->d_model);
-  smelt_tensor y = cli_demo_rows(ctx, c->y, c->dt, row0, rows, c->env->d_model);
-  if (!c->plan[slot]) CLI_TRY(smelt_activation_plan(ctx, &c->desc, &x, &y, &c->plan[slot]));
-  CLI_TRY(smelt_activation_run(c->plan[slot], &x, &y));
-}
-
-static void run_all(void *user, int iter) {
-  act_case *c = user;
-  (void)iter;
-  cli_demo_blocks(c->env, run_block, c);
+  smelt_ctx *ctx = c->base.env->ctx;
+  smelt_plan **plan = &c->base.plan[slot];
+  smelt_tensor x = cli_demo_rows(ctx, c->x, c->dt, row0, rows, c->base.env->d_model);
+  smelt_tensor y = cli_demo_rows(ctx, c->y, c->dt, row0, rows, c->base.env->d_model);
+  if (!*plan) CLI_TRY(smelt_activation_plan(ctx, &c->desc, &x, &y, plan));
+  CLI_TRY(smelt_activation_run(*plan, &x, &y));
 }
 
 static void run_case(act_case *c, const void *x_host, void *ref, void *got, size_t n) {
-  cli_demo_env *env = c->env;
+  cli_demo_env *env = c->base.env;
   size_t bytes = n * smelt_dtype_size(c->dt);
   int64_t shape[2] = {env->tokens, env->d_model};
   smelt_tensor xr = smelt_tensor_make((void *)x_host, c->dt, SMELT_DEVICE_CPU, 0, 2, shape);
   smelt_tensor yr = smelt_tensor_make(ref, c->dt, SMELT_DEVICE_CPU, 0, 2, shape);
   CLI_TRY(smelt_activation(env->cpu, &c->desc, &xr, &yr));
 
-  run_all(c, 0);
+  cli_demo_run_all(c, 0);
   cli_dev_download(env->ctx, got, c->y, bytes);
   cli_diff d = cli_compare(got, ref, c->dt, n);
-  cli_timing t = cli_time_runs(env->ctx, env->warmup, env->iters, run_all, c);
+  cli_timing t = cli_demo_time(&c->base);
 
   char label[64];
   snprintf(label, sizeof label, "%s %s", smelt_act_name(c->desc.act), smelt_dtype_name(c->dt));
-  double bound = cli_rel_bound(c->dt) * (d.max_ref > 1.0 ? d.max_ref : 1.0);
+  double bound = cli_demo_bound(&d, "activation", c->dt);
   cli_demo_row(env, label, &d, bound, env->d_model, &t, 2.0 * (double)bytes,
-               smelt_plan_describe(c->plan[0]));
-  for (int i = 0; i < 2; i++)
-    if (c->plan[i]) smelt_plan_destroy(c->plan[i]);
+               smelt_plan_describe(c->base.plan[0]));
+  cli_demo_case_reset(&c->base);
 }
 
 void cli_demo_activation(cli_demo_env *env) {
@@ -66,12 +59,11 @@ void cli_demo_activation(cli_demo_env *env) {
     void *x_host = cli_malloc(bytes), *ref = cli_malloc(bytes), *got = cli_malloc(bytes);
     /* Wide enough to reach the saturating tails of every activation. */
     cli_fill_uniform(x_host, dt, n, 0x5EED0001u + i, -6.0, 6.0);
-    act_case c = {env, {SMELT_ACT_IDENTITY, 0.01f}, dt, NULL, NULL, {NULL, NULL}};
+    act_case c = {{env, run_block, {NULL, NULL}}, {SMELT_ACT_IDENTITY, 0.01f}, dt, NULL, NULL};
     c.x = cli_dev_upload(env->ctx, x_host, bytes);
     c.y = cli_dev_alloc(env->ctx, bytes);
     for (size_t a = 0; a < sizeof acts / sizeof acts[0]; a++) {
       c.desc.act = acts[a];
-      c.plan[0] = c.plan[1] = NULL;
       run_case(&c, x_host, ref, got, n);
     }
     CLI_TRY(smelt_free(env->ctx, c.x));

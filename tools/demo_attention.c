@@ -202,7 +202,7 @@ static void naive_row(cli_demo_env *env, const attn_case *c, const uint16_t *hq,
   char note[160], mem[32];
   snprintf(note, sizeof note, "host f32 loops; S (softmaxed in place to P) held: %s", cli_fmt_bytes(ns * sizeof(float), mem, sizeof mem));
   cli_demo_row(env, c->causal ? "naive causal" : "naive full", &df,
-               cli_rel_bound(SMELT_DTYPE_F32) * (df.max_ref > 1.0 ? df.max_ref : 1.0), c->D, &t, bytes, note);
+               cli_demo_bound(&df, "attention", SMELT_DTYPE_F32), c->D, &t, bytes, note);
   free(q);
   free(k);
   free(v);
@@ -306,7 +306,7 @@ static void naive_gpu_row(cli_demo_env *env, const attn_case *c, const double *r
            cli_fmt_bytes(ns * es, sb, sizeof sb), cli_fmt_bytes(after.peak, peak, sizeof peak),
            cli_fmt_bytes(after.peak - before.used, ws, sizeof ws));
   /* bf16 S and P: each rounding of the scores shows in O. */
-  const double bound = 4 * cli_rel_bound(SMELT_DTYPE_BF16) * (df.max_ref > 1.0 ? df.max_ref : 1.0);
+  const double bound = 4 * cli_demo_bound(&df, "attention", SMELT_DTYPE_BF16);
   cli_demo_row(env, c->causal ? "naive causal" : "naive full", &df, bound, c->D, &t, bytes, note);
   smelt_plan_destroy(g.qk);
   smelt_plan_destroy(g.pv);
@@ -410,7 +410,7 @@ void cli_demo_attention(cli_demo_env *env) {
                tf >= 0.1 ? "TFLOP/s" : "GFLOP/s", cli_fmt_bytes(after.peak, peak, sizeof peak),
                cli_fmt_bytes(after.peak - before.used, ws, sizeof ws), smelt_plan_describe(c.plan));
     /* bf16 results: about two roundings of the output's magnitude. */
-    const double bound = cli_rel_bound(SMELT_DTYPE_BF16) * (df.max_ref > 1.0 ? df.max_ref : 1.0);
+    const double bound = cli_demo_bound(&df, "attention", SMELT_DTYPE_BF16);
     cli_demo_row(env, cases[i].label, &df, bound, D, &t, c.bwd ? io_bwd : io_fwd,
                  note);
     if (!c.bwd && cpu) naive_row(env, &c, hq, hk, hv, ref, nh, r0, io_fwd);

@@ -184,7 +184,7 @@ void cli_demo_gemm(cli_demo_env *env) {
     snprintf(note, sizeof note, "%.2f %s; %s%s%s", gf >= 100 ? gf / 1e3 : gf, gf >= 100 ? "TFLOP/s" : "GFLOP/s",
              smelt_plan_describe(c->gemm[0]), c->fused ? "" : " + ", c->fused ? "" : smelt_plan_describe(c->act[0]));
     /* Up to one bf16 rounding apart (two for the unfused path). */
-    double bound = cli_rel_bound(SMELT_DTYPE_BF16) * (d.max_ref > 1.0 ? d.max_ref : 1.0);
+    double bound = cli_demo_bound(&d, "gemm", SMELT_DTYPE_BF16);
     cli_demo_row(env, labels[i], &d, bound, win.wc, &t, i == 0 ? bytes_fused : bytes_unfused, note);
   }
 
@@ -198,7 +198,7 @@ void cli_demo_gemm(cli_demo_env *env) {
   char note[128];
   snprintf(note, sizeof note, "max |fused - unfused| over %s%lld x %lld outputs; %lld differ",
            diff_rows < m ? "the first " : "", (long long)diff_rows, (long long)n, (long long)d.mismatches);
-  cli_demo_row(env, "fused vs unfused", &d, cli_rel_bound(SMELT_DTYPE_BF16) * (d.max_ref > 1.0 ? d.max_ref : 1.0), n,
+  cli_demo_row(env, "fused vs unfused", &d, cli_demo_bound(&d, "gemm", SMELT_DTYPE_BF16), n,
                NULL, 0.0, note);
 
   free_case(&fc);

@@ -8,26 +8,20 @@
 static const smelt_dtype dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 
 typedef struct softmax_case {
-  cli_demo_env *env;
+  cli_demo_case base;
   smelt_dtype dt;
-  void *x, *y, *lse;   /* device: [tokens, d_model] twice, lse [tokens] f32 */
-  smelt_plan *plan[2]; /* per block slot */
+  void *x, *y, *lse; /* device: [tokens, d_model] twice, lse [tokens] f32 */
 } softmax_case;
 
 static void run_block(void *user, int64_t row0, int64_t rows, int slot) {
   softmax_case *c = user;
-  smelt_ctx *ctx = c->env->ctx;
-  smelt_tensor x = cli_demo_rows(ctx, c->x, c->dt, row0, rows, c->env->d_model);
-  smelt_tensor y = cli_demo_rows(ctx, c->y, c->dt, row0, rows, c->env->d_model);
+  smelt_ctx *ctx = c->base.env->ctx;
+  smelt_plan **plan = &c->base.plan[slot];
+  smelt_tensor x = cli_demo_rows(ctx, c->x, c->dt, row0, rows, c->base.env->d_model);
+  smelt_tensor y = cli_demo_rows(ctx, c->y, c->dt, row0, rows, c->base.env->d_model);
   smelt_tensor lse = cli_demo_rows(ctx, c->lse, SMELT_DTYPE_F32, row0, rows, 0);
-  if (!c->plan[slot]) CLI_TRY(smelt_softmax_plan(ctx, &x, &y, &lse, &c->plan[slot]));
-  CLI_TRY(smelt_softmax_run(c->plan[slot], &x, &y, &lse));
-}
-
-static void run_all(void *user, int iter) {
-  softmax_case *c = user;
-  (void)iter;
-  cli_demo_blocks(c->env, run_block, c);
+  if (!*plan) CLI_TRY(smelt_softmax_plan(ctx, &x, &y, &lse, plan));
+  CLI_TRY(smelt_softmax_run(*plan, &x, &y, &lse));
 }
 
 void cli_demo_softmax(cli_demo_env *env) {
@@ -51,28 +45,26 @@ void cli_demo_softmax(cli_demo_env *env) {
     smelt_tensor lr = smelt_tensor_make(lse_ref, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, shape);
     CLI_TRY(smelt_softmax(env->cpu, &xr, &yr, &lr));
 
-    softmax_case c = {env, dt, NULL, NULL, NULL, {NULL, NULL}};
+    softmax_case c = {{env, run_block, {NULL, NULL}}, dt, NULL, NULL, NULL};
     c.x = cli_dev_upload(env->ctx, x_host, bytes);
     c.y = cli_dev_alloc(env->ctx, bytes);
     c.lse = cli_dev_alloc(env->ctx, lse_bytes);
-    run_all(&c, 0);
+    cli_demo_run_all(&c, 0);
     cli_dev_download(env->ctx, got, c.y, bytes);
     cli_dev_download(env->ctx, lse_got, c.lse, lse_bytes);
     cli_diff dy = cli_compare(got, ref, dt, n);
     cli_diff dl = cli_compare(lse_got, lse_ref, SMELT_DTYPE_F32, rows);
-    cli_timing t = cli_time_runs(env->ctx, env->warmup, env->iters, run_all, &c);
+    cli_timing t = cli_demo_time(&c.base);
 
     char label[64];
     snprintf(label, sizeof label, "%s y", smelt_dtype_name(dt));
-    /* Probabilities are at most 1, so the relative bound is also absolute. */
-    cli_demo_row(env, label, &dy, cli_rel_bound(dt), env->d_model, &t,
-                 2.0 * (double)bytes + (double)lse_bytes, smelt_plan_describe(c.plan[0]));
+    cli_demo_row(env, label, &dy, cli_demo_bound(&dy, "softmax", dt), env->d_model, &t,
+                 2.0 * (double)bytes + (double)lse_bytes, smelt_plan_describe(c.base.plan[0]));
     snprintf(label, sizeof label, "%s lse", smelt_dtype_name(dt));
-    double lse_bound = cli_rel_bound(SMELT_DTYPE_F32) * (dl.max_ref > 1.0 ? dl.max_ref : 1.0);
+    double lse_bound = cli_demo_bound(&dl, "softmax", SMELT_DTYPE_F32);
     cli_demo_row(env, label, &dl, lse_bound, 1, NULL, 0.0, "f32");
 
-    for (int p = 0; p < 2; p++)
-      if (c.plan[p]) smelt_plan_destroy(c.plan[p]);
+    cli_demo_case_reset(&c.base);
     CLI_TRY(smelt_free(env->ctx, c.x));
     CLI_TRY(smelt_free(env->ctx, c.y));
     CLI_TRY(smelt_free(env->ctx, c.lse));

@@ -9,26 +9,20 @@
 static const smelt_dtype dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_BF16};
 
 typedef struct topk_case {
-  cli_demo_env *env;
+  cli_demo_case base;
   smelt_dtype dt;
   void *x, *values, *indices; /* device: [tokens, E], [tokens, k] twice (indices i32) */
-  smelt_plan *plan[2];        /* per block slot */
 } topk_case;
 
 static void run_block(void *user, int64_t row0, int64_t rows, int slot) {
   topk_case *c = user;
-  cli_demo_env *env = c->env;
+  cli_demo_env *env = c->base.env;
+  smelt_plan **plan = &c->base.plan[slot];
   smelt_tensor x = cli_demo_rows(env->ctx, c->x, c->dt, row0, rows, env->experts);
   smelt_tensor v = cli_demo_rows(env->ctx, c->values, c->dt, row0, rows, env->top_k);
   smelt_tensor ix = cli_demo_rows(env->ctx, c->indices, SMELT_DTYPE_I32, row0, rows, env->top_k);
-  if (!c->plan[slot]) CLI_TRY(smelt_topk_plan(env->ctx, env->top_k, &x, &v, &ix, &c->plan[slot]));
-  CLI_TRY(smelt_topk_run(c->plan[slot], &x, &v, &ix));
-}
-
-static void run_all(void *user, int iter) {
-  topk_case *c = user;
-  (void)iter;
-  cli_demo_blocks(c->env, run_block, c);
+  if (!*plan) CLI_TRY(smelt_topk_plan(env->ctx, env->top_k, &x, &v, &ix, plan));
+  CLI_TRY(smelt_topk_run(*plan, &x, &v, &ix));
 }
 
 void cli_demo_topk(cli_demo_env *env) {
@@ -51,28 +45,27 @@ void cli_demo_topk(cli_demo_env *env) {
     smelt_tensor ir = smelt_tensor_make(idx_ref, SMELT_DTYPE_I32, SMELT_DEVICE_CPU, 0, 2, kshape);
     CLI_TRY(smelt_topk(env->cpu, env->top_k, &xr, &vr, &ir));
 
-    topk_case c = {env, dt, NULL, NULL, NULL, {NULL, NULL}};
+    topk_case c = {{env, run_block, {NULL, NULL}}, dt, NULL, NULL, NULL};
     c.x = cli_dev_upload(env->ctx, x_host, bytes);
     c.values = cli_dev_alloc(env->ctx, vbytes);
     c.indices = cli_dev_alloc(env->ctx, idx_bytes);
-    run_all(&c, 0);
+    cli_demo_run_all(&c, 0);
     cli_dev_download(env->ctx, v_got, c.values, vbytes);
     cli_dev_download(env->ctx, idx_got, c.indices, idx_bytes);
     cli_diff dv = cli_compare(v_got, v_ref, dt, nk);
     cli_diff di = cli_compare(idx_got, idx_ref, SMELT_DTYPE_I32, nk);
-    cli_timing t = cli_time_runs(env->ctx, env->warmup, env->iters, run_all, &c);
+    cli_timing t = cli_demo_time(&c.base);
 
     char label[64];
     snprintf(label, sizeof label, "%s values", smelt_dtype_name(dt));
     cli_demo_row(env, label, &dv, 0.0, env->top_k, &t, (double)(bytes + vbytes + idx_bytes),
-                 smelt_plan_describe(c.plan[0]));
+                 smelt_plan_describe(c.base.plan[0]));
     snprintf(label, sizeof label, "%s indices", smelt_dtype_name(dt));
     char note[64];
     snprintf(note, sizeof note, "%lld of %zu differ", (long long)di.mismatches, nk);
     cli_demo_row(env, label, &di, 0.0, env->top_k, NULL, 0.0, note);
 
-    for (int p = 0; p < 2; p++)
-      if (c.plan[p]) smelt_plan_destroy(c.plan[p]);
+    cli_demo_case_reset(&c.base);
     CLI_TRY(smelt_free(env->ctx, c.x));
     CLI_TRY(smelt_free(env->ctx, c.values));
     CLI_TRY(smelt_free(env->ctx, c.indices));

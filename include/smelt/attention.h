@@ -60,6 +60,16 @@
 extern "C" {
 #endif
 
+/* How the Hopper forward (D 64 and 128 on cc 9.0) spreads query tiles over
+ * CTAs. Every schedule gives the same bits; they differ in speed only. */
+typedef enum smelt_attention_schedule {
+  SMELT_ATTENTION_SCHEDULE_AUTO = 0,   /* as measured on H100: PERSISTENT without a right window, TILES with one */
+  SMELT_ATTENTION_SCHEDULE_TILES,      /* one CTA per query tile, longest first */
+  SMELT_ATTENTION_SCHEDULE_PERSISTENT, /* one CTA per SM walking the tiles in a static stride */
+  SMELT_ATTENTION_SCHEDULE_DYNAMIC,    /* one CTA per SM taking tiles from a per-launch counter */
+  SMELT_ATTENTION_SCHEDULE_COUNT
+} smelt_attention_schedule;
+
 typedef struct smelt_attention_desc {
   float scale;            /* softmax scale; 0 = 1/sqrt(D). Any other finite value. */
   int causal;             /* bottom-right aligned causal mask (window_right becomes 0) */
@@ -68,10 +78,11 @@ typedef struct smelt_attention_desc {
   int64_t max_seqlen_q;   /* varlen: at least the longest query sequence (ignored when batched) */
   int64_t max_seqlen_k;   /* varlen: at least the longest key sequence */
   int deterministic;      /* backward: bitwise-repeatable gradients (the context can ask too) */
+  smelt_attention_schedule fwd_schedule; /* forward on Hopper; AUTO (0) = the measured choice */
 } smelt_attention_desc;
 
 /* scale 0 (1/sqrt(D)), not causal, windows -1 (unbounded), max_seqlen 0,
- * not deterministic. Start from this: a zeroed desc has windows of 0, which
+ * not deterministic, schedule AUTO. Start from this: a zeroed desc has windows of 0, which
  * lets each query see only the key on its diagonal. */
 SMELT_API smelt_attention_desc smelt_attention_desc_default(void);
 

@@ -213,6 +213,20 @@ static PyObject *out_and_lse(PyObject *out, PyObject *lse, int want_lse) {
   return out;
 }
 
+/* The end of a call with an output and an optional lse (slots out_slot and
+ * out_slot + 1 of o): imports them, runs, returns out (and lse, when wanted). */
+static PyObject *run_out_lse(smpy_call *call, op_args *o, int out_slot, PyObject *out, PyObject *lse, int want_lse) {
+  smelt_tensor *t;
+  if (smpy_call_import(call, out, "out", 1, &t) < 0) return NULL;
+  o->t[out_slot] = t;
+  if (lse != Py_None) {
+    if (smpy_call_import(call, lse, "lse", 1, &t) < 0) return NULL;
+    o->t[out_slot + 1] = t;
+  }
+  if (execute(call, o) < 0) return NULL;
+  return out_and_lse(out, lse, want_lse);
+}
+
 static PyObject *py_softmax(PyObject *self, PyObject *args) {
   PyObject *a[6]; /* x, out, lse, want_lse, ctx, stream */
   if (unpack(args, "softmax", 6, a) < 0) return NULL;
@@ -224,7 +238,7 @@ static PyObject *py_softmax(PyObject *self, PyObject *args) {
 
   smpy_call call;
   PyObject *out = a[1], *lse = a[2], *made_out = NULL, *made_lse = NULL, *result = NULL;
-  smelt_tensor *x, *y, *l = NULL;
+  smelt_tensor *x;
   if (smpy_call_begin(&call, "smelt.softmax", a[4], a[5]) < 0) return NULL;
   if (smpy_call_import(&call, a[0], "x", 0, &x) < 0) goto done;
   if ((out == Py_None || (lse == Py_None && want_lse)) && x->ndim < 1) {
@@ -235,18 +249,23 @@ static PyObject *py_softmax(PyObject *self, PyObject *args) {
   if (lse == Py_None && want_lse &&
       !(lse = made_lse = smpy_call_alloc(&call, SMELT_DTYPE_F32, x->ndim - 1, x->shape)))
     goto done;
-  if (smpy_call_import(&call, out, "out", 1, &y) < 0) goto done;
-  if (lse != Py_None && smpy_call_import(&call, lse, "lse", 1, &l) < 0) goto done;
   o.t[0] = x;
-  o.t[1] = y;
-  o.t[2] = l;
-  if (execute(&call, &o) < 0) goto done;
-  result = out_and_lse(out, lse, want_lse);
+  result = run_out_lse(&call, &o, 1, out, lse, want_lse);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made_out);
   Py_XDECREF(made_lse);
   return result;
+}
+
+/* Raises s with fmt, whose one %s gets o's repr; returns -1. */
+static int raise_repr(smelt_status s, const char *fmt, PyObject *o) {
+  PyObject *r = PyObject_Repr(o);
+  PyObject *b = r ? PyUnicode_AsUTF8String(r) : NULL;
+  smpy_raise(s, fmt, b ? PyBytes_AsString(b) : "?");
+  Py_XDECREF(r);
+  Py_XDECREF(b);
+  return -1;
 }
 
 static int parse_index_dtype(PyObject *o, int *want, smelt_dtype *dt) {
@@ -265,13 +284,7 @@ static int parse_index_dtype(PyObject *o, int *want, smelt_dtype *dt) {
       return 0;
     }
   }
-  PyObject *r = PyObject_Repr(o);
-  PyObject *b = r ? PyUnicode_AsUTF8String(r) : NULL;
-  smpy_raise(SMELT_STATUS_DTYPE_MISMATCH, "smelt.topk: index_dtype=%s is not 'int64', 'int32' or None",
-             b ? PyBytes_AsString(b) : "?");
-  Py_XDECREF(r);
-  Py_XDECREF(b);
-  return -1;
+  return raise_repr(SMELT_STATUS_DTYPE_MISMATCH, "smelt.topk: index_dtype=%s is not 'int64', 'int32' or None", o);
 }
 
 static PyObject *py_topk(PyObject *self, PyObject *args) {
@@ -331,13 +344,7 @@ static int parse_math(PyObject *o, smelt_gemm_math_op *op) {
         *op = (smelt_gemm_math_op)i;
         return 0;
       }
-  PyObject *r = PyObject_Repr(o);
-  PyObject *b = r ? PyUnicode_AsUTF8String(r) : NULL;
-  smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt.gemm: math=%s is not 'default', 'tf32' or '3xtf32'",
-             b ? PyBytes_AsString(b) : "?");
-  Py_XDECREF(r);
-  Py_XDECREF(b);
-  return -1;
+  return raise_repr(SMELT_STATUS_INVALID_ARGUMENT, "smelt.gemm: math=%s is not 'default', 'tf32' or '3xtf32'", o);
 }
 
 /* None keeps *dt; otherwise a smelt dtype name ('f32', 'bf16', ...). */
@@ -350,13 +357,9 @@ static int parse_dtype_name(PyObject *o, const char *what, smelt_dtype *dt) {
   }
   Py_XDECREF(b);
   PyErr_Clear();
-  PyObject *r = PyObject_Repr(o);
-  PyObject *rb = r ? PyUnicode_AsUTF8String(r) : NULL;
-  smpy_raise(SMELT_STATUS_DTYPE_MISMATCH, "%s: %s is not a smelt dtype name ('f32', 'f16', 'bf16', ...)", what,
-             rb ? PyBytes_AsString(rb) : "?");
-  Py_XDECREF(r);
-  Py_XDECREF(rb);
-  return -1;
+  char fmt[160];
+  snprintf(fmt, sizeof fmt, "%s: %%s is not a smelt dtype name ('f32', 'f16', 'bf16', ...)", what);
+  return raise_repr(SMELT_STATUS_DTYPE_MISMATCH, fmt, o);
 }
 
 /* The GEMM description from the five arguments alpha, beta, activation,
@@ -487,7 +490,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
 
   smpy_call call;
   PyObject *out = a[3], *lse = a[4], *made_o = NULL, *made_l = NULL, *result = NULL;
-  smelt_tensor *q, *k, *v, *to, *tl = NULL, *cq = NULL, *ck = NULL;
+  smelt_tensor *q, *k, *v, *cq = NULL, *ck = NULL;
   const char *name = varlen ? "smelt.attention_varlen" : "smelt.attention";
   if (smpy_call_begin(&call, name, a[14], a[15]) < 0) return NULL;
   if (smpy_call_import(&call, a[0], "q", 0, &q) < 0 || smpy_call_import(&call, a[1], "k", 0, &k) < 0 ||
@@ -517,17 +520,12 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
     }
     if (!(lse = made_l = smpy_call_alloc(&call, SMELT_DTYPE_F32, varlen ? 2 : 3, ls))) goto done;
   }
-  if (smpy_call_import(&call, out, "out", 1, &to) < 0) goto done;
-  if (lse != Py_None && smpy_call_import(&call, lse, "lse", 1, &tl) < 0) goto done;
   o.t[0] = q;
   o.t[1] = k;
   o.t[2] = v;
-  o.t[3] = to;
-  o.t[4] = tl;
   o.t[5] = cq;
   o.t[6] = ck;
-  if (execute(&call, &o) < 0) goto done;
-  result = out_and_lse(out, lse, want_lse);
+  result = run_out_lse(&call, &o, 3, out, lse, want_lse);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made_o);

@@ -279,6 +279,22 @@ def _window(window):
     return int(wl), int(wr)
 
 
+def _attention_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, return_lse, out, lse, ctx, stream,
+                    lse_shape):
+    """The forward call of attention and attention_varlen: numpy outputs made
+    here (lse of lse_shape()), the rest in C."""
+    want = bool(return_lse) or lse is not None
+    if type(q).__module__ == "numpy":
+        np = _sys.modules["numpy"]
+        if out is None:
+            out = np.empty(q.shape, dtype=q.dtype)
+        if lse is None and want:
+            lse = np.empty(lse_shape(), dtype=np.float32)
+    r = _c_attention(q, k, v, out, lse, want, cu_q, cu_k, 0.0 if scale is None else float(scale), bool(causal),
+                     window[0], window[1], max_q, max_k, ctx, stream)
+    return r if return_lse or not want else r[0]
+
+
 def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None,
               ctx=None, stream=None):
     """Scaled dot-product attention (FlashAttention-2 semantics).
@@ -299,16 +315,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), return_lse=
     if _is_compiling():
         return _torch_impl.attention(q, k, v, causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
                                      out=out, lse=lse)
-    want = bool(return_lse) or lse is not None
-    if type(q).__module__ == "numpy":
-        np = _sys.modules["numpy"]
-        if out is None:
-            out = np.empty(q.shape, dtype=q.dtype)
-        if lse is None and want:
-            lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
-    r = _c_attention(q, k, v, out, lse, want, None, None, 0.0 if scale is None else float(scale), bool(causal), wl,
-                     wr, 0, 0, ctx, stream)
-    return r if return_lse or not want else r[0]
+    return _attention_call(q, k, v, None, None, 0, 0, causal, scale, (wl, wr), return_lse, out, lse, ctx, stream,
+                           lambda: (q.shape[0], q.shape[2], q.shape[1]))
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
@@ -328,16 +336,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         return _torch_impl.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
                                             out=out, lse=lse)
-    want = bool(return_lse) or lse is not None
-    if type(q).__module__ == "numpy":
-        np = _sys.modules["numpy"]
-        if out is None:
-            out = np.empty(q.shape, dtype=q.dtype)
-        if lse is None and want:
-            lse = np.empty((q.shape[1], q.shape[0]), dtype=np.float32)
-    r = _c_attention(q, k, v, out, lse, want, cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else float(scale),
-                     bool(causal), wl, wr, int(max_seqlen_q), int(max_seqlen_k), ctx, stream)
-    return r if return_lse or not want else r[0]
+    return _attention_call(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale,
+                           (wl, wr), return_lse, out, lse, ctx, stream, lambda: (q.shape[1], q.shape[0]))
 
 
 def attention_backward(q, k, v, o, d_o, lse, *, causal=False, scale=None, window=(-1, -1), cu_seqlens_q=None,

@@ -56,11 +56,8 @@ void smelt__attn_lse_view_of(const smelt__attn_state *st, const smelt_tensor *t,
  * of sq queries and sk keys. The one definition of the mask. */
 void smelt__attn_key_range(int64_t wl, int64_t wr, int64_t sq, int64_t sk, int64_t i, int64_t *lo, int64_t *hi);
 
-/* CPU reference (src/cpu/attention.c). */
-smelt_status smelt__cpu_attention(const smelt__attn_state *st, const smelt__attn_args *a);
-
-/* CUDA backend (src/cuda/op_attention.c). */
-smelt_status smelt__cuda_attention_plan(smelt_plan *plan);
-smelt_status smelt__cuda_attention_run(smelt_plan *plan, const smelt__attn_args *a);
+/* The backends (smelt__cpu_attention in src/cpu/attention.c,
+ * smelt__cuda_attention in src/cuda/op_attention.c) run a
+ * `const smelt__attn_args *`; the plan reads only plan->opdata. */
 
 #endif /* SMELT_ATTENTION_INTERNAL_H */

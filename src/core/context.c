@@ -280,6 +280,7 @@ smelt_status smelt__plan_new(smelt_ctx *ctx, smelt__op op, smelt_plan **out) {
 
 void smelt_plan_destroy(smelt_plan *plan) {
   if (!plan) return;
+  if (plan->backend_free) plan->backend_free(plan->backend);
   if (plan->opdata_free) plan->opdata_free(plan->opdata);
   free(plan);
 }

@@ -34,10 +34,6 @@ typedef struct smelt__gemm_state {
   int64_t count;         /* batched L, array count, groups (as planned) */
   smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped; when
                             grouped by offsets, all T rows: b.bs and bias_gs step from group to group) */
-  /* CUDA backend: the picked kernel and its fallback for runs whose operands
-   * do not fit it (loaded on first use). Indices into the variant table. */
-  int kernel, fallback;
-  void *fallback_func;
 } smelt__gemm_state;
 
 /* What a run binds. */
@@ -65,11 +61,7 @@ static inline void smelt__gemm_offs_range(int64_t prev_end, int64_t off, int64_t
 int smelt__gemm_mat_align(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int64_t cols, int64_t batch,
                           int unit_axis);
 
-/* CPU reference (src/cpu/gemm.c). */
-smelt_status smelt__cpu_gemm(const smelt__gemm_state *st, const smelt__gemm_args *args);
-
-/* CUDA backend (src/cuda/op_gemm.c). */
-smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *args);
-smelt_status smelt__cuda_gemm_run(smelt_plan *plan, const smelt__gemm_args *args);
+/* The backends (smelt__cpu_gemm in src/cpu/gemm.c, smelt__cuda_gemm in
+ * src/cuda/op_gemm.c) plan and run a `const smelt__gemm_args *`. */
 
 #endif /* SMELT_GEMM_INTERNAL_H */

@@ -4,6 +4,7 @@
 #define SMELT_INTERNAL_H
 
 #include "smelt.h"
+#include "families.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -82,23 +83,23 @@ struct smelt_ctx {
 };
 
 /* ---- plans */
+/* What made a plan: a family on the op-family interface (plan->family
+ * says which), or one with entry points of its own. */
 typedef enum smelt__op {
-  SMELT__OP_ACTIVATION = 1,
-  SMELT__OP_SOFTMAX,
-  SMELT__OP_TOPK,
-  SMELT__OP_GEMM,
-  SMELT__OP_ATTENTION,
+  SMELT__OP_FAMILY = 1,
   SMELT__OP_PEER
 } smelt__op;
 
 #define SMELT__PLAN_MAX_TENSORS 6
 #define SMELT__PLAN_MAX_FUNCS 4
 
+struct smelt__family;
+
 struct smelt_plan {
   smelt_ctx *ctx;
   smelt__op op;
+  const struct smelt__family *family; /* NULL for families with entry points of their own */
   char describe[160];
-  int ntensors;
   smelt_tensor t[SMELT__PLAN_MAX_TENSORS]; /* planned views (data ignored); ndim -1 = absent */
   union {
     smelt_activation_desc act;
@@ -108,6 +109,9 @@ struct smelt_plan {
    * opdata_free when the plan is destroyed). */
   void *opdata;
   void (*opdata_free)(void *opdata);
+  /* The backend's own decisions (owned by the plan; freed with backend_free). */
+  void *backend;
+  void (*backend_free)(void *backend);
   /* CUDA: functions loaded from the context's module table (owned by it). */
   void *func[SMELT__PLAN_MAX_FUNCS];
   int variant; /* backend-specific variant picked by the selector */
@@ -115,6 +119,103 @@ struct smelt_plan {
 };
 
 smelt_status smelt__plan_new(smelt_ctx *ctx, smelt__op op, smelt_plan **out);
+
+/* ---- the op-family interface (src/core/family.c). A family registers
+ * once: a line in src/core/families.h (which also names its variant
+ * enumerator, smelt__<name>_variants, and its backends) and its
+ * smelt__family: tensor roles, description size, own checks, CPU and CUDA
+ * backends, error bound. The shared code does the rest: argument checks,
+ * the plan's copy of the views and of the description, the run's check
+ * against them, the backend dispatch and the one-shot call. */
+
+/* A backend's half of a family. `args` is the family's run arguments: for
+ * families planned by smelt__family_plan, the role-indexed tensor array
+ * (const smelt_tensor *const *, NULL for absent roles). */
+typedef struct smelt__backend {
+  smelt_status (*plan)(smelt_plan *plan, const void *args); /* selects and loads; NULL: nothing to choose */
+  smelt_status (*run)(smelt_plan *plan, const void *args);
+} smelt__backend;
+
+enum {
+  SMELT__ROLE_OPTIONAL = 1, /* may be NULL */
+  SMELT__ROLE_OUTPUT = 2,   /* written: distinct elements, disjoint from every other role */
+  SMELT__ROLE_IN_PLACE = 4, /* an output that may be role `alias` exactly (same data and strides) */
+  SMELT__ROLE_DTYPE_OF_0 = 8 /* its dtype must equal role 0's */
+};
+
+/* A tensor a family takes: its name in messages and what the shared checks
+ * ask of it. */
+typedef struct smelt__role {
+  const char *name;
+  unsigned flags;            /* SMELT__ROLE_* */
+  const smelt_dtype *dtypes; /* the dtypes allowed (NULL: decided elsewhere) */
+  int ndtypes;
+  int alias;                 /* SMELT__ROLE_IN_PLACE: the role it may be */
+} smelt__role;
+
+struct smelt__bound_query;
+
+typedef struct smelt__family {
+  const char *name; /* as in src/core/families.h: "softmax" */
+  const char *op;   /* the entry points' prefix and every message's: "smelt_softmax" */
+  const char *what; /* "a softmax": "the plan is not a softmax plan" */
+  int nroles;
+  const smelt__role *roles;
+  size_t params_size; /* bytes of the description (`params`) the plan keeps in opdata; 0: none */
+  /* What the shared checks cannot see (parameters, shapes), after them and
+   * before the output checks; fills plan->p, opdata and describe. */
+  smelt_status (*check)(smelt_plan *plan, const void *params, const smelt_tensor *const *t);
+  const smelt__backend *cpu, *cuda;
+  double (*bound)(const struct smelt__bound_query *q); /* src/core/error_bound.h */
+} smelt__family;
+
+/* A new plan of family f (nothing planned yet). */
+smelt_status smelt__family_plan_new(const smelt__family *f, smelt_ctx *ctx, smelt_plan **out);
+/* A plan of f around a family's resolved `state` (the plan owns it from
+ * here on, also on failure, and frees it with state_free), described by
+ * `describe` until the backend says what it picked, then planned by the
+ * context's backend for `args`. For families with entry points of their own. */
+smelt_status smelt__family_plan_state(const smelt__family *f, smelt_ctx *ctx, void *state, void (*state_free)(void *),
+                                      const char *describe, const void *args, smelt_plan **out);
+/* Plans a family's call: ctx and out, every role's presence, tensor, device
+ * and dtype, the family's check, outputs distinct and disjoint, then the
+ * backend's plan. On failure *out is NULL and nothing was written. */
+smelt_status smelt__family_plan(const smelt__family *f, smelt_ctx *ctx, const void *params,
+                                const smelt_tensor *const *t, smelt_plan **out);
+/* Runs a plan of f: each role as planned (present or absent, dtype, shape,
+ * strides but those of size-1 dims, device; non-NULL data), disjoint, then
+ * the backend's run. */
+smelt_status smelt__family_run(const smelt__family *f, smelt_plan *plan, const smelt_tensor *const *t);
+/* Each role of a run as planned (`planned`: the views by role, ndim -1
+ * when absent): present or absent as planned, then dtype, shape, strides
+ * (but those of size-1 dims), device and non-NULL data; `op` names the
+ * entry point in messages. */
+smelt_status smelt__check_views(const smelt__family *f, const char *op, const smelt_tensor *planned,
+                                const smelt_tensor *const *t);
+/* Every output role against every input role and every earlier output
+ * (an SMELT__ROLE_IN_PLACE output may be its alias exactly). */
+smelt_status smelt__check_roles_disjoint(const smelt__family *f, const char *op, const smelt_tensor *const *t);
+/* The plan's backend runs args (no checks: the family did them). */
+smelt_status smelt__plan_dispatch(smelt_plan *plan, const void *args);
+/* plan is a plan of family f; `op` names the entry point in the message. */
+smelt_status smelt__check_plan(const smelt__family *f, const char *op, const smelt_plan *plan);
+/* t (validated, on ctx's device) has a dtype role r allows. */
+smelt_status smelt__check_role(const char *op, const smelt__role *r, const smelt_tensor *t, const smelt_ctx *ctx);
+/* Output `out` (role name on) shares no memory with `in`, or is it exactly
+ * when in_place (same data, dtype and strides but those of size-1 dims). */
+smelt_status smelt__check_disjoint(const char *op, const char *on, const smelt_tensor *out, const char *in_name,
+                                   const smelt_tensor *in, int in_place);
+
+/* The one-shot call of every family: plan, run, destroy. PLAN_CALL takes
+ * &plan, RUN_CALL uses plan. */
+#define SMELT__ONE_SHOT(PLAN_CALL, RUN_CALL) \
+  do {                                       \
+    smelt_plan *plan = NULL;                 \
+    smelt_status one_shot_s = (PLAN_CALL);   \
+    if (!one_shot_s) one_shot_s = (RUN_CALL); \
+    smelt_plan_destroy(plan);                \
+    return one_shot_s;                       \
+  } while (0)
 
 /* ---- embedded kernel sources (generated at build time from kernels/) */
 typedef struct smelt__embedded_file {
@@ -137,12 +238,9 @@ typedef struct smelt__kernel_src {
 /* Enumerates every variant an op family's selector can pick (for precompile and
  * the compile test). Writes up to max entries, returns the total count. */
 typedef int (*smelt__variant_enum_fn)(smelt__kernel_src *out, int max);
-int smelt__activation_variants(smelt__kernel_src *out, int max);
-int smelt__softmax_variants(smelt__kernel_src *out, int max);
-int smelt__topk_variants(smelt__kernel_src *out, int max);
-int smelt__gemm_variants(smelt__kernel_src *out, int max);
-int smelt__attention_variants(smelt__kernel_src *out, int max);
-int smelt__peer_variants(smelt__kernel_src *out, int max);
+#define SMELT__VARIANTS_DECL(name) int smelt__##name##_variants(smelt__kernel_src *out, int max);
+SMELT__FAMILY_LIST(SMELT__VARIANTS_DECL, SMELT__VARIANTS_DECL)
+#undef SMELT__VARIANTS_DECL
 extern const smelt__variant_enum_fn smelt__variant_enums[];
 extern const int smelt__variant_enum_count;
 
@@ -158,23 +256,14 @@ typedef struct smelt__rank {
   int64_t i;
 } smelt__rank;
 int smelt__rank_cmp(const void *a, const void *b);
-smelt_status smelt__cpu_activation(const smelt_plan *plan, const smelt_tensor *x,
-                                   const smelt_tensor *y);
-smelt_status smelt__cpu_softmax(const smelt_plan *plan, const smelt_tensor *x,
-                                const smelt_tensor *y, const smelt_tensor *lse);
-smelt_status smelt__cpu_topk(const smelt_plan *plan, const smelt_tensor *x,
-                             const smelt_tensor *values, const smelt_tensor *indices);
 
-/* ---- CUDA backend op entry points (src/cuda/op_*.c). *_plan selects and loads
- * the kernel into plan->func; *_run launches on the context's stream. */
-smelt_status smelt__cuda_activation_plan(smelt_plan *plan);
-smelt_status smelt__cuda_activation_run(smelt_plan *plan, const smelt_tensor *x,
-                                        const smelt_tensor *y);
-smelt_status smelt__cuda_softmax_plan(smelt_plan *plan);
-smelt_status smelt__cuda_softmax_run(smelt_plan *plan, const smelt_tensor *x,
-                                     const smelt_tensor *y, const smelt_tensor *lse);
-smelt_status smelt__cuda_topk_plan(smelt_plan *plan);
-smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x,
-                                  const smelt_tensor *values, const smelt_tensor *indices);
+/* ---- the families on the interface: the core's family and the backends. */
+#define SMELT__FAMILY_DECL(name)                  \
+  extern const smelt__family smelt__family_##name; \
+  extern const smelt__backend smelt__cpu_##name, smelt__cuda_##name;
+#define SMELT__FAMILY_NONE(name)
+SMELT__FAMILY_LIST(SMELT__FAMILY_DECL, SMELT__FAMILY_NONE)
+extern const smelt__family *const smelt__families[];
+extern const int smelt__family_count;
 
 #endif /* SMELT_INTERNAL_H */

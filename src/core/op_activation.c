@@ -1,7 +1,8 @@
 /* smelt_activation (y = act(x), elementwise): the activation table (names and
- * the double-precision definitions every backend is checked against), the
- * plan/run/one-shot entry points, and the output-layout check every op's plan
- * uses. Validation happens before anything is written. */
+ * the double-precision definitions every backend is checked against) and the
+ * family's half of the op-family interface (src/core/family.c does the rest).
+ * Validation happens before anything is written. */
+#include "error_bound.h"
 #include "internal.h"
 
 #include <math.h>
@@ -55,21 +56,14 @@ double smelt_act_apply(smelt_act a, double x, double slope) {
 static const smelt_dtype float_types[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 
 /* y may be x itself (same data and strides), or memory disjoint from x. */
-static smelt_status check_in_place_or_disjoint(const smelt_tensor *x, const smelt_tensor *y) {
-  int same = x->data == y->data;
-  for (int d = 0; same && d < x->ndim; d++) same = x->shape[d] == 1 || x->strides[d] == y->strides[d];
-  if (!same && smelt__tensors_overlap(x, y))
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        "smelt_activation: y overlaps x; y must be x exactly (in place) or disjoint from it");
-  return SMELT_OK;
-}
+static const smelt__role roles[] = {
+    {"x", 0, float_types, 3, 0},
+    {"y", SMELT__ROLE_OUTPUT | SMELT__ROLE_IN_PLACE | SMELT__ROLE_DTYPE_OF_0, NULL, 0, 0},
+};
 
-smelt_status smelt_activation_plan(smelt_ctx *ctx, const smelt_activation_desc *desc, const smelt_tensor *x,
-                                   const smelt_tensor *y, smelt_plan **out) {
-  static const char *op = "smelt_activation";
-  if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: out is NULL", op);
-  *out = NULL;
-  if (!ctx) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: ctx is NULL", op);
+static smelt_status check(smelt_plan *plan, const void *params, const smelt_tensor *const *t) {
+  const char *op = smelt__family_activation.op;
+  const smelt_activation_desc *desc = (const smelt_activation_desc *)params;
   if (!desc) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: desc is NULL", op);
   if ((unsigned)desc->act >= SMELT_ACT_COUNT)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc->act=%d is not a smelt_act (supported: %s)", op,
@@ -77,52 +71,38 @@ smelt_status smelt_activation_plan(smelt_ctx *ctx, const smelt_activation_desc *
   if (desc->act == SMELT_ACT_LEAKY_RELU && !isfinite(desc->slope))
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc->slope=%g must be finite for leaky_relu", op,
                         (double)desc->slope);
-  smelt_status s;
-  if ((s = smelt__check_tensor(op, "x", x)) || (s = smelt__check_tensor(op, "y", y)) ||
-      (s = smelt__check_device(op, "x", x, ctx)) || (s = smelt__check_device(op, "y", y, ctx)) ||
-      (s = smelt__check_dtype(op, "x", x, float_types, 3)))
-    return s;
-  if (y->dtype != x->dtype)
-    return smelt__error(SMELT_STATUS_DTYPE_MISMATCH, "%s: y.dtype=%s must equal x.dtype=%s", op,
-                        smelt_dtype_name(y->dtype), smelt_dtype_name(x->dtype));
-  if ((s = smelt__check_same_shape(op, "x", x, "y", y)) || (s = smelt__check_output(op, "y", y)) ||
-      (s = check_in_place_or_disjoint(x, y)))
-    return s;
-  smelt_plan *plan;
-  if ((s = smelt__plan_new(ctx, SMELT__OP_ACTIVATION, &plan))) return s;
-  plan->ntensors = 2;
-  plan->t[0] = *x;
-  plan->t[1] = *y;
+  smelt_status s = smelt__check_same_shape(op, "x", t[0], "y", t[1]);
+  if (s) return s;
   plan->p.act = *desc;
   snprintf(plan->describe, sizeof plan->describe, "activation %s %s (cpu reference)", smelt_act_name(desc->act),
-           smelt_dtype_name(x->dtype));
-  if (ctx->device == SMELT_DEVICE_CUDA && (s = smelt__cuda_activation_plan(plan))) {
-    smelt_plan_destroy(plan);
-    return s;
-  }
-  *out = plan;
+           smelt_dtype_name(t[0]->dtype));
   return SMELT_OK;
 }
 
+const smelt__family smelt__family_activation = {
+    .name = "activation",
+    .op = "smelt_activation",
+    .what = "an activation",
+    .nroles = 2,
+    .roles = roles,
+    .check = check,
+    .cpu = &smelt__cpu_activation,
+    .cuda = &smelt__cuda_activation,
+    .bound = smelt__bound_elementwise,
+};
+
+smelt_status smelt_activation_plan(smelt_ctx *ctx, const smelt_activation_desc *desc, const smelt_tensor *x,
+                                   const smelt_tensor *y, smelt_plan **out) {
+  const smelt_tensor *t[] = {x, y};
+  return smelt__family_plan(&smelt__family_activation, ctx, desc, t, out);
+}
+
 smelt_status smelt_activation_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *y) {
-  static const char *op = "smelt_activation";
-  if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s_run: plan is NULL", op);
-  if (plan->op != SMELT__OP_ACTIVATION)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s_run: the plan is not an activation plan", op);
-  smelt_status s;
-  if ((s = smelt__check_same_layout(op, "x", &plan->t[0], x)) ||
-      (s = smelt__check_same_layout(op, "y", &plan->t[1], y)) || (s = check_in_place_or_disjoint(x, y)))
-    return s;
-  if (plan->ctx->device == SMELT_DEVICE_CUDA) return smelt__cuda_activation_run(plan, x, y);
-  return smelt__cpu_activation(plan, x, y);
+  const smelt_tensor *t[] = {x, y};
+  return smelt__family_run(&smelt__family_activation, plan, t);
 }
 
 smelt_status smelt_activation(smelt_ctx *ctx, const smelt_activation_desc *desc, const smelt_tensor *x,
                               const smelt_tensor *y) {
-  smelt_plan *plan;
-  smelt_status s = smelt_activation_plan(ctx, desc, x, y, &plan);
-  if (s) return s;
-  s = smelt_activation_run(plan, x, y);
-  smelt_plan_destroy(plan);
-  return s;
+  SMELT__ONE_SHOT(smelt_activation_plan(ctx, desc, x, y, &plan), smelt_activation_run(plan, x, y));
 }

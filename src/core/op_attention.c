@@ -5,6 +5,7 @@
  * against the plan before anything is written, and the one-shot calls do
  * both. */
 #include "attention_internal.h"
+#include "error_bound.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,24 @@
 
 static const char *const role_name[SMELT__ATT_COUNT] = {"q",  "k",  "v",  "o",  "lse", "cu_seqlens_q", "cu_seqlens_k",
                                                         "d_o", "dq", "dk", "dv"};
+
+/* The roles by name for the shared run check; which are outputs depends on
+ * the direction (is_output), so this file checks disjointness itself. */
+static const smelt__role roles[SMELT__ATT_COUNT] = {
+    {.name = "q"},   {.name = "k"},  {.name = "v"},  {.name = "o"},  {.name = "lse"}, {.name = "cu_seqlens_q"},
+    {.name = "cu_seqlens_k"}, {.name = "d_o"}, {.name = "dq"}, {.name = "dk"}, {.name = "dv"},
+};
+
+const smelt__family smelt__family_attention = {
+    .name = "attention",
+    .op = "smelt_attention",
+    .what = "an attention",
+    .nroles = SMELT__ATT_COUNT,
+    .roles = roles,
+    .cpu = &smelt__cpu_attention,
+    .cuda = &smelt__cuda_attention,
+    .bound = smelt__bound_attention,
+};
 
 smelt_attention_desc smelt_attention_desc_default(void) {
   smelt_attention_desc d;
@@ -187,6 +206,11 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc->window_%s=%lld must be >= -1 (-1 = unbounded)", op,
                         d.window_left < -1 ? "left" : "right",
                         (long long)(d.window_left < -1 ? d.window_left : d.window_right));
+  if ((unsigned)d.fwd_schedule >= SMELT_ATTENTION_SCHEDULE_COUNT)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: desc->fwd_schedule=%d is not a smelt_attention_schedule (supported: AUTO, TILES, "
+                        "PERSISTENT, DYNAMIC)",
+                        op, (int)d.fwd_schedule);
   if (d.causal && d.window_right > 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         "%s: desc->causal with desc->window_right=%lld; a causal mask allows window_right -1 or 0", op,
@@ -238,57 +262,35 @@ static smelt_status plan_any(smelt_ctx *ctx, const smelt_attention_desc *desc, i
   smelt__attn_state *st = (smelt__attn_state *)calloc(1, sizeof *st);
   if (!st) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
   smelt_status s = validate(ctx, desc, bwd, varlen, t, st);
-  smelt_plan *plan = NULL;
-  if (!s) s = smelt__plan_new(ctx, SMELT__OP_ATTENTION, &plan);
   if (s) {
     free(st);
     return s;
   }
-  plan->opdata = st;
-  plan->opdata_free = state_free;
-  snprintf(plan->describe, sizeof plan->describe, "attention %s %s D=%lld H=%lld Hk=%lld%s (cpu reference)",
-           bwd ? "bwd" : "fwd", smelt_dtype_name(t[SMELT__ATT_Q]->dtype), (long long)st->D, (long long)st->H,
-           (long long)st->Hk, varlen ? " varlen" : "");
-  if (ctx->device == SMELT_DEVICE_CUDA && (s = smelt__cuda_attention_plan(plan))) {
-    smelt_plan_destroy(plan);
-    return s;
-  }
-  *out = plan;
-  return SMELT_OK;
+  char describe[160];
+  snprintf(describe, sizeof describe, "attention %s %s D=%lld H=%lld Hk=%lld%s (cpu reference)", bwd ? "bwd" : "fwd",
+           smelt_dtype_name(t[SMELT__ATT_Q]->dtype), (long long)st->D, (long long)st->H, (long long)st->Hk,
+           varlen ? " varlen" : "");
+  return smelt__family_plan_state(&smelt__family_attention, ctx, st, state_free, describe, NULL, out);
 }
 
 static smelt_status run_any(smelt_plan *plan, int bwd, int varlen, const smelt_tensor *const *t) {
   const char *op = op_name(bwd, varlen);
   if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s_run: plan is NULL", op);
-  const smelt__attn_state *st = plan->op == SMELT__OP_ATTENTION ? (const smelt__attn_state *)plan->opdata : NULL;
+  const smelt__attn_state *st =
+      plan->family == &smelt__family_attention ? (const smelt__attn_state *)plan->opdata : NULL;
   if (!st || st->bwd != bwd || st->varlen != varlen)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s_run: the plan is not a %s plan (it was made by %s)", op, op,
                         st ? st->op : "another op");
   smelt_status s;
-  for (int r = 0; r < SMELT__ATT_COUNT; r++) {
-    const int planned = st->t[r].ndim >= 0;
-    if (t[r] && !planned)
-      return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: %s is given but the plan was made without one", op,
-                          role_name[r]);
-    if (!t[r] && planned)
-      return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL but the plan was made with one", op, role_name[r]);
-    if (t[r] && (s = smelt__check_same_layout(op, role_name[r], &st->t[r], t[r]))) return s;
-  }
-  if ((s = check_disjoint(op, bwd, t))) return s;
+  if ((s = smelt__check_views(&smelt__family_attention, op, st->t, t)) || (s = check_disjoint(op, bwd, t))) return s;
   smelt__attn_args a;
   for (int r = 0; r < SMELT__ATT_COUNT; r++) a.t[r] = t[r];
-  if (plan->ctx->device == SMELT_DEVICE_CUDA) return smelt__cuda_attention_run(plan, &a);
-  return smelt__cpu_attention(st, &a);
+  return smelt__plan_dispatch(plan, &a);
 }
 
 static smelt_status oneshot(smelt_ctx *ctx, const smelt_attention_desc *desc, int bwd, int varlen,
                             const smelt_tensor *const *t) {
-  smelt_plan *plan;
-  smelt_status s = plan_any(ctx, desc, bwd, varlen, t, &plan);
-  if (s) return s;
-  s = run_any(plan, bwd, varlen, t);
-  smelt_plan_destroy(plan);
-  return s;
+  SMELT__ONE_SHOT(plan_any(ctx, desc, bwd, varlen, t, &plan), run_any(plan, bwd, varlen, t));
 }
 
 /* The role table of each public signature (absent roles NULL). */

@@ -5,6 +5,7 @@
  * description is resolved once (mode, split-K, accumulator) into the plan's
  * smelt__gemm_state; operands are resolved to (pointer, row stride, column
  * stride, batch stride), which is all the CPU reference and the kernels use. */
+#include "error_bound.h"
 #include "gemm_internal.h"
 
 #include <math.h>
@@ -84,6 +85,29 @@ static const smelt_dtype out_types[] = {SMELT_DTYPE_F64,  SMELT_DTYPE_F32,  SMEL
 static const smelt_dtype bias_types[] = {SMELT_DTYPE_F64, SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16,
                                          SMELT_DTYPE_I32};
 #define NELEM(a) ((int)(sizeof(a) / sizeof *(a)))
+static const smelt_dtype offs_types[] = {SMELT_DTYPE_I32, SMELT_DTYPE_I64};
+/* The planned views a run is checked against, by role (C only when the
+ * plan's beta is not 0; offs only grouped by offsets). D may be C exactly. */
+enum { R_A, R_B, R_C, R_D, R_BIAS, R_OFFS, R_COUNT };
+static const smelt__role roles[R_COUNT] = {
+    [R_A] = {"A", 0, in_types, NELEM(in_types), 0},
+    [R_B] = {"B", 0, in_types, NELEM(in_types), 0},
+    [R_C] = {"C", SMELT__ROLE_OPTIONAL, out_types, NELEM(out_types), 0},
+    [R_D] = {"D", SMELT__ROLE_OUTPUT | SMELT__ROLE_IN_PLACE, out_types, NELEM(out_types), R_C},
+    [R_BIAS] = {"bias", SMELT__ROLE_OPTIONAL, bias_types, NELEM(bias_types), 0},
+    [R_OFFS] = {"offs", SMELT__ROLE_OPTIONAL, offs_types, NELEM(offs_types), 0},
+};
+
+const smelt__family smelt__family_gemm = {
+    .name = "gemm",
+    .op = OP,
+    .what = "a GEMM",
+    .nroles = R_COUNT,
+    .roles = roles,
+    .cpu = &smelt__cpu_gemm,
+    .cuda = &smelt__cuda_gemm,
+    .bound = smelt__bound_gemm,
+};
 
 static const char *const acc_names[SMELT_GEMM_ACC_COUNT] = {"auto", "f32", "f16", "f64", "i32"};
 
@@ -139,31 +163,21 @@ static smelt_status to_mat(const char *op, const char *name, const smelt_tensor 
   return SMELT_OK;
 }
 
-/* D may be C exactly; otherwise outputs share no memory with inputs. The
- * byte-range test is conservative: interleaved views of one buffer count as
+/* Outputs share no memory with inputs (D may be C exactly). The byte-range
+ * test is conservative: interleaved views of one buffer count as
  * overlapping. */
 static smelt_status check_disjoint(const char *op, const smelt_tensor *d, const smelt_tensor *a,
-                                   const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *bias) {
-  if (smelt__tensors_overlap(d, a) || smelt__tensors_overlap(d, b) || (bias && smelt__tensors_overlap(d, bias)))
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: D overlaps %s; D must not share memory with A, B or bias",
-                        op, smelt__tensors_overlap(d, a) ? "A" : smelt__tensors_overlap(d, b) ? "B" : "bias");
-  if (c && smelt__tensors_overlap(d, c)) {
-    int same = c->data == d->data && c->dtype == d->dtype && c->ndim == d->ndim;
-    for (int i = 0; same && i < d->ndim; i++) same = d->shape[i] == 1 || c->strides[i] == d->strides[i];
-    if (!same)
-      return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                          "%s: D overlaps C without being C exactly (same data, dtype and strides: in place)", op);
-  }
-  return SMELT_OK;
+                                   const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *bias,
+                                   const smelt_tensor *offs) {
+  const smelt_tensor *t[R_COUNT] = {a, b, c, d, bias, offs};
+  return smelt__check_roles_disjoint(&smelt__family_gemm, op, t);
 }
 
-static smelt_status check_one(const char *op, const char *name, const smelt_tensor *t, const smelt_ctx *ctx,
-                              const smelt_dtype *allowed, int n) {
-  smelt_status s;
-  if ((s = smelt__check_tensor(op, name, t)) || (s = smelt__check_device(op, name, t, ctx)) ||
-      (s = smelt__check_dtype(op, name, t, allowed, n)))
-    return s;
-  return SMELT_OK;
+static smelt_status check_one(const char *op, int role, const char *name, const smelt_tensor *t,
+                              const smelt_ctx *ctx) {
+  smelt__role r = roles[role];
+  if (name) r.name = name;
+  return smelt__check_role(op, &r, t, ctx);
 }
 
 /* Validates one problem's tensors and resolves them. batch < 0: 2-D
@@ -176,11 +190,9 @@ static smelt_status resolve_prob(const char *op, const smelt_ctx *ctx, int64_t b
   smelt_status s;
   if (!a || !b || !d)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : "D");
-  if ((s = check_one(op, "A", a, ctx, in_types, NELEM(in_types))) ||
-      (s = check_one(op, "B", b, ctx, in_types, NELEM(in_types))) ||
-      (s = check_one(op, "D", d, ctx, out_types, NELEM(out_types))) ||
-      (has_c && (s = check_one(op, "C", c, ctx, out_types, NELEM(out_types)))) ||
-      (bias && (s = check_one(op, "bias", bias, ctx, bias_types, NELEM(bias_types)))))
+  if ((s = check_one(op, R_A, NULL, a, ctx)) || (s = check_one(op, R_B, NULL, b, ctx)) ||
+      (s = check_one(op, R_D, NULL, d, ctx)) || (has_c && (s = check_one(op, R_C, NULL, c, ctx))) ||
+      (bias && (s = check_one(op, R_BIAS, NULL, bias, ctx))))
     return s;
   memset(p, 0, sizeof *p);
   const int nd = batch >= 0 ? 3 : 2;
@@ -206,7 +218,7 @@ static smelt_status resolve_prob(const char *op, const smelt_ctx *ctx, int64_t b
     p->bias_s = bias->strides[0];
   }
   if ((s = smelt__check_output(op, "D", d)) ||
-      (!templates && (s = check_disjoint(op, d, a, b, has_c ? c : NULL, bias))))
+      (!templates && (s = check_disjoint(op, d, a, b, has_c ? c : NULL, bias, NULL))))
     return s;
   return SMELT_OK;
 }
@@ -252,39 +264,20 @@ static smelt_status need_c(const char *op, const smelt_gemm_desc *d, const void 
   return SMELT_OK;
 }
 
-/* Makes the plan around a resolved state and lets the backend pick. */
-/* The planned views a run is checked against: a, b, c (absent: ndim -1), d, bias. */
+/* The planned views a run is checked against (absent: ndim -1). */
 static void keep_tensors(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
-                         const smelt_tensor *d, const smelt_tensor *bias) {
-  plan->ntensors = 5;
-  plan->t[0] = *a;
-  plan->t[1] = *b;
-  plan->t[2].ndim = -1;
-  if (c) plan->t[2] = *c;
-  plan->t[3] = *d;
-  plan->t[4].ndim = -1;
-  if (bias) plan->t[4] = *bias;
+                         const smelt_tensor *d, const smelt_tensor *bias, const smelt_tensor *offs) {
+  const smelt_tensor *t[R_COUNT] = {a, b, c, d, bias, offs};
+  for (int r = 0; r < R_COUNT; r++)
+    if (t[r]) plan->t[r] = *t[r];
 }
 
+/* Makes the plan around a resolved state and lets the backend pick. */
 static smelt_status finish(smelt_ctx *ctx, smelt__gemm_state *st, const smelt__gemm_args *args, smelt_plan **out) {
-  smelt_plan *plan;
-  smelt_status s = smelt__plan_new(ctx, SMELT__OP_GEMM, &plan);
-  if (s) {
-    free(st);
-    return s;
-  }
-  plan->opdata = st;
-  plan->opdata_free = state_free;
-  st->kernel = st->fallback = -1;
-  snprintf(plan->describe, sizeof plan->describe, "gemm %s %s x %s -> %s acc %s (cpu reference)",
-           mode_names[st->mode], smelt_dtype_name(st->dt_a), smelt_dtype_name(st->dt_b), smelt_dtype_name(st->dt_d),
-           acc_names[st->acc]);
-  if (ctx->device == SMELT_DEVICE_CUDA && (s = smelt__cuda_gemm_plan(plan, args))) {
-    smelt_plan_destroy(plan);
-    return s;
-  }
-  *out = plan;
-  return SMELT_OK;
+  char describe[160];
+  snprintf(describe, sizeof describe, "gemm %s %s x %s -> %s acc %s (cpu reference)", mode_names[st->mode],
+           smelt_dtype_name(st->dt_a), smelt_dtype_name(st->dt_b), smelt_dtype_name(st->dt_d), acc_names[st->acc]);
+  return smelt__family_plan_state(&smelt__family_gemm, ctx, st, state_free, describe, args, out);
 }
 
 static smelt_status new_state(const smelt_gemm_desc *d, const smelt_tensor *a, const smelt_tensor *b,
@@ -351,21 +344,13 @@ smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const 
   st->prob = args.prob;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias);
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, NULL);
   *out = plan;
   return SMELT_OK;
 }
 
 static smelt_status check_plan(const char *op, const smelt_plan *plan) {
-  if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: plan is NULL", op);
-  if (plan->op != SMELT__OP_GEMM)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is not a GEMM plan", op);
-  return SMELT_OK;
-}
-
-static smelt_status dispatch(smelt_plan *plan, const smelt__gemm_args *args) {
-  if (plan->ctx->device == SMELT_DEVICE_CUDA) return smelt__cuda_gemm_run(plan, args);
-  return smelt__cpu_gemm((const smelt__gemm_state *)plan->opdata, args);
+  return smelt__check_plan(&smelt__family_gemm, op, plan);
 }
 
 static smelt_status check_bias_presence(const char *op, const smelt__gemm_state *st, const void *bias) {
@@ -374,6 +359,34 @@ static smelt_status check_bias_presence(const char *op, const smelt__gemm_state 
   if (!bias && st->has_bias)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: bias is NULL but the plan was made with one", op);
   return SMELT_OK;
+}
+
+/* The planned problem with a run's pointers (plain and grouped by offsets). */
+static smelt__gemm_args bound_args(const smelt__gemm_state *st, const smelt_tensor *a, const smelt_tensor *b,
+                                   const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.prob = st->prob;
+  args.count = st->count;
+  args.prob.a.data = a->data;
+  args.prob.b.data = b->data;
+  args.prob.c.data = st->has_c ? c->data : NULL;
+  args.prob.d.data = d->data;
+  args.prob.bias = bias ? bias->data : NULL;
+  return args;
+}
+
+/* A run of the plain and grouped-by-offsets modes: every tensor as planned. */
+static smelt_status check_run(const char *op, const smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                              const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                              const smelt_tensor *offs) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  if (st->has_c && !c)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but the plan's beta=%g is not 0", op,
+                        st->desc.epilogue.beta);
+  const smelt_tensor *t[R_COUNT] = {a, b, st->has_c ? c : NULL, d, bias, offs};
+  smelt_status s = smelt__check_views(&smelt__family_gemm, op, plan->t, t);
+  return s ? s : smelt__check_roles_disjoint(&smelt__family_gemm, op, t);
 }
 
 smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
@@ -386,38 +399,14 @@ smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt
       st->mode == SMELT_GEMM_MODE_GROUPED_OFFS)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan; use smelt_gemm_%s_run", op,
                         mode_names[st->mode], family_of(st->mode));
-  if (!a || !b || !d) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : "D");
-  if (st->has_c && !c)
-    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but the plan's beta=%g is not 0", op,
-                        st->desc.epilogue.beta);
-  if ((s = check_bias_presence(op, st, bias))) return s;
-  if ((s = smelt__check_same_layout(op, "A", &plan->t[0], a)) ||
-      (s = smelt__check_same_layout(op, "B", &plan->t[1], b)) ||
-      (st->has_c && (s = smelt__check_same_layout(op, "C", &plan->t[2], c))) ||
-      (s = smelt__check_same_layout(op, "D", &plan->t[3], d)) ||
-      (bias && (s = smelt__check_same_layout(op, "bias", &plan->t[4], bias))) ||
-      (s = check_disjoint(op, d, a, b, st->has_c ? c : NULL, bias)))
-    return s;
-  smelt__gemm_args args;
-  memset(&args, 0, sizeof args);
-  args.prob = st->prob;
-  args.count = st->count;
-  args.prob.a.data = a->data;
-  args.prob.b.data = b->data;
-  args.prob.c.data = st->has_c ? c->data : NULL;
-  args.prob.d.data = d->data;
-  args.prob.bias = bias ? bias->data : NULL;
-  return dispatch(plan, &args);
+  if ((s = check_run(op, plan, a, b, c, d, bias, NULL))) return s;
+  const smelt__gemm_args args = bound_args(st, a, b, c, d, bias);
+  return smelt__plan_dispatch(plan, &args);
 }
 
 smelt_status smelt_gemm(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a, const smelt_tensor *b,
                         const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
-  smelt_plan *plan;
-  smelt_status s = smelt_gemm_plan(ctx, desc, a, b, c, d, bias, &plan);
-  if (s) return s;
-  s = smelt_gemm_run(plan, a, b, c, d, bias);
-  smelt_plan_destroy(plan);
-  return s;
+  SMELT__ONE_SHOT(smelt_gemm_plan(ctx, desc, a, b, c, d, bias, &plan), smelt_gemm_run(plan, a, b, c, d, bias));
 }
 
 /* ---------------------------------------------------------------- array of pointers */
@@ -444,7 +433,7 @@ smelt_status smelt_gemm_array_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, 
   st->prob = args.prob;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias);
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, NULL);
   *out = plan;
   return SMELT_OK;
 }
@@ -470,7 +459,7 @@ smelt_status smelt_gemm_array_run(smelt_plan *plan, const smelt_gemm_ptrs *ptrs,
   args.prob.bias = bias ? bias->data : NULL;
   args.count = st->count;
   args.ptrs = ptrs;
-  return dispatch(plan, &args);
+  return smelt__plan_dispatch(plan, &args);
 }
 
 /* ---------------------------------------------------------------- grouped */
@@ -526,11 +515,10 @@ smelt_status smelt_gemm_grouped_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc
   if (!a || !b || !d) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: the %s array is NULL", op, !a ? "A" : !b ? "B" : "D");
   if ((s = need_c(op, &dd, c))) return s;
   const int has_c = dd.epilogue.beta != 0.0;
-  if ((s = check_one(op, "group 0: A", &a[0], ctx, in_types, NELEM(in_types))) ||
-      (s = check_one(op, "group 0: B", &b[0], ctx, in_types, NELEM(in_types))) ||
-      (s = check_one(op, "group 0: D", &d[0], ctx, out_types, NELEM(out_types))) ||
-      (has_c && (s = check_one(op, "group 0: C", &c[0], ctx, out_types, NELEM(out_types)))) ||
-      (bias && (s = check_one(op, "group 0: bias", &bias[0], ctx, bias_types, NELEM(bias_types)))))
+  if ((s = check_one(op, R_A, "group 0: A", &a[0], ctx)) || (s = check_one(op, R_B, "group 0: B", &b[0], ctx)) ||
+      (s = check_one(op, R_D, "group 0: D", &d[0], ctx)) ||
+      (has_c && (s = check_one(op, R_C, "group 0: C", &c[0], ctx))) ||
+      (bias && (s = check_one(op, R_BIAS, "group 0: bias", &bias[0], ctx))))
     return s;
   smelt__gemm_state *st;
   if ((s = new_state(&dd, &a[0], &b[0], has_c ? &c[0] : NULL, &d[0], bias ? &bias[0] : NULL, &st))) return s;
@@ -567,7 +555,7 @@ smelt_status smelt_gemm_grouped_run(smelt_plan *plan, int64_t count, const smelt
   memset(&args, 0, sizeof args);
   args.count = count;
   args.groups = groups;
-  s = count ? dispatch(plan, &args) : SMELT_OK;
+  s = count ? smelt__plan_dispatch(plan, &args) : SMELT_OK;
   free(groups);
   return s;
 }
@@ -575,17 +563,11 @@ smelt_status smelt_gemm_grouped_run(smelt_plan *plan, int64_t count, const smelt
 smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count, const smelt_tensor *a,
                                 const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
                                 const smelt_tensor *bias) {
-  smelt_plan *plan;
-  smelt_status s = smelt_gemm_grouped_plan(ctx, desc, count, a, b, c, d, bias, &plan);
-  if (s) return s;
-  s = smelt_gemm_grouped_run(plan, count, a, b, c, d, bias);
-  smelt_plan_destroy(plan);
-  return s;
+  SMELT__ONE_SHOT(smelt_gemm_grouped_plan(ctx, desc, count, a, b, c, d, bias, &plan),
+                  smelt_gemm_grouped_run(plan, count, a, b, c, d, bias));
 }
 
 /* ---------------------------------------------------------------- grouped by offsets */
-
-static const smelt_dtype offs_types[] = {SMELT_DTYPE_I32, SMELT_DTYPE_I64};
 
 /* Validates the stacked operands and resolves them into the template
  * problem (all T rows; b.bs and bias_gs step between groups); G into *groups. */
@@ -595,12 +577,9 @@ static smelt_status resolve_offs(const char *op, const smelt_ctx *ctx, const sme
   smelt_status s;
   if (!a || !b || !d || !offs)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : !d ? "D" : "offs");
-  if ((s = check_one(op, "A", a, ctx, in_types, NELEM(in_types))) ||
-      (s = check_one(op, "B", b, ctx, in_types, NELEM(in_types))) ||
-      (s = check_one(op, "D", d, ctx, out_types, NELEM(out_types))) ||
-      (has_c && (s = check_one(op, "C", c, ctx, out_types, NELEM(out_types)))) ||
-      (bias && (s = check_one(op, "bias", bias, ctx, bias_types, NELEM(bias_types)))) ||
-      (s = check_one(op, "offs", offs, ctx, offs_types, NELEM(offs_types))))
+  if ((s = check_one(op, R_A, NULL, a, ctx)) || (s = check_one(op, R_B, NULL, b, ctx)) ||
+      (s = check_one(op, R_D, NULL, d, ctx)) || (has_c && (s = check_one(op, R_C, NULL, c, ctx))) ||
+      (bias && (s = check_one(op, R_BIAS, NULL, bias, ctx))) || (s = check_one(op, R_OFFS, NULL, offs, ctx)))
     return s;
   memset(p, 0, sizeof *p);
   if (a->ndim != 2)
@@ -630,10 +609,8 @@ static smelt_status resolve_offs(const char *op, const smelt_ctx *ctx, const sme
     return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: offs.shape=%s must be [G]=[%lld] (B.shape[0])", op,
                         smelt__shape_str(offs, sh, sizeof sh), (long long)G);
   }
-  if ((s = smelt__check_output(op, "D", d)) || (s = check_disjoint(op, d, a, b, has_c ? c : NULL, bias)))
+  if ((s = smelt__check_output(op, "D", d)) || (s = check_disjoint(op, d, a, b, has_c ? c : NULL, bias, offs)))
     return s;
-  if (smelt__tensors_overlap(d, offs))
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: D overlaps offs; D must not share memory with offs", op);
   *groups = G;
   return SMELT_OK;
 }
@@ -661,9 +638,7 @@ smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc 
   st->dt_offs = offs->dtype;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias);
-  plan->ntensors = 6;
-  plan->t[5] = *offs;
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, offs);
   *out = plan;
   return SMELT_OK;
 }
@@ -680,42 +655,17 @@ smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt_tensor *a
                         mode_names[st->mode]);
   if (!a || !b || !d || !offs)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : !d ? "D" : "offs");
-  if (st->has_c && !c)
-    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but the plan's beta=%g is not 0", op,
-                        st->desc.epilogue.beta);
-  if ((s = check_bias_presence(op, st, bias))) return s;
-  if ((s = smelt__check_same_layout(op, "A", &plan->t[0], a)) ||
-      (s = smelt__check_same_layout(op, "B", &plan->t[1], b)) ||
-      (st->has_c && (s = smelt__check_same_layout(op, "C", &plan->t[2], c))) ||
-      (s = smelt__check_same_layout(op, "D", &plan->t[3], d)) ||
-      (bias && (s = smelt__check_same_layout(op, "bias", &plan->t[4], bias))) ||
-      (s = smelt__check_same_layout(op, "offs", &plan->t[5], offs)) ||
-      (s = check_disjoint(op, d, a, b, st->has_c ? c : NULL, bias)))
-    return s;
-  if (smelt__tensors_overlap(d, offs))
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: D overlaps offs; D must not share memory with offs", op);
-  smelt__gemm_args args;
-  memset(&args, 0, sizeof args);
-  args.prob = st->prob;
-  args.count = st->count;
-  args.prob.a.data = a->data;
-  args.prob.b.data = b->data;
-  args.prob.c.data = st->has_c ? c->data : NULL;
-  args.prob.d.data = d->data;
-  args.prob.bias = bias ? bias->data : NULL;
+  if ((s = check_run(op, plan, a, b, c, d, bias, offs))) return s;
+  smelt__gemm_args args = bound_args(st, a, b, c, d, bias);
   args.offs = offs->data;
-  return dispatch(plan, &args);
+  return smelt__plan_dispatch(plan, &args);
 }
 
 smelt_status smelt_gemm_grouped_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
                                      const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
                                      const smelt_tensor *bias, const smelt_tensor *offs) {
-  smelt_plan *plan;
-  smelt_status s = smelt_gemm_grouped_offs_plan(ctx, desc, a, b, c, d, bias, offs, &plan);
-  if (s) return s;
-  s = smelt_gemm_grouped_offs_run(plan, a, b, c, d, bias, offs);
-  smelt_plan_destroy(plan);
-  return s;
+  SMELT__ONE_SHOT(smelt_gemm_grouped_offs_plan(ctx, desc, a, b, c, d, bias, offs, &plan),
+                  smelt_gemm_grouped_offs_run(plan, a, b, c, d, bias, offs));
 }
 
 /* ---------------------------------------------------------------- alignment */

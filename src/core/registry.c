@@ -1,18 +1,19 @@
-/* The op registry: every op family's variant enumerator (what precompile and
- * the compile test walk), the embedded kernel sources, and the prelude builder. */
+/* The op registry: the families on the op-family interface, every family's
+ * variant enumerator (what precompile and the compile test walk), the
+ * embedded kernel sources, and the prelude builder. Both lists come from
+ * src/core/families.h. */
 #include "internal.h"
 
 #include <stdio.h>
 #include <string.h>
 
-const smelt__variant_enum_fn smelt__variant_enums[] = {
-    smelt__activation_variants,
-    smelt__softmax_variants,
-    smelt__topk_variants,
-    smelt__gemm_variants,
-    smelt__attention_variants,
-    smelt__peer_variants,
-};
+#define FAMILY_ADDR(name) &smelt__family_##name,
+#define NONE(name)
+const smelt__family *const smelt__families[] = {SMELT__FAMILY_LIST(FAMILY_ADDR, NONE)};
+const int smelt__family_count = (int)(sizeof smelt__families / sizeof smelt__families[0]);
+
+#define VARIANTS(name) smelt__##name##_variants,
+const smelt__variant_enum_fn smelt__variant_enums[] = {SMELT__FAMILY_LIST(VARIANTS, VARIANTS)};
 const int smelt__variant_enum_count = (int)(sizeof smelt__variant_enums / sizeof smelt__variant_enums[0]);
 
 const smelt__embedded_file *smelt__embedded_find(const char *name) {

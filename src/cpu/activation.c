@@ -4,7 +4,8 @@
  * is written and no other element reads it. */
 #include "../core/internal.h"
 
-smelt_status smelt__cpu_activation(const smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *y) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *y = t[1];
   const smelt_act act = plan->p.act.act;
   const double slope = plan->p.act.slope;
   const int64_t n = smelt_tensor_numel(x);
@@ -15,3 +16,5 @@ smelt_status smelt__cpu_activation(const smelt_plan *plan, const smelt_tensor *x
   }
   return SMELT_OK;
 }
+
+const smelt__backend smelt__cpu_activation = {.run = run};

@@ -176,7 +176,9 @@ static void backward_head(const smelt__attn_state *st, const seq *sq, const work
   }
 }
 
-smelt_status smelt__cpu_attention(const smelt__attn_state *st, const smelt__attn_args *a) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
+  const smelt__attn_args *a = (const smelt__attn_args *)args;
   const int64_t B = st->B, H = st->H, Hk = st->Hk, D = st->D, group = H / Hk;
   if (B == 0) return SMELT_OK;
   seq *seqs = (seq *)calloc((size_t)B, sizeof *seqs);
@@ -248,3 +250,5 @@ smelt_status smelt__cpu_attention(const smelt__attn_state *st, const smelt__attn
   free(seqs);
   return SMELT_OK;
 }
+
+const smelt__backend smelt__cpu_attention = {.run = run};

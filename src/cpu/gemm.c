@@ -160,7 +160,9 @@ static smelt_status gemm_offs(const smelt__gemm_state *st, const smelt__gemm_arg
   return SMELT_OK;
 }
 
-smelt_status smelt__cpu_gemm(const smelt__gemm_state *st, const smelt__gemm_args *args) {
+static smelt_status run(smelt_plan *plan, const void *run_args) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
   if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) return gemm_offs(st, args);
   smelt_status s = st->mode == SMELT_GEMM_MODE_ARRAY ? check_ptrs(st, args) : SMELT_OK;
   for (int64_t l = 0; l < args->count && !s; l++) {
@@ -186,3 +188,5 @@ smelt_status smelt__cpu_gemm(const smelt__gemm_state *st, const smelt__gemm_args
   }
   return s;
 }
+
+const smelt__backend smelt__cpu_gemm = {.run = run};

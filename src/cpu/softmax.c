@@ -11,9 +11,8 @@
 
 #include <math.h>
 
-smelt_status smelt__cpu_softmax(const smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *y,
-                                const smelt_tensor *lse) {
-  (void)plan;
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *y = t[1], *lse = t[2];
   const int64_t C = x->shape[x->ndim - 1];
   const int64_t rows = smelt_tensor_numel(x) / C;
   for (int64_t r = 0; r < rows; r++) { /* x, y: [rows, C] in row-major index order; lse: [rows] */
@@ -34,3 +33,5 @@ smelt_status smelt__cpu_softmax(const smelt_plan *plan, const smelt_tensor *x, c
   }
   return SMELT_OK;
 }
+
+const smelt__backend smelt__cpu_softmax = {.run = run};

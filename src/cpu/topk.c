@@ -16,8 +16,8 @@ int smelt__rank_cmp(const void *pa, const void *pb) {
   return (a->i > b->i) - (a->i < b->i);
 }
 
-smelt_status smelt__cpu_topk(const smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *values,
-                             const smelt_tensor *indices) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *values = t[1], *indices = t[2];
   const int64_t k = plan->p.topk.k;
   const int64_t C = x->shape[x->ndim - 1];
   const int64_t rows = smelt_tensor_numel(x) / C;
@@ -42,3 +42,5 @@ smelt_status smelt__cpu_topk(const smelt_plan *plan, const smelt_tensor *x, cons
   free(row);
   return SMELT_OK;
 }
+
+const smelt__backend smelt__cpu_topk = {.run = run};

@@ -160,37 +160,15 @@ smelt_status smelt__cuda_launch(smelt_ctx *ctx, const char *op, CUfunction f, un
   return SMELT_OK;
 }
 
-smelt_status smelt__cuda_launch_dependent(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned block,
-                                          unsigned smem, void **params) {
-  if (gx == 0) return SMELT_OK;
+/* Prepares f and a launch of gx blocks on the context's stream with one
+ * attribute of kind `id`, whose value the caller sets. */
+static smelt_status config_one(smelt_ctx *ctx, const char *op, CUfunction f, smelt__cu_launch_config *c,
+                               smelt__cu_launch_attr *a, int id, unsigned gx, unsigned block, unsigned smem) {
   smelt_status s = prepare(ctx, op, f, smem);
   if (s) return s;
-  const smelt__cu_api *cu = smelt__cu(NULL);
-  smelt__cu_launch_config c;
-  smelt__cu_launch_attr a;
-  memset(&c, 0, sizeof c);
-  memset(&a, 0, sizeof a);
-  a.id = SMELT__CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION;
-  a.value.allowed = 1;
-  c.grid_x = gx;
-  c.grid_y = c.grid_z = 1;
-  c.block_x = block;
-  c.block_y = c.block_z = 1;
-  c.smem = smem;
-  c.stream = ctx->cuda->stream;
-  c.attrs = &a;
-  c.num_attrs = 1;
-  SMELT__CU_CHECK(cu->cuLaunchKernelEx(&c, f, params, NULL), op);
-  return SMELT_OK;
-}
-
-static void cluster_config(smelt_ctx *ctx, smelt__cu_launch_config *c, smelt__cu_launch_attr *a, unsigned gx,
-                           unsigned cluster, unsigned block, unsigned smem) {
   memset(c, 0, sizeof *c);
   memset(a, 0, sizeof *a);
-  a->id = SMELT__CU_LAUNCH_ATTR_CLUSTER_DIMENSION;
-  a->value.cluster_dim.x = cluster;
-  a->value.cluster_dim.y = a->value.cluster_dim.z = 1;
+  a->id = id;
   c->grid_x = gx;
   c->grid_y = c->grid_z = 1;
   c->block_x = block;
@@ -199,6 +177,31 @@ static void cluster_config(smelt_ctx *ctx, smelt__cu_launch_config *c, smelt__cu
   c->stream = ctx->cuda->stream;
   c->attrs = a;
   c->num_attrs = 1;
+  return SMELT_OK;
+}
+
+smelt_status smelt__cuda_launch_dependent(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned block,
+                                          unsigned smem, void **params) {
+  if (gx == 0) return SMELT_OK;
+  smelt__cu_launch_config c;
+  smelt__cu_launch_attr a;
+  smelt_status s =
+      config_one(ctx, op, f, &c, &a, SMELT__CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, gx, block, smem);
+  if (s) return s;
+  a.value.allowed = 1;
+  SMELT__CU_CHECK(smelt__cu(NULL)->cuLaunchKernelEx(&c, f, params, NULL), op);
+  return SMELT_OK;
+}
+
+/* config_one() for clusters of `cluster` blocks along x. */
+static smelt_status config_cluster(smelt_ctx *ctx, const char *op, CUfunction f, smelt__cu_launch_config *c,
+                                   smelt__cu_launch_attr *a, unsigned gx, unsigned cluster, unsigned block,
+                                   unsigned smem) {
+  smelt_status s = config_one(ctx, op, f, c, a, SMELT__CU_LAUNCH_ATTR_CLUSTER_DIMENSION, gx, block, smem);
+  if (s) return s;
+  a->value.cluster_dim.x = cluster;
+  a->value.cluster_dim.y = a->value.cluster_dim.z = 1;
+  return SMELT_OK;
 }
 
 smelt_status smelt__cuda_launch_cluster(smelt_ctx *ctx, const char *op, CUfunction f, unsigned gx, unsigned cluster,
@@ -206,25 +209,21 @@ smelt_status smelt__cuda_launch_cluster(smelt_ctx *ctx, const char *op, CUfuncti
   if (gx == 0) return SMELT_OK;
   if (gx % cluster != 0)
     return smelt__error(SMELT_STATUS_INTERNAL, "%s: grid %u is not a multiple of the cluster size %u", op, gx, cluster);
-  smelt_status s = prepare(ctx, op, f, smem);
-  if (s) return s;
-  const smelt__cu_api *cu = smelt__cu(NULL);
   smelt__cu_launch_config c;
   smelt__cu_launch_attr a;
-  cluster_config(ctx, &c, &a, gx, cluster, block, smem);
-  SMELT__CU_CHECK(cu->cuLaunchKernelEx(&c, f, params, NULL), op);
+  smelt_status s = config_cluster(ctx, op, f, &c, &a, gx, cluster, block, smem);
+  if (s) return s;
+  SMELT__CU_CHECK(smelt__cu(NULL)->cuLaunchKernelEx(&c, f, params, NULL), op);
   return SMELT_OK;
 }
 
 smelt_status smelt__cuda_max_clusters(smelt_ctx *ctx, const char *op, CUfunction f, unsigned cluster, unsigned block,
                                       unsigned smem, int *n) {
-  smelt_status s = prepare(ctx, op, f, smem);
-  if (s) return s;
-  const smelt__cu_api *cu = smelt__cu(NULL);
   smelt__cu_launch_config c;
   smelt__cu_launch_attr a;
-  cluster_config(ctx, &c, &a, cluster, cluster, block, smem);
-  SMELT__CU_CHECK(cu->cuOccupancyMaxActiveClusters(n, f, &c), op);
+  smelt_status s = config_cluster(ctx, op, f, &c, &a, cluster, cluster, block, smem);
+  if (s) return s;
+  SMELT__CU_CHECK(smelt__cu(NULL)->cuOccupancyMaxActiveClusters(n, f, &c), op);
   if (*n < 1)
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
                         "%s: no cluster of %u blocks of %u threads and %u bytes fits the device", op, cluster, block,

@@ -62,6 +62,23 @@ typedef struct smelt__cu_tensor_map {
   _Alignas(128) uint64_t opaque[16];
 } smelt__cu_tensor_map;
 
+/* The CUtensorMap* enum values smelt's maps use (CUDA 12/13):
+ * CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle,
+ * CUtensorMapL2promotion, CUtensorMapFloatOOBfill. */
+enum {
+  SMELT__TMA_U8 = 0,
+  SMELT__TMA_F16 = 6,
+  SMELT__TMA_F32 = 7,
+  SMELT__TMA_BF16 = 9,
+  SMELT__TMA_INTERLEAVE_NONE = 0,
+  SMELT__TMA_SWIZZLE_128B = 3,
+  SMELT__TMA_L2_256B = 3,
+  SMELT__TMA_OOB_FILL_NONE = 0
+};
+
+/* ceil(a / b) for b > 0: tiles of b covering a. */
+static inline int64_t smelt__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 /* CUlaunchAttribute with the one value we set, the cluster shape
  * (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), and CUlaunchConfig, in the CUDA
  * 12/13 layouts (the value is a 64-byte, 8-byte aligned union). */

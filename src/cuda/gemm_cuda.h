@@ -53,6 +53,19 @@ int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob 
 
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f);
 
+/* The CUDA backend's decisions (plan->backend), made once at plan time;
+ * the core's smelt__gemm_state stays as the core resolved it. */
+typedef struct smelt__gemm_cuda_plan {
+  smelt_gemm_mode mode; /* the launch's mode: the core's, or a parallel split chosen for AUTO */
+  int split_k;          /* slices, >= 1 */
+  int kernel;           /* the main kernel (table index) */
+  int align[3];         /* the planned A, B and D pointers' alignment (bytes, up to 16) */
+  /* For runs whose pointers are less aligned than planned: the kernel the
+   * selector gave them (-1 until one came) and its function. */
+  int fallback;
+  void *fallback_func;
+} smelt__gemm_cuda_plan;
+
 /* Picks the main kernel (index into the table) for st on the context's
  * device, or fails with UNSUPPORTED saying why (a tile or opclass that no
  * kernel serves). `why` gets a short reason for the choice. */

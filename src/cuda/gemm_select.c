@@ -59,6 +59,33 @@ static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
   out[(*n)++] = k;
 }
 
+/* The tile shapes of the entries, as designated initializers. */
+typedef struct tile {
+  int bm, bn, bk, stages, wm, wn, cluster_m, cluster_n;
+} tile;
+
+/* A Hopper entry: A row-major, B column-major, f32 accumulation. */
+static smelt__gemm_kernel sm90(int tc, tile t) {
+  return (smelt__gemm_kernel){.fam = SMELT__GK_SM90, .acc = SMELT_GEMM_ACC_F32, .tc = tc, .a_kmajor = 1,
+                              .b_kmajor = 1, .bm = t.bm, .bn = t.bn, .bk = t.bk, .stages = t.stages, .wm = t.wm,
+                              .wn = 1, .cluster_m = t.cluster_m ? t.cluster_m : 1,
+                              .cluster_n = t.cluster_n ? t.cluster_n : 1};
+}
+
+/* An mma.sync entry with its layouts (1: K-major). */
+static smelt__gemm_kernel sm80(smelt_gemm_acc acc, int tc, int a_kmajor, int b_kmajor, tile t) {
+  return (smelt__gemm_kernel){.fam = SMELT__GK_SM80, .acc = acc, .tc = tc, .a_kmajor = a_kmajor,
+                              .b_kmajor = b_kmajor, .bm = t.bm, .bn = t.bn, .bk = t.bk, .stages = t.stages,
+                              .wm = t.wm, .wn = t.wn, .cluster_m = 1, .cluster_n = 1};
+}
+
+/* k as the fp8 kernel for A of type a and B of type b. */
+static smelt__gemm_kernel fp8(smelt__gemm_kernel k, smelt_dtype a, smelt_dtype b) {
+  k.fp8_a = a;
+  k.fp8_b = b;
+  return k;
+}
+
 int smelt__gemm_table(smelt__gemm_kernel *out) {
   int n = 0;
   static const smelt_gemm_acc simt_acc[] = {SMELT_GEMM_ACC_F32, SMELT_GEMM_ACC_F16, SMELT_GEMM_ACC_F64,
@@ -74,60 +101,54 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
    * selector takes the first that fits), then a narrow 16-bit tile for
    * skinny problems, with twice the stages (they fit, and such problems
    * are bound by streaming B). */
-  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 256, 64, 4,
-                                      2, 1, 0, 0, 1, 1});
-  add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, SMELT__TC_TF32, 0, 0, 1, 1, 128, 256, 32, 4, 2,
-                                    1, 0, 0, 1, 1});
+  const tile wide = {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 2};
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, sm90(tc, wide));
+  add(out, &n, sm90(SMELT__TC_TF32, (tile){.bm = 128, .bn = 256, .bk = 32, .stages = 4, .wm = 2}));
   static const smelt_dtype f8[] = {SMELT_DTYPE_E4M3, SMELT_DTYPE_E5M2};
+  const tile fp8_wide = {.bm = 128, .bn = 256, .bk = 128, .stages = 4, .wm = 2};
   for (int a = 0; a < 2; a++)
     for (int b = 0; b < 2; b++)
-      add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 256,
-                                        128, 4, 2, 1, 0, 0, 1, 1});
-  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8,
-                                      2, 1, 0, 0, 1, 1});
+      add(out, &n, fp8(sm90(SMELT__TC_FP8, fp8_wide), f8[a], f8[b]));
+  const tile narrow = {.bm = 128, .bn = 64, .bk = 64, .stages = 8, .wm = 2};
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, sm90(tc, narrow));
   /* 16-bit: every layout, a large and a small tile. */
+  const tile large = {.bm = 128, .bn = 128, .bk = 32, .stages = 4, .wm = 2, .wn = 4};
+  const tile small = {.bm = 64, .bn = 64, .bk = 32, .stages = 4, .wm = 2, .wn = 2};
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
     for (int ak = 1; ak >= 0; ak--)
       for (int bk = 1; bk >= 0; bk--) {
-        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 32, 4,
-                                          2, 4, 0, 0, 1, 1});
-        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 64, 64, 32, 4,
-                                          2, 2, 0, 0, 1, 1});
+        add(out, &n, sm80(SMELT_GEMM_ACC_F32, tc, ak, bk, large));
+        add(out, &n, sm80(SMELT_GEMM_ACC_F32, tc, ak, bk, small));
       }
   /* tf32 and 3xtf32: every layout. */
+  const tile tf32 = {.bm = 128, .bn = 128, .bk = 16, .stages = 4, .wm = 2, .wn = 4};
   for (int tc = SMELT__TC_TF32; tc <= SMELT__TC_3XTF32; tc++)
     for (int ak = 1; ak >= 0; ak--)
-      for (int bk = 1; bk >= 0; bk--)
-        add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, tc, 0, 0, ak, bk, 128, 128, 16, 4,
-                                          2, 4, 0, 0, 1, 1});
+      for (int bk = 1; bk >= 0; bk--) add(out, &n, sm80(SMELT_GEMM_ACC_F32, tc, ak, bk, tf32));
   /* 8-bit: K-major only (the mma's byte fragments run along K). */
-  add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_I32, SMELT__TC_I8, 0, 0, 1, 1, 128, 128, 64, 4,
-                                    2, 4, 0, 0, 1, 1});
+  const tile bytes = {.bm = 128, .bn = 128, .bk = 64, .stages = 4, .wm = 2, .wn = 4};
+  add(out, &n, sm80(SMELT_GEMM_ACC_I32, SMELT__TC_I8, 1, 1, bytes));
   for (int a = 0; a < 2; a++)
-    for (int b = 0; b < 2; b++)
-      add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM80, SMELT_GEMM_ACC_F32, SMELT__TC_FP8, f8[a], f8[b], 1, 1, 128, 128,
-                                        64, 4, 2, 4, 0, 0, 1, 1});
+    for (int b = 0; b < 2; b++) add(out, &n, fp8(sm80(SMELT_GEMM_ACC_F32, SMELT__TC_FP8, 1, 1, bytes), f8[a], f8[b]));
   /* The ping-pong schedule (its only tile: 128 x 128, each consumer owning
    * whole tiles, so one consumer's epilogue overlaps the other's main
    * loop), 16-bit types, six stages of 32 KiB; taken when asked for (the
    * selector prefers the cooperative kernel, which ran faster on H100).
    * Appended last so that the entries before keep their indices. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 128, 64, 6,
-                                      2, 1, 0, 0, 1, 1});
+    add(out, &n, sm90(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}));
   /* Clusters with TMA multicast (16-bit types, cooperative schedule): the
    * wide tile in pairs along M sharing B (square problems), the narrow tile
    * in pairs and quads along N sharing A (skinny M: every CTA needs the same
    * rows of A). Appended last, as the ping-pong entries. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 256, 64, 4,
-                                      2, 1, 0, 0, 2, 1});
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8,
-                                      2, 1, 0, 0, 1, 2});
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 128, 64, 64, 8,
-                                      2, 1, 0, 0, 1, 4});
+    tile w2 = wide, n2 = narrow, n4 = narrow;
+    w2.cluster_m = 2;
+    n2.cluster_n = 2;
+    n4.cluster_n = 4;
+    add(out, &n, sm90(tc, w2));
+    add(out, &n, sm90(tc, n2));
+    add(out, &n, sm90(tc, n4));
   }
   /* 64-row tiles (one consumer warpgroup, 16-bit types): twice the CTAs of
    * the 128-row tiles for a skinny M, as cuBLAS's 64 x 64 tile with 13
@@ -135,10 +156,8 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
    * clusters sharing B, as cuBLAS runs it, was no faster on H100:
    * docs/PERF.md, seventh round.) Appended last, as the entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 64, 64, 13,
-                                      1, 1, 0, 0, 1, 1});
-    add(out, &n, (smelt__gemm_kernel){SMELT__GK_SM90, SMELT_GEMM_ACC_F32, tc, 0, 0, 1, 1, 64, 128, 64, 8,
-                                      1, 1, 0, 0, 1, 1});
+    add(out, &n, sm90(tc, (tile){.bm = 64, .bn = 64, .bk = 64, .stages = 13, .wm = 1}));
+    add(out, &n, sm90(tc, (tile){.bm = 64, .bn = 128, .bk = 64, .stages = 8, .wm = 1}));
   }
   return n;
 }
@@ -366,7 +385,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * (16-bit types; the others go to mma.sync), or the tile the
      * description asks for. Grouped runs count the first group's tiles
      * once per group (and take its M for the M <= 64 rule). */
-    const int64_t wide = ((f->m + 127) / 128) * ((f->n + 255) / 256) *
+    const int64_t wide = smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     /* The 64 x 64 tile (one consumer warpgroup) instead of the 128 x 64
      * one when those would leave at least half the SMs idle: it has up to
@@ -375,7 +394,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * its 13 stages keep more of B in flight than 8 of 128 x 64, half of
      * whose A rows are zeros (on H100, 64 x 4096 x 4096: 18.6 against 29.5
      * us; docs/PERF.md, seventh round). 64 x 128 only when asked for. */
-    const int64_t narrow = ((f->m + 127) / 128) * ((f->n + 63) / 64) *
+    const int64_t narrow = smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 64) *
                            (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     const int rows64 = f->m <= 64 || 2 * narrow <= dev->sm_count;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
@@ -403,7 +422,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
   }
   if (want_tc) {
     /* The large tile unless it leaves SMs without work. */
-    const int64_t big_tiles = ((f->m + 127) / 128) * ((f->n + 127) / 128) * (f->batch > 0 ? f->batch : 1);
+    const int64_t big_tiles = smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * (f->batch > 0 ? f->batch : 1);
     const int prefer_big = big_tiles >= dev->sm_count;
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];

@@ -21,6 +21,7 @@
  * Anything else is ignored with a log line, and planning falls back to the
  * heuristic. Records hold kernel names, never code. */
 #include "gemm_tune.h"
+#include "../core/error_bound.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -374,33 +375,14 @@ int smelt__gemm_tune_choice(const smelt__gemm_state *st, const smelt__gemm_facts
 
 /* ---------------------------------------------------------------- tuning */
 
-/* The bound each GPU result has against the exact product. */
-static double exact_bound(const smelt__gemm_state *st) {
-  const smelt_gemm_epilogue *e = &st->desc.epilogue;
-  const double in = st->dt_a == SMELT_DTYPE_F64 || st->dt_a == SMELT_DTYPE_I8 ? 1e-12
-                    : st->desc.math.op == SMELT_GEMM_MATH_TF32           ? 2e-3
-                                                                          : 1e-5;
-  switch (st->dt_d) {
-    case SMELT_DTYPE_F64: return in;
-    case SMELT_DTYPE_F32: return in + 1e-6;
-    case SMELT_DTYPE_F16: return in + 2e-3;
-    case SMELT_DTYPE_BF16: return in + 1e-2;
-    case SMELT_DTYPE_E4M3: return in + 0.08;
-    case SMELT_DTYPE_E5M2: return in + 0.15;
-    default: /* i8, i32: exact when nothing but the integer product reaches D */
-      return in + (st->dt_a == SMELT_DTYPE_I8 && e->act == SMELT_ACT_IDENTITY && e->alpha == 1.0 && !st->has_c &&
-                           e->scale_a == 1.0f && e->scale_b == 1.0f && e->scale_d == 1.0f
-                       ? 0.0
-                       : 1e-2);
-  }
-}
-
 /* Relative L2 bound between two GPU results of one GEMM: twice the bound
- * each has against the exact result (about one output rounding plus the
- * arithmetic's own error, as tests/test_gemm.c and `smelt bench gemm
- * --check` bound it). A wrong kernel misses it by orders of magnitude. */
+ * each has against the exact result (src/core/error_bound.c, which the
+ * tests and `smelt bench gemm --check` use too). A wrong kernel misses it
+ * by orders of magnitude. */
 static double tolerance(const smelt__gemm_state *st) {
-  return 2.0 * exact_bound(st);
+  const smelt__bound_query q = {
+      .family = "gemm", .dtype = st->dt_d, .dt_a = st->dt_a, .gemm = &st->desc, .has_c = st->has_c};
+  return 2.0 * smelt__error_bound(&q);
 }
 
 /* ||got - ref|| / ||ref|| over D's elements; NaN and infinities must sit
@@ -477,7 +459,7 @@ static int splits_for(const smelt__gemm_kernel *k, const smelt__gemm_state *req,
    * GEMM: decisions). */
   if (k->fam == SMELT__GK_SM90 || req->mode == SMELT_GEMM_MODE_BATCHED) return 1;
   const smelt__gemm_prob *p = &req->prob;
-  const int64_t tiles = ((p->m + k->bm - 1) / k->bm) * ((p->n + k->bn - 1) / k->bn);
+  const int64_t tiles = smelt__ceil_div(p->m, k->bm) * smelt__ceil_div(p->n, k->bn);
   int n = 1;
   for (int s = 2; s <= 16 && tiles < dev->sm_count; s *= 2)
     if (tiles * s <= 4 * (int64_t)dev->sm_count && p->k / s >= 256) out[n++] = s;
@@ -508,7 +490,7 @@ static smelt_status plan_forced(tune_io *io, const smelt_gemm_desc *desc, int ki
   tuning.split_k = split;
   smelt_status s = smelt_gemm_plan(io->ctx, desc, io->a, io->b, io->c, io->d, io->bias, out);
   tuning.force = 0;
-  if (!s && ((const smelt__gemm_state *)(*out)->opdata)->kernel != ki) {
+  if (!s && ((const smelt__gemm_cuda_plan *)(*out)->backend)->kernel != ki) {
     smelt_plan_destroy(*out);
     *out = NULL;
     s = smelt__error(SMELT_STATUS_INTERNAL, OP ": planning did not take the candidate kernel (table entry %d)", ki);
@@ -528,7 +510,8 @@ static smelt_status tune(tune_io *io, const smelt_gemm_desc *desc, smelt_plan *h
   if (nk > SMELT_GEMM_TUNE_MAX_CANDIDATES) nk = SMELT_GEMM_TUNE_MAX_CANDIDATES;
   int tensor = 0;
   for (int i = 0; i < nk; i++) tensor |= table[ks[i]].fam != SMELT__GK_SIMT;
-  add_candidate(r, kernels, table, hs->kernel, hs->split_k, 1);
+  const smelt__gemm_cuda_plan *hc = (const smelt__gemm_cuda_plan *)heur->backend;
+  add_candidate(r, kernels, table, hc->kernel, hc->split_k, 1);
   for (int i = 0; i < nk; i++) {
     /* CUDA cores are no match for tensor cores where both can serve. */
     if (tensor && table[ks[i]].fam == SMELT__GK_SIMT) continue;

@@ -43,7 +43,7 @@ int smelt__activation_variants(smelt__kernel_src *out, int max) {
   return n;
 }
 
-smelt_status smelt__cuda_activation_plan(smelt_plan *plan) {
+static smelt_status plan_act(smelt_plan *plan, const void *args) {
   act_params p = {plan->p.act.act, plan->t[0].dtype};
   smelt__kernel_src src;
   make_src(&p, &src);
@@ -83,12 +83,13 @@ static void merge_dims(const smelt_tensor *x, const smelt_tensor *y, smelt__ksha
 
 static unsigned grid_for(const smelt_plan *plan, int64_t work) {
   int64_t cap = (int64_t)plan->ctx->cuda->info.sm_count * BLOCKS_PER_SM;
-  int64_t g = (work + BLOCK - 1) / BLOCK;
+  int64_t g = smelt__ceil_div(work, BLOCK);
   if (g > cap) g = cap;
   return (unsigned)(g > 0 ? g : 1);
 }
 
-smelt_status smelt__cuda_activation_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *y) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *y = t[1];
   int64_t n = smelt_tensor_numel(x);
   if (n == 0) return SMELT_OK;
   void *xp = x->data, *yp = y->data;
@@ -115,3 +116,5 @@ smelt_status smelt__cuda_activation_run(smelt_plan *plan, const smelt_tensor *x,
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_activation = {.plan = plan_act, .run = run};

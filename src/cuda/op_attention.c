@@ -20,7 +20,7 @@
  * device's shared memory.
  *
  * Run: the forward is one launch, grid (query tiles, H, B), or on Hopper
- * with a persistent schedule (fwd90_schedule(), SMELT_ATTN_FWD_SCHEDULE)
+ * with a persistent schedule (fwd90_schedule(), desc.fwd_schedule)
  * one CTA per SM walking the query tiles; the dynamic one first zeroes
  * its tile counter, a pool allocation of its own. The backward
  * takes one workspace from the context's pool (dq's f32 accumulator, LSE ·
@@ -77,24 +77,22 @@ typedef struct attn_kernel {
 
 #define MAX_KERNELS 32
 #define BWD_BM 64 /* queries per step of attn_bwd and attn_bwd_sm90 (BM in both files) */
-/* attn_bwd_sm90's options (timed in docs/PERF.md, Attention backward:
- * decisions): STAGES, the depth of the Q/dO ring (2 or 3); DQ_TMA, dQ
- * added with red.global.add.v2.f32 (0) or through a shared f32 tile and
- * TMA reduce-add (1, 32 KiB more shared memory). */
+/* attn_bwd_sm90's options (docs/PERF.md has their timings): STAGES, the
+ * depth of the Q/dO ring (2 or 3); DQ_TMA, dQ added with
+ * red.global.add.v2.f32 (0) or through a shared f32 tile and TMA
+ * reduce-add (1, 32 KiB more shared memory). */
 #define BWD90_STAGES 2
 #define BWD90_DQ_TMA 1
 /* SPREAD: each block starts its query tiles at an offset, so that the
- * blocks of a head add into different dQ rows at a time (1: faster, 4 bytes
- * spilled), or all walk them from the first (0). */
+ * blocks of a head add into different dQ rows at a time (1: 1.03-1.04x at
+ * S4k, 4 bytes spilled), or all walk them from the first (0). */
 #define BWD90_SPREAD 1
 /* The Hopper forward's schedules (ATTN_PERSISTENT in the kernel): one CTA
  * per query tile; one per SM walking the tiles in a static stride of the
- * grid; one per SM taking them from a counter. SMELT_ATTN_FWD_SCHEDULE
- * (tiles, persistent, dynamic) picks one; unset, fwd90_schedule() decides
- * by the mask, as measured (docs/PERF.md, Attention forward: persistent
- * schedules). */
+ * grid; one per SM taking them from a counter. desc.fwd_schedule picks
+ * one; AUTO, fwd90_schedule() decides by the mask, as measured
+ * (docs/PERF.md, Attention forward: persistent schedules). */
 enum { FWD90_TILES, FWD90_STATIC, FWD90_DYNAMIC };
-static const char *const fwd90_names[] = {"tiles", "persistent", "dynamic"};
 /* Hopper's 227 KiB per block at D 128 (the smem formula in add() below). */
 _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 * BWD_BM * 2 +
                        BWD90_STAGES * 8 * BWD_BM + 8 * (1 + 2 * BWD90_STAGES) +
@@ -157,9 +155,8 @@ static int table(attn_kernel *t) {
     add(t, &n, AK_FWD80, dt, 96, 64);
     add(t, &n, AK_FWD80, dt, 128, 64);
     add(t, &n, AK_FWD80, dt, 256, 32);
-    /* Measured (docs/PERF.md, Attention forward: decisions): D 64 is bound
-     * by the exponentials and wants a third consumer to overlap them; D 128
-     * fits two. */
+    /* Measured on H100 (docs/PERF.md): D 64 is bound by the exponentials
+     * and wants a third consumer to overlap them; D 128 fits two. */
     add90(t, &n, dt, 64, 128, 3, 4);
     add90(t, &n, dt, 128, 128, 2, 3);
     add(t, &n, AK_BWD80, dt, 64, 128);
@@ -260,29 +257,22 @@ static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d, int
   return -1;
 }
 
-/* The Hopper forward's schedule: SMELT_ATTN_FWD_SCHEDULE (tiles,
- * persistent or dynamic; anything else is an error), else by the mask.
- * Measured (docs/PERF.md, Attention forward: persistent schedules): the
- * static persistent schedule beats one CTA per tile without a right window
- * (every query tile sees about as many keys) and loses to it under a
- * causal mask; the dynamic one ties one CTA per tile under a causal mask
- * and trails the static one without. */
-static smelt_status fwd90_schedule(const smelt__attn_state *st, int *sched) {
-  const char *env = smelt__getenv("SMELT_ATTN_FWD_SCHEDULE");
-  if (env) {
-    for (int i = FWD90_TILES; i <= FWD90_DYNAMIC; i++)
-      if (strcmp(env, fwd90_names[i]) == 0) {
-        *sched = i;
-        return SMELT_OK;
-      }
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        "%s: SMELT_ATTN_FWD_SCHEDULE=\"%.32s\" is not a schedule (tiles, persistent or dynamic)",
-                        st->op, env);
+/* The Hopper forward's schedule: the one desc.fwd_schedule names, else
+ * (AUTO) by the mask. Measured (docs/PERF.md, Attention forward: persistent
+ * schedules): the static persistent schedule beats one CTA per tile without
+ * a right window (every query tile sees about as many keys) and loses to it
+ * under a causal mask; the dynamic one ties one CTA per tile under a causal
+ * mask and trails the static one without. */
+static int fwd90_schedule(const smelt__attn_state *st) {
+  switch (st->desc.fwd_schedule) {
+    case SMELT_ATTENTION_SCHEDULE_TILES: return FWD90_TILES;
+    case SMELT_ATTENTION_SCHEDULE_PERSISTENT: return FWD90_STATIC;
+    case SMELT_ATTENTION_SCHEDULE_DYNAMIC: return FWD90_DYNAMIC;
+    default: break;
   }
   /* A right window (causal) the kernel applies: as in run(). */
   const int right = st->wr >= 0 && st->wr < st->Sq + st->Sk;
-  *sched = right ? FWD90_TILES : FWD90_STATIC;
-  return SMELT_OK;
+  return right ? FWD90_TILES : FWD90_STATIC;
 }
 
 /* Picks the kernels for st on dev: *main (forward or backward) and, for
@@ -324,14 +314,13 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
       return smelt__error(SMELT_STATUS_UNSUPPORTED,
                           "%s: head dim D=%lld has no CUDA forward kernel (supported: 64, 96, 128, 256)", st->op,
                           (long long)D);
-    int sched = FWD90_TILES;
-    if ((s = fwd90_schedule(st, &sched))) return s;
+    const int sched = fwd90_schedule(st);
     int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, sched) : -1;
     /* The dynamic kernel counts tiles in 32 bits: the tiles (varlen: of
      * the longest sequence, per sequence and head) plus one overshoot per
      * CTA must stay below 2^31; past that, one CTA per tile. */
     const int too_many = h >= 0 && sched == FWD90_DYNAMIC &&
-                         (st->Sq + t[h].bm - 1) / t[h].bm * st->H * st->B > INT32_MAX - dev->sm_count;
+                         smelt__ceil_div(st->Sq, t[h].bm) * st->H * st->B > INT32_MAX - dev->sm_count;
     if (too_many) h = find(t, n, AK_FWD90, dt, (int)D, FWD90_TILES);
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       k = h;
@@ -354,7 +343,7 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
 
 enum { F_MAIN, F_PRE, F_DQ, F_DET };
 
-smelt_status smelt__cuda_attention_plan(smelt_plan *plan) {
+static smelt_status plan_attention(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   attn_kernel t[MAX_KERNELS];
   const int n = table(t);
@@ -426,14 +415,13 @@ static smelt_status tensor_map(const smelt__attn_state *st, const smelt_tensor *
                             (uint64_t)(batches > 0 ? batches : 1)};
   const uint64_t strides[3] = {(rs + 15) / 16 * 16, (hs + 15) / 16 * 16, (bs + 15) / 16 * 16};
   const unsigned box[4] = {64, (unsigned)box_rows, 1, 1}, ones[4] = {1, 1, 1, 1};
-  enum { TMA_F16 = 6, TMA_BF16 = 9, SWIZZLE_128B = 3, L2_256B = 3 }; /* CUtensorMap* enums */
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, t->dtype == SMELT_DTYPE_BF16 ? TMA_BF16 : TMA_F16, 4,
-                                                        t->data, dims, strides, box, ones, 0, SWIZZLE_128B, L2_256B, 0);
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(
+      map, t->dtype == SMELT_DTYPE_BF16 ? SMELT__TMA_BF16 : SMELT__TMA_F16, 4, t->data, dims, strides, box, ones,
+      SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B, SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, st->op, "cuTensorMapEncodeTiled");
   return SMELT_OK;
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* attn_bwd_sm90: tensor maps over Q and dO (boxes of 64 rows), K and V
  * (boxes of bn rows), then the launch, grid (key tiles, Hk, B). */
@@ -449,12 +437,12 @@ static smelt_status launch_bwd90(smelt_plan *plan, const smelt__attn_args *a, co
   const uint64_t dims[3] = {(uint64_t)st->D, (uint64_t)st->H, (uint64_t)(st->rows_q > 0 ? st->rows_q : 1)};
   const uint64_t strides[2] = {(uint64_t)st->D * 4, (uint64_t)st->H * (uint64_t)st->D * 4};
   const unsigned box[3] = {32, 1, (unsigned)k->bm}, ones[3] = {1, 1, 1};
-  enum { TMA_F32 = 7, SWIZZLE_128B = 3, L2_256B = 3 };
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(&tdq, TMA_F32, 3, (void *)(uintptr_t)kp->dq_acc, dims, strides, box,
-                                                        ones, 0, SWIZZLE_128B, L2_256B, 0);
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(
+      &tdq, SMELT__TMA_F32, 3, (void *)(uintptr_t)kp->dq_acc, dims, strides, box, ones, SMELT__TMA_INTERLEAVE_NONE,
+      SMELT__TMA_SWIZZLE_128B, SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, st->op, "cuTensorMapEncodeTiled");
   void *p90[] = {&tq, &tk, &tv, &tdo, &tdq, kp};
-  return smelt__cuda_launch(plan->ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
+  return smelt__cuda_launch(plan->ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)smelt__ceil_div(st->Sk, k->bn),
                             (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, p90);
 }
 
@@ -508,7 +496,7 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   void *params[] = {&kp};
 
   if (!st->bwd) {
-    const unsigned gx = (unsigned)ceil_div(st->Sq, k->bm);
+    const unsigned gx = (unsigned)smelt__ceil_div(st->Sq, k->bm);
     if (gx == 0) return SMELT_OK;
     if (k->fam == AK_FWD90) {
       smelt__cu_tensor_map tq, tk, tv;
@@ -550,7 +538,7 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
 
   /* Backward: one workspace, 256-byte aligned parts. */
   const int det = st->desc.deterministic || ctx->deterministic;
-  const int64_t m_tiles = ceil_div(st->Sq, BWD_BM);
+  const int64_t m_tiles = smelt__ceil_div(st->Sq, BWD_BM);
   const size_t acc = ((size_t)st->rows_q * (size_t)st->H * (size_t)st->D * 4 + 255) / 256 * 256;
   const size_t vec = ((size_t)st->rows_q * (size_t)st->H * 4 + 255) / 256 * 256;
   const size_t sems = det ? (size_t)st->B * (size_t)st->H * (size_t)m_tiles * 4 : 0;
@@ -568,17 +556,17 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   }
   /* attn_bwd_pre and attn_bwd_dq: 16 (row, head) pairs per block of 8 warps. */
   const int64_t pairs = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
-  const unsigned aux_grid = (unsigned)(ceil_div(pairs, 16) < cap ? ceil_div(pairs, 16) : cap);
+  const unsigned aux_grid = (unsigned)(smelt__ceil_div(pairs, 16) < cap ? smelt__ceil_div(pairs, 16) : cap);
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
   if (!s && k->fam == AK_BWD90 && det) {
     /* The deterministic mode runs the mma.sync kernel the plan also loaded. */
     const attn_kernel *k80 = &t[find(t, nt, AK_BWD80, k->dt, k->d, 0)];
-    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DET], (unsigned)ceil_div(st->Sk, k80->bn),
+    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DET], (unsigned)smelt__ceil_div(st->Sk, k80->bn),
                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k80->threads, (unsigned)k80->smem, params);
   } else if (!s && k->fam == AK_BWD90) {
     s = launch_bwd90(plan, a, k, &kp);
   } else if (!s) {
-    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)ceil_div(st->Sk, k->bn),
+    s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_MAIN], (unsigned)smelt__ceil_div(st->Sk, k->bn),
                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k->threads, (unsigned)k->smem, params);
   }
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DQ], aux_grid, 1, 1, 256, 0, params);
@@ -586,10 +574,12 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   return s ? s : s2;
 }
 
-smelt_status smelt__cuda_attention_run(smelt_plan *plan, const smelt__attn_args *a) {
+static smelt_status run_attention(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   smelt__nvtx_push(st->op);
-  smelt_status s = run(plan, a);
+  smelt_status s = run(plan, (const smelt__attn_args *)args);
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_attention = {.plan = plan_attention, .run = run_attention};

@@ -29,12 +29,10 @@
 
 enum { F_MAIN, F_REDUCE };
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /* Split-K for a plain GEMM with few output tiles and a long K: enough slices
  * to give every SM work, each at least 1024 deep, at most 16. */
 static int choose_split(const smelt__gemm_kernel *k, int64_t m, int64_t n, int64_t kk, int sm_count) {
-  const int64_t tiles = ceil_div(m, k->bm) * ceil_div(n, k->bn);
+  const int64_t tiles = smelt__ceil_div(m, k->bm) * smelt__ceil_div(n, k->bn);
   if (tiles == 0 || 2 * tiles > sm_count || kk < 2048) return 1;
   int64_t s = sm_count / tiles;
   if (s > kk / 1024) s = kk / 1024;
@@ -44,7 +42,7 @@ static int choose_split(const smelt__gemm_kernel *k, int64_t m, int64_t n, int64
 
 /* K per slice: a whole number of the kernel's K tiles. */
 static int64_t k_slice_of(const smelt__gemm_kernel *k, int64_t kk, int splits) {
-  int64_t s = ceil_div(ceil_div(kk, splits), k->bk) * k->bk;
+  int64_t s = smelt__ceil_div(smelt__ceil_div(kk, splits), k->bk) * k->bk;
   return s > 0 ? s : k->bk;
 }
 
@@ -59,9 +57,20 @@ static smelt_status load(smelt_ctx *ctx, const smelt__gemm_kernel *k, void **fun
   return s;
 }
 
-smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *args) {
-  smelt__gemm_state *st = (smelt__gemm_state *)plan->opdata;
+/* Bytes of alignment of a pointer, up to 16 (all a kernel asks for). */
+static int ptr_align(const void *p) {
+  const uintptr_t bits = (uintptr_t)p | 16;
+  return (int)(bits & (~bits + 1));
+}
+
+static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
+  const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt_device_info *dev = &plan->ctx->cuda->info;
+  smelt__gemm_cuda_plan *cp = (smelt__gemm_cuda_plan *)calloc(1, sizeof *cp);
+  if (!cp) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: out of host memory");
+  plan->backend = cp;
+  plan->backend_free = free;
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
   const int n = smelt__gemm_table(table);
   smelt__gemm_facts f;
@@ -76,21 +85,27 @@ smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *arg
                               : smelt__gemm_tune_choice(st, &f, dev, table, n, &ki, why, sizeof why);
   const smelt__gemm_kernel *k = &table[ki];
   const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
-  if (st->split_k == 0) {
+  cp->mode = st->mode;
+  cp->split_k = st->split_k;
+  if (cp->split_k == 0) {
     /* AUTO left it open (a plain GEMM may become a parallel split) or a
      * split mode asked us to choose (a tuning record's split comes first).
      * The persistent Hopper kernel does not split by itself: a skinny M in
      * two or four slices plus gemm_reduce ran slower than unsplit on fewer
      * SMs (docs/PERF.md, GEMM: decisions, third round); a split mode asked
      * for gets choose_split's slices. */
-    st->split_k = tuned_split                                 ? tuned_split
+    cp->split_k = tuned_split                                 ? tuned_split
                   : k->fam == SMELT__GK_SM90 && !split_mode ? 1
                                                             : choose_split(k, f.m, f.n, f.k, dev->sm_count);
-    if (!split_mode && st->split_k > 1) st->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+    if (!split_mode && cp->split_k > 1) cp->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   }
-  st->kernel = ki;
+  cp->kernel = ki;
+  cp->fallback = -1;
+  cp->align[0] = ptr_align(args->prob.a.data);
+  cp->align[1] = ptr_align(args->prob.b.data);
+  cp->align[2] = ptr_align(args->prob.d.data);
   if ((s = load(plan->ctx, k, &plan->func[F_MAIN]))) return s;
-  if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
+  if (cp->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
     int r = smelt__gemm_reduce_kernel(table, n, st->acc);
     if ((s = load(plan->ctx, &table[r], &plan->func[F_REDUCE]))) return s;
   }
@@ -99,9 +114,9 @@ smelt_status smelt__cuda_gemm_plan(smelt_plan *plan, const smelt__gemm_args *arg
   smelt__kernel_src src;
   smelt__gemm_kernel_src(k, &src);
   char split[32] = "";
-  if (st->split_k > 1)
-    snprintf(split, sizeof split, ", split-K %s %d", st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL ? "serial" : "parallel",
-             st->split_k);
+  if (cp->split_k > 1)
+    snprintf(split, sizeof split, ", split-K %s %d", cp->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL ? "serial" : "parallel",
+             cp->split_k);
   snprintf(plan->describe, sizeof plan->describe, "%.60s (%.64s%s)", src.name, why, split);
   return SMELT_OK;
 }
@@ -126,29 +141,40 @@ static void kprob_of(smelt__gemm_kprob *kp, const smelt__gemm_prob *p) {
   kp->bias_s = p->bias_s;
 }
 
-/* The kernel to run these operands with: the planned one if they fit it. */
+/* The kernel to run these operands with: the planned one when the run's
+ * pointers are as aligned as the planned ones (everything else about the
+ * operands was checked equal to the plan), else the planned one if they
+ * still fit it, else the selector's choice for them through the same table
+ * (loaded once, kept in the plan). Grouped runs bring new operands each
+ * time, so theirs are always looked at. */
 static smelt_status pick(smelt_plan *plan, const smelt__gemm_kernel *table, int n, const smelt__gemm_args *args,
                          int *ki, CUfunction *main) {
-  smelt__gemm_state *st = (smelt__gemm_state *)plan->opdata;
-  smelt__gemm_facts f;
-  smelt__gemm_facts_of(st, args, &f);
-  if (smelt__gemm_fits(&table[st->kernel], st, &f)) {
-    *ki = st->kernel;
-    *main = (CUfunction)plan->func[F_MAIN];
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  smelt__gemm_cuda_plan *cp = (smelt__gemm_cuda_plan *)plan->backend;
+  *ki = cp->kernel;
+  *main = (CUfunction)plan->func[F_MAIN];
+  if (st->mode != SMELT_GEMM_MODE_GROUPED && ptr_align(args->prob.a.data) >= cp->align[0] &&
+      ptr_align(args->prob.b.data) >= cp->align[1] && ptr_align(args->prob.d.data) >= cp->align[2])
     return SMELT_OK;
-  }
-  if (st->fallback < 0 || !smelt__gemm_fits(&table[st->fallback], st, &f)) {
+  /* The selector sees the state as the plan decided it. */
+  smelt__gemm_state decided = *st;
+  decided.mode = cp->mode;
+  decided.split_k = cp->split_k;
+  smelt__gemm_facts f;
+  smelt__gemm_facts_of(&decided, args, &f);
+  if (smelt__gemm_fits(&table[cp->kernel], &decided, &f)) return SMELT_OK;
+  if (cp->fallback < 0 || !smelt__gemm_fits(&table[cp->fallback], &decided, &f)) {
     char why[96];
     int fb;
-    smelt_status s = smelt__gemm_select(st, &f, &plan->ctx->cuda->info, table, n, &fb, why, sizeof why);
+    smelt_status s = smelt__gemm_select(&decided, &f, &plan->ctx->cuda->info, table, n, &fb, why, sizeof why);
     if (s) return s;
-    if ((s = load(plan->ctx, &table[fb], &st->fallback_func))) return s;
-    st->fallback = fb;
+    if ((s = load(plan->ctx, &table[fb], &cp->fallback_func))) return s;
+    cp->fallback = fb;
     smelt__log(SMELT__LOG_INFO, "smelt_gemm: operands do not fit %s's kernel; using table entry %d (%s)",
                plan->describe, fb, why);
   }
-  *ki = st->fallback;
-  *main = (CUfunction)st->fallback_func;
+  *ki = cp->fallback;
+  *main = (CUfunction)cp->fallback_func;
   return SMELT_OK;
 }
 
@@ -164,15 +190,15 @@ static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const 
   uint64_t stride = rows > 1 ? (uint64_t)rs * es : ((uint64_t)k * es + 15) / 16 * 16;
   const uint64_t dims[2] = {(uint64_t)k, (uint64_t)rows}, strides[1] = {stride};
   const unsigned box[2] = {(unsigned)bk, (unsigned)box_rows}, ones[2] = {1, 1};
-  /* CUtensorMap* enums. fp8 travels as bytes and f32 (tf32 math) as f32:
-   * TMA copies bits, the wgmma reads them as its types. */
-  enum { TMA_U8 = 0, TMA_F16 = 6, TMA_F32 = 7, TMA_BF16 = 9, SWIZZLE_128B = 3, L2_256B = 3 };
-  const int tdt = dt == SMELT_DTYPE_BF16  ? TMA_BF16
-                  : dt == SMELT_DTYPE_F16 ? TMA_F16
-                  : dt == SMELT_DTYPE_F32 ? TMA_F32
-                                          : TMA_U8;
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, tdt, 2, (void *)data, dims, strides, box, ones, 0,
-                                                        SWIZZLE_128B, L2_256B, 0);
+  /* fp8 travels as bytes and f32 (tf32 math) as f32: TMA copies bits, the
+   * wgmma reads them as its types. */
+  const int tdt = dt == SMELT_DTYPE_BF16  ? SMELT__TMA_BF16
+                  : dt == SMELT_DTYPE_F16 ? SMELT__TMA_F16
+                  : dt == SMELT_DTYPE_F32 ? SMELT__TMA_F32
+                                          : SMELT__TMA_U8;
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, tdt, 2, (void *)data, dims, strides, box, ones,
+                                                        SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B,
+                                                        SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled");
   return SMELT_OK;
 }
@@ -180,7 +206,8 @@ static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const 
 /* Hopper: output tiles of an m x n problem in units of a cluster's tiles
  * (kernels/gemm_sm90.cu walks units; one tile without clusters). */
 static int64_t sm90_units(const smelt__gemm_kernel *k, int64_t m, int64_t n) {
-  return ceil_div(ceil_div(m, k->bm), k->cluster_m) * ceil_div(ceil_div(n, k->bn), k->cluster_n);
+  return smelt__ceil_div(smelt__ceil_div(m, k->bm), k->cluster_m) *
+         smelt__ceil_div(smelt__ceil_div(n, k->bn), k->cluster_n);
 }
 
 /* Hopper launch: one persistent CTA per SM (or per unit, when there are
@@ -245,7 +272,7 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
     first[g] = total;
     /* Hopper: units (a cluster's tiles), which the kernel walks. */
     total += sm90 ? sm90_units(k, args->groups[g].m, args->groups[g].n)
-                  : ceil_div(args->groups[g].m, k->bm) * ceil_div(args->groups[g].n, k->bn);
+                  : smelt__ceil_div(args->groups[g].m, k->bm) * smelt__ceil_div(args->groups[g].n, k->bn);
   }
   first[count] = total;
   smelt_status s = SMELT_OK;
@@ -302,7 +329,7 @@ static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   if (p->m == 0 || p->n == 0 || args->count == 0) return SMELT_OK;
   if (args->count > 0x7fffffff)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: G=%lld groups exceed 2^31 - 1", op, (long long)args->count);
-  const int64_t tiles_n = ceil_div(p->n, k->bn), tiles_m = ceil_div(p->m, k->bm) + args->count;
+  const int64_t tiles_n = smelt__ceil_div(p->n, k->bn), tiles_m = smelt__ceil_div(p->m, k->bm) + args->count;
   if (tiles_n > 0x7fffffff || tiles_m > 0x7fffffff / tiles_n)
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
                         "%s: (ceil(T/%d) + G) x ceil(N/%d) = %lld x %lld tiles exceed 2^31 - 1", op, k->bm, k->bn,
@@ -328,9 +355,9 @@ static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int
   const uint64_t dims[3] = {(uint64_t)n, (uint64_t)m, (uint64_t)splits},
                  strides[2] = {(uint64_t)n * 4, (uint64_t)(m * n) * 4};
   const unsigned box[3] = {32, 64, 1}, ones[3] = {1, 1, 1};
-  enum { TMA_F32 = 7, SWIZZLE_128B = 3, L2_256B = 3 };
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, TMA_F32, 3, (void *)ws, dims, strides, box, ones, 0,
-                                                        SWIZZLE_128B, L2_256B, 0);
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, SMELT__TMA_F32, 3, (void *)ws, dims, strides, box, ones,
+                                                        SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B,
+                                                        SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled (split-K workspace)");
   return SMELT_OK;
 }
@@ -375,7 +402,8 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
 }
 
 static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
-  smelt__gemm_state *st = (smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
   smelt_ctx *ctx = plan->ctx;
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
   const int n = smelt__gemm_table(table);
@@ -408,7 +436,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   kp.has_bias = st->has_bias;
   kp.swizzle = st->desc.tile.swizzle ? st->desc.tile.swizzle : 8;
   kp.splits = 1;
-  switch (st->mode) {
+  switch (cp->mode) {
     case SMELT_GEMM_MODE_GROUPED: kp.mode = SMELT__KMODE_GROUPED; return run_grouped(plan, k, f, &kp, args);
     case SMELT_GEMM_MODE_GROUPED_OFFS: return run_offs(ctx, st, k, f, &kp, args);
     case SMELT_GEMM_MODE_ARRAY:
@@ -424,7 +452,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     default: kp.mode = SMELT__KMODE_PLAIN; break;
   }
   const int64_t M = args->prob.m, N = args->prob.n;
-  const int64_t tiles_m = ceil_div(M, k->bm), tiles_n = ceil_div(N, k->bn), tiles = tiles_m * tiles_n;
+  const int64_t tiles_m = smelt__ceil_div(M, k->bm), tiles_n = smelt__ceil_div(N, k->bn), tiles = tiles_m * tiles_n;
   if (tiles == 0 || args->count == 0) return SMELT_OK;
   if (tiles > 0x7fffffff)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld output tiles exceed 2^31 - 1", (long long)tiles);
@@ -436,8 +464,8 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   int64_t z = kp.mode == SMELT__KMODE_BATCHED || kp.mode == SMELT__KMODE_ARRAY ? args->count : 1;
   const int serial = kp.mode == SMELT__KMODE_SERIAL, parallel = kp.mode == SMELT__KMODE_PARALLEL;
   if (serial || parallel) {
-    kp.k_slice = k_slice_of(k, args->prob.k, st->split_k);
-    kp.splits = (int)(args->prob.k > 0 ? ceil_div(args->prob.k, kp.k_slice) : 1);
+    kp.k_slice = k_slice_of(k, args->prob.k, cp->split_k);
+    kp.splits = (int)(args->prob.k > 0 ? smelt__ceil_div(args->prob.k, kp.k_slice) : 1);
     z = kp.splits;
     const size_t partial = (size_t)(M * N) * ws_size(st->acc) * (parallel ? (size_t)kp.splits : 1);
     const size_t sems = serial ? (size_t)tiles * sizeof(int) : 0;
@@ -460,7 +488,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   if (!s && parallel) {
     kp.batch_base = 0;
     const int64_t total = M * N, cap = (int64_t)ctx->cuda->info.sm_count * 16;
-    const int64_t blocks = ceil_div(total, 256) < cap ? ceil_div(total, 256) : cap;
+    const int64_t blocks = smelt__ceil_div(total, 256) < cap ? smelt__ceil_div(total, 256) : cap;
     s = smelt__cuda_launch(ctx, "smelt_gemm", (CUfunction)plan->func[F_REDUCE], (unsigned)blocks, 1, 1, 256, 0, params);
   }
   if (ws) {
@@ -470,9 +498,11 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   return s;
 }
 
-smelt_status smelt__cuda_gemm_run(smelt_plan *plan, const smelt__gemm_args *args) {
+static smelt_status run_gemm(smelt_plan *plan, const void *args) {
   smelt__nvtx_push("smelt_gemm");
-  smelt_status s = run(plan, args);
+  smelt_status s = run(plan, (const smelt__gemm_args *)args);
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_gemm = {.plan = plan_gemm, .run = run_gemm};

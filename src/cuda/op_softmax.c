@@ -61,7 +61,7 @@ int smelt__softmax_variants(smelt__kernel_src *out, int max) {
   return n;
 }
 
-smelt_status smelt__cuda_softmax_plan(smelt_plan *plan) {
+static smelt_status plan_softmax(smelt_plan *plan, const void *args) {
   const smelt_tensor *x = &plan->t[0];
   int64_t C = x->shape[x->ndim - 1];
   int b = select_bucket(C);
@@ -88,8 +88,8 @@ static int rows_aligned(const smelt__kshape *k, int64_t vw) {
   return 1;
 }
 
-smelt_status smelt__cuda_softmax_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *y,
-                                     const smelt_tensor *lse) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *y = t[1], *lse = t[2];
   int64_t n = smelt_tensor_numel(x);
   if (n == 0) return SMELT_OK;
   const bucket *bk = &buckets[plan->variant];
@@ -111,7 +111,7 @@ smelt_status smelt__cuda_softmax_run(smelt_plan *plan, const smelt_tensor *x, co
                   rows_aligned(&xr, vw) && rows_aligned(&yr, vw);
 
   const int64_t rows_per_cta = bk->block / bk->group;
-  int64_t g = (rows + rows_per_cta - 1) / rows_per_cta;
+  int64_t g = smelt__ceil_div(rows, rows_per_cta);
   unsigned grid = (unsigned)(g > 0x7fffffff ? 0x7fffffff : g);
   void *params[] = {&xp, &yp, &lp, &rows, &C, &xr, &yr, &lr, &xcs, &ycs};
   smelt__nvtx_push("smelt_softmax");
@@ -123,3 +123,5 @@ smelt_status smelt__cuda_softmax_run(smelt_plan *plan, const smelt_tensor *x, co
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_softmax = {.plan = plan_softmax, .run = run};

@@ -50,7 +50,7 @@ int smelt__topk_variants(smelt__kernel_src *out, int max) {
   return n;
 }
 
-smelt_status smelt__cuda_topk_plan(smelt_plan *plan) {
+static smelt_status plan_topk(smelt_plan *plan, const void *args) {
   const smelt_tensor *x = &plan->t[0], *ind = &plan->t[2];
   int64_t C = x->shape[x->ndim - 1];
   /* The kernels pack an element's index into 32 bits. */
@@ -72,8 +72,8 @@ smelt_status smelt__cuda_topk_plan(smelt_plan *plan) {
 }
 
 
-smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *values,
-                                  const smelt_tensor *indices) {
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt_tensor *const *t = (const smelt_tensor *const *)args, *x = t[0], *values = t[1], *indices = t[2];
   int64_t n = smelt_tensor_numel(x);
   if (n == 0) return SMELT_OK;
   const path *pt = &paths[plan->variant];
@@ -87,7 +87,7 @@ smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x, const
   if (indices) smelt__kshape_rows(indices, indices->ndim - 1, &ir);
   void *xp = x->data, *vp = values->data, *ip = indices ? indices->data : NULL;
   const int64_t rows_per_cta = pt->items ? pt->block / 32 : 1;
-  int64_t g = (rows + rows_per_cta - 1) / rows_per_cta;
+  int64_t g = smelt__ceil_div(rows, rows_per_cta);
   unsigned grid = (unsigned)(g > 0x7fffffff ? 0x7fffffff : g);
   void *params[] = {&xp, &vp, &ip, &rows, &C, &k, &xr, &vr, &ir, &xcs, &vcs, &ics};
   smelt__nvtx_push("smelt_topk");
@@ -96,3 +96,5 @@ smelt_status smelt__cuda_topk_run(smelt_plan *plan, const smelt_tensor *x, const
   smelt__nvtx_pop();
   return s;
 }
+
+const smelt__backend smelt__cuda_topk = {.plan = plan_topk, .run = run};

@@ -498,7 +498,7 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 static int hopper_gemm(const smelt_plan *p) {
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
   smelt__gemm_table(table);
-  return table[((const smelt__gemm_state *)p->opdata)->kernel].fam == SMELT__GK_SM90;
+  return table[((const smelt__gemm_cuda_plan *)p->backend)->kernel].fam == SMELT__GK_SM90;
 }
 
 /* The projection's GEMM plan, made against workspaces like the runs'. The
