@@ -172,8 +172,8 @@ static int64_t lse_index(const acase *c, const ageom *g, int64_t r, int64_t h) {
 static int visible(const acase *c, int64_t sq, int64_t sk, int64_t i, int64_t j) {
   const int64_t diag = i + sk - sq;
   if (c->causal && j > diag) return 0;
-  if (c->wl >= 0 && j < diag - c->wl) return 0;
-  if (c->wr >= 0 && j > diag + c->wr) return 0;
+  if (c->wl >= 0 && c->wl < diag - j) return 0; /* j < diag - wl, without overflow */
+  if (c->wr >= 0 && j - diag > c->wr) return 0;
   return 1;
 }
 
@@ -462,6 +462,8 @@ static const acase small_cases[] = {
     {4, 0, 0, 4, 2, 64, 1, -1, -1, 0, 1, {5, 0, 17, 64}, {7, 4, 0, 100}, LAY_PADDED},          /* varlen, empty seqs */
     {3, 0, 0, 2, 1, 64, 0, 30, -1, 0, 1, {1, 33, 129}, {40, 1, 129}, LAY_HEADMAJOR},          /* varlen, window */
     {5, 0, 0, 8, 8, 64, 1, -1, -1, 0.1f, 1, {3, 70, 0, 17, 1}, {3, 70, 5, 17, 0}, LAY_CONTIG}, /* varlen, MHA */
+    {2, 33, 20, 2, 1, 64, 0, INT64_MAX, INT64_MAX, 0, 0, NSEQ0, NSEQ0, LAY_PADDED}, /* windows as wide as none */
+    {2, 0, 0, 2, 2, 64, 1, INT64_MAX, -1, 0, 1, {9, 30}, {40, 2}, LAY_CONTIG},      /* varlen, causal, huge left */
 };
 
 static void test_values_small(void) {

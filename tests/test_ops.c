@@ -904,9 +904,24 @@ const th_test th_tests_softmax[] = {
     {0, 0},
 };
 
+/* A broadcast row of 2^60 elements (stride 0) is a valid view, but the CPU
+ * reference's sort scratch for it would be 2^64 bytes: refused as an
+ * overflow with the output untouched (the size once wrapped to 0 bytes). */
+static void test_topk_broadcast_row(void) {
+  float one = 1.0f, out = -7.0f;
+  int64_t xs[2] = {1, (int64_t)1 << 60}, vs[2] = {1, 1};
+  smelt_tensor x = smelt_tensor_make(&one, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, xs);
+  x.strides[0] = x.strides[1] = 0;
+  smelt_tensor v = smelt_tensor_make(&out, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, vs);
+  CHECK_STATUS(smelt_topk(th_cpu(), 1, &x, &v, NULL), SMELT_STATUS_OVERFLOW);
+  CHECK_MSG("a row's scratch");
+  CHECK(out == -7.0f);
+}
+
 const th_test th_tests_topk[] = {
     {"values", test_topk_values},
     {"nan_inf_ties", test_topk_nan_inf_ties},
     {"bad_inputs", test_topk_bad_inputs},
+    {"broadcast_row", test_topk_broadcast_row},
     {0, 0},
 };

@@ -423,6 +423,8 @@ void smelt__attn_lse_view_of(const smelt__attn_state *st, const smelt_tensor *t,
 
 void smelt__attn_key_range(int64_t wl, int64_t wr, int64_t sq, int64_t sk, int64_t i, int64_t *lo, int64_t *hi) {
   const int64_t diag = i + sk - sq; /* the key on query i's (bottom-right aligned) diagonal */
-  *lo = wl < 0 || diag - wl < 0 ? 0 : diag - wl;
-  *hi = wr < 0 || diag + wr > sk - 1 ? sk - 1 : diag + wr;
+  /* Compared before subtracting or adding, so a window near INT64_MAX cannot
+   * overflow: it is as wide as no window. sk - 1 - diag = sq - 1 - i. */
+  *lo = wl < 0 || wl > diag ? 0 : diag - wl;
+  *hi = wr < 0 || wr > sq - 1 - i ? sk - 1 : diag + wr;
 }

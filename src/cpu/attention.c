@@ -10,6 +10,7 @@
  *           dv = Σ_group Pᵀ dO, stored once the group is done.
  * Naive on purpose: it is the oracle the GPU kernels are checked against. */
 #include "../core/attention_internal.h"
+#include "../core/checked.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -93,20 +94,35 @@ static void work_free(work *w) {
   free(w->lse);
 }
 
-static int work_new(work *w, int64_t sq, int64_t sk, int64_t D) {
+/* One sequence's scratch; OVERFLOW when its sizes do not fit (the rows of
+ * a broadcast q or k can be many), OUT_OF_MEMORY when malloc fails. */
+static smelt_status work_new(work *w, int64_t sq, int64_t sk, int64_t D, const char *op) {
   memset(w, 0, sizeof *w);
-  const size_t qn = (size_t)(sq > 0 ? sq : 1) * (size_t)D, kn = (size_t)(sk > 0 ? sk : 1) * (size_t)D;
-  w->q = malloc(qn * sizeof(double));
-  w->o = malloc(qn * sizeof(double));
-  w->d_o = malloc(qn * sizeof(double));
-  w->dq = malloc(qn * sizeof(double));
-  w->k = malloc(kn * sizeof(double));
-  w->v = malloc(kn * sizeof(double));
-  w->dk = malloc(kn * sizeof(double));
-  w->dv = malloc(kn * sizeof(double));
-  w->lse = malloc((size_t)(sq > 0 ? sq : 1) * sizeof(double));
-  w->s = malloc((size_t)(sq > 0 ? sq : 1) * (size_t)(sk > 0 ? sk : 1) * sizeof(double));
-  return w->q && w->o && w->d_o && w->dq && w->k && w->v && w->dk && w->dv && w->lse && w->s;
+  if (sq < 1) sq = 1;
+  if (sk < 1) sk = 1;
+  int64_t qn, kn, sn;
+  size_t qb = 0, kb = 0, lb = 0, sb = 0;
+  smelt_status s;
+  if ((s = smelt__mul_i64(sq, D, &qn, op, "the CPU reference's query rows")) ||
+      (s = smelt__mul_i64(sk, D, &kn, op, "the CPU reference's key rows")) ||
+      (s = smelt__mul_i64(sq, sk, &sn, op, "the CPU reference's score matrix")) ||
+      (s = smelt__bytes(qn, sizeof(double), &qb, op, "the query scratch")) ||
+      (s = smelt__bytes(kn, sizeof(double), &kb, op, "the key scratch")) ||
+      (s = smelt__bytes(sq, sizeof(double), &lb, op, "the LSE scratch")) ||
+      (s = smelt__bytes(sn, sizeof(double), &sb, op, "the score scratch")))
+    return s;
+  w->q = malloc(qb);
+  w->o = malloc(qb);
+  w->d_o = malloc(qb);
+  w->dq = malloc(qb);
+  w->k = malloc(kb);
+  w->v = malloc(kb);
+  w->dk = malloc(kb);
+  w->dv = malloc(kb);
+  w->lse = malloc(lb);
+  w->s = malloc(sb);
+  if (w->q && w->o && w->d_o && w->dq && w->k && w->v && w->dk && w->dv && w->lse && w->s) return SMELT_OK;
+  return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
 }
 
 /* S for one head: scale · q kᵀ where visible, -inf elsewhere. [sq][sk] */
@@ -195,10 +211,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
     if (seqs[b].sq > mq) mq = seqs[b].sq;
     if (seqs[b].sk > mk) mk = seqs[b].sk;
   }
-  if (!s && !work_new(&w, mq, mk, D)) {
-    work_free(&w);
-    s = smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", st->op);
-  }
+  if (!s && (s = work_new(&w, mq, mk, D, st->op))) work_free(&w);
   if (s) {
     free(seqs);
     return s;

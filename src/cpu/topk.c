@@ -2,7 +2,7 @@
  * first, -0 == +0, index ascending) with qsort, the first k kept. Values are
  * copied from x byte for byte (NaN payloads and the sign of zero survive);
  * indices are stored as i32 or i64. */
-#include "../core/internal.h"
+#include "../core/checked.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -22,7 +22,10 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const int64_t C = x->shape[x->ndim - 1];
   const int64_t rows = smelt_tensor_numel(x) / C;
   if (rows == 0) return SMELT_OK;
-  smelt__rank *row = (smelt__rank *)malloc((size_t)C * sizeof *row);
+  size_t bytes = 0;
+  smelt_status s = smelt__bytes(C, sizeof(smelt__rank), &bytes, "smelt_topk", "a row's scratch");
+  if (s) return s;
+  smelt__rank *row = (smelt__rank *)malloc(bytes);
   if (!row)
     return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_topk: no host memory for a row of %lld", (long long)C);
   const size_t es = smelt_dtype_size(x->dtype);
