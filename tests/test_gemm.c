@@ -2104,6 +2104,14 @@ static void test_grouped_offs_bad(void) {
   t2.shape[0] = 2;
   OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &t2, NULL, &to), SMELT_STATUS_SHAPE_MISMATCH,
        "D.shape[0]=2 must equal T=3");
+  /* offs is read as one contiguous array: other strides are refused (stride 0
+   * once read past the buffer, stride 2 computed wrong groups). */
+  for (int64_t stride = 0; stride <= 2; stride += 2) {
+    t2 = to;
+    t2.strides[0] = stride;
+    OBAD(smelt_gemm_grouped_offs(cpu, NULL, &ta, &tb, NULL, &td, NULL, &t2), SMELT_STATUS_BAD_LAYOUT,
+         "offs.strides[0]");
+  }
   t2 = tc;
   t2.shape[1] = 3;
   desc = smelt_gemm_desc_default();

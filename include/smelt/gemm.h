@@ -207,8 +207,9 @@ SMELT_API smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc 
  *                 fast layout)
  *   C, D [T, N]   stacked like A (C only when beta != 0; D may be C)
  *   bias [G, N]   one row per group, or NULL
- *   offs [G]      int32 or int64, on the context's device (host memory on
- *                 the CPU backend): cumulative row ends. Group g owns rows
+ *   offs [G]      int32 or int64, contiguous (stride 1), on the context's
+ *                 device (host memory on the CPU backend): cumulative row
+ *                 ends. Group g owns rows
  *                 [offs[g-1], offs[g]) with offs[-1] = 0, and computes
  *                 D[r] = epilogue(A[r] @ B[g] + beta C[r] + bias[g]) there.
  * Rows at or past offs[G-1] are not written. G, N, K and T are the host's;

@@ -609,6 +609,11 @@ static smelt_status resolve_offs(const char *op, const smelt_ctx *ctx, const sme
     return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: offs.shape=%s must be [G]=[%lld] (B.shape[0])", op,
                         smelt__shape_str(offs, sh, sizeof sh), (long long)G);
   }
+  /* Every backend reads offs as one contiguous array (the kernels scan it
+   * 32 groups at a time), so a strided view is refused, not misread. */
+  if (G > 1 && offs->strides[0] != 1)
+    return smelt__error(SMELT_STATUS_BAD_LAYOUT, "%s: offs.strides[0]=%lld must be 1 (offs is read as a contiguous array)",
+                        op, (long long)offs->strides[0]);
   if ((s = smelt__check_output(op, "D", d)) || (s = check_disjoint(op, d, a, b, has_c ? c : NULL, bias, offs)))
     return s;
   *groups = G;
