@@ -1319,6 +1319,10 @@ static void test_varlen_fwd_bad_inputs(void) {
     t.shape[0] = 1;
     CHECK_REJECT(smelt_attention_varlen_fwd(ctx, d, &e.vq, &e.vk, &e.vv, &e.cq, &t, &e.vo, &e.vlse),
                  SMELT_STATUS_SHAPE_MISMATCH, "cu_seqlens_k.shape=[1]", "cu_seqlens_q.shape=[2]");
+    smelt_tensor t0 = e.cq; /* batch 0 with rows: no sequence would own (and write) them */
+    t0.shape[0] = 1;
+    CHECK_REJECT(smelt_attention_varlen_fwd(ctx, d, &e.vq, &e.vk, &e.vv, &t0, &t, &e.vo, &e.vlse),
+                 SMELT_STATUS_SHAPE_MISMATCH, "(batch 0) but q has 3", "must have 0");
     CHECK_REJECT(smelt_attention_varlen_fwd(ctx, d, &e.q, &e.vk, &e.vv, &e.cq, &e.ck, &e.vo, &e.vlse),
                  SMELT_STATUS_SHAPE_MISMATCH, "q.ndim=4", "[rows, heads, D]");
     CHECK_REJECT(smelt_attention_varlen_fwd(ctx, d, &e.vq, &e.vk, &e.vv, &e.cq, &e.ck, &e.vo, &e.lse),

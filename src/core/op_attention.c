@@ -161,6 +161,13 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
     st->B = cq->shape[0] - 1;
     st->rows_q = q->shape[0];
     st->rows_k = k->shape[0];
+    /* cu_seqlens[0] = 0 = cu_seqlens[B]: with no sequence no row is owned,
+     * and rows no sequence owns would stay unwritten. */
+    if (st->B == 0 && (st->rows_q || st->rows_k))
+      return smelt__error(SMELT_STATUS_SHAPE_MISMATCH,
+                          "%s: cu_seqlens_q.shape[0]=1 (batch 0) but q has %lld and k %lld rows; with no sequence both "
+                          "must have 0",
+                          op, (long long)st->rows_q, (long long)st->rows_k);
   } else {
     st->B = q->shape[0];
     st->Sq = q->shape[1];

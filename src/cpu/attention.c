@@ -196,8 +196,8 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   const smelt__attn_args *a = (const smelt__attn_args *)args;
   const int64_t B = st->B, H = st->H, Hk = st->Hk, D = st->D, group = H / Hk;
-  if (B == 0) return SMELT_OK;
-  seq *seqs = (seq *)calloc((size_t)B, sizeof *seqs);
+  if (B == 0 && !st->varlen) return SMELT_OK; /* varlen: cu_seqlens[0] is still checked */
+  seq *seqs = (seq *)calloc((size_t)(B ? B : 1), sizeof *seqs);
   if (!seqs) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", st->op);
   smelt_status s = SMELT_OK;
   if (st->varlen) {
