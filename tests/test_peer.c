@@ -12,8 +12,8 @@
  * frequent with such data). Other problems compare ids up to near-ties:
  * a GPU id may differ from the reference only where the reference scores
  * differ by less than the tolerance. Outputs are poisoned and guarded. */
+#include "core/error_bound.h"
 #include "harness.h"
-#include "core/peer_internal.h"
 
 #include <math.h>
 
@@ -610,10 +610,11 @@ static void test_peer_retrieve_tiles(void) {
   }
 }
 
-/* Relative L2 bound of y per output dtype (f32 math on the GPU). */
-static double y_bound(smelt_ctx *ctx, smelt_dtype dt) {
-  if (!is_cuda(ctx)) return dt == F64 ? 1e-12 : dt == F32 ? 1e-6 : dt == F16 ? 1e-3 : 8e-3;
-  return dt == F32 ? 2e-5 : dt == F16 ? 2e-3 : 1e-2;
+/* Relative L2 bound of y (output 0) or a gradient (1) of dtype dt on ctx's
+ * backend against the CPU reference (src/core/error_bound.c). */
+static double bound(smelt_ctx *ctx, smelt_dtype dt, int output) {
+  const smelt__bound_query q = {.family = "peer", .device = smelt_ctx_device(ctx), .dtype = dt, .output = output};
+  return smelt__error_bound(&q);
 }
 
 static void forward_case(smelt_ctx *ctx, const pcase *c) {
@@ -632,7 +633,7 @@ static void forward_case(smelt_ctx *ctx, const pcase *c) {
     check_retrieval(what, &pr, gi, gs, id_tol(ctx, c), is_cuda(ctx) ? 1e-4 : 1e-6);
     double *ry = (double *)malloc((size_t)(c->T * c->dout) * sizeof(double));
     or_forward(&pr, gi, ry);
-    if (!th_compare(what, gy, ry, c->T * c->dout, y_bound(ctx, c->xdt), 1e-6)) th_fail(__FILE__, __LINE__, "%s: y", what);
+    if (!th_compare(what, gy, ry, c->T * c->dout, bound(ctx, c->xdt, 0), 1e-6)) th_fail(__FILE__, __LINE__, "%s: y", what);
     free(ry);
   }
   free(gi);
@@ -678,7 +679,7 @@ static void test_peer_plan_reuse(void) {
       CHECK_OK(smelt_peer_forward_run(plan, &d.w, &d.t[B_X], &y.t, NULL, NULL));
       double *gy = out_get("reuse forward", &y), *ry = (double *)malloc((size_t)(c->T * c->dout) * sizeof(double));
       or_forward(&pr, gi, ry);
-      CHECK(th_compare("reuse forward", gy, ry, c->T * c->dout, y_bound(ctx, c->xdt), 1e-6));
+      CHECK(th_compare("reuse forward", gy, ry, c->T * c->dout, bound(ctx, c->xdt, 0), 1e-6));
       free(gi);
       free(gs);
       free(gy);
@@ -969,7 +970,7 @@ static void test_peer_backward_cuda(void) {
     for (int gi = 0; gi < G_COUNT && !s; gi++) {
       if (!gc.has[gi]) continue;
       double *a = out_get(what, &gc.o[gi]), *b = out_get(what, &gg.o[gi]);
-      if (!th_compare(grad_names[gi], b, a, smelt_tensor_numel(&gc.o[gi].t), 1e-4, 1e-6))
+      if (!th_compare(grad_names[gi], b, a, smelt_tensor_numel(&gc.o[gi].t), bound(gpu, F32, 1), 1e-6))
         th_fail(__FILE__, __LINE__, "%s: %s", what, grad_names[gi]);
       free(a);
       free(b);
@@ -983,7 +984,7 @@ static void test_peer_backward_cuda(void) {
       for (int gi = 0; gi < G_COUNT; gi++) {
         if (!gc.has[gi]) continue;
         double *a = out_get(what, &gc.o[gi]), *b = out_get(what, &g16.o[gi]);
-        if (!th_compare(grad_names[gi], b, a, smelt_tensor_numel(&gc.o[gi].t), y_bound(gpu, c->xdt), 1e-6))
+        if (!th_compare(grad_names[gi], b, a, smelt_tensor_numel(&gc.o[gi].t), bound(gpu, c->xdt, 1), 1e-6))
           th_fail(__FILE__, __LINE__, "%s: %s in %s", what, grad_names[gi], smelt_dtype_name(c->xdt));
         free(a);
         free(b);

@@ -51,13 +51,15 @@
  * --check compares --check-tokens tokens (the first and the last half of
  * them) of set 0 against the CPU backend, computed in double from the same
  * rounded weights: y and, with --bwd, dx (the backward of those tokens with
- * the device's ids). Retrieval ids are compared too and mismatches reported
- * (near-equal scores may rank differently under f32 and f64 arithmetic).
+ * the device's ids), each within its bound (src/core/error_bound.c).
+ * Retrieval ids are compared too and mismatches reported (near-equal scores
+ * may rank differently under f32 and f64 arithmetic).
  *
  * --route, --expert-kernel, --overlap, --head-groups and --projection set
  * cfg.kernels, for comparing the CUDA variants; the case's kernel line is
  * the plan's description of what runs. */
 #include "bench.h"
+#include "core/error_bound.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -436,8 +438,10 @@ static void err_add(err_sums *s, double got, double ref) {
 
 static double rel_l2(const err_sums *s) { return s->ref2 > 0 ? sqrt(s->diff2 / s->ref2) : sqrt(s->diff2); }
 
-static double bound_of(smelt_dtype dt) {
-  return dt == SMELT_DTYPE_F32 ? 1e-4 : dt == SMELT_DTYPE_F16 ? 5e-3 : 1e-2;
+/* The relative L2 bound of y (output 0) or dx (1) against the CPU backend. */
+static double bound_of(int output) {
+  const smelt__bound_query q = {.family = "peer", .device = smelt_ctx_device(st.ctx), .dtype = st.dt, .output = output};
+  return smelt__error_bound(&q);
 }
 
 /* Token t of the checked ones: the first half from the start, the rest from the end. */
@@ -516,13 +520,16 @@ static void check(const host_weights *hw, const void *hx, const void *hdy, const
   }
   smelt_ctx_destroy(cpu);
 
-  const double bound = bound_of(st.dt), ry = rel_l2(&ey), rdx = rel_l2(&edx);
-  const int ok = ey.nan + edx.nan == 0 && ry <= bound && rdx <= bound;
+  const double bound = bound_of(0), dx_bound = bound_of(1), ry = rel_l2(&ey), rdx = rel_l2(&edx);
+  const int ok = ey.nan + edx.nan == 0 && ry <= bound && rdx <= dx_bound;
   c->check_failed = !ok;
+  char dx_text[64] = "";
+  if (opt_bwd) snprintf(dx_text, sizeof dx_text, ", dx %.2e (bound %.0e)", rdx, dx_bound);
   snprintf(c->check_text, sizeof c->check_text,
-           "%lld tokens: rel_l2 y %.2e%s%.2e (bound %.0e), %lld NaN/inf mismatches, ids %lld of %zu differ: %s",
-           (long long)nc, ry, opt_bwd ? " dx " : " max_abs ", opt_bwd ? rdx : ey.max_abs, bound,
-           (long long)(ey.nan + edx.nan), (long long)id_mismatch, nid, ok ? "ok" : "FAIL");
+           "%lld tokens: rel_l2 y %.2e (bound %.0e)%s, max_abs y %.2e, %lld NaN/inf mismatches, ids %lld of %zu "
+           "differ: %s",
+           (long long)nc, ry, bound, dx_text, ey.max_abs, (long long)(ey.nan + edx.nan), (long long)id_mismatch, nid,
+           ok ? "ok" : "FAIL");
   snprintf(c->check_json, sizeof c->check_json,
            "\"check\":\"%s\",\"check_tokens\":%lld,\"check_rel_l2\":%.4e,\"check_bound\":%.1e,"
            "\"check_max_abs\":%.4e,\"check_nan\":%lld,\"check_id_mismatches\":%lld",
@@ -530,7 +537,8 @@ static void check(const host_weights *hw, const void *hx, const void *hdy, const
            (long long)id_mismatch);
   if (opt_bwd) {
     size_t len = strlen(c->check_json);
-    snprintf(c->check_json + len, sizeof c->check_json - len, ",\"check_dx_rel_l2\":%.4e", rdx);
+    snprintf(c->check_json + len, sizeof c->check_json - len, ",\"check_dx_rel_l2\":%.4e,\"check_dx_bound\":%.1e", rdx,
+             dx_bound);
   }
   free(full_y);
   free(full_ids);

@@ -130,11 +130,6 @@ typedef struct cli_diff {
   int64_t mismatches; /* elements that are not exactly equal */
 } cli_diff;
 cli_diff cli_compare(const void *got, const void *ref, smelt_dtype dt, size_t n);
-/* One element's relative error bound for a result rounded once to dt
- * (src/core/error_bound.c): about two units in the last place, so GPU math
- * (f32 intrinsics, one rounding) and the CPU reference (double, one
- * rounding) may differ by a rounding step. */
-double cli_rel_bound(smelt_dtype dt);
 
 /* ---------------------------------------------------------------- timing */
 

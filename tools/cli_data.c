@@ -4,7 +4,6 @@
  * reference. Conversions go through the library's own host converters so the
  * tool rounds exactly as the library does. */
 #include "cli.h"
-#include "core/error_bound.h"
 
 #include <math.h>
 #include <string.h>
@@ -72,9 +71,4 @@ cli_diff cli_compare(const void *got, const void *ref, smelt_dtype dt, size_t n)
     if (isfinite(r) && fabs(r) > d.max_ref) d.max_ref = fabs(r);
   }
   return d;
-}
-
-double cli_rel_bound(smelt_dtype dt) {
-  const smelt__bound_query q = {.metric = SMELT__METRIC_MAX_REL, .dtype = dt};
-  return smelt__bound_elementwise(&q);
 }

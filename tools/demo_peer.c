@@ -95,11 +95,10 @@ static void check(peer_case *c, const void *hwq, void *const hkeys[2], const voi
   cli_dev_download(env->ctx, igot, c->ids, (size_t)(nc * c->H * K) * 8);
   cli_diff dy = cli_compare(ygot, yref, c->dt, (size_t)(nc * c->dout));
   cli_diff di = cli_compare(igot, iref, SMELT_DTYPE_I64, (size_t)(nc * c->H * K));
-  const double bound = 4 * cli_rel_bound(c->dt) * (dy.max_ref > 1.0 ? dy.max_ref : 1.0);
   char label[32], note[96];
   snprintf(label, sizeof label, "%s y, %lld tok", smelt_dtype_name(c->dt), (long long)nc);
   snprintf(note, sizeof note, "forward through the store vs CPU on its host tables");
-  cli_demo_row(env, label, &dy, bound, c->dout, NULL, 0.0, note);
+  cli_demo_row(env, label, &dy, cli_demo_bound(&dy, "peer", c->dt), c->dout, NULL, 0.0, note);
   snprintf(note, sizeof note, "%lld of %lld differ (near-equal scores may swap)", (long long)di.mismatches,
            (long long)(nc * c->H * K));
   cli_demo_row(env, "ids", &di, INFINITY, c->H * K, NULL, 0.0, note);

@@ -79,3 +79,27 @@ double smelt__bound_attention(const smelt__bound_query *q) {
     default: return 8e-3;
   }
 }
+
+/* PEER against the CPU reference (the reference against the exact result:
+ * double arithmetic, one rounding). The GPU's routing scores carry the
+ * bf16 hi + lo split's ~2^-16 relative error into the gates, which moves
+ * an f32 y more than its own sums do; the gradients (output 1) also pass
+ * the gates' derivatives and the projection's GEMMs. 16-bit results are
+ * dominated by their own rounding. One element's worst error allows four
+ * elementwise units: y sums every head's k gated experts before rounding. */
+double smelt__bound_peer(const smelt__bound_query *q) {
+  if (q->metric == SMELT__METRIC_MAX_REL) return 4 * max_rel(q->dtype);
+  if (q->device == SMELT_DEVICE_CPU) {
+    switch (q->dtype) {
+      case SMELT_DTYPE_F64: return 1e-12;
+      case SMELT_DTYPE_F32: return 1e-6;
+      case SMELT_DTYPE_F16: return 1e-3;
+      default: return 8e-3;
+    }
+  }
+  switch (q->dtype) {
+    case SMELT_DTYPE_F32: return q->output ? 1e-4 : 2e-5;
+    case SMELT_DTYPE_F16: return 2e-3;
+    default: return 1e-2;
+  }
+}

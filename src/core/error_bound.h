@@ -1,11 +1,10 @@
 /* The error bounds: how far a result may lie from the CPU reference, one
  * definition per op and dtype, used by the tests, the GEMM autotuner, the
  * benches' --check and the demo, so that no two of them can drift apart.
- * Each family on the op-family interface names its bound function in its
- * smelt__family; smelt__error_bound finds it by op. A family with entry
- * points of its own (PEER, for now) adds its bound here and a case to
- * smelt__error_bound. This header needs only the public API, so the tests
- * and the CLI include it without the library's internals. */
+ * Each family names its bound function in its smelt__family;
+ * smelt__error_bound finds it by op. This header needs only the public
+ * API, so the tests and the CLI include it without the library's
+ * internals. */
 #ifndef SMELT_ERROR_BOUND_H
 #define SMELT_ERROR_BOUND_H
 
@@ -24,7 +23,7 @@ typedef struct smelt__bound_query {
   smelt_device_kind device;   /* the backend checked against the CPU reference; SMELT_DEVICE_CPU: the
                                  reference itself against an exact computation in double */
   smelt_dtype dtype;          /* the checked output's dtype */
-  int output;                 /* 0: the main output; 1: the f32 logsumexp (softmax, attention) */
+  int output;                 /* 0: the main output; 1: the f32 logsumexp (softmax, attention), a gradient (PEER) */
   int64_t k;                  /* the reduction length (no bound grows with it yet) */
   /* GEMM: A's dtype, the description and whether C is read. */
   smelt_dtype dt_a;
@@ -39,5 +38,6 @@ double smelt__error_bound(const smelt__bound_query *q);
 double smelt__bound_elementwise(const smelt__bound_query *q); /* activation, softmax, top-k */
 double smelt__bound_gemm(const smelt__bound_query *q);
 double smelt__bound_attention(const smelt__bound_query *q);
+double smelt__bound_peer(const smelt__bound_query *q);
 
 #endif /* SMELT_ERROR_BOUND_H */

@@ -84,10 +84,9 @@ struct smelt_ctx {
 
 /* ---- plans */
 /* What made a plan: a family on the op-family interface (plan->family
- * says which), or one with entry points of its own. */
+ * says which). */
 typedef enum smelt__op {
-  SMELT__OP_FAMILY = 1,
-  SMELT__OP_PEER
+  SMELT__OP_FAMILY = 1
 } smelt__op;
 
 #define SMELT__PLAN_MAX_TENSORS 6
@@ -98,7 +97,7 @@ struct smelt__family;
 struct smelt_plan {
   smelt_ctx *ctx;
   smelt__op op;
-  const struct smelt__family *family; /* NULL for families with entry points of their own */
+  const struct smelt__family *family; /* the family that made it */
   char describe[160];
   smelt_tensor t[SMELT__PLAN_MAX_TENSORS]; /* planned views (data ignored); ndim -1 = absent */
   union {

@@ -1,25 +1,41 @@
 /* PEER internals shared by the core (validation, plans, the store), the CPU
- * reference and the CUDA backend: the plan's resolved description, the
- * store's state, and the backend entry points. */
+ * reference and the CUDA backend: the tensor roles, what a run hands the
+ * backend, the plan's resolved description, and the store's state and
+ * entry points. */
 #ifndef SMELT_PEER_INTERNAL_H
 #define SMELT_PEER_INTERNAL_H
 
 #include "internal.h"
 
-/* The planned tensors, in one array so plan/run comparisons loop over it. */
+/* PEER's tensor roles (smelt__family_peer's, by index): the planned ones
+ * first, x and the weights, which every run binds as planned; then each
+ * run's own. ids is an output of retrieval and the forward, an input of
+ * the backward: two roles. */
 enum {
-  SMELT__PT_X = 0,
-  SMELT__PT_WQ,
-  SMELT__PT_BQ,
-  SMELT__PT_NORM_W,
-  SMELT__PT_NORM_B,
-  SMELT__PT_BN_MEAN,
-  SMELT__PT_BN_VAR,
+  SMELT__PT_X = 0, SMELT__PT_WQ, SMELT__PT_BQ,
+  SMELT__PT_NORM_W, SMELT__PT_NORM_B, SMELT__PT_BN_MEAN, SMELT__PT_BN_VAR,
   SMELT__PT_KEY0, /* SMELT__PT_KEY0 + i for dim i */
-  SMELT__PT_U = SMELT__PT_KEY0 + SMELT_PEER_MAX_DIMS,
-  SMELT__PT_V,
-  SMELT__PT_COUNT
+  SMELT__PT_U = SMELT__PT_KEY0 + SMELT_PEER_MAX_DIMS, SMELT__PT_V,
+  SMELT__PT_COUNT, /* the planned roles */
+  /* retrieval's and the forward's */
+  SMELT__PT_Y = SMELT__PT_COUNT, SMELT__PT_IDS, SMELT__PT_SCORES,
+  /* the backward's: its inputs, the dense gradients, the sparse expert gradients */
+  SMELT__PT_IDS_IN, SMELT__PT_DY,
+  SMELT__PT_DX, SMELT__PT_DWQ, SMELT__PT_DBQ, SMELT__PT_DNORM_W, SMELT__PT_DNORM_B,
+  SMELT__PT_DKEY0, /* SMELT__PT_DKEY0 + i for dim i */
+  SMELT__PT_DU = SMELT__PT_DKEY0 + SMELT_PEER_MAX_DIMS, SMELT__PT_DV,
+  SMELT__PT_GRAD_IDS, SMELT__PT_GRAD_COUNT, SMELT__PT_DU_ROWS, SMELT__PT_DV_ROWS,
+  SMELT__PT_ROLES
 };
+
+/* What a run asks of the backend (smelt__backend.run's args). */
+typedef enum smelt__peer_mode { SMELT__PEER_RETRIEVE, SMELT__PEER_FORWARD, SMELT__PEER_BACKWARD } smelt__peer_mode;
+typedef struct smelt__peer_args {
+  smelt__peer_mode mode;
+  const smelt_peer_weights *w;
+  const smelt_peer_grads *g;            /* the backward's */
+  const smelt_tensor *t[SMELT__PT_ROLES]; /* by role, validated; NULL where absent */
+} smelt__peer_args;
 
 /* The plan's resolved description (plan->opdata). */
 typedef struct smelt__peer_state {
@@ -28,7 +44,7 @@ typedef struct smelt__peer_state {
   int p;
   int64_t n[SMELT_PEER_MAX_DIMS];
   int norm_per_head;          /* norm params are [h, dq] (else [dq], shared) */
-  smelt_tensor t[SMELT__PT_COUNT]; /* planned views; ndim -1 = absent */
+  smelt_tensor t[SMELT__PT_ROLES]; /* planned views by role; ndim -1 = absent (a run's own roles always) */
   smelt_peer_store *store;    /* NULL: dense u, v */
   /* CUDA backend state (src/cuda/peer_select.c), freed with cuda_free. */
   void *cuda;
@@ -65,23 +81,9 @@ struct smelt_peer_store {
  * be in [0, N)). */
 void smelt__peer_store_batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n);
 
-/* ---- CPU reference (src/cpu/peer.c). Tensors validated. */
-smelt_status smelt__cpu_peer_retrieve(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                      const smelt_tensor *ids, const smelt_tensor *scores);
-smelt_status smelt__cpu_peer_forward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                     const smelt_tensor *y, const smelt_tensor *ids, const smelt_tensor *scores);
-smelt_status smelt__cpu_peer_backward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                      const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g);
-
-/* ---- CUDA backend (src/cuda/peer_select.c, peer_fwd.c, peer_bwd.c, peer_store_cuda.c). */
-smelt_status smelt__cuda_peer_plan(smelt_plan *plan);
-smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
-                                       const smelt_tensor *ids, const smelt_tensor *scores);
-smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
-                                      const smelt_tensor *y, const smelt_tensor *ids, const smelt_tensor *scores);
-smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
-                                       const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g);
-
+/* ---- the backends: smelt__cpu_peer (src/cpu/peer.c) and smelt__cuda_peer
+ * (src/cuda/peer_select.c), declared by src/core/internal.h; the store's
+ * CUDA half (src/cuda/peer_store_cuda.c). */
 smelt_status smelt__cuda_peer_store_create(smelt_peer_store *st);
 void smelt__cuda_peer_store_destroy(smelt_peer_store *st);
 smelt_status smelt__cuda_peer_store_write(smelt_peer_store *st, int64_t first, int64_t count, const void *u_rows,

@@ -332,16 +332,6 @@ done:
   return s;
 }
 
-smelt_status smelt__cpu_peer_retrieve(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                      const smelt_tensor *tid, const smelt_tensor *tsc) {
-  return select_and_mix(ps, w, x, NULL, tid, tsc);
-}
-
-smelt_status smelt__cpu_peer_forward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                     const smelt_tensor *y, const smelt_tensor *tid, const smelt_tensor *tsc) {
-  return select_and_mix(ps, w, x, y, tid, tsc);
-}
-
 /* ---------------------------------------------------------------- backward */
 
 /* One use of an expert: what its gradient rows need. */
@@ -412,8 +402,8 @@ static void zero(const smelt_tensor *t) {
   for (int64_t i = 0; i < n; i++) st(t, i, 0.0);
 }
 
-smelt_status smelt__cpu_peer_backward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
-                                      const smelt_tensor *tid, const smelt_tensor *dy, const smelt_peer_grads *gr) {
+static smelt_status backward(const smelt__peer_state *ps, const smelt_peer_weights *w, const smelt_tensor *x,
+                             const smelt_tensor *tid, const smelt_tensor *dy, const smelt_peer_grads *gr) {
   const int64_t T = ps->T, h = ps->h, k = ps->k, he = ps->he, dq_n = ps->dq, hd = h * dq_n, dsub = ps->dsub;
   const int64_t nuse = T * h * k;
   for (int64_t i = 0; i < nuse; i++) {
@@ -624,3 +614,14 @@ done:
   ref_free(&r);
   return s;
 }
+
+/* Retrieval is the forward without y. */
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt__peer_args *a = (const smelt__peer_args *)args;
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const smelt_tensor *const *t = a->t;
+  if (a->mode == SMELT__PEER_BACKWARD) return backward(ps, a->w, t[SMELT__PT_X], t[SMELT__PT_IDS_IN], t[SMELT__PT_DY], a->g);
+  return select_and_mix(ps, a->w, t[SMELT__PT_X], t[SMELT__PT_Y], t[SMELT__PT_IDS], t[SMELT__PT_SCORES]);
+}
+
+const smelt__backend smelt__cpu_peer = {.run = run};

@@ -142,20 +142,12 @@ static smelt_status expert_grads(smelt_ctx *ctx, const smelt__peer_state *ps, co
 enum { W_Q, W_QN, W_SC, W_G, W_DG, W_DS, W_UA, W_UDZ, W_DQ, W_DQ16, W_DX, W_PG, W_PB, W_K0, W_V0, W_K1, W_V1, W_HIST, W_BND,
        W_PART, W_RSUM, W_RTOT, W_N };
 
-smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
-                                       const smelt_tensor *ids, const smelt_tensor *dy, const smelt_peer_grads *g) {
+smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt__peer_variant *v, const smelt_peer_weights *w,
+                                       const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *dy,
+                                       const smelt_peer_grads *g) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
   const smelt__peer_cuda *pc = (const smelt__peer_cuda *)ps->cuda;
   smelt_ctx *ctx = plan->ctx;
-  const smelt_tensor *ts[8 + SMELT_PEER_MAX_DIMS] = {dy, g->dx, g->dwq, g->dbq, g->dnorm_weight, g->dnorm_bias, g->du,
-                                                     g->dv};
-  static const char *const names[8 + SMELT_PEER_MAX_DIMS] = {
-      "dy", "dx", "dwq", "dbq", "dnorm_weight", "dnorm_bias", "du", "dv", "dsub_keys[0]", "dsub_keys[1]",
-      "dsub_keys[2]", "dsub_keys[3]"};
-  for (int i = 0; i < SMELT_PEER_MAX_DIMS; i++) ts[8 + i] = g->dsub_keys[i];
-  const smelt__peer_variant *v;
-  smelt_status s = smelt__peer_no_f64(ts, names, 8 + SMELT_PEER_MAX_DIMS);
-  if (s || (s = smelt__peer_variant_for(plan, w, NULL, &v))) return s;
   const int64_t T = ps->T, h = ps->h, k = ps->k, hd = h * ps->dq, nuse = T * h * k;
   const int want_norm = g->dnorm_weight || g->dnorm_bias;
   int want_keys = 0;
@@ -196,7 +188,8 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt_peer_weight
     bytes[W_RTOT] = 8;
   }
   void *base, *r[W_N];
-  if ((s = smelt__peer_ws_alloc(ctx, bytes, W_N, &base, r))) return s;
+  smelt_status s = smelt__peer_ws_alloc(ctx, bytes, W_N, &base, r);
+  if (s) return s;
   smelt__nvtx_push("smelt_peer_backward");
   smelt__peer_route_params P;
   smelt__peer_fill_route(ps, w, &P);

@@ -166,7 +166,16 @@ void smelt__peer_fill_expert(const smelt__peer_state *ps, const smelt_peer_weigh
                                const smelt__peer_expert *ev, smelt__peer_expert_params *P);
 /* q = x Wq + bq into the f32 workspace q [T, h*dq]. */
 smelt_status smelt__peer_project(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x, void *q);
-/* Run-time tensors the plan did not see (outputs, dy) in f64: CPU-only. */
-smelt_status smelt__peer_no_f64(const smelt_tensor *const *t, const char *const *names, int n);
+
+/* ---- the runs (peer_fwd.c, peer_bwd.c): smelt__cuda_peer's run calls them
+ * with validated tensors and the variant for them */
+smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt__peer_variant *v, const smelt_peer_weights *w,
+                                       const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *scores);
+smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt__peer_variant *v, const smelt_peer_weights *w,
+                                      const smelt_tensor *x, const smelt_tensor *y, const smelt_tensor *ids,
+                                      const smelt_tensor *scores);
+smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt__peer_variant *v, const smelt_peer_weights *w,
+                                       const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *dy,
+                                       const smelt_peer_grads *g);
 
 #endif /* SMELT_PEER_CUDA_H */

@@ -53,13 +53,6 @@ void smelt__peer_fill_route(const smelt__peer_state *ps, const smelt_peer_weight
     }
 }
 
-smelt_status smelt__peer_no_f64(const smelt_tensor *const *t, const char *const *names, int n) {
-  for (int i = 0; i < n; i++)
-    if (t[i] && t[i]->dtype == SMELT_DTYPE_F64)
-      return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": %s.dtype=f64 is CPU-only (CUDA: f32, f16, bf16)", names[i]);
-  return SMELT_OK;
-}
-
 static int log2i(int64_t v) {
   int s = 0;
   while (((int64_t)1 << s) < v) s++;
@@ -232,18 +225,15 @@ static smelt_status project_route(smelt_plan *plan, const smelt__peer_variant *v
   return launch_route(plan, v, L, &P, E, pj ? w->wq : NULL);
 }
 
-smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
-                                       const smelt_tensor *ids, const smelt_tensor *scores) {
+smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt__peer_variant *v, const smelt_peer_weights *w,
+                                       const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *scores) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
-  if (ps->T == 0) return SMELT_OK;
   smelt_ctx *ctx = plan->ctx;
-  const smelt__peer_variant *v;
-  smelt_status s = smelt__peer_variant_for(plan, w, x, &v);
-  if (s) return s;
   const int pj = v->projection == SMELT_PEER_PROJECTION_FUSED;
   const size_t bytes[1] = {qws_bytes(ps, pj)};
   void *base, *q;
-  if ((s = smelt__peer_ws_alloc(ctx, bytes, 1, &base, &q))) return s;
+  smelt_status s = smelt__peer_ws_alloc(ctx, bytes, 1, &base, &q);
+  if (s) return s;
   smelt__nvtx_push("smelt_peer_retrieve");
   s = project_route(plan, v, &v->alone, w, x, q, ids->data, scores->data, NULL, NULL);
   smelt__nvtx_pop();
@@ -251,21 +241,17 @@ smelt_status smelt__cuda_peer_retrieve(smelt_plan *plan, const smelt_peer_weight
   return s ? s : s2;
 }
 
-smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt_peer_weights *w, const smelt_tensor *x,
-                                      const smelt_tensor *y, const smelt_tensor *ids, const smelt_tensor *scores) {
+smelt_status smelt__cuda_peer_forward(smelt_plan *plan, const smelt__peer_variant *v, const smelt_peer_weights *w,
+                                      const smelt_tensor *x, const smelt_tensor *y, const smelt_tensor *ids,
+                                      const smelt_tensor *scores) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
-  const smelt_tensor *outs[1] = {y};
-  static const char *const names[1] = {"y"};
-  smelt_status s = smelt__peer_no_f64(outs, names, 1);
-  if (s || ps->T == 0) return s;
   smelt_ctx *ctx = plan->ctx;
-  const smelt__peer_variant *v;
-  if ((s = smelt__peer_variant_for(plan, w, x, &v))) return s;
   const int64_t nuse = ps->T * ps->h * ps->k;
   const int pj = v->projection == SMELT_PEER_PROJECTION_FUSED, beside = v->overlap == SMELT_PEER_OVERLAP_BESIDE;
   const size_t bytes[3] = {qws_bytes(ps, pj), (size_t)nuse * 4, ids ? 0 : (size_t)nuse * 8};
   void *base, *r[3];
-  if ((s = smelt__peer_ws_alloc(ctx, bytes, 3, &base, r))) return s;
+  smelt_status s = smelt__peer_ws_alloc(ctx, bytes, 3, &base, r);
+  if (s) return s;
   void *q = r[0], *gates = r[1], *idp = ids ? ids->data : r[2];
   smelt__nvtx_push("smelt_peer_forward");
   smelt__peer_expert_params E;

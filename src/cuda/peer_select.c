@@ -1,8 +1,9 @@
-/* smelt_peer on CUDA, the plan: the kernel modules and their variant list,
- * and the selector, which chooses once, from the problem, the device and
- * cfg.kernels, every kernel a run launches with its shared memory and
- * launch shape (smelt__peer_variant), loads them, and describes them. The
- * runs (peer_fwd.c, peer_bwd.c) launch what it chose.
+/* smelt_peer on CUDA, the plan and the backend (smelt__cuda_peer): the
+ * kernel modules and their variant list, and the selector, which chooses
+ * once, from the problem, the device and cfg.kernels, every kernel a run
+ * launches with its shared memory and launch shape (smelt__peer_variant),
+ * loads them, and describes them. The runs (peer_fwd.c, peer_bwd.c)
+ * launch what it chose.
  *
  *   routing     reg (mma.sync scores in two passes; its buffered form for
  *               dq/p > 128, its lists of 32 for k > 16) or wg (reg's scores
@@ -603,16 +604,22 @@ smelt_status smelt__peer_variant_for(smelt_plan *plan, const smelt_peer_weights 
   return s;
 }
 
-smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
+/* f64 tensors are the CPU backend's alone. */
+static smelt_status check_not_f64(int role, smelt_dtype dt) {
+  if (dt == SMELT_DTYPE_F64)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": %s.dtype=f64 is CPU-only (CUDA: f32, f16, bf16)",
+                        smelt__family_peer.roles[role].name);
+  return SMELT_OK;
+}
+
+static smelt_status plan_peer(smelt_plan *plan, const void *args) {
+  (void)args;
   smelt__peer_state *ps = (smelt__peer_state *)plan->opdata;
   smelt_ctx *ctx = plan->ctx;
   const smelt_device_info *dev = &ctx->cuda->info;
-  static const char *const names[SMELT__PT_COUNT] = {"x", "wq", "bq", "norm_weight", "norm_bias", "bn_mean",
-                                                     "bn_var", "sub_keys[0]", "sub_keys[1]", "sub_keys[2]",
-                                                     "sub_keys[3]", "u", "v"};
-  for (int i = 0; i < SMELT__PT_COUNT; i++)
-    if (ps->t[i].ndim >= 0 && ps->t[i].dtype == SMELT_DTYPE_F64)
-      return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": %s.dtype=f64 is CPU-only (CUDA: f32, f16, bf16)", names[i]);
+  smelt_status s;
+  for (int r = 0; r < SMELT__PT_COUNT; r++)
+    if (ps->t[r].ndim >= 0 && (s = check_not_f64(r, ps->t[r].dtype))) return s;
   if (ps->k > 32)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": num_experts_per_tok=%lld must be <= 32 on CUDA", (long long)ps->k);
   if (ps->dsub > 256)
@@ -646,7 +653,6 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
                         (long long)ps->dq, (long long)ps->dsub, rneed, dev->smem_per_block_optin);
   smelt__kernel_src src;
   smelt__peer_route_src(&src);
-  smelt_status s;
   if ((s = smelt__cuda_function(ctx, &src, "peer_rescore", &pc->rescore)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_route_bwd", &pc->route_bwd)) ||
       (s = smelt__cuda_function(ctx, &src, "peer_dkeys", &pc->dkeys)) || (s = smelt__peer_util_load(ctx, &pc->util)))
@@ -658,3 +664,31 @@ smelt_status smelt__cuda_peer_plan(smelt_plan *plan) {
   describe(plan, ps, pc, &pc->v[pc->planned]);
   return SMELT_OK;
 }
+
+/* A run's tensors the plan did not see (outputs, dy) may not be f64
+ * either; then the run launches the variant for its pointers. A
+ * retrieval or forward of no tokens has nothing to launch; the backward's
+ * dense expert gradients are zeros even then. */
+static smelt_status run_peer(smelt_plan *plan, const void *args) {
+  const smelt__peer_args *a = (const smelt__peer_args *)args;
+  const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
+  const smelt_tensor *const *t = a->t;
+  const int bwd = a->mode == SMELT__PEER_BACKWARD;
+  smelt_status s;
+  for (int r = SMELT__PT_COUNT; r < SMELT__PT_ROLES; r++)
+    if (t[r] && (s = check_not_f64(r, t[r]->dtype))) return s;
+  if (!bwd && ps->T == 0) return SMELT_OK;
+  const smelt__peer_variant *v;
+  if ((s = smelt__peer_variant_for(plan, a->w, bwd ? NULL : t[SMELT__PT_X], &v))) return s;
+  switch (a->mode) {
+    case SMELT__PEER_RETRIEVE:
+      return smelt__cuda_peer_retrieve(plan, v, a->w, t[SMELT__PT_X], t[SMELT__PT_IDS], t[SMELT__PT_SCORES]);
+    case SMELT__PEER_FORWARD:
+      return smelt__cuda_peer_forward(plan, v, a->w, t[SMELT__PT_X], t[SMELT__PT_Y], t[SMELT__PT_IDS],
+                                      t[SMELT__PT_SCORES]);
+    default:
+      return smelt__cuda_peer_backward(plan, v, a->w, t[SMELT__PT_X], t[SMELT__PT_IDS_IN], t[SMELT__PT_DY], a->g);
+  }
+}
+
+const smelt__backend smelt__cuda_peer = {.plan = plan_peer, .run = run_peer};
