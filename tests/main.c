@@ -13,7 +13,7 @@ extern const th_test th_tests_gemm_tune[];
 extern const th_test th_tests_compile[];
 /* Every op family has a suite of its name (src/core/families.h). */
 #define SUITE_DECL(name) extern const th_test th_tests_##name[];
-SMELT__FAMILY_LIST(SUITE_DECL, SUITE_DECL)
+SMELT__FAMILY_LIST(SUITE_DECL)
 #define SUITE(name) {#name, th_tests_##name},
 
 static const struct {
@@ -22,7 +22,7 @@ static const struct {
 } suites[] = {
     {"core", th_tests_core},
     {"cache", th_tests_cache},
-    SMELT__FAMILY_LIST(SUITE, SUITE)
+    SMELT__FAMILY_LIST(SUITE)
     {"gemm_tune", th_tests_gemm_tune},
     {"compile", th_tests_compile},
 };

@@ -41,7 +41,7 @@ extern const cli_bench_op cli_bench_copy;
 /* Each op family's bench, cli_bench_<name> (src/core/families.h): weak, so
  * a family may have none. */
 #define CLI_BENCH_DECL(name) extern const cli_bench_op cli_bench_##name __attribute__((weak));
-SMELT__FAMILY_LIST(CLI_BENCH_DECL, CLI_BENCH_DECL)
+SMELT__FAMILY_LIST(CLI_BENCH_DECL)
 
 /* Times a device-to-device copy of `bytes` rotated over `sets` buffer pairs:
  * the bandwidth ceiling every other op is quoted against. */

@@ -13,7 +13,7 @@
 /* The copy, then each op family's bench, from the family list (a family
  * without one is a NULL entry, skipped). */
 #define BENCH(name) &cli_bench_##name,
-static const cli_bench_op *const ops[] = {&cli_bench_copy, SMELT__FAMILY_LIST(BENCH, BENCH)};
+static const cli_bench_op *const ops[] = {&cli_bench_copy, SMELT__FAMILY_LIST(BENCH)};
 enum { NOPS = sizeof ops / sizeof ops[0] };
 
 static const char *device_opt;

@@ -14,7 +14,7 @@
 /* Each op family's section, from the family list (a family without one is
  * a NULL entry, skipped). */
 #define SECTION(name) {#name, cli_demo_##name},
-static const cli_demo_section sections[] = {SMELT__FAMILY_LIST(SECTION, SECTION)};
+static const cli_demo_section sections[] = {SMELT__FAMILY_LIST(SECTION)};
 enum { NSECTIONS = sizeof sections / sizeof sections[0] };
 
 /* Few runs: the demo shows an op, it does not benchmark one. */

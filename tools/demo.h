@@ -26,7 +26,7 @@ typedef struct cli_demo_section {
 /* Each op family's section, cli_demo_<name> (src/core/families.h): weak,
  * so a family may have none. */
 #define CLI_DEMO_DECL(name) void cli_demo_##name(cli_demo_env *env) __attribute__((weak));
-SMELT__FAMILY_LIST(CLI_DEMO_DECL, CLI_DEMO_DECL)
+SMELT__FAMILY_LIST(CLI_DEMO_DECL)
 
 /* A view of rows [row0, row0 + rows) of a contiguous [*, cols] matrix on the
  * context's device; cols == 0 gives the 1-D [rows] view of a vector. */

@@ -268,11 +268,10 @@ void smelt_event_destroy(smelt_event *e) {
 
 /* ---- plans */
 
-smelt_status smelt__plan_new(smelt_ctx *ctx, smelt__op op, smelt_plan **out) {
+smelt_status smelt__plan_new(smelt_ctx *ctx, smelt_plan **out) {
   smelt_plan *p = (smelt_plan *)calloc(1, sizeof *p);
   if (!p) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt plan: out of host memory");
   p->ctx = ctx;
-  p->op = op;
   for (int i = 0; i < SMELT__PLAN_MAX_TENSORS; i++) p->t[i].ndim = -1;
   *out = p;
   return SMELT_OK;

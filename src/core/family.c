@@ -78,7 +78,7 @@ static const smelt__backend *backend_of(const smelt_plan *plan) {
 }
 
 smelt_status smelt__family_plan_new(const smelt__family *f, smelt_ctx *ctx, smelt_plan **out) {
-  smelt_status s = smelt__plan_new(ctx, SMELT__OP_FAMILY, out);
+  smelt_status s = smelt__plan_new(ctx, out);
   if (!s) (*out)->family = f;
   return s;
 }

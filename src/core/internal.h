@@ -83,12 +83,6 @@ struct smelt_ctx {
 };
 
 /* ---- plans */
-/* What made a plan: a family on the op-family interface (plan->family
- * says which). */
-typedef enum smelt__op {
-  SMELT__OP_FAMILY = 1
-} smelt__op;
-
 #define SMELT__PLAN_MAX_TENSORS 6
 #define SMELT__PLAN_MAX_FUNCS 4
 
@@ -96,7 +90,6 @@ struct smelt__family;
 
 struct smelt_plan {
   smelt_ctx *ctx;
-  smelt__op op;
   const struct smelt__family *family; /* the family that made it */
   char describe[160];
   smelt_tensor t[SMELT__PLAN_MAX_TENSORS]; /* planned views (data ignored); ndim -1 = absent */
@@ -117,7 +110,7 @@ struct smelt_plan {
   int block;   /* launch block size chosen at plan time */
 };
 
-smelt_status smelt__plan_new(smelt_ctx *ctx, smelt__op op, smelt_plan **out);
+smelt_status smelt__plan_new(smelt_ctx *ctx, smelt_plan **out);
 
 /* ---- the op-family interface (src/core/family.c). A family registers
  * once: a line in src/core/families.h (which also names its variant
@@ -238,7 +231,7 @@ typedef struct smelt__kernel_src {
  * the compile test). Writes up to max entries, returns the total count. */
 typedef int (*smelt__variant_enum_fn)(smelt__kernel_src *out, int max);
 #define SMELT__VARIANTS_DECL(name) int smelt__##name##_variants(smelt__kernel_src *out, int max);
-SMELT__FAMILY_LIST(SMELT__VARIANTS_DECL, SMELT__VARIANTS_DECL)
+SMELT__FAMILY_LIST(SMELT__VARIANTS_DECL)
 #undef SMELT__VARIANTS_DECL
 extern const smelt__variant_enum_fn smelt__variant_enums[];
 extern const int smelt__variant_enum_count;
@@ -260,8 +253,7 @@ int smelt__rank_cmp(const void *a, const void *b);
 #define SMELT__FAMILY_DECL(name)                  \
   extern const smelt__family smelt__family_##name; \
   extern const smelt__backend smelt__cpu_##name, smelt__cuda_##name;
-#define SMELT__FAMILY_NONE(name)
-SMELT__FAMILY_LIST(SMELT__FAMILY_DECL, SMELT__FAMILY_NONE)
+SMELT__FAMILY_LIST(SMELT__FAMILY_DECL)
 extern const smelt__family *const smelt__families[];
 extern const int smelt__family_count;
 

@@ -8,12 +8,11 @@
 #include <string.h>
 
 #define FAMILY_ADDR(name) &smelt__family_##name,
-#define NONE(name)
-const smelt__family *const smelt__families[] = {SMELT__FAMILY_LIST(FAMILY_ADDR, NONE)};
+const smelt__family *const smelt__families[] = {SMELT__FAMILY_LIST(FAMILY_ADDR)};
 const int smelt__family_count = (int)(sizeof smelt__families / sizeof smelt__families[0]);
 
 #define VARIANTS(name) smelt__##name##_variants,
-const smelt__variant_enum_fn smelt__variant_enums[] = {SMELT__FAMILY_LIST(VARIANTS, VARIANTS)};
+const smelt__variant_enum_fn smelt__variant_enums[] = {SMELT__FAMILY_LIST(VARIANTS)};
 const int smelt__variant_enum_count = (int)(sizeof smelt__variant_enums / sizeof smelt__variant_enums[0]);
 
 const smelt__embedded_file *smelt__embedded_find(const char *name) {
