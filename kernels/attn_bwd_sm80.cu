@@ -298,9 +298,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
     if (sem) visits(P, s, m, nt, &rank);
     if (sem && tid == 0) {
       int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
-      } while (v != rank);
+      do v = smelt_ld_acquire(sem);
+      while (v != rank);
     }
     __syncthreads();
 
@@ -341,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
     if (sem) __threadfence();
     /* Everyone is done with dSᵀ and this step's buffers. */
     __syncthreads();
-    if (sem && tid == 0) asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(rank + 1) : "memory");
+    if (sem && tid == 0) smelt_st_release(sem, rank + 1);
     /* The next step again (cheap), rather than kept in registers through
      * this one's. */
     if (!next_step(P, s, nt, m_first, m_last, gi, m, &gi, &m)) break;

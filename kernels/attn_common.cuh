@@ -30,10 +30,21 @@
 #if SMELT_DT == SMELT_DT_BF16
 #define ATTN_MMA mma_16816_bf16
 #define ATTN_PACK pack_bf16x2
+#define ATTN_DT_PTX "bf16"
 #else
 #define ATTN_MMA mma_16816_f16
 #define ATTN_PACK pack_f16x2
+#define ATTN_DT_PTX "f16"
 #endif
+
+/* The Hopper kernels' d (64 x 128) += A (registers: 4 words of the
+ * mma.sync A fragment) B (a descriptor, shared memory). */
+static __device__ __forceinline__ void wgmma_rs_n128(float *d, const u32 *a, u64 db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS64
+               "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+               : WG_D64(WG_RW)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 
 #define ATTN_NEG_INF __uint_as_float(0xff800000u)
 #define ATTN_POS_INF __uint_as_float(0x7f800000u)
@@ -202,15 +213,6 @@ static __device__ __forceinline__ void attn_pack_p(float (*s)[4], u32 (*pa)[4], 
  * (+inf for a row that saw no key). */
 static __device__ __forceinline__ float attn_lse(float mx, float l, float scale_log2) {
   return l > 0.f ? (mx * fabsf(scale_log2) + log2f(l)) * ATTN_LN2 : ATTN_POS_INF;
-}
-
-static __device__ __forceinline__ void sts32(u32 addr, u32 v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-static __device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
 }
 
 /* Shared-memory tiles of 16-bit rows, RB bytes each (a multiple of 128):
