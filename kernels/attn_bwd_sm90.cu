@@ -94,21 +94,14 @@
 
 /* d (64 x 64) = / += A B from shared memory (acc 0: =). kk: both operands
  * K-major; tt: both MN-major (transposed). */
-static __device__ __forceinline__ void wgmma_ss_kk(float *d, u64 da, u64 db, int acc) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS32
-               "}, %32, %33, p, 1, 1, 0, 0; }\n"
-               : WG_D32(WG_RW)
-               : "l"(da), "l"(db), "r"(acc));
-}
-
-static __device__ __forceinline__ void wgmma_ss_tt(float *d, u64 da, u64 db, int acc) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS32
-               "}, %32, %33, p, 1, 1, 1, 1; }\n"
-               : WG_D32(WG_RW)
-               : "l"(da), "l"(db), "r"(acc));
-}
+#define WGMMA_SS(trans)                                                                                                \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                                              \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS32                \
+               "}, %32, %33, p, 1, 1, " trans "; }\n"                                                                  \
+               : WG_D32(WG_RW)                                                                                         \
+               : "l"(da), "l"(db), "r"(acc))
+static __device__ __forceinline__ void wgmma_ss_kk(float *d, u64 da, u64 db, int acc) { WGMMA_SS("0, 0"); }
+static __device__ __forceinline__ void wgmma_ss_tt(float *d, u64 da, u64 db, int acc) { WGMMA_SS("1, 1"); }
 
 /* MN-major, 128-byte swizzle: 8-row atoms along K 1024 bytes apart (SBO),
  * 64-column panels along M or N lbo bytes apart. */

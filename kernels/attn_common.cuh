@@ -245,4 +245,44 @@ static __device__ __forceinline__ u32 attn_at(u32 tile, int rb, u32 off, int r, 
  * not hoisted out of the loop this sits in. */
 #define ATTN_OPAQUE(v) asm volatile("" : "+r"(v))
 
+/* A row's sum over the 4 threads of its quad (the lanes that hold its
+ * columns in the mma layout). */
+static __device__ __forceinline__ float attn_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+/* d[0] += a b[0..1], d[1] += a b[2..3]: one A fragment against the two
+ * n8 B fragments of an ldmatrix.x4. */
+static __device__ __forceinline__ void attn_mma2(float (*d)[4], const u32 *a, const u32 *b) {
+  ATTN_MMA(d[0], a, b);
+  ATTN_MMA(d[1], a, b + 2);
+}
+
+/* O's rows scaled by their softmax corrections (alpha[0] for row g, [1]
+ * for g + 8), n n8 tiles. */
+static __device__ __forceinline__ void attn_rescale(float (*o)[4], int n, const float *alpha) {
+#pragma unroll
+  for (int i = 0; i < n; i++) {
+    o[i][0] *= alpha[0];
+    o[i][1] *= alpha[0];
+    o[i][2] *= alpha[1];
+    o[i][3] *= alpha[1];
+  }
+}
+
+/* rows x (ch 16-byte chunks) from row r0 of a view (row stride rs
+ * elements) into the swizzled tile at s (rb bytes a row) by nt threads;
+ * rows at or past nvalid read as zeros (the Ampere kernels' cp.async loads). */
+static __device__ __forceinline__ void attn_load_tile(u32 s, const elem_t *g, i64 rs, int r0, int nvalid, int rows,
+                                                      int tid, int rb, int ch, int nt) {
+#pragma unroll
+  for (int c = tid; c < rows * ch; c += nt) {
+    const int r = c / ch, k = c % ch;
+    const bool ok = r0 + r < nvalid;
+    cp_async16(attn_sw(s, rb, r, k), ok ? g + (i64)(r0 + r) * rs + k * 8 : g, ok ? 16 : 0);
+  }
+}
+
 #endif /* SMELT_ATTN_COMMON_CUH */

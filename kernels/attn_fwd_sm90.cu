@@ -309,13 +309,7 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
     /* This warp is done with the stage of tile i - 1. */
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + 8 * pst);
-#pragma unroll
-    for (int j = 0; j < NO; j++) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
+    attn_rescale(o, NO, alpha);
     attn_pack_p(sc, pa, BN / 16);
   }
 
@@ -340,10 +334,7 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
    * next query tile's loads go on meanwhile). */
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    float l = sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float l = attn_quad_sum(sum[r]), inv = l > 0.f ? 1.f / l : 0.f;
     const int row = row0 + 8 * r;
     if (row <= r1) {
 #pragma unroll
