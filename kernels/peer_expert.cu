@@ -133,13 +133,13 @@ static __device__ __forceinline__ void hidden_sums(float *acc, i64 he, float *z)
   for (int e = 0; e < VEC; e++) z[e] = e < he ? smelt_warp_sum(acc[e]) : 0.f;
 }
 
-/* acc[e] = this lane's part of x · U_e: the sum over its flat positions
- * f VEC + e (hidden unit (f VEC + e) mod h_e of input (f VEC + e) / h_e).
- * wide: when h_e >= VEC, a position's VEC entries share one x. */
-static __device__ __forceinline__ void down_acc(const peer_expert_params &P, const welem *ue, const float *xs,
-                                                float *acc, int wide, int lane) {
+/* z = x · U_e for one use (a warp): writes z_j, or f(z_j) when `fn` says
+ * so, to out[0..he). xs: the token's x (f32, shared). */
+static __device__ __forceinline__ void down(const peer_expert_params &P, const welem *ue, const float *xs, float *out,
+                                            float gate, int apply_act, int lane) {
   const i64 he = P.he, nvec = P.din * he / VEC;
   const int sh = P.he_shift;
+  float acc[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; e++) acc[e] = 0.f;
 #pragma unroll 4
@@ -147,7 +147,7 @@ static __device__ __forceinline__ void down_acc(const peer_expert_params &P, con
     float w[VEC];
     load_vec(ue + f * VEC, w);
     const i64 base = f * VEC;
-    if (wide && he >= VEC) {
+    if (he >= VEC) {
       const float xv = xs[base >> sh];
 #pragma unroll
       for (int e = 0; e < VEC; e++) acc[e] = fmaf(xv, w[e], acc[e]);
@@ -156,15 +156,6 @@ static __device__ __forceinline__ void down_acc(const peer_expert_params &P, con
       for (int e = 0; e < VEC; e++) acc[e] = fmaf(xs[(base + e) >> sh], w[e], acc[e]);
     }
   }
-}
-
-/* z = x · U_e for one use (a warp): writes z_j, or f(z_j) when `fn` says
- * so, to out[0..he). xs: the token's x (f32, shared). */
-static __device__ __forceinline__ void down(const peer_expert_params &P, const welem *ue, const float *xs, float *out,
-                                            float gate, int apply_act, int lane) {
-  const i64 he = P.he;
-  float acc[VEC];
-  down_acc(P, ue, xs, acc, 1, lane);
   if (he <= VEC) {
     float z[VEC];
     hidden_sums(acc, he, z);
@@ -466,9 +457,20 @@ static __device__ __forceinline__ void copy_rows_async(u32 dst, const welem *u, 
 /* z[e] = x · U[:, e] for e < h_e <= VEC, in every lane. */
 static __device__ __forceinline__ void down_all(const peer_expert_params &P, const welem *ue, const float *xs,
                                                 float *z, int lane) {
+  const i64 he = P.he, nvec = P.din * he / VEC;
+  const int sh = P.he_shift;
   float acc[VEC];
-  down_acc(P, ue, xs, acc, 0, lane);
-  hidden_sums(acc, P.he, z);
+#pragma unroll
+  for (int e = 0; e < VEC; e++) acc[e] = 0.f;
+#pragma unroll 4
+  for (i64 f = lane; f < nvec; f += 32) {
+    float w[VEC];
+    load_vec(ue + f * VEC, w);
+    const i64 base = f * VEC;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) acc[e] = fmaf(xs[(base + e) >> sh], w[e], acc[e]);
+  }
+  hidden_sums(acc, he, z);
 }
 
 /* Copies use n of this warp (use warp + NWARPS n) into its slot n mod S,
