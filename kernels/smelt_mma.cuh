@@ -137,10 +137,10 @@ static __device__ __forceinline__ void fence_mbar_init(void) {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
-/* Named barrier `id` (0 is __syncthreads) over n threads, both literal
- * numbers (written into the text: an asm without operands, which the
- * compiler schedules around as it did the hand-written ones): wait for
- * all, or arrive without waiting. */
+/* Named barrier `id` (0 is __syncthreads) over n threads: wait for all,
+ * or arrive without waiting. Both are literal numbers pasted into the
+ * text: given as "n" operands instead, the compiler moved a constant
+ * across attn_bwd_sm90's barrier. */
 #define BAR_SYNC(id, n) asm volatile("bar.sync " #id ", " #n ";" ::: "memory")
 #define BAR_ARRIVE(id, n) asm volatile("bar.arrive " #id ", " #n ";" ::: "memory")
 
