@@ -76,12 +76,7 @@ static_assert(WARPS == 2 * (BM / 16), "dQ: 4 query groups x 2 column halves");
 
 static __device__ __forceinline__ void load_tile(u32 s, const elem_t *g, i64 rs, int r0, int nvalid, int rows,
                                                  int tid) {
-#pragma unroll
-  for (int c = tid; c < rows * CH; c += NT) {
-    const int r = c / CH, ch = c % CH;
-    const bool ok = r0 + r < nvalid;
-    cp_async16(attn_sw(s, RB, r, ch), ok ? g + (i64)(r0 + r) * rs + ch * 8 : g, ok ? 16 : 0);
-  }
+  attn_load_tile(s, g, rs, r0, nvalid, rows, tid, RB, CH, NT);
 }
 
 /* The query tiles a CTA works on, per head: every m in [m_first, m_last]
@@ -234,11 +229,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
         for (int qj = 0; qj < NH / 2; qj++) {
           u32 r[4];
           ldsm_x4(attn_at(sQ, RB, offb, qh * 32 + qj * 16, 2 * ks), r);
-          ATTN_MMA(st[2 * qj], ak, r);
-          ATTN_MMA(st[2 * qj + 1], ak, r + 2);
+          attn_mma2(&st[2 * qj], ak, r);
           ldsm_x4(attn_at(sDO, RB, offb, qh * 32 + qj * 16, 2 * ks), r);
-          ATTN_MMA(dpt[2 * qj], av, r);
-          ATTN_MMA(dpt[2 * qj + 1], av, r + 2);
+          attn_mma2(&dpt[2 * qj], av, r);
         }
       }
 
@@ -283,11 +276,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
         for (int dj = 0; dj < NO / 2; dj++) {
           u32 r[4];
           ldsm_x4_t(attn_at(sDO, RB, offt, kk * 16, 2 * dj), r);
-          ATTN_MMA(dv[2 * dj], ap, r);
-          ATTN_MMA(dv[2 * dj + 1], ap, r + 2);
+          attn_mma2(&dv[2 * dj], ap, r);
           ldsm_x4_t(attn_at(sQ, RB, offt, kk * 16, 2 * dj), r);
-          ATTN_MMA(dk[2 * dj], ad, r);
-          ATTN_MMA(dk[2 * dj + 1], ad, r + 2);
+          attn_mma2(&dk[2 * dj], ad, r);
         }
       }
     }
@@ -298,9 +289,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
     if (sem) visits(P, s, m, nt, &rank);
     if (sem && tid == 0) {
       int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
-      } while (v != rank);
+      do v = smelt_ld_acquire(sem);
+      while (v != rank);
     }
     __syncthreads();
 
@@ -325,8 +315,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
           for (int dj = 0; dj < DQPT / 2; dj++) {
             u32 r[4];
             ldsm_x4_t(attn_at(sK, RB, offt, ks * 16, d0 / 8 + 2 * dj), r);
-            ATTN_MMA(dq[2 * dj], a, r);
-            ATTN_MMA(dq[2 * dj + 1], a, r + 2);
+            attn_mma2(&dq[2 * dj], a, r);
           }
         }
 #pragma unroll
@@ -341,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
     if (sem) __threadfence();
     /* Everyone is done with dSᵀ and this step's buffers. */
     __syncthreads();
-    if (sem && tid == 0) asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(rank + 1) : "memory");
+    if (sem && tid == 0) smelt_st_release(sem, rank + 1);
     /* The next step again (cheap), rather than kept in registers through
      * this one's. */
     if (!next_step(P, s, nt, m_first, m_last, gi, m, &gi, &m)) break;

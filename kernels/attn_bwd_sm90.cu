@@ -89,59 +89,24 @@
 #define S_DSUM (S_LSE + STAGES * BM * 4)
 #define S_BAR (S_DSUM + STAGES * BM * 4)
 
-#if SMELT_DT == SMELT_DT_BF16
-#define ATTN_DT_PTX "bf16"
-#else
-#define ATTN_DT_PTX "f16"
-#endif
 
 /* ---------------------------------------------------------------- wgmma */
 
 /* d (64 x 64) = / += A B from shared memory (acc 0: =). kk: both operands
  * K-major; tt: both MN-major (transposed). */
-static __device__ __forceinline__ void wgmma_ss_kk(float *d, u64 da, u64 db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(acc));
-}
-
-static __device__ __forceinline__ void wgmma_ss_tt(float *d, u64 da, u64 db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(acc));
-}
-
-/* d (64 x D) += A (registers) B (MN-major, shared memory). */
-static __device__ __forceinline__ void wgmma_rs_n128(float *d, const u32 *a, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
+#define WGMMA_SS(trans)                                                                                                \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                                              \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS32                \
+               "}, %32, %33, p, 1, 1, " trans "; }\n"                                                                  \
+               : WG_D32(WG_RW)                                                                                         \
+               : "l"(da), "l"(db), "r"(acc))
+static __device__ __forceinline__ void wgmma_ss_kk(float *d, u64 da, u64 db, int acc) { WGMMA_SS("0, 0"); }
+static __device__ __forceinline__ void wgmma_ss_tt(float *d, u64 da, u64 db, int acc) { WGMMA_SS("1, 1"); }
 
 /* MN-major, 128-byte swizzle: 8-row atoms along K 1024 bytes apart (SBO),
  * 64-column panels along M or N lbo bytes apart. */
 static __device__ __forceinline__ u64 desc_mn(u32 addr, u32 lbo) {
   return (u64)((addr & 0x3ffffu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-
-/* Pins values on one side of a wgmma wait (see attn_fwd_sm90.cu's
- * fence_f32): accumulators are read after it, and A fragments stay
- * live (unclobbered) until the GEMMs that read them are done. */
-static __device__ __forceinline__ void fence_f32(float *r, int n) {
-#pragma unroll
-  for (int i = 0; i < n; i++) asm volatile("" : "+f"(r[i]));
-}
-static __device__ __forceinline__ void fence_u32(u32 *r, int n) {
-#pragma unroll
-  for (int i = 0; i < n; i++) asm volatile("" : "+r"(r[i]));
 }
 
 #if !ATTN_DQ_TMA
@@ -236,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(full + 8 * st, 32);              /* the producer warp's lanes */
       mbar_init(empty + 8 * st, CONSUMERS * 4);  /* one arrival per consumer warp */
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
   __syncthreads();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, lane = tid & 31;
@@ -246,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
    * what the consumers take, or their setmaxnreg.inc waits forever. */
   static_assert(24 * 128 + 240 * 128 * CONSUMERS <= 168 * THREADS, "setmaxnreg: over the launch's registers");
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    SETMAXNREG_DEC(24);
     if (tid >= 32 || steps == 0) return;
     /* Tensor coordinates: (d, row, head, batch); varlen rows are packed. */
     const int qy = P.cu_q ? (int)s.qrow : 0, ky = P.cu_q ? (int)s.krow : 0, bw = P.cu_q ? 0 : b;
@@ -286,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+  SETMAXNREG_INC(240);
   const int c = wg - 1, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   float dk[NO][4], dv[NO][4];
 #pragma unroll
@@ -377,11 +342,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
 
     /* Both consumers' dSᵀ are in shared memory (and visible to wgmma). */
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    fence_proxy_async();
 #if ATTN_DQ_TMA
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (tid == 0) bulk_wait_read();
 #endif
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    BAR_SYNC(1, 256);
     /* dQ (this consumer's D/2 columns) = dS K: A = dSᵀ (queries
      * contiguous), B = K's panel c (d contiguous); k16 steps are 16 keys.
      * Then dK += dSᵀ Q, which runs while dQ is added. */
@@ -409,21 +374,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int j = 0; j < NDQ; j++) {
           const u32 a = sdq + (j / 4) * (BM * 128) + q * 128 + (((2 * (j % 4) + (t4 >> 1)) ^ (q & 7)) << 4) + (t4 & 1) * 8;
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(dq[j][2 * r]), "f"(dq[j][2 * r + 1]) : "memory");
+          sts_f32x2(a, dq[j][2 * r], dq[j][2 * r + 1]);
         }
       }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      if (c == 0) asm volatile("bar.sync 2, 128;" ::: "memory");
-      else asm volatile("bar.sync 3, 128;" ::: "memory");
+      fence_proxy_async();
+      if (c == 0) BAR_SYNC(2, 128);
+      else BAR_SYNC(3, 128);
       if (tid == 0) {
 #pragma unroll
         for (int bx = 0; bx < D / 64; bx++)
-          asm volatile(
-              "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
-                  (u64)&tdq),
-              "r"(c * (D / 2) + bx * 32), "r"(h), "r"((int)(s.qrow + m0)), "r"(sdq + bx * (BM * 128))
-              : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+          tma_add_3d(&tdq, c * (D / 2) + bx * 32, h, (int)(s.qrow + m0), sdq + bx * (BM * 128));
+        bulk_commit();
       }
     }
 #else
@@ -444,7 +405,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (lane == 0) mbar_arrive(empty + 8 * st);
   }
 #if ATTN_DQ_TMA
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  if (tid == 0) bulk_wait();
 #endif
 
   /* dK · scale and dV, column pairs, keys of this sequence only. */

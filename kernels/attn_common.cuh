@@ -30,10 +30,21 @@
 #if SMELT_DT == SMELT_DT_BF16
 #define ATTN_MMA mma_16816_bf16
 #define ATTN_PACK pack_bf16x2
+#define ATTN_DT_PTX "bf16"
 #else
 #define ATTN_MMA mma_16816_f16
 #define ATTN_PACK pack_f16x2
+#define ATTN_DT_PTX "f16"
 #endif
+
+/* The Hopper kernels' d (64 x 128) += A (registers: 4 words of the
+ * mma.sync A fragment) B (a descriptor, shared memory). */
+static __device__ __forceinline__ void wgmma_rs_n128(float *d, const u32 *a, u64 db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS64
+               "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+               : WG_D64(WG_RW)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 
 #define ATTN_NEG_INF __uint_as_float(0xff800000u)
 #define ATTN_POS_INF __uint_as_float(0x7f800000u)
@@ -204,15 +215,6 @@ static __device__ __forceinline__ float attn_lse(float mx, float l, float scale_
   return l > 0.f ? (mx * fabsf(scale_log2) + log2f(l)) * ATTN_LN2 : ATTN_POS_INF;
 }
 
-static __device__ __forceinline__ void sts32(u32 addr, u32 v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-static __device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
 /* Shared-memory tiles of 16-bit rows, RB bytes each (a multiple of 128):
  * 16-byte chunk c of row r sits at chunk c ^ (r % 8), so the 8 rows one
  * ldmatrix phase reads fall in 8 different bank groups. */
@@ -242,5 +244,45 @@ static __device__ __forceinline__ u32 attn_at(u32 tile, int rb, u32 off, int r, 
 /* Hides v's value from the optimizer, so that what is computed from it is
  * not hoisted out of the loop this sits in. */
 #define ATTN_OPAQUE(v) asm volatile("" : "+r"(v))
+
+/* A row's sum over the 4 threads of its quad (the lanes that hold its
+ * columns in the mma layout). */
+static __device__ __forceinline__ float attn_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+/* d[0] += a b[0..1], d[1] += a b[2..3]: one A fragment against the two
+ * n8 B fragments of an ldmatrix.x4. */
+static __device__ __forceinline__ void attn_mma2(float (*d)[4], const u32 *a, const u32 *b) {
+  ATTN_MMA(d[0], a, b);
+  ATTN_MMA(d[1], a, b + 2);
+}
+
+/* O's rows scaled by their softmax corrections (alpha[0] for row g, [1]
+ * for g + 8), n n8 tiles. */
+static __device__ __forceinline__ void attn_rescale(float (*o)[4], int n, const float *alpha) {
+#pragma unroll
+  for (int i = 0; i < n; i++) {
+    o[i][0] *= alpha[0];
+    o[i][1] *= alpha[0];
+    o[i][2] *= alpha[1];
+    o[i][3] *= alpha[1];
+  }
+}
+
+/* rows x (ch 16-byte chunks) from row r0 of a view (row stride rs
+ * elements) into the swizzled tile at s (rb bytes a row) by nt threads;
+ * rows at or past nvalid read as zeros (the Ampere kernels' cp.async loads). */
+static __device__ __forceinline__ void attn_load_tile(u32 s, const elem_t *g, i64 rs, int r0, int nvalid, int rows,
+                                                      int tid, int rb, int ch, int nt) {
+#pragma unroll
+  for (int c = tid; c < rows * ch; c += nt) {
+    const int r = c / ch, k = c % ch;
+    const bool ok = r0 + r < nvalid;
+    cp_async16(attn_sw(s, rb, r, k), ok ? g + (i64)(r0 + r) * rs + k * 8 : g, ok ? 16 : 0);
+  }
+}
 
 #endif /* SMELT_ATTN_COMMON_CUH */

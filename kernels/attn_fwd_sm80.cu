@@ -59,12 +59,7 @@ static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key tile are multiples 
  * the tile at s; rows at or past nvalid read as zeros. */
 static __device__ __forceinline__ void load_tile(u32 s, const elem_t *g, i64 rs, int r0, int nvalid, int rows,
                                                  int tid) {
-#pragma unroll
-  for (int c = tid; c < rows * CH; c += NT) {
-    const int r = c / CH, ch = c % CH;
-    const bool ok = r0 + r < nvalid;
-    cp_async16(attn_sw(s, RB, r, ch), ok ? g + (i64)(r0 + r) * rs + ch * 8 : g, ok ? 16 : 0);
-  }
+  attn_load_tile(s, g, rs, r0, nvalid, rows, tid, RB, CH, NT);
 }
 
 extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P) {
@@ -149,8 +144,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
       for (int nj = 0; nj < NS / 2; nj++) {
         u32 r[4];
         ldsm_x4(attn_at(sK, RB, offb, nj * 16, 2 * ks), r);
-        ATTN_MMA(sc[2 * nj], a, r);
-        ATTN_MMA(sc[2 * nj + 1], a, r + 2);
+        attn_mma2(&sc[2 * nj], a, r);
       }
     }
 
@@ -158,13 +152,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
      * the 4 threads of a quad. */
     float alpha[2];
     attn_softmax(sc, NS, n * BN, R, P.scale_log2, mx, sum, alpha);
-#pragma unroll
-    for (int i = 0; i < NO; i++) {
-      o[i][0] *= alpha[0];
-      o[i][1] *= alpha[0];
-      o[i][2] *= alpha[1];
-      o[i][3] *= alpha[1];
-    }
+    attn_rescale(o, NO, alpha);
     u32 pa[BN / 16][4];
     attn_pack_p(sc, pa, BN / 16);
     /* V[n] has landed and every warp is done with K[n]. */
@@ -180,18 +168,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
       for (int dj = 0; dj < NO / 2; dj++) {
         u32 r[4];
         ldsm_x4_t(attn_at(sV, RB, offt, kk * 16, 2 * dj), r);
-        ATTN_MMA(o[2 * dj], pa[kk], r);
-        ATTN_MMA(o[2 * dj + 1], pa[kk], r + 2);
+        attn_mma2(&o[2 * dj], pa[kk], r);
       }
   }
 
   /* Row sums over the quad, then O / sum and LSE = ln 2 (m + log2 sum). */
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    float l = sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float l = attn_quad_sum(sum[r]), inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
     for (int i = 0; i < NO; i++) {
       o[i][2 * r] *= inv;

@@ -83,47 +83,33 @@
 #define PRODUCER_REGS 32
 #define CONSUMER_REGS 160
 #endif
-#if SMELT_DT == SMELT_DT_BF16
-#define ATTN_DT_PTX "bf16"
-#else
-#define ATTN_DT_PTX "f16"
-#endif
 
 /* ---------------------------------------------------------------- wgmma */
 
 /* S (64 x BN per warpgroup) = / += A (64 x 16) B (16 x BN), both from shared
  * memory; O (64 x D) += P (64 x 16, registers) V (16 x D, shared memory). */
 static __device__ __forceinline__ void wgmma_s_first(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0, 1, 1, 0, 0;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
-      : "l"(da), "l"(db));
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS64
+               "}, %64, %65, 0, 1, 1, 0, 0;\n"
+               : WG_D64(WG_W)
+               : "l"(da), "l"(db));
 }
 static __device__ __forceinline__ void wgmma_s(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db));
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS64
+               "}, %64, %65, 1, 1, 1, 0, 0;\n"
+               : WG_D64(WG_RW)
+               : "l"(da), "l"(db));
 }
 
 #if D == 64
 static __device__ __forceinline__ void wgmma_pv(float *d, const u32 *a, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {" WG_REGS32
+               "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+               : WG_D32(WG_RW)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 #else
-static __device__ __forceinline__ void wgmma_pv(float *d, const u32 *a, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ATTN_DT_PTX "." ATTN_DT_PTX " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
+static __device__ __forceinline__ void wgmma_pv(float *d, const u32 *a, u64 db) { wgmma_rs_n128(d, a, db); }
 #endif
 
 /* MN-major (V: d contiguous), 128-byte swizzle: 8-key atoms 1024 bytes
@@ -156,16 +142,6 @@ static __device__ __forceinline__ void gemm_s(float *s, u32 q, u32 k) {
 static __device__ __forceinline__ void gemm_pv(float *o, u32 (*pa)[4], u32 v) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; kk++) wgmma_pv(o, pa[kk], desc_mnmajor(v + kk * (16 * 128)));
-}
-
-/* Ordinary arithmetic moves freely across the volatile asm of
- * wgmma.wait_group, and the compiler sees a wgmma's registers as written
- * when it is issued. Tying values to an empty volatile asm pins them on
- * one side of a wait: computed before it, or (for a wgmma's accumulators,
- * and for what is about to overwrite the registers it reads) used after. */
-static __device__ __forceinline__ void fence_f32(float *r, int n) {
-#pragma unroll
-  for (int i = 0; i < n; i++) asm volatile("" : "+f"(r[i]));
 }
 
 /* ptxas schedules wgmma.wait_group as early as it likes within a basic
@@ -333,13 +309,7 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
     /* This warp is done with the stage of tile i - 1. */
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + 8 * pst);
-#pragma unroll
-    for (int j = 0; j < NO; j++) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
+    attn_rescale(o, NO, alpha);
     attn_pack_p(sc, pa, BN / 16);
   }
 
@@ -364,10 +334,7 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
    * next query tile's loads go on meanwhile). */
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    float l = sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float l = attn_quad_sum(sum[r]), inv = l > 0.f ? 1.f / l : 0.f;
     const int row = row0 + 8 * r;
     if (row <= r1) {
 #pragma unroll
@@ -544,13 +511,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(tempty + 8 * sl, CONSUMERS * 4);
     }
 #endif
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
   __syncthreads();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+    SETMAXNREG_DEC(PRODUCER_REGS);
     if (tid != 0) return;
 #if ATTN_PERSISTENT == 1
     int kv = 0, q = 0;
@@ -601,7 +568,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+  SETMAXNREG_INC(CONSUMER_REGS);
 #if ATTN_PERSISTENT == 1
   int kv = 0, q = 0;
   for (i64 r = 0, i; (i = my_tile(r, ntiles)) >= 0; r++) {

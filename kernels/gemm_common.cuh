@@ -421,9 +421,8 @@ static __device__ __forceinline__ void gemm_serial_wait(const gemm_params &P, co
   if (threadIdx.x == 0 && w.slice > 0) {
     const int *sem = (const int *)P.semaphores + w.tile_id;
     int v;
-    do {
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
-    } while (v != w.slice);
+    do v = smelt_ld_acquire(sem);
+    while (v != w.slice);
   }
   __syncthreads();
 }
@@ -434,8 +433,7 @@ static __device__ __forceinline__ void gemm_serial_signal(const gemm_params &P, 
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    int *sem = (int *)P.semaphores + w.tile_id;
-    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(w.slice + 1) : "memory");
+    smelt_st_release((int *)P.semaphores + w.tile_id, w.slice + 1);
   }
 }
 

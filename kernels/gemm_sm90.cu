@@ -177,202 +177,35 @@
 
 /* ---------------------------------------------------------------- PTX wrappers */
 
-
 /* d (64 x BN per warpgroup) += A (64 x k) * B (k x BN), k = 32 bytes of K;
  * wgmma_first: d = A * B, the first step of a tile. d is only written
  * there, so the previous tile's accumulators are dead once its epilogue has
- * read them. One pair per tile width (the operand lists are spelled out). */
+ * read them. The accumulator lists per tile width come from smelt_mma.cuh. */
 #if BN == 256
-static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256" WG_KIND " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, 1, " WG_TAIL ";\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(da), "l"(db));
-}
-
-static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256" WG_KIND " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, 0, " WG_TAIL ";\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
-        "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
-        "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
-        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63]),
-        "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67]), "=f"(d[68]), "=f"(d[69]), "=f"(d[70]), "=f"(d[71]),
-        "=f"(d[72]), "=f"(d[73]), "=f"(d[74]), "=f"(d[75]), "=f"(d[76]), "=f"(d[77]), "=f"(d[78]), "=f"(d[79]),
-        "=f"(d[80]), "=f"(d[81]), "=f"(d[82]), "=f"(d[83]), "=f"(d[84]), "=f"(d[85]), "=f"(d[86]), "=f"(d[87]),
-        "=f"(d[88]), "=f"(d[89]), "=f"(d[90]), "=f"(d[91]), "=f"(d[92]), "=f"(d[93]), "=f"(d[94]), "=f"(d[95]),
-        "=f"(d[96]), "=f"(d[97]), "=f"(d[98]), "=f"(d[99]), "=f"(d[100]), "=f"(d[101]), "=f"(d[102]), "=f"(d[103]),
-        "=f"(d[104]), "=f"(d[105]), "=f"(d[106]), "=f"(d[107]), "=f"(d[108]), "=f"(d[109]), "=f"(d[110]), "=f"(d[111]),
-        "=f"(d[112]), "=f"(d[113]), "=f"(d[114]), "=f"(d[115]), "=f"(d[116]), "=f"(d[117]), "=f"(d[118]), "=f"(d[119]),
-        "=f"(d[120]), "=f"(d[121]), "=f"(d[122]), "=f"(d[123]), "=f"(d[124]), "=f"(d[125]), "=f"(d[126]), "=f"(d[127])
-      : "l"(da), "l"(db));
-}
+#define WG_N "m64n256"
+#define WG_REGS WG_REGS128
+#define WG_AB "%128, %129"
+#define WG_D WG_D128
 #elif BN == 128
-static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128" WG_KIND " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, 1, " WG_TAIL ";\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db));
-}
-
-static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128" WG_KIND " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, 0, " WG_TAIL ";\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
-        "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
-        "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
-        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
-      : "l"(da), "l"(db));
-}
+#define WG_N "m64n128"
+#define WG_REGS WG_REGS64
+#define WG_AB "%64, %65"
+#define WG_D WG_D64
 #else
-static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64" WG_KIND " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, 1, " WG_TAIL ";\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db));
-}
-
-static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64" WG_KIND " {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, 0, " WG_TAIL ";\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-      : "l"(da), "l"(db));
-}
+#define WG_N "m64n64"
+#define WG_REGS WG_REGS32
+#define WG_AB "%32, %33"
+#define WG_D WG_D32
 #endif
-
-/* The TMA store side (bulk async-groups), kept here: only this kernel uses it. */
-
-/* Shared-memory writes by this thread become visible to the async proxy (TMA). */
-static __device__ __forceinline__ void sm90_fence_async_smem(void) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
+  asm volatile("wgmma.mma_async.sync.aligned." WG_N WG_KIND " {" WG_REGS "}, " WG_AB ", 1, " WG_TAIL ";\n"
+               : WG_D(WG_RW)
+               : "l"(da), "l"(db));
 }
-/* The box at (x = column, y = row) of a 2-D tensor map from shared memory src. */
-static __device__ __forceinline__ void sm90_tma_store(const tmap_t *map, int x, int y, u32 src) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"((u64)map), "r"(x),
-               "r"(y), "r"(src)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-/* The box at (x, y, z) of a 3-D tensor map (a parallel split's partial
- * sums: z is the slice, so each slice's rows clip at M on their own). */
-static __device__ __forceinline__ void sm90_tma_store3(const tmap_t *map, int x, int y, int z, u32 src) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"((u64)map),
-               "r"(x), "r"(y), "r"(z), "r"(src)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-/* This thread's stores have finished reading shared memory (it may be reused). */
-static __device__ __forceinline__ void sm90_store_wait_read(void) {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-/* This thread's stores are complete (before the CTA exits). */
-static __device__ __forceinline__ void sm90_store_wait(void) {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
-
-/* Cluster side, kept here: only this kernel uses it. */
-
-/* This CTA's rank in its cluster. */
-static __device__ __forceinline__ u32 cluster_rank(void) {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-/* Every thread of the cluster has arrived. Relaxed: it follows the
- * barriers' init, which fence.mbarrier_init already released to the
- * cluster (a .release arrival would cost a MEMBAR.ALL.GPU). */
-static __device__ __forceinline__ void cluster_sync(void) {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
-}
-/* Arrives on the mbarrier at this CTA's offset `bar` in CTA `rank` of the
- * cluster. With the default .release.cta semantics, as CUTLASS's consumer
- * release does: what it orders is the end of this warp's wgmma reads of
- * the stage (wgmma.wait_group has returned), and .release.cluster costs a
- * MEMBAR.ALL.GPU per arrival, which on H100 stalled every K step by
- * ~0.4-0.7 us (a first version ran at 0.57 of cuBLAS; docs/PERF.md). */
-static __device__ __forceinline__ void mbar_arrive_rank(u32 bar, u32 rank) {
-  u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-/* tma_load into every CTA of `mask` (bit r: rank r), each at its own
- * offset dst, completing on each one's mbarrier at offset bar. */
-static __device__ __forceinline__ void tma_load_mc(u32 dst, const tmap_t *map, int x, int y, u32 bar, u32 mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-      "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-      "l"((u64)map), "r"(x), "r"(y), "r"(bar), "h"((unsigned short)mask)
-      : "memory");
+static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
+  asm volatile("wgmma.mma_async.sync.aligned." WG_N WG_KIND " {" WG_REGS "}, " WG_AB ", 0, " WG_TAIL ";\n"
+               : WG_D(WG_W)
+               : "l"(da), "l"(db));
 }
 
 /* ---------------------------------------------------------------- epilogue */
@@ -389,15 +222,15 @@ static __device__ __forceinline__ void tma_load_mc(u32 dst, const tmap_t *map, i
 
 /* Named barrier of one consumer warpgroup (id 0 is __syncthreads). */
 static __device__ __forceinline__ void wg_sync(int c) {
-  if (c == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
-  else asm volatile("bar.sync 2, 128;" ::: "memory");
+  if (c == 0) BAR_SYNC(1, 128);
+  else BAR_SYNC(2, 128);
 }
 
 /* Every cooperative consumer (named barrier 5; one consumer: its own
  * warpgroup's barrier): around the shared bias row. */
 static __device__ __forceinline__ void pair_sync(void) {
 #if CONSUMERS > 1
-  asm volatile("bar.sync 5, 256;" ::: "memory");
+  BAR_SYNC(5, 256);
 #else
   wg_sync(0);
 #endif
@@ -412,12 +245,12 @@ static __device__ __forceinline__ void pair_sync(void) {
  * (ktiles stages, many laps of the ring) must not test a stage's full
  * barrier while that barrier is more than one phase behind. */
 static __device__ __forceinline__ void pp_wait(int c) {
-  if (c == 0) asm volatile("bar.sync 4, 256;" ::: "memory");
-  else asm volatile("bar.sync 3, 256;" ::: "memory");
+  if (c == 0) BAR_SYNC(4, 256);
+  else BAR_SYNC(3, 256);
 }
 static __device__ __forceinline__ void pp_pass(int c) {
-  if (c == 0) asm volatile("bar.arrive 3, 256;" ::: "memory");
-  else asm volatile("bar.arrive 4, 256;" ::: "memory");
+  if (c == 0) BAR_ARRIVE(3, 256);
+  else BAR_ARRIVE(4, 256);
 }
 
 /* Consumer c (thread tid) hands a filled buffer to a TMA store: piece_end
@@ -426,16 +259,21 @@ static __device__ __forceinline__ void pp_pass(int c) {
  * start past M (`rows_in` 0). */
 static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int z, int rows_in,
                                                  u32 buf) {
-  sm90_fence_async_smem();
+  fence_proxy_async();
   /* The consumer's pieces alternate between its two buffers, so the next
    * piece goes where the previous piece's store (thread 0's only one in
    * flight) reads: once that read is done, the barrier tells every thread.
    * That store had this whole piece's math to finish in. */
-  if (tid == 0) sm90_store_wait_read();
+  if (tid == 0) bulk_wait_read();
   wg_sync(c);
   if (tid == 0 && rows_in) {
-    if (z >= 0) sm90_tma_store3(map, x, y, z, buf);
-    else sm90_tma_store(map, x, y, buf);
+    if (z >= 0) {
+      tma_store_3d(map, x, y, z, buf);
+      bulk_commit();
+    } else {
+      tma_store(map, x, y, buf);
+      bulk_commit();
+    }
   }
 }
 
@@ -452,8 +290,8 @@ static __device__ __forceinline__ void store_pair(const gemm_params &P, i64 r, i
       e1 = gemm_clampf(e1, m);
     }
     u32 w;
-    if (P.dt_d == DT_BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(e1), "f"(e0));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(e1), "f"(e0));
+    if (P.dt_d == DT_BF16) w = pack_bf16x2(e0, e1);
+    else w = pack_f16x2(e0, e1);
     *(u32 *)((smelt_h16 *)p.d + off) = w;
     return;
   }
@@ -586,9 +424,9 @@ static __device__ __forceinline__ void put_piece16(u32 buf, const float *v, int 
   for (int k = 0; k < 32; k += 2) {
     const u32 j = (u32)(k / 4), h = (u32)((k / 2) % 2);
     u32 w;
-    if (bf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(v[k + 1]), "f"(v[k]));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(v[k + 1]), "f"(v[k]));
-    asm volatile("st.shared.b32 [%0], %1;" ::"r"(row + h * 8u * 128u + ((j ^ sw) << 4)), "r"(w) : "memory");
+    if (bf16) w = pack_bf16x2(v[k], v[k + 1]);
+    else w = pack_f16x2(v[k], v[k + 1]);
+    sts32(row + h * 8u * 128u + ((j ^ sw) << 4), w);
   }
 }
 
@@ -600,9 +438,7 @@ static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int h
 #pragma unroll
   for (int k = 16 * half; k < 16 * half + 16; k += 2) {
     const u32 c = (u32)(2 * ((k / 4) % 4) + ((lane & 3) >> 1)), h = (u32)((k / 2) % 2);
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(row + h * 8u * 128u + ((c ^ sw) << 4)), "f"(v[k]),
-                 "f"(v[k + 1])
-                 : "memory");
+    sts_f32x2(row + h * 8u * 128u + ((c ^ sw) << 4), v[k], v[k + 1]);
   }
 }
 
@@ -755,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
        * every CTA of the cluster. */
       mbar_init(empty + 8 * s, PINGPONG ? 4 : CONSUMERS * 4 * CLUSTER);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
 #if CLUSTER > 1
   cluster_sync(); /* the peers' barriers are initialized before any multicast or remote arrival */
@@ -765,7 +601,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
 #if CONSUMERS > 1
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    SETMAXNREG_DEC(40);
 #endif
     if (tid != 0) return;
     int stage = 0, g = 0;
@@ -816,7 +652,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   }
 
 #if CONSUMERS > 1
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  SETMAXNREG_INC(232);
 #endif
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
   int stage = 0, g = 0;
@@ -991,7 +827,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
   }
   /* The last TMA stores read shared memory until they complete. */
-  if ((PINGPONG || fast) && tid == 0) sm90_store_wait();
+  if ((PINGPONG || fast) && tid == 0) bulk_wait();
 #else
   /* wgmma and setmaxnreg exist on sm_90a only. The variant list is compiled
    * for every arch, so elsewhere the kernel is a stub the selector never

@@ -720,9 +720,7 @@ static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64
     /* the counter of the use's head group (of ready_gu uses a token) */
     const int *c = (const int *)P.ready + (t >> P.ready_shift) * P.ready_groups + (u32)j / (u32)P.ready_gu;
     for (;;) {
-      int v;
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
-      if (v >= P.ready_need) break;
+      if (smelt_ld_acquire(c) >= P.ready_need) break;
       /* ~1 us between polls: every waiting warp polls, beside the routing
        * that raises these counters (200 ns to 3 us measured within the
        * run-to-run spread, docs/PERF.md: fewer polls for the same time) */
@@ -824,7 +822,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
   float *gates = (float *)(codes + BK_WIN);                                 /* [BK_WIN] */
   const u32 bar0 = smem_u32(bars + warp * 8);
   if (lane < S) mbar_init(bar0 + 8 * lane, 1);
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  fence_mbar_init();
   __syncwarp();
   const i64 ntok = gw < P.T ? (P.T - gw + W - 1) / W : 0, nu = ntok * hk;
 
@@ -929,7 +927,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
         for (int cc = 0; cc < WS_CH; cc++)
 #pragma unroll
           for (int u = 0; u < NU; u++) v[u][cc] = *(const uint4 *)(ring + su[u] * row + du + (lane + 32 * cc) * VEC);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        fence_proxy_async();
 #pragma unroll
         for (int u = 0; u < NU; u++) BK_REFILL(m + u, su[u]);
         float z[2];
@@ -971,7 +969,7 @@ static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, flo
        * lane's shared reads before the bulk copy's writes (values read but
        * not consumed yet). Otherwise after the whole use, as before. */
       if (LIT) {
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        fence_proxy_async();
         BK_REFILL(m, s);
       }
       if (c != -1) {

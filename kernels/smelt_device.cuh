@@ -124,6 +124,17 @@ static __device__ __forceinline__ float smelt_gelu16(float x) {
   return x * (x < 0.f ? h : 1.f - h);
 }
 
+/* A flag in global memory between CTAs: the reads after an acquire load see
+ * what was written before the release store that it reads. */
+static __device__ __forceinline__ int smelt_ld_acquire(const int *p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+static __device__ __forceinline__ void smelt_st_release(int *p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 static __device__ __forceinline__ float smelt_warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
