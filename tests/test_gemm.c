@@ -1402,6 +1402,19 @@ static void test_gpu_sm90_act16(void) {
 
 /* ---------------------------------------------------------------- selection (no GPU needed) */
 
+/* A state as planning leaves it for bf16 operands and D, f32 accumulation
+ * and the default desc, in the given mode and split-K. */
+static smelt__gemm_state bf16_state(smelt_gemm_mode mode, int split_k) {
+  const smelt__gemm_state st = {.desc = smelt_gemm_desc_default(),
+                                .mode = mode,
+                                .split_k = split_k,
+                                .acc = SMELT_GEMM_ACC_F32,
+                                .dt_a = SMELT_DTYPE_BF16,
+                                .dt_b = SMELT_DTYPE_BF16,
+                                .dt_d = SMELT_DTYPE_BF16};
+  return st;
+}
+
 /* What the selector picks for a state on a device, as the kernel's name. */
 static const char *pick_name(const smelt__gemm_state *st, const smelt__gemm_facts *f, int cc_major, int cc_minor,
                              smelt_status *status) {
@@ -1437,13 +1450,7 @@ static void test_selector(void) {
   for (int i = 0; i < n; i++)
     if (table[i].fam == SMELT__GK_SM90 && table[i].smem > 227 * 1024)
       th_fail(__FILE__, __LINE__, "table entry %d needs %d bytes of shared memory", i, table[i].smem);
-  smelt__gemm_state st;
-  memset(&st, 0, sizeof st);
-  st.desc = smelt_gemm_desc_default();
-  st.mode = SMELT_GEMM_MODE_PLAIN;
-  st.split_k = 1;
-  st.acc = SMELT_GEMM_ACC_F32;
-  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_PLAIN, 1);
   smelt__gemm_facts f = {1, 1, 1, 1, 1, 8192, 8192, 8192, 1, 1, 8192};
   smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
@@ -1935,13 +1942,7 @@ static void test_grouped_offs(void) {
  * stores would cross group edges): mma.sync on sm_90 as on sm_80; a Hopper
  * cluster asked for has no kernel. */
 static void test_grouped_offs_selector(void) {
-  smelt__gemm_state st;
-  memset(&st, 0, sizeof st);
-  st.desc = smelt_gemm_desc_default();
-  st.mode = SMELT_GEMM_MODE_GROUPED_OFFS;
-  st.split_k = 1;
-  st.acc = SMELT_GEMM_ACC_F32;
-  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_GROUPED_OFFS, 1);
   smelt__gemm_facts f = {1, 1, 1, 1, 1, 49152, 1408, 2048, 64, 1, 2048};
   smelt_status s;
   CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
@@ -2198,12 +2199,8 @@ static smelt_device_info tune_dev(const char *name) {
 }
 
 static void tune_state(smelt__gemm_state *st, smelt__gemm_facts *f, int64_t m, int64_t n, int64_t k) {
-  memset(st, 0, sizeof *st);
-  st->desc = smelt_gemm_desc_default();
-  st->mode = SMELT_GEMM_MODE_PLAIN;
-  st->split_k = 0;
-  st->acc = SMELT_GEMM_ACC_F32;
-  st->dt_a = st->dt_b = st->dt_c = st->dt_d = SMELT_DTYPE_BF16;
+  *st = bf16_state(SMELT_GEMM_MODE_PLAIN, 0);
+  st->dt_c = SMELT_DTYPE_BF16;
   st->count = 1;
   st->prob.m = m;
   st->prob.n = n;
