@@ -131,6 +131,21 @@ void th_buf_download(const th_buf *b, void *host, size_t bytes) {
   }
 }
 
+int th_all_ff(const void *p, size_t n) {
+  const uint8_t *u = (const uint8_t *)p;
+  for (size_t i = 0; i < n; i++)
+    if (u[i] != 0xFF) return 0;
+  return 1;
+}
+
+int th_buf_untouched(const th_buf *b) {
+  uint8_t *h = (uint8_t *)malloc(b->bytes + 1);
+  th_buf_download(b, h, b->bytes);
+  int ok = th_all_ff(h, b->bytes) && th_buf_guards_ok(b);
+  free(h);
+  return ok;
+}
+
 int th_buf_guards_ok(const th_buf *b) {
   uint8_t *got = (uint8_t *)malloc(TH_GUARD), *want = (uint8_t *)malloc(TH_GUARD);
   pattern(want, TH_GUARD);
@@ -151,6 +166,48 @@ int64_t th_view_off(const th_view *v, int64_t i) {
     i /= v->shape[d];
   }
   return off;
+}
+
+th_view th_view_make(int ndim, const int64_t *shape, const int64_t *strides, int64_t offset) {
+  th_view v;
+  memset(&v, 0, sizeof v);
+  v.ndim = ndim;
+  v.offset = offset;
+  v.numel = 1;
+  int64_t extent = 0;
+  for (int d = 0; d < ndim; d++) {
+    v.shape[d] = shape[d];
+    v.strides[d] = strides[d];
+    v.numel *= shape[d];
+    extent += (shape[d] > 0 ? shape[d] - 1 : 0) * strides[d];
+  }
+  v.storage = offset + extent + 1;
+  return v;
+}
+
+void th_check_output(const char *what, const char *name, const th_view *v, const th_buf *b, smelt_dtype dt,
+                     double *got) {
+  const size_t es = smelt_dtype_size(dt);
+  uint8_t *host = (uint8_t *)malloc((size_t)v->storage * es + 1);
+  uint8_t *hit = (uint8_t *)calloc((size_t)v->storage + 1, 1);
+  th_buf_download(b, host, (size_t)v->storage * es);
+  int64_t unwritten = -1, stray = -1;
+  for (int64_t i = 0; i < v->numel; i++) {
+    int64_t at = v->offset + th_view_off(v, i);
+    hit[at] = 1;
+    if (th_all_ff(host + at * (int64_t)es, es) && unwritten < 0) unwritten = i;
+    if (got) got[i] = th_get(host, dt, at);
+  }
+  for (int64_t at = 0; at < v->storage; at++)
+    if (!hit[at] && !th_all_ff(host + at * (int64_t)es, es) && stray < 0) stray = at;
+  if (unwritten >= 0)
+    th_fail(__FILE__, __LINE__, "%s: %s element %lld was not written", what, name, (long long)unwritten);
+  if (stray >= 0)
+    th_fail(__FILE__, __LINE__, "%s: %s storage element %lld outside the view was written", what, name,
+            (long long)stray);
+  if (!th_buf_guards_ok(b)) th_fail(__FILE__, __LINE__, "%s: a guard region of %s was overwritten", what, name);
+  free(host);
+  free(hit);
 }
 
 smelt_tensor th_view_tensor(const th_view *v, const th_buf *b, smelt_dtype dt) {

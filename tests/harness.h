@@ -100,6 +100,10 @@ void th_buf_upload(th_buf *b, const void *host, size_t bytes);
 void th_buf_download(const th_buf *b, void *host, size_t bytes);
 /* 1 if both guards still hold their pattern. */
 int th_buf_guards_ok(const th_buf *b);
+/* 1 if all n bytes at p hold the poison (0xFF). */
+int th_all_ff(const void *p, size_t n);
+/* 1 if b's payload is still all poison and its guards hold: nothing wrote to it. */
+int th_buf_untouched(const th_buf *b);
 
 /* ---- strided views into a th_buf: `offset` elements from the payload start,
  * `storage` elements in the buffer, `numel` the view's element count. */
@@ -112,6 +116,14 @@ typedef struct th_view {
 int64_t th_view_off(const th_view *v, int64_t i);
 /* The smelt_tensor of the view over b's payload. */
 smelt_tensor th_view_tensor(const th_view *v, const th_buf *b, smelt_dtype dt);
+/* The view of this shape and these strides, `offset` elements into its
+ * buffer: numel and storage (up to its furthest element) follow from them. */
+th_view th_view_make(int ndim, const int64_t *shape, const int64_t *strides, int64_t offset);
+/* An output view of b after a run: every element written (not the poison),
+ * every other element of the buffer still poison, guards intact; failures
+ * name `what` and the output `name`. Fills got[] (doubles) unless NULL. */
+void th_check_output(const char *what, const char *name, const th_view *v, const th_buf *b, smelt_dtype dt,
+                     double *got);
 
 /* ---- host data helpers */
 /* Fills n elements of dtype dt with uniform values in [lo, hi) (rounded to dt). */

@@ -37,58 +37,14 @@ static int64_t lay_off(const tlay *l, int64_t i) { return l->offset + th_view_of
  * elements after each line of every dim but the innermost (8 keeps 16-bit
  * rows 16-byte aligned). */
 static tlay lay_make(int ndim, const int64_t *shape, const int *order, int64_t pad, int64_t offset) {
-  tlay l;
-  memset(&l, 0, sizeof l);
-  l.ndim = ndim;
-  l.offset = offset;
-  l.numel = 1;
-  for (int d = 0; d < ndim; d++) {
-    l.shape[d] = shape[d];
-    l.numel *= shape[d];
-  }
-  int64_t s = 1;
+  int64_t strides[SMELT_MAX_DIMS], s = 1;
   for (int p = ndim - 1; p >= 0; p--) {
-    l.strides[order[p]] = s;
+    strides[order[p]] = s;
     s = s * shape[order[p]] + pad;
   }
-  int64_t extent = 0;
-  for (int d = 0; d < ndim; d++) extent += (shape[d] > 0 ? shape[d] - 1 : 0) * l.strides[d];
-  l.storage = offset + extent + 1;
-  return l;
+  return th_view_make(ndim, shape, strides, offset);
 }
 
-
-static int all_ff(const uint8_t *p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (p[i] != 0xFF) return 0;
-  return 1;
-}
-
-/* An output after a run: every element written (not the poison), every
- * other byte of its buffer still poison, guards intact. got[i] = element i. */
-static void check_output(const char *what, const char *name, const tlay *l, const th_buf *b, smelt_dtype dt,
-                         double *got) {
-  const size_t es = smelt_dtype_size(dt);
-  uint8_t *host = (uint8_t *)malloc((size_t)l->storage * es + 1);
-  uint8_t *hit = (uint8_t *)calloc((size_t)l->storage + 1, 1);
-  th_buf_download(b, host, (size_t)l->storage * es);
-  int64_t unwritten = -1, stray = -1;
-  for (int64_t i = 0; i < l->numel; i++) {
-    int64_t at = lay_off(l, i);
-    hit[at] = 1;
-    if (all_ff(host + at * (int64_t)es, es) && unwritten < 0) unwritten = i;
-    got[i] = th_get(host, dt, at);
-  }
-  for (int64_t at = 0; at < l->storage; at++)
-    if (!hit[at] && !all_ff(host + at * (int64_t)es, es) && stray < 0) stray = at;
-  if (unwritten >= 0) th_fail(__FILE__, __LINE__, "%s: %s element %lld was not written", what, name, (long long)unwritten);
-  if (stray >= 0)
-    th_fail(__FILE__, __LINE__, "%s: %s storage element %lld outside the view was written", what, name,
-            (long long)stray);
-  if (!th_buf_guards_ok(b)) th_fail(__FILE__, __LINE__, "%s: a guard region of %s was overwritten", what, name);
-  free(host);
-  free(hit);
-}
 
 /* ---------------------------------------------------------------- a case */
 
@@ -348,9 +304,9 @@ static void run_case(smelt_ctx *ctx, smelt_dtype dt, const acase *c, int bwd) {
   smelt_status s = c->varlen ? smelt_attention_varlen_fwd(ctx, &desc, &qt, &kt, &vt, &cqt, &ckt, &ot, &lt)
                              : smelt_attention_fwd(ctx, &desc, &qt, &kt, &vt, &ot, &lt);
   if (s) th_fail(__FILE__, __LINE__, "%s: fwd: %s (%s)", what, smelt_status_name(s), smelt_last_error());
-  check_output(what, "o", &lo, &ob, dt, got);
+  th_check_output(what, "o", &lo, &ob, dt, got);
   if (!th_compare(what, got, oref, nq, bound(ctx, dt), 0)) th_fail(__FILE__, __LINE__, "%s: o differs", what);
-  check_output(what, "lse", &ll, &lb, SMELT_DTYPE_F32, lgot);
+  th_check_output(what, "lse", &ll, &lb, SMELT_DTYPE_F32, lgot);
   if (!th_compare(what, lgot, lref, nl, lse_bound(ctx), 0)) th_fail(__FILE__, __LINE__, "%s: lse differs", what);
 
   if (bwd) {
@@ -386,11 +342,11 @@ static void run_case(smelt_ctx *ctx, smelt_dtype dt, const acase *c, int bwd) {
     s = c->varlen ? smelt_attention_varlen_bwd(ctx, &desc, &qt, &kt, &vt, &cqt, &ckt, &oit, &dot_, &lit, &dqt, &dkt, &dvt)
                   : smelt_attention_bwd(ctx, &desc, &qt, &kt, &vt, &oit, &dot_, &lit, &dqt, &dkt, &dvt);
     if (s) th_fail(__FILE__, __LINE__, "%s: bwd: %s (%s)", what, smelt_status_name(s), smelt_last_error());
-    check_output(what, "dq", &ldq, &dqb, dt, got);
+    th_check_output(what, "dq", &ldq, &dqb, dt, got);
     if (!th_compare(what, got, dqr, nq, bound(ctx, dt), 0)) th_fail(__FILE__, __LINE__, "%s: dq differs", what);
-    check_output(what, "dk", &ldk, &dkb, dt, got);
+    th_check_output(what, "dk", &ldk, &dkb, dt, got);
     if (!th_compare(what, got, dkr, nk, bound(ctx, dt), 0)) th_fail(__FILE__, __LINE__, "%s: dk differs", what);
-    check_output(what, "dv", &ldv, &dvb, dt, got);
+    th_check_output(what, "dv", &ldv, &dvb, dt, got);
     if (!th_compare(what, got, dvr, nk, bound(ctx, dt), 0)) th_fail(__FILE__, __LINE__, "%s: dv differs", what);
     th_buf_free(&oib);
     th_buf_free(&lib);
@@ -742,7 +698,7 @@ static void test_plan_reuse(void) {
       }
       if (plan) {
         CHECK_OK(smelt_attention_fwd_run(plan, &qt, &kt, &vt, &ot, NULL));
-        check_output("attention plan reuse", "o", &lq, &ob, dt, got);
+        th_check_output("attention plan reuse", "o", &lq, &ob, dt, got);
         CHECK(th_compare("attention plan reuse", got, oref, lq.numel, bound(ctx, dt), 0));
       }
       th_buf_free(&qb);
@@ -970,18 +926,18 @@ static void test_empty(void) {
     static const int o4[4] = {0, 1, 2, 3}, o3[3] = {0, 1, 2};
     lo = lay_make(4, qs, o4, 0, 0);
     ll = lay_make(3, ls, o3, 0, 0);
-    check_output("attention Sk=0", "o", &lo, &ob, dt, got);
+    th_check_output("attention Sk=0", "o", &lo, &ob, dt, got);
     int64_t bad = -1;
     for (int64_t i = 0; i < on && bad < 0; i++)
       if (got[i] != 0) bad = i;
     if (bad >= 0) th_fail(__FILE__, __LINE__, "Sk=0: o[%lld]=%g, want 0", (long long)bad, got[bad]);
-    check_output("attention Sk=0", "lse", &ll, &lb, SMELT_DTYPE_F32, got);
+    th_check_output("attention Sk=0", "lse", &ll, &lb, SMELT_DTYPE_F32, got);
     for (int64_t i = 0; i < 12; i++)
       if (got[i] != INFINITY) th_fail(__FILE__, __LINE__, "Sk=0: lse[%lld]=%g, want +inf", (long long)i, got[i]);
     /* dk and dv are empty views: they hold nothing and so overlap nothing. */
     smelt_tensor dk0 = k, dv0 = k;
     CHECK_OK(smelt_attention_bwd(ctx, &desc, &q, &k, &k, &o, &d_o, &lse, &dq, &dk0, &dv0));
-    check_output("attention Sk=0", "dq", &lo, &dqb, dt, got);
+    th_check_output("attention Sk=0", "dq", &lo, &dqb, dt, got);
     for (int64_t i = 0; i < on; i++)
       if (got[i] != 0) {
         th_fail(__FILE__, __LINE__, "Sk=0: dq[%lld]=%g, want 0", (long long)i, got[i]);
@@ -1086,17 +1042,9 @@ static void bad_env_free(bad_env *e) {
   for (int i = 0; i < 13; i++) th_buf_free(&e->b[i]);
 }
 
-static int untouched(const th_buf *b) {
-  uint8_t *h = (uint8_t *)malloc(b->bytes);
-  th_buf_download(b, h, b->bytes);
-  int ok = all_ff(h, b->bytes) && th_buf_guards_ok(b);
-  free(h);
-  return ok;
-}
-
 static int outputs_untouched(const bad_env *e) {
   for (int i = BO; i <= BDV; i++)
-    if (!untouched(&e->b[i])) return 0;
+    if (!th_buf_untouched(&e->b[i])) return 0;
   return 1;
 }
 
@@ -1525,8 +1473,8 @@ static void test_varlen_bwd_bad_inputs(void) {
     /* A valid run writes the gradients (and nothing else). */
     CHECK_OK(smelt_attention_varlen_bwd_run(plan, &e.vq, &e.vk, &e.vv, &e.cq, &e.ck, &e.voi, &e.vdo, &e.vli, &e.vdq,
                                             &e.vdk, &e.vdv));
-    CHECK(!untouched(&e.b[BDQ]) && !untouched(&e.b[BDK]) && !untouched(&e.b[BDV]));
-    CHECK(untouched(&e.b[BO]) && untouched(&e.b[BL]));
+    CHECK(!th_buf_untouched(&e.b[BDQ]) && !th_buf_untouched(&e.b[BDK]) && !th_buf_untouched(&e.b[BDV]));
+    CHECK(th_buf_untouched(&e.b[BO]) && th_buf_untouched(&e.b[BL]));
     smelt_plan_destroy(plan);
     bad_env_free(&e);
   }

@@ -59,6 +59,31 @@ static void restore_cache_env(void) {
   else unsetenv("SMELT_CACHE_DIR");
 }
 
+/* Compiles s for arch through the disk cache, or loads it from there;
+ * returns 1 for a disk hit, 0 for a compile, -1 for a failure (recorded). */
+static int jit(const smelt__kernel_src *s, const char *arch) {
+  void *bin = NULL;
+  size_t n = 0;
+  int cached = -1;
+  double secs;
+  smelt_status st = smelt__jit_cubin(s, arch, &bin, &n, &cached, &secs);
+  CHECK_OK(st);
+  CHECK(st || (bin && n > 0));
+  free(bin);
+  return st ? -1 : cached;
+}
+
+/* A fresh cache folder (dir) holding one entry (its path in entry): the
+ * self-test kernel of the given scale (s) compiled for sm_80. Returns 1 when
+ * the folder holds exactly that entry. */
+static int cache_with_entry(char *dir, size_t dir_len, smelt__kernel_src *s, int scale, char *entry,
+                            size_t entry_len) {
+  fresh_cache_dir(dir, dir_len);
+  selftest_src(s, scale);
+  jit(s, "sm_80");
+  return count_entries(dir, entry, entry_len) == 1;
+}
+
 static void test_keys(void) {
   if (!have_nvrtc()) SKIP("NVRTC not found");
   smelt__kernel_src a, b;
@@ -82,23 +107,18 @@ static void test_compile_and_reload(void) {
   fresh_cache_dir(dir, sizeof dir);
   smelt__kernel_src s;
   selftest_src(&s, 5);
-  void *bin = NULL;
-  size_t n = 0;
-  int cached = -1;
-  double secs;
-  CHECK_OK(smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs));
-  CHECK(bin && n > 0 && cached == 0);
-  free(bin);
+  CHECK_EQ_INT(jit(&s, "sm_90a"), 0);
   CHECK_EQ_INT(count_entries(dir, entry, sizeof entry), 1);
-  CHECK_OK(smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs));
-  CHECK(cached == 1);
-  free(bin);
+  CHECK_EQ_INT(jit(&s, "sm_90a"), 1);
   /* Cache-only mode: a hit still works, a miss says how to warm the cache. */
   setenv("SMELT_JIT", "off", 1);
-  CHECK_OK(smelt__jit_cubin(&s, "sm_90a", &bin, &n, &cached, &secs));
-  free(bin);
+  CHECK_EQ_INT(jit(&s, "sm_90a"), 1);
   smelt__kernel_src other;
   selftest_src(&other, 6);
+  void *bin = NULL;
+  size_t n = 0;
+  int cached;
+  double secs;
   CHECK_STATUS(smelt__jit_cubin(&other, "sm_90a", &bin, &n, &cached, &secs), SMELT_STATUS_NOT_FOUND);
   CHECK_MSG("smelt precompile");
   unsetenv("SMELT_JIT");
@@ -124,23 +144,11 @@ static void test_bad_entries_rebuilt(void) {
   if (!have_nvrtc()) SKIP("NVRTC not found");
   for (int mode = 0; mode < 2; mode++) {
     char dir[64], entry[600];
-    fresh_cache_dir(dir, sizeof dir);
     smelt__kernel_src s;
-    selftest_src(&s, 7);
-    void *bin;
-    size_t n;
-    int cached;
-    double secs;
-    CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
-    free(bin);
-    REQUIRE(count_entries(dir, entry, sizeof entry) == 1);
+    REQUIRE(cache_with_entry(dir, sizeof dir, &s, 7, entry, sizeof entry));
     damage(entry, mode == 0);
-    CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
-    CHECK(cached == 0); /* the damaged entry was a miss */
-    free(bin);
-    CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
-    CHECK(cached == 1); /* and was rebuilt */
-    free(bin);
+    CHECK_EQ_INT(jit(&s, "sm_80"), 0); /* the damaged entry was a miss */
+    CHECK_EQ_INT(jit(&s, "sm_80"), 1); /* and was rebuilt */
     restore_cache_env();
     remove_dir(dir);
   }
@@ -365,27 +373,15 @@ static void test_untrusted_folders(void) {
 static void test_planted_links(void) {
   if (!have_nvrtc()) SKIP("NVRTC not found");
   char dir[64], entry[600], moved[620], lock[600], target[600];
-  fresh_cache_dir(dir, sizeof dir);
   smelt__kernel_src s;
-  selftest_src(&s, 17);
-  void *bin;
-  size_t n;
-  int cached;
-  double secs;
-  CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
-  free(bin);
-  REQUIRE(count_entries(dir, entry, sizeof entry) == 1);
+  REQUIRE(cache_with_entry(dir, sizeof dir, &s, 17, entry, sizeof entry));
   /* A valid entry reached through a link is not loaded. */
   snprintf(moved, sizeof moved, "%s.elsewhere", entry);
   REQUIRE(rename(entry, moved) == 0 && symlink(moved, entry) == 0);
-  CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
-  CHECK(cached == 0);
-  free(bin);
+  CHECK_EQ_INT(jit(&s, "sm_80"), 0);
   /* Nor is an entry that others may write. */
   CHECK(chmod(entry, 0666) == 0);
-  CHECK_OK(smelt__jit_cubin(&s, "sm_80", &bin, &n, &cached, &secs));
-  CHECK(cached == 0);
-  free(bin);
+  CHECK_EQ_INT(jit(&s, "sm_80"), 0);
   /* A link at a missing key's lock file: the file it names is never made. */
   smelt__kernel_src other;
   selftest_src(&other, 19);
@@ -394,8 +390,7 @@ static void test_planted_links(void) {
   snprintf(lock, sizeof lock, "%s/%s.lock", dir, key);
   snprintf(target, sizeof target, "%s/planted-target", dir);
   REQUIRE(symlink(target, lock) == 0);
-  CHECK_OK(smelt__jit_cubin(&other, "sm_80", &bin, &n, &cached, &secs));
-  free(bin);
+  jit(&other, "sm_80");
   CHECK(access(target, F_OK) != 0);
   restore_cache_env();
   remove_dir(dir);

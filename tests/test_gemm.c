@@ -44,6 +44,16 @@ static gspec spec(smelt_dtype a, smelt_dtype b, smelt_dtype d, int64_t m, int64_
   return s;
 }
 
+/* spec with A row-major and B column-major (K contiguous in both) and
+ * leading dimensions rounded to 16 elements: the RC layout tensor-op
+ * kernels, the Hopper one's TMA loads included, take. */
+static gspec rc_spec(smelt_dtype a, smelt_dtype b, smelt_dtype d, int64_t m, int64_t n, int64_t k) {
+  gspec s = spec(a, b, d, m, n, k);
+  s.b_col = 1;
+  s.ld16 = 1;
+  return s;
+}
+
 /* One matrix operand's memory: [L,] rows x cols, row- or column-major, with
  * `pad` spare elements per line and per batch. */
 typedef struct gmat {
@@ -1012,6 +1022,26 @@ static void test_gpu_unaligned(void) {
   th_buf_free(&D);
 }
 
+/* Every activation with bias (f32 or bf16), alpha, slope and scale_d on one
+ * ragged bf16 problem, m x 520 x 72, through the Hopper tile tm x tn (0:
+ * chosen); D bf16 or f16, and f32 too with f32_d. 0 at the first failure. */
+static int sm90_epilogue_sweep(int64_t m, int tm, int tn, int f32_d, const char *what) {
+  for (int a = 0; a < SMELT_ACT_COUNT; a++) {
+    const smelt_dtype dd = f32_d && a % 3 == 2 ? SMELT_DTYPE_F32 : a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+    gspec s = rc_spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, dd, m, 520, 72);
+    s.desc.tile.m = tm;
+    s.desc.tile.n = tn;
+    s.has_bias = 1;
+    s.bias = a % 3 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
+    s.desc.epilogue.act = (smelt_act)a;
+    s.desc.epilogue.alpha = 1.5;
+    s.desc.epilogue.slope = 0.2f;
+    s.desc.epilogue.scale_d = 0.5f;
+    if (!check(&s, 0, what)) return 0;
+  }
+  return 1;
+}
+
 /* The Hopper kernel (sm_90a only), forced through its tile: sizes that cut
  * every tile edge, several tiles per persistent CTA, both 16-bit types, tf32
  * and fp8, and both epilogues (general: C or fp8 D; fast: 16-bit or f32
@@ -1027,9 +1057,7 @@ static void test_gpu_sm90(void) {
   for (int t = 0; t < 2; t++)
     for (int si = 0; si < 6; si++) {
       smelt_dtype dt = t ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-      gspec s = spec(dt, dt, si % 2 ? SMELT_DTYPE_F32 : dt, shapes[si][0], shapes[si][1], shapes[si][2]);
-      s.b_col = 1;
-      s.ld16 = 1;
+      gspec s = rc_spec(dt, dt, si % 2 ? SMELT_DTYPE_F32 : dt, shapes[si][0], shapes[si][1], shapes[si][2]);
       s.desc.tile.n = 256;
       s.has_c = si >= 2 && si != 4;
       s.has_bias = si >= 3;
@@ -1044,34 +1072,18 @@ static void test_gpu_sm90(void) {
    * activation with bias, alpha, slope and scale_d on a ragged tile; a
    * consumer half wholly past M (m 60) and tiles cut inside a piece
    * (n 136); one row; 160 tiles over 132 SMs; clamp. */
-  for (int a = 0; a < SMELT_ACT_COUNT; a++) {
-    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, 300, 520, 72);
-    s.b_col = 1;
-    s.ld16 = 1;
-    s.desc.tile.n = 256;
-    s.has_bias = 1;
-    s.bias = a % 3 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
-    s.desc.epilogue.act = (smelt_act)a;
-    s.desc.epilogue.alpha = 1.5;
-    s.desc.epilogue.slope = 0.2f;
-    s.desc.epilogue.scale_d = 0.5f;
-    if (!check(&s, 0, "sm90 fast epilogue")) return;
-  }
+  if (!sm90_epilogue_sweep(300, 0, 256, 0, "sm90 fast epilogue")) return;
   static const int64_t fshapes[][3] = {{60, 136, 100}, {1, 40, 5}, {1200, 4000, 40}, {129, 64, 256}};
   for (int si = 0; si < 4; si++) {
-    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, si % 2 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F16, fshapes[si][0],
-                   fshapes[si][1], fshapes[si][2]);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, si % 2 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F16, fshapes[si][0],
+                      fshapes[si][1], fshapes[si][2]);
     s.desc.tile.n = 256;
     s.has_bias = si < 2;
     s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU_TANH : SMELT_ACT_IDENTITY;
     if (!check(&s, 0, "sm90 fast epilogue")) return;
   }
   for (int clamp = 0; clamp < 2; clamp++) {
-    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 70, 304, 16);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 70, 304, 16);
     s.desc.tile.n = 256;
     s.desc.epilogue.alpha = 1e6;
     s.desc.epilogue.clamp = clamp;
@@ -1081,10 +1093,8 @@ static void test_gpu_sm90(void) {
    * edges, a skinny M, more tiles than SMs. */
   static const int64_t nshapes[][3] = {{7, 13, 9}, {129, 200, 70}, {128, 4096, 256}, {1000, 3000, 32}};
   for (int si = 0; si < 4; si++) {
-    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16, nshapes[si][0],
-                   nshapes[si][1], nshapes[si][2]);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16, nshapes[si][0],
+                      nshapes[si][1], nshapes[si][2]);
     s.desc.tile.m = 128;
     s.desc.tile.n = 64;
     s.has_c = si == 1;
@@ -1105,10 +1115,8 @@ static void test_gpu_sm90(void) {
   for (int ti = 0; ti < 2; ti++)
     for (int si = 0; si < 7; si++) {
       const smelt_dtype dt = (ti + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-      gspec s = spec(dt, dt, si == 3 || si == 6 ? SMELT_DTYPE_F32 : dt, rshapes[si][0], rshapes[si][1],
-                     rshapes[si][2]);
-      s.b_col = 1;
-      s.ld16 = 1;
+      gspec s = rc_spec(dt, dt, si == 3 || si == 6 ? SMELT_DTYPE_F32 : dt, rshapes[si][0], rshapes[si][1],
+                        rshapes[si][2]);
       s.desc.tile.m = rtiles[ti][0];
       s.desc.tile.n = rtiles[ti][1];
       s.has_c = si == 1 || si == 3;
@@ -1125,19 +1133,7 @@ static void test_gpu_sm90(void) {
   /* ... and chosen without asking for skinny M: every activation with
    * bias, alpha, slope and scale_d on ragged tiles (M 100: one tile row,
    * the second 64 rows past M), 16-bit and f32 D. */
-  for (int a = 0; a < SMELT_ACT_COUNT; a++) {
-    const smelt_dtype dd = a % 3 == 2 ? SMELT_DTYPE_F32 : a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, dd, 100, 520, 72);
-    s.b_col = 1;
-    s.ld16 = 1;
-    s.has_bias = 1;
-    s.bias = a % 3 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
-    s.desc.epilogue.act = (smelt_act)a;
-    s.desc.epilogue.alpha = 1.5;
-    s.desc.epilogue.slope = 0.2f;
-    s.desc.epilogue.scale_d = 0.5f;
-    if (!check(&s, 0, "sm90 64-row epilogue")) return;
-  }
+  if (!sm90_epilogue_sweep(100, 0, 0, 1, "sm90 64-row epilogue")) return;
   /* The ping-pong schedule (128 x 128, asked for): each consumer owns
    * whole tiles and steps over the other's stages of the ring, so the
    * cases have one to five tiles per CTA (247 and 612 tiles over 132
@@ -1149,41 +1145,24 @@ static void test_gpu_sm90(void) {
   static const int64_t pshapes[][3] = {
       {2400, 1600, 200}, {2100, 4488, 72}, {60, 136, 100}, {1003, 1000, 333}, {1300, 3300, 520}};
   for (int si = 0; si < 5; si++) {
-    gspec s = spec(si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16,
-                   si == 2 ? SMELT_DTYPE_F32 : si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, pshapes[si][0],
-                   pshapes[si][1], pshapes[si][2]);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16,
+                      si == 2 ? SMELT_DTYPE_F32 : si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, pshapes[si][0],
+                      pshapes[si][1], pshapes[si][2]);
     s.desc.tile.m = 128;
     s.desc.tile.n = 128;
     s.has_bias = si != 1;
     s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU : si == 2 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
     if (!check(&s, 0, "sm90 ping-pong")) return;
   }
-  for (int a = 0; a < SMELT_ACT_COUNT; a++) {
-    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, a % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, 300, 520, 72);
-    s.b_col = 1;
-    s.ld16 = 1;
-    s.desc.tile.m = 128;
-    s.desc.tile.n = 128;
-    s.has_bias = 1;
-    s.bias = a % 3 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
-    s.desc.epilogue.act = (smelt_act)a;
-    s.desc.epilogue.alpha = 1.5;
-    s.desc.epilogue.slope = 0.2f;
-    s.desc.epilogue.scale_d = 0.5f;
-    if (!check(&s, 0, "sm90 ping-pong epilogue")) return;
-  }
+  if (!sm90_epilogue_sweep(300, 128, 128, 0, "sm90 ping-pong epilogue")) return;
   /* Parallel split-K on the Hopper kernel, asked for: slices write f32
    * partial sums through 3-D TMA stores (each slice's rows clip at M),
    * gemm_reduce applies the epilogue. Slices chosen by smelt (2 of the
    * narrow tile here), 3 and 16; ragged M, N and K; C. */
   static const int64_t kshapes[][4] = {{128, 2048, 2048, 0}, {200, 516, 1000, 3}, {130, 264, 333, 16}};
   for (int si = 0; si < 3; si++) {
-    gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16, kshapes[si][0],
-                   kshapes[si][1], kshapes[si][2]);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16, kshapes[si][0],
+                      kshapes[si][1], kshapes[si][2]);
     s.desc.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
     s.desc.split_k = (int)kshapes[si][3];
     s.has_c = si == 1;
@@ -1194,10 +1173,8 @@ static void test_gpu_sm90(void) {
   }
   /* The 64-row tile splits the same way (3 slices; 2 chosen). */
   for (int si = 0; si < 2; si++) {
-    gspec s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, si ? SMELT_DTYPE_F16 : SMELT_DTYPE_F32, 65 + 62 * si, 264,
-                   si ? 2048 : 1000);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, si ? SMELT_DTYPE_F16 : SMELT_DTYPE_F32, 65 + 62 * si, 264,
+                      si ? 2048 : 1000);
     s.desc.tile.m = s.desc.tile.n = 64;
     s.desc.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
     s.desc.split_k = si ? 0 : 3;
@@ -1209,10 +1186,8 @@ static void test_gpu_sm90(void) {
   }
   /* tf32 and fp8 split the same way (K tiles of 32 and 128 elements). */
   for (int fi = 0; fi < 2; fi++) {
-    gspec s = fi ? spec(SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, 200, 516, 1000)
-                 : spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 200, 516, 1000);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = fi ? rc_spec(SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, 200, 516, 1000)
+                 : rc_spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32, 200, 516, 1000);
     if (!fi) s.desc.math.op = SMELT_GEMM_MATH_TF32;
     s.desc.tile.n = 256; /* their only Hopper tile (else few tiles take mma.sync) */
     s.desc.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
@@ -1224,10 +1199,8 @@ static void test_gpu_sm90(void) {
    * ragged K, both epilogues, every fp8 pair with its scales. */
   static const int64_t tshapes[][3] = {{129, 264, 70}, {1003, 1003, 1003}, {300, 520, 333}};
   for (int si = 0; si < 3; si++) {
-    gspec s = spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, si == 1 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F32, tshapes[si][0],
-                   tshapes[si][1], tshapes[si][2]);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(SMELT_DTYPE_F32, SMELT_DTYPE_F32, si == 1 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F32, tshapes[si][0],
+                      tshapes[si][1], tshapes[si][2]);
     s.desc.tile.n = 256;
     s.desc.math.op = SMELT_GEMM_MATH_TF32;
     s.has_c = si == 2;
@@ -1242,9 +1215,7 @@ static void test_gpu_sm90(void) {
                                       {SMELT_DTYPE_E5M2, SMELT_DTYPE_E5M2, SMELT_DTYPE_E4M3}};
   for (int fi = 0; fi < 4; fi++) {
     const int64_t *sh = tshapes[fi % 3];
-    gspec s = spec(f8[fi][0], f8[fi][1], f8[fi][2], sh[0], sh[1], sh[2] + 130);
-    s.b_col = 1;
-    s.ld16 = 1;
+    gspec s = rc_spec(f8[fi][0], f8[fi][1], f8[fi][2], sh[0], sh[1], sh[2] + 130);
     s.desc.tile.n = 256;
     s.desc.epilogue.scale_a = 0.5f;
     s.desc.epilogue.scale_b = 2.0f;
@@ -1323,9 +1294,7 @@ static void test_gpu_sm90_cluster(void) {
   for (int ci = 0; ci < 3; ci++)
     for (int si = 0; si < 6; si++) {
       const smelt_dtype dt = (ci + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-      gspec s = spec(dt, dt, si == 1 ? SMELT_DTYPE_F32 : dt, cshapes[si][0], cshapes[si][1], cshapes[si][2]);
-      s.b_col = 1;
-      s.ld16 = 1;
+      gspec s = rc_spec(dt, dt, si == 1 ? SMELT_DTYPE_F32 : dt, cshapes[si][0], cshapes[si][1], cshapes[si][2]);
       s.desc.tile.cluster_m = cls[ci][0];
       s.desc.tile.cluster_n = cls[ci][1];
       s.has_c = si == 1;
@@ -1433,6 +1402,19 @@ static void test_gpu_sm90_act16(void) {
 
 /* ---------------------------------------------------------------- selection (no GPU needed) */
 
+/* A state as planning leaves it for bf16 operands and D, f32 accumulation
+ * and the default desc, in the given mode and split-K. */
+static smelt__gemm_state bf16_state(smelt_gemm_mode mode, int split_k) {
+  const smelt__gemm_state st = {.desc = smelt_gemm_desc_default(),
+                                .mode = mode,
+                                .split_k = split_k,
+                                .acc = SMELT_GEMM_ACC_F32,
+                                .dt_a = SMELT_DTYPE_BF16,
+                                .dt_b = SMELT_DTYPE_BF16,
+                                .dt_d = SMELT_DTYPE_BF16};
+  return st;
+}
+
 /* What the selector picks for a state on a device, as the kernel's name. */
 static const char *pick_name(const smelt__gemm_state *st, const smelt__gemm_facts *f, int cc_major, int cc_minor,
                              smelt_status *status) {
@@ -1468,13 +1450,7 @@ static void test_selector(void) {
   for (int i = 0; i < n; i++)
     if (table[i].fam == SMELT__GK_SM90 && table[i].smem > 227 * 1024)
       th_fail(__FILE__, __LINE__, "table entry %d needs %d bytes of shared memory", i, table[i].smem);
-  smelt__gemm_state st;
-  memset(&st, 0, sizeof st);
-  st.desc = smelt_gemm_desc_default();
-  st.mode = SMELT_GEMM_MODE_PLAIN;
-  st.split_k = 1;
-  st.acc = SMELT_GEMM_ACC_F32;
-  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_PLAIN, 1);
   smelt__gemm_facts f = {1, 1, 1, 1, 1, 8192, 8192, 8192, 1, 1, 8192};
   smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
@@ -1966,13 +1942,7 @@ static void test_grouped_offs(void) {
  * stores would cross group edges): mma.sync on sm_90 as on sm_80; a Hopper
  * cluster asked for has no kernel. */
 static void test_grouped_offs_selector(void) {
-  smelt__gemm_state st;
-  memset(&st, 0, sizeof st);
-  st.desc = smelt_gemm_desc_default();
-  st.mode = SMELT_GEMM_MODE_GROUPED_OFFS;
-  st.split_k = 1;
-  st.acc = SMELT_GEMM_ACC_F32;
-  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_GROUPED_OFFS, 1);
   smelt__gemm_facts f = {1, 1, 1, 1, 1, 49152, 1408, 2048, 64, 1, 2048};
   smelt_status s;
   CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
@@ -2237,12 +2207,8 @@ static smelt_device_info tune_dev(const char *name) {
 }
 
 static void tune_state(smelt__gemm_state *st, smelt__gemm_facts *f, int64_t m, int64_t n, int64_t k) {
-  memset(st, 0, sizeof *st);
-  st->desc = smelt_gemm_desc_default();
-  st->mode = SMELT_GEMM_MODE_PLAIN;
-  st->split_k = 0;
-  st->acc = SMELT_GEMM_ACC_F32;
-  st->dt_a = st->dt_b = st->dt_c = st->dt_d = SMELT_DTYPE_BF16;
+  *st = bf16_state(SMELT_GEMM_MODE_PLAIN, 0);
+  st->dt_c = SMELT_DTYPE_BF16;
   st->count = 1;
   st->prob.m = m;
   st->prob.n = n;
@@ -2631,17 +2597,13 @@ static void tune_gpu_case(const gspec *s, const char *what) {
 static void test_tune_gpu(void) {
   if (!th_cuda()) SKIP("no CUDA device");
   /* A plain bf16 linear layer with bias + GELU (Hopper and mma.sync kernels compete). */
-  gspec s = spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 384, 256, 512);
-  s.b_col = 1;
-  s.ld16 = 1;
+  gspec s = rc_spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 384, 256, 512);
   s.has_bias = 1;
   s.bias = SMELT_DTYPE_BF16;
   s.desc.epilogue.act = SMELT_ACT_GELU;
   tune_gpu_case(&s, "bf16 RC 384x256x512 bias+gelu");
   /* Few tiles and a long K: split-K slice counts compete too; with C. */
-  s = spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 64, 96, 4096);
-  s.b_col = 1;
-  s.ld16 = 1;
+  s = rc_spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 64, 96, 4096);
   s.has_c = 1;
   s.desc.epilogue.beta = 0.5;
   tune_gpu_case(&s, "f16 RC 64x96x4096 +C");

@@ -42,32 +42,20 @@ typedef th_view view;
  * step; step2: every other element along the last dim; bcast: row-major with
  * stride 0 on dim 0 (inputs only). */
 static view make_view(int ndim, const int64_t *shape, int layout, int64_t offset) {
-  view v;
-  memset(&v, 0, sizeof v);
-  v.ndim = ndim;
-  v.offset = offset;
-  v.numel = 1;
-  for (int d = 0; d < ndim; d++) {
-    v.shape[d] = shape[d];
-    v.numel *= shape[d];
-  }
-  int64_t s = layout == L_STEP2 ? 2 : 1;
+  int64_t strides[SMELT_MAX_DIMS], s = layout == L_STEP2 ? 2 : 1;
   if (layout == L_REVERSED) {
     for (int d = 0; d < ndim; d++) {
-      v.strides[d] = s;
+      strides[d] = s;
       s *= shape[d];
     }
   } else {
     for (int d = ndim - 1; d >= 0; d--) {
-      v.strides[d] = s;
+      strides[d] = s;
       s = s * shape[d] + (layout == L_PADDED ? (d == ndim - 1 ? 3 : 1) : layout == L_STEP2 ? 1 : 0);
     }
-    if (layout == L_BCAST && ndim > 1) v.strides[0] = 0;
+    if (layout == L_BCAST && ndim > 1) strides[0] = 0;
   }
-  int64_t extent = 0;
-  for (int d = 0; d < ndim; d++) extent += (shape[d] > 0 ? shape[d] - 1 : 0) * v.strides[d];
-  v.storage = offset + extent + 1;
-  return v;
+  return th_view_make(ndim, shape, strides, offset);
 }
 
 /* Element offset (from the view's data) of row-major index i. */
@@ -78,36 +66,6 @@ static const char *shape_text(const view *v, char *buf, size_t n) {
     used += (size_t)snprintf(buf + used, n - used, "%s%lld", d ? ", " : "", (long long)v->shape[d]);
   if (used < n) snprintf(buf + used, n - used, "]");
   return buf;
-}
-
-static int all_ff(const uint8_t *p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (p[i] != 0xFF) return 0;
-  return 1;
-}
-
-/* An output view after a run: every element written (not the poison), every
- * byte between elements still poison, guards intact. Fills got[] (doubles). */
-static void check_output(const char *what, const view *v, const th_buf *b, smelt_dtype dt, double *got) {
-  const size_t es = smelt_dtype_size(dt);
-  uint8_t *host = (uint8_t *)malloc((size_t)v->storage * es);
-  uint8_t *hit = (uint8_t *)calloc((size_t)v->storage, 1);
-  th_buf_download(b, host, (size_t)v->storage * es);
-  int64_t unwritten = -1, stray = -1;
-  for (int64_t i = 0; i < v->numel; i++) {
-    int64_t at = v->offset + th_view_off(v, i);
-    hit[at] = 1;
-    if (all_ff(host + at * (int64_t)es, es) && unwritten < 0) unwritten = i;
-    if (got) got[i] = th_get(host, dt, at);
-  }
-  for (int64_t at = 0; at < v->storage; at++)
-    if (!hit[at] && !all_ff(host + at * (int64_t)es, es) && stray < 0) stray = at;
-  if (unwritten >= 0) th_fail(__FILE__, __LINE__, "%s: element %lld was not written", what, (long long)unwritten);
-  if (stray >= 0)
-    th_fail(__FILE__, __LINE__, "%s: storage element %lld outside the view was written", what, (long long)stray);
-  if (!th_buf_guards_ok(b)) th_fail(__FILE__, __LINE__, "%s: a guard region was overwritten", what);
-  free(host);
-  free(hit);
 }
 
 /* Host storage for an input view: uniform values in [lo, hi), nonzero. */
@@ -175,7 +133,7 @@ static void act_case(smelt_ctx *ctx, smelt_dtype dt, smelt_act act, const int64_
     CHECK(th_buf_guards_ok(&xb));
     free(yh);
   } else {
-    check_output(what, &yv, &yb, dt, got);
+    th_check_output(what, "y", &yv, &yb, dt, got);
   }
   if (!th_compare(what, got, ref, xv.numel, bound("activation", dt, 0), ABS_BOUND))
     th_fail(__FILE__, __LINE__, "%s differs", what);
@@ -239,7 +197,7 @@ static void test_activation_plan_reuse(void) {
       smelt_tensor x = th_view_tensor(&v, &xb, dt), y = th_view_tensor(&v, &yb, dt);
       CHECK_OK(smelt_activation_run(plan, &x, &y));
       double got[1003], ref[1003];
-      check_output("activation plan reuse", &v, &yb, dt, got);
+      th_check_output("activation plan reuse", "y", &v, &yb, dt, got);
       for (int64_t i = 0; i < v.numel; i++) ref[i] = tanh(th_get(h, dt, v.offset + i));
       CHECK(th_compare("activation plan reuse", got, ref, v.numel, bound("activation", dt, 0), ABS_BOUND));
       free(h);
@@ -317,17 +275,17 @@ static void softmax_case(smelt_ctx *ctx, smelt_dtype dt, int ndim, const int64_t
     for (int64_t j = 0; j < C; j++) row[j] = th_get(xh, dt, xv.offset + th_view_off(&xv, r * C + j));
     ref_softmax_row(row, C, ref + r * C, &lref[r]);
   }
-  check_output(what, &yv, &yb, dt, got);
+  th_check_output(what, "y", &yv, &yb, dt, got);
   if (!th_compare(what, got, ref, xv.numel, bound("softmax", dt, 0), ABS_BOUND))
     th_fail(__FILE__, __LINE__, "%s: y differs", what);
   if (lse_layout >= 0) {
-    check_output(what, &lv, &lb, SMELT_DTYPE_F32, lgot);
+    th_check_output(what, "lse", &lv, &lb, SMELT_DTYPE_F32, lgot);
     if (!th_compare(what, lgot, lref, rows, bound("softmax", SMELT_DTYPE_F32, 1), 0))
       th_fail(__FILE__, __LINE__, "%s: lse differs", what);
   } else {
     uint8_t *lh = (uint8_t *)malloc((size_t)lv.storage * 4);
     th_buf_download(&lb, lh, (size_t)lv.storage * 4);
-    CHECK(all_ff(lh, (size_t)lv.storage * 4));
+    CHECK(th_all_ff(lh, (size_t)lv.storage * 4));
     free(lh);
   }
   free(row);
@@ -417,8 +375,8 @@ static void topk_case(smelt_ctx *ctx, smelt_dtype dt, int idx_dt, int ndim, cons
   double *vgot = (double *)malloc((size_t)nout * sizeof *vgot), *igot = (double *)malloc((size_t)nout * sizeof *igot);
   uint8_t *vh = (uint8_t *)malloc((size_t)vv.storage * es);
   uint8_t *taken = (uint8_t *)malloc((size_t)C);
-  check_output(what, &vv, &vb, dt, vgot);
-  if (idx_dt >= 0) check_output(what, &iv, &ib, it, igot);
+  th_check_output(what, "values", &vv, &vb, dt, vgot);
+  if (idx_dt >= 0) th_check_output(what, "indices", &iv, &ib, it, igot);
   th_buf_download(&vb, vh, (size_t)vv.storage * es);
   int64_t bad = -1;
   for (int64_t r = 0; r < rows && bad < 0; r++) {
@@ -445,7 +403,7 @@ static void topk_case(smelt_ctx *ctx, smelt_dtype dt, int idx_dt, int ndim, cons
   if (idx_dt < 0) {
     uint8_t *ih = (uint8_t *)malloc((size_t)iv.storage * 8);
     th_buf_download(&ib, ih, (size_t)iv.storage * 8);
-    CHECK(all_ff(ih, (size_t)iv.storage * 8));
+    CHECK(th_all_ff(ih, (size_t)iv.storage * 8));
     free(ih);
   }
   free(vgot);
@@ -509,7 +467,7 @@ static void test_ops_empty(void) {
     CHECK_OK(smelt_topk(ctx, 2, &x, &vals, &idx));
     uint8_t h[64];
     th_buf_download(&b, h, sizeof h);
-    CHECK(all_ff(h, sizeof h));
+    CHECK(th_all_ff(h, sizeof h));
     CHECK(th_buf_guards_ok(&b));
     th_buf_free(&b);
   }
@@ -547,16 +505,8 @@ static bad_env bad_env_new(smelt_ctx *ctx) {
   return e;
 }
 
-static int untouched(const th_buf *b) {
-  uint8_t *h = (uint8_t *)malloc(b->bytes);
-  th_buf_download(b, h, b->bytes);
-  int ok = all_ff(h, b->bytes) && th_buf_guards_ok(b);
-  free(h);
-  return ok;
-}
-
 static int outputs_untouched(const bad_env *e) {
-  return untouched(&e->yb) && untouched(&e->lb) && untouched(&e->vb) && untouched(&e->ib);
+  return th_buf_untouched(&e->yb) && th_buf_untouched(&e->lb) && th_buf_untouched(&e->vb) && th_buf_untouched(&e->ib);
 }
 
 static void bad_env_free(bad_env *e) {

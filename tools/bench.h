@@ -53,5 +53,8 @@ cli_timing cli_bench_copy_ceiling(smelt_ctx *ctx, uint64_t bytes, int sets, int 
 void **cli_bench_alloc_sets(smelt_ctx *ctx, size_t bytes, int sets);
 void **cli_bench_upload_sets(smelt_ctx *ctx, const void *host, size_t bytes, int sets);
 void cli_bench_free_sets(smelt_ctx *ctx, void **bufs, int sets);
+/* Fills a device buffer with 0xFF bytes (NaN in every float type), so that
+ * a check sees every element a run left unwritten. */
+void cli_bench_poison(smelt_ctx *ctx, void *dev, size_t bytes);
 
 #endif /* SMELT_CLI_BENCH_H */

@@ -469,27 +469,15 @@ static void check(const void *hq, const void *hk, const void *hv, const void *hd
 
 /* ---------------------------------------------------------------- setup */
 
-static void poison(void *dev, size_t bytes) {
-  void *p = cli_malloc(bytes);
-  memset(p, 0xFF, bytes); /* NaN in every float type */
-  CLI_TRY(smelt_memcpy_h2d(st.ctx, dev, p, bytes));
-  free(p);
-}
-
-static void *host_fill(size_t n, smelt_dtype dt, uint64_t seed, double lo, double hi) {
-  void *h = cli_malloc(n * smelt_dtype_size(dt));
-  cli_fill_uniform(h, dt, n, seed, lo, hi);
-  return h;
-}
-
 static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   st.ctx = ctx;
   st.sets = sets;
   const size_t es = smelt_dtype_size(st.dt), bq = st.nq * es, bk = st.nk * es, bl = st.nl * sizeof(float);
   /* Scores of a few units, as trained models have (q, k in [-2, 2)). */
-  void *hq = host_fill(st.nq, st.dt, SEED_Q, -2.0, 2.0), *hk = host_fill(st.nk, st.dt, SEED_K, -2.0, 2.0);
-  void *hv = host_fill(st.nk, st.dt, SEED_V, -1.0, 1.0);
-  void *hdo = opt_bwd ? host_fill(st.nq, st.dt, SEED_DO, -1.0, 1.0) : NULL;
+  void *hq = cli_host_uniform(st.dt, st.nq, SEED_Q, -2.0, 2.0);
+  void *hk = cli_host_uniform(st.dt, st.nk, SEED_K, -2.0, 2.0);
+  void *hv = cli_host_uniform(st.dt, st.nk, SEED_V, -1.0, 1.0);
+  void *hdo = opt_bwd ? cli_host_uniform(st.dt, st.nq, SEED_DO, -1.0, 1.0) : NULL;
   st.q = cli_bench_upload_sets(ctx, hq, bq, sets);
   st.k = cli_bench_upload_sets(ctx, hk, bk, sets);
   st.v = cli_bench_upload_sets(ctx, hv, bk, sets);
@@ -509,16 +497,16 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   snprintf(c->kernel, sizeof c->kernel, "%s", smelt_plan_describe(opt_bwd ? st.bwd : st.fwd));
 
   if (opt_check) {
-    poison(st.o[0], bq);
-    poison(st.lse[0], bl);
+    cli_bench_poison(ctx, st.o[0], bq);
+    cli_bench_poison(ctx, st.lse[0], bl);
   }
   /* The backward's O and LSE: one forward per set. */
   for (int s = 0; s < (opt_bwd ? sets : opt_check ? 1 : 0); s++) run_fwd(s);
   if (opt_check) {
     if (opt_bwd) {
-      poison(st.dq[0], bq);
-      poison(st.dk[0], bk);
-      poison(st.dv[0], bk);
+      cli_bench_poison(ctx, st.dq[0], bq);
+      cli_bench_poison(ctx, st.dk[0], bk);
+      cli_bench_poison(ctx, st.dv[0], bk);
       run_bwd(0);
     }
     CLI_TRY(smelt_ctx_synchronize(ctx));

@@ -603,11 +603,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
     CLI_TRY(smelt_gemm_plan(ctx, &st.desc, st.ta, st.tb, tc, st.td, tbias, &st.plan));
   snprintf(c->kernel, sizeof c->kernel, "%s", smelt_plan_describe(st.plan));
   if (opt_check) {
-    /* Poison D (0xFF: NaN in every float type) so an unwritten element shows. */
-    void *poison = cli_malloc(st.cd_elems * es_d);
-    memset(poison, 0xFF, st.cd_elems * es_d);
-    CLI_TRY(smelt_memcpy_h2d(ctx, st.D[0], poison, st.cd_elems * es_d));
-    free(poison);
+    cli_bench_poison(ctx, st.D[0], st.cd_elems * es_d);
     run(0);
     CLI_TRY(smelt_ctx_synchronize(ctx));
     check(ha, hb, hc, hbias, c);

@@ -118,6 +118,8 @@ void cli_dev_download(smelt_ctx *ctx, void *host, const void *dev, size_t bytes)
 /* Uniform random values in [lo, hi) rounded to dt (f64, f32, f16, bf16),
  * from a seeded generator so every run and machine sees the same inputs. */
 void cli_fill_uniform(void *buf, smelt_dtype dt, size_t n, uint64_t seed, double lo, double hi);
+/* A new host buffer (free it with free) of n such values. */
+void *cli_host_uniform(smelt_dtype dt, size_t n, uint64_t seed, double lo, double hi);
 /* Random bytes (for copies, where only the byte count matters). */
 void cli_fill_bytes(void *buf, size_t bytes, uint64_t seed);
 /* Element i of a host buffer as a double (f64, f32, f16, bf16, i32, i64). */

@@ -31,6 +31,12 @@ void cli_fill_uniform(void *buf, smelt_dtype dt, size_t n, uint64_t seed, double
   }
 }
 
+void *cli_host_uniform(smelt_dtype dt, size_t n, uint64_t seed, double lo, double hi) {
+  void *h = cli_malloc(n * smelt_dtype_size(dt));
+  cli_fill_uniform(h, dt, n, seed, lo, hi);
+  return h;
+}
+
 void cli_fill_bytes(void *buf, size_t bytes, uint64_t seed) {
   uint64_t state = seed;
   unsigned char *p = buf;

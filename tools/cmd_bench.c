@@ -47,6 +47,13 @@ void cli_bench_free_sets(smelt_ctx *ctx, void **bufs, int sets) {
   free(bufs);
 }
 
+void cli_bench_poison(smelt_ctx *ctx, void *dev, size_t bytes) {
+  void *p = cli_malloc(bytes);
+  memset(p, 0xFF, bytes);
+  CLI_TRY(smelt_memcpy_h2d(ctx, dev, p, bytes));
+  free(p);
+}
+
 /* The API reports no host cache sizes, so the CPU backend assumes a typical
  * last-level cache and keeps its sets within a modest host budget. */
 #define CPU_CACHE_BYTES ((uint64_t)64 << 20)

@@ -64,23 +64,6 @@ void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user) 
   }
 }
 
-void cli_demo_run_all(void *user, int iter) {
-  cli_demo_case *c = user;
-  (void)iter;
-  cli_demo_blocks(c->env, c->block, c);
-}
-
-cli_timing cli_demo_time(cli_demo_case *c) {
-  return cli_time_runs(c->env->ctx, c->env->warmup, c->env->iters, cli_demo_run_all, c);
-}
-
-void cli_demo_case_reset(cli_demo_case *c) {
-  for (int i = 0; i < 2; i++) {
-    smelt_plan_destroy(c->plan[i]);
-    c->plan[i] = NULL;
-  }
-}
-
 double cli_demo_bound(const cli_diff *d, const char *family, smelt_dtype dt) {
   const smelt__bound_query q = {.family = family, .metric = SMELT__METRIC_MAX_REL, .dtype = dt};
   return smelt__error_bound(&q) * (d->max_ref > 1.0 ? d->max_ref : 1.0);

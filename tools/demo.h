@@ -43,20 +43,45 @@ void cli_demo_blocks(const cli_demo_env *env, cli_demo_block_fn fn, void *user);
  * (src/core/error_bound.c, one element's worst) at d's scale: the larger
  * of its largest reference magnitude and 1. */
 double cli_demo_bound(const cli_diff *d, const char *family, smelt_dtype dt);
-/* What a section's case starts with: the env, the function that runs one
- * block of rows (called with the case as `user`) and its plan per block
- * slot. */
-typedef struct cli_demo_case {
+/* A row op's case (tools/demo_case.c): its buffers of env->tokens rows,
+ * buf[0] the input and the others its outputs, and the function that plans
+ * (once per block slot) and runs the op on ctx with views of them. The
+ * reference is the same function on the CPU backend over all rows in one
+ * call. A section that needs more (activation's desc) puts the case first
+ * in a struct of its own. */
+enum { CLI_DEMO_MAX_BUFS = 3 };
+typedef struct cli_demo_buf {
+  smelt_dtype dt;
+  int64_t cols; /* elements a row; 0: one, seen as a 1-D view */
+  void *host;   /* the input's values, or an output as the device wrote it */
+  void *ref;    /* an output as the CPU backend wrote it */
+  void *dev;
+} cli_demo_buf;
+typedef struct cli_demo_case cli_demo_case;
+typedef void (*cli_demo_op_fn)(cli_demo_case *c, smelt_ctx *ctx, smelt_plan **plan, const smelt_tensor *views);
+struct cli_demo_case {
   cli_demo_env *env;
-  cli_demo_block_fn block;
-  smelt_plan *plan[2];
-} cli_demo_case;
-/* Runs every block of the case `user` once (a cli_time_runs work function). */
-void cli_demo_run_all(void *user, int iter);
-/* Times the case's runs (the env's warm-up, then its timed runs). */
-cli_timing cli_demo_time(cli_demo_case *c);
-/* Destroys the case's plans (a new problem plans again). */
+  cli_demo_op_fn op;
+  int nbuf;
+  cli_demo_buf buf[CLI_DEMO_MAX_BUFS];
+  smelt_plan *plan[2]; /* the device's, one per block slot */
+};
+/* The elements and the bytes of buffer i. */
+size_t cli_demo_case_elems(const cli_demo_case *c, int i);
+size_t cli_demo_case_bytes(const cli_demo_case *c, int i);
+/* Fills the input with seeded uniform values in [lo, hi) (cli_fill_uniform)
+ * and uploads it; allocates the outputs on the host and the device. */
+void cli_demo_case_load(cli_demo_case *c, uint64_t seed, double lo, double hi);
+/* Runs the reference, then every block once on the device; downloads the
+ * outputs and times the device's runs (the env's warm-up, then its timed
+ * runs). */
+cli_timing cli_demo_case_run(cli_demo_case *c);
+/* Output i as the device wrote it against the reference. */
+cli_diff cli_demo_case_diff(const cli_demo_case *c, int i);
+/* Destroys the device's plans (a new problem plans again). */
 void cli_demo_case_reset(cli_demo_case *c);
+/* Destroys the plans and frees every buffer. */
+void cli_demo_case_free(cli_demo_case *c);
 
 /* Starts a section's table: its title, the shapes, the column header. */
 void cli_demo_table(const char *title, const char *shapes);

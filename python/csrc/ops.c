@@ -145,13 +145,34 @@ static int execute(smpy_call *call, const op_args *o) {
   return 0;
 }
 
-static int unpack(PyObject *args, const char *name, Py_ssize_t n, PyObject **out) {
+/* The start of every op: o zeroed for op (nt tensors; 0: the small ops'
+ * 3) and the call's n positional arguments in a. */
+static int op_begin(PyObject *args, const char *name, Py_ssize_t n, PyObject **a, op_args *o, int op, int nt) {
+  memset(o, 0, sizeof *o);
+  o->op = op;
+  o->nt = nt;
   if (PyTuple_Size(args) != n) {
     PyErr_Format(PyExc_TypeError, "_smelt.%s takes %zd positional arguments", name, n);
     return -1;
   }
-  for (Py_ssize_t i = 0; i < n; i++) out[i] = PyTuple_GetItem(args, i);
+  for (Py_ssize_t i = 0; i < n; i++) a[i] = PyTuple_GetItem(args, i);
   return 0;
+}
+
+/* Imports the output obj (writable) into slot of o. */
+static int import_out(smpy_call *call, op_args *o, int slot, PyObject *obj, const char *name) {
+  smelt_tensor *t;
+  if (smpy_call_import(call, obj, name, 1, &t) < 0) return -1;
+  o->t[slot] = t;
+  return 0;
+}
+
+/* The end of a call with one output (slot out_slot of o): imports it, runs,
+ * returns it (a new reference). */
+static PyObject *run_out(smpy_call *call, op_args *o, int out_slot, PyObject *out) {
+  if (import_out(call, o, out_slot, out, "out") < 0 || execute(call, o) < 0) return NULL;
+  Py_INCREF(out);
+  return out;
 }
 
 static int parse_act(PyObject *o, smelt_act *act) {
@@ -177,85 +198,75 @@ static int parse_act(PyObject *o, smelt_act *act) {
 
 static PyObject *py_activation(PyObject *self, PyObject *args) {
   PyObject *a[6]; /* x, out, act, slope, ctx, stream */
-  if (unpack(args, "activation", 6, a) < 0) return NULL;
   op_args o;
-  memset(&o, 0, sizeof o);
-  o.op = OP_ACTIVATION;
-  if (parse_act(a[2], &o.desc.act) < 0) return NULL;
+  if (op_begin(args, "activation", 6, a, &o, OP_ACTIVATION, 0) < 0 || parse_act(a[2], &o.desc.act) < 0) return NULL;
   double slope = PyFloat_AsDouble(a[3]);
   if (slope == -1.0 && PyErr_Occurred()) return NULL;
   o.desc.slope = (float)slope;
 
   smpy_call call;
   PyObject *out = a[1], *made = NULL, *result = NULL;
-  smelt_tensor *x, *y;
+  smelt_tensor *x;
   if (smpy_call_begin(&call, "smelt.activation", a[4], a[5]) < 0) return NULL;
   if (smpy_call_import(&call, a[0], "x", 0, &x) < 0) goto done;
   if (out == Py_None) {
     if (!(out = made = smpy_call_alloc(&call, x->dtype, x->ndim, x->shape))) goto done;
   }
-  if (smpy_call_import(&call, out, "out", 1, &y) < 0) goto done;
   o.t[0] = x;
-  o.t[1] = y;
-  if (execute(&call, &o) < 0) goto done;
-  Py_INCREF(out);
-  result = out;
+  result = run_out(&call, &o, 1, out);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made);
   return result;
 }
 
-/* The result of ops with an optional LSE: out, or (out, lse) when asked for. */
-static PyObject *out_and_lse(PyObject *out, PyObject *lse, int want_lse) {
-  if (want_lse) return PyTuple_Pack(2, out, lse);
-  Py_INCREF(out);
-  return out;
-}
-
 /* The end of a call with an output and an optional lse (slots out_slot and
- * out_slot + 1 of o): imports them, runs, returns out (and lse, when wanted). */
-static PyObject *run_out_lse(smpy_call *call, op_args *o, int out_slot, PyObject *out, PyObject *lse, int want_lse) {
-  smelt_tensor *t;
-  if (smpy_call_import(call, out, "out", 1, &t) < 0) return NULL;
-  o->t[out_slot] = t;
-  if (lse != Py_None) {
-    if (smpy_call_import(call, lse, "lse", 1, &t) < 0) return NULL;
-    o->t[out_slot + 1] = t;
+ * out_slot + 1 of o): makes those not given (out like `like`; lse f32 of
+ * lse_nd dims lse_shape, when wanted), imports them, runs, ends the call and
+ * returns out, or (out, lse) when asked for. */
+static PyObject *end_out_lse(smpy_call *call, op_args *o, int out_slot, PyObject *out, PyObject *lse, int want_lse,
+                             const smelt_tensor *like, int lse_nd, const int64_t *lse_shape) {
+  PyObject *made_out = NULL, *made_lse = NULL, *result = NULL;
+  if (out == Py_None && !(out = made_out = smpy_call_alloc(call, like->dtype, like->ndim, like->shape))) goto done;
+  if (lse == Py_None && want_lse && !(lse = made_lse = smpy_call_alloc(call, SMELT_DTYPE_F32, lse_nd, lse_shape)))
+    goto done;
+  if (import_out(call, o, out_slot, out, "out") < 0) goto done;
+  if (lse != Py_None && import_out(call, o, out_slot + 1, lse, "lse") < 0) goto done;
+  if (execute(call, o) < 0) goto done;
+  if (want_lse) {
+    result = PyTuple_Pack(2, out, lse);
+  } else {
+    Py_INCREF(out);
+    result = out;
   }
-  if (execute(call, o) < 0) return NULL;
-  return out_and_lse(out, lse, want_lse);
+done:
+  smpy_call_end(call);
+  Py_XDECREF(made_out);
+  Py_XDECREF(made_lse);
+  return result;
 }
 
 static PyObject *py_softmax(PyObject *self, PyObject *args) {
   PyObject *a[6]; /* x, out, lse, want_lse, ctx, stream */
-  if (unpack(args, "softmax", 6, a) < 0) return NULL;
+  op_args o;
+  if (op_begin(args, "softmax", 6, a, &o, OP_SOFTMAX, 0) < 0) return NULL;
   int want_lse = PyObject_IsTrue(a[3]);
   if (want_lse < 0) return NULL;
-  op_args o;
-  memset(&o, 0, sizeof o);
-  o.op = OP_SOFTMAX;
 
   smpy_call call;
-  PyObject *out = a[1], *lse = a[2], *made_out = NULL, *made_lse = NULL, *result = NULL;
+  PyObject *out = a[1], *lse = a[2];
   smelt_tensor *x;
   if (smpy_call_begin(&call, "smelt.softmax", a[4], a[5]) < 0) return NULL;
-  if (smpy_call_import(&call, a[0], "x", 0, &x) < 0) goto done;
+  if (smpy_call_import(&call, a[0], "x", 0, &x) < 0) goto fail;
   if ((out == Py_None || (lse == Py_None && want_lse)) && x->ndim < 1) {
     smpy_raise(SMELT_STATUS_SHAPE_MISMATCH, "smelt.softmax: x must have at least 1 dim, got a scalar");
-    goto done;
+    goto fail;
   }
-  if (out == Py_None && !(out = made_out = smpy_call_alloc(&call, x->dtype, x->ndim, x->shape))) goto done;
-  if (lse == Py_None && want_lse &&
-      !(lse = made_lse = smpy_call_alloc(&call, SMELT_DTYPE_F32, x->ndim - 1, x->shape)))
-    goto done;
   o.t[0] = x;
-  result = run_out_lse(&call, &o, 1, out, lse, want_lse);
-done:
+  return end_out_lse(&call, &o, 1, out, lse, want_lse, x, x->ndim - 1, x->shape);
+fail:
   smpy_call_end(&call);
-  Py_XDECREF(made_out);
-  Py_XDECREF(made_lse);
-  return result;
+  return NULL;
 }
 
 /* Raises s with fmt, whose one %s gets o's repr; returns -1. */
@@ -289,10 +300,8 @@ static int parse_index_dtype(PyObject *o, int *want, smelt_dtype *dt) {
 
 static PyObject *py_topk(PyObject *self, PyObject *args) {
   PyObject *a[7]; /* x, k, values, indices, index_dtype, ctx, stream */
-  if (unpack(args, "topk", 7, a) < 0) return NULL;
   op_args o;
-  memset(&o, 0, sizeof o);
-  o.op = OP_TOPK;
+  if (op_begin(args, "topk", 7, a, &o, OP_TOPK, 0) < 0) return NULL;
   o.k = PyLong_AsLongLong(a[1]);
   if (o.k == -1 && PyErr_Occurred()) return NULL;
   int want_idx;
@@ -375,23 +384,33 @@ static int gemm_desc_from(PyObject *const *a, smelt_gemm_desc *d) {
   return 0;
 }
 
+/* Imports the GEMM operands a, b, offs (with_offs only), c and bias, in that
+ * order from consecutive arguments in, into o's slots; c and bias may be None. */
+static int import_gemm_operands(smpy_call *call, op_args *o, PyObject *const *in, int with_offs) {
+  static const char *names[] = {"a", "b", "offs", "c", "bias"};
+  static const int slots[] = {0, 1, 5, 2, 4};
+  for (int i = 0; i < 5; i++) {
+    if (i == 2 && !with_offs) continue;
+    PyObject *obj = *in++;
+    smelt_tensor *t;
+    if (i >= 3 && obj == Py_None) continue;
+    if (smpy_call_import(call, obj, names[i], 0, &t) < 0) return -1;
+    o->t[slots[i]] = t;
+  }
+  return 0;
+}
+
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
   PyObject *a[13]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream */
-  if (unpack(args, "gemm", 13, a) < 0) return NULL;
   op_args o;
-  memset(&o, 0, sizeof o);
-  o.op = OP_GEMM;
-  o.nt = 5;
-  if (gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
+  if (op_begin(args, "gemm", 13, a, &o, OP_GEMM, 5) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
 
   smpy_call call;
   PyObject *out = a[4], *made = NULL, *result = NULL;
-  smelt_tensor *ta, *tb, *tc = NULL, *td, *tbias = NULL;
   if (smpy_call_begin(&call, "smelt.gemm", a[11], a[12]) < 0) return NULL;
-  if (smpy_call_import(&call, a[0], "a", 0, &ta) < 0 || smpy_call_import(&call, a[1], "b", 0, &tb) < 0) goto done;
-  if (a[2] != Py_None && smpy_call_import(&call, a[2], "c", 0, &tc) < 0) goto done;
-  if (a[3] != Py_None && smpy_call_import(&call, a[3], "bias", 0, &tbias) < 0) goto done;
+  if (import_gemm_operands(&call, &o, a, 0) < 0) goto done;
   if (out == Py_None) {
+    const smelt_tensor *ta = o.t[0], *tb = o.t[1];
     smelt_dtype dt = ta->dtype;
     if (parse_dtype_name(a[10], "smelt.gemm: out_dtype", &dt) < 0) goto done;
     if (ta->ndim < 2 || ta->ndim > 3 || tb->ndim != ta->ndim) {
@@ -407,15 +426,7 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
     shape[nd - 1] = tb->shape[nd - 1];
     if (!(out = made = smpy_call_alloc(&call, dt, nd, shape))) goto done;
   }
-  if (smpy_call_import(&call, out, "out", 1, &td) < 0) goto done;
-  o.t[0] = ta;
-  o.t[1] = tb;
-  o.t[2] = tc;
-  o.t[3] = td;
-  o.t[4] = tbias;
-  if (execute(&call, &o) < 0) goto done;
-  Py_INCREF(out);
-  result = out;
+  result = run_out(&call, &o, 3, out);
 done:
   smpy_call_end(&call);
   Py_XDECREF(made);
@@ -428,33 +439,13 @@ done:
  * values are read on the device and are not part of it. */
 static PyObject *py_gemm_grouped(PyObject *self, PyObject *args) {
   PyObject *a[13]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream */
-  if (unpack(args, "gemm_grouped", 13, a) < 0) return NULL;
   op_args o;
-  memset(&o, 0, sizeof o);
-  o.op = OP_GEMM_OFFS;
-  o.nt = 6;
-  if (gemm_desc_from(a + 6, &o.gemm) < 0) return NULL;
+  if (op_begin(args, "gemm_grouped", 13, a, &o, OP_GEMM_OFFS, 6) < 0 || gemm_desc_from(a + 6, &o.gemm) < 0)
+    return NULL;
 
   smpy_call call;
-  PyObject *result = NULL;
-  smelt_tensor *ta, *tb, *toffs, *tc = NULL, *td, *tbias = NULL;
   if (smpy_call_begin(&call, "smelt.gemm_grouped", a[11], a[12]) < 0) return NULL;
-  if (smpy_call_import(&call, a[0], "a", 0, &ta) < 0 || smpy_call_import(&call, a[1], "b", 0, &tb) < 0 ||
-      smpy_call_import(&call, a[2], "offs", 0, &toffs) < 0)
-    goto done;
-  if (a[3] != Py_None && smpy_call_import(&call, a[3], "c", 0, &tc) < 0) goto done;
-  if (a[4] != Py_None && smpy_call_import(&call, a[4], "bias", 0, &tbias) < 0) goto done;
-  if (smpy_call_import(&call, a[5], "out", 1, &td) < 0) goto done;
-  o.t[0] = ta;
-  o.t[1] = tb;
-  o.t[2] = tc;
-  o.t[3] = td;
-  o.t[4] = tbias;
-  o.t[5] = toffs;
-  if (execute(&call, &o) < 0) goto done;
-  Py_INCREF(a[5]);
-  result = a[5];
-done:
+  PyObject *result = import_gemm_operands(&call, &o, a, 1) < 0 ? NULL : run_out(&call, &o, 3, a[5]);
   smpy_call_end(&call);
   return result;
 }
@@ -476,40 +467,52 @@ static int parse_attn(PyObject **p, smelt_attention_desc *d) {
   return 0;
 }
 
+/* Where the arguments of an attention op stand: n in all, tensors in op_args,
+ * cu_seqlens_q (None: the batched form) and the desc's six. */
+typedef struct attn_call {
+  const char *name;
+  Py_ssize_t n;
+  int op, varlen_op, nt, cu, desc;
+} attn_call;
+
+/* The start of an attention op: op_begin, then the form (*varlen) and the desc. */
+static int attn_begin(const attn_call *c, PyObject *args, PyObject **a, op_args *o, int *varlen) {
+  if (op_begin(args, c->name, c->n, a, o, c->op, c->nt) < 0) return -1;
+  *varlen = a[c->cu] != Py_None;
+  if (*varlen) o->op = c->varlen_op;
+  return parse_attn(a + c->desc, &o->attn);
+}
+
 static PyObject *py_attention(PyObject *self, PyObject *args) {
+  static const attn_call fwd = {"attention", 16, OP_ATTN_FWD, OP_ATTN_VARLEN_FWD, 7, 6, 8};
   /* q, k, v, out, lse, want_lse, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream */
   PyObject *a[16];
-  if (unpack(args, "attention", 16, a) < 0) return NULL;
   op_args o;
-  memset(&o, 0, sizeof o);
-  int varlen = a[6] != Py_None;
-  o.op = varlen ? OP_ATTN_VARLEN_FWD : OP_ATTN_FWD;
-  o.nt = 7;
+  int varlen;
+  if (attn_begin(&fwd, args, a, &o, &varlen) < 0) return NULL;
   int want_lse = PyObject_IsTrue(a[5]);
-  if (want_lse < 0 || parse_attn(a + 8, &o.attn) < 0) return NULL;
+  if (want_lse < 0) return NULL;
 
   smpy_call call;
-  PyObject *out = a[3], *lse = a[4], *made_o = NULL, *made_l = NULL, *result = NULL;
+  PyObject *out = a[3], *lse = a[4];
   smelt_tensor *q, *k, *v, *cq = NULL, *ck = NULL;
   const char *name = varlen ? "smelt.attention_varlen" : "smelt.attention";
   if (smpy_call_begin(&call, name, a[14], a[15]) < 0) return NULL;
   if (smpy_call_import(&call, a[0], "q", 0, &q) < 0 || smpy_call_import(&call, a[1], "k", 0, &k) < 0 ||
       smpy_call_import(&call, a[2], "v", 0, &v) < 0)
-    goto done;
+    goto fail;
   if (varlen && (smpy_call_import(&call, a[6], "cu_seqlens_q", 0, &cq) < 0 ||
                  smpy_call_import(&call, a[7], "cu_seqlens_k", 0, &ck) < 0))
-    goto done;
+    goto fail;
+  /* The lse a call makes: [H, Tq] (varlen) or [B, H, Sq]. */
+  int64_t ls[3] = {0, 0, 0};
   if (out == Py_None || (lse == Py_None && want_lse)) {
     int nd = varlen ? 3 : 4;
     if (q->ndim != nd) {
       smpy_raise(SMELT_STATUS_SHAPE_MISMATCH, "%s: q must be %s, got %d dims", name,
                  varlen ? "3-D [Tq, H, D]" : "4-D [B, Sq, H, D]", q->ndim);
-      goto done;
+      goto fail;
     }
-  }
-  if (out == Py_None && !(out = made_o = smpy_call_alloc(&call, q->dtype, q->ndim, q->shape))) goto done;
-  if (lse == Py_None && want_lse) {
-    int64_t ls[3];
     if (varlen) {
       ls[0] = q->shape[1];
       ls[1] = q->shape[0];
@@ -518,31 +521,25 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
       ls[1] = q->shape[2];
       ls[2] = q->shape[1];
     }
-    if (!(lse = made_l = smpy_call_alloc(&call, SMELT_DTYPE_F32, varlen ? 2 : 3, ls))) goto done;
   }
   o.t[0] = q;
   o.t[1] = k;
   o.t[2] = v;
   o.t[5] = cq;
   o.t[6] = ck;
-  result = run_out_lse(&call, &o, 3, out, lse, want_lse);
-done:
+  return end_out_lse(&call, &o, 3, out, lse, want_lse, q, varlen ? 2 : 3, ls);
+fail:
   smpy_call_end(&call);
-  Py_XDECREF(made_o);
-  Py_XDECREF(made_l);
-  return result;
+  return NULL;
 }
 
 static PyObject *py_attention_backward(PyObject *self, PyObject *args) {
+  static const attn_call bwd = {"attention_backward", 19, OP_ATTN_BWD, OP_ATTN_VARLEN_BWD, 11, 9, 11};
   /* q, k, v, o, d_o, lse, dq, dk, dv, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream */
   PyObject *a[19];
-  if (unpack(args, "attention_backward", 19, a) < 0) return NULL;
   op_args o;
-  memset(&o, 0, sizeof o);
-  int varlen = a[9] != Py_None;
-  o.op = varlen ? OP_ATTN_VARLEN_BWD : OP_ATTN_BWD;
-  o.nt = 11;
-  if (parse_attn(a + 11, &o.attn) < 0) return NULL;
+  int varlen;
+  if (attn_begin(&bwd, args, a, &o, &varlen) < 0) return NULL;
 
   static const char *in_names[6] = {"q", "k", "v", "o", "d_o", "lse"};
   static const char *grad_names[3] = {"dq", "dk", "dv"};

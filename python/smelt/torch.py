@@ -664,6 +664,22 @@ class PEER(torch.nn.Module):
 # ---- the Python-facing functions (what smelt.* routes to under torch.compile)
 
 
+def _into(result, given):
+    """result, or the caller's given tensor filled with it by copy (the ops
+    allocate their outputs, so out= arguments are honoured this way)."""
+    if given is None:
+        return result
+    given.copy_(result)
+    return given
+
+
+def _out_lse(o, l, return_lse, out, lse):
+    """The results of ops with an optional LSE: o and l copied into out and
+    lse when given; (o, l) when the LSE is asked for, else o."""
+    o, l = _into(o, out), _into(l, lse)
+    return (o, l) if return_lse else o
+
+
 def activation(x, act="gelu", slope=0.01, out=None):
     """torch.ops.smelt.activation (or activation_out when out is given). See smelt.activation."""
     if out is None:
@@ -675,28 +691,16 @@ def activation(x, act="gelu", slope=0.01, out=None):
 def softmax(x, out=None, lse=None, return_lse=False):
     """torch.ops.smelt.softmax; out/lse are filled by copy. See smelt.softmax."""
     y, l = torch.ops.smelt.softmax(x)
-    if out is not None:
-        out.copy_(y)
-        y = out
-    if lse is not None:
-        lse.copy_(l)
-        l = lse
-    return (y, l) if return_lse else y
+    return _out_lse(y, l, return_lse, out, lse)
 
 
 def topk(x, k, values=None, indices=None, index_dtype="int64"):
     """torch.ops.smelt.topk; values/indices are filled by copy. See smelt.topk."""
     int32 = index_dtype in ("int32", "i32") or index_dtype is torch.int32
     v, i = torch.ops.smelt.topk(x, k, int32)
-    if values is not None:
-        values.copy_(v)
-        v = values
-    if indices is not None:
-        indices.copy_(i)
-        i = indices
-    elif index_dtype is None:
-        i = None
-    return v, i
+    if indices is None and index_dtype is None:
+        return _into(v, values), None
+    return _into(v, values), _into(i, indices)
 
 
 def gemm(a, b, c=None, bias=None, out=None, alpha=1.0, beta=None, activation="identity", slope=0.01,
@@ -707,10 +711,7 @@ def gemm(a, b, c=None, bias=None, out=None, alpha=1.0, beta=None, activation="id
     if isinstance(out_dtype, str):
         out_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}[out_dtype]
     d = torch.ops.smelt.gemm(a, b, c, bias, float(alpha), float(beta), activation, float(slope), math, out_dtype)
-    if out is not None:
-        out.copy_(d)
-        d = out
-    return d
+    return _into(d, out)
 
 
 def gemm_grouped(a, b, offs, c=None, bias=None, out=None, alpha=1.0, beta=None, activation="identity", slope=0.01,
@@ -730,22 +731,11 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, alpha=1.0, beta=None, 
     return d
 
 
-def _attention_outputs(o, l, return_lse, out, lse):
-    """The attention wrappers' results: o and l copied into out and lse when given."""
-    if out is not None:
-        out.copy_(o)
-        o = out
-    if lse is not None:
-        lse.copy_(l)
-        l = lse
-    return (o, l) if return_lse else o
-
-
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None):
     """torch.ops.smelt.attention (differentiable); out/lse are filled by copy. See smelt.attention."""
     o, l = torch.ops.smelt.attention(q, k, v, bool(causal), None if scale is None else float(scale),
                                      int(window[0]), int(window[1]))
-    return _attention_outputs(o, l, return_lse, out, lse)
+    return _out_lse(o, l, return_lse, out, lse)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
@@ -755,7 +745,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     o, l = torch.ops.smelt.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                             int(max_seqlen_k), bool(causal), None if scale is None else float(scale),
                                             int(window[0]), int(window[1]))
-    return _attention_outputs(o, l, return_lse, out, lse)
+    return _out_lse(o, l, return_lse, out, lse)
 
 
 def peer(x, wq, sub_keys, u, v, k=16, bq=None, norm_weight=None, norm_bias=None, bn_mean=None, bn_var=None,
@@ -769,11 +759,8 @@ def peer(x, wq, sub_keys, u, v, k=16, bq=None, norm_weight=None, norm_bias=None,
     y, i, s = torch.ops.smelt.peer(x, wq, bq, norm_weight, norm_bias, bn_mean, bn_var, sk[0], sk[1], sk[2], sk[3], u,
                                    v, int(k), activation, query_norm, float(norm_eps), float(l2_eps),
                                    bool(key_l2_norm), gate, bool(sparse_grad))
-    for given, got in ((out, y), (ids, i), (scores, s)):
-        if given is not None:
-            given.copy_(got)
-    y = y if out is None else out
-    return (y, i if ids is None else ids, s if scores is None else scores) if return_ids else y
+    y, i, s = _into(y, out), _into(i, ids), _into(s, scores)
+    return (y, i, s) if return_ids else y
 
 
 # Route smelt.* through these ops while torch.compile traces.

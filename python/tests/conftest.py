@@ -23,6 +23,12 @@ def rng(seed):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture
+def gen(seed):
+    torch = pytest.importorskip("torch")
+    return torch.Generator().manual_seed(seed)
+
+
 def pytest_runtest_makereport(item, call):
     if call.excinfo is not None:
         for k, v in item.user_properties:

@@ -8,22 +8,11 @@ import pytest
 torch = pytest.importorskip("torch")
 import smelt  # noqa: E402
 import smelt.torch as st  # noqa: E402
+from torch_common import DEVICES, rel  # noqa: E402
 
 F = torch.nn.functional
 
-CUDA = torch.cuda.is_available() and smelt.info()["device_count"] > 0
-DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 REL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-
-
-@pytest.fixture
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def rel(got, want):
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def params(device):

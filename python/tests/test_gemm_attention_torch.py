@@ -3,35 +3,17 @@ scaled_dot_product_attention (forward and gradients), opcheck of the custom
 ops, and torch.compile without graph breaks. CPU cases (f32, the reference
 backend) run wherever torch is installed; bf16 cases need a GPU."""
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
 import smelt  # noqa: E402
 import smelt.torch as st  # noqa: E402
+from torch_common import DEVICES, randn, rel  # noqa: E402
 
 F = torch.nn.functional
 
-CUDA = torch.cuda.is_available() and smelt.info()["device_count"] > 0
-DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 # ‖smelt - ref‖ / ‖ref‖ bounds, ref in float64.
 REL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
-
-
-def randn(gen, shape, dtype=torch.float32, device="cpu", scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
-
-
-@pytest.fixture
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def rel(got, want):
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def params(device):

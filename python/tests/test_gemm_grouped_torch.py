@@ -8,20 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import smelt  # noqa: E402
 import smelt.torch as st  # noqa: E402
+from torch_common import DEVICES, needs_cuda, randn, rel  # noqa: E402
 
-CUDA = torch.cuda.is_available() and smelt.info()["device_count"] > 0
-DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 GROUPED_MM = hasattr(torch, "_grouped_mm")
-
-
-def randn(gen, shape, dtype=torch.float32, device="cpu"):
-    return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
-
-
-@pytest.fixture
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 def ref(a, b, offs, c=None, bias=None, alpha=1.0, beta=0.0):
@@ -37,11 +26,6 @@ def ref(a, b, offs, c=None, bias=None, alpha=1.0, beta=0.0):
         d[start:end] = z
         start = end
     return d
-
-
-def rel_err(got, want):
-    got, want = got.double().cpu(), want.double().cpu()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def case(gen, device, dtype, idt=torch.int32):
@@ -61,7 +45,7 @@ def test_gemm_grouped_cpu(gen, idt):
     for d in (smelt.gemm_grouped(a, b, offs, c, bias, alpha=0.5, beta=2.0),
               st.gemm_grouped(a, b, offs, c, bias, alpha=0.5, beta=2.0)):
         assert d.shape == (40, 24) and d.dtype == torch.float32
-        assert rel_err(d, want) < 1e-6
+        assert rel(d, want) < 1e-6
         assert not d[33:].any()
 
 
@@ -70,17 +54,19 @@ def test_gemm_grouped_out(gen):
     for f in (smelt.gemm_grouped, st.gemm_grouped):
         out = torch.full((40, 24), 7.0)
         assert f(a, b, offs, out=out) is out
-        assert (out[33:] == 7.0).all() and rel_err(out[:33], ref(a, b, offs)[:33]) < 1e-6
+        assert (out[33:] == 7.0).all() and rel(out[:33], ref(a, b, offs)[:33]) < 1e-6
 
 
 @pytest.mark.skipif(not GROUPED_MM, reason="torch has no _grouped_mm")
-def test_gemm_grouped_vs_torch_grouped_mm_cpu(gen):
-    a, b, offs = case(gen, "cpu", torch.float32)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_grouped_vs_torch_grouped_mm(gen, device):
+    dtype, where, bound = (torch.float32, "the CPU", 1e-6) if device == "cpu" else (torch.bfloat16, "this GPU", 1e-2)
+    a, b, offs = case(gen, device, dtype)
     try:
         want = torch._grouped_mm(a, b, offs)
     except (RuntimeError, NotImplementedError) as e:
-        pytest.skip("torch._grouped_mm on the CPU: %s" % e)
-    assert rel_err(smelt.gemm_grouped(a, b, offs)[:33], want[:33]) < 1e-6
+        pytest.skip("torch._grouped_mm on %s: %s" % (where, e))
+    assert rel(smelt.gemm_grouped(a, b, offs)[:33], want[:33]) < bound
 
 
 @needs_cuda
@@ -90,20 +76,9 @@ def test_gemm_grouped_cuda_bf16(gen, idt):
     bias = randn(gen, (5, 24), torch.bfloat16, "cuda")
     d = smelt.gemm_grouped(a, b, offs, bias=bias)
     assert d.device.type == "cuda" and d.dtype == torch.bfloat16
-    assert rel_err(d, ref(a, b, offs, bias=bias)) < 1e-2
+    assert rel(d, ref(a, b, offs, bias=bias)) < 1e-2
     assert not d[33:].any()
-    assert rel_err(st.gemm_grouped(a, b, offs, bias=bias), d) == 0
-
-
-@needs_cuda
-@pytest.mark.skipif(not GROUPED_MM, reason="torch has no _grouped_mm")
-def test_gemm_grouped_vs_torch_grouped_mm_cuda(gen):
-    a, b, offs = case(gen, "cuda", torch.bfloat16)
-    try:
-        want = torch._grouped_mm(a, b, offs)
-    except (RuntimeError, NotImplementedError) as e:
-        pytest.skip("torch._grouped_mm on this GPU: %s" % e)
-    assert rel_err(smelt.gemm_grouped(a, b, offs)[:33], want[:33]) < 1e-2
+    assert rel(st.gemm_grouped(a, b, offs, bias=bias), d) == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -121,7 +96,7 @@ def test_opcheck_gemm_grouped(gen, device):
 def test_gemm_grouped_compile(gen):
     a, b, offs = case(gen, "cpu", torch.float32)
     f = torch.compile(lambda a, b, offs: smelt.gemm_grouped(a, b, offs, activation="relu"), fullgraph=True)
-    assert rel_err(f(a, b, offs), ref(a, b, offs).clamp_min(0)) < 1e-6
+    assert rel(f(a, b, offs), ref(a, b, offs).clamp_min(0)) < 1e-6
 
 
 def test_gemm_grouped_backward_raises(gen):
@@ -152,4 +127,4 @@ def test_gemm_grouped_stream_needs_out(gen):
     s.wait_stream(torch.cuda.current_stream())
     assert smelt.gemm_grouped(a, b, offs, out=out, stream=s) is out
     s.synchronize()
-    assert rel_err(out, ref(a, b, offs)) < 1e-2
+    assert rel(out, ref(a, b, offs)) < 1e-2

@@ -11,21 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import smelt  # noqa: E402
 import smelt.torch as st  # noqa: E402
+from torch_common import needs_cuda, rel  # noqa: E402
 
 F = torch.nn.functional
-
-CUDA = torch.cuda.is_available() and smelt.info()["device_count"] > 0
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-
-
-@pytest.fixture
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def rel(got, want):
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def ref_peer(x, wq, bq, nw, nb, bm, bv, sub_keys, u, v, k, act, norm, gate, key_l2, eps=1e-5, l2_eps=1e-12,

@@ -7,12 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import smelt  # noqa: E402
 import smelt.torch as st  # noqa: E402,F401  (registers torch.ops.smelt)
+from torch_common import CUDA, DEVICES, needs_cuda, randn  # noqa: E402
 
 F = torch.nn.functional
-
-CUDA = torch.cuda.is_available() and smelt.info()["device_count"] > 0
-DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 TORCH_ACT = {
     "identity": lambda t, s: t,
@@ -28,16 +25,6 @@ TORCH_ACT = {
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Bounds on |smelt - ref| / (|ref| + 1), ref computed in float64 and rounded.
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-@pytest.fixture
-def gen(seed):
-    g = torch.Generator().manual_seed(seed)
-    return g
-
-
-def randn(gen, shape, dtype=torch.float32, device="cpu", scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
 
 
 def assert_close(got, want, dtype):
