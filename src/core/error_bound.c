@@ -42,9 +42,9 @@ double smelt__bound_elementwise(const smelt__bound_query *q) {
  * plus one rounding of D. Integer outputs are exact when nothing but the
  * integer product passes through the epilogue's float scales. */
 double smelt__bound_gemm(const smelt__bound_query *q) {
+  if (q->metric == SMELT__METRIC_MAX_REL) return max_rel(q->dtype); /* q->gemm may be NULL here */
   const smelt_gemm_desc *d = q->gemm;
   const smelt_gemm_epilogue *e = &d->epilogue;
-  if (q->metric == SMELT__METRIC_MAX_REL) return max_rel(q->dtype);
   const double in = q->dt_a == SMELT_DTYPE_F64 || q->dt_a == SMELT_DTYPE_I8 ? 1e-12
                     : d->math.acc == SMELT_GEMM_ACC_F16                    ? 3e-2
                     : d->math.op == SMELT_GEMM_MATH_TF32                   ? 2e-3
