@@ -411,7 +411,8 @@ static __device__ __forceinline__ i64 my_tile(i64 r, i64 ntiles) {
  * ideal makespan with groups of that size (0.94 at D 128 S4k with single
  * heads: the last head's longest tile starts too late), while only the K
  * and V of about g + CTAs / m_tiles heads are read at a time (all heads'
- * longest tiles first thrashes L2: 10% slower at D 128 S4k on an H100).
+ * longest tiles first thrashes L2: docs/PERF.md, Attention forward:
+ * persistent schedules).
  * Otherwise every tile sees about as many keys: a head's tiles run
  * together, sharing its K and V in L2. */
 static __device__ __forceinline__ bool tile_of(const attn_params &P, int i, fwd_tile &t) {
@@ -587,7 +588,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
      * ptxas then knows every field of t to be defined, and so the same
      * across the warp, and keeps the key-tile loop's stage addresses and
      * wgmma descriptors in uniform registers (untested: 16 more R2UR and
-     * divergence checks per key tile at D 128, and 10-15% slower). */
+     * divergence checks per key tile at D 128, and slower: docs/PERF.md,
+     * Attention forward: persistent schedules). */
     if (tile_of(P, i, t)) walk_tile(P, t, wg - 1, sQ, sK, sV, fullQ, fullK, fullV, empty, emptyQ, &kv, &q);
   }
 #else

@@ -46,9 +46,9 @@
  * m64n128 per step, 128 accumulators per thread), so one consumer's
  * epilogue overlaps the other's main loop. Named barriers hand the main
  * loop from one consumer to the other (pp_wait, pp_pass); the producer is
- * unchanged. On H100 it ran about 4% behind the cooperative schedule (its
- * tiles move a third more bytes from L2 per multiply-add), so the selector
- * takes it only when asked.
+ * unchanged. It ran behind the cooperative schedule (its tiles move a
+ * third more bytes from L2 per multiply-add: docs/PERF.md, GEMM: decisions,
+ * third round), so the selector takes it only when asked.
  *
  * Clusters (GEMM_CLUSTER_M or GEMM_CLUSTER_N, 2 or 4, the other 1;
  * cooperative schedule only): the CTAs of a cluster take output tiles

@@ -18,7 +18,7 @@
  * These "round" kernels take any shape; the warp-streamed kernels at the
  * end (h_e <= VEC, rows a lane can keep in registers) stream the rows
  * with cp.async and no CTA barrier per use, and are the faster ones
- * (docs/PERF.md: 0.89 vs ~1.1 ms for the issue's forward on an H100).
+ * (docs/PERF.md, PEER: expert kernel).
  * A third variant, CTA-wide cp.async stages between barriers, measured
  * slower than the round kernels (per-stage barrier latency) and was removed.
  *
@@ -675,9 +675,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) peer_expert_bwd_warp(peer_ex
  * part) that complete on the slot's mbarrier; rows the store left in host
  * memory are copied by the lanes' cp.async instead and tracked by the same
  * mbarrier. No CTA barrier at all, and no per-token CTA: the random 2 KiB
- * rows then stream at the copy rate (bench/gather_bw.cu: 3.03 TB/s with
- * 8 warps x 4 slots an SM against 3.00 for a d2d copy, H100), where the
- * CTA-per-token warp kernel above reached ~80% of it (docs/PERF.md).
+ * rows then stream at the copy rate (bench/gather_bw.cu with 8 warps x 4
+ * slots an SM: docs/PERF.md, Ceilings), where the CTA-per-token warp kernel
+ * above fell short of it (docs/PERF.md, PEER: expert kernel).
  * A token's y lives in the lanes' registers as in the warp kernel, its x
  * in registers too (the lane's down-projection columns), so a use costs
  * the wait, the two dot products and the refill. Ids and gates come
@@ -721,9 +721,9 @@ static __device__ __forceinline__ void bk_fetch(const peer_expert_params &P, i64
     const int *c = (const int *)P.ready + (t >> P.ready_shift) * P.ready_groups + (u32)j / (u32)P.ready_gu;
     for (;;) {
       if (smelt_ld_acquire(c) >= P.ready_need) break;
-      /* ~1 us between polls: every waiting warp polls, beside the routing
-       * that raises these counters (200 ns to 3 us measured within the
-       * run-to-run spread, docs/PERF.md: fewer polls for the same time) */
+      /* 1 us between polls: every waiting warp polls, beside the routing
+       * that raises these counters; shorter and longer sleeps measured the
+       * same (docs/PERF.md, PEER: overlap and projection), so fewer polls */
       __nanosleep(1000);
     }
   }
@@ -809,7 +809,8 @@ static __device__ __forceinline__ void tc_up(const uint4 *v, float h, float (*y)
  * branches vanish); 2, the same with the down projection on tensor cores
  * (bk_tensor); or 0 for any shape the warp kernels take. Each body has
  * entry points of its own: one function holding two bodies spilled far
- * more than either alone (ptxas), and ran ~10% slower. */
+ * more than either alone (ptxas), and ran slower (docs/PERF.md, PEER:
+ * expert kernel). */
 static __device__ __forceinline__ void bulk_fwd(const peer_expert_params &P, float *smem, u64 *bars, const int LIT,
                                                 const int NW) {
   const int S = P.stage_uses; /* <= 8 */

@@ -48,8 +48,9 @@
  * bytes, the host's size (src/cuda/peer_cuda.h), checked below.
  *
  * 2·T·h·n·dq FLOP of scores (17 GFLOP for 4096 tokens, 8 heads, 1024²
- * experts, dq 256) take ~0.5 ms on the SIMT f32 units and tens of
- * microseconds on tensor cores, three products each included. */
+ * experts, dq 256) are compute-bound on the SIMT f32 units and a small
+ * part of the forward on tensor cores, three products each included
+ * (docs/PERF.md, PEER: floors). */
 #include "peer_common.cuh"
 #include "smelt_mma.cuh"
 
@@ -385,7 +386,7 @@ static __device__ __forceinline__ void combine_survivors(u64 *F, const float *va
  * the row's slots rs (at most RCAP): thread mq of the row tests every
  * pair (a, b), a < len, b = mq + 4 j < ki (b <= 15, KL 16), without
  * branches (the loops above, each a pass of a few pairs, diverge and
- * wait on every load: ~7 us a tile beside the experts); the four threads'
+ * wait on every load: docs/PERF.md, PEER: routing); the four threads'
  * counts give each its first slot (no atomics). Returns the row's count. */
 static __device__ __forceinline__ u32 combine_slots(const float *va, const u32 *ia, const u64 *dl, int len, int ki,
                                                     u32 ni, float t, int mq, u64 *rs) {
@@ -1016,8 +1017,8 @@ static __device__ __forceinline__ void wg_dim(const peer_route_params &P, int i,
     const bool vec = dsub == 128 && (P.dq & 3) == 0 && (P.q & 15) == 0;
     /* every load issued before the first split's stores: the compiler may
      * not move a global load above a store through another generic pointer,
-     * and one at a time the slice took 4-6 us a unit (docs/PERF.md, PEER
-     * version 17) */
+     * and issued one at a time they cost a unit microseconds (docs/PERF.md,
+     * PEER: routing) */
     float4 v[ROWS * 128 / 4 / NT];
   #pragma unroll
     for (int u = 0; u < ROWS * 128 / 4 / NT; u++) {
@@ -1660,8 +1661,8 @@ static __device__ __forceinline__ int route_dim_unit(const peer_route_params &P,
  * order), `ready` counting as route_beside's. Each CTA's first unit is its
  * index, the later ones come from a counter: with a fixed stride the same
  * CTAs would finish the same tiles' pairs, each late by a combination, and
- * fall further behind every round (measured: 391 us for 319 of
- * route_wg_beside's whole tiles, H200). The tiles' counters and that one
+ * fall further behind every round (slower than route_wg_beside's whole
+ * tiles: docs/PERF.md, PEER: routing). The tiles' counters and that one
  * follow the blocks' in the same zeroed workspace. */
 static __device__ __forceinline__ void route_split(const peer_route_params &P, u64 khi, u64 kmax, u64 ready, u64 xl,
                                                    const int PJ) {
@@ -1775,7 +1776,7 @@ extern "C" __global__ void __launch_bounds__(NT) peer_split_keys(peer_route_para
  * in one launch: blocks below the transpose's tiles (ceil(h dq / 64) x
  * ceil(din / 64)) copy a tile of Wq (wq, strides rs, cs), the rest split
  * key rows as peer_split_keys's blocks. One kernel where there were two
- * one after the other (~5 us each at the acceptance shape, H200). */
+ * one after the other (docs/PERF.md, PEER: routing, peer_route_prep). */
 extern "C" __global__ void __launch_bounds__(NT) peer_route_prep(peer_route_params P, u64 khi, u64 klo, i64 rows,
                                                                 u64 kmax, u64 wq, i64 rs, i64 cs) {
   const i64 hd = P.h * P.dq, tx = (hd + PEER_TR_TILE - 1) / PEER_TR_TILE;

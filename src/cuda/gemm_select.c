@@ -399,11 +399,11 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     const int rows64 = f->m <= 64 || 2 * narrow <= dev->sm_count;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):
-     * on H100 it ran 4% behind the cooperative one at bf16 8192^3, plain
-     * and with bias + GELU alike (docs/PERF.md). The cluster kernels
-     * likewise: pairs sharing B matched it at bf16 4096^3 and 8192^3 and
-     * lost 8% with bias + GELU and 3% on 64 uneven groups; pairs and quads
-     * sharing A lost 5% on 128 x 4096 x 4096 (docs/PERF.md, fourth round). */
+     * it ran behind the cooperative one, plain and with bias + GELU alike
+     * (docs/PERF.md, GEMM: decisions, third round). The cluster kernels
+     * likewise: pairs sharing B matched it on plain squares and lost with
+     * bias + GELU and on uneven groups; pairs and quads sharing A lost on
+     * skinny M (docs/PERF.md, GEMM: decisions, fourth round). */
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
