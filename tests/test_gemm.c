@@ -883,6 +883,24 @@ static void test_bad_inputs(void) {
   gb[1].shape[0] = 3;
   BAD(smelt_gemm_grouped(cpu, NULL, 2, ga, gb, NULL, gd, NULL), SMELT_STATUS_SHAPE_MISMATCH,
       "group 1: B.shape[0]=3 must equal K=4");
+  /* Groups run in no fixed order: one may not read or write another's D. */
+  gb[1] = e.tb;
+  ga[1].data = e.d;
+  BAD(smelt_gemm_grouped(cpu, NULL, 2, ga, gb, NULL, gd, NULL), SMELT_STATUS_INVALID_ARGUMENT,
+      "group 1's A overlaps group 0's D");
+  ga[1] = e.ta;
+  gd[1].data = e.d + 5;
+  BAD(smelt_gemm_grouped(cpu, NULL, 2, ga, gb, NULL, gd, NULL), SMELT_STATUS_INVALID_ARGUMENT,
+      "group 1's D overlaps group 0's D");
+  /* A group too large for the CPU reference fails before group 0 is written
+   * (its tensors are never touched, so they are only addresses). */
+  const int64_t big = (int64_t)1 << 29, sa1[2] = {1, big}, sb1[2] = {big, big}, sd1[2] = {1, big};
+  const uint64_t far = (uint64_t)1 << 61; /* above every real address, so nothing overlaps */
+  ga[1] = smelt_tensor_make((void *)(uintptr_t)far, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sa1);
+  gb[1] = smelt_tensor_make((void *)(uintptr_t)(far + ((uint64_t)1 << 32)), SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sb1);
+  gd[1] = smelt_tensor_make((void *)(uintptr_t)(3 * far), SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sd1);
+  BAD(smelt_gemm_grouped(cpu, NULL, 2, ga, gb, NULL, gd, NULL), SMELT_STATUS_OUT_OF_MEMORY,
+      "more than this machine's");
   /* Tensor ops cannot serve f64 on a GPU. */
   smelt_ctx *cu = th_cuda();
   if (cu) {

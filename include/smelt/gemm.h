@@ -185,7 +185,11 @@ SMELT_API smelt_status smelt_gemm_array_run(smelt_plan *plan, const smelt_gemm_p
  * must use the planned dtypes and the planned presence of c and bias; its
  * count, sizes and strides may differ from the plan's (a run whose problems
  * do not fit the planned kernel's layout or alignment takes one that fits,
- * compiled on first use). */
+ * compiled on first use). The problems run in no fixed order (on a GPU, at
+ * once), so no group's d may share memory with another group's a, b, c,
+ * bias or d (INVALID_ARGUMENT); within a group d may be c exactly. Every
+ * group is validated, and the run's memory reserved, before any d is
+ * written. */
 SMELT_API smelt_status smelt_gemm_grouped_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, int64_t count,
                                                const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
                                                const smelt_tensor *d, const smelt_tensor *bias, smelt_plan **out);

@@ -464,6 +464,65 @@ smelt_status smelt_gemm_array_run(smelt_plan *plan, const smelt_gemm_ptrs *ptrs,
 
 /* ---------------------------------------------------------------- grouped */
 
+/* A group's D as a byte range, for the groups' overlap check. */
+typedef struct {
+  uintptr_t lo, hi;
+  int64_t g;
+} group_span;
+
+static int span_cmp(const void *pa, const void *pb) {
+  const group_span *a = (const group_span *)pa, *b = (const group_span *)pb;
+  return (a->lo > b->lo) - (a->lo < b->lo);
+}
+
+static group_span span_of(const smelt_tensor *t, int64_t g) {
+  int64_t lo, hi;
+  smelt__tensor_span(t, &lo, &hi);
+  return (group_span){(uintptr_t)t->data + (uintptr_t)lo, (uintptr_t)t->data + (uintptr_t)hi, g};
+}
+
+/* Groups run in no fixed order (on a GPU, at once), so a D may share no
+ * byte with another group's A, B, C, bias or D; within a group the
+ * per-problem check applies (D may be C exactly). Sorted D ranges make it
+ * O(G log G) rather than O(G^2). */
+static smelt_status check_groups_disjoint(const char *op, int64_t count, const smelt_tensor *a, const smelt_tensor *b,
+                                          const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
+  group_span *ds = (group_span *)malloc((size_t)(count ? count : 1) * sizeof *ds);
+  if (!ds) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
+  int64_t n = 0;
+  for (int64_t g = 0; g < count; g++)
+    if (smelt_tensor_numel(&d[g]) > 0) ds[n++] = span_of(&d[g], g);
+  qsort(ds, (size_t)n, sizeof *ds, span_cmp);
+  smelt_status s = SMELT_OK;
+  for (int64_t i = 1; i < n && !s; i++)
+    if (ds[i].lo < ds[i - 1].hi)
+      s = smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: group %lld's D overlaps group %lld's D", op,
+                       (long long)ds[i].g, (long long)ds[i - 1].g);
+  for (int64_t g = 0; g < count && !s; g++) {
+    const struct { const char *n; const smelt_tensor *t; } in[] = {
+        {"A", &a[g]}, {"B", &b[g]}, {"C", c ? &c[g] : NULL}, {"bias", bias ? &bias[g] : NULL}, {"D", &d[g]}};
+    for (int r = 0; r < 5 && !s; r++) {
+      if (!in[r].t || smelt_tensor_numel(in[r].t) <= 0) continue;
+      const group_span x = span_of(in[r].t, g);
+      /* The first D ending past x's start; D ranges are disjoint, so ends
+       * ascend with starts. */
+      int64_t lo = 0, hi = n;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (ds[mid].hi <= x.lo) lo = mid + 1;
+        else hi = mid;
+      }
+      for (int64_t i = lo; i < n && ds[i].lo < x.hi && !s; i++)
+        if (ds[i].g != g)
+          s = smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                           "%s: group %lld's %s overlaps group %lld's D; groups run in no fixed order", op,
+                           (long long)g, in[r].n, (long long)ds[i].g);
+    }
+  }
+  free(ds);
+  return s;
+}
+
 /* Validates every group against group 0's dtypes and resolves them into a
  * new array (caller frees). */
 static smelt_status resolve_groups(const char *op, const smelt_ctx *ctx, const smelt__gemm_state *st, int64_t count,
@@ -496,6 +555,11 @@ static smelt_status resolve_groups(const char *op, const smelt_ctx *ctx, const s
       free(p);
       return s;
     }
+  }
+  smelt_status s = check_groups_disjoint(op, count, a, b, st->has_c ? c : NULL, d, bias);
+  if (s) {
+    free(p);
+    return s;
   }
   *out = p;
   return SMELT_OK;

@@ -11,6 +11,7 @@
  * summation order on a GPU, so here it is the plain GEMM. An f16
  * accumulator is computed in double as well: the reference is the exact
  * result, and the tests bound how far an f16 accumulator may drift from it. */
+#include "../core/checked.h"
 #include "../core/gemm_internal.h"
 
 #include <float.h>
@@ -50,24 +51,56 @@ static void store(void *base, smelt_dtype dt, int64_t off, double v, int clamp) 
   }
 }
 
-/* One problem. Shapes: A [m,k], B [k,n], C and D [m,n], bias [n]. */
-static smelt_status gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p) {
-  const int64_t M = p->m, N = p->n, K = p->k;
-  if (M == 0 || N == 0) return SMELT_OK;
-  const int ints = st->acc == SMELT_GEMM_ACC_I32;
-  /* B converted once: bd[k*N + j]; one row of A and of accumulators at a time. */
-  int64_t elems;
-  if (__builtin_mul_overflow(K, N, &elems) || __builtin_add_overflow(elems, K + N, &elems) ||
-      elems > (int64_t)(SIZE_MAX / sizeof(double)))
-    return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: K=%lld x N=%lld is too large for the CPU reference",
-                        (long long)K, (long long)N);
-  double *bd = (double *)malloc(sizeof(double) * (size_t)elems);
-  int64_t *bi = ints ? (int64_t *)malloc(sizeof(int64_t) * (size_t)elems) : NULL;
-  if (!bd || (ints && !bi)) {
-    free(bd);
-    free(bi);
+/* Scratch for one problem at a time: B converted once (K x N), one row of A
+ * (K) and the accumulators (N), as doubles and, for i8, as int64. Sized
+ * for the largest problem of the call and taken before any D is written,
+ * so a grouped call never writes some groups and then fails on memory. */
+typedef struct {
+  double *d;
+  int64_t *i;
+} scratch;
+
+static int64_t scratch_elems(const smelt__gemm_prob *p) {
+  int64_t e;
+  if (__builtin_mul_overflow(p->k, p->n, &e) || __builtin_add_overflow(e, p->k + p->n, &e)) return -1;
+  return e;
+}
+
+static smelt_status scratch_new(const smelt__gemm_state *st, const smelt__gemm_args *args, scratch *sc) {
+  sc->d = NULL;
+  sc->i = NULL;
+  int64_t most = 0;
+  const int grouped = st->mode == SMELT_GEMM_MODE_GROUPED;
+  for (int64_t g = 0; g < (grouped ? args->count : 1); g++) {
+    const smelt__gemm_prob *p = grouped ? &args->groups[g] : &args->prob;
+    const int64_t e = p->m == 0 || p->n == 0 ? 0 : scratch_elems(p);
+    if (e < 0 || e > (int64_t)(SIZE_MAX / sizeof(double)))
+      return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: K=%lld x N=%lld is too large for the CPU reference",
+                          (long long)p->k, (long long)p->n);
+    if (e > most) most = e;
+  }
+  if (most == 0) return SMELT_OK;
+  smelt_status s = smelt__host_fits(sizeof(double) * (size_t)most * (st->acc == SMELT_GEMM_ACC_I32 ? 2 : 1),
+                                    "smelt_gemm", "the CPU reference's scratch");
+  if (s) return s;
+  sc->d = (double *)malloc(sizeof(double) * (size_t)most);
+  sc->i = st->acc == SMELT_GEMM_ACC_I32 ? (int64_t *)malloc(sizeof(int64_t) * (size_t)most) : NULL;
+  if (!sc->d || (st->acc == SMELT_GEMM_ACC_I32 && !sc->i)) {
+    free(sc->d);
+    free(sc->i);
     return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: out of host memory for the CPU reference");
   }
+  return SMELT_OK;
+}
+
+/* One problem. Shapes: A [m,k], B [k,n], C and D [m,n], bias [n]. */
+static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, const scratch *sc) {
+  const int64_t M = p->m, N = p->n, K = p->k;
+  if (M == 0 || N == 0) return;
+  const int ints = st->acc == SMELT_GEMM_ACC_I32;
+  /* B converted once: bd[k*N + j]; one row of A and of accumulators at a time. */
+  double *bd = sc->d;
+  int64_t *bi = sc->i;
   double *ad = bd + K * N, *acc = ad + K;
   int64_t *ai = ints ? bi + K * N : NULL, *acci = ints ? ai + K : NULL;
   for (int64_t k = 0; k < K; k++)
@@ -102,9 +135,6 @@ static smelt_status gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob
       store((void *)p->d.data, st->dt_d, i * p->d.rs + j * p->d.cs, v, e->clamp);
     }
   }
-  free(bd);
-  free(bi);
-  return SMELT_OK;
 }
 
 static const void *at(const void *base, smelt_dtype dt, int64_t elems) {
@@ -138,7 +168,7 @@ static smelt_status check_ptrs(const smelt__gemm_state *st, const smelt__gemm_ar
 /* Grouped by offsets: each group's rows of the stacked A, C and D with its
  * B and bias row, the offsets read from host memory and clamped as
  * smelt/gemm.h says (so no row outside [0, T) is ever touched). */
-static smelt_status gemm_offs(const smelt__gemm_state *st, const smelt__gemm_args *args) {
+static void gemm_offs(const smelt__gemm_state *st, const smelt__gemm_args *args, const scratch *sc) {
   const smelt__gemm_prob *t = &args->prob;
   int64_t end = 0;
   for (int64_t g = 0; g < args->count; g++) {
@@ -154,18 +184,13 @@ static smelt_status gemm_offs(const smelt__gemm_state *st, const smelt__gemm_arg
     p.c.data = at(t->c.data, st->dt_c, r0 * t->c.rs);
     p.d.data = at(t->d.data, st->dt_d, r0 * t->d.rs);
     p.bias = at(t->bias, st->dt_bias, g * t->bias_gs);
-    smelt_status s = gemm_one(st, &p);
-    if (s) return s;
+    gemm_one(st, &p, sc);
   }
-  return SMELT_OK;
 }
 
-static smelt_status run(smelt_plan *plan, const void *run_args) {
-  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
-  const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
-  if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) return gemm_offs(st, args);
-  smelt_status s = st->mode == SMELT_GEMM_MODE_ARRAY ? check_ptrs(st, args) : SMELT_OK;
-  for (int64_t l = 0; l < args->count && !s; l++) {
+/* Every other mode: a list of single problems. */
+static void gemm_list(const smelt__gemm_state *st, const smelt__gemm_args *args, const scratch *sc) {
+  for (int64_t l = 0; l < args->count; l++) {
     smelt__gemm_prob p;
     switch (st->mode) {
       case SMELT_GEMM_MODE_GROUPED: p = args->groups[l]; break;
@@ -184,9 +209,21 @@ static smelt_status run(smelt_plan *plan, const void *run_args) {
         p.d.data = at(p.d.data, st->dt_d, l * p.d.bs);
         break;
     }
-    s = gemm_one(st, &p);
+    gemm_one(st, &p, sc);
   }
-  return s;
+}
+
+static smelt_status run(smelt_plan *plan, const void *run_args) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
+  smelt_status s = st->mode == SMELT_GEMM_MODE_ARRAY ? check_ptrs(st, args) : SMELT_OK;
+  scratch sc;
+  if (s || (s = scratch_new(st, args, &sc))) return s;
+  if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) gemm_offs(st, args, &sc);
+  else gemm_list(st, args, &sc);
+  free(sc.d);
+  free(sc.i);
+  return SMELT_OK;
 }
 
 const smelt__backend smelt__cpu_gemm = {.run = run};
