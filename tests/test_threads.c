@@ -50,14 +50,9 @@ static smelt_ctx *cpu_ctx(void) {
 /* A store of the experts in.u, in.v with a cache of 16 of them (so batches
  * evict), or NULL. */
 static smelt_peer_store *store_new(smelt_ctx *ctx) {
-  smelt_peer_store_options o = smelt_peer_store_options_default();
-  o.num_experts = NEXP;
-  o.input_dim = DIN;
-  o.output_dim = DOUT;
-  o.expert_hidden_size = 1;
-  o.dtype = SMELT_DTYPE_F32;
-  o.cache_mb = 16.0 * (DIN + DOUT) * 4 / 1048576.0;
-  o.use_env = 0;
+  const smelt_peer_store_options o = {.num_experts = NEXP, .input_dim = DIN, .output_dim = DOUT,
+                                      .expert_hidden_size = 1, .dtype = SMELT_DTYPE_F32,
+                                      .cache_mb = 16.0 * (DIN + DOUT) * 4 / 1048576.0};
   smelt_peer_store *st = NULL;
   if (smelt_peer_store_create(ctx, &o, &st)) return NULL;
   if (smelt_peer_store_write(st, 0, NEXP, in.u, in.v)) {
@@ -69,14 +64,8 @@ static smelt_peer_store *store_new(smelt_ctx *ctx) {
 
 static smelt_peer_config peer_cfg(void) {
   smelt_peer_config c = smelt_peer_config_default();
-  c.input_dim = DIN;
-  c.output_dim = DOUT;
-  c.num_experts = NEXP;
-  c.num_experts_per_tok = K;
-  c.num_heads = H;
-  c.expert_hidden_size = 1;
-  c.query_dim = DQ;
-  c.product_key_dims = 2;
+  c.input_dim = DIN, c.output_dim = DOUT, c.num_experts = NEXP, c.num_experts_per_tok = K;
+  c.num_heads = H, c.expert_hidden_size = 1, c.query_dim = DQ, c.product_key_dims = 2;
   c.sub_key_sizes[0] = c.sub_key_sizes[1] = NSUB;
   return c;
 }
@@ -113,17 +102,41 @@ static smelt_status run_all(smelt_ctx *ctx, smelt_peer_store *st, outputs *o) {
   return s;
 }
 
-/* What a worker saw: its first failure's status and message, and how many
- * of its runs differed from the reference. */
+/* What every test starts from: fresh inputs, a CPU context, a store on it
+ * and the single-threaded results; the store's counters then reset. */
+typedef struct fixture {
+  smelt_ctx *ctx;
+  smelt_peer_store *st;
+  outputs ref;
+} fixture;
+
+static int fixture_init(fixture *f) {
+  fill_inputs();
+  f->ctx = cpu_ctx();
+  f->st = f->ctx ? store_new(f->ctx) : NULL;
+  return f->st && !run_all(f->ctx, f->st, &f->ref) && !smelt_peer_store_stats_reset(f->st);
+}
+
+static void fixture_free(fixture *f) {
+  smelt_peer_store_destroy(f->st);
+  smelt_ctx_destroy(f->ctx);
+}
+
+/* A worker: what it is given, and what it saw (its first failure's status
+ * and message, how many of its runs ran, differed from the reference, or
+ * met another thread inside the store). */
 typedef struct worker {
   pthread_t thread;
+  void (*body)(struct worker *w);
   const outputs *ref;
-  smelt_plan *sm, *peer;  /* shared plans (handed over) */
+  smelt_plan *sm, *peer; /* shared plans (handed over) or its own */
   smelt_peer_store *store;
   pthread_mutex_t *turn; /* held while a worker uses the shared context */
+  const smelt_tensor *ids;
+  int *done; /* atomic: workers finished */
   smelt_status status;
   char message[256];
-  int mismatches, ok;
+  int ok, mismatches, overlaps;
 } worker;
 
 static void worker_failed(worker *w, smelt_status s) {
@@ -132,20 +145,49 @@ static void worker_failed(worker *w, smelt_status s) {
   snprintf(w->message, sizeof w->message, "%s", smelt_last_error());
 }
 
+/* A store call that failed: 1 if for meeting another thread inside the
+ * store, else 0 with the failure recorded. */
+static int overlapped(worker *w, smelt_status s) {
+  if (s == SMELT_STATUS_INVALID_ARGUMENT && strstr(smelt_last_error(), "used from two threads at once")) return 1;
+  worker_failed(w, s);
+  return 0;
+}
+
 static int same(const outputs *a, const outputs *b) { return !memcmp(a, b, sizeof *a); }
 
-static void check_workers(const worker *w, int n) {
-  for (int i = 0; i < n; i++) {
+static void *worker_main(void *arg) {
+  worker *w = (worker *)arg;
+  w->body(w);
+  __atomic_add_fetch(w->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Starts n workers; while they run, reads the counters of `read` (unless
+ * NULL) on this thread; joins them and checks what they saw. Returns how
+ * many overlaps this thread and the workers met. */
+static int run_workers(worker *w, int n, smelt_peer_store *read) {
+  int done = 0, started = 0, met = 0;
+  for (int i = 0; i < n; i++) w[i].done = &done;
+  while (started < n && pthread_create(&w[started].thread, NULL, worker_main, &w[started]) == 0) started++;
+  CHECK_EQ_INT(started, n);
+  while (read && __atomic_load_n(&done, __ATOMIC_ACQUIRE) < started) {
+    smelt_peer_store_stats c;
+    smelt_status s = smelt_peer_store_stats_get(read, &c);
+    if (s) met += overlapped(&w[0], s);
+  }
+  for (int i = 0; i < started; i++) {
+    pthread_join(w[i].thread, NULL);
     if (w[i].status)
       th_fail(__FILE__, __LINE__, "worker %d: %s (%s)", i, smelt_status_name(w[i].status), w[i].message);
     CHECK_EQ_INT(w[i].mismatches, 0);
+    met += w[i].overlaps;
   }
+  return met;
 }
 
 /* ---- contexts apart: each thread its own context and store */
 
-static void *apart_main(void *arg) {
-  worker *w = (worker *)arg;
+static void apart_body(worker *w) {
   smelt_ctx *ctx = cpu_ctx();
   smelt_peer_store *st = ctx ? store_new(ctx) : NULL;
   if (!st) worker_failed(w, SMELT_STATUS_INTERNAL);
@@ -157,33 +199,21 @@ static void *apart_main(void *arg) {
   }
   smelt_peer_store_destroy(st);
   smelt_ctx_destroy(ctx);
-  return NULL;
 }
 
 static void test_contexts_apart(void) {
-  fill_inputs();
-  smelt_ctx *ctx = cpu_ctx();
-  smelt_peer_store *st = ctx ? store_new(ctx) : NULL;
-  REQUIRE(st != NULL);
-  static outputs ref;
-  CHECK_OK(run_all(ctx, st, &ref));
+  static fixture f;
+  REQUIRE(fixture_init(&f));
   worker w[WORKERS];
-  memset(w, 0, sizeof w);
-  for (int i = 0; i < WORKERS; i++) {
-    w[i].ref = &ref;
-    REQUIRE(pthread_create(&w[i].thread, NULL, apart_main, &w[i]) == 0);
-  }
-  for (int i = 0; i < WORKERS; i++) pthread_join(w[i].thread, NULL);
-  check_workers(w, WORKERS);
-  smelt_peer_store_destroy(st);
-  smelt_ctx_destroy(ctx);
+  for (int i = 0; i < WORKERS; i++) w[i] = (worker){.body = apart_body, .ref = &f.ref};
+  run_workers(w, WORKERS, NULL);
+  fixture_free(&f);
 }
 
 /* ---- one context handed between threads: plans made on the main thread,
  * run by each worker in turn */
 
-static void *handed_main(void *arg) {
-  worker *w = (worker *)arg;
+static void handed_body(worker *w) {
   smelt_tensor sx = f32(in.sx, 2, ROWS, COLS);
   for (int r = 0; r < ROUNDS; r++) {
     outputs o;
@@ -198,110 +228,66 @@ static void *handed_main(void *arg) {
     if (s) worker_failed(w, s);
     else w->mismatches += !same(&o, w->ref);
   }
-  return NULL;
 }
 
 static void test_context_handed_over(void) {
-  fill_inputs();
-  smelt_ctx *ctx = cpu_ctx();
-  smelt_peer_store *st = ctx ? store_new(ctx) : NULL;
-  REQUIRE(st != NULL);
-  static outputs ref;
-  CHECK_OK(run_all(ctx, st, &ref));
-  smelt_tensor sx = f32(in.sx, 2, ROWS, COLS), sy = f32(ref.sy, 2, ROWS, COLS);
+  static fixture f;
+  REQUIRE(fixture_init(&f));
+  smelt_tensor sx = f32(in.sx, 2, ROWS, COLS), sy = f32(f.ref.sy, 2, ROWS, COLS);
   peer_args p;
-  peer_args_init(&p, st);
+  peer_args_init(&p, f.st);
   const smelt_peer_config cfg = peer_cfg();
   smelt_plan *sm = NULL, *pp = NULL;
-  CHECK_OK(smelt_softmax_plan(ctx, &sx, &sy, NULL, &sm));
-  CHECK_OK(smelt_peer_plan(ctx, &cfg, &p.w, &p.x, &pp));
-  CHECK_OK(smelt_peer_store_stats_reset(st));
+  CHECK_OK(smelt_softmax_plan(f.ctx, &sx, &sy, NULL, &sm));
+  CHECK_OK(smelt_peer_plan(f.ctx, &cfg, &p.w, &p.x, &pp));
   pthread_mutex_t turn = PTHREAD_MUTEX_INITIALIZER;
   worker w[WORKERS];
-  memset(w, 0, sizeof w);
-  for (int i = 0; sm && pp && i < WORKERS; i++) {
-    w[i] = (worker){.ref = &ref, .sm = sm, .peer = pp, .store = st, .turn = &turn};
-    REQUIRE(pthread_create(&w[i].thread, NULL, handed_main, &w[i]) == 0);
-  }
-  for (int i = 0; sm && pp && i < WORKERS; i++) pthread_join(w[i].thread, NULL);
-  check_workers(w, WORKERS);
+  for (int i = 0; i < WORKERS; i++)
+    w[i] = (worker){.body = handed_body, .ref = &f.ref, .sm = sm, .peer = pp, .store = f.st, .turn = &turn};
+  if (sm && pp) run_workers(w, WORKERS, NULL);
   smelt_peer_store_stats c;
-  CHECK_OK(smelt_peer_store_stats_get(st, &c));
+  CHECK_OK(smelt_peer_store_stats_get(f.st, &c));
   CHECK_EQ_INT(c.batches, WORKERS * ROUNDS);
   CHECK_EQ_INT(c.uses, (int64_t)WORKERS * ROUNDS * T * H * K);
   smelt_plan_destroy(sm);
   smelt_plan_destroy(pp);
-  smelt_peer_store_destroy(st);
-  smelt_ctx_destroy(ctx);
+  fixture_free(&f);
 }
 
-/* ---- a store from two threads at once: each call either runs or fails
- * with the misuse error, and the counters count exactly the calls that ran */
+/* ---- a store from several threads at once: the main thread reads the
+ * counters while workers run batches, until some call has met another
+ * inside the store; each call either ran or failed with the misuse error
+ * (having changed nothing), and the counters count exactly the batches
+ * that ran. */
 
-/* A call that failed for the overlap: 1; failed otherwise: records it. */
-static int overlapped(worker *w, smelt_status s) {
-  if (s == SMELT_STATUS_INVALID_ARGUMENT && strstr(smelt_last_error(), "used from two threads at once")) return 1;
-  worker_failed(w, s);
-  return 0;
+static void prefetch_body(worker *w) {
+  smelt_status s = smelt_peer_store_prefetch(w->store, w->ids);
+  if (!s) w->ok++;
+  else w->overlaps += overlapped(w, s);
 }
 
-typedef struct prefetcher {
-  worker w;
-  const smelt_tensor *ids;
-  int done; /* atomic: the prefetch returned */
-  int overlaps;
-} prefetcher;
-
-static void *prefetch_main(void *arg) {
-  prefetcher *p = (prefetcher *)arg;
-  smelt_status s = smelt_peer_store_prefetch(p->w.store, p->ids);
-  if (!s) p->w.ok++;
-  else p->overlaps += overlapped(&p->w, s);
-  __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
-  return NULL;
-}
-
-/* The main thread reads the counters while a worker runs long batches,
- * until one of the two has met the other inside the store. */
 static void test_store_prefetch_overlap(void) {
-  fill_inputs();
-  smelt_ctx *ctx = cpu_ctx();
-  smelt_peer_store *st = ctx ? store_new(ctx) : NULL;
-  REQUIRE(st != NULL);
-  enum { NIDS = 1 << 17 };
+  static fixture f;
+  REQUIRE(fixture_init(&f));
+  enum { NIDS = 1 << 17 }; /* a batch long enough to be met */
   int64_t *ids = (int64_t *)malloc(NIDS * sizeof(int64_t));
   REQUIRE(ids != NULL);
   for (int i = 0; i < NIDS; i++) ids[i] = (int64_t)(th_rand_u64() % NEXP);
   const int64_t shape[1] = {NIDS};
   const smelt_tensor tids = smelt_tensor_make(ids, SMELT_DTYPE_I64, SMELT_DEVICE_CPU, 0, 1, shape);
-  prefetcher p;
-  memset(&p, 0, sizeof p);
-  p.w.store = st;
-  p.ids = &tids;
-  int seen = 0; /* overlaps the main thread met */
-  for (int round = 0; round < 40 && !seen && !p.overlaps && !p.w.status; round++) {
-    __atomic_store_n(&p.done, 0, __ATOMIC_RELAXED);
-    REQUIRE(pthread_create(&p.w.thread, NULL, prefetch_main, &p) == 0);
-    while (!__atomic_load_n(&p.done, __ATOMIC_ACQUIRE)) {
-      smelt_peer_store_stats c;
-      smelt_status s = smelt_peer_store_stats_get(st, &c);
-      if (s) seen += overlapped(&p.w, s);
-    }
-    pthread_join(p.w.thread, NULL);
-  }
-  check_workers(&p.w, 1);
-  CHECK(seen + p.overlaps > 0);
+  worker w = {.body = prefetch_body, .store = f.st, .ids = &tids};
+  int met = 0;
+  for (int round = 0; round < 40 && !met && !w.status; round++) met += run_workers(&w, 1, f.st);
+  CHECK(met > 0);
   smelt_peer_store_stats c;
-  CHECK_OK(smelt_peer_store_stats_get(st, &c));
-  CHECK_EQ_INT(c.batches, p.w.ok);
-  CHECK_EQ_INT(c.uses, (int64_t)p.w.ok * NIDS);
+  CHECK_OK(smelt_peer_store_stats_get(f.st, &c));
+  CHECK_EQ_INT(c.batches, w.ok);
+  CHECK_EQ_INT(c.uses, (int64_t)w.ok * NIDS);
   free(ids);
-  smelt_peer_store_destroy(st);
-  smelt_ctx_destroy(ctx);
+  fixture_free(&f);
 }
 
-static void *forward_main(void *arg) {
-  worker *w = (worker *)arg;
+static void forward_body(worker *w) {
   for (int r = 0; r < 8 * ROUNDS; r++) {
     outputs o;
     memcpy(&o, w->ref, sizeof o);
@@ -314,43 +300,35 @@ static void *forward_main(void *arg) {
       w->ok++;
       w->mismatches += !same(&o, w->ref);
     } else if (overlapped(w, s)) {
+      w->overlaps++;
       w->mismatches += !th_all_ff(o.y, sizeof o.y); /* failed: wrote nothing */
     }
   }
-  return NULL;
 }
 
-/* Two threads run forwards (each its own plan) through one store at once:
- * every forward that ran is the reference's, every one that met the other
- * failed before writing y. */
+/* Two workers run forwards (each its own plan) through the store: a
+ * forward that ran is the reference's, one that met another thread failed
+ * before writing y. */
 static void test_store_forward_overlap(void) {
-  fill_inputs();
-  smelt_ctx *ctx = cpu_ctx();
-  smelt_peer_store *st = ctx ? store_new(ctx) : NULL;
-  REQUIRE(st != NULL);
-  static outputs ref;
-  CHECK_OK(run_all(ctx, st, &ref));
-  CHECK_OK(smelt_peer_store_stats_reset(st));
+  static fixture f;
+  REQUIRE(fixture_init(&f));
   peer_args p;
-  peer_args_init(&p, st);
+  peer_args_init(&p, f.st);
   const smelt_peer_config cfg = peer_cfg();
   worker w[2];
-  memset(w, 0, sizeof w);
+  int met = 0;
   for (int i = 0; i < 2; i++) {
-    w[i].ref = &ref;
-    w[i].store = st;
-    CHECK_OK(smelt_peer_plan(ctx, &cfg, &p.w, &p.x, &w[i].peer));
+    w[i] = (worker){.body = forward_body, .ref = &f.ref, .store = f.st};
+    CHECK_OK(smelt_peer_plan(f.ctx, &cfg, &p.w, &p.x, &w[i].peer));
   }
-  for (int i = 0; w[0].peer && w[1].peer && i < 2; i++)
-    REQUIRE(pthread_create(&w[i].thread, NULL, forward_main, &w[i]) == 0);
-  for (int i = 0; w[0].peer && w[1].peer && i < 2; i++) pthread_join(w[i].thread, NULL);
-  check_workers(w, 2);
+  for (int round = 0; round < 40 && w[0].peer && w[1].peer && !met && !w[0].status && !w[1].status; round++)
+    met += run_workers(w, 2, f.st);
+  CHECK(met > 0);
   smelt_peer_store_stats c;
-  CHECK_OK(smelt_peer_store_stats_get(st, &c));
+  CHECK_OK(smelt_peer_store_stats_get(f.st, &c));
   CHECK_EQ_INT(c.batches, w[0].ok + w[1].ok);
   for (int i = 0; i < 2; i++) smelt_plan_destroy(w[i].peer);
-  smelt_peer_store_destroy(st);
-  smelt_ctx_destroy(ctx);
+  fixture_free(&f);
 }
 
 const th_test th_tests_threads[] = {

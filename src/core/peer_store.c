@@ -229,14 +229,21 @@ static void invalidate_cpu(smelt_peer_store *st) {
   st->stats.resident = 0;
 }
 
-smelt_status smelt_peer_store_invalidate(smelt_peer_store *st) {
-  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_invalidate: store is NULL");
-  smelt_status s = smelt__peer_store_enter(st, OP "_invalidate");
+/* A call that takes nothing but the store: its CUDA or its CPU half, run
+ * inside the store. */
+static smelt_status in_store(smelt_peer_store *st, const char *op, smelt_status (*cuda)(smelt_peer_store *),
+                             void (*cpu)(smelt_peer_store *)) {
+  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: store is NULL", op);
+  smelt_status s = smelt__peer_store_enter(st, op);
   if (s) return s;
-  if (st->cuda) s = smelt__cuda_peer_store_invalidate(st);
-  else invalidate_cpu(st);
+  if (st->cuda) s = cuda(st);
+  else cpu(st);
   smelt__peer_store_leave(st);
   return s;
+}
+
+smelt_status smelt_peer_store_invalidate(smelt_peer_store *st) {
+  return in_store(st, OP "_invalidate", smelt__cuda_peer_store_invalidate, invalidate_cpu);
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -375,13 +382,7 @@ static void stats_reset_cpu(smelt_peer_store *st) {
 }
 
 smelt_status smelt_peer_store_stats_reset(smelt_peer_store *st) {
-  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_stats_reset: store is NULL");
-  smelt_status s = smelt__peer_store_enter(st, OP "_stats_reset");
-  if (s) return s;
-  if (st->cuda) s = smelt__cuda_peer_store_stats_reset(st);
-  else stats_reset_cpu(st);
-  smelt__peer_store_leave(st);
-  return s;
+  return in_store(st, OP "_stats_reset", smelt__cuda_peer_store_stats_reset, stats_reset_cpu);
 }
 
 /* "1.50 GiB", "12.0 MiB", "512 B" */
