@@ -9,8 +9,8 @@
 
 #include <pthread.h>
 
-enum { ROWS = 37, COLS = 29 };                           /* softmax */
-enum { GM = 17, GK = 19, GN = 13 };                      /* gemm */
+enum { ROWS = 37, COLS = 29 };                                                   /* softmax */
+enum { GM = 17, GK = 19, GN = 13 };                                              /* gemm */
 enum { T = 24, DIN = 16, DOUT = 8, NSUB = 8, H = 2, DQ = 8, K = 4, NEXP = NSUB * NSUB }; /* peer, p = 2 */
 enum { WORKERS = 3, ROUNDS = 4 };
 
@@ -35,9 +35,10 @@ static void fill_inputs(void) {
   th_fill_uniform(in.v, SMELT_DTYPE_F32, NEXP * DOUT, -1, 1);
 }
 
-static smelt_tensor f32(const float *p, int ndim, int64_t d0, int64_t d1) {
+/* A contiguous f32 view [d0, d1] of host memory. */
+static smelt_tensor f32(const float *p, int64_t d0, int64_t d1) {
   const int64_t shape[2] = {d0, d1};
-  return smelt_tensor_make((void *)p, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, ndim, shape);
+  return smelt_tensor_make((void *)p, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, shape);
 }
 
 static smelt_ctx *cpu_ctx(void) {
@@ -77,10 +78,10 @@ typedef struct peer_args {
 } peer_args;
 
 static void peer_args_init(peer_args *p, smelt_peer_store *st) {
-  p->x = f32(in.x, 2, T, DIN);
-  p->wq = f32(in.wq, 2, DIN, H * DQ);
-  p->k0 = f32(in.keys[0], 2, NSUB, DQ / 2);
-  p->k1 = f32(in.keys[1], 2, NSUB, DQ / 2);
+  p->x = f32(in.x, T, DIN);
+  p->wq = f32(in.wq, DIN, H * DQ);
+  p->k0 = f32(in.keys[0], NSUB, DQ / 2);
+  p->k1 = f32(in.keys[1], NSUB, DQ / 2);
   memset(&p->w, 0, sizeof p->w);
   p->w.wq = &p->wq;
   p->w.sub_keys[0] = &p->k0;
@@ -90,9 +91,9 @@ static void peer_args_init(peer_args *p, smelt_peer_store *st) {
 
 /* Softmax, GEMM and a PEER forward through st, one-shot, into o. */
 static smelt_status run_all(smelt_ctx *ctx, smelt_peer_store *st, outputs *o) {
-  smelt_tensor sx = f32(in.sx, 2, ROWS, COLS), sy = f32(o->sy, 2, ROWS, COLS);
-  smelt_tensor a = f32(in.a, 2, GM, GK), b = f32(in.b, 2, GK, GN), d = f32(o->d, 2, GM, GN);
-  smelt_tensor y = f32(o->y, 2, T, DOUT);
+  smelt_tensor sx = f32(in.sx, ROWS, COLS), sy = f32(o->sy, ROWS, COLS);
+  smelt_tensor a = f32(in.a, GM, GK), b = f32(in.b, GK, GN), d = f32(o->d, GM, GN);
+  smelt_tensor y = f32(o->y, T, DOUT);
   peer_args p;
   peer_args_init(&p, st);
   const smelt_peer_config cfg = peer_cfg();
@@ -214,11 +215,11 @@ static void test_contexts_apart(void) {
  * run by each worker in turn */
 
 static void handed_body(worker *w) {
-  smelt_tensor sx = f32(in.sx, 2, ROWS, COLS);
+  smelt_tensor sx = f32(in.sx, ROWS, COLS);
   for (int r = 0; r < ROUNDS; r++) {
     outputs o;
     memcpy(&o, w->ref, sizeof o); /* gemm is not run here: its part stays the reference's */
-    smelt_tensor sy = f32(o.sy, 2, ROWS, COLS), y = f32(o.y, 2, T, DOUT);
+    smelt_tensor sy = f32(o.sy, ROWS, COLS), y = f32(o.y, T, DOUT);
     peer_args p;
     peer_args_init(&p, w->store);
     pthread_mutex_lock(w->turn);
@@ -233,7 +234,7 @@ static void handed_body(worker *w) {
 static void test_context_handed_over(void) {
   static fixture f;
   REQUIRE(fixture_init(&f));
-  smelt_tensor sx = f32(in.sx, 2, ROWS, COLS), sy = f32(f.ref.sy, 2, ROWS, COLS);
+  smelt_tensor sx = f32(in.sx, ROWS, COLS), sy = f32(f.ref.sy, ROWS, COLS);
   peer_args p;
   peer_args_init(&p, f.st);
   const smelt_peer_config cfg = peer_cfg();
@@ -292,7 +293,7 @@ static void forward_body(worker *w) {
     outputs o;
     memcpy(&o, w->ref, sizeof o);
     memset(o.y, 0xFF, sizeof o.y);
-    smelt_tensor y = f32(o.y, 2, T, DOUT);
+    smelt_tensor y = f32(o.y, T, DOUT);
     peer_args p;
     peer_args_init(&p, w->store);
     smelt_status s = smelt_peer_forward_run(w->peer, &p.w, &p.x, &y, NULL, NULL);
