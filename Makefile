@@ -5,12 +5,13 @@
 # GPU the same suite also runs every GPU case.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Kernels compiled by the tests land here, not in the user's cache.
 export SMELT_TEST_CACHE_DIR ?= $(abspath $(BUILD))/kernel-cache
 PYTHON ?= python3
 
-.PHONY: all build deps test test-c test-python demo asan clean
+.PHONY: all build deps test test-c test-python demo asan tsan clean
 
 all: build
 
@@ -45,5 +46,16 @@ asan:
 	  LSAN_OPTIONS=suppressions=$(abspath scripts/lsan.supp) \
 	  $(ASAN_BUILD)/smelt_tests --exclude compile/
 
+# The threads suite, and the core and cache suites (the cache's concurrent
+# compiles), under ThreadSanitizer; the first report fails it (CI runs this).
+TSAN_RUN = SMELT_TEST_NO_CUDA=1 SMELT_CACHE_DIR=$(abspath $(TSAN_BUILD))/kernel-cache \
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(TSAN_BUILD)/smelt_tests
+tsan:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMELT_TSAN=ON
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target smelt_tests
+	$(TSAN_RUN) threads/
+	$(TSAN_RUN) core/
+	$(TSAN_RUN) cache/
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

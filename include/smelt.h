@@ -13,6 +13,18 @@
  *     stream. The one-shot call (e.g. smelt_softmax) does both.
  *   - Device work is asynchronous on the context's stream; smelt_ctx_synchronize
  *     waits for it. The CPU backend runs synchronously.
+ *   - Threads. Different contexts may be used from different threads at the
+ *     same time: what the library keeps per process (the CUDA driver and
+ *     NVRTC, loaded once; the kernel cache and its statistics, under a lock)
+ *     is thread-safe, and smelt_last_error is per thread. One context, with
+ *     everything made on it (plans, events, PEER stores), is used by one
+ *     thread at a time: its calls must not overlap, though it may pass from
+ *     thread to thread between calls (ordered by the caller, e.g. with a
+ *     mutex). On CUDA, planning adds to the context's module table, a run may
+ *     change its plan (GEMM loads a kernel for unaligned pointers once) and a
+ *     run's launches must follow each other on the context's one stream; the
+ *     CPU backend keeps the same rule, so code moves between the two. A PEER
+ *     store reports the overlaps it sees (smelt/peer.h).
  */
 #ifndef SMELT_H
 #define SMELT_H

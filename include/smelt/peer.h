@@ -182,7 +182,10 @@ typedef struct smelt_peer_store_options {
 SMELT_API smelt_peer_store_options smelt_peer_store_options_default(void);
 /* Allocates the host tables (zeroed) and the cache. OUT_OF_MEMORY names the
  * allocation and its size. The store belongs to ctx and is used on its
- * stream; destroy it before the context. */
+ * stream; destroy it before the context. Like its context it is used by one
+ * thread at a time (smelt.h); a store call, or a forward's batch of the
+ * policy, that starts while another thread is inside the store fails with
+ * INVALID_ARGUMENT ("used from two threads at once") and changes nothing. */
 SMELT_API smelt_status smelt_peer_store_create(smelt_ctx *ctx, const smelt_peer_store_options *opts,
                                                smelt_peer_store **out);
 SMELT_API void smelt_peer_store_destroy(smelt_peer_store *store); /* NULL is a no-op */

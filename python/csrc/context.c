@@ -30,7 +30,8 @@ void smpy_ctx_lock(smpy_ctx *c) {
 void smpy_ctx_unlock(smpy_ctx *c) { PyThread_release_lock(c->lock); }
 
 smelt_status smpy_ctx_use_stream(smpy_ctx *c, void *stream) {
-  if (smelt_ctx_device(c->ctx) != SMELT_DEVICE_CUDA) return SMELT_OK;
+  /* A CPU context has no streams: the C API refuses any but NULL, and so do we. */
+  if (smelt_ctx_device(c->ctx) != SMELT_DEVICE_CUDA) return stream ? smelt_ctx_set_stream(c->ctx, stream) : SMELT_OK;
   if (c->stream_set && c->stream == stream) return SMELT_OK;
   /* smelt reads NULL as "the context's own stream"; the legacy default stream
    * (handle 0 in CUDA and torch) is passed as CU_STREAM_LEGACY = 0x1. */
@@ -315,7 +316,8 @@ static PyObject *ctx_repr(PyObject *self) {
 static PyMethodDef ctx_methods[] = {
     {"synchronize", (PyCFunction)(void (*)(void))ctx_synchronize, METH_VARARGS | METH_KEYWORDS,
      "synchronize(stream=None)\n\nWaits (without holding the GIL) for the work smelt queued on the stream of "
-     "its\nlast op, or on `stream` when given. A no-op on the CPU."},
+     "its\nlast op, or on `stream` when given. A no-op on the CPU, which has no streams\n(a stream there "
+     "is refused, as by every op)."},
     {"pool_stats", ctx_pool_stats, METH_NOARGS,
      "pool_stats() -> dict(used, reserved, peak)\n\nBytes of the context's stream-ordered pool (all 0 on the CPU)."},
     {"pool_trim", ctx_pool_trim, METH_VARARGS,

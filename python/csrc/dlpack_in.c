@@ -422,10 +422,11 @@ static int import_protocol(smpy_call *call, PyObject *obj, const char *name, int
   if (!dev) {
     if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
       PyErr_Clear();
-      PyErr_Format(PyExc_TypeError,
-                   "%s: %s must be a DLPack tensor (numpy, torch, cupy, jax, ... with __dlpack__ and "
-                   "__dlpack_device__), got %R",
-                   call->op, name, (PyObject *)Py_TYPE(obj));
+      char tn[128];
+      smpy_raise(SMELT_STATUS_DTYPE_MISMATCH,
+                 "%s: %s must be a DLPack tensor (numpy, torch, cupy, jax, ... with __dlpack__ and "
+                 "__dlpack_device__), got %s",
+                 call->op, name, smpy_type_name(obj, tn, sizeof tn));
     }
     return -1;
   }

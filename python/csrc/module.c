@@ -63,6 +63,16 @@ PyObject *smpy_raise(smelt_status s, const char *fmt, ...) {
   return raise_msg(s, buf);
 }
 
+const char *smpy_type_name(PyObject *obj, char *buf, size_t n) {
+  PyObject *name = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+  PyObject *b = name ? PyUnicode_AsUTF8String(name) : NULL;
+  snprintf(buf, n, "%s", b ? PyBytes_AsString(b) : "?");
+  Py_XDECREF(name);
+  Py_XDECREF(b);
+  PyErr_Clear();
+  return buf;
+}
+
 /* ---- info */
 
 static int set_item(PyObject *d, const char *key, PyObject *v) {

@@ -248,7 +248,7 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
     int r;
     if (mode < 2) {
       const int k = mode == 0 ? i + 1 : i; /* 0 y, 1 ids, 2 scores */
-      static const char *const names[3] = {"y", "ids", "scores"};
+      static const char *const names[3] = {"out", "ids", "scores"}; /* the Python arguments */
       const smelt_dtype dt = k == 0 ? x->dtype : k == 1 ? SMELT_DTYPE_I64 : SMELT_DTYPE_F32;
       r = out_arg(&call, given, names[k], dt, k ? 3 : 2, k ? sel : yshape, &slots[i], &o[i]);
     } else {

@@ -19,7 +19,9 @@ PyObject *smpy_store_type;
 
 smpy_store *smpy_store_of(PyObject *o, const char *op) {
   if (!PyObject_TypeCheck(o, (PyTypeObject *)smpy_store_type)) {
-    PyErr_Format(PyExc_TypeError, "%s: store must be a smelt.PeerStore or None, got %R", op, (PyObject *)Py_TYPE(o));
+    char tn[128];
+    smpy_raise(SMELT_STATUS_DTYPE_MISMATCH, "%s: store must be a smelt.PeerStore or None, got %s", op,
+               smpy_type_name(o, tn, sizeof tn));
     return NULL;
   }
   smpy_store *st = (smpy_store *)o;

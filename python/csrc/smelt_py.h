@@ -34,6 +34,9 @@
 PyObject *smpy_raise_status(smelt_status s);
 /* Raises the class for `s` with a message formatted here; returns NULL. */
 PyObject *smpy_raise(smelt_status s, const char *fmt, ...);
+/* The name of obj's type ("int", "ndarray") into buf, for messages; "?"
+ * if it has none. */
+const char *smpy_type_name(PyObject *obj, char *buf, size_t n);
 
 /* Creates the type of spec and adds it to module as `name` (module.c);
  * *type gets a reference of its own. Returns 0 or -1 with an exception. */

@@ -11,7 +11,8 @@ Devices and streams. Each op runs on the context of its tensors' device
 (``smelt.default_context("cuda:0")``) unless ``ctx=`` is given. On CUDA it is
 queued on the producer's current stream (``torch.cuda.current_stream()`` for
 torch tensors; the legacy default stream for producers that do not publish
-one) or on ``stream=`` (an int CUstream, a ``torch.cuda.Stream``, ...). smelt
+one) or on ``stream=`` (an int CUstream, a ``torch.cuda.Stream``, ...; a CPU
+context has no streams and refuses one, as the C API does). smelt
 never synchronizes behind your back: the call returns once the work is queued
 (the one wait is asked for by name: peer_backward's trimmed sparse expert
 gradients read their row count back).
@@ -19,7 +20,8 @@ gradients read their row count back).
 Errors. smelt's statuses become exceptions that derive from both
 :class:`smelt.Error` and the Python class you would expect: ``ValueError``
 for shapes, layouts and arguments (:class:`ArgumentError`), ``TypeError`` for
-dtypes (:class:`DTypeError`), ``RuntimeError`` for devices, drivers and
+dtypes and for what is not a tensor (:class:`DTypeError`, naming the
+argument), ``RuntimeError`` for devices, drivers and
 compilation (:class:`BackendError`, :class:`OutOfMemoryError`,
 :class:`UnsupportedError`). The message is smelt's own: op, tensor,
 constraint, value seen.
@@ -94,6 +96,16 @@ def empty(shape, dtype="f32", device="cpu", ctx=None):
     dtype name ``dtype`` ('f32', 'bf16', 'e4m3', ...) on ``device`` or in
     ``ctx``'s memory (the context's pool on CUDA)."""
     return Tensor(shape, dtype, device=device, ctx=ctx)
+
+
+def _shape(t, name, op):
+    """t's shape, where the Python layer reads one before the C layer sees
+    t: what has none raises as the C layer would for a non-tensor, naming
+    the argument (the C layer checks the rest)."""
+    if not hasattr(t, "shape"):
+        raise DTypeError("%s: %s must be a DLPack tensor (numpy, torch, cupy, jax, ... with __dlpack__ and "
+                         "__dlpack_device__), got %s" % (op, name, type(t).__name__))
+    return tuple(t.shape)
 
 
 def activation(x, act="gelu", slope=0.01, out=None, *, ctx=None, stream=None):
@@ -253,11 +265,11 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
         return _torch_impl.gemm_grouped(a, b, offs, c, bias, out=out, alpha=alpha, beta=beta, activation=activation,
                                         slope=slope, math=math)
     if out is None:
-        shape = tuple(a.shape)
-        if len(shape) != 2 or len(b.shape) != 3:
+        shape, b_shape = _shape(a, "a", "smelt.gemm_grouped"), _shape(b, "b", "smelt.gemm_grouped")
+        if len(shape) != 2 or len(b_shape) != 3:
             raise ArgumentError("smelt.gemm_grouped: a must be 2-D [T, K] and b 3-D [G, K, N], got %d-D and %d-D"
-                                % (len(shape), len(b.shape)))
-        shape = (shape[0], tuple(b.shape)[2])
+                                % (len(shape), len(b_shape)))
+        shape = (shape[0], b_shape[2])
         mod = type(a).__module__
         if mod == "numpy":
             out = _sys.modules["numpy"].zeros(shape, dtype=a.dtype)
@@ -376,10 +388,16 @@ def _peer_experts(u, v, store, op):
     if store is not None:
         if u is not None or v is not None:
             raise ArgumentError("%s: give either u and v or store=, not both" % op)
+        if not isinstance(store, PeerStore):
+            raise DTypeError("%s: store must be a smelt.PeerStore or None, got %s" % (op, type(store).__name__))
         return int(store.num_experts), int(store.expert_hidden_size), int(store.output_dim)
     if u is None or v is None:
         raise ArgumentError("%s: u and v are required without store=" % op)
-    return int(u.shape[0]), int(u.shape[-1]), int(v.shape[-1])
+    us, vs = _shape(u, "u", op), _shape(v, "v", op)
+    if len(us) != 3 or len(vs) != 3:
+        raise ArgumentError("%s: u must be [N, d_in, h_e] and v [N, h_e, d_out], got %d-D and %d-D"
+                            % (op, len(us), len(vs)))
+    return int(us[0]), int(us[-1]), int(vs[-1])
 
 
 def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_norm, norm_eps, l2_eps, store=None,
@@ -388,18 +406,26 @@ def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_nor
     kernels (a dict: route, expert_kernel, overlap, projection, head_groups)
     sets cfg.kernels."""
     n_exp, hidden, d_out = _peer_experts(u, v, store, op)
-    sub_keys = tuple(sub_keys)
+    if not isinstance(sub_keys, (list, tuple)):
+        raise DTypeError("%s: sub_keys must be a list of 2..4 tensors, got %s" % (op, type(sub_keys).__name__))
     p = len(sub_keys)
     if not 2 <= p <= 4:
-        raise ArgumentError("smelt.peer: sub_keys has %d tables; product_key_dims must be 2..4" % p)
-    per_head = len(sub_keys[0].shape) == 3
-    query_dim = p * int(sub_keys[0].shape[-1])
-    heads = int(sub_keys[0].shape[0]) if per_head else int(wq.shape[1]) // max(query_dim, 1)
+        raise ArgumentError("%s: sub_keys has %d tables; product_key_dims must be 2..4" % (op, p))
+    sk = [_shape(t, "sub_keys[%d]" % i, op) for i, t in enumerate(sub_keys)]
+    if len(sk[0]) < 2:
+        raise ArgumentError("%s: sub_keys[0] must be [n_0, dq/p] or [h, n_0, dq/p], got %d-D" % (op, len(sk[0])))
+    wq_shape, x_shape = _shape(wq, "wq", op), _shape(x, "x", op)
+    if len(wq_shape) != 2 or not x_shape:
+        raise ArgumentError("%s: wq must be 2-D [d_in, h*dq] and x [T, d_in], got %d-D and %d-D"
+                            % (op, len(wq_shape), len(x_shape)))
+    per_head = len(sk[0]) == 3
+    query_dim = p * int(sk[0][-1])
+    heads = int(sk[0][0]) if per_head else int(wq_shape[1]) // max(query_dim, 1)
     return {
-        "input_dim": int(x.shape[-1]), "output_dim": d_out, "num_experts": n_exp,
+        "input_dim": int(x_shape[-1]), "output_dim": d_out, "num_experts": n_exp,
         "num_experts_per_tok": int(k), "num_heads": heads, "expert_hidden_size": hidden,
         "query_dim": query_dim, "product_key_dims": p,
-        "sub_key_sizes": [int(t.shape[-2]) for t in sub_keys], "activation": activation,
+        "sub_key_sizes": [int(t[-2]) for t in sk], "activation": activation,
         "query_norm": query_norm, "norm_eps": float(norm_eps), "l2_eps": float(l2_eps),
         "key_l2_norm": bool(key_l2_norm), "per_head_keys": per_head, "gate": gate, **(kernels or {}),
     }
@@ -546,6 +572,9 @@ def peer_backward(x, ids, dy, wq, sub_keys, u=None, v=None, *, k=16, bq=None, no
     affine = query_norm in ("layernorm", "batchnorm")
     like = {"dx": x, "dwq": wq, "dbq": bq, "dnorm_weight": norm_weight if affine else None,
             "dnorm_bias": norm_bias if affine else None, "dsub_keys": sub_keys, "du": u, "dv": v}
+    for n in ("dbq", "dnorm_weight", "dnorm_bias"):  # the others' shapes were read by _peer_cfg
+        if like[n] is not None:
+            _shape(like[n], n[1:], "smelt.peer_backward")
     if needs is None:
         needs = [n for n in _PEER_GRADS if like[n] is not None] + (["du_rows", "dv_rows"] if store else [])
     out = dict(out or {})

@@ -75,11 +75,19 @@ struct smelt_peer_store {
   uint32_t batch;  /* batches run; pin[s] == batch means pinned in the current one */
   smelt_peer_store_stats stats; /* CPU backend counters */
   struct smelt__peer_store_cuda *cuda;
+  int busy; /* 1 while a call is inside the store; atomic (smelt__peer_store_enter) */
 };
 
+/* The store's check of the one-thread rule (include/smelt.h): every call
+ * that reads or changes the policy state enters the store first and leaves
+ * it after; entering a store another thread is inside fails with
+ * INVALID_ARGUMENT, naming `op`, and changes nothing. */
+smelt_status smelt__peer_store_enter(smelt_peer_store *st, const char *op);
+void smelt__peer_store_leave(smelt_peer_store *st);
+
 /* Runs one batch of the policy on the CPU backend's state (ids validated to
- * be in [0, N)). */
-void smelt__peer_store_batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n);
+ * be in [0, N)); fails only when the store is in use (`op` names the caller). */
+smelt_status smelt__peer_store_batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n, const char *op);
 
 /* ---- the backends: smelt__cpu_peer (src/cpu/peer.c) and smelt__cuda_peer
  * (src/cuda/peer_select.c), declared by src/core/internal.h; the store's
@@ -90,7 +98,8 @@ smelt_status smelt__cuda_peer_store_write(smelt_peer_store *st, int64_t first, i
                                           const void *v_rows);
 smelt_status smelt__cuda_peer_store_invalidate(smelt_peer_store *st);
 /* One batch of the policy over n ids at ids_dev (i64, device), then the
- * staging copies; stream-ordered, no host synchronization. */
+ * staging copies; stream-ordered, no host synchronization. Enters the store
+ * itself. */
 smelt_status smelt__cuda_peer_store_batch(smelt_peer_store *st, const int64_t *ids_dev, int64_t n);
 smelt_status smelt__cuda_peer_store_stats(smelt_peer_store *st, smelt_peer_store_stats *out);
 smelt_status smelt__cuda_peer_store_stats_reset(smelt_peer_store *st);

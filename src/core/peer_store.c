@@ -8,7 +8,15 @@
  * parallel (src/cuda/peer_store_cuda.c); the two share no code, so the
  * tests comparing their statistics compare two implementations. On the CPU
  * backend the "cache" is bookkeeping only: every read goes to the host
- * tables, which is what a cached copy holds anyway. */
+ * tables, which is what a cached copy holds anyway.
+ *
+ * Threads: a store follows its context's rule (include/smelt.h: one thread
+ * at a time), and checks it rather than locking. A lock would make the
+ * store's bookkeeping safe while the context the store launches on and the
+ * plan whose forward drives it stay unsafe, so it would promise nothing a
+ * caller could use; the check turns the overlap that would silently corrupt
+ * the cache (two batches, or a batch and a read of the counters) into an
+ * error. */
 #include "checked.h"
 #include "peer_internal.h"
 
@@ -61,6 +69,17 @@ static smelt_status env_managed(int *on) {
   return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                       OP "_create: SMELT_PEER_USE_MANAGED_MEMORY=\"%s\" is not 0/1, true/false, yes/no or on/off", v);
 }
+
+smelt_status smelt__peer_store_enter(smelt_peer_store *st, const char *op) {
+  if (__atomic_exchange_n(&st->busy, 1, __ATOMIC_ACQUIRE))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: the store is used from two threads at once (a context and what is made on it are used "
+                        "by one thread at a time)",
+                        op);
+  return SMELT_OK;
+}
+
+void smelt__peer_store_leave(smelt_peer_store *st) { __atomic_store_n(&st->busy, 0, __ATOMIC_RELEASE); }
 
 static void free_host_state(smelt_peer_store *st) {
   free(st->u_host);
@@ -189,23 +208,42 @@ smelt_status smelt_peer_store_write(smelt_peer_store *st, int64_t first, int64_t
   if (s || count == 0) return s;
   if (!u_rows || !v_rows)
     return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_write: %s is NULL", !u_rows ? "u_rows" : "v_rows");
-  if (st->cuda) return smelt__cuda_peer_store_write(st, first, count, u_rows, v_rows);
-  const size_t es = smelt_dtype_size(st->dtype);
-  memcpy((char *)st->u_host + (size_t)(first * st->ulen) * es, u_rows, (size_t)(count * st->ulen) * es);
-  memcpy((char *)st->v_host + (size_t)(first * st->vlen) * es, v_rows, (size_t)(count * st->vlen) * es);
-  return SMELT_OK;
+  if ((s = smelt__peer_store_enter(st, OP "_write"))) return s;
+  if (st->cuda) {
+    s = smelt__cuda_peer_store_write(st, first, count, u_rows, v_rows);
+  } else {
+    const size_t es = smelt_dtype_size(st->dtype);
+    memcpy((char *)st->u_host + (size_t)(first * st->ulen) * es, u_rows, (size_t)(count * st->ulen) * es);
+    memcpy((char *)st->v_host + (size_t)(first * st->vlen) * es, v_rows, (size_t)(count * st->vlen) * es);
+  }
+  smelt__peer_store_leave(st);
+  return s;
 }
 
-smelt_status smelt_peer_store_invalidate(smelt_peer_store *st) {
-  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_invalidate: store is NULL");
-  if (st->cuda) return smelt__cuda_peer_store_invalidate(st);
+static void invalidate_cpu(smelt_peer_store *st) {
   for (int64_t s = 0; s < st->slots; s++) {
     if (st->owner[s] >= 0) st->table[st->owner[s]] = -1;
     st->owner[s] = -1;
     st->ref[s] = 0;
   }
   st->stats.resident = 0;
-  return SMELT_OK;
+}
+
+/* A call that takes nothing but the store: its CUDA or its CPU half, run
+ * inside the store. */
+static smelt_status in_store(smelt_peer_store *st, const char *op, smelt_status (*cuda)(smelt_peer_store *),
+                             void (*cpu)(smelt_peer_store *)) {
+  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: store is NULL", op);
+  smelt_status s = smelt__peer_store_enter(st, op);
+  if (s) return s;
+  if (st->cuda) s = cuda(st);
+  else cpu(st);
+  smelt__peer_store_leave(st);
+  return s;
+}
+
+smelt_status smelt_peer_store_invalidate(smelt_peer_store *st) {
+  return in_store(st, OP "_invalidate", smelt__cuda_peer_store_invalidate, invalidate_cpu);
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -213,7 +251,7 @@ static int cmp_i64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-void smelt__peer_store_batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n) {
+static void batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n) {
   smelt_peer_store_stats *c = &st->stats;
   const uint32_t batch = ++st->batch;
   c->batches++;
@@ -286,6 +324,14 @@ void smelt__peer_store_batch_cpu(smelt_peer_store *st, const int64_t *ids, int64
   free(miss_uses);
 }
 
+smelt_status smelt__peer_store_batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n, const char *op) {
+  smelt_status s = smelt__peer_store_enter(st, op);
+  if (s) return s;
+  batch_cpu(st, ids, n);
+  smelt__peer_store_leave(st);
+  return SMELT_OK;
+}
+
 smelt_status smelt_peer_store_prefetch(smelt_peer_store *st, const smelt_tensor *ids) {
   if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_prefetch: store is NULL");
   static const smelt_dtype i64 = SMELT_DTYPE_I64;
@@ -303,12 +349,11 @@ smelt_status smelt_peer_store_prefetch(smelt_peer_store *st, const smelt_tensor 
     if (p[i] < 0 || p[i] >= st->N)
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP "_prefetch: ids[%lld]=%lld is outside [0, num_experts=%lld)",
                           (long long)i, (long long)p[i], (long long)st->N);
-  smelt__peer_store_batch_cpu(st, p, n);
-  return SMELT_OK;
+  return smelt__peer_store_batch_cpu(st, p, n, OP "_prefetch");
 }
 
-smelt_status smelt_peer_store_stats_get(smelt_peer_store *st, smelt_peer_store_stats *out) {
-  if (!st || !out) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_stats_get: NULL argument");
+/* The counters of a store the caller has entered. */
+static smelt_status stats_of(smelt_peer_store *st, smelt_peer_store_stats *out) {
   if (st->cuda) {
     smelt_status s = smelt__cuda_peer_store_stats(st, out);
     if (s) return s;
@@ -321,13 +366,23 @@ smelt_status smelt_peer_store_stats_get(smelt_peer_store *st, smelt_peer_store_s
   return SMELT_OK;
 }
 
-smelt_status smelt_peer_store_stats_reset(smelt_peer_store *st) {
-  if (!st) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_stats_reset: store is NULL");
-  if (st->cuda) return smelt__cuda_peer_store_stats_reset(st);
+smelt_status smelt_peer_store_stats_get(smelt_peer_store *st, smelt_peer_store_stats *out) {
+  if (!st || !out) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_stats_get: NULL argument");
+  smelt_status s = smelt__peer_store_enter(st, OP "_stats_get");
+  if (s) return s;
+  s = stats_of(st, out);
+  smelt__peer_store_leave(st);
+  return s;
+}
+
+static void stats_reset_cpu(smelt_peer_store *st) {
   const int64_t resident = st->stats.resident;
   memset(&st->stats, 0, sizeof st->stats);
   st->stats.resident = resident;
-  return SMELT_OK;
+}
+
+smelt_status smelt_peer_store_stats_reset(smelt_peer_store *st) {
+  return in_store(st, OP "_stats_reset", smelt__cuda_peer_store_stats_reset, stats_reset_cpu);
 }
 
 /* "1.50 GiB", "12.0 MiB", "512 B" */
@@ -343,7 +398,10 @@ smelt_status smelt_peer_store_report(smelt_peer_store *st, char *buf, size_t n) 
   if (!st || !buf) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_report: NULL argument");
   if (n == 0) return SMELT_OK;
   smelt_peer_store_stats c;
-  smelt_status s = smelt_peer_store_stats_get(st, &c);
+  smelt_status s = smelt__peer_store_enter(st, OP "_report");
+  if (s) return s;
+  s = stats_of(st, &c);
+  smelt__peer_store_leave(st);
   if (s) return s;
   char a[32], b[32], d[32], e[32];
   const char *mem = !st->cuda ? "host memory (CPU backend)" : st->managed ? "managed memory" : "pinned host memory mapped into the device";
@@ -366,7 +424,9 @@ smelt_status smelt_peer_store_heat(smelt_peer_store *st, int64_t first, int64_t 
   smelt_status s = check_experts(OP "_heat", st, first, count);
   if (s || count == 0) return s;
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, OP "_heat: out is NULL");
-  if (st->cuda) return smelt__cuda_peer_store_heat(st, first, count, out);
-  memcpy(out, st->heat + first, (size_t)count * sizeof(uint64_t));
-  return SMELT_OK;
+  if ((s = smelt__peer_store_enter(st, OP "_heat"))) return s;
+  if (st->cuda) s = smelt__cuda_peer_store_heat(st, first, count, out);
+  else memcpy(out, st->heat + first, (size_t)count * sizeof(uint64_t));
+  smelt__peer_store_leave(st);
+  return s;
 }

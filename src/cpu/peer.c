@@ -304,7 +304,7 @@ static smelt_status select_and_mix(const smelt__peer_state *ps, const smelt_peer
   double *yt = (double *)scratch(ps->dout, sizeof(double), "output row", &s);
   if (s) goto done;
   retrieve_all(&r, ids, scores);
-  if (y && ps->store) smelt__peer_store_batch_cpu(ps->store, ids, n);
+  if (y && ps->store && (s = smelt__peer_store_batch_cpu(ps->store, ids, n, OP))) goto done;
   for (int64_t t = 0; y && t < ps->T; t++) { /* y[t] = Σ_h Σ_j g_j act(x[t] U_e) V_e */
     for (int64_t c = 0; c < ps->dout; c++) yt[c] = 0;
     for (int64_t hh = 0; hh < ps->h; hh++) {

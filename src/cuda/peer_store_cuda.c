@@ -191,7 +191,7 @@ smelt_status smelt__cuda_peer_store_invalidate(smelt_peer_store *st) {
   return s;
 }
 
-smelt_status smelt__cuda_peer_store_batch(smelt_peer_store *st, const int64_t *ids_dev, int64_t n) {
+static smelt_status batch(smelt_peer_store *st, const int64_t *ids_dev, int64_t n) {
   struct smelt__peer_store_cuda *c = st->cuda;
   smelt_ctx *ctx = st->ctx;
   const smelt__peer_util *u = &c->util;
@@ -246,6 +246,14 @@ smelt_status smelt__cuda_peer_store_batch(smelt_peer_store *st, const int64_t *i
   smelt__nvtx_pop();
   smelt_status s2 = smelt__cuda_free(ctx, arrays);
   return s ? s : s2;
+}
+
+smelt_status smelt__cuda_peer_store_batch(smelt_peer_store *st, const int64_t *ids_dev, int64_t n) {
+  smelt_status s = smelt__peer_store_enter(st, OP);
+  if (s) return s;
+  s = batch(st, ids_dev, n);
+  smelt__peer_store_leave(st);
+  return s;
 }
 
 smelt_status smelt__cuda_peer_store_stats(smelt_peer_store *st, smelt_peer_store_stats *out) {
