@@ -38,7 +38,8 @@ static void *open_lib(void) {
   const char *env = smelt__getenv("SMELT_NVRTC_PATH");
   if (env) {
     if (!(h = dlopen(env, RTLD_NOW | RTLD_LOCAL)))
-      snprintf(info.error, sizeof info.error, "SMELT_NVRTC_PATH: %.400s (unset it to search the usual places)", dlerror());
+      snprintf(info.error, sizeof info.error, "SMELT_NVRTC_PATH: %.400s (unset it to search the usual places)",
+               dlerror());
     return h;
   }
   static const char *sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"};
@@ -59,11 +60,12 @@ static void *open_lib(void) {
 
 static void load(void) {
   void *h = open_lib();
-  if (!h && info.error[0]) return;
   if (!h) {
-    snprintf(info.error, sizeof info.error,
-             "libnvrtc not found (tried SMELT_NVRTC_PATH, libnvrtc.so.13/.12/.11.2, CUDA_HOME, "
-             "/usr/local/cuda, pip nvidia-cuda-nvrtc); install the CUDA toolkit's NVRTC or set SMELT_NVRTC_PATH");
+    if (!info.error[0]) /* else SMELT_NVRTC_PATH's own error */
+      snprintf(info.error, sizeof info.error,
+               "libnvrtc not found (tried libnvrtc.so.13/.12/.11.2, CUDA_HOME, CUDA_PATH, /usr/local/cuda, "
+               "pip nvidia-cuda-nvrtc); install the CUDA toolkit's NVRTC or `pip install nvidia-cuda-nvrtc`, "
+               "or set SMELT_NVRTC_PATH");
     return;
   }
 #define SMELT__RTC(field, sym)                                                            \
