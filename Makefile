@@ -16,7 +16,7 @@ PYTHON ?= python3
 all: build
 
 deps:
-	@scripts/setup-deps
+	@PYTHON=$(PYTHON) scripts/setup-deps
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -27,8 +27,11 @@ build: $(BUILD)/CMakeCache.txt
 test: deps build
 	@$(MAKE) --no-print-directory test-c test-python
 
+# The compile test must not skip: NVRTC is required, named explicitly where
+# only $(PYTHON)'s nvidia-cuda-nvrtc wheel provides it (scripts/setup-deps).
 test-c:
-	SMELT_CACHE_DIR=$(SMELT_TEST_CACHE_DIR) $(BUILD)/smelt_tests
+	SMELT_NVRTC_PATH="$$(PYTHON=$(PYTHON) scripts/setup-deps --nvrtc-path)" SMELT_REQUIRE_NVRTC=1 \
+	  SMELT_CACHE_DIR=$(SMELT_TEST_CACHE_DIR) $(BUILD)/smelt_tests
 
 test-python:
 	$(PYTHON) python/build_inplace.py --lib $(BUILD)

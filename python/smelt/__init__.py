@@ -35,8 +35,14 @@ route to those custom ops.
 
 import sys as _sys
 
-from . import _smelt as _C
-from ._smelt import (  # noqa: F401
+from . import _nvrtc
+
+# NVRTC from this environment's nvidia-cuda-nvrtc wheel, named before the
+# extension loads libsmelt.
+_nvrtc.name_wheel_library()
+
+from . import _smelt as _C  # noqa: E402
+from ._smelt import (  # noqa: F401,E402
     ACTIVATIONS,
     ArgumentError,
     BackendError,

@@ -1,6 +1,8 @@
 /* Finding NVIDIA's run-time libraries without a toolkit: by glob pattern (the
  * highest version first) and inside pip wheels (nvidia-cuda-nvrtc,
- * nvidia-nvtx, ...) of the Python environments we know about. */
+ * nvidia-nvtx, ...) of the standard Python prefixes: the active venv or conda
+ * environment, pip's --user folder and the system's. A Python run by its full
+ * path is no active venv: the binding names its own wheel (SMELT_NVRTC_PATH). */
 #include "cuda_internal.h"
 
 #include <dlfcn.h>
@@ -19,13 +21,17 @@ void *smelt__dlopen_glob(const char *pattern) {
 }
 
 void *smelt__dlopen_pip(const char *rel) {
-  const char *prefixes[] = {smelt__getenv("VIRTUAL_ENV"), smelt__getenv("CONDA_PREFIX"), "/usr/local", "/usr",
-                            "/opt/torch/.venv"};
+  const char *home = smelt__getenv("HOME");
+  char user[400] = "";
+  if (home) snprintf(user, sizeof user, "%.390s/.local", home);
+  const char *prefixes[] = {smelt__getenv("VIRTUAL_ENV"), smelt__getenv("CONDA_PREFIX"), user[0] ? user : NULL,
+                            "/usr/local", "/usr"};
   char pat[600];
   void *h;
   for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
     if (!prefixes[p]) continue;
-    snprintf(pat, sizeof pat, "%s/lib/python3*/site-packages/%s", prefixes[p], rel);
+    /* site-packages, or dist-packages where Debian's Python installs. */
+    snprintf(pat, sizeof pat, "%s/lib/python3*/*-packages/%s", prefixes[p], rel);
     if ((h = smelt__dlopen_glob(pat))) return h;
   }
   return NULL;

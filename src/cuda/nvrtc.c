@@ -1,8 +1,11 @@
 /* Opens NVRTC at run time and compiles kernel sources to CUBIN for an exact
- * arch. Search order: $SMELT_NVRTC_PATH; the sonames by major version; then
- * CUDA_HOME / CUDA_PATH / /usr/local/cuda; then pip's nvidia-cuda-nvrtc wheels
- * in the usual site-packages folders. Kernels include only smelt's own headers
- * (passed to NVRTC from the embedded copies), so no toolkit headers are needed. */
+ * arch. $SMELT_NVRTC_PATH, when set, is the only library tried (one that does
+ * not open is an error, never a silent fallback to another NVRTC); otherwise
+ * the sonames by major version, then CUDA_HOME / CUDA_PATH / /usr/local/cuda,
+ * then pip's nvidia-cuda-nvrtc wheels in the usual site-packages folders (the
+ * Python binding names its own environment's wheel through SMELT_NVRTC_PATH).
+ * Kernels include only smelt's own headers (passed to NVRTC from the embedded
+ * copies), so no toolkit headers are needed. */
 #include "cuda_internal.h"
 
 #include <dlfcn.h>
@@ -33,7 +36,12 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void *open_lib(void) {
   void *h;
   const char *env = smelt__getenv("SMELT_NVRTC_PATH");
-  if (env && (h = dlopen(env, RTLD_NOW | RTLD_LOCAL))) return h;
+  if (env) {
+    if (!(h = dlopen(env, RTLD_NOW | RTLD_LOCAL)))
+      snprintf(info.error, sizeof info.error, "SMELT_NVRTC_PATH: %.400s (unset it to search the usual places)",
+               dlerror());
+    return h;
+  }
   static const char *sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"};
   for (size_t i = 0; i < sizeof sonames / sizeof *sonames; i++)
     if ((h = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL))) return h;
@@ -53,9 +61,11 @@ static void *open_lib(void) {
 static void load(void) {
   void *h = open_lib();
   if (!h) {
-    snprintf(info.error, sizeof info.error,
-             "libnvrtc not found (tried SMELT_NVRTC_PATH, libnvrtc.so.13/.12/.11.2, CUDA_HOME, "
-             "/usr/local/cuda, pip nvidia-cuda-nvrtc); install the CUDA toolkit's NVRTC or set SMELT_NVRTC_PATH");
+    if (!info.error[0]) /* else SMELT_NVRTC_PATH's own error */
+      snprintf(info.error, sizeof info.error,
+               "libnvrtc not found (tried libnvrtc.so.13/.12/.11.2, CUDA_HOME, CUDA_PATH, /usr/local/cuda, "
+               "pip nvidia-cuda-nvrtc); install the CUDA toolkit's NVRTC or `pip install nvidia-cuda-nvrtc`, "
+               "or set SMELT_NVRTC_PATH");
     return;
   }
 #define SMELT__RTC(field, sym)                                                            \
