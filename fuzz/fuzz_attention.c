@@ -63,7 +63,7 @@ static void bounds(fz *f, smelt_tensor *t, int64_t B, int64_t total, int64_t *lo
     uint8_t b = fz_u8(f);
     int64_t next = i == 0 ? 0 : i >= B || total > 4096 ? total : at + (total > at ? b % (total - at + 1) : 0);
     if (b >= 240 && i > 0) next = fz_size(f, 40);
-    if (next - at > *longest) *longest = next - at;
+    if (next >= 0 && at >= 0 && next - at > *longest) *longest = next - at;
     v[i] = at = next;
   }
   fz_fill_ints(t, v, 64);
