@@ -61,8 +61,11 @@ static void bounds(fz *f, smelt_tensor *t, int64_t B, int64_t total, int64_t *lo
   *longest = 0;
   for (int i = 0; i < 64; i++) {
     uint8_t b = fz_u8(f);
-    int64_t next = i == 0 ? 0 : i >= B || total > 4096 ? total : at + (total > at ? b % (total - at + 1) : 0);
-    if (b >= 240 && i > 0) next = fz_size(f, 40);
+    int64_t next;
+    if (i == 0) next = 0;
+    else if (b >= 240) next = fz_size(f, 40);
+    else if (i >= B || total > 4096 || at < 0 || at > total) next = total;
+    else next = at + b % (total - at + 1);
     if (next >= 0 && at >= 0 && next - at > *longest) *longest = next - at;
     v[i] = at = next;
   }
