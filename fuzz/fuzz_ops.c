@@ -245,7 +245,7 @@ static void helpers_ctx(fz *f) {
   size_t n = (size_t)fz_small(f, 4096);
   uint8_t *dst = fz_bytes(f, n), *src = fz_bytes(f, n);
   fz_output_bytes(dst, n);
-  switch (fz_u8(f) % 7) {
+  switch (fz_u8(f) % 8) {
   case 0: FZ_CALL(s, "smelt_memcpy_h2d", none, smelt_memcpy_h2d(c, dst, src, n)); break;
   case 1: FZ_CALL(s, "smelt_memcpy_d2h", none, smelt_memcpy_d2h(c, dst, src, n)); break;
   case 2: FZ_CALL(s, "smelt_memcpy_d2d", none, smelt_memcpy_d2d(c, dst, src, n)); break;
@@ -283,6 +283,17 @@ static void helpers_ctx(fz *f) {
     smelt_ctx_set_deterministic(c, fz_u8(f));
     fz_count("smelt_ctx_device");
     if (smelt_ctx_device(c) != SMELT_DEVICE_CPU || smelt_ctx_device_index(c) != 0) abort();
+    fz_count("smelt_ctx_stream");
+    if (smelt_ctx_stream(c)) abort(); /* the CPU has no stream */
+    break;
+  }
+  case 7: {
+    smelt_device_info di;
+    smelt_system_info si;
+    FZ_CALL(s, "smelt_device_info_get", none, smelt_device_info_get((int)fz_size(f, 3), fz_one_in(f, 8) ? NULL : &di));
+    /* Slow (it looks for the driver and sizes the cache folder): seldom. */
+    if (fz_one_in(f, 16))
+      FZ_CALL(s, "smelt_system_info_get", none, smelt_system_info_get(fz_one_in(f, 8) ? NULL : &si));
     break;
   }
   }
