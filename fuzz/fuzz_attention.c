@@ -42,17 +42,24 @@ static shape draw_shape(fz *f) {
   return s;
 }
 
+/* The nine views of a call: q-shaped (q, o, d_o, dq), k-shaped (k, v, dk,
+ * dv) and lse; the forward's outputs or the backward's. */
+static void views(fz *f, smelt_tensor *t, smelt_dtype dt, int nd, const int64_t *q, const int64_t *k,
+                  const int64_t *lse, int bwd) {
+  t[Q] = fz_view(f, dt, nd, q, 0);
+  t[K] = fz_view(f, dt, nd, k, 0);
+  t[V] = fz_view(f, dt, nd, k, 0);
+  t[O] = fz_view(f, dt, nd, q, !bwd);
+  t[LSE] = fz_view(f, SMELT_DTYPE_F32, nd - 1, lse, !bwd);
+  t[DO] = fz_view(f, dt, nd, q, 0);
+  t[DQ] = fz_view(f, dt, nd, q, bwd);
+  t[DK] = fz_view(f, dt, nd, k, bwd);
+  t[DV] = fz_view(f, dt, nd, k, bwd);
+}
+
 static void batched_views(fz *f, smelt_tensor *t, smelt_dtype dt, const shape *s, int bwd) {
   int64_t q[4] = {s->B, s->Sq, s->H, s->D}, k[4] = {s->B, s->Sk, s->Hk, s->D}, lse[3] = {s->B, s->H, s->Sq};
-  t[Q] = fz_view(f, dt, 4, q, 0);
-  t[K] = fz_view(f, dt, 4, k, 0);
-  t[V] = fz_view(f, dt, 4, k, 0);
-  t[O] = fz_view(f, dt, 4, q, !bwd);
-  t[LSE] = fz_view(f, SMELT_DTYPE_F32, 3, lse, !bwd);
-  t[DO] = fz_view(f, dt, 4, q, 0);
-  t[DQ] = fz_view(f, dt, 4, q, bwd);
-  t[DK] = fz_view(f, dt, 4, k, bwd);
-  t[DV] = fz_view(f, dt, 4, k, bwd);
+  views(f, t, dt, 4, q, k, lse, bwd);
 }
 
 /* Sequence bounds: cumulative, ending at the total, mostly. */
@@ -77,15 +84,7 @@ static void varlen_views(fz *f, smelt_tensor *t, smelt_dtype dt, const shape *s,
   int64_t per = s->B > 0 && s->B < 8 ? s->B : 1, Tq = fz_mul(s->Sq, per), Tk = fz_mul(s->Sk, per);
   int64_t q[3] = {Tq, s->H, s->D}, k[3] = {Tk, s->Hk, s->D}, lse[2] = {s->H, Tq};
   int64_t cu = s->B < INT64_MAX ? s->B + 1 : s->B;
-  t[Q] = fz_view(f, dt, 3, q, 0);
-  t[K] = fz_view(f, dt, 3, k, 0);
-  t[V] = fz_view(f, dt, 3, k, 0);
-  t[O] = fz_view(f, dt, 3, q, !bwd);
-  t[LSE] = fz_view(f, SMELT_DTYPE_F32, 2, lse, !bwd);
-  t[DO] = fz_view(f, dt, 3, q, 0);
-  t[DQ] = fz_view(f, dt, 3, q, bwd);
-  t[DK] = fz_view(f, dt, 3, k, bwd);
-  t[DV] = fz_view(f, dt, 3, k, bwd);
+  views(f, t, dt, 3, q, k, lse, bwd);
   smelt_dtype cu_dt = fz_one_in(f, 16) ? SMELT_DTYPE_I64 : SMELT_DTYPE_I32;
   t[CUQ] = fz_one_in(f, 8) ? fz_view(f, cu_dt, 1, &cu, 0) : fz_view_plain(f, cu_dt, 1, &cu, 0);
   t[CUK] = fz_one_in(f, 8) ? fz_view(f, cu_dt, 1, &cu, 0) : fz_view_plain(f, cu_dt, 1, &cu, 0);

@@ -109,19 +109,9 @@ int fz_view_ok(const smelt_tensor *t) {
          p + span <= fz_arena + FZ_ARENA_BYTES;
 }
 
+/* The caller's usual way to a row-major view. */
 static smelt_tensor row_major(smelt_dtype dt, int ndim, const int64_t *shape) {
-  smelt_tensor t;
-  memset(&t, 0, sizeof t);
-  t.dtype = dt;
-  t.device = SMELT_DEVICE_CPU;
-  t.ndim = ndim;
-  int64_t stride = 1;
-  for (int i = ndim - 1; i >= 0; i--) {
-    t.shape[i] = shape[i];
-    t.strides[i] = stride;
-    if (__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride)) stride = INT64_MAX;
-  }
-  return t;
+  return smelt_tensor_make(NULL, dt, SMELT_DEVICE_CPU, 0, ndim, shape);
 }
 
 /* Row-major with the last two dims swapped in memory (a column-major matrix). */
