@@ -155,23 +155,27 @@ static void damage(fz *f, smelt_tensor *t) {
 }
 
 static uint8_t *last_place;
+static size_t next_free;
 
 /* Places t in the arena: at the previous view's address (in place) now
- * and then, else at an offset from the input where its span fits. */
+ * and then, else at an offset from the input where its span fits, counted
+ * from the end of the previous view (so a used-up input lays views out one
+ * after another, disjoint). */
 static void place(fz *f, smelt_tensor *t, int64_t span) {
   size_t es = smelt_dtype_size(t->dtype) ? smelt_dtype_size(t->dtype) : 1;
   if (span > (int64_t)FZ_ARENA_BYTES - 64) span = 0; /* must be rejected: any address will do */
   uint8_t b = fz_u8(f);
-  if (b == 0 && last_place && last_place + span <= fz_arena + FZ_ARENA_BYTES) {
+  if (b == 255 && last_place && last_place + span <= fz_arena + FZ_ARENA_BYTES) {
     t->data = last_place;
     return;
   }
   size_t room = FZ_ARENA_BYTES - 64 - (size_t)span;
-  size_t off = (size_t)(fz_u32(f) % (room + 1));
+  size_t off = (next_free + fz_u32(f)) % (room + 1);
   off -= off % 16;
-  if (b == 1) off += es; /* aligned to the dtype only */
+  if (b == 254) off += es; /* aligned to the dtype only */
   t->data = fz_arena + off;
   last_place = (uint8_t *)t->data;
+  next_free = off + (size_t)span + 16;
 }
 
 static const void *outs[FZ_MAX_OUTS];
@@ -508,6 +512,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int step = 0; step < 8 && (step == 0 || f.n > 0); step++) {
     n_outs = 0;
     last_place = NULL;
+    next_free = 0;
     /* Most calls valid, some with odd layouts, some with a broken view. */
     uint8_t c = fz_u8(&f);
     chaos = c < 128 ? 0 : c < 192 ? 1 : 2;
