@@ -50,10 +50,10 @@ int fz_enum(fz *f, int count);
  * dims) with dtype dt; in some calls the input changes its layout
  * (transposed, padded, broadcast), in some it breaks it (dtype, ndim, a
  * shape or stride, NULL or misaligned data, the wrong device). The view is
- * kept only if it is either
- * one the library must reject (a negative size, an element count or span
- * that overflows, ...) or one that fits the arena; otherwise it falls back
- * to the plain row-major view. `out` marks it as an output of the next call. */
+ * kept only if it is either one the library must reject (a negative size,
+ * an element count or span that overflows, ...) or one that fits the
+ * arena; otherwise it falls back to the plain row-major view, its hostile
+ * sizes made small. `out` marks it as an output of the next call. */
 extern uint8_t *fz_arena;
 smelt_tensor fz_view(fz *f, smelt_dtype dt, int ndim, const int64_t *shape, int out);
 /* A view the input does not break (for index tensors whose values matter). */
@@ -67,7 +67,8 @@ void fz_cap_work(int64_t *dims, int n, int64_t cap);
 /* a * b for sizes, saturated: a hostile size stays hostile (a negative
  * one stays negative) instead of wrapping. */
 int64_t fz_mul(int64_t a, int64_t b);
-/* Registers t as an output of the next call (fz_view does this when asked). */
+/* Registers t as an output of the calls until fz_reset_outputs (fz_view
+ * does this when asked). */
 void fz_output(const smelt_tensor *t);
 /* Registers n raw bytes at p (in the arena) as an output of the next call. */
 void fz_output_bytes(const void *p, size_t n);
