@@ -11,7 +11,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export SMELT_TEST_CACHE_DIR ?= $(abspath $(BUILD))/kernel-cache
 PYTHON ?= python3
 
-.PHONY: all build deps test test-c test-python demo asan tsan clean
+.PHONY: all build deps test test-c test-python demo asan tsan fuzz clean
 
 all: build
 
@@ -60,5 +60,23 @@ tsan:
 	$(TSAN_RUN) core/
 	$(TSAN_RUN) cache/
 
+# The libFuzzer target (fuzz/) under ASan + UBSan for FUZZ_SECONDS seconds,
+# starting from a scratch copy of fuzz/corpus; needs clang with libFuzzer.
+# Fails on any report, or when fewer than FUZZ_MIN_CALLS calls were made (CI
+# runs this). The log is $(FUZZ_BUILD)/fuzz.log; findings land beside it.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 120
+FUZZ_MIN_CALLS ?= 1000000
+fuzz:
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMELT_FUZZ=ON
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target smelt_fuzz
+	rm -rf $(FUZZ_BUILD)/corpus && cp -r fuzz/corpus $(FUZZ_BUILD)/corpus
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  SMELT_FUZZ_MIN_CALLS=$(FUZZ_MIN_CALLS) $(FUZZ_BUILD)/smelt_fuzz $(FUZZ_BUILD)/corpus \
+	  -max_total_time=$(FUZZ_SECONDS) -runs=1000000000 -max_len=512 -timeout=10 -print_final_stats=1 \
+	  -artifact_prefix=$(abspath $(FUZZ_BUILD))/ > $(FUZZ_BUILD)/fuzz.log 2>&1 \
+	  || { grep -v -E '(NEW|REDUCE|pulse) ' $(FUZZ_BUILD)/fuzz.log | tail -n 150; exit 1; }
+	@grep -E '^(Done|stat::|smelt_fuzz)' $(FUZZ_BUILD)/fuzz.log
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

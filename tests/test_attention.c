@@ -1529,6 +1529,42 @@ static void test_cuda_limits(void) {
   bad_env_free(&e);
 }
 
+/* Attention over empty tensors with a huge head dim, batch or head count
+ * computes nothing, so it may neither allocate nor loop for them. The CPU
+ * used to size its scratch by D alone (buffers of D doubles, 2^40 here) and
+ * its sequence table by B, failing with OUT_OF_MEMORY, and visited every
+ * head of an empty q (found by fuzz/). */
+static void test_empty_huge_head_dim(void) {
+  smelt_ctx *ctx = th_cpu();
+  const int64_t D = (int64_t)1 << 40;
+  float buf[1];
+  smelt_tensor x = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 4, (int64_t[]){1, 0, 1, D});
+  smelt_tensor lse = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){1, 1, 0});
+  CHECK_OK(smelt_attention_fwd(ctx, NULL, &x, &x, &x, &x, &lse));
+  CHECK_OK(smelt_attention_bwd(ctx, NULL, &x, &x, &x, &x, &x, &lse, &x, &x, &x));
+  /* So does a batch of 2^40 empty sequences (its table of sequences was 2^40 entries). */
+  smelt_tensor xb = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 4, (int64_t[]){D, 0, 1, 4});
+  smelt_tensor lb = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){D, 1, 0});
+  CHECK_OK(smelt_attention_fwd(ctx, NULL, &xb, &xb, &xb, &xb, &lb));
+  /* And 2^40 heads without queries over one key: the CPU visited each head. */
+  float kv[4] = {1, 2, 3, 4}, dkv[8];
+  smelt_tensor qh = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 4, (int64_t[]){1, 0, D, 4});
+  smelt_tensor kh = smelt_tensor_make(kv, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 4, (int64_t[]){1, 1, 1, 4});
+  smelt_tensor dkh = smelt_tensor_make(dkv, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 4, (int64_t[]){1, 1, 1, 4});
+  smelt_tensor dvh = smelt_tensor_make(dkv + 4, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 4, (int64_t[]){1, 1, 1, 4});
+  smelt_tensor lh = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){1, D, 0});
+  CHECK_OK(smelt_attention_fwd(ctx, NULL, &qh, &kh, &kh, &qh, &lh));
+  for (int i = 0; i < 8; i++) dkv[i] = NAN;
+  CHECK_OK(smelt_attention_bwd(ctx, NULL, &qh, &kh, &kh, &qh, &qh, &lh, &qh, &dkh, &dvh));
+  for (int i = 0; i < 8; i++) CHECK(dkv[i] == 0);
+  int32_t cu[1] = {0};
+  smelt_tensor xv = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){0, 1, D});
+  smelt_tensor lv = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){1, 0});
+  smelt_tensor tc = smelt_tensor_make(cu, SMELT_DTYPE_I32, SMELT_DEVICE_CPU, 0, 1, (int64_t[]){1});
+  smelt_attention_desc desc = smelt_attention_desc_default();
+  CHECK_OK(smelt_attention_varlen_fwd(ctx, &desc, &xv, &xv, &xv, &tc, &tc, &xv, &lv));
+}
+
 const th_test th_tests_attention[] = {
     {"values_small", test_values_small},
     {"values_head_dims", test_values_head_dims},
@@ -1546,5 +1582,6 @@ const th_test th_tests_attention[] = {
     {"bwd_bad_inputs", test_bwd_bad_inputs},
     {"varlen_bwd_bad_inputs", test_varlen_bwd_bad_inputs},
     {"cuda_limits", test_cuda_limits},
+    {"empty_huge_head_dim", test_empty_huge_head_dim},
     {0, 0},
 };

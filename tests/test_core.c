@@ -360,6 +360,19 @@ static void test_sha256(void) {
   CHECK(!strcmp(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"));
 }
 
+/* A view whose furthest element is exactly INT64_MAX elements away: its
+ * span of extent + 1 elements overflows, and the check must say so without
+ * overflowing itself (UBSan saw extent + 1 wrap; found by fuzz/). */
+static void test_tensor_span_limit(void) {
+  float buf[1];
+  smelt_tensor t = smelt_tensor_make(buf, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, (int64_t[]){2});
+  t.strides[0] = INT64_MAX;
+  CHECK_STATUS(smelt__check_tensor("op", "x", &t), SMELT_STATUS_OVERFLOW);
+  CHECK_MSG("x spans more than 2^63");
+  t.dtype = SMELT_DTYPE_U8;
+  CHECK_STATUS(smelt__check_tensor("op", "x", &t), SMELT_STATUS_OVERFLOW);
+}
+
 const th_test th_tests_core[] = {
     {"status_names", test_status_names},
     {"dtype_table", test_dtype_table},
@@ -372,5 +385,6 @@ const th_test th_tests_core[] = {
     {"cuda_pool", test_cuda_pool},
     {"system_info", test_system_info},
     {"sha256", test_sha256},
+    {"tensor_span_limit", test_tensor_span_limit},
     {0, 0},
 };

@@ -2164,6 +2164,38 @@ static void test_grouped_offs_bad(void) {
 #undef OBAD
 }
 
+/* A batched GEMM whose D is empty ([L, 0, N]) has nothing to write however
+ * large L is. The CPU used to visit every empty batch (2^40 of them here:
+ * hours), and computed offsets into empty operands that overflow (found by
+ * fuzz/). */
+static void test_empty_huge_batch(void) {
+  const int64_t L = (int64_t)1 << 40;
+  float a[1], b[4], d[1];
+  smelt_tensor ta = smelt_tensor_make(a, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){L, 0, 2});
+  smelt_tensor tb = smelt_tensor_make(b, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){L, 2, 2});
+  smelt_tensor td = smelt_tensor_make(d, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){L, 0, 2});
+  tb.strides[0] = 0; /* one B for every batch */
+  CHECK_OK(smelt_gemm(th_cpu(), NULL, &ta, &tb, NULL, &td, NULL));
+  /* K = 0: A and B are empty and may have any strides; the batch and row
+   * offsets into them overflowed (UBSan) though they are never read. */
+  float a2[1], b2[1], d2[12];
+  ta = smelt_tensor_make(a2, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){2, 3, 0});
+  tb = smelt_tensor_make(b2, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){2, 0, 2});
+  td = smelt_tensor_make(d2, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 3, (int64_t[]){2, 3, 2});
+  ta.strides[0] = tb.strides[0] = (int64_t)1 << 62;
+  for (int i = 0; i < 12; i++) d2[i] = NAN;
+  CHECK_OK(smelt_gemm(th_cpu(), NULL, &ta, &tb, NULL, &td, NULL));
+  for (int i = 0; i < 12; i++) CHECK(d2[i] == 0);
+  smelt_tensor a1 = smelt_tensor_make(a2, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){4, 0});
+  smelt_tensor d1 = smelt_tensor_make(d2, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){4, 2});
+  a1.strides[0] = (int64_t)1 << 62;
+  int64_t offs[2] = {2, 4};
+  smelt_tensor to = smelt_tensor_make(offs, SMELT_DTYPE_I64, SMELT_DEVICE_CPU, 0, 1, (int64_t[]){2});
+  for (int i = 0; i < 8; i++) d2[i] = NAN;
+  CHECK_OK(smelt_gemm_grouped_offs(th_cpu(), NULL, &a1, &tb, NULL, &d1, NULL, &to));
+  for (int i = 0; i < 8; i++) CHECK(d2[i] == 0);
+}
+
 const th_test th_tests_gemm[] = {
     {"desc_default", test_desc_default},
     {"dtypes_layouts", test_dtypes_layouts},
@@ -2185,6 +2217,7 @@ const th_test th_tests_gemm[] = {
     {"grouped_offs_bad", test_grouped_offs_bad},
     {"grouped_offs_selector", test_grouped_offs_selector},
     {"gpu_grouped_offs", test_gpu_grouped_offs},
+    {"empty_huge_batch", test_empty_huge_batch},
     {0, 0},
 };
 

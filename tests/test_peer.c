@@ -1777,6 +1777,28 @@ static void test_peer_bad_inputs(void) {
   }
 }
 
+/* A prefetch of an empty ids view, whose data may be NULL, is one batch that
+ * looks nothing up. The CPU store used to memcpy from the NULL pointer
+ * (undefined even for 0 bytes; UBSan, found by fuzz/). */
+static void test_store_prefetch_empty(void) {
+  smelt_peer_store_options o = smelt_peer_store_options_default();
+  o.num_experts = 4;
+  o.input_dim = o.output_dim = o.expert_hidden_size = 2;
+  o.dtype = SMELT_DTYPE_F32;
+  o.cache_mb = 1;
+  o.use_env = 0;
+  smelt_peer_store *st = NULL;
+  REQUIRE(smelt_peer_store_create(th_cpu(), &o, &st) == SMELT_OK);
+  smelt_tensor ids = smelt_tensor_make(NULL, SMELT_DTYPE_I64, SMELT_DEVICE_CPU, 0, 1, (int64_t[]){0});
+  CHECK_OK(smelt_peer_store_prefetch(st, &ids));
+  smelt_peer_store_stats s;
+  CHECK_OK(smelt_peer_store_stats_get(st, &s));
+  CHECK_EQ_INT(s.batches, 1);
+  CHECK_EQ_INT(s.lookups, 0);
+  CHECK_EQ_INT(s.uses, 0);
+  smelt_peer_store_destroy(st);
+}
+
 const th_test th_tests_peer[] = {
     {"retrieve", test_peer_retrieve},
     {"retrieve_ties", test_peer_retrieve_ties},
@@ -1792,5 +1814,6 @@ const th_test th_tests_peer[] = {
     {"empty_and_config", test_peer_empty_and_config},
     {"bad_inputs", test_peer_bad_inputs},
     {"huge_k", test_peer_huge_k},
+    {"store_prefetch_empty", test_store_prefetch_empty},
     {0, 0},
 };

@@ -256,6 +256,7 @@ static void batch_cpu(smelt_peer_store *st, const int64_t *ids, int64_t n) {
   const uint32_t batch = ++st->batch;
   c->batches++;
   c->uses += (uint64_t)n;
+  if (n == 0) return; /* an empty ids view may have no data at all */
   /* sorted ids, then the misses (expert, uses) packed into their front */
   int64_t *sorted = (int64_t *)malloc((size_t)(n ? n : 1) * sizeof(int64_t));
   int64_t *miss_uses = (int64_t *)malloc((size_t)(n ? n : 1) * sizeof(int64_t));

@@ -92,7 +92,7 @@ smelt_status smelt__check_tensor(const char *op, const char *name, const smelt_t
         __builtin_add_overflow(extent, term, &extent))
       return smelt__error(SMELT_STATUS_OVERFLOW, "%s: %s spans more than 2^63 elements", op, name);
   }
-  if (__builtin_mul_overflow(extent + 1, esize, &term))
+  if (__builtin_add_overflow(extent, 1, &term) || __builtin_mul_overflow(term, esize, &term))
     return smelt__error(SMELT_STATUS_OVERFLOW, "%s: %s spans more than 2^63 bytes", op, name);
   if (!t->data) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s.data is NULL", op, name);
   if ((uintptr_t)t->data % (uintptr_t)esize)

@@ -196,7 +196,9 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   const smelt__attn_args *a = (const smelt__attn_args *)args;
   const int64_t B = st->B, H = st->H, Hk = st->Hk, D = st->D, group = H / Hk;
-  if (B == 0 && !st->varlen) return SMELT_OK; /* varlen: cu_seqlens[0] is still checked */
+  /* Nothing to write (varlen: cu_seqlens are still checked). An empty
+   * batch may claim any B, which must not size the sequence table. */
+  if (!st->varlen && (B == 0 || (st->Sq == 0 && st->Sk == 0))) return SMELT_OK;
   seq *seqs = (seq *)calloc((size_t)(B ? B : 1), sizeof *seqs);
   if (!seqs) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", st->op);
   smelt_status s = SMELT_OK;
@@ -210,6 +212,12 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   for (int64_t b = 0; b < B; b++) {
     if (seqs[b].sq > mq) mq = seqs[b].sq;
     if (seqs[b].sk > mk) mk = seqs[b].sk;
+  }
+  /* No query or key row anywhere: nothing to write, and D (any size on
+   * empty tensors) must not size a scratch that is never used. */
+  if (!s && mq == 0 && mk == 0) {
+    free(seqs);
+    return SMELT_OK;
   }
   if (!s && (s = work_new(&w, mq, mk, D, st->op))) work_free(&w);
   if (s) {
@@ -235,7 +243,9 @@ static smelt_status run(smelt_plan *plan, const void *args) {
       load_rows(&k, dt, b, sq->k0, sq->sk, hk, D, w.k);
       load_rows(&v, dt, b, sq->k0, sq->sk, hk, D, w.v);
       for (int64_t j = 0; j < sq->sk * D; j++) w.dk[j] = w.dv[j] = 0;
-      for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+      /* A sequence without queries reads and writes nothing per head (an
+       * empty q may claim any number of heads). */
+      for (int64_t h = hk * group; sq->sq > 0 && h < (hk + 1) * group; h++) {
         load_rows(&q, dt, b, sq->q0, sq->sq, h, D, w.q);
         scores(st, sq, &w);
         if (!st->bwd) {

@@ -179,8 +179,10 @@ static void gemm_offs(const smelt__gemm_state *st, const smelt__gemm_args *args,
     end = r1;
     smelt__gemm_prob p = *t;
     p.m = r1 - r0;
-    p.a.data = at(t->a.data, st->dt_a, r0 * t->a.rs);
-    p.b.data = at(t->b.data, st->dt_b, g * t->b.bs);
+    if (p.m == 0 || p.n == 0) continue; /* nothing to write */
+    /* With K = 0, A and B are empty (any strides) and never read. */
+    p.a.data = p.k ? at(t->a.data, st->dt_a, r0 * t->a.rs) : NULL;
+    p.b.data = p.k ? at(t->b.data, st->dt_b, g * t->b.bs) : NULL;
     p.c.data = at(t->c.data, st->dt_c, r0 * t->c.rs);
     p.d.data = at(t->d.data, st->dt_d, r0 * t->d.rs);
     p.bias = at(t->bias, st->dt_bias, g * t->bias_gs);
@@ -190,6 +192,10 @@ static void gemm_offs(const smelt__gemm_state *st, const smelt__gemm_args *args,
 
 /* Every other mode: a list of single problems. */
 static void gemm_list(const smelt__gemm_state *st, const smelt__gemm_args *args, const scratch *sc) {
+  /* An empty D has nothing to write however many batches it claims (a
+   * [2^40, 0, N] batch is valid), and its operands' batch strides may then
+   * be anything: no batch is visited. */
+  if (st->mode != SMELT_GEMM_MODE_GROUPED && (args->prob.m == 0 || args->prob.n == 0)) return;
   for (int64_t l = 0; l < args->count; l++) {
     smelt__gemm_prob p;
     switch (st->mode) {
@@ -203,8 +209,8 @@ static void gemm_list(const smelt__gemm_state *st, const smelt__gemm_args *args,
         break;
       default: /* plain, split-K (count 1) and batched */
         p = args->prob;
-        p.a.data = at(p.a.data, st->dt_a, l * p.a.bs);
-        p.b.data = at(p.b.data, st->dt_b, l * p.b.bs);
+        p.a.data = p.k ? at(p.a.data, st->dt_a, l * p.a.bs) : NULL;
+        p.b.data = p.k ? at(p.b.data, st->dt_b, l * p.b.bs) : NULL;
         p.c.data = at(p.c.data, st->dt_c, l * p.c.bs);
         p.d.data = at(p.d.data, st->dt_d, l * p.d.bs);
         break;
