@@ -65,7 +65,7 @@ tsan:
 # Fails on any report, or when fewer than FUZZ_MIN_CALLS calls were made (CI
 # runs this). The log is $(FUZZ_BUILD)/fuzz.log; findings land beside it.
 FUZZ_BUILD ?= build-fuzz
-FUZZ_SECONDS ?= 120
+FUZZ_SECONDS ?= 180
 FUZZ_MIN_CALLS ?= 1000000
 fuzz:
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMELT_FUZZ=ON

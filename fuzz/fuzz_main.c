@@ -9,7 +9,7 @@
  * that follow. Everything runs on a CPU context. At exit the target prints
  * how many calls it made, per entry point.
  *
- * Run it with `make fuzz` (FUZZ_SECONDS=120 by default, from a copy of
+ * Run it with `make fuzz` (FUZZ_SECONDS=180 by default, from a copy of
  * fuzz/corpus), or by hand after configuring with
  *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DSMELT_FUZZ=ON
  *   build-fuzz/smelt_fuzz CORPUS_DIR -max_len=512 -timeout=10
