@@ -118,6 +118,20 @@ void fz_count(const char *name);
     fz_check_plan(name, s, plan);                                                                                \
   } while (0)
 
+/* Round r of an entry point NAME called in `mode` (below): the one-shot
+ * NAME when mode is 0 (then the caller returns), else NAME_plan in round 0
+ * (the caller returns when it fails) and NAME_run. */
+#define FZ_ROUND(s, r, mode, plan, T, NAME, ONE_SHOT, PLAN, RUN) \
+  if (mode == 0) {                                               \
+    FZ_CALL(s, NAME, T, ONE_SHOT);                               \
+    return;                                                      \
+  }                                                              \
+  if (r == 0) {                                                  \
+    FZ_PLAN(s, NAME "_plan", T, plan, PLAN);                     \
+    if (s) return;                                               \
+  }                                                              \
+  FZ_CALL(s, NAME "_run", T, RUN)
+
 /* How a call is made: 0 one-shot, 1 plan + run, 2 plan + two runs (the
  * second on fresh views of the same shapes). */
 int fz_mode(fz *f);

@@ -107,15 +107,8 @@ void fz_gemm(fz *f) {
       if (s == SMELT_OK) abort();
       return;
     }
-    if (mode == 0) {
-      FZ_CALL(s, "smelt_gemm", t, smelt_gemm(f->ctx, dp, a, b, c, d, bias));
-      return;
-    }
-    if (r == 0) {
-      FZ_PLAN(s, "smelt_gemm_plan", t, plan, smelt_gemm_plan(f->ctx, dp, a, b, c, d, bias, &plan));
-      if (s) return;
-    }
-    FZ_CALL(s, "smelt_gemm_run", t, smelt_gemm_run(plan, a, b, c, d, bias));
+    FZ_ROUND(s, r, mode, plan, t, "smelt_gemm", smelt_gemm(f->ctx, dp, a, b, c, d, bias),
+             smelt_gemm_plan(f->ctx, dp, a, b, c, d, bias, &plan), smelt_gemm_run(plan, a, b, c, d, bias));
   }
   smelt_plan_destroy(plan);
 }
@@ -184,18 +177,11 @@ void fz_gemm_grouped(fz *f) {
       fz_output(&d[i]);
     }
     const smelt_tensor *cp = with_c ? c : NULL, *bp = with_bias ? bias : NULL;
-    if (mode == 0) {
-      FZ_CALL(s, "smelt_gemm_grouped", t,
-              smelt_gemm_grouped(f->ctx, fz_one_in(f, 16) ? NULL : &desc, count, a, b, cp, d, bp));
-      return;
-    }
-    if (r == 0) {
-      FZ_PLAN(s, "smelt_gemm_grouped_plan", t, plan,
-              smelt_gemm_grouped_plan(f->ctx, &desc, count, a, b, cp, d, bp, &plan));
-      if (s) return;
-    }
-    int64_t run_count = fz_one_in(f, 4) ? fz_small(f, MAX_COUNT) : count;
-    FZ_CALL(s, "smelt_gemm_grouped_run", t, smelt_gemm_grouped_run(plan, run_count, a, b, cp, d, bp));
+    const int64_t run_count = mode && fz_one_in(f, 4) ? fz_small(f, MAX_COUNT) : count;
+    FZ_ROUND(s, r, mode, plan, t, "smelt_gemm_grouped",
+             smelt_gemm_grouped(f->ctx, fz_one_in(f, 16) ? NULL : &desc, count, a, b, cp, d, bp),
+             smelt_gemm_grouped_plan(f->ctx, &desc, count, a, b, cp, d, bp, &plan),
+             smelt_gemm_grouped_run(plan, run_count, a, b, cp, d, bp));
   }
   smelt_plan_destroy(plan);
 }
@@ -244,17 +230,10 @@ void fz_gemm_grouped_offs(fz *f) {
     const smelt_tensor *a = fz_maybe_null(nulls, t, OA), *b = fz_maybe_null(nulls, t, OB),
                        *c = with_c ? &t[OC] : NULL, *d = fz_maybe_null(nulls, t, OD),
                        *bias = with_bias ? &t[OBIAS] : NULL, *offs = fz_maybe_null(nulls, t, OOFFS);
-    if (mode == 0) {
-      FZ_CALL(s, "smelt_gemm_grouped_offs", t,
-              smelt_gemm_grouped_offs(f->ctx, fz_one_in(f, 16) ? NULL : &desc, a, b, c, d, bias, offs));
-      return;
-    }
-    if (r == 0) {
-      FZ_PLAN(s, "smelt_gemm_grouped_offs_plan", t, plan,
-              smelt_gemm_grouped_offs_plan(f->ctx, &desc, a, b, c, d, bias, offs, &plan));
-      if (s) return;
-    }
-    FZ_CALL(s, "smelt_gemm_grouped_offs_run", t, smelt_gemm_grouped_offs_run(plan, a, b, c, d, bias, offs));
+    FZ_ROUND(s, r, mode, plan, t, "smelt_gemm_grouped_offs",
+             smelt_gemm_grouped_offs(f->ctx, fz_one_in(f, 16) ? NULL : &desc, a, b, c, d, bias, offs),
+             smelt_gemm_grouped_offs_plan(f->ctx, &desc, a, b, c, d, bias, offs, &plan),
+             smelt_gemm_grouped_offs_run(plan, a, b, c, d, bias, offs));
   }
   smelt_plan_destroy(plan);
 }

@@ -65,15 +65,8 @@ void fz_softmax(fz *f) {
     const smelt_tensor *x = fz_maybe_null(nulls, t, 0), *y = fz_maybe_null(nulls, t, 1),
                        *lse = with_lse ? &t[2] : NULL;
     smelt_status s;
-    if (mode == 0) {
-      FZ_CALL(s, "smelt_softmax", t, smelt_softmax(f->ctx, x, y, lse));
-      return;
-    }
-    if (r == 0) {
-      FZ_PLAN(s, "smelt_softmax_plan", t, plan, smelt_softmax_plan(f->ctx, x, y, lse, &plan));
-      if (s) return;
-    }
-    FZ_CALL(s, "smelt_softmax_run", t, smelt_softmax_run(plan, &t[0], &t[1], lse));
+    FZ_ROUND(s, r, mode, plan, t, "smelt_softmax", smelt_softmax(f->ctx, x, y, lse),
+             smelt_softmax_plan(f->ctx, x, y, lse, &plan), smelt_softmax_run(plan, &t[0], &t[1], lse));
   }
   smelt_plan_destroy(plan);
 }
@@ -100,15 +93,8 @@ void fz_topk(fz *f) {
     const smelt_tensor *x = fz_maybe_null(nulls, t, 0), *v = fz_maybe_null(nulls, t, 1),
                        *ix = with_indices ? &t[2] : NULL;
     smelt_status s;
-    if (mode == 0) {
-      FZ_CALL(s, "smelt_topk", t, smelt_topk(f->ctx, k, x, v, ix));
-      return;
-    }
-    if (r == 0) {
-      FZ_PLAN(s, "smelt_topk_plan", t, plan, smelt_topk_plan(f->ctx, k, x, v, ix, &plan));
-      if (s) return;
-    }
-    FZ_CALL(s, "smelt_topk_run", t, smelt_topk_run(plan, &t[0], &t[1], ix));
+    FZ_ROUND(s, r, mode, plan, t, "smelt_topk", smelt_topk(f->ctx, k, x, v, ix),
+             smelt_topk_plan(f->ctx, k, x, v, ix, &plan), smelt_topk_run(plan, &t[0], &t[1], ix));
   }
   smelt_plan_destroy(plan);
 }
