@@ -91,6 +91,10 @@ smelt_status fz_end_pure(const char *name, smelt_status s);
 void fz_check_plan(const char *name, smelt_status s, const smelt_plan *plan);
 /* Forgets the outputs registered so far (a run's new views replace them). */
 void fz_reset_outputs(void);
+/* Whether round r of a call made in `mode` (fz_mode) happens; a later round
+ * forgets the earlier round's outputs first. The loop every entry point
+ * runs: for (int r = 0; fz_round(r, mode); r++). */
+int fz_round(int r, int mode);
 /* Checks that the bytes of n host structures (tensor views, descs) passed
  * as const did not change, given copies taken before the call. */
 void fz_same(const char *name, const void *before, const void *after, size_t n);

@@ -103,8 +103,7 @@ void fz_attention(fz *f) {
   memset(t, 0, sizeof t);
   smelt_plan *plan = NULL;
   smelt_status s;
-  for (int r = 0; r < (mode ? mode : 1); r++) {
-    if (r) fz_reset_outputs();
+  for (int r = 0; fz_round(r, mode); r++) {
     batched_views(f, t, dt, &sh, bwd);
     const smelt_tensor *p[NT];
     for (int i = 0; i < NT; i++) p[i] = fz_maybe_null(nulls, t, i);
@@ -142,8 +141,7 @@ void fz_attention_varlen(fz *f) {
   smelt_tensor t[NT];
   smelt_plan *plan = NULL;
   smelt_status s;
-  for (int r = 0; r < (mode ? mode : 1); r++) {
-    if (r) fz_reset_outputs();
+  for (int r = 0; fz_round(r, mode); r++) {
     int64_t max_q, max_k;
     varlen_views(f, t, dt, &sh, bwd, &max_q, &max_k);
     if (r == 0) {

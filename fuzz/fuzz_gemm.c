@@ -94,8 +94,7 @@ void fz_gemm(fz *f) {
   smelt_tensor t[NT];
   smelt_plan *plan = NULL;
   smelt_status s;
-  for (int r = 0; r < (mode ? mode : 1); r++) {
-    if (r) fz_reset_outputs();
+  for (int r = 0; fz_round(r, mode); r++) {
     plain_views(f, t, &dt, batched, lmnk, in_place);
     const smelt_tensor *a = fz_maybe_null(nulls, t, A), *b = fz_maybe_null(nulls, t, B),
                        *c = with_c ? &t[C] : NULL, *d = fz_maybe_null(nulls, t, D),
@@ -224,8 +223,7 @@ void fz_gemm_grouped_offs(fz *f) {
   smelt_tensor t[ONT];
   smelt_plan *plan = NULL;
   smelt_status s;
-  for (int r = 0; r < (mode ? mode : 1); r++) {
-    if (r) fz_reset_outputs();
+  for (int r = 0; fz_round(r, mode); r++) {
     offs_views(f, t, &dt, dims[0], dims[1], dims[2], dims[3], offs_dt, in_place);
     const smelt_tensor *a = fz_maybe_null(nulls, t, OA), *b = fz_maybe_null(nulls, t, OB),
                        *c = with_c ? &t[OC] : NULL, *d = fz_maybe_null(nulls, t, OD),

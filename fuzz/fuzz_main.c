@@ -442,6 +442,12 @@ void fz_check_plan(const char *name, smelt_status s, const smelt_plan *plan) {
 
 void fz_reset_outputs(void) { n_outs = 0; }
 
+int fz_round(int r, int mode) {
+  if (r >= (mode ? mode : 1)) return 0;
+  if (r) fz_reset_outputs();
+  return 1;
+}
+
 int fz_mode(fz *f) { return fz_u8(f) % 3; }
 
 unsigned fz_nulls(fz *f, int n) { return fz_one_in(f, 12) ? 1u << (fz_u8(f) % n) : 0; }

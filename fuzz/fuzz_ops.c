@@ -57,8 +57,7 @@ void fz_softmax(fz *f) {
   unsigned nulls = fz_nulls(f, 2);
   smelt_tensor t[3];
   smelt_plan *plan = NULL;
-  for (int r = 0; r < (mode ? mode : 1); r++) {
-    if (r) fz_reset_outputs();
+  for (int r = 0; fz_round(r, mode); r++) {
     t[0] = fz_view(f, dt, nd, shape, 0);
     t[1] = fz_view(f, dt, nd, shape, 1);
     t[2] = fz_view(f, SMELT_DTYPE_F32, nd - 1, shape, 1);
@@ -85,8 +84,7 @@ void fz_topk(fz *f) {
   unsigned nulls = fz_nulls(f, 2);
   smelt_tensor t[3];
   smelt_plan *plan = NULL;
-  for (int r = 0; r < (mode ? mode : 1); r++) {
-    if (r) fz_reset_outputs();
+  for (int r = 0; fz_round(r, mode); r++) {
     t[0] = fz_view(f, dt, nd, shape, 0);
     t[1] = fz_view(f, dt, nd, kshape, 1);
     t[2] = fz_view(f, it, nd, kshape, 1);

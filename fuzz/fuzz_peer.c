@@ -221,8 +221,7 @@ void fz_peer(fz *f) {
   smelt_plan *plan = NULL;
   smelt_status s;
   const smelt_peer_config *cp = fz_one_in(f, 32) ? NULL : &cfg;
-  for (int r = 0; r < (mode ? mode : 1); r++) {
-    if (r) fz_reset_outputs();
+  for (int r = 0; fz_round(r, mode); r++) {
     views(f, t, &cfg, T, dt, what == 2);
     weights(t, use, &cfg, store, &w, &g);
     smelt_peer_weights wb = w;
