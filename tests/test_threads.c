@@ -134,7 +134,6 @@ typedef struct worker {
   smelt_peer_store *store;
   pthread_mutex_t *turn; /* held while a worker uses the shared context */
   const smelt_tensor *ids;
-  int *done; /* atomic: workers finished */
   smelt_status status;
   char message[256];
   int ok, mismatches, overlaps;
@@ -156,10 +155,14 @@ static int overlapped(worker *w, smelt_status s) {
 
 static int same(const outputs *a, const outputs *b) { return !memcmp(a, b, sizeof *a); }
 
+/* Workers finished in the current run_workers (atomic; one run at a time,
+ * as the suite runs its tests one after another). */
+static int workers_done;
+
 static void *worker_main(void *arg) {
   worker *w = (worker *)arg;
   w->body(w);
-  __atomic_add_fetch(w->done, 1, __ATOMIC_RELEASE);
+  __atomic_add_fetch(&workers_done, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
@@ -167,11 +170,11 @@ static void *worker_main(void *arg) {
  * NULL) on this thread; joins them and checks what they saw. Returns how
  * many overlaps this thread and the workers met. */
 static int run_workers(worker *w, int n, smelt_peer_store *read) {
-  int done = 0, started = 0, met = 0;
-  for (int i = 0; i < n; i++) w[i].done = &done;
+  int started = 0, met = 0;
+  __atomic_store_n(&workers_done, 0, __ATOMIC_RELAXED);
   while (started < n && pthread_create(&w[started].thread, NULL, worker_main, &w[started]) == 0) started++;
   CHECK_EQ_INT(started, n);
-  while (read && __atomic_load_n(&done, __ATOMIC_ACQUIRE) < started) {
+  while (read && __atomic_load_n(&workers_done, __ATOMIC_ACQUIRE) < started) {
     smelt_peer_store_stats c;
     smelt_status s = smelt_peer_store_stats_get(read, &c);
     if (s) met += overlapped(&w[0], s);
