@@ -65,9 +65,7 @@ static int make_dirs(const char *path) {
 static int folder_is_safe(const struct stat *st, int is_cache, char *why, size_t n, const char *path) {
   uid_t me = geteuid();
   if (!S_ISDIR(st->st_mode)) return snprintf(why, n, "%s is not a folder", path), 0;
-  if (st->st_uid != me && st->st_uid != 0)
-    return snprintf(why, n, "%s is owned by uid %u, not by this user", path, (unsigned)st->st_uid), 0;
-  if (is_cache && st->st_uid != me)
+  if (st->st_uid != me && (is_cache || st->st_uid != 0))
     return snprintf(why, n, "%s is owned by uid %u, not by this user", path, (unsigned)st->st_uid), 0;
   int shared_write = (st->st_mode & (S_IWGRP | S_IWOTH)) != 0;
   if (shared_write && (is_cache || !(st->st_mode & S_ISVTX)))
