@@ -55,8 +55,8 @@ static void *worker(void *arg) {
       snprintf(job->error, sizeof job->error, "%s", smelt_last_error());
     }
     /* One progress call at a time, counting completions in order. */
-    if (!s && job->progress) job->progress(job->user, job->all[i].name, ++job->done, job->total, secs, cached);
-    else if (!s) job->done++;
+    if (!s && ++job->done && job->progress)
+      job->progress(job->user, job->all[i].name, job->done, job->total, secs, cached);
     pthread_mutex_unlock(&job->mu);
   }
 }
