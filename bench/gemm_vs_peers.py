@@ -60,8 +60,19 @@ def case(name, title, smelt, peer, bar, quick=False, opt_in=None):
     return dict(name=name, title=title, smelt=smelt, peer=peer, bar=bar, quick=quick, opt_in=opt_in)
 
 
-def square(dt, s):
-    return ["--m", str(s), "--n", str(s), "--k", str(s), "--dtype", dt, "--layout", "RC"]
+def square(dt, s, layout="RC"):
+    return shape(dt, s, s, s, layout)
+
+
+def shape(dt, m, n, k, layout="RC"):
+    return ["--m", str(m), "--n", str(n), "--k", str(k), "--dtype", dt, "--layout", layout]
+
+
+def layout_case(dt, m, n, k, layout, bar=0.95, quick=False):
+    """A plain GEMM in one layout against torch.matmul on the same layout."""
+    dims = f"{m}" if m == n == k else f"{m}x{n}x{k}"
+    return case(f"{dt}_{layout}_{dims}", f"{dt} {dims}{'^3' if m == n == k else ''} {layout}",
+                shape(dt, m, n, k, layout), ("matmul", dt, m, n, k, layout), bar, quick=quick)
 
 
 CASES = [
@@ -87,6 +98,17 @@ CASES = [
     case("grouped_64_uneven", "grouped bf16 64 uneven, 49152x1408x2048",
          ["--group-ms", ",".join(map(str, UNEVEN_MS)), "--n", "1408", "--k", "2048", "--dtype", "bf16",
           "--layout", "RC"], ("grouped_mm", "bf16", UNEVEN_MS, 1408, 2048), 1.0, quick=True),
+    # Every layout (the backward's dX = dY W is RR, dW = dY^T X is CR).
+    *[layout_case(dt, s, s, s, lay, quick=(dt == "bf16" and s == 4096))
+      for lay in ("RR", "CR", "CC") for dt in ("bf16", "f16") for s in (4096, 8192)],
+    *[layout_case("bf16", m, n, k, lay) for lay in ("RR", "CR")
+      for (m, n, k) in ((4096, 14336, 4096), (14336, 4096, 4096))],
+    # Ragged: no dimension a multiple of the tile; odd K (rows not 16-byte
+    # aligned: cuBLAS falls to a fifth of its peak; the bar is smelt's own
+    # 4096^3 throughput, read from the rows).
+    *[layout_case("bf16", m, n, k, lay, quick=(m == 5000 and lay == "RC")) for lay in ("RC", "RR")
+      for (m, n, k) in ((5000, 5000, 5000), (3000, 5000, 7000))],
+    layout_case("bf16", 4095, 4097, 4099, "RC", bar=0.0),
 ]
 
 
@@ -129,7 +151,8 @@ def make_peer(torch, spec, opts):
     kind, dt = spec[0], spec[1]
     F = torch.nn.functional
     if kind == "matmul":
-        _, _, m, n, k = spec
+        m, n, k = spec[2:5]
+        layout = spec[5] if len(spec) > 5 else "RC"
         label = "torch.matmul (cuBLAS)" + (", TF32" if dt == "tf32" else "")
         state = {}
 
@@ -150,8 +173,12 @@ def make_peer(torch, spec, opts):
                     torch.backends.cuda.matmul.allow_tf32 = state["allow"]
 
         es = 4 if dt == "tf32" else 2
-        return Peer(label, lambda: (rand(torch, (m, k), dt), rand(torch, (n, k), dt).t()),
-                    lambda s: torch.matmul(s[0], s[1]), m * n * es, setup, teardown)
+        def make():
+            a = rand(torch, (m, k), dt) if layout[0] == "R" else rand(torch, (k, m), dt).t()
+            b = rand(torch, (k, n), dt) if layout[1] == "R" else rand(torch, (n, k), dt).t()
+            return a, b
+
+        return Peer(label, make, lambda s: torch.matmul(s[0], s[1]), m * n * es, setup, teardown)
     if kind == "scaled_mm":
         _, _, m, n, k = spec
         sa = torch.tensor(0.5, device="cuda", dtype=torch.float32)  # the scales smelt bench sets for fp8

@@ -1,6 +1,10 @@
-/* The Hopper GEMM (sm_90a) for f16, bf16, tf32 and fp8, A row-major and B
- * column-major (both K-major, which wgmma needs for tf32 and fp8), f32
- * accumulation, every epilogue.
+/* The Hopper GEMM (sm_90a) for f16, bf16, tf32 and fp8, f32 accumulation,
+ * every epilogue. A row-major and B column-major (both K-major, which
+ * wgmma needs for tf32 and fp8), or for 16-bit types either operand
+ * MN-major (GEMM_A_MN 1: A column-major; GEMM_B_MN 1: B row-major, as
+ * x @ W with W [K, N]): wgmma reads a transposed 16-bit operand from
+ * shared memory at full rate, so all four layouts run the same pipeline
+ * and differ only in the TMA boxes and the descriptors (below).
  *
  * Prelude: GEMM_ACC 1 (f32); GEMM_AB 1 (f32 operands, tf32 math), 2 (f16),
  * 3 (bf16) or 4 (fp8, with GEMM_FP8_A and GEMM_FP8_B each 4 e4m3 or
@@ -109,17 +113,35 @@
 /* The wgmma shape and types, and the operands after the descriptors:
  * scale-d, the input scales (1) and, for 16-bit types only, the transpose
  * flags (0: both K-major). */
+#if !defined(GEMM_A_MN)
+#define GEMM_A_MN 0
+#endif
+#if !defined(GEMM_B_MN)
+#define GEMM_B_MN 0
+#endif
+#define A_MN GEMM_A_MN
+#define B_MN GEMM_B_MN
+/* The 16-bit wgmma's transpose flags: 1 reads that operand MN-major. */
+#if A_MN && B_MN
+#define WG_TRANS "1, 1"
+#elif A_MN
+#define WG_TRANS "1, 0"
+#elif B_MN
+#define WG_TRANS "0, 1"
+#else
+#define WG_TRANS "0, 0"
+#endif
 #if GEMM_AB == DT_F32
 #define WG_KIND "k8.f32.tf32.tf32"
 #define WG_TAIL "1, 1"
 #define AB_SIZE 4
 #elif GEMM_AB == DT_F16
 #define WG_KIND "k16.f32.f16.f16"
-#define WG_TAIL "1, 1, 0, 0"
+#define WG_TAIL "1, 1, " WG_TRANS
 #define AB_SIZE 2
 #elif GEMM_AB == DT_BF16
 #define WG_KIND "k16.f32.bf16.bf16"
-#define WG_TAIL "1, 1, 0, 0"
+#define WG_TAIL "1, 1, " WG_TRANS
 #define AB_SIZE 2
 #elif GEMM_AB == DT_E4M3 && defined(GEMM_FP8_A) && defined(GEMM_FP8_B)
 #if GEMM_FP8_A == DT_E4M3 && GEMM_FP8_B == DT_E4M3
@@ -164,6 +186,11 @@
 #error "gemm_sm90.cu: a cluster is 2 or 4 CTAs along M or along N, cooperative schedule only"
 #endif
 #define CONSUMERS GEMM_CONSUMERS
+/* MN-major operands (wgmma transposes 16-bit types only), cooperative
+ * schedule without clusters. */
+#if (A_MN || B_MN) && (AB_SIZE != 2 || PINGPONG || CLUSTER > 1)
+#error "gemm_sm90.cu: MN-major A or B (GEMM_A_MN, GEMM_B_MN) for 16-bit types, cooperative, no cluster"
+#endif
 #define BM (64 * CONSUMERS)
 #define BN GEMM_BN
 /* Accumulators per consumer thread: its 64 x BN rows of the tile
@@ -176,6 +203,21 @@
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 
 /* ---------------------------------------------------------------- PTX wrappers */
+
+/* Shared-memory layouts of a stage's operands (128-byte swizzle both):
+ * K-major, one 128-byte row of K per row of the operand, 8-row atoms 1024
+ * bytes apart (wgmma_desc_kmajor), a k step (32 bytes of K) a start offset
+ * of 32 bytes; MN-major (16-bit A column-major or B row-major), panels of
+ * 64 columns of M or N (128 bytes) by the stage's BK rows of K, one
+ * after the other, each a TMA box: 8-row atoms of K 1024 bytes apart
+ * (SBO), panels PANEL_BYTES apart (LBO), a k step (16 rows of K) a start
+ * offset of 2048 bytes. Both come to the same bytes per stage. */
+#define PANEL_BYTES (BK * 128)
+static __device__ __forceinline__ u64 desc_mnmajor(u32 addr) {
+  return (u64)((addr & 0x3ffffu) >> 4) | ((u64)(PANEL_BYTES >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+#define A_STEP (A_MN ? 2048 / 16 : 2)
+#define B_STEP (B_MN ? 2048 / 16 : 2)
 
 /* d (64 x BN per warpgroup) += A (64 x k) * B (k x BN), k = 32 bytes of K;
  * wgmma_first: d = A * B, the first step of a tile. d is only written
@@ -450,9 +492,9 @@ static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int h
  * half h into d[64 h ..]. `first` (a constant at each call) starts the
  * tile's accumulators. */
 static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first) {
-  /* A k step 32 bytes on is its descriptor + 2 (the address field counts
+  /* A k step is a descriptor + A_STEP / B_STEP (the address field counts
    * 16 bytes; shared addresses stay below 2^18, so it never carries). */
-  const u64 db = wgmma_desc_kmajor(stage + A_BYTES);
+  const u64 db = B_MN ? desc_mnmajor(stage + A_BYTES) : wgmma_desc_kmajor(stage + A_BYTES);
   wgmma_fence();
 #if PINGPONG
   (void)c;
@@ -465,11 +507,12 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
       else wgmma_step(d + 64 * h, da, db + 2 * kk);
     }
 #else
-  const u64 da = wgmma_desc_kmajor(stage + c * (64 * 128));
+  /* Consumer c's 64 rows of A: rows 64c.. of a K-major tile, or its panel c. */
+  const u64 da = A_MN ? desc_mnmajor(stage + c * PANEL_BYTES) : wgmma_desc_kmajor(stage + c * (64 * 128));
   if (first) wgmma_first(d, da, db);
   else wgmma_step(d, da, db);
 #pragma unroll
-  for (int kk = 1; kk < 4; kk++) wgmma_step(d, da + 2 * kk, db + 2 * kk);
+  for (int kk = 1; kk < 4; kk++) wgmma_step(d, da + A_STEP * kk, db + B_STEP * kk);
 #endif
   wgmma_commit();
 }
@@ -626,8 +669,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         tma_load_mc(sa + rank * (A_BYTES / CN), w.ma, x, w.tm * BM + (int)rank * (BM / CN), bar, (1u << CLUSTER) - 1);
         tma_load(sa + A_BYTES, w.mb, x, w.tn * BN, bar);
 #else
+        /* MN-major: one box per 64-column panel, (M or N, K) coordinates. */
+#if A_MN
+#pragma unroll
+        for (int p = 0; p < BM / 64; p++) tma_load(sa + p * PANEL_BYTES, w.ma, w.tm * BM + 64 * p, x, bar);
+#else
         tma_load(sa, w.ma, x, w.tm * BM, bar);
+#endif
+#if B_MN
+#pragma unroll
+        for (int p = 0; p < BN / 64; p++)
+          tma_load(sa + A_BYTES + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, x, bar);
+#else
         tma_load(sa + A_BYTES, w.mb, x, w.tn * BN, bar);
+#endif
 #endif
         if (++stage == GEMM_STAGES) {
           stage = 0;

@@ -1292,6 +1292,38 @@ static void test_gpu_sm90(void) {
 
 /* Clusters with TMA multicast (kernels/gemm_sm90.cu), asked for through
  * desc.tile.cluster_m / cluster_n. */
+/* RR, CC and CR on the Hopper kernel (MN-major boxes and descriptors), in
+ * the three tiles the selector takes unasked: a tile of one row, ragged M,
+ * N and K (TMA zero fill inside the panels), K of more steps than stages,
+ * more tiles than SMs, both epilogues (C with beta and an N of 13 take the
+ * general one), bias with activations, padded leading dimensions. */
+static void test_gpu_sm90_layouts(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  static const int64_t shapes[][3] = {{1, 8, 5}, {7, 13, 9}, {129, 264, 70}, {300, 520, 1000}, {1003, 1000, 333}};
+  static const int tiles[][2] = {{128, 256}, {128, 64}, {64, 64}};
+  for (int l = 0; l < 3; l++)
+    for (int ti = 0; ti < 3; ti++)
+      for (int si = 0; si < 5; si++) {
+        const smelt_dtype dt = (l + ti + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+        gspec s = spec(dt, dt, si == 2 ? SMELT_DTYPE_F32 : dt, shapes[si][0], shapes[si][1], shapes[si][2]);
+        s.a_col = l != 0;
+        s.b_col = l == 1;
+        s.ld16 = 1;
+        s.pad = si == 3 ? 8 : 0;
+        s.desc.tile.m = tiles[ti][0];
+        s.desc.tile.n = tiles[ti][1];
+        s.has_c = si == 1;
+        s.has_bias = si >= 2;
+        s.desc.epilogue.beta = s.has_c ? 0.25 : 0.0;
+        s.desc.epilogue.act = si == 3 ? SMELT_ACT_GELU : si == 4 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
+        if (!check(&s, 0, "sm90 layouts")) return;
+      }
+}
+
 static void test_gpu_sm90_cluster(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
@@ -1456,7 +1488,7 @@ static void test_selector(void) {
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
   const int n = smelt__gemm_table(table);
   /* The enumerator lists exactly the table, with distinct names. */
-  CHECK(n > 0 && n <= SMELT__GEMM_MAX_KERNELS && n < 60);
+  CHECK(n > 0 && n <= SMELT__GEMM_MAX_KERNELS);
   CHECK_EQ_INT(smelt__gemm_variants(NULL, 0), n);
   smelt__kernel_src *all = calloc((size_t)n, sizeof *all);
   smelt__gemm_variants(all, n);
@@ -1469,10 +1501,30 @@ static void test_selector(void) {
     if (table[i].fam == SMELT__GK_SM90 && table[i].smem > 227 * 1024)
       th_fail(__FILE__, __LINE__, "table entry %d needs %d bytes of shared memory", i, table[i].smem);
   smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_PLAIN, 1);
-  smelt__gemm_facts f = {1, 1, 1, 1, 1, 8192, 8192, 8192, 1, 1, 8192};
+  smelt__gemm_facts f = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = 8192, .n = 8192, .k = 8192, .batch = 1, .sm90_d = 1, .k_min = 8192};
   smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
+  /* The other layouts take the Hopper kernel with MN-major operands, in the
+   * tile the same rules give RC (the skinny one: 64 x 64). */
+  {
+    static const char *const names[3][2] = {{"gemm_sm90_bf16_RR_128x256x64_s4", "gemm_sm90_bf16_RR_64x64x64_s13"},
+                                            {"gemm_sm90_bf16_CC_128x256x64_s4", "gemm_sm90_bf16_CC_64x64x64_s13"},
+                                            {"gemm_sm90_bf16_CR_128x256x64_s4", "gemm_sm90_bf16_CR_64x64x64_s13"}};
+    for (int l = 0; l < 3; l++)
+      for (int skinny = 0; skinny < 2; skinny++) {
+        smelt__gemm_facts g = f;
+        g.a_k = l == 0;
+        g.a_mn = l != 0;
+        g.b_k = l == 1;
+        g.b_mn = l != 1;
+        g.m = skinny ? 64 : 8192;
+        CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), names[l][skinny]));
+        /* Overlapping MN-major rows (a stride below M or N) are no TMA operand. */
+        g.tma_b[0] = g.tma_a[0] = 0;
+        CHECK(!strncmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm80_", 10));
+      }
+  }
   /* The ping-pong kernel only when its tile is asked for (it ran behind
    * the cooperative one, GELU included), and only with a D its fast
    * epilogue writes (else the 128 x 128 mma.sync tile). */
@@ -1559,8 +1611,9 @@ static void test_selector(void) {
   CHECK_EQ_INT(s, SMELT_STATUS_UNSUPPORTED);
   CHECK_MSG("matches no");
   st.desc.tile.n = 0;
-  f.a_k = 0; /* column-major A */
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_CC_64x64x32_s4_w2x2"));
+  f.a_k = 0; /* column-major A: MN-major on Hopper, mma.sync elsewhere */
+  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_CC_64x64x64_s13"));
+  CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_CC_64x64x32_s4_w2x2"));
   f.a_mn = 0; /* A usable neither way: SIMT */
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
   st.desc.math.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
@@ -1961,7 +2014,7 @@ static void test_grouped_offs(void) {
  * cluster asked for has no kernel. */
 static void test_grouped_offs_selector(void) {
   smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_GROUPED_OFFS, 1);
-  smelt__gemm_facts f = {1, 1, 1, 1, 1, 49152, 1408, 2048, 64, 1, 2048};
+  smelt__gemm_facts f = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = 49152, .n = 1408, .k = 2048, .batch = 64, .sm90_d = 1, .k_min = 2048};
   smelt_status s;
   CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
   CHECK(!strncmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_", 18));
@@ -2211,6 +2264,7 @@ const th_test th_tests_gemm[] = {
     {"gpu_large", test_gpu_large},
     {"gpu_unaligned", test_gpu_unaligned},
     {"gpu_sm90", test_gpu_sm90},
+    {"gpu_sm90_layouts", test_gpu_sm90_layouts},
     {"gpu_sm90_cluster", test_gpu_sm90_cluster},
     {"gpu_sm90_act16", test_gpu_sm90_act16},
     {"grouped_offs", test_grouped_offs},
@@ -2270,7 +2324,7 @@ static void tune_state(smelt__gemm_state *st, smelt__gemm_facts *f, int64_t m, i
   st->prob.b.cs = k;
   st->prob.d.rs = n;
   st->prob.d.cs = 1;
-  smelt__gemm_facts ff = {1, 1, 1, 1, 1, m, n, k, 1, 1, k};
+  smelt__gemm_facts ff = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = m, .n = n, .k = k, .batch = 1, .sm90_d = 1, .k_min = k};
   *f = ff;
 }
 

@@ -29,7 +29,7 @@ typedef struct smelt__gemm_kernel {
 } smelt__gemm_kernel;
 
 /* Every kernel the selector can pick, in a fixed order; returns the count. */
-#define SMELT__GEMM_MAX_KERNELS 64
+#define SMELT__GEMM_MAX_KERNELS 128
 int smelt__gemm_table(smelt__gemm_kernel *out);
 /* The source of table entry k; "gemm_sm80_bf16_RC_128x128x32_s4" etc. */
 void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src);
@@ -38,7 +38,7 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
  * operands of every problem (for grouped runs, all of them must hold). */
 typedef struct smelt__gemm_facts {
   int a_k, a_mn, b_k, b_mn; /* A / B usable K-major or MN-major by the tensor-op kernels */
-  int tma;                  /* K-major A and B rows at least K apart (TMA wants no overlapping rows) */
+  int tma_a[2], tma_b[2];   /* [1] K-major, [0] MN-major: rows at least a row apart (TMA wants no overlap) */
   int64_t m, n, k, batch;   /* the (first) problem's sizes; batch = problems per launch */
   int sm90_d;               /* every problem's D suits gemm_sm90's fast epilogue (smelt__gemm_sm90_fast_d) */
   int64_t k_min;            /* the smallest K over the problems */

@@ -72,6 +72,14 @@ static smelt__gemm_kernel sm90(int tc, tile t) {
                               .cluster_n = t.cluster_n ? t.cluster_n : 1};
 }
 
+/* A Hopper entry with MN-major operands (16-bit types; 1: K-major). */
+static smelt__gemm_kernel sm90_layout(int tc, tile t, int a_kmajor, int b_kmajor) {
+  smelt__gemm_kernel k = sm90(tc, t);
+  k.a_kmajor = a_kmajor;
+  k.b_kmajor = b_kmajor;
+  return k;
+}
+
 /* An mma.sync entry with its layouts (1: K-major). */
 static smelt__gemm_kernel sm80(smelt_gemm_acc acc, int tc, int a_kmajor, int b_kmajor, tile t) {
   return (smelt__gemm_kernel){.fam = SMELT__GK_SM80, .acc = acc, .tc = tc, .a_kmajor = a_kmajor,
@@ -159,6 +167,17 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
     add(out, &n, sm90(tc, (tile){.bm = 64, .bn = 64, .bk = 64, .stages = 13, .wm = 1}));
     add(out, &n, sm90(tc, (tile){.bm = 64, .bn = 128, .bk = 64, .stages = 8, .wm = 1}));
   }
+  /* The other layouts of 16-bit types (RR, CR, CC): the same pipeline with
+   * MN-major boxes and descriptors, in the three tiles the selector takes
+   * unasked (wide, narrow, 64 x 64). Appended last, as the entries above. */
+  const tile rows64 = {.bm = 64, .bn = 64, .bk = 64, .stages = 13, .wm = 1};
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    for (int l = 0; l < 3; l++) {
+      const int ak = l == 0, bk = l == 1; /* RR, CC, CR (storage orders of A and B) */
+      add(out, &n, sm90_layout(tc, wide, ak, bk));
+      add(out, &n, sm90_layout(tc, narrow, ak, bk));
+      add(out, &n, sm90_layout(tc, rows64, ak, bk));
+    }
   return n;
 }
 
@@ -185,8 +204,8 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
         snprintf(kind, sizeof kind, "%s", tc_names[k->tc]);
       char cl[16] = "";
       if (clustered(k)) snprintf(cl, sizeof cl, "_c%dx%d", k->cluster_m, k->cluster_n);
-      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_RC_%dx%dx%d_s%d%s%s", kind, k->bm, k->bn, k->bk, k->stages,
-               pingpong(k) ? "_pp" : "", cl);
+      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_%c%c_%dx%dx%d_s%d%s%s", kind, k->a_kmajor ? 'R' : 'C',
+               k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, pingpong(k) ? "_pp" : "", cl);
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
       const smelt_dtype ab = k->tc == SMELT__TC_BF16  ? SMELT_DTYPE_BF16
@@ -204,6 +223,8 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
        * their cache keys, stay as they were). */
       if (k->wm != 2) smelt__prelude_define(src, "GEMM_CONSUMERS", k->wm);
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
+      if (!k->a_kmajor) smelt__prelude_define(src, "GEMM_A_MN", 1);
+      if (!k->b_kmajor) smelt__prelude_define(src, "GEMM_B_MN", 1);
       if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
       if (k->cluster_n > 1) smelt__prelude_define(src, "GEMM_CLUSTER_N", k->cluster_n);
       return;
@@ -271,13 +292,17 @@ static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, i
   f->a_mn &= fits_axis(&p->a, st->dt_a, p->m, p->k, batch, 0);
   f->b_k &= fits_axis(&p->b, st->dt_b, p->k, p->n, batch, 0);
   f->b_mn &= fits_axis(&p->b, st->dt_b, p->k, p->n, batch, 1);
-  f->tma &= (p->m <= 1 || p->a.rs >= p->k) && (p->n <= 1 || p->b.cs >= p->k);
+  f->tma_a[1] &= p->m <= 1 || p->a.rs >= p->k;
+  f->tma_a[0] &= p->k <= 1 || p->a.cs >= p->m;
+  f->tma_b[1] &= p->n <= 1 || p->b.cs >= p->k;
+  f->tma_b[0] &= p->k <= 1 || p->b.rs >= p->n;
   f->sm90_d &= smelt__gemm_sm90_fast_d(st, p);
   if (p->k < f->k_min) f->k_min = p->k;
 }
 
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f) {
-  f->a_k = f->a_mn = f->b_k = f->b_mn = f->tma = f->sm90_d = 1;
+  f->a_k = f->a_mn = f->b_k = f->b_mn = f->sm90_d = 1;
+  f->tma_a[0] = f->tma_a[1] = f->tma_b[0] = f->tma_b[1] = 1;
   f->k_min = INT64_MAX;
   f->batch = args->count;
   if (st->mode == SMELT_GEMM_MODE_GROUPED) {
@@ -318,7 +343,8 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
   switch (k->fam) {
     case SMELT__GK_SIMT: return k->acc == st->acc;
     case SMELT__GK_REDUCE: return 0;
-    case SMELT__GK_SM90:
+    case SMELT__GK_SM90: {
+      const int tma = f->tma_a[k->a_kmajor] && f->tma_b[k->b_kmajor];
       /* Plain GEMMs with K >= 1 whose sizes TMA can address (< 2^32);
        * parallel splits of them whose f32 partial sums the fast epilogue
        * can store (N a multiple of 4: rows of whole 16-byte units), except
@@ -326,12 +352,12 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
        * every group has K >= 1 and a D for the fast epilogue (the only one
        * grouped runs have). */
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
-        if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !f->tma) return 0;
+        if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !tma) return 0;
       } else if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
-        if (pingpong(k) || clustered(k) || f->n % 4 != 0 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 31) ||
+        if (pingpong(k) || clustered(k) || f->n % 4 != 0 || f->k < 1 || !tma || f->m >= ((int64_t)1 << 31) ||
             f->n >= ((int64_t)1 << 31) || f->k >= ((int64_t)1 << 32))
           return 0;
-      } else if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !f->tma ||
+      } else if (st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 || !tma ||
                  f->m >= ((int64_t)1 << 32) || f->n >= ((int64_t)1 << 32) || f->k >= ((int64_t)1 << 32)) {
         return 0;
       }
@@ -343,6 +369,7 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       /* The ping-pong kernel has only the fast epilogue. */
       if (pingpong(k) && !f->sm90_d) return 0;
       break;
+    }
     case SMELT__GK_SM80: break;
   }
   if (k->tc != tc_kind(st)) return 0;

@@ -181,8 +181,9 @@ static smelt_status pick(smelt_plan *plan, const smelt__gemm_kernel *table, int 
 static size_t ws_size(smelt_gemm_acc acc) { return acc == SMELT_GEMM_ACC_F64 ? 8 : 4; }
 
 /* A 2-D tensor map over a K-major operand (or a row-major D, with k its
- * columns): rows x K elements, rows `rs` elements apart, boxes of
- * box_rows x bk (bk elements are 128 bytes) with the 128-byte swizzle. */
+ * columns; or an MN-major operand, with K its rows and M or N its k):
+ * rows x k elements, rows `rs` elements apart, boxes of box_rows x bk (bk
+ * elements are 128 bytes) with the 128-byte swizzle. */
 static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows, int64_t k,
                                int64_t rs, int box_rows, int bk) {
   const uint64_t es = smelt_dtype_size(dt);
@@ -201,6 +202,20 @@ static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const 
                                                         SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled");
   return SMELT_OK;
+}
+
+/* The Hopper kernel's A and B maps for problem p: a K-major operand in
+ * boxes of the tile's rows (a multicast operand: a cluster rank's share)
+ * by one 128-byte row of K; an MN-major one (16-bit A column-major or B
+ * row-major) in boxes of 64 columns of M or N (128 bytes) by BK rows of
+ * K, one per panel of the stage (kernels/gemm_sm90.cu). */
+static smelt_status operand_maps(const smelt__gemm_state *st, const smelt__gemm_kernel *k, const smelt__gemm_prob *p,
+                                 smelt__cu_tensor_map *ta, smelt__cu_tensor_map *tb) {
+  smelt_status s = k->a_kmajor ? tensor_map(ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm / k->cluster_n, k->bk)
+                               : tensor_map(ta, st->dt_a, p->a.data, p->k, p->m, p->a.cs, k->bk, 64);
+  if (s) return s;
+  return k->b_kmajor ? tensor_map(tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn / k->cluster_m, k->bk)
+                     : tensor_map(tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, k->bk, 64);
 }
 
 /* Hopper: output tiles of an m x n problem in units of a cluster's tiles
@@ -241,8 +256,7 @@ static smelt_status sm90_group_maps(const smelt__gemm_state *st, const smelt__ge
     memset(m, 0, 3 * sizeof *m);
     if (p->m < 1 || p->n < 1) continue;
     smelt_status s;
-    if ((s = tensor_map(&m[0], st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm / k->cluster_n, k->bk)) ||
-        (s = tensor_map(&m[1], st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn / k->cluster_m, k->bk)) ||
+    if ((s = operand_maps(st, k, p, &m[0], &m[1])) ||
         (s = tensor_map(&m[2], st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
       return s;
   }
@@ -371,9 +385,7 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
                              const smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
-  if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm / k->cluster_n, k->bk)) ||
-      (s = tensor_map(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn / k->cluster_m, k->bk)))
-    return s;
+  if ((s = operand_maps(st, k, p, &ta, &tb))) return s;
   smelt__gemm_kparams kq = *kp;
   int64_t tiles = sm90_units(k, p->m, p->n);
   int fast;
