@@ -1012,7 +1012,8 @@ static void test_gpu_unaligned(void) {
   smelt_plan *plan = NULL;
   CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
   REQUIRE(plan);
-  CHECK(strstr(smelt_plan_describe(plan), "sm80") != NULL);
+  /* A tensor-op kernel (RR: mma.sync, or the Hopper one with an MN-major B). */
+  CHECK(strstr(smelt_plan_describe(plan), "sm80") != NULL || strstr(smelt_plan_describe(plan), "sm90") != NULL);
   for (int off = 0; off < 2; off++) {
     smelt_tensor a2 = ta;
     a2.data = (uint16_t *)A.data + off;
