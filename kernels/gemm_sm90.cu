@@ -185,13 +185,6 @@
 #if CLUSTER > 1 && (PINGPONG || (CM > 1 && CN > 1) || (CLUSTER != 2 && CLUSTER != 4))
 #error "gemm_sm90.cu: a cluster is 2 or 4 CTAs along M or along N, cooperative schedule only"
 #endif
-#if !defined(GEMM_CPASYNC)
-#define GEMM_CPASYNC 0
-#endif
-#define CPASYNC GEMM_CPASYNC
-#if CPASYNC && (PINGPONG || CLUSTER > 1)
-#error "gemm_sm90.cu: GEMM_CPASYNC (cp.async loads) is for the cooperative schedule without clusters"
-#endif
 #define CONSUMERS GEMM_CONSUMERS
 /* MN-major operands (wgmma transposes 16-bit types only), cooperative
  * schedule without clusters. */
@@ -535,60 +528,6 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
 #endif
 }
 
-/* ---------------------------------------------------------------- cp.async loads */
-
-/* GEMM_CPASYNC 1: the producer warpgroup's 128 threads load the stages with
- * cp.async instead of TMA. TMA boxes whose 128-byte rows do not start on
- * 128-byte boundaries (a K-major operand whose rows are 16 but not 128
- * bytes apart: K = 5000 in bf16) ran at half speed on H100 (382 against
- * 770 TFLOP/s at 5000^3 and 4992^3; docs/PERF.md), while cp.async's
- * 16-byte requests reach L2 as sectors. soft_box copies one box as a TMA
- * load would place it: `rows` rows of 128 bytes of a row-major matrix
- * (rows `pitch` bytes apart; `total` rows of `row_bytes` bytes) from row
- * y0 and byte x0, to dst with the 128-byte swizzle (16-byte chunk j of
- * row r at chunk j ^ (r % 8)); bytes past the matrix are zero-filled (a
- * chunk wholly past it reads nothing, from the matrix's start). Thread t
- * copies chunks t, t + 128, ... */
-static __device__ __forceinline__ void soft_box(u32 dst, const unsigned char *base, i64 pitch, i64 total,
-                                                i64 row_bytes, i64 y0, i64 x0, int rows, int t) {
-#pragma unroll 4
-  for (int c = t; c < rows * 8; c += 128) {
-    const int r = c >> 3, j = c & 7;
-    const i64 y = y0 + r, x = x0 + 16 * j, left = row_bytes - x;
-    const int bytes = y < total && left > 0 ? (left < 16 ? (int)left : 16) : 0;
-    cp_async16(dst + (u32)r * 128u + ((u32)(j ^ (r & 7)) << 4), bytes ? base + y * pitch + x : base, bytes);
-  }
-}
-
-/* A stage's boxes for K step `kt` of the tile at rows m0 and columns n0,
- * as the TMA producer's loads (one box per 64-column panel when MN-major). */
-static __device__ __forceinline__ void soft_stage(const gemm_params &P, u32 sa, i64 m0, i64 n0, i64 k0, int t) {
-  const gemm_prob &p = P.p;
-  const unsigned char *a = (const unsigned char *)p.a, *b = (const unsigned char *)p.b;
-#if A_MN
-#pragma unroll
-  for (int q = 0; q < BM / 64; q++)
-    soft_box(sa + q * PANEL_BYTES, a, p.a_cs * AB_SIZE, p.k, p.m * AB_SIZE, k0, (m0 + 64 * q) * AB_SIZE, BK, t);
-#else
-  soft_box(sa, a, p.a_rs * AB_SIZE, p.m, p.k * AB_SIZE, m0, k0 * AB_SIZE, BM, t);
-#endif
-#if B_MN
-#pragma unroll
-  for (int q = 0; q < BN / 64; q++)
-    soft_box(sa + A_BYTES + q * PANEL_BYTES, b, p.b_rs * AB_SIZE, p.k, p.n * AB_SIZE, k0, (n0 + 64 * q) * AB_SIZE,
-             BK, t);
-#else
-  soft_box(sa + A_BYTES, b, p.b_cs * AB_SIZE, p.n, p.k * AB_SIZE, n0, k0 * AB_SIZE, BN, t);
-#endif
-}
-
-/* The stages a producer thread keeps in flight before it waits for the
- * oldest, fences its writes for wgmma (the async proxy) and arrives on its
- * full barrier. At most STAGES - 2: the consumers release a stage only
- * after the next one is full, so the producer, waiting to refill a stage,
- * must already have handed over the one after it. */
-#define CP_LAG (GEMM_STAGES - 2)
-
 /* ---------------------------------------------------------------- locating a tile */
 
 /* What a tile needs to know about its problem. Plain mode: the launch's
@@ -690,9 +629,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
-      /* The producer's expect_tx, or each producer thread's arrival after
-       * its cp.async copies. */
-      mbar_init(full + 8 * s, CPASYNC ? 128 : 1);
+      mbar_init(full + 8 * s, 1);              /* the producer's expect_tx */
       /* One arrival per warp of the consumers that read the stage, in
        * every CTA of the cluster. */
       mbar_init(empty + 8 * s, PINGPONG ? 4 : CONSUMERS * 4 * CLUSTER);
@@ -709,36 +646,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if CONSUMERS > 1
     SETMAXNREG_DEC(40);
 #endif
-#if CPASYNC
-    int stage = 0, g = 0, done = 0, pending = 0;
-    u32 phase = 0;
-    for (int t = unit0; t < tiles; t += units_step) {
-      sm90_tile w;
-      sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w);
-      for (int kt = 0; kt < w.ktiles; kt++) {
-        mbar_wait(empty + 8 * stage, phase ^ 1);
-        soft_stage(P, base + stage * STAGE_BYTES, (i64)w.tm * BM, (i64)w.tn * BN, (i64)(w.kt0 + kt) * BK, tid);
-        cp_async_commit();
-        if (++pending > CP_LAG) {
-          CP_ASYNC_WAIT(CP_LAG);
-          fence_proxy_async();
-          mbar_arrive(full + 8 * done);
-          done = done + 1 == GEMM_STAGES ? 0 : done + 1;
-          pending--;
-        }
-        if (++stage == GEMM_STAGES) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-    }
-    CP_ASYNC_WAIT(0);
-    fence_proxy_async();
-    for (; pending > 0; pending--) {
-      mbar_arrive(full + 8 * done);
-      done = done + 1 == GEMM_STAGES ? 0 : done + 1;
-    }
-#else
     if (tid != 0) return;
     int stage = 0, g = 0;
     u32 phase = 0;
@@ -796,7 +703,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
     }
 #endif
-#endif /* CPASYNC */
     return;
   }
 

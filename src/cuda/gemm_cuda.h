@@ -26,7 +26,6 @@ typedef struct smelt__gemm_kernel {
   int bm, bn, bk, stages, wm, wn; /* sm90: wm = consumer warpgroups */
   int threads, smem;        /* launch: block size and dynamic shared memory bytes */
   int cluster_m, cluster_n; /* sm90: CTAs per cluster along M (sharing B) or N (sharing A), else 1 */
-  int cpasync;              /* sm90: stages loaded by cp.async, not TMA (rows not 128-byte aligned) */
 } smelt__gemm_kernel;
 
 /* Every kernel the selector can pick, in a fixed order; returns the count. */
@@ -40,7 +39,6 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
 typedef struct smelt__gemm_facts {
   int a_k, a_mn, b_k, b_mn; /* A / B usable K-major or MN-major by the tensor-op kernels */
   int tma_a[2], tma_b[2];   /* [1] K-major, [0] MN-major: rows at least a row apart (TMA wants no overlap) */
-  int row128_a[2], row128_b[2]; /* [1] K-major, [0] MN-major: rows a multiple of 128 bytes apart */
   int64_t m, n, k, batch;   /* the (first) problem's sizes; batch = problems per launch */
   int sm90_d;               /* every problem's D suits gemm_sm90's fast epilogue (smelt__gemm_sm90_fast_d) */
   int64_t k_min;            /* the smallest K over the problems */

@@ -178,16 +178,6 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
       add(out, &n, sm90_layout(tc, narrow, ak, bk));
       add(out, &n, sm90_layout(tc, rows64, ak, bk));
     }
-  /* Every layout of 16-bit types with cp.async loads, for operands whose
-   * rows are 16 but not 128 bytes apart (kernels/gemm_sm90.cu,
-   * GEMM_CPASYNC), in the wide and the 64 x 64 tile. Appended last. */
-  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    for (int l = 0; l < 4; l++) {
-      smelt__gemm_kernel w = sm90_layout(tc, wide, l < 2, l % 2 == 0), r = sm90_layout(tc, rows64, l < 2, l % 2 == 0);
-      w.cpasync = r.cpasync = 1;
-      add(out, &n, w);
-      add(out, &n, r);
-    }
   return n;
 }
 
@@ -214,9 +204,8 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
         snprintf(kind, sizeof kind, "%s", tc_names[k->tc]);
       char cl[16] = "";
       if (clustered(k)) snprintf(cl, sizeof cl, "_c%dx%d", k->cluster_m, k->cluster_n);
-      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_%c%c_%dx%dx%d_s%d%s%s%s", kind, k->a_kmajor ? 'R' : 'C',
-               k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, pingpong(k) ? "_pp" : "", cl,
-               k->cpasync ? "_cp" : "");
+      snprintf(src->name, sizeof src->name, "gemm_sm90_%s_%c%c_%dx%dx%d_s%d%s%s", kind, k->a_kmajor ? 'R' : 'C',
+               k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, pingpong(k) ? "_pp" : "", cl);
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
       const smelt_dtype ab = k->tc == SMELT__TC_BF16  ? SMELT_DTYPE_BF16
@@ -236,7 +225,6 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
       if (!k->a_kmajor) smelt__prelude_define(src, "GEMM_A_MN", 1);
       if (!k->b_kmajor) smelt__prelude_define(src, "GEMM_B_MN", 1);
-      if (k->cpasync) smelt__prelude_define(src, "GEMM_CPASYNC", 1);
       if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
       if (k->cluster_n > 1) smelt__prelude_define(src, "GEMM_CLUSTER_N", k->cluster_n);
       return;
@@ -308,11 +296,6 @@ static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, i
   f->tma_a[0] &= p->k <= 1 || p->a.cs >= p->m;
   f->tma_b[1] &= p->n <= 1 || p->b.cs >= p->k;
   f->tma_b[0] &= p->k <= 1 || p->b.rs >= p->n;
-  const int64_t ea = (int64_t)smelt_dtype_size(st->dt_a), eb = (int64_t)smelt_dtype_size(st->dt_b);
-  f->row128_a[1] &= p->m <= 1 || p->a.rs * ea % 128 == 0;
-  f->row128_a[0] &= p->k <= 1 || p->a.cs * ea % 128 == 0;
-  f->row128_b[1] &= p->n <= 1 || p->b.cs * eb % 128 == 0;
-  f->row128_b[0] &= p->k <= 1 || p->b.rs * eb % 128 == 0;
   f->sm90_d &= smelt__gemm_sm90_fast_d(st, p);
   if (p->k < f->k_min) f->k_min = p->k;
 }
@@ -320,7 +303,6 @@ static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, i
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f) {
   f->a_k = f->a_mn = f->b_k = f->b_mn = f->sm90_d = 1;
   f->tma_a[0] = f->tma_a[1] = f->tma_b[0] = f->tma_b[1] = 1;
-  f->row128_a[0] = f->row128_a[1] = f->row128_b[0] = f->row128_b[1] = 1;
   f->k_min = INT64_MAX;
   f->batch = args->count;
   if (st->mode == SMELT_GEMM_MODE_GROUPED) {
@@ -384,8 +366,6 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (k->tc == SMELT__TC_FP8 && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
           st->dt_d != SMELT_DTYPE_E4M3 && st->dt_d != SMELT_DTYPE_E5M2)
         return 0;
-      /* cp.async loads read the launch's operands: plain runs and their splits. */
-      if (k->cpasync && st->mode == SMELT_GEMM_MODE_GROUPED) return 0;
       /* The ping-pong kernel has only the fast epilogue. */
       if (pingpong(k) && !f->sm90_d) return 0;
       break;
@@ -451,27 +431,21 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * likewise: pairs sharing B matched it on plain squares and lost with
      * bias + GELU and on uneven groups; pairs and quads sharing A lost on
      * skinny M (docs/PERF.md, GEMM: decisions, fourth round). */
-    /* TMA loads unless the operands' rows are not 128 bytes apart, where
-     * the cp.async kernel (first pass) runs at twice their speed; the
-     * second pass takes what the first found none of. */
-    for (int pass = 0; pass < 2; pass++)
-      for (int i = 0; i < n; i++) {
-        const smelt__gemm_kernel *k = &table[i];
-        if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-        const int row128 = f->row128_a[k->a_kmajor] && f->row128_b[k->b_kmajor];
-        if (pass == 0 && k->cpasync == row128) continue;
-        if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && 2 * wide < dev->sm_count) ||
-                       (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
-          continue;
-        snprintf(why, why_n, "Hopper: %s + wgmma, persistent%s%s", k->cpasync ? "cp.async" : "TMA",
-                 pingpong(k)    ? ", ping-pong"
-                 : k->bm == 64  ? ", 64-row tile"
-                 : k->bn == 256 ? ""
-                                : ", narrow tile",
-                 clustered(k) ? ", cluster multicast" : "");
-        *kernel = i;
-        return SMELT_OK;
-      }
+    for (int i = 0; i < n; i++) {
+      const smelt__gemm_kernel *k = &table[i];
+      if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
+      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && 2 * wide < dev->sm_count) ||
+                     (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
+        continue;
+      snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s%s",
+               pingpong(k)    ? ", ping-pong"
+               : k->bm == 64  ? ", 64-row tile"
+               : k->bn == 256 ? ""
+                              : ", narrow tile",
+               clustered(k) ? ", cluster multicast" : "");
+      *kernel = i;
+      return SMELT_OK;
+    }
   }
   if (want_tc) {
     /* The large tile unless it leaves SMs without work. */
