@@ -7,6 +7,8 @@ runs, checked against the CPU backend on windows of D), then the peer runs in
 this process under the same rules: random data, warm-up, CUDA events around
 every call, median of the same number of runs, input sets rotated past 2x L2.
 TFLOP/s are 2*M*N*K (summed over groups) over the median time, on both sides.
+The decode cases (M = 1, 4, 16 rows against N x K weights) are bound by
+reading the weights: they also print microseconds and GB/s of weights.
 
 Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed),
 torch._scaled_mm (fp8 e4m3, per-tensor scales), torch._grouped_mm (grouped
@@ -56,12 +58,20 @@ def uneven_groups(total=49152, groups=64, align=16, seed=0):
 UNEVEN_MS = uneven_groups()
 
 
-def case(name, title, smelt, peer, bar, quick=False, opt_in=None):
-    return dict(name=name, title=title, smelt=smelt, peer=peer, bar=bar, quick=quick, opt_in=opt_in)
+def case(name, title, smelt, peer, bar, quick=False, opt_in=None, weights=None):
+    return dict(name=name, title=title, smelt=smelt, peer=peer, bar=bar, quick=quick, opt_in=opt_in, weights=weights)
 
 
 def square(dt, s):
     return ["--m", str(s), "--n", str(s), "--k", str(s), "--dtype", dt, "--layout", "RC"]
+
+
+def decode(dt, m, s, quick=False):
+    """A decode step: m rows of x against W [s, s] (B column-major), weights
+    cold; bar 1.1x cuBLAS (issue 21)."""
+    return case(f"decode_{dt}_{m}x{s}", f"{dt} {m}x{s}x{s} RC (decode)",
+                ["--m", str(m), "--n", str(s), "--k", str(s), "--dtype", dt, "--layout", "RC"],
+                ("matmul", dt, m, s, s), 1.1, quick=quick, weights=s * s * 2)
 
 
 CASES = [
@@ -87,6 +97,9 @@ CASES = [
     case("grouped_64_uneven", "grouped bf16 64 uneven, 49152x1408x2048",
          ["--group-ms", ",".join(map(str, UNEVEN_MS)), "--n", "1408", "--k", "2048", "--dtype", "bf16",
           "--layout", "RC"], ("grouped_mm", "bf16", UNEVEN_MS, 1408, 2048), 1.0, quick=True),
+    *[decode("bf16", m, s, quick=s == 8192 and m != 4) for s in (4096, 8192) for m in (1, 4, 16)],
+    decode("f16", 1, 4096),
+    decode("f16", 16, 8192),
 ]
 
 
@@ -271,6 +284,10 @@ def main():
         line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')} TFLOP/s, {r.get('peer', 'peer')} "
                 f"{fmt(r['peer_tflops'], '.1f')} TFLOP/s, ratio {fmt(r['ratio'], '.3f')} -> {r['status']} "
                 f"({r['wall_s']:.0f} s{f'; peer first call {first:.0f} s' if first and first > 5 else ''})")
+        if c["weights"] and r["error"] is None:
+            line += "\n    " + ", ".join(
+                f"{side} {ms * 1e3:.1f} us = {c['weights'] / (ms * 1e-3) / 1e9:.0f} GB/s of weights"
+                for side, ms in (("smelt", r.get("smelt_median_ms")), ("peer", r.get("peer_median_ms"))) if ms)
         print(line + (f"\n    error: {r['error']}" if r["error"] else ""), flush=True)
 
     print()
