@@ -83,13 +83,11 @@ static __device__ __forceinline__ uint4 ld_tail(const smelt_h16 *row, i64 k, i64
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-static __device__ __forceinline__ void mma(float *d, const u32 *a, const u32 *b) {
 #if GEMM_TC == TC_BF16
-  mma_16816_bf16(d, a, b);
+#define MMA mma_16816_bf16
 #else
-  mma_16816_f16(d, a, b);
+#define MMA mma_16816_f16
 #endif
-}
 
 static __device__ __forceinline__ u32 word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
@@ -105,8 +103,8 @@ static __device__ __forceinline__ void step(float (*acc)[2][4], const uint4 (*bw
     for (int rg = 0; rg < RG; rg++) {
       const u32 a[4] = {word(bw[rg][0], 2 * hh), word(bw[rg][1], 2 * hh), word(bw[rg][0], 2 * hh + 1),
                         word(bw[rg][1], 2 * hh + 1)};
-      mma(acc[rg][0], a, b0);
-      if (two) mma(acc[rg][1], a, b1);
+      MMA(acc[rg][0], a, b0);
+      if (two) MMA(acc[rg][1], a, b1);
     }
   }
 }

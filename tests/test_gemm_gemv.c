@@ -132,7 +132,7 @@ typedef struct vcase {
   double alpha, beta;
   float scale_d, slope;
   int clamp;
-  int expect_split; /* the plan must say "split-K parallel" */
+  int expect_split; /* the plan must say "split-K parallel": 1 always, 2 when smelt should choose a split */
 } vcase;
 
 static double act_of(smelt_act a, double x, double slope) {
@@ -145,7 +145,6 @@ static double act_of(smelt_act a, double x, double slope) {
 
 /* v as D of type dt holds it (clamped to the finite range when asked). */
 static double stored(double v, smelt_dtype dt, int clamp) {
-  if (dt == SMELT_DTYPE_F64) return v;
   const double top = dt == SMELT_DTYPE_F16 ? 65504.0 : dt == SMELT_DTYPE_BF16 ? 0x1.fep127 : FLT_MAX;
   if (clamp) v = v > top ? top : v < -top ? -top : v;
   uint8_t one[8];
@@ -289,102 +288,63 @@ static int gemv_device(int *sms) {
   return 1;
 }
 
-static vcase plain(smelt_dtype ab, smelt_dtype d, int64_t m, int64_t n, int64_t k) {
-  const vcase c = {.ab = ab, .d = d, .bias = SMELT_DTYPE_F32, .m = m, .n = n, .k = k, .alpha = 1.0, .scale_d = 1.0f,
-                   .slope = 0.01f};
-  return c;
-}
+#define BF SMELT_DTYPE_BF16
+#define H SMELT_DTYPE_F16
+#define F32 SMELT_DTYPE_F32
 
 /* M from 1 to 16 (one n8 fragment up to 8, two above), odd N, K of one
  * partial chunk (8, 13, 64), of whole and cut chunks over many warps
  * (4104, 8192), with the epilogue kinds spread over them: bias + GELU,
- * beta with C, f32 and f16 D, clamp, alpha, scale_d, leaky ReLU's slope. */
-static void test_gpu_shapes(void) {
-  int sms;
-  if (!gemv_device(&sms)) SKIP("no CUDA device of sm_80 or newer");
-  const smelt_dtype bf = SMELT_DTYPE_BF16, h = SMELT_DTYPE_F16, f32 = SMELT_DTYPE_F32;
-  vcase c = plain(bf, bf, 1, 2200, 8192); /* 69 blocks: not split */
-  c.has_bias = 1;
-  c.act = SMELT_ACT_GELU;
-  if (!run_case(&c)) return;
-  c = plain(bf, bf, 4, 4099, 4104);
-  c.has_bias = 1;
-  if (!run_case(&c)) return;
-  c = plain(h, h, 2, 7, 4104);
-  c.has_c = 1;
-  c.beta = -0.5;
-  if (!run_case(&c)) return;
-  c = plain(bf, f32, 3, 1000, 64);
-  c.alpha = 1.5;
-  c.scale_d = 0.5f;
-  if (!run_case(&c)) return;
-  c = plain(h, bf, 5, 1, 8);
-  c.has_bias = 1;
-  c.bias = bf;
-  c.act = SMELT_ACT_RELU;
-  if (!run_case(&c)) return;
-  c = plain(h, h, 8, 4099, 64);
-  c.alpha = 1e6; /* every output past f16's range: clamped to +-65504 */
-  c.clamp = 1;
-  if (!run_case(&c)) return;
-  c = plain(bf, bf, 5, 7, 13);
-  c.has_c = 1;
-  c.beta = 2.0;
-  c.has_bias = 1;
-  if (!run_case(&c)) return;
-  c = plain(h, f32, 13, 300, 8192);
-  c.has_bias = 1;
-  c.act = SMELT_ACT_SILU;
-  c.expect_split = 2 * 10 <= sms;
-  if (!run_case(&c)) return;
-  c = plain(bf, bf, 16, 4099, 64);
-  c.has_c = 1;
-  c.beta = 0.25;
-  c.act = SMELT_ACT_LEAKY_RELU;
-  c.slope = 0.2f;
-  if (!run_case(&c)) return;
-  c = plain(h, bf, 16, 1000, 4104);
-  c.has_bias = 1;
-  c.act = SMELT_ACT_GELU;
-  c.expect_split = 2 * 32 <= sms; /* 32 blocks: smelt splits K when they leave half the SMs idle */
-  if (!run_case(&c)) return;
-}
+ * beta with C, f32 and f16 D, clamp, alpha, scale_d, leaky ReLU's slope.
+ * Fields left 0 take the defaults: alpha and scale_d 1, slope 0.01, an
+ * f32 bias. */
+static const vcase shapes[] = {
+    {.ab = BF, .d = BF, .m = 1, .n = 2200, .k = 8192, .has_bias = 1, .act = SMELT_ACT_GELU}, /* 69 blocks: not split */
+    {.ab = BF, .d = BF, .m = 4, .n = 4099, .k = 4104, .has_bias = 1},
+    {.ab = H, .d = H, .m = 2, .n = 7, .k = 4104, .has_c = 1, .beta = -0.5},
+    {.ab = BF, .d = F32, .m = 3, .n = 1000, .k = 64, .alpha = 1.5, .scale_d = 0.5f},
+    {.ab = H, .d = BF, .bias = BF, .m = 5, .n = 1, .k = 8, .has_bias = 1, .act = SMELT_ACT_RELU},
+    /* Every output past f16's range: clamped to +-65504. */
+    {.ab = H, .d = H, .m = 8, .n = 4099, .k = 64, .alpha = 1e6, .clamp = 1},
+    {.ab = BF, .d = BF, .m = 5, .n = 7, .k = 13, .has_c = 1, .beta = 2.0, .has_bias = 1},
+    {.ab = H, .d = F32, .m = 13, .n = 300, .k = 8192, .has_bias = 1, .act = SMELT_ACT_SILU, .expect_split = 2},
+    {.ab = BF, .d = BF, .m = 16, .n = 4099, .k = 64, .has_c = 1, .beta = 0.25, .act = SMELT_ACT_LEAKY_RELU,
+     .slope = 0.2f},
+    {.ab = H, .d = BF, .m = 16, .n = 1000, .k = 4104, .has_bias = 1, .act = SMELT_ACT_GELU, .expect_split = 2},
+};
 
 /* K in slices: asked for (3 slices of 1408, 1408 and 1288, the last one
  * ending in a cut chunk; 16 slices over 8192), and chosen by smelt; and
  * batches (a B per batch), with C, bias and activations. */
-static void test_gpu_split_batched(void) {
+static const vcase splits_batches[] = {
+    {.ab = BF, .d = F32, .m = 16, .n = 7, .k = 4104, .mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL, .split_k = 3, .has_c = 1,
+     .beta = 0.5, .expect_split = 1},
+    {.ab = H, .d = H, .m = 8, .n = 500, .k = 8192, .split_k = 16, .has_bias = 1, .act = SMELT_ACT_GELU,
+     .expect_split = 1},
+    {.ab = BF, .d = BF, .m = 1, .n = 300, .k = 2048, .has_bias = 1, .expect_split = 2},
+    {.ab = BF, .d = BF, .m = 4, .n = 100, .k = 200, .batch = 3, .has_c = 1, .beta = -1.0, .has_bias = 1,
+     .act = SMELT_ACT_SILU},
+    {.ab = H, .d = F32, .m = 13, .n = 33, .k = 4104, .batch = 2},
+};
+
+/* Runs count cases of a table (defaults filled in) until one fails. */
+static void run_table(const vcase *cases, int count) {
   int sms;
   if (!gemv_device(&sms)) SKIP("no CUDA device of sm_80 or newer");
-  const smelt_dtype bf = SMELT_DTYPE_BF16, h = SMELT_DTYPE_F16, f32 = SMELT_DTYPE_F32;
-  vcase c = plain(bf, f32, 16, 7, 4104);
-  c.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
-  c.split_k = 3;
-  c.has_c = 1;
-  c.beta = 0.5;
-  c.expect_split = 1;
-  if (!run_case(&c)) return;
-  c = plain(h, h, 8, 500, 8192);
-  c.split_k = 16;
-  c.has_bias = 1;
-  c.act = SMELT_ACT_GELU;
-  c.expect_split = 1;
-  if (!run_case(&c)) return;
-  c = plain(bf, bf, 1, 300, 2048);
-  c.has_bias = 1;
-  c.expect_split = 2 * 10 <= sms;
-  if (!run_case(&c)) return;
-  c = plain(bf, bf, 4, 100, 200);
-  c.batch = 3;
-  c.has_c = 1;
-  c.beta = -1.0;
-  c.has_bias = 1;
-  c.act = SMELT_ACT_SILU;
-  if (!run_case(&c)) return;
-  c = plain(h, f32, 13, 33, 4104);
-  c.batch = 2;
-  if (!run_case(&c)) return;
+  for (int i = 0; i < count; i++) {
+    vcase c = cases[i];
+    if (!c.bias) c.bias = SMELT_DTYPE_F32;
+    if (c.alpha == 0) c.alpha = 1.0;
+    if (c.scale_d == 0) c.scale_d = 1.0f;
+    if (c.slope == 0) c.slope = 0.01f;
+    /* smelt splits K itself when ceil(N / 32) blocks leave half the SMs idle. */
+    if (c.expect_split == 2) c.expect_split = 2 * ((c.n + 31) / 32) <= sms;
+    if (!run_case(&c)) return;
+  }
 }
+
+static void test_gpu_shapes(void) { run_table(shapes, (int)(sizeof shapes / sizeof *shapes)); }
+static void test_gpu_split_batched(void) { run_table(splits_batches, (int)(sizeof splits_batches / sizeof *splits_batches)); }
 
 const th_test th_tests_gemm_gemv[] = {
     {"selector", test_selector},
