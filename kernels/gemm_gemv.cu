@@ -10,20 +10,20 @@
  *
  * A 256-thread block owns 32 columns of D (32 rows of W) and all M rows;
  * its 8 warps take the block's K range in interleaved chunks of 128, so at
- * any moment the block reads 2 KB runs of 32 neighbouring rows of W. A warp
- * holds two m16n8k16 A fragments of W (rows g and g + 8 of each 16-row
- * group, g = lane / 4) and one or two n8 B fragments of x (rows g and
- * g + 8 of D; the second only when M > 8), and the mma's k order is ours to
+ * any moment the block reads 2 KB runs of 32 neighbouring rows of W. W is
+ * the mma's 16-row A operand (rows g and g + 8 of each of a warp's two
+ * 16-row groups, g = lane / 4) and x its n8 B operand (rows g and g + 8 of
+ * D: one fragment, or two when M > 8), and the mma's k order is ours to
  * choose, because the sum does not depend on it: lane (g, t) loads the 16
  * bytes at k = kb + 32 j + 8 t of each of its rows of W and x, and the
  * mma of half h takes words 2h and 2h + 1 of them as its k pairs (2t, 2t+1)
- * and (2t+8, 2t+9). So both operands come from global memory by 16-byte
- * loads straight into fragment registers: no shared memory, no ldmatrix,
- * one row of W 64 contiguous bytes per instruction. A warp issues all of a
- * chunk's loads (16 of W, 8 of x: 8 KB of W per warp, 64 KB per block,
- * two blocks per SM) before its first mma, which is what keeps HBM busy;
- * W is read with no L1 allocation and a 256-byte L2 prefetch, x (read by
- * every block) through L1.
+ * and (2t+8, 2t+9). So every fragment is a 16-byte load of the lane's own:
+ * W straight into registers (one row 64 contiguous bytes per instruction,
+ * no L1 allocation, a 256-byte L2 prefetch), x (read by every block)
+ * through L1 by cp.async into the lane's own slots of shared memory, which
+ * keeps registers for W. A warp issues all of a chunk's loads (16 of W, up
+ * to 8 of x: 8 KB of W per warp, 64 KB per block, two blocks per SM) before
+ * its first mma, which is what keeps HBM busy.
  *
  * Columns past N and rows past M read a valid row instead (their results
  * are never stored); K past the slice's end is zero in both operands. The
@@ -53,7 +53,7 @@
 #define CHUNK (32 * J) /* K per warp and chunk: 4 lanes x 8 elements x J */
 #define RED_LD (BN + 4) /* row stride of the partial sums (lanes' stores hit distinct banks) */
 
-static_assert(J * 32 == CHUNK && BN == 32, "a block is 32 columns, a chunk 128 of K");
+static_assert(BM == 16 && BN == 32 && CHUNK == 128, "the table's tile (src/cuda/gemm_select.c, gemv)");
 
 /* 16 bytes of W, read once: no L1 allocation, the 256 bytes around it into L2. */
 static __device__ __forceinline__ uint4 ld_stream(const smelt_h16 *p) {
@@ -132,13 +132,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gemm_gemv(const gemm_params 
   for (int h = 0; h < 2; h++) xrow[h] = (const smelt_h16 *)p.a + (g + 8 * h < p.m ? g + 8 * h : 0) * p.a_rs;
   const int two = p.m > 8;
   const u32 slots = smem_u32(&xs[warp][0][0][lane]);
-  float acc[RG][2][4];
-#pragma unroll
-  for (int rg = 0; rg < RG; rg++)
-#pragma unroll
-    for (int f = 0; f < 2; f++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) acc[rg][f][i] = 0.f;
+  float acc[RG][2][4] = {};
 
   for (i64 kb = w.k0 + (i64)warp * CHUNK; kb < w.k1; kb += (i64)WARPS * CHUNK) {
     const i64 k = kb + 8 * t;
