@@ -8,7 +8,9 @@ this process under the same rules: random data, warm-up, CUDA events around
 every call, median of the same number of runs, input sets rotated past 2x L2.
 TFLOP/s are 2*M*N*K (summed over groups) over the median time, on both sides.
 The decode cases (M = 1, 4, 16 rows against N x K weights) are bound by
-reading the weights: they also print microseconds and GB/s of weights.
+reading the weights: they also print microseconds, GB/s of weights and
+their share of the GPU's copy bandwidth (a 1 GiB device-to-device copy,
+bytes read plus written, measured once per run).
 
 Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed),
 torch._scaled_mm (fp8 e4m3, per-tensor scales), torch._grouped_mm (grouped
@@ -209,6 +211,17 @@ def time_peer(torch, peer, opts):
     return dict(median_ms=statistics.median(ms), min_ms=ms[0], sets=sets, first_call_s=first_call_s)
 
 
+def copy_gbps(torch, opts):
+    """Device-to-device copy bandwidth: bytes read plus written by a 1 GiB
+    copy_, median of opts.iters timed runs."""
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.float16)
+    dst = torch.empty_like(src)
+    ms, _ = bench.time_rotated(torch, lambda s: dst.copy_(s), [src], opts)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / (statistics.median(ms) * 1e-3) / 1e9
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -236,6 +249,9 @@ def main():
     print(f"median of {opts.iters} timed runs after {opts.warmup} warm-up runs on both sides, random data, "
           f"inputs rotated past 2x L2{'' if opts.no_check else '; smelt checked against its CPU backend'}\n")
 
+    copy = copy_gbps(torch, opts) if any(c["weights"] for c in cases) else None
+    if copy:
+        print(f"copy bandwidth {copy:.0f} GB/s (1 GiB device-to-device, read + write)\n")
     results, smelt_cache = [], {}
     for c in cases:
         r = dict(case=c["name"], title=c["title"], bar=c["bar"], smelt_tflops=None, peer_tflops=None, ratio=None,
@@ -287,6 +303,7 @@ def main():
         if c["weights"] and r["error"] is None:
             line += "\n    " + ", ".join(
                 f"{side} {ms * 1e3:.1f} us = {c['weights'] / (ms * 1e-3) / 1e9:.0f} GB/s of weights"
+                f" ({100 * c['weights'] / (ms * 1e-3) / 1e9 / copy:.0f}% of copy)"
                 for side, ms in (("smelt", r.get("smelt_median_ms")), ("peer", r.get("peer_median_ms"))) if ms)
         print(line + (f"\n    error: {r['error']}" if r["error"] else ""), flush=True)
 
