@@ -7,6 +7,10 @@ runs, checked against the CPU backend on windows of D), then the peer runs in
 this process under the same rules: random data, warm-up, CUDA events around
 every call, median of the same number of runs, input sets rotated past 2x L2.
 TFLOP/s are 2*M*N*K (summed over groups) over the median time, on both sides.
+The decode cases (M = 1, 4, 16 rows against N x K weights) are bound by
+reading the weights: they also print microseconds, GB/s of weights and
+their share of the GPU's copy bandwidth (a 1 GiB device-to-device copy,
+bytes read plus written, measured once per run).
 
 Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed),
 torch._scaled_mm (fp8 e4m3, per-tensor scales), torch._grouped_mm (grouped
@@ -56,8 +60,8 @@ def uneven_groups(total=49152, groups=64, align=16, seed=0):
 UNEVEN_MS = uneven_groups()
 
 
-def case(name, title, smelt, peer, bar, quick=False, opt_in=None):
-    return dict(name=name, title=title, smelt=smelt, peer=peer, bar=bar, quick=quick, opt_in=opt_in)
+def case(name, title, smelt, peer, bar, quick=False, opt_in=None, weights=None):
+    return dict(name=name, title=title, smelt=smelt, peer=peer, bar=bar, quick=quick, opt_in=opt_in, weights=weights)
 
 
 def square(dt, s, layout="RC"):
@@ -73,6 +77,14 @@ def layout_case(dt, m, n, k, layout, bar=0.95, quick=False):
     dims = f"{m}" if m == n == k else f"{m}x{n}x{k}"
     return case(f"{dt}_{layout}_{dims}", f"{dt} {dims}{'^3' if m == n == k else ''} {layout}",
                 shape(dt, m, n, k, layout), ("matmul", dt, m, n, k, layout), bar, quick=quick)
+
+
+def decode(dt, m, s, quick=False):
+    """A decode step: m rows of x against W [s, s] (B column-major), weights
+    cold; bar 1.1x cuBLAS (issue 21)."""
+    return case(f"decode_{dt}_{m}x{s}", f"{dt} {m}x{s}x{s} RC (decode)",
+                ["--m", str(m), "--n", str(s), "--k", str(s), "--dtype", dt, "--layout", "RC"],
+                ("matmul", dt, m, s, s), 1.1, quick=quick, weights=s * s * 2)
 
 
 CASES = [
@@ -109,6 +121,9 @@ CASES = [
     *[layout_case("bf16", m, n, k, lay, quick=(m == 5000 and lay == "RC")) for lay in ("RC", "RR")
       for (m, n, k) in ((5000, 5000, 5000), (3000, 5000, 7000))],
     layout_case("bf16", 4095, 4097, 4099, "RC", bar=0.0),
+    *[decode("bf16", m, s, quick=s == 8192 and m != 4) for s in (4096, 8192) for m in (1, 4, 16)],
+    decode("f16", 1, 4096),
+    decode("f16", 16, 8192),
 ]
 
 
@@ -223,6 +238,17 @@ def time_peer(torch, peer, opts):
     return dict(median_ms=statistics.median(ms), min_ms=ms[0], sets=sets, first_call_s=first_call_s)
 
 
+def copy_gbps(torch, opts):
+    """Device-to-device copy bandwidth: bytes read plus written by a 1 GiB
+    copy_, median of opts.iters timed runs."""
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.float16)
+    dst = torch.empty_like(src)
+    ms, _ = bench.time_rotated(torch, lambda s: dst.copy_(s), [src], opts)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / (statistics.median(ms) * 1e-3) / 1e9
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -250,6 +276,9 @@ def main():
     print(f"median of {opts.iters} timed runs after {opts.warmup} warm-up runs on both sides, random data, "
           f"inputs rotated past 2x L2{'' if opts.no_check else '; smelt checked against its CPU backend'}\n")
 
+    copy = copy_gbps(torch, opts) if any(c["weights"] for c in cases) else None
+    if copy:
+        print(f"copy bandwidth {copy:.0f} GB/s (1 GiB device-to-device, read + write)\n")
     results, smelt_cache = [], {}
     for c in cases:
         r = dict(case=c["name"], title=c["title"], bar=c["bar"], smelt_tflops=None, peer_tflops=None, ratio=None,
@@ -298,6 +327,11 @@ def main():
         line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')} TFLOP/s, {r.get('peer', 'peer')} "
                 f"{fmt(r['peer_tflops'], '.1f')} TFLOP/s, ratio {fmt(r['ratio'], '.3f')} -> {r['status']} "
                 f"({r['wall_s']:.0f} s{f'; peer first call {first:.0f} s' if first and first > 5 else ''})")
+        if c["weights"] and r["error"] is None:
+            line += "\n    " + ", ".join(
+                f"{side} {ms * 1e3:.1f} us = {c['weights'] / (ms * 1e-3) / 1e9:.0f} GB/s of weights"
+                f" ({100 * c['weights'] / (ms * 1e-3) / 1e9 / copy:.0f}% of copy)"
+                for side, ms in (("smelt", r.get("smelt_median_ms")), ("peer", r.get("peer_median_ms"))) if ms)
         print(line + (f"\n    error: {r['error']}" if r["error"] else ""), flush=True)
 
     print()

@@ -11,7 +11,8 @@ typedef enum smelt__gemm_family {
   SMELT__GK_SIMT,   /* kernels/gemm_simt.cu: any dtype, layout and mode */
   SMELT__GK_SM80,   /* kernels/gemm_sm80.cu: mma.sync, sm_80 and later */
   SMELT__GK_SM90,   /* kernels/gemm_sm90.cu: TMA + wgmma, persistent, sm_90a */
-  SMELT__GK_REDUCE  /* kernels/gemm_reduce.cu: the second kernel of a parallel split-K */
+  SMELT__GK_REDUCE, /* kernels/gemm_reduce.cu: the second kernel of a parallel split-K */
+  SMELT__GK_GEMV    /* kernels/gemm_gemv.cu: M <= 16 streaming B (mma.sync), sm_80 and later */
 } smelt__gemm_family;
 
 /* Tensor-op element kinds (GEMM_TC in gemm_sm80.cu). */

@@ -8,6 +8,15 @@
  * runs whose operands no longer fit the planned kernel.
  *
  * Choice, in order:
+ *   on sm_80 and newer, the GEMV kernel for f16/bf16 plain, batched and
+ *   parallel split GEMMs with M <= 16 (per problem) and row-major A and
+ *   column-major B (K-major), 16-byte aligned, unless the description asks
+ *   for another tile or for SIMT: such a GEMM does at most 16 multiply-adds
+ *   per element of B, far below any tensor-core kernel's balance point, so
+ *   its time is the time to read B; a 64-row wgmma tile would leave at
+ *   least three quarters of its rows empty and keep too little of B in
+ *   flight, while one m16n8k16 fragment pair covers all 16 rows (above 16
+ *   the 64-row tiles waste less and keep up with cuBLAS);
  *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
  *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D
  *   whose rows are whole 16-byte units (N a multiple of 8) and no C, with
@@ -85,6 +94,15 @@ static smelt__gemm_kernel sm80(smelt_gemm_acc acc, int tc, int a_kmajor, int b_k
   return (smelt__gemm_kernel){.fam = SMELT__GK_SM80, .acc = acc, .tc = tc, .a_kmajor = a_kmajor,
                               .b_kmajor = b_kmajor, .bm = t.bm, .bn = t.bn, .bk = t.bk, .stages = t.stages,
                               .wm = t.wm, .wn = t.wn, .cluster_m = 1, .cluster_n = 1};
+}
+
+/* The GEMV entry (kernels/gemm_gemv.cu): A row-major, B column-major, all of
+ * M <= 16 in one 16-row tile, 32 columns of D and 8 warps a block, K in
+ * chunks of 128; 256 threads and static shared memory (add's default). */
+static smelt__gemm_kernel gemv(int tc) {
+  return (smelt__gemm_kernel){.fam = SMELT__GK_GEMV, .acc = SMELT_GEMM_ACC_F32, .tc = tc, .a_kmajor = 1,
+                              .b_kmajor = 1, .bm = 16, .bn = 32, .bk = 128, .stages = 1, .wm = 8, .wn = 1,
+                              .cluster_m = 1, .cluster_n = 1};
 }
 
 /* k as the fp8 kernel for A of type a and B of type b. */
@@ -178,6 +196,9 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
       add(out, &n, sm90_layout(tc, narrow, ak, bk));
       add(out, &n, sm90_layout(tc, rows64, ak, bk));
     }
+  /* Skinny M (<= 16): the GEMV kernel, 16-bit types. Appended last, as the
+   * entries above. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, gemv(tc));
   return n;
 }
 
@@ -229,6 +250,11 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (k->cluster_n > 1) smelt__prelude_define(src, "GEMM_CLUSTER_N", k->cluster_n);
       return;
     }
+    case SMELT__GK_GEMV:
+      snprintf(src->name, sizeof src->name, "gemm_gemv_%s_RC_%dx%d", tc_names[k->tc], k->bm, k->bn);
+      src->body = "gemm_gemv.cu";
+      smelt__prelude_define(src, "GEMM_TC", k->tc);
+      return;
     case SMELT__GK_SM80: break;
   }
   char kind[32];
@@ -370,6 +396,13 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (pingpong(k) && !f->sm90_d) return 0;
       break;
     }
+    case SMELT__GK_GEMV:
+      /* At most its 16 rows a problem; plain, batched, or a parallel split
+       * (slices of whole chunks, partial sums through gemm_reduce). */
+      if (f->m > k->bm || (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED &&
+                           st->mode != SMELT_GEMM_MODE_SPLIT_K_PARALLEL))
+        return 0;
+      break;
     case SMELT__GK_SM80: break;
   }
   if (k->tc != tc_kind(st)) return 0;
@@ -391,12 +424,20 @@ static void list_tiles(const smelt__gemm_kernel *table, int n, const smelt__gemm
   buf[0] = 0;
   for (int i = 0; i < n && used < len; i++) {
     const smelt__gemm_kernel *k = &table[i];
-    if (!smelt__gemm_fits(k, st, f) || (k->fam == SMELT__GK_SM80 || k->fam == SMELT__GK_SM90) != tensor_op) continue;
+    if (!smelt__gemm_fits(k, st, f) || (k->fam != SMELT__GK_SIMT) != tensor_op) continue;
     used += (size_t)snprintf(buf + used, len - used, "%s%dx%dx%d stages %d warps %dx%d cluster %dx%d",
                              used ? ", " : "", k->bm, k->bn, k->bk, k->stages, k->wm, k->wn, k->cluster_m,
                              k->cluster_n);
   }
   if (!buf[0]) snprintf(buf, len, "none");
+}
+
+/* The GEMV kernel for these operands and this tile description, or -1. */
+static int gemv_pick(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt__gemm_kernel *table, int n) {
+  for (int i = 0; i < n; i++)
+    if (table[i].fam == SMELT__GK_GEMV && smelt__gemm_fits(&table[i], st, f) && tile_ok(&table[i], &st->desc.tile))
+      return i;
+  return -1;
 }
 
 smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
@@ -406,6 +447,12 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
   const int tc = tc_kind(st), sm80 = dev->cc_major >= 8;
   const int want_tc = d->math.opclass != SMELT_GEMM_OPCLASS_SIMT && tc && sm80;
   int best = -1, best_score = -1;
+  const int skinny = want_tc ? gemv_pick(st, f, table, n) : -1;
+  if (skinny >= 0) {
+    snprintf(why, why_n, "skinny M: GEMV streaming B");
+    *kernel = skinny;
+    return SMELT_OK;
+  }
   if (want_tc && dev->cc_major == 9 && dev->cc_minor == 0) {
     /* Hopper: the persistent wgmma kernel with 128 x 256 tiles when they
      * keep at least half the SMs busy, else its 128 x 64 or 64 x 64 tile

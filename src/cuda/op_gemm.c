@@ -51,7 +51,8 @@ static smelt_status load(smelt_ctx *ctx, const smelt__gemm_kernel *k, void **fun
   smelt__gemm_kernel_src(k, &src);
   CUfunction f;
   static const char *const entry[] = {[SMELT__GK_SIMT] = "gemm_simt", [SMELT__GK_SM80] = "gemm_tc",
-                                      [SMELT__GK_SM90] = "gemm_sm90", [SMELT__GK_REDUCE] = "gemm_reduce"};
+                                      [SMELT__GK_SM90] = "gemm_sm90", [SMELT__GK_REDUCE] = "gemm_reduce",
+                                      [SMELT__GK_GEMV] = "gemm_gemv"};
   smelt_status s = smelt__cuda_function(ctx, &src, entry[k->fam], &f);
   if (!s) *func = f;
   return s;
