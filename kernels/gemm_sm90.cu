@@ -72,6 +72,21 @@
  * so no CTA leaves while a peer may still arrive on its barriers (as
  * CUTLASS's load tail does).
  *
+ * Grouped by device offsets (MODE_GROUPED_OFFS, the MoE form; no
+ * clusters or ping-pong): the host knows T, N, K and G but not the rows
+ * per group, so it launches one CTA per SM and passes A and D as maps over
+ * all T rows and B as a 3-D map (K, N, G). The tiles are numbered group
+ * after group (group g: ceil(rows_g / BM) x ceil(N / BN), rastered as a
+ * plain problem); each thread that locates tiles (the producer and every
+ * consumer) keeps a forward cursor over the groups, reading one offset per
+ * group it passes and clamping the ends as smelt/gemm.h says, so all of
+ * them see the same tiles and stop together past the last group's
+ * (sm90_locate). A tile's A rows start at its group's first row (rows past
+ * the group's end are the next group's or TMA's zeros: they only reach
+ * rows that are not stored); B's box is at z = the group. A piece whose 64
+ * rows cross the group's end goes out through the threads, row-masked,
+ * instead of the TMA store (piece_out).
+ *
  * Parallel split-K (plain runs): tiles are numbered slice by slice, each
  * slice's K range loaded from its first K tile, and the fast epilogue
  * writes the slice's f32 partial sums into the workspace through a 3-D map
