@@ -13,58 +13,56 @@
 /* The selector on a faked device: the Hopper kernel for 16-bit grouped
  * runs by offsets whose D its fast epilogue writes, with the wide tile
  * when T's row tiles fill the GPU and the 64-row tile when groups average
- * 64 rows or fewer; mma.sync otherwise. */
+ * 64 rows or fewer; mma.sync otherwise (sm_80, a D with a partial 16-byte
+ * unit per row or C, K = 0, B's groups without a positive stride, the
+ * ping-pong tile asked for, tf32); nothing for a cluster asked for. */
+typedef struct pick_case {
+  int cc_major;
+  smelt_dtype dt; /* A, B and D (f32: tf32 math) */
+  int64_t t, n, k, g;
+  int sm90_d, tma;
+  int tile_m, tile_n, cluster_m;
+  const char *want; /* the start of the kernel's name; "" for UNSUPPORTED */
+} pick_case;
+
 static void test_selector(void) {
+  static const pick_case cases[] = {
+      {9, SMELT_DTYPE_BF16, 49152, 1408, 2048, 64, 1, 1, 0, 0, 0, "gemm_sm90_bf16_RC_128x256x64_s4"},
+      {8, SMELT_DTYPE_BF16, 49152, 1408, 2048, 64, 1, 1, 0, 0, 0, "gemm_sm80_bf16_RC_"},
+      {9, SMELT_DTYPE_BF16, 8192, 14336, 4096, 8, 1, 1, 0, 0, 0, "gemm_sm90_bf16_RC_128x256x64_s4"},
+      {9, SMELT_DTYPE_F16, 8192, 14336, 4096, 8, 1, 1, 0, 0, 0, "gemm_sm90_f16_RC_128x256x64_s4"},
+      /* A decode step: 64 tokens over 8 experts (8 rows a group on average). */
+      {9, SMELT_DTYPE_BF16, 64, 14336, 4096, 8, 1, 1, 0, 0, 0, "gemm_sm90_bf16_RC_64x64x64_s13"},
+      /* Few wide tiles, groups of 128 rows: the narrow tile. */
+      {9, SMELT_DTYPE_BF16, 1024, 1024, 4096, 8, 1, 1, 0, 0, 0, "gemm_sm90_bf16_RC_128x64x64_s8"},
+      {9, SMELT_DTYPE_BF16, 8192, 14336, 4096, 8, 0, 1, 0, 0, 0, "gemm_sm80_bf16_RC_"},
+      {9, SMELT_DTYPE_BF16, 8192, 14336, 0, 8, 1, 1, 0, 0, 0, "gemm_sm80_bf16_RC_"},
+      {9, SMELT_DTYPE_BF16, 8192, 14336, 4096, 8, 1, 0, 0, 0, 0, "gemm_sm80_bf16_RC_"},
+      {9, SMELT_DTYPE_BF16, 8192, 14336, 4096, 8, 1, 1, 128, 64, 0, "gemm_sm90_bf16_RC_128x64x64_s8"},
+      {9, SMELT_DTYPE_BF16, 8192, 14336, 4096, 8, 1, 1, 128, 128, 0, "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"},
+      {9, SMELT_DTYPE_BF16, 8192, 14336, 4096, 8, 1, 1, 0, 0, 2, ""},
+      {9, SMELT_DTYPE_F32, 8192, 14336, 4096, 8, 1, 1, 0, 0, 0, "gemm_sm80_tf32_RC_"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const pick_case *c = &cases[i];
+    smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_GROUPED_OFFS, 1);
+    st.dt_a = st.dt_b = st.dt_d = c->dt;
+    if (c->dt == SMELT_DTYPE_F32) st.desc.math.op = SMELT_GEMM_MATH_TF32;
+    st.desc.tile.m = c->tile_m;
+    st.desc.tile.n = c->tile_n;
+    st.desc.tile.cluster_m = c->cluster_m;
+    /* a_k, a_mn, b_k, b_mn, tma, m (T), n, k, batch (G), sm90_d, k_min */
+    const smelt__gemm_facts f = {1, 1, 1, 1, c->tma, c->t, c->n, c->k, c->g, c->sm90_d, c->k};
+    smelt_status s;
+    const char *got = pick_name(&st, &f, c->cc_major, 0, &s);
+    if (strncmp(got, c->want, strlen(c->want)) || (!c->want[0] && s != SMELT_STATUS_UNSUPPORTED))
+      th_fail(__FILE__, __LINE__, "case %zu: picked \"%s\" (%s), want \"%s...\"", i, got, smelt_status_name(s),
+              c->want);
+  }
   smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_GROUPED_OFFS, 1);
-  /* a_k, a_mn, b_k, b_mn, tma, m (T), n, k, batch (G), sm90_d, k_min */
-  smelt__gemm_facts f = {1, 1, 1, 1, 1, 49152, 1408, 2048, 64, 1, 2048};
-  smelt_status s;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
-  CHECK(!strncmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_", 18));
-  const smelt__gemm_facts moe = {1, 1, 1, 1, 1, 8192, 14336, 4096, 8, 1, 4096};
-  f = moe;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
-  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_F16;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_f16_RC_128x256x64_s4"));
-  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
-  /* A decode step: 64 tokens over 8 experts (8 rows a group on average). */
-  f.m = 64;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_64x64x64_s13"));
-  /* Few wide tiles but 128-row groups: the narrow tile. */
-  f.m = 1024;
-  f.n = 1024;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
-  /* A D the fast epilogue cannot write (a partial 16-byte unit per row, or
-   * C), K = 0, or B's groups without a positive stride: mma.sync. */
-  f = moe;
-  f.sm90_d = 0;
-  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
-  f = moe;
-  f.k = f.k_min = 0;
-  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
-  f = moe;
-  f.tma = 0;
-  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
-  /* Asked tiles: the wide and narrow ones are served; 128 x 128 (the
-   * ping-pong kernel, which needs the tile count) goes to mma.sync; a
-   * cluster has no kernel. */
-  f = moe;
-  st.desc.tile.m = 128;
-  st.desc.tile.n = 64;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x64x64_s8"));
-  st.desc.tile.n = 128;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
-  st.desc.tile.m = st.desc.tile.n = 0;
-  st.desc.tile.cluster_m = 2;
-  pick_name(&st, &f, 9, 0, &s);
-  CHECK_EQ_INT(s, SMELT_STATUS_UNSUPPORTED);
-  st.desc.tile.cluster_m = 0;
-  /* tf32 stays on mma.sync; SIMT when asked. */
-  smelt__gemm_state tf = st;
-  tf.dt_a = tf.dt_b = tf.dt_d = SMELT_DTYPE_F32;
-  tf.desc.math.op = SMELT_GEMM_MATH_TF32;
-  CHECK(!strncmp(pick_name(&tf, &f, 9, 0, &s), "gemm_sm80_tf32_RC_", 18));
   st.desc.math.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  const smelt__gemm_facts f = {1, 1, 1, 1, 1, 8192, 14336, 4096, 8, 1, 4096};
+  smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
 }
 
@@ -81,12 +79,13 @@ static int hopper(void) {
 static ocase hcase(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t *offs, int tile_m, int tile_n,
                    const char *kernel) {
   ocase o = ocase_make(SMELT_DTYPE_BF16, t, n, k, g, offs);
-  o.b_col = 1;
-  o.ld16 = 1;
+  o.b_col = o.ld16 = 1;
   o.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
-  o.tile_m = tile_m;
-  o.tile_n = tile_n;
   o.kernel = kernel;
+  if (tile_m) { /* asked for (the selector's choice otherwise) */
+    o.tile_m = tile_m;
+    o.tile_n = tile_n;
+  }
   return o;
 }
 
