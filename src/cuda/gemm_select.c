@@ -334,10 +334,11 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
         /* Grouped by offsets: 16-bit types, the fast epilogue (D as
          * smelt__gemm_sm90_fast_d wants it, T and N below 2^31, no C), K >=
          * 1 and B's groups at a positive batch stride (one 3-D map; its
-         * 16-byte alignment is in f->b_k); not on the ping-pong or cluster
-         * kernels, whose schedules need the tile count. */
-        if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16) || pingpong(k) || clustered(k) || !f->sm90_d ||
-            f->k < 1 || f->k >= ((int64_t)1 << 31) || !f->tma)
+         * 16-byte alignment is in f->b_k); K-major A and B (the maps
+         * run_offs_sm90 builds); not on the ping-pong or cluster kernels,
+         * whose schedules need the tile count. */
+        if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16) || !k->a_kmajor || !k->b_kmajor || pingpong(k) ||
+            clustered(k) || !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !f->tma)
           return 0;
       } else if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
         if (pingpong(k) || clustered(k) || f->n % 4 != 0 || f->k < 1 || !f->tma || f->m >= ((int64_t)1 << 31) ||

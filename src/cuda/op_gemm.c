@@ -344,6 +344,7 @@ static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, c
                         (long long)bound);
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
+  /* K-major A and B (smelt__gemm_fits asks it of this mode). */
   if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
       (s = tensor_map_batched(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, args->count, p->b.bs, k->bn, k->bk)) ||
       (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
