@@ -115,8 +115,9 @@ static void test_gpu_uneven(void) {
   offs_check(&o, "sm90 64-row f32 D bias");
 }
 
-/* Many small uneven groups (some empty, more than a tile row's worth of
- * group ends in one tile) on the wide tile, with int32 and int64 offsets. */
+/* Many small uneven groups (some empty, several group ends in one tile's
+ * rows) on the wide tile with int32 offsets, and on the narrow one with
+ * int64 offsets. */
 static void test_gpu_many(void) {
   if (!hopper()) SKIP("no sm_90 device");
   static int64_t offs[70];
@@ -128,15 +129,17 @@ static void test_gpu_many(void) {
   ocase o = hcase(run + 17, 136, 72, 70, offs, 128, 256, "gemm_sm90_bf16_RC_128x256x64_s4");
   o.has_bias = 1;
   offs_check(&o, "sm90 70 groups");
+  /* The epilogue's rolled loop (leaky ReLU) on the narrow tile. */
   o.offs64 = 1;
   o.tile_n = 64;
+  o.act = SMELT_ACT_LEAKY_RELU;
   o.kernel = "gemm_sm90_bf16_RC_128x64x64_s8";
-  offs_check(&o, "sm90 70 groups narrow i64");
+  offs_check(&o, "sm90 70 groups narrow i64 leaky");
 }
 
 /* The caller's bug (decreasing, negative and too large offsets, clamped as
- * smelt/gemm.h says: the last group ends at T), one group over every row,
- * and all groups empty: no stray writes. */
+ * smelt/gemm.h says: the last group ends at T), one group over every row
+ * (on the selector's 64-row tile), and all groups empty: no stray writes. */
 static void test_gpu_edges(void) {
   if (!hopper()) SKIP("no sm_90 device");
   static const int64_t bad[] = {300, 100, 2000, -5, 900};
@@ -146,8 +149,8 @@ static void test_gpu_edges(void) {
   o.offs64 = 1;
   offs_check(&o, "sm90 clamped i64");
   static const int64_t one[] = {517}, none[] = {0, 0, 0};
-  o = hcase(517, 200, 64, 1, one, 128, 256, "gemm_sm90_bf16_RC_128x256x64_s4");
-  offs_check(&o, "sm90 one group");
+  o = hcase(517, 200, 64, 1, one, 0, 0, "gemm_sm90_bf16_RC_64x64x64_s13");
+  offs_check(&o, "sm90 one group, 64-row tile");
   o = hcase(300, 200, 64, 3, none, 128, 256, "gemm_sm90_bf16_RC_128x256x64_s4");
   offs_check(&o, "sm90 all empty");
 }
