@@ -76,6 +76,21 @@
  * so no CTA leaves while a peer may still arrive on its barriers (as
  * CUTLASS's load tail does).
  *
+ * Grouped by device offsets (MODE_GROUPED_OFFS, the MoE form; no
+ * clusters or ping-pong): the host knows T, N, K and G but not the rows
+ * per group, so it launches one CTA per SM and passes A and D as maps over
+ * all T rows and B as a 3-D map (K, N, G). The tiles are numbered group
+ * after group (group g: ceil(rows_g / BM) x ceil(N / BN), rastered as a
+ * plain problem); each thread that locates tiles (the producer and every
+ * consumer) keeps a forward cursor over the groups, reading one offset per
+ * group it passes and clamping the ends as smelt/gemm.h says, so all of
+ * them see the same tiles and stop together past the last group's
+ * (sm90_locate). A tile's A rows start at its group's first row (rows past
+ * the group's end are the next group's or TMA's zeros: they only reach
+ * rows that are not stored); B's box is at z = the group. A piece whose 64
+ * rows cross the group's end goes out through the threads, row-masked,
+ * instead of the TMA store (piece_out).
+ *
  * Parallel split-K (plain runs): tiles are numbered slice by slice, each
  * slice's K range loaded from its first K tile, and the fast epilogue
  * writes the slice's f32 partial sums into the workspace through a 3-D map
@@ -543,7 +558,9 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
 typedef struct sm90_tile {
   int tm, tn, kt0, ktiles;
   int slice; /* -1 unless a parallel split */
-  i64 m, n;
+  int bz;    /* grouped by offsets: B's group (z of its 3-D map), else -1 */
+  i64 row0;  /* A's and D's row of the tile's first row */
+  i64 m, n;  /* grouped by offsets: m is the group's end row in D */
   u64 bias;
   i64 bias_s;
   const tmap_t *ma, *mb, *md;
@@ -559,16 +576,66 @@ static __device__ __forceinline__ void unit_tile(int t, int tiles_m, int tiles_n
   w->tn = un * CN + (CN > 1 ? (int)rank : 0);
 }
 
+/* A CTA's forward cursor over the groups (each thread keeps its own; the
+ * units it asks for come in increasing order). Host scheduling: the group
+ * g. Grouped by offsets: g groups read so far, the last of them owning
+ * rows [r0, r1) of A and D and the units [first, first + units). It
+ * starts zeroed. */
+typedef struct sm90_cursor {
+  int g, first, units;
+  i64 r0, r1;
+} sm90_cursor;
+
+/* Grouped by offsets: moves the cursor to the group of unit t, reading
+ * one offset per group passed (the same few bytes for every CTA, from L2,
+ * and for the consumers from L1 after the producer's read); 0 when t lies
+ * past the last group's units. Each end is clamped as smelt/gemm.h says
+ * (to the running maximum and to T), so every thread that walks the same
+ * units finds the same tiles, and the host needs no total. */
+static __device__ __forceinline__ int offs_advance(const gemm_params &P, int t, sm90_cursor *c) {
+  while (t >= c->first + c->units) {
+    if (c->g == P.count) return 0;
+    const i64 e = P.offs_i64 ? (i64)__ldg((const long long *)P.offs + c->g) : (i64)__ldg((const int *)P.offs + c->g);
+    c->r0 = c->r1;
+    c->r1 = e < c->r0 ? c->r0 : e > P.p.m ? P.p.m : e;
+    c->first += c->units;
+    c->units = (int)((c->r1 - c->r0 + BM - 1) / BM) * P.tiles_n;
+    c->g++;
+  }
+  return 1;
+}
+
 /* Unit t (a tile without clusters); g is the caller's group cursor: units
  * come in increasing order, so the search moves forward (past empty
- * groups) and costs a load or two. Grouped: P.group_tiles counts units. */
-static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const tmap_t *tma_a, const tmap_t *tma_b,
-                                                   const tmap_t *tma_d, const tmap_t *gmaps, int t, int *g, u32 rank,
-                                                   sm90_tile *w) {
+ * groups) and costs a load or two. Grouped: P.group_tiles counts units.
+ * Grouped by offsets (no clusters): the group's tiles in A's and D's rows
+ * from its first row on, B at z = the group; 0 past the last group's
+ * tiles (the caller stops), else 1. */
+static __device__ __forceinline__ int sm90_locate(const gemm_params &P, const tmap_t *tma_a, const tmap_t *tma_b,
+                                                  const tmap_t *tma_d, const tmap_t *gmaps, int t, sm90_cursor *g,
+                                                  u32 rank, sm90_tile *w) {
+  w->bz = -1;
+  if (P.mode == MODE_GROUPED_OFFS) {
+    if (!offs_advance(P, t, g)) return 0;
+    w->m = g->r1;
+    w->n = P.p.n;
+    w->kt0 = 0;
+    w->ktiles = (int)((P.p.k + BK - 1) / BK);
+    w->slice = -1;
+    w->bz = g->g - 1;
+    w->bias = gemm_offset(P.p.bias, (i64)w->bz * P.bias_gs, P.dt_bias);
+    w->bias_s = P.p.bias_s;
+    w->ma = tma_a;
+    w->mb = tma_b;
+    w->md = tma_d;
+    unit_tile(t - g->first, (int)((g->r1 - g->r0 + BM - 1) / BM), P.tiles_n, P.swizzle, rank, w);
+    w->row0 = g->r0 + (i64)w->tm * BM;
+    return 1;
+  }
   if (P.mode == MODE_GROUPED) {
     const i64 *first = (const i64 *)P.group_tiles;
-    while (first[*g + 1] <= t) ++*g;
-    const gemm_prob *pg = (const gemm_prob *)P.groups + *g;
+    while (first[g->g + 1] <= t) ++g->g;
+    const gemm_prob *pg = (const gemm_prob *)P.groups + g->g;
     w->m = pg->m;
     w->n = pg->n;
     w->kt0 = 0;
@@ -576,11 +643,12 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
     w->slice = -1;
     w->bias = pg->bias;
     w->bias_s = pg->bias_s;
-    w->ma = gmaps + 3 * *g;
+    w->ma = gmaps + 3 * g->g;
     w->mb = w->ma + 1;
     w->md = w->ma + 2;
-    unit_tile((int)(t - first[*g]), (int)((w->m + BM - 1) / BM), (int)((w->n + BN - 1) / BN), P.swizzle, rank, w);
-    return;
+    unit_tile((int)(t - first[g->g]), (int)((w->m + BM - 1) / BM), (int)((w->n + BN - 1) / BN), P.swizzle, rank, w);
+    w->row0 = (i64)w->tm * BM;
+    return 1;
   }
   w->m = P.p.m;
   w->n = P.p.n;
@@ -602,6 +670,60 @@ static __device__ __forceinline__ void sm90_locate(const gemm_params &P, const t
   w->mb = tma_b;
   w->md = tma_d;
   unit_tile(t, P.tiles_m, P.tiles_n, P.swizzle, rank, w);
+  w->row0 = (i64)w->tm * BM;
+  return 1;
+}
+
+/* The box at (x, y, z) of a 3-D tensor map into dst. */
+static __device__ __forceinline__ void tma_load_3d(u32 dst, const tmap_t *map, int x, int y, int z, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(dst),
+      "l"((u64)map), "r"(x), "r"(y), "r"(z), "r"(bar)
+      : "memory");
+}
+
+/* Tile w's B box of the K step at x into dst (no clusters): from B's 3-D
+ * map at z = the group when grouped by offsets. */
+static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x, u32 bar) {
+#if B_MN
+#pragma unroll
+  for (int p = 0; p < BN / 64; p++) {
+    if (w.bz >= 0) tma_load_3d(dst + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, x, w.bz, bar);
+    else tma_load(dst + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, x, bar);
+  }
+#else
+  if (w.bz >= 0) tma_load_3d(dst, w.mb, x, w.tn * BN, w.bz, bar);
+  else tma_load(dst, w.mb, x, w.tn * BN, bar);
+#endif
+}
+
+/* Consumer c's filled piece buffer to D at column x, row y, through
+ * piece_end's TMA store; except, grouped by offsets, a piece whose 64 rows
+ * reach past its group's end row w.m (the rows after it are the next
+ * group's, or past the last group's end): after piece_end's barrier (which
+ * makes the buffer whole; it stores nothing then), the threads copy the
+ * rows before w.m out of the buffer in 16-byte units (the buffer's
+ * 128-byte rows hold eight, swizzled as piece_end's box; D's rows are
+ * whole units, smelt__gemm_sm90_fast_d). The buffer's next writer waits
+ * for these reads at its own piece's barrier, as for a TMA store's. */
+static __device__ __forceinline__ void piece_out(const gemm_params &P, int c, int tid, const sm90_tile &w, i64 x,
+                                                 i64 y, u32 buf) {
+  if (P.mode != MODE_GROUPED_OFFS || y + 64 <= w.m) {
+    piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
+    return;
+  }
+  piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);
+  const int es = gemm_esize(P.dt_d);
+#pragma unroll
+  for (int e = tid; e < 64 * 8; e += 128) {
+    const int r = e / 8, j = e % 8;
+    const i64 col = x + j * (16 / es);
+    if (y + r < w.m && col < w.n) {
+      const uint4 v = lds128(buf + (u32)r * 128u + ((u32)(j ^ (r % 8)) << 4));
+      *(uint4 *)(P.p.d + (u64)(((y + r) * P.p.d_rs + col) * es)) = v;
+    }
+  }
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -647,11 +769,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     SETMAXNREG_DEC(40);
 #endif
     if (tid != 0) return;
-    int stage = 0, g = 0;
+    int stage = 0;
+    sm90_cursor g = {0};
     u32 phase = 0;
     for (int t = unit0; t < tiles; t += units_step) {
       sm90_tile w;
-      sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w);
+      if (!sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w)) break;
       for (int kt = 0; kt < w.ktiles; kt++) {
         /* A fresh barrier counts as having completed the phase before phase
          * 0, so the first pass over the ring does not wait. */
@@ -672,16 +795,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         /* MN-major: one box per 64-column panel, (M or N, K) coordinates. */
 #if A_MN
 #pragma unroll
-        for (int p = 0; p < BM / 64; p++) tma_load(sa + p * PANEL_BYTES, w.ma, w.tm * BM + 64 * p, x, bar);
+        for (int p = 0; p < BM / 64; p++) tma_load(sa + p * PANEL_BYTES, w.ma, (int)w.row0 + 64 * p, x, bar);
 #else
-        tma_load(sa, w.ma, x, w.tm * BM, bar);
+        tma_load(sa, w.ma, x, (int)w.row0, bar);
 #endif
-#if B_MN
-#pragma unroll
-        for (int p = 0; p < BN / 64; p++)
-          tma_load(sa + A_BYTES + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, x, bar);
-#else
-        tma_load(sa + A_BYTES, w.mb, x, w.tn * BN, bar);
+        load_b(sa + A_BYTES, w, x, bar);
 #endif
 #endif
         if (++stage == GEMM_STAGES) {
@@ -710,12 +828,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   SETMAXNREG_INC(232);
 #endif
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
-  int stage = 0, g = 0;
+  int stage = 0;
+  sm90_cursor g = {0};
   u32 phase = 0, pieces = 0; /* pieces: the fast epilogue's stores so far */
   float d[ACCS];
   for (int t = unit0, j = 0; t < tiles; t += units_step, j++) {
     sm90_tile w;
-    sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w);
+    if (!sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w)) break;
 #if PINGPONG
     /* The consumers take this CTA's tiles in turn; the producer loads them
      * all in order, so the other consumer's tile is its ktiles stages of
@@ -727,8 +846,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       continue;
     }
 #endif
-    const int tm = w.tm, tn = w.tn, ktiles = w.ktiles;
-    const i64 m0 = (i64)tm * BM + (PINGPONG ? 0 : c * 64), n0 = (i64)tn * BN;
+    const int tn = w.tn, ktiles = w.ktiles;
+    const i64 m0 = w.row0 + (PINGPONG ? 0 : c * 64), n0 = (i64)tn * BN;
     /* The fast epilogue's bias, columns tid and tid + 128 of the tile,
      * loaded now so that the load's latency hides behind the main loop. */
     float bias_lo = 0.f, bias_hi = 0.f;
@@ -807,7 +926,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (P.act == ACT_GELU) act_piece16_n(v, ACT_GELU);
           else if (P.act == ACT_SILU) act_piece16_n(v, ACT_SILU);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
+          piece_out(P, c, tid, w, x, y, buf);
         }
         continue;
       }
@@ -830,14 +949,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (P.dt_d != DT_F32) {
           const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
+          piece_out(P, c, tid, w, x, y, buf);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
             const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
             put_half32(buf, v, half, warp, lane);
-            piece_end(c, tid, w.md, (int)x + 32 * half, (int)y, w.slice, y < w.m, buf);
+            piece_out(P, c, tid, w, x + 32 * half, y, buf);
           }
         }
       }

@@ -11,6 +11,7 @@ extern const th_test th_tests_core[];
 extern const th_test th_tests_cache[];
 extern const th_test th_tests_gemm_tune[];
 extern const th_test th_tests_gemm_gemv[];
+extern const th_test th_tests_gemm_offs_sm90[];
 extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
 /* Every op family has a suite of its name (src/core/families.h). */
@@ -28,6 +29,7 @@ static const struct {
     {"threads", th_tests_threads},
     {"gemm_tune", th_tests_gemm_tune},
     {"gemm_gemv", th_tests_gemm_gemv},
+    {"gemm_offs_sm90", th_tests_gemm_offs_sm90},
     {"compile", th_tests_compile},
 };
 

@@ -9,6 +9,7 @@
  * rows and guarded at both ends; every element must be written and nothing
  * else. Bad-input tests check status, message and an untouched output. */
 #include "core/error_bound.h"
+#include "gemm_offs.h"
 #include "harness.h"
 #include "cuda/gemm_cuda.h"
 
@@ -1455,7 +1456,7 @@ static void test_gpu_sm90_act16(void) {
 
 /* A state as planning leaves it for bf16 operands and D, f32 accumulation
  * and the default desc, in the given mode and split-K. */
-static smelt__gemm_state bf16_state(smelt_gemm_mode mode, int split_k) {
+smelt__gemm_state bf16_state(smelt_gemm_mode mode, int split_k) {
   const smelt__gemm_state st = {.desc = smelt_gemm_desc_default(),
                                 .mode = mode,
                                 .split_k = split_k,
@@ -1466,8 +1467,7 @@ static smelt__gemm_state bf16_state(smelt_gemm_mode mode, int split_k) {
   return st;
 }
 
-/* What the selector picks for a state on a device, as the kernel's name. */
-static const char *pick_name(const smelt__gemm_state *st, const smelt__gemm_facts *f, int cc_major, int cc_minor,
+const char *pick_name(const smelt__gemm_state *st, const smelt__gemm_facts *f, int cc_major, int cc_minor,
                              smelt_status *status) {
   static smelt__kernel_src src;
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
@@ -1715,22 +1715,11 @@ static void test_selector(void) {
 
 /* ---------------------------------------------------------------- grouped by offsets */
 
-/* smelt_gemm_grouped_offs: G GEMMs over row ranges of a stacked A and D,
- * the ranges from an offsets tensor. Checked against a loop written here
- * that applies smelt/gemm.h's clamping rule on its own (row r belongs to
- * the first group whose clamped end exceeds it); rows no group owns, the
- * padding between D's rows and the guards must keep their poison. */
-typedef struct ocase {
-  smelt_dtype a, b, d, bias;
-  int64_t t, n, k, g;
-  const int64_t *offs; /* [g] */
-  int offs64;          /* int64 offsets, else int32 */
-  int b_col;           /* B as the view of a [G, N, K] tensor (K contiguous) */
-  int has_c, has_bias;
-  int ld16;            /* leading dimensions rounded up to 16 elements (tensor-op alignment) */
-  smelt_act act;
-  smelt_gemm_opclass opclass;
-} ocase;
+/* smelt_gemm_grouped_offs (the case is in gemm_offs.h). Checked against
+ * a loop written here that applies smelt/gemm.h's clamping rule on its own
+ * (row r belongs to the first group whose clamped end exceeds it); rows no
+ * group owns, the padding between D's rows and the guards must keep their
+ * poison. */
 
 /* Host memory of a case: A [T, K], B as [G, K, N] or [G, N, K], C and D
  * [T, N] with spare columns, bias [G, N] with a spare column. */
@@ -1794,6 +1783,8 @@ static smelt_gemm_desc offs_desc(const ocase *o) {
   d.epilogue.slope = 0.2f;
   d.epilogue.alpha = 1.25;
   d.epilogue.beta = o->has_c ? -0.5 : 0.0;
+  d.tile.m = o->tile_m;
+  d.tile.n = o->tile_n;
   return d;
 }
 
@@ -1833,6 +1824,8 @@ static smelt_status offs_run(smelt_ctx *ctx, const ocase *o, const oinputs *in, 
   smelt_plan *plan = NULL;
   smelt_status st = smelt_gemm_grouped_offs_plan(ctx, &desc, &ta, &tb, o->has_c ? &tc : NULL, &td,
                                                  o->has_bias ? &tbias : NULL, &toffs, &plan);
+  if (st == SMELT_OK && o->kernel && ctx != th_cpu() && strncmp(smelt_plan_describe(plan), o->kernel, strlen(o->kernel)))
+    th_fail(__FILE__, __LINE__, "plan runs %s, want %s...", smelt_plan_describe(plan), o->kernel);
   for (int i = 0; i < runs && st == SMELT_OK; i++)
     st = smelt_gemm_grouped_offs_run(plan, &ta, &tb, o->has_c ? &tc : NULL, &td, o->has_bias ? &tbias : NULL, &toffs);
   smelt_plan_destroy(plan);
@@ -1899,8 +1892,7 @@ static double offs_bound(const ocase *o) {
   return bound_of(&s);
 }
 
-/* CPU against the naive loop; with a GPU, CUDA against the CPU. */
-static void offs_check(const ocase *o, const char *what) {
+void offs_check(const ocase *o, const char *what) {
   char label[192];
   snprintf(label, sizeof label, "grouped_offs %s %sx%s->%s %s T%lld N%lld K%lld G%lld i%d act %d%s%s", what,
            dn(o->a), dn(o->b), dn(o->d), o->b_col ? "RC" : "RR", (long long)o->t, (long long)o->n, (long long)o->k,
@@ -1939,7 +1931,7 @@ static void offs_check(const ocase *o, const char *what) {
   offs_inputs_free(&in);
 }
 
-static ocase ocase_make(smelt_dtype dt, int64_t t, int64_t n, int64_t k, int64_t g, const int64_t *offs) {
+ocase ocase_make(smelt_dtype dt, int64_t t, int64_t n, int64_t k, int64_t g, const int64_t *offs) {
   ocase o;
   memset(&o, 0, sizeof o);
   o.a = o.b = o.d = dt;
@@ -2008,23 +2000,6 @@ static void test_grouped_offs(void) {
   offs_check(&o, "clamped");
   o.offs64 = 1;
   offs_check(&o, "clamped i64");
-}
-
-/* The selector never gives device offsets to the Hopper kernel (its TMA
- * stores would cross group edges): mma.sync on sm_90 as on sm_80; a Hopper
- * cluster asked for has no kernel. */
-static void test_grouped_offs_selector(void) {
-  smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_GROUPED_OFFS, 1);
-  smelt__gemm_facts f = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = 49152, .n = 1408, .k = 2048, .batch = 64, .sm90_d = 1, .k_min = 2048};
-  smelt_status s;
-  CHECK(!strncmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm80_bf16_RC_", 18));
-  CHECK(!strncmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_", 18));
-  st.desc.tile.cluster_m = 2;
-  pick_name(&st, &f, 9, 0, &s);
-  CHECK_EQ_INT(s, SMELT_STATUS_UNSUPPORTED);
-  st.desc.tile.cluster_m = 0;
-  st.desc.math.opclass = SMELT_GEMM_OPCLASS_SIMT;
-  CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
 }
 
 /* GPU: larger shapes on SIMT and mma.sync, many groups (more than one
@@ -2270,7 +2245,6 @@ const th_test th_tests_gemm[] = {
     {"gpu_sm90_act16", test_gpu_sm90_act16},
     {"grouped_offs", test_grouped_offs},
     {"grouped_offs_bad", test_grouped_offs_bad},
-    {"grouped_offs_selector", test_grouped_offs_selector},
     {"gpu_grouped_offs", test_gpu_grouped_offs},
     {"empty_huge_batch", test_empty_huge_batch},
     {0, 0},

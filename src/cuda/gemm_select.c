@@ -18,8 +18,9 @@
  *   flight, while one m16n8k16 fragment pair covers all 16 rows (above 16
  *   the 64-row tiles waste less and keep up with cuBLAS);
  *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
- *   fp8 (16- or 8-bit D) GEMMs, and grouped ones with 16-bit row-major D
- *   whose rows are whole 16-byte units (N a multiple of 8) and no C, with
+ *   fp8 (16- or 8-bit D) GEMMs, grouped ones with 16-bit row-major D
+ *   whose rows are whole 16-byte units (N a multiple of 8) and no C, and
+ *   f16/bf16 ones grouped by offsets with such a D (or f32 D), with
  *   row-major A and column-major B, 16-byte aligned, K >= 1 (and parallel
  *   splits of such plain GEMMs when asked for, N a multiple of 4): the
  *   cooperative schedule with 128 x 256 tiles when they keep at least half
@@ -340,9 +341,11 @@ void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *a
     return;
   }
   /* Grouped by offsets: B steps by its batch stride from group to group
-   * (A, C and D by rows, which the row stride's alignment covers). */
+   * (A, C and D by rows, which the row stride's alignment covers); TMA
+   * reads B's groups through one 3-D map, which wants a positive stride. */
   prob_facts(st, &args->prob,
              st->mode == SMELT_GEMM_MODE_BATCHED || st->mode == SMELT_GEMM_MODE_GROUPED_OFFS ? args->count : 1, f);
+  if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS && args->count > 1 && args->prob.b.bs < 1) f->tma_b[0] = f->tma_b[1] = 0;
   f->m = args->prob.m;
   f->n = args->prob.n;
   f->k = args->prob.k;
@@ -379,6 +382,16 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
        * grouped runs have). */
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
         if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !tma) return 0;
+      } else if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) {
+        /* Grouped by offsets: 16-bit types, the fast epilogue (D as
+         * smelt__gemm_sm90_fast_d wants it, T and N below 2^31, no C), K >=
+         * 1 and B's groups at a positive batch stride (one 3-D map; its
+         * 16-byte alignment is in f->b_k or f->b_mn); K-major A (the groups'
+         * rows stacked), B either way; not on the ping-pong or cluster
+         * kernels, whose schedules need the tile count. */
+        if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16) || !k->a_kmajor || pingpong(k) || clustered(k) ||
+            !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !tma)
+          return 0;
       } else if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
         if (pingpong(k) || clustered(k) || f->n % 4 != 0 || f->k < 1 || !tma || f->m >= ((int64_t)1 << 31) ||
             f->n >= ((int64_t)1 << 31) || f->k >= ((int64_t)1 << 32))
@@ -458,8 +471,16 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * keep at least half the SMs busy, else its 128 x 64 or 64 x 64 tile
      * (16-bit types; the others go to mma.sync), or the tile the
      * description asks for. Grouped runs count the first group's tiles
-     * once per group (and take its M for the M <= 64 rule). */
-    const int64_t wide = smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 256) *
+     * once per group (and take its M for the M <= 64 rule). Grouped by
+     * offsets, whose row counts the host never sees: T's row tiles plus
+     * half a tile for each group's ragged end (at most min(G, T) groups
+     * have rows), and T / G rows for the M <= 64 rule, which then also
+     * rules out the wide tile (groups of a few rows would waste most of
+     * its 128 rows' tensor work; the narrower tiles stream B all the same). */
+    const int offs = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS;
+    const int64_t offs_ends = offs ? (f->batch < f->m ? f->batch : f->m) / 2 : 0;
+    const int64_t m_rule = offs && f->batch > 0 ? smelt__ceil_div(f->m, f->batch) : f->m;
+    const int64_t wide = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 256) *
                          (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
     /* The 64 x 64 tile (one consumer warpgroup) instead of the 128 x 64
      * one when those would leave at least half the SMs idle: it has up to
@@ -468,9 +489,9 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * its 13 stages keep more of B in flight than 8 of 128 x 64, half of
      * whose A rows are zeros (on H100, 64 x 4096 x 4096: 18.6 against 29.5
      * us; docs/PERF.md, seventh round). 64 x 128 only when asked for. */
-    const int64_t narrow = smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 64) *
+    const int64_t narrow = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 64) *
                            (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
-    const int rows64 = f->m <= 64 || 2 * narrow <= dev->sm_count;
+    const int rows64 = m_rule <= 64 || 2 * narrow <= dev->sm_count;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):
      * it ran behind the cooperative one, plain and with bias + GELU alike
@@ -481,7 +502,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && 2 * wide < dev->sm_count) ||
+      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64))) ||
                      (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
         continue;
       snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s%s",

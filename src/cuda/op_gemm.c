@@ -16,7 +16,9 @@
  *   grouped by offsets  grid ((ceil(T / BM) + G) x tiles along N), an
  *               upper bound the host knows without reading the offsets;
  *               each block finds its group and tile from the device
- *               offsets (gemm_locate_offs) or exits (device scheduling).
+ *               offsets (gemm_locate_offs) or exits (device scheduling);
+ *               on Hopper, persistent CTAs walk the tiles of all groups
+ *               from the offsets and stop past the last group's.
  * A run whose operands do not fit the planned kernel (a less aligned pointer,
  * a group with other strides) takes the selector's choice for them instead,
  * loaded once and kept in the plan. */
@@ -184,25 +186,34 @@ static size_t ws_size(smelt_gemm_acc acc) { return acc == SMELT_GEMM_ACC_F64 ? 8
 /* A 2-D tensor map over a K-major operand (or a row-major D, with k its
  * columns; or an MN-major operand, with K its rows and M or N its k):
  * rows x k elements, rows `rs` elements apart, boxes of box_rows x bk (bk
- * elements are 128 bytes) with the 128-byte swizzle. */
-static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows, int64_t k,
-                               int64_t rs, int box_rows, int bk) {
+ * elements are 128 bytes) with the 128-byte swizzle. With batch >= 1, a
+ * 3-D map of `batch` such matrices `bs` elements apart, boxes of one
+ * matrix's box_rows x bk. */
+static smelt_status tensor_map_batched(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
+                                       int64_t k, int64_t rs, int64_t batch, int64_t bs, int box_rows, int bk) {
   const uint64_t es = smelt_dtype_size(dt);
-  /* With one row the stride is never used; TMA still wants a valid one. */
+  /* With one row the stride is never used; TMA still wants a valid one.
+   * So with one matrix: the batch stride. */
   uint64_t stride = rows > 1 ? (uint64_t)rs * es : ((uint64_t)k * es + 15) / 16 * 16;
-  const uint64_t dims[2] = {(uint64_t)k, (uint64_t)rows}, strides[1] = {stride};
-  const unsigned box[2] = {(unsigned)bk, (unsigned)box_rows}, ones[2] = {1, 1};
+  const uint64_t dims[3] = {(uint64_t)k, (uint64_t)rows, (uint64_t)batch},
+                 strides[2] = {stride, batch > 1 ? (uint64_t)bs * es : stride * (uint64_t)rows};
+  const unsigned box[3] = {(unsigned)bk, (unsigned)box_rows, 1}, ones[3] = {1, 1, 1};
   /* fp8 travels as bytes and f32 (tf32 math) as f32: TMA copies bits, the
    * wgmma reads them as its types. */
   const int tdt = dt == SMELT_DTYPE_BF16  ? SMELT__TMA_BF16
                   : dt == SMELT_DTYPE_F16 ? SMELT__TMA_F16
                   : dt == SMELT_DTYPE_F32 ? SMELT__TMA_F32
                                           : SMELT__TMA_U8;
-  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, tdt, 2, (void *)data, dims, strides, box, ones,
-                                                        SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B,
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, tdt, batch >= 1 ? 3 : 2, (void *)data, dims, strides, box,
+                                                        ones, SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B,
                                                         SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   if (r) return smelt__cu_error(r, "smelt_gemm", "cuTensorMapEncodeTiled");
   return SMELT_OK;
+}
+
+static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows, int64_t k,
+                               int64_t rs, int box_rows, int bk) {
+  return tensor_map_batched(map, dt, data, rows, k, rs, 0, 0, box_rows, bk);
 }
 
 /* The Hopper kernel's A and B maps for problem p: a K-major operand in
@@ -332,14 +343,42 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   return s;
 }
 
-/* Grouped by offsets: one launch over the worst case of tiles; the SIMT
- * and mma.sync kernels only (the selector never gives this mode to the
- * Hopper kernel, whose TMA stores would cross group boundaries). */
+/* Grouped by offsets on Hopper (the fast epilogue only, no clusters): A
+ * and D as maps over all T rows, B as a 3-D map (K, N, G) whose box is in
+ * one group; one persistent CTA per SM, each walking the tiles of all
+ * groups from the device offsets until past the last group's
+ * (kernels/gemm_sm90.cu, sm90_locate), so the host needs no tile count.
+ * kp->tiles_m x tiles_n is an upper bound on the tiles. */
+static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k,
+                                  CUfunction f, smelt__gemm_kparams *kp, const smelt__gemm_args *args) {
+  const smelt__gemm_prob *p = &args->prob;
+  const int64_t bound = (int64_t)kp->tiles_m * kp->tiles_n;
+  /* Each CTA's unit index runs up to a grid's width past the last tile. */
+  if (bound > 0x7fffffff - (int64_t)ctx->cuda->info.sm_count)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm_grouped_offs: %lld tiles (bound) exceed 2^31 - 1 - SMs",
+                        (long long)bound);
+  smelt__cu_tensor_map ta, tb, td;
+  smelt_status s;
+  /* K-major A and B (smelt__gemm_fits asks it of this mode). */
+  if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
+      (s = k->b_kmajor
+               ? tensor_map_batched(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, args->count, p->b.bs, k->bn, k->bk)
+               : tensor_map_batched(&tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, args->count, p->b.bs, k->bk, 64)) ||
+      (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
+    return s;
+  int fast = 1;
+  const void *gmaps = NULL;
+  void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps};
+  return sm90_launch(ctx, "smelt_gemm_grouped_offs", k, f, bound, params);
+}
+
+/* Grouped by offsets: one launch over the worst case of tiles (the SIMT
+ * and mma.sync kernels: a block per tile; Hopper: run_offs_sm90). */
 static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, CUfunction f,
                              smelt__gemm_kparams *kp, const smelt__gemm_args *args) {
   const char *op = "smelt_gemm_grouped_offs";
   const smelt__gemm_prob *p = &args->prob;
-  if (k->fam != SMELT__GK_SIMT && k->fam != SMELT__GK_SM80)
+  if (k->fam != SMELT__GK_SIMT && k->fam != SMELT__GK_SM80 && k->fam != SMELT__GK_SM90)
     return smelt__error(SMELT_STATUS_INTERNAL, "%s: kernel family %d does not take device offsets", op, (int)k->fam);
   if (p->m == 0 || p->n == 0 || args->count == 0) return SMELT_OK;
   if (args->count > 0x7fffffff)
@@ -356,6 +395,7 @@ static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   kp->offs = (uint64_t)(uintptr_t)args->offs;
   kp->offs_i64 = st->dt_offs == SMELT_DTYPE_I64;
   kp->bias_gs = p->bias_gs;
+  if (k->fam == SMELT__GK_SM90) return run_offs_sm90(ctx, st, k, f, kp, args);
   void *params[] = {kp};
   return smelt__cuda_launch(ctx, op, f, (unsigned)(tiles_m * tiles_n), 1, 1, (unsigned)k->threads, (unsigned)k->smem,
                             params);
