@@ -139,6 +139,25 @@ static void test_gpu_many(void) {
   offs_check(&o, "sm90 70 groups narrow i64 leaky");
 }
 
+/* RR (B as [G, K, N], N contiguous: the MN-major B through a 3-D map of
+ * 64-column panels): uneven groups on every tile the selector has for it,
+ * N a multiple of neither 64 nor 256, K of a partial step, bias. */
+static void test_gpu_rr(void) {
+  if (!hopper()) SKIP("no sm_90 device");
+  static const int64_t offs[] = {0, 5, 133, 133, 400, 402, 640};
+  static const int tiles[][2] = {{128, 256}, {128, 64}, {64, 64}};
+  static const char *const kernels[] = {"gemm_sm90_bf16_RR_128x256x64_s4", "gemm_sm90_bf16_RR_128x64x64_s8",
+                                        "gemm_sm90_bf16_RR_64x64x64_s13"};
+  for (int i = 0; i < 3; i++) {
+    ocase o = hcase(680, 264, 72, 7, offs, tiles[i][0], tiles[i][1], kernels[i]);
+    o.b_col = 0;
+    o.has_bias = i != 1;
+    o.act = i == 0 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
+    o.offs64 = i == 2;
+    offs_check(&o, "sm90 RR");
+  }
+}
+
 /* The caller's bug (decreasing, negative and too large offsets, clamped as
  * smelt/gemm.h says: the last group ends at T), one group over every row
  * (on the selector's 64-row tile), and all groups empty: no stray writes. */
@@ -173,6 +192,6 @@ static void test_gpu_fallback(void) {
 
 const th_test th_tests_gemm_offs_sm90[] = {
     {"selector", test_selector},         {"gpu_uneven", test_gpu_uneven}, {"gpu_many", test_gpu_many},
-    {"gpu_edges", test_gpu_edges},       {"gpu_fallback", test_gpu_fallback},
+    {"gpu_rr", test_gpu_rr},             {"gpu_edges", test_gpu_edges},   {"gpu_fallback", test_gpu_fallback},
     {0, 0},
 };
