@@ -801,7 +801,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
         load_b(sa + A_BYTES, w, x, bar);
 #endif
-#endif
         if (++stage == GEMM_STAGES) {
           stage = 0;
           phase ^= 1;
