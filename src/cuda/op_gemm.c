@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F_MAIN, F_REDUCE };
+enum { F_MAIN, F_REDUCE, F_PREP };
 
 /* Split-K for a plain GEMM with few output tiles and a long K: enough slices
  * to give every SM work, each at least 1024 deep, at most 16. */
@@ -63,6 +63,44 @@ static int ptr_align(const void *p) {
   return (int)(bits & (~bits + 1));
 }
 
+/* Hopper with the operand pre-pass (smelt__gemm_prep_choose): the main
+ * kernel is the selector's Hopper choice for the prepped operands, a plain
+ * GEMM without split or tuning record. Returns 0 (and clears cp->prep)
+ * when the selector gives them no Hopper kernel, e.g. for a tile only
+ * mma.sync has or a problem too small for the wide tf32 tile: the plan then
+ * goes on with the operands as they are. */
+static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const smelt__gemm_facts *f,
+                        const smelt__gemm_kernel *table, int n, smelt_status *s) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  smelt__gemm_cuda_plan *cp = (smelt__gemm_cuda_plan *)plan->backend;
+  smelt__gemm_state ps;
+  smelt__gemm_facts pf;
+  smelt__gemm_prep_facts(st, &args->prob, f, cp->prep, &ps, &pf);
+  char why[96];
+  int ki;
+  if (smelt__gemm_select(&ps, &pf, &plan->ctx->cuda->info, table, n, &ki, why, sizeof why) != SMELT_OK ||
+      table[ki].fam != SMELT__GK_SM90) {
+    cp->prep[0] = cp->prep[1] = SMELT__PREP_NONE;
+    return 0;
+  }
+  cp->mode = SMELT_GEMM_MODE_PLAIN;
+  cp->split_k = 1;
+  cp->kernel = ki;
+  cp->fallback = -1;
+  CUfunction prep;
+  if ((*s = load(plan->ctx, &table[ki], &plan->func[F_MAIN])) || (*s = smelt__gemm_prep_load(plan->ctx, &prep)))
+    return 1;
+  plan->func[F_PREP] = prep;
+  plan->variant = ki;
+  plan->block = table[ki].threads;
+  smelt__kernel_src src;
+  smelt__gemm_kernel_src(&table[ki], &src);
+  static const char *const what[] = {"", "K-major copy", "tf32 rounding", "3xtf32 split"};
+  snprintf(plan->describe, sizeof plan->describe, "%.60s (%.40s; pre-pass: A %s, B %s)", src.name, why,
+           cp->prep[0] ? what[cp->prep[0]] : "none", cp->prep[1] ? what[cp->prep[1]] : "none");
+  return 1;
+}
+
 static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
@@ -75,9 +113,11 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   const int n = smelt__gemm_table(table);
   smelt__gemm_facts f;
   smelt__gemm_facts_of(st, args, &f);
+  smelt_status s = SMELT_OK;
+  if (smelt__gemm_prep_choose(st, &f, dev, cp->prep) && plan_prepped(plan, args, &f, table, n, &s)) return s;
   char why[96];
   int ki;
-  smelt_status s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
+  s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
   if (s) return s;
   /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and split. */
   const int tuned_split = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS
@@ -153,6 +193,8 @@ static smelt_status pick(smelt_plan *plan, const smelt__gemm_kernel *table, int 
   smelt__gemm_cuda_plan *cp = (smelt__gemm_cuda_plan *)plan->backend;
   *ki = cp->kernel;
   *main = (CUfunction)plan->func[F_MAIN];
+  /* Prepped operands live in a workspace of the kernel's layout. */
+  if (cp->prep[0] || cp->prep[1]) return SMELT_OK;
   if (st->mode != SMELT_GEMM_MODE_GROUPED && ptr_align(args->prob.a.data) >= cp->align[0] &&
       ptr_align(args->prob.b.data) >= cp->align[1] && ptr_align(args->prob.d.data) >= cp->align[2])
     return SMELT_OK;
@@ -401,6 +443,43 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   return sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
 }
 
+/* Hopper with the operand pre-pass: the prepped operands into one
+ * workspace from the context's pool (A's rows, then B's at a 256-byte
+ * boundary), then the plain Hopper launch on them as an RC problem. The
+ * workspace goes back to the pool in stream order after the launch. */
+static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
+                                const smelt__gemm_args *args) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
+  smelt_ctx *ctx = plan->ctx;
+  smelt__gemm_prob p = args->prob;
+  const int64_t lda = smelt__gemm_prep_ld(cp->prep[0], p.k, st->dt_a), ldb = smelt__gemm_prep_ld(cp->prep[1], p.k, st->dt_b);
+  const size_t a_bytes = cp->prep[0] ? ((size_t)(p.m * lda) * smelt_dtype_size(st->dt_a) + 255) / 256 * 256 : 0;
+  const size_t b_bytes = cp->prep[1] ? (size_t)(p.n * ldb) * smelt_dtype_size(st->dt_b) : 0;
+  void *ws = NULL;
+  smelt_status s = smelt__cuda_alloc(ctx, a_bytes + b_bytes, &ws);
+  if (s) return s;
+  CUfunction prep = (CUfunction)plan->func[F_PREP];
+  if (cp->prep[0]) {
+    s = smelt__gemm_prep_run(ctx, prep, cp->prep[0], 0, p.a.data, st->dt_a, p.m, p.k, p.a.rs, p.a.cs, ws);
+    p.a.data = ws;
+    p.a.rs = lda;
+    p.a.cs = 1;
+  }
+  if (!s && cp->prep[1]) {
+    void *wb = (char *)ws + a_bytes;
+    s = smelt__gemm_prep_run(ctx, prep, cp->prep[1], 1, p.b.data, st->dt_b, p.n, p.k, p.b.cs, p.b.rs, wb);
+    p.b.data = wb;
+    p.b.cs = ldb;
+    p.b.rs = 1;
+  }
+  p.k = smelt__gemm_prep_gemm_k(st, cp->prep, p.k);
+  kprob_of(&kp->p, &p);
+  if (!s) s = run_sm90(ctx, st, k, f, kp, &p);
+  smelt_status s2 = smelt__cuda_free(ctx, ws);
+  return s ? s : s2;
+}
+
 static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
@@ -458,6 +537,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld output tiles exceed 2^31 - 1", (long long)tiles);
   kp.tiles_m = (int)tiles_m;
   kp.tiles_n = (int)tiles_n;
+  if (cp->prep[0] || cp->prep[1]) return run_prepped(plan, k, f, &kp, args);
   if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_PLAIN) return run_sm90(ctx, st, k, f, &kp, &args->prob);
 
   void *ws = NULL;
