@@ -10,6 +10,7 @@
 extern const th_test th_tests_core[];
 extern const th_test th_tests_cache[];
 extern const th_test th_tests_gemm_tune[];
+extern const th_test th_tests_gemm_prep[];
 extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
 /* Every op family has a suite of its name (src/core/families.h). */
@@ -26,6 +27,7 @@ static const struct {
     SMELT__FAMILY_LIST(SUITE)
     {"threads", th_tests_threads},
     {"gemm_tune", th_tests_gemm_tune},
+    {"gemm_prep", th_tests_gemm_prep},
     {"compile", th_tests_compile},
 };
 
