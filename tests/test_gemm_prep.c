@@ -371,8 +371,11 @@ static void test_gpu_tf32(void) {
         char what[200] = "";
         if (!run_gpu(cu, &c, a, b, got, what, sizeof what)) goto done;
         double scale, e_exact = rel_l2(got, exact, m * n, &scale), e_rounded = rel_l2(got, rounded, m * n, NULL);
-        /* Against the rounded inputs only the f32 accumulation differs. */
-        const double accum = 2e-6 + 4e-9 * (double)k;
+        /* Against the rounded inputs only the f32 accumulation differs:
+         * the tensor cores' sum truncates, about 2e-8 of relative error
+         * per accumulating k8 mma (the rate mma.sync 3xtf32 showed on H100,
+         * three mmas a k8 step), so the bound grows with K. */
+        const double accum = 2e-6 + 6e-9 * (double)k;
         if (e_rounded > accum || fabs(scale) > 1e-4 || e_exact > 6e-4 ||
             !strstr(what, path ? "pre-pass: A tf32 rounding, B tf32 rounding" : "gemm_sm80_tf32"))
           th_fail(__FILE__, __LINE__,
