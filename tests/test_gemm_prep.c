@@ -170,11 +170,21 @@ static void test_prep_select(void) {
   CHECK(prep[0] == SMELT__PREP_SPLIT && prep[1] == SMELT__PREP_SPLIT);
   CHECK(!strcmp(prepped_pick(&st, &p, &f, prep, &h100), "gemm_sm90_tf32_RC_128x256x32_s4"));
   CHECK_EQ_INT(smelt__gemm_prep_gemm_k(&st, prep, 8191), 3 * 8192);
-  /* Not on other GPUs (mma.sync rounds in registers), not in other modes,
-   * not for SIMT as asked. */
-  CHECK(!smelt__gemm_prep_choose(&st, &f, &a100, prep) && !prep[0] && !prep[1]);
+  /* Batched GEMMs too (one entry at a time). Not on other GPUs (mma.sync
+   * rounds in registers), not in the split and grouped modes, not for SIMT
+   * as asked. */
   st.mode = SMELT_GEMM_MODE_BATCHED;
-  CHECK(!smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(!strcmp(prepped_pick(&st, &p, &f, prep, &h100), "gemm_sm90_tf32_RC_128x256x32_s4"));
+  st.mode = SMELT_GEMM_MODE_PLAIN;
+  CHECK(!smelt__gemm_prep_choose(&st, &f, &a100, prep) && !prep[0] && !prep[1]);
+  static const smelt_gemm_mode others[] = {SMELT_GEMM_MODE_SPLIT_K_SERIAL, SMELT_GEMM_MODE_SPLIT_K_PARALLEL,
+                                           SMELT_GEMM_MODE_ARRAY, SMELT_GEMM_MODE_GROUPED,
+                                           SMELT_GEMM_MODE_GROUPED_OFFS};
+  for (int i = 0; i < 5; i++) {
+    st.mode = others[i];
+    CHECK(!smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  }
   st.mode = SMELT_GEMM_MODE_PLAIN;
   st.desc.math.opclass = SMELT_GEMM_OPCLASS_SIMT;
   CHECK(!smelt__gemm_prep_choose(&st, &f, &h100, prep));
@@ -478,6 +488,60 @@ static void test_gpu_fp8_mn(void) {
   }
 }
 
+/* Batched tf32: A [3, M, K] row-major, one B [K, N] row-major for every
+ * entry (batch stride 0), D [3, M, N]; on Hopper through the pre-pass one
+ * entry at a time. */
+static void test_gpu_batched_tf32(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  const int64_t L = 3, m = 129, n = 264, k = 72; /* 16-byte rows: mma.sync takes them elsewhere */
+  double *a = (double *)malloc(sizeof(double) * (size_t)(L * m * k)), *b = (double *)malloc(sizeof(double) * (size_t)(k * n));
+  double *ref = (double *)malloc(sizeof(double) * (size_t)(L * m * n)), *got = (double *)malloc(sizeof(double) * (size_t)(L * m * n));
+  float *ha = (float *)malloc(sizeof(float) * (size_t)(L * m * k)), *hb = (float *)malloc(sizeof(float) * (size_t)(k * n));
+  float *hd = (float *)malloc(sizeof(float) * (size_t)(L * m * n));
+  random_f32(a, L * m * k);
+  random_f32(b, k * n);
+  for (int64_t i = 0; i < L * m * k; i++) ha[i] = (float)a[i];
+  for (int64_t i = 0; i < k * n; i++) hb[i] = (float)b[i];
+  for (int64_t l = 0; l < L; l++) reference(a + l * m * k, b, m, n, k, 1, ref + l * m * n);
+  th_buf A = th_buf_new(cu, sizeof(float) * (size_t)(L * m * k)), B = th_buf_new(cu, sizeof(float) * (size_t)(k * n));
+  th_buf D = th_buf_new(cu, sizeof(float) * (size_t)(L * m * n));
+  th_buf_upload(&A, ha, sizeof(float) * (size_t)(L * m * k));
+  th_buf_upload(&B, hb, sizeof(float) * (size_t)(k * n));
+  const smelt_device_kind dev = smelt_ctx_device(cu);
+  const int di = smelt_ctx_device_index(cu);
+  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_F32, dev, di, 3, (int64_t[]){L, m, k});
+  smelt_tensor tb = smelt_tensor_make(B.data, SMELT_DTYPE_F32, dev, di, 3, (int64_t[]){L, k, n});
+  smelt_tensor td = smelt_tensor_make(D.data, SMELT_DTYPE_F32, dev, di, 3, (int64_t[]){L, m, n});
+  tb.strides[0] = 0;
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  desc.math.op = SMELT_GEMM_MATH_TF32;
+  if (is_hopper(cu)) desc.tile.n = 256;
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cu, &desc, &ta, &tb, NULL, &td, NULL, &plan));
+  if (plan) {
+    if (is_hopper(cu) && !strstr(smelt_plan_describe(plan), "pre-pass: A tf32 rounding, B tf32 rounding"))
+      th_fail(__FILE__, __LINE__, "batched tf32 took %s", smelt_plan_describe(plan));
+    CHECK_OK(smelt_gemm_run(plan, &ta, &tb, NULL, &td, NULL));
+    smelt_plan_destroy(plan);
+    th_buf_download(&D, hd, sizeof(float) * (size_t)(L * m * n));
+    CHECK(th_buf_guards_ok(&D));
+    for (int64_t i = 0; i < L * m * n; i++) got[i] = hd[i];
+    const double e = rel_l2(got, ref, L * m * n, NULL), bound = 2e-6 + 6e-9 * (double)k;
+    if (e > bound) th_fail(__FILE__, __LINE__, "batched tf32: error %.3g against the rounded inputs (bound %.3g)", e, bound);
+  }
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&D);
+  free(a);
+  free(b);
+  free(ref);
+  free(got);
+  free(ha);
+  free(hb);
+  free(hd);
+}
+
 const th_test th_tests_gemm_prep[] = {
     {"tf32_bits", test_tf32_bits},
     {"tf32_split", test_tf32_split},
@@ -485,5 +549,6 @@ const th_test th_tests_gemm_prep[] = {
     {"gpu_tf32", test_gpu_tf32},
     {"gpu_3xtf32", test_gpu_3xtf32},
     {"gpu_fp8_mn", test_gpu_fp8_mn},
+    {"gpu_batched_tf32", test_gpu_batched_tf32},
     {0, 0},
 };

@@ -87,7 +87,7 @@ int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts 
  * to the nearest tf32 (the kernel would truncate); math 3XTF32 both, split
  * into three parts along K (one tf32 GEMM over 3 K' then gives the three
  * products); fp8 the operands not K-major (wgmma takes fp8 K-major only).
- * Plain GEMMs only. Returns 1 when any operand gets one. */
+ * Plain and batched GEMMs. Returns 1 when any operand gets one. */
 int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
                             smelt__gemm_prep prep[2]);
 /* The state and facts the selector sees for the prepped operands: K-major,

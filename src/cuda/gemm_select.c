@@ -516,13 +516,15 @@ int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts 
  * staged tiles in the kernel would spend the shared-memory bandwidth the
  * wgmma needs; 3xtf32 has no Hopper kernel of its own, and its tripled K
  * runs on the tf32 one. The pass moves 8 bytes per operand element for
- * tf32, 16 for 3xtf32 and 2 for an fp8 transpose. A tile that only
+ * tf32, 16 for 3xtf32 and 2 for an fp8 transpose. Plain and batched
+ * GEMMs (a batch runs one entry at a time). A tile that only
  * mma.sync has keeps the operands as they are (the plan falls back when
  * the selector gives the prepped problem no Hopper kernel). */
 int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
                             smelt__gemm_prep prep[2]) {
   prep[0] = prep[1] = SMELT__PREP_NONE;
-  if (dev->cc_major != 9 || dev->cc_minor != 0 || st->mode != SMELT_GEMM_MODE_PLAIN || st->split_k > 1 || f->k < 1 ||
+  if (dev->cc_major != 9 || dev->cc_minor != 0 ||
+      (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED) || st->split_k > 1 || f->k < 1 ||
       st->desc.math.opclass == SMELT_GEMM_OPCLASS_SIMT)
     return 0;
   switch (tc_kind(st)) {
@@ -547,6 +549,7 @@ void smelt__gemm_prep_facts(const smelt__gemm_state *st, const smelt__gemm_prob 
                             const smelt__gemm_prep prep[2], smelt__gemm_state *ps, smelt__gemm_facts *pf) {
   *ps = *st;
   *pf = *f;
+  ps->mode = SMELT_GEMM_MODE_PLAIN; /* a batched GEMM runs one entry at a time */
   if (prep[0] == SMELT__PREP_SPLIT) ps->desc.math.op = SMELT_GEMM_MATH_TF32;
   pf->k = pf->k_min = smelt__gemm_prep_gemm_k(st, prep, p->k);
   int tma = 1;

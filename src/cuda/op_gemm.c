@@ -65,7 +65,8 @@ static int ptr_align(const void *p) {
 
 /* Hopper with the operand pre-pass (smelt__gemm_prep_choose): the main
  * kernel is the selector's Hopper choice for the prepped operands, a plain
- * GEMM without split or tuning record. Returns 0 (and clears cp->prep)
+ * GEMM (a batched one runs as one per entry) without split or tuning
+ * record. Returns 0 (and clears cp->prep)
  * when the selector gives them no Hopper kernel, e.g. for a tile only
  * mma.sync has or a problem too small for the wide tf32 tile: the plan then
  * goes on with the operands as they are. */
@@ -83,7 +84,7 @@ static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const sm
     cp->prep[0] = cp->prep[1] = SMELT__PREP_NONE;
     return 0;
   }
-  cp->mode = SMELT_GEMM_MODE_PLAIN;
+  cp->mode = st->mode; /* plain or batched, run one problem at a time */
   cp->split_k = 1;
   cp->kernel = ki;
   cp->fallback = -1;
@@ -443,40 +444,65 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   return sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
 }
 
-/* Hopper with the operand pre-pass: the prepped operands into one
- * workspace from the context's pool (A's rows, then B's at a 256-byte
- * boundary), then the plain Hopper launch on them as an RC problem. The
- * workspace goes back to the pool in stream order after the launch. */
-static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
-                                const smelt__gemm_args *args) {
+/* One problem on prepped operands: the pre-pass of each operand that has
+ * one into ws (A's rows, then B's a_bytes further), then the plain Hopper
+ * launch on them as an RC problem. */
+static smelt_status run_prepped_one(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f,
+                                    smelt__gemm_kparams *kp, smelt__gemm_prob p, char *ws, size_t a_bytes) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
-  smelt_ctx *ctx = plan->ctx;
-  smelt__gemm_prob p = args->prob;
-  const int64_t lda = smelt__gemm_prep_ld(cp->prep[0], p.k, st->dt_a), ldb = smelt__gemm_prep_ld(cp->prep[1], p.k, st->dt_b);
-  const size_t a_bytes = cp->prep[0] ? ((size_t)(p.m * lda) * smelt_dtype_size(st->dt_a) + 255) / 256 * 256 : 0;
-  const size_t b_bytes = cp->prep[1] ? (size_t)(p.n * ldb) * smelt_dtype_size(st->dt_b) : 0;
-  void *ws = NULL;
-  smelt_status s = smelt__cuda_alloc(ctx, a_bytes + b_bytes, &ws);
-  if (s) return s;
   CUfunction prep = (CUfunction)plan->func[F_PREP];
+  smelt_status s = SMELT_OK;
   if (cp->prep[0]) {
-    s = smelt__gemm_prep_run(ctx, prep, cp->prep[0], 0, p.a.data, st->dt_a, p.m, p.k, p.a.rs, p.a.cs, ws);
+    s = smelt__gemm_prep_run(plan->ctx, prep, cp->prep[0], 0, p.a.data, st->dt_a, p.m, p.k, p.a.rs, p.a.cs, ws);
     p.a.data = ws;
-    p.a.rs = lda;
+    p.a.rs = smelt__gemm_prep_ld(cp->prep[0], p.k, st->dt_a);
     p.a.cs = 1;
   }
   if (!s && cp->prep[1]) {
-    void *wb = (char *)ws + a_bytes;
-    s = smelt__gemm_prep_run(ctx, prep, cp->prep[1], 1, p.b.data, st->dt_b, p.n, p.k, p.b.cs, p.b.rs, wb);
-    p.b.data = wb;
-    p.b.cs = ldb;
+    s = smelt__gemm_prep_run(plan->ctx, prep, cp->prep[1], 1, p.b.data, st->dt_b, p.n, p.k, p.b.cs, p.b.rs,
+                             ws + a_bytes);
+    p.b.data = ws + a_bytes;
+    p.b.cs = smelt__gemm_prep_ld(cp->prep[1], p.k, st->dt_b);
     p.b.rs = 1;
   }
   p.k = smelt__gemm_prep_gemm_k(st, cp->prep, p.k);
   kprob_of(&kp->p, &p);
-  if (!s) s = run_sm90(ctx, st, k, f, kp, &p);
-  smelt_status s2 = smelt__cuda_free(ctx, ws);
+  return s ? s : run_sm90(plan->ctx, st, k, f, kp, &p);
+}
+
+static const void *moved(const void *x, smelt_dtype dt, int64_t elems) {
+  return x ? (const char *)x + elems * (int64_t)smelt_dtype_size(dt) : NULL;
+}
+
+/* Hopper with the operand pre-pass, plain or batched: a workspace for one
+ * problem's prepped operands from the context's pool, reused by each batch
+ * entry in turn (the launches are ordered on the stream), and given back
+ * in stream order after the last. */
+static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
+                                const smelt__gemm_args *args) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
+  const smelt__gemm_prob *p = &args->prob;
+  const size_t a_bytes = cp->prep[0] ? ((size_t)(p->m * smelt__gemm_prep_ld(cp->prep[0], p->k, st->dt_a)) *
+                                                smelt_dtype_size(st->dt_a) + 255) / 256 * 256
+                                     : 0;
+  const size_t b_bytes =
+      cp->prep[1] ? (size_t)(p->n * smelt__gemm_prep_ld(cp->prep[1], p->k, st->dt_b)) * smelt_dtype_size(st->dt_b) : 0;
+  void *ws = NULL;
+  smelt_status s = smelt__cuda_alloc(plan->ctx, a_bytes + b_bytes, &ws);
+  if (s) return s;
+  kp->mode = SMELT__KMODE_PLAIN;
+  const int64_t count = cp->mode == SMELT_GEMM_MODE_BATCHED ? args->count : 1;
+  for (int64_t l = 0; l < count && !s; l++) {
+    smelt__gemm_prob e = *p;
+    e.a.data = moved(p->a.data, st->dt_a, l * p->a.bs);
+    e.b.data = moved(p->b.data, st->dt_b, l * p->b.bs);
+    e.c.data = moved(p->c.data, st->dt_c, l * p->c.bs);
+    e.d.data = moved(p->d.data, st->dt_d, l * p->d.bs);
+    s = run_prepped_one(plan, k, f, kp, e, (char *)ws, a_bytes);
+  }
+  smelt_status s2 = smelt__cuda_free(plan->ctx, ws);
   return s ? s : s2;
 }
 
