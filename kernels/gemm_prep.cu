@@ -67,6 +67,26 @@ static __device__ __forceinline__ u32 tf32_small(u32 x, u32 big) {
   return tf32_rna(__float_as_uint(__uint_as_float(x) - __uint_as_float(big)));
 }
 
+#define EPT (TR * TK / NT) /* elements each thread moves into the tile */
+
+/* Tile element i (of TR x TK) in the order of the source's unit-stride
+ * axis: along rows for an MN-major source, along K otherwise. */
+static __device__ __forceinline__ int tile_r(const prep_params &P, int i) { return P.mn_unit ? i % TR : i / TK; }
+static __device__ __forceinline__ int tile_k(const prep_params &P, int i) { return P.mn_unit ? i / TR : i % TK; }
+
+/* Its byte offset in the tile, rows `row_bytes` apart. */
+static __device__ __forceinline__ int tile_index(const prep_params &P, int i, int row_bytes) {
+  return tile_r(P, i) * row_bytes + tile_k(P, i) * P.es;
+}
+
+/* Its value from the source (zero past the rows or K). */
+static __device__ __forceinline__ u32 load_elem(const prep_params &P, i64 r0, i64 k0, int i) {
+  const i64 gr = r0 + tile_r(P, i), gk = k0 + tile_k(P, i);
+  if (gr >= P.rows || gk >= P.k) return 0u;
+  const i64 off = gr * P.s_r + gk * P.s_k;
+  return P.es == 4 ? ((const u32 *)P.src)[off] : (u32)((const unsigned char *)P.src)[off];
+}
+
 static __device__ __forceinline__ void store16(char *p, const u32 *w) {
   *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -78,13 +98,17 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_prep(const prep_params P) 
   unsigned char *tb = (unsigned char *)tile;
   const i64 t = blockIdx.x;
   const i64 r0 = t / P.tiles_k * TR, k0 = t % P.tiles_k * TK;
-  for (int i = threadIdx.x; i < TR * TK; i += NT) {
-    const int r = P.mn_unit ? i % TR : i / TK, k = P.mn_unit ? i / TR : i % TK;
-    const i64 gr = r0 + r, gk = k0 + k;
-    const int in = gr < P.rows && gk < P.k;
-    const i64 off = in ? gr * P.s_r + gk * P.s_k : 0;
-    if (P.es == 4) tile[r * rsw + k] = in ? ((const u32 *)P.src)[off] : 0u;
-    else tb[r * rsw * 4 + k] = in ? ((const unsigned char *)P.src)[off] : (unsigned char)0;
+  /* A thread's EPT elements are loaded before any is stored, so all its
+   * loads are in flight at once (enough bytes in flight per SM to reach
+   * the memory's bandwidth). */
+  u32 v[EPT];
+#pragma unroll
+  for (int j = 0; j < EPT; j++) v[j] = load_elem(P, r0, k0, threadIdx.x + j * NT);
+#pragma unroll
+  for (int j = 0; j < EPT; j++) {
+    const int at = tile_index(P, threadIdx.x + j * NT, rsw * 4);
+    if (P.es == 4) tile[at / 4] = v[j];
+    else tb[at] = (unsigned char)v[j];
   }
   __syncthreads();
   /* 16-byte units: 4 f32 or 16 fp8 elements, 4 words of a tile row. */
@@ -110,8 +134,14 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_prep(const prep_params P) 
         big[j] = tf32_rna(w[j]);
         small[j] = tf32_small(w[j], big[j]);
       }
+      /* Chosen element by element, so that both stay in registers. */
 #pragma unroll
-      for (int part = 0; part < 3; part++) store16(dst + part * P.kp * 4, part == P.small_part ? small : big);
+      for (int part = 0; part < 3; part++) {
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = part == P.small_part ? small[j] : big[j];
+        store16(dst + part * P.kp * 4, o);
+      }
     }
   }
 }
