@@ -381,7 +381,14 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_
     if (next < ktiles) LOAD_STAGE(next % GEMM_STAGES, w.k0 + (i64)next * BK);
     cp_async_commit();
     const u32 sa = s0 + (kt % GEMM_STAGES) * STAGE_BYTES, sb = sa + BM * 64;
+    /* 3xtf32's per-step sums need registers of their own: overlapping the
+     * two k-steps as well spilled (ptxas: 254 registers and 40-56 bytes of
+     * spill for RC and CR, none rolled). */
+#if GEMM_TC == TC_3XTF32
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
     for (int ks = 0; ks < 2; ks++) {
       u32 af[MI][4], bf[NI][2];
       frag_a(sa, ks, wm0, lane, af);
