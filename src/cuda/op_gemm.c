@@ -66,10 +66,11 @@ static int ptr_align(const void *p) {
 /* Hopper with the operand pre-pass (smelt__gemm_prep_choose): the main
  * kernel is the selector's Hopper choice for the prepped operands, a plain
  * GEMM (a batched one runs as one per entry) without split or tuning
- * record. Returns 0 (and clears cp->prep)
- * when the selector gives them no Hopper kernel, e.g. for a tile only
- * mma.sync has or a problem too small for the wide tf32 tile: the plan then
- * goes on with the operands as they are. */
+ * record (a record could name the Hopper kernel without the pre-pass,
+ * which truncates). Returns 0 (and clears cp->prep) when the selector
+ * gives them no Hopper kernel, e.g. for a tile only mma.sync has or a
+ * problem too small for the wide tf32 tile: the plan then goes on with the
+ * operands as they are. */
 static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const smelt__gemm_facts *f,
                         const smelt__gemm_kernel *table, int n, smelt_status *s) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
