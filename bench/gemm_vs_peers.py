@@ -12,7 +12,8 @@ reading the weights: they also print microseconds, GB/s of weights and
 their share of the GPU's copy bandwidth (a 1 GiB device-to-device copy,
 bytes read plus written, measured once per run).
 
-Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed),
+Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed, f32
+without),
 torch._scaled_mm (fp8 e4m3, per-tensor scales), torch._grouped_mm (grouped
 bf16), and, with --with-compile, torch.compile(mode="max-autotune-no-cudagraphs")
 of linear + bias + gelu (takes minutes to autotune).
@@ -22,6 +23,14 @@ Usage (from the repository root, after building build/smelt):
     python3 bench/gemm_vs_peers.py --quick         # a short subset
     python3 bench/gemm_vs_peers.py --cases bf16_8192,e4m3_8192 --json-out /tmp/gemm.json
     python3 bench/gemm_vs_peers.py --with-compile  # adds the torch.compile case
+    python3 bench/gemm_vs_peers.py --cases tf32_8192,3xtf32_8192 --accuracy
+--accuracy adds issue 21's accuracy rows: relative L2 error against an f64
+product at M = N = 2048 (the size where smelt takes the Hopper kernel) and
+K = 1024, 8192, 65536, for smelt tf32, 3xtf32 and exact f32 (its --check
+against the CPU backend, which sums in double, on two 64 x 64 windows of D)
+and torch.matmul f32 and tf32 (the whole D against A.double() @ B.double()),
+both on uniform inputs in [-1, 1); bars: smelt tf32 <= 1.2x torch tf32,
+3xtf32 <= 2x torch f32.
 Each result is also appended to bench/results.jsonl (--results PATH elsewhere,
 --no-results for none), the rows bench/perf_report.py turns into docs/PERF.md.
 Exit status: 0 when every case ran and met its bar, 1 otherwise.
@@ -100,7 +109,12 @@ CASES = [
          opt_in="with_compile"),
     case("e4m3_8192", "e4m3 8192^3 RC, scales", square("e4m3", 8192) + ["--out-dtype", "bf16"],
          ("scaled_mm", "e4m3", 8192, 8192, 8192), 0.9),
-    case("tf32_8192", "tf32 8192^3 RC", square("tf32", 8192), ("matmul", "tf32", 8192, 8192, 8192), 0.9),
+    # tf32 through the rounding pre-pass on Hopper; 3xtf32 (the split
+    # pre-pass, then tf32 wgmma over 3 K) must run at twice exact f32's speed.
+    case("tf32_8192", "tf32 8192^3 RC", square("tf32", 8192), ("matmul", "tf32", 8192, 8192, 8192), 0.95),
+    case("tf32_8192_RR", "tf32 8192^3 RR", square("tf32", 8192)[:-1] + ["RR"], ("matmul", "tf32", 8192, 8192, 8192),
+         0.95),
+    case("3xtf32_8192", "3xtf32 8192^3 RC vs f32", square("3xtf32", 8192), ("matmul", "f32", 8192, 8192, 8192), 2.0),
     case("skinny_bf16", "bf16 128x4096x4096 RC", ["--m", "128", "--n", "4096", "--k", "4096", "--dtype", "bf16",
                                                   "--layout", "RC"], ("matmul", "bf16", 128, 4096, 4096), 0.9,
          quick=True),
@@ -163,6 +177,18 @@ def rand(torch, shape, dt, lim=1.0):
     return torch.empty(shape, device="cuda", dtype=torch.float32).uniform_(-lim, lim).to(torch_dtype(torch, dt))
 
 
+def set_tf32(torch, allow):
+    """Sets whether torch.matmul may use TF32 for f32 and returns the old
+    setting. Through the one legacy flag only: recent torch refuses a mix of
+    the legacy and the new (fp32_precision) APIs, and inductor still reads
+    the legacy state."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = allow
+    return old
+
+
 def nbytes(*ts):
     return sum(t.numel() * t.element_size() for t in ts)
 
@@ -182,26 +208,19 @@ def make_peer(torch, spec, opts):
     if kind == "matmul":
         m, n, k = spec[2:5]
         layout = spec[5] if len(spec) > 5 else "RC"
-        label = "torch.matmul (cuBLAS)" + (", TF32" if dt == "tf32" else "")
+        label = "torch.matmul (cuBLAS)" + (", TF32" if dt == "tf32" else ", f32" if dt == "f32" else "")
         state = {}
 
-        # TF32 through the one legacy flag only: recent torch refuses a mix of
-        # the legacy and the new (fp32_precision) APIs, and inductor still
-        # reads the legacy state.
         def setup():
-            if dt == "tf32":
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    state["allow"] = torch.backends.cuda.matmul.allow_tf32
-                    torch.backends.cuda.matmul.allow_tf32 = True
+            if dt in ("tf32", "f32"):
+                state["allow"] = set_tf32(torch, dt == "tf32")
 
         def teardown():
-            if dt == "tf32":
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    torch.backends.cuda.matmul.allow_tf32 = state["allow"]
+            if dt in ("tf32", "f32"):
+                set_tf32(torch, state["allow"])
 
-        es = 4 if dt == "tf32" else 2
+        es = 4 if dt in ("tf32", "f32") else 2
+
         def make():
             a = rand(torch, (m, k), dt) if layout[0] == "R" else rand(torch, (k, m), dt).t()
             b = rand(torch, (k, n), dt) if layout[1] == "R" else rand(torch, (n, k), dt).t()
@@ -266,6 +285,65 @@ def copy_gbps(torch, opts):
     return 2 * (1 << 30) / (statistics.median(ms) * 1e-3) / 1e9
 
 
+# ---------------------------------------------------------------- accuracy
+
+
+ACCURACY_KS = (1024, 8192, 65536)
+ACCURACY_MN = 2048
+
+
+def torch_errors(torch, m, n, k):
+    """Relative L2 errors of torch.matmul f32 and TF32 against the f64
+    product, on uniform inputs in [-1, 1)."""
+    a = torch.empty((m, k), device="cuda").uniform_(-1, 1)
+    b = torch.empty((n, k), device="cuda").uniform_(-1, 1).t()
+    ref = a.double() @ b.double()
+    out = {}
+    for name, allow in (("f32", False), ("tf32", True)):
+        old = set_tf32(torch, allow)
+        try:
+            d = (a @ b).double()
+        finally:
+            set_tf32(torch, old)
+        out[name] = (torch.linalg.norm(d - ref) / torch.linalg.norm(ref)).item()
+    del a, b, ref, d
+    torch.cuda.empty_cache()
+    return out
+
+
+def accuracy_rows(torch, opts):
+    """Issue 21's accuracy table: one row per K."""
+    rows = []
+    for k in ACCURACY_KS:
+        r = dict(k=k, m=ACCURACY_MN, n=ACCURACY_MN, error=None)
+        try:
+            for dt in ("tf32", "3xtf32", "f32"):
+                s = bench.run_smelt(opts, "gemm", ["--m", str(r["m"]), "--n", str(r["n"]), "--k", str(k), "--dtype", dt,
+                                                   "--layout", "RC", "--warmup", "1", "--iters", "20", "--check"])
+                r[f"smelt_{dt}"] = s.get("check_rel_l2")
+                r[f"smelt_{dt}_kernel"] = s.get("kernel")
+            t = torch_errors(torch, r["m"], r["n"], k)
+            r["torch_f32"], r["torch_tf32"] = t["f32"], t["tf32"]
+            r["tf32_ratio"] = r["smelt_tf32"] / r["torch_tf32"]
+            r["3xtf32_ratio"] = r["smelt_3xtf32"] / r["torch_f32"]
+            r["status"] = "pass" if r["tf32_ratio"] <= 1.2 and r["3xtf32_ratio"] <= 2.0 else "FAIL"
+        except Exception as e:  # noqa: BLE001 - one row's failure must not stop the table
+            r["error"], r["status"] = f"{type(e).__name__}: {e}", "ERROR"
+        rows.append(r)
+    print(f"\naccuracy: relative L2 error against f64, M = N = {ACCURACY_MN}, RC, uniform [-1, 1) inputs; "
+          f"bars: tf32 <= 1.2x torch tf32, 3xtf32 <= 2x torch f32")
+    hdr = (f"{'K':>6s} {'smelt tf32':>11s} {'torch tf32':>11s} {'ratio':>6s} {'smelt 3xtf32':>13s} {'torch f32':>10s} "
+           f"{'ratio':>6s} {'smelt f32':>10s}  result")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['k']:6d} {fmt(r.get('smelt_tf32'), '11.3e', 11)} {fmt(r.get('torch_tf32'), '11.3e', 11)} "
+              f"{fmt(r.get('tf32_ratio'), '6.2f', 6)} {fmt(r.get('smelt_3xtf32'), '13.3e', 13)} "
+              f"{fmt(r.get('torch_f32'), '10.3e', 10)} {fmt(r.get('3xtf32_ratio'), '6.2f', 6)} "
+              f"{fmt(r.get('smelt_f32'), '10.3e', 10)}  {r['status']}" + (f"  ({r['error']})" if r["error"] else ""))
+    return rows
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -275,6 +353,8 @@ def main():
                     help="add the torch.compile max-autotune case (minutes of autotuning)")
     bench.add_common_args(ap, warmup=10, iters=50)
     ap.add_argument("--no-check", action="store_true", help="skip smelt's --check against the CPU backend")
+    ap.add_argument("--accuracy", action="store_true",
+                    help="add the accuracy rows (tf32, 3xtf32, f32 against f64 at K = 1024, 8192, 65536)")
     opts = ap.parse_args()
     if opts.list:
         for c in CASES:
@@ -359,8 +439,9 @@ def main():
         print(f"{r['title']:40s} {fmt(r['smelt_tflops'], '10.1f', 10)} {fmt(r['peer_tflops'], '10.1f', 10)} "
               f"{fmt(r['ratio'], '7.3f', 7)} {r['bar']:6.3f}  {r['status']:12s} {r.get('peer', '')}")
     bench.print_kernels(results, 32, lambda r: r["error"])
-    bench.write_json(opts, torch, record, date, results)
-    return 0 if results and all(r["status"] == "pass" for r in results) else 1
+    accuracy = accuracy_rows(torch, opts) if opts.accuracy else []
+    bench.write_json(opts, torch, record, date, results, **({"accuracy": accuracy} if accuracy else {}))
+    return 0 if results and all(r["status"] == "pass" for r in results + accuracy) else 1
 
 
 if __name__ == "__main__":

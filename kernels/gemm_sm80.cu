@@ -30,8 +30,11 @@
  * top byte of an f16 exactly; e4m3 becomes its value times 2^-8, undone in
  * the epilogue), and the k32 fragments feed two f16 k16 mmas: both operands
  * see the same permutation of k, which leaves the sum unchanged.
- * 3xtf32 splits each f32 x into big = tf32(x) and small = tf32(x - big) and
- * adds small*big + big*small + big*big, which recovers about f32 accuracy.
+ * tf32 rounds each f32 operand to the nearest tf32 (cvt.rna) in registers.
+ * 3xtf32 splits each f32 x into big = rna(x) and small = rna(x - big) (x -
+ * big is exact) and adds small*big + big*small + big*big, which recovers
+ * about f32 accuracy; each k-step's three products are summed apart and
+ * added to the accumulators with f32 adds (mma_step says why).
  */
 #include "gemm_common.cuh"
 #include "smelt_mma.cuh"
@@ -298,10 +301,18 @@ static __device__ __forceinline__ void mma_step(accv_t (*acc)[NI][4], u32 (*af)[
 #elif GEMM_TC == TC_TF32
       mma_tf32(acc[mi][ni], af[mi], bf[ni]);
 #elif GEMM_TC == TC_3XTF32
-      /* Small products first: they are the ones the big one would swamp. */
-      mma_tf32(acc[mi][ni], as[mi], bf[ni]);
-      mma_tf32(acc[mi][ni], af[mi], bs[ni]);
-      mma_tf32(acc[mi][ni], af[mi], bf[ni]);
+      /* The k-step's three products into a fresh accumulator, small ones
+       * first (the big one would swamp them), then added to acc with f32
+       * adds: the mma's own sum truncates, so a running total kept inside
+       * it loses about half a unit toward zero per mma, a bias growing
+       * with K (5.7e-5 at K 8192 on H100); a k-step's own sum is small, its
+       * truncation random in sign. */
+      float t[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_tf32(t, as[mi], bf[ni]);
+      mma_tf32(t, af[mi], bs[ni]);
+      mma_tf32(t, af[mi], bf[ni]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[mi][ni][i] += t[i];
 #elif GEMM_TC == TC_I8
       mma_i8(acc[mi][ni], af[mi], bf[ni]);
 #elif !FP8_VIA_F16
@@ -370,7 +381,14 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_
     if (next < ktiles) LOAD_STAGE(next % GEMM_STAGES, w.k0 + (i64)next * BK);
     cp_async_commit();
     const u32 sa = s0 + (kt % GEMM_STAGES) * STAGE_BYTES, sb = sa + BM * 64;
+    /* 3xtf32's per-step sums need registers of their own: overlapping the
+     * two k-steps as well spilled (ptxas: 254 registers and 40-56 bytes of
+     * spill for RC and CR, none rolled). */
+#if GEMM_TC == TC_3XTF32
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
     for (int ks = 0; ks < 2; ks++) {
       u32 af[MI][4], bf[NI][2];
       frag_a(sa, ks, wm0, lane, af);

@@ -12,6 +12,7 @@ extern const th_test th_tests_cache[];
 extern const th_test th_tests_gemm_tune[];
 extern const th_test th_tests_gemm_gemv[];
 extern const th_test th_tests_gemm_offs_sm90[];
+extern const th_test th_tests_gemm_prep[];
 extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
 /* Every op family has a suite of its name (src/core/families.h). */
@@ -30,6 +31,7 @@ static const struct {
     {"gemm_tune", th_tests_gemm_tune},
     {"gemm_gemv", th_tests_gemm_gemv},
     {"gemm_offs_sm90", th_tests_gemm_offs_sm90},
+    {"gemm_prep", th_tests_gemm_prep},
     {"compile", th_tests_compile},
 };
 

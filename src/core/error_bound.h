@@ -24,7 +24,7 @@ typedef struct smelt__bound_query {
                                  reference itself against an exact computation in double */
   smelt_dtype dtype;          /* the checked output's dtype */
   int output;                 /* 0: the main output; 1: the f32 logsumexp (softmax, attention), a gradient (PEER) */
-  int64_t k;                  /* the reduction length (no bound grows with it yet) */
+  int64_t k;                  /* the reduction length (3xtf32's GEMM bound grows with it) */
   /* GEMM: A's dtype, the description and whether C is read. */
   smelt_dtype dt_a;
   const smelt_gemm_desc *gemm;

@@ -6,6 +6,7 @@
 
 #include "../core/gemm_internal.h"
 #include "cuda_internal.h"
+#include "gemm_prep.h"
 
 typedef enum smelt__gemm_family {
   SMELT__GK_SIMT,   /* kernels/gemm_simt.cu: any dtype, layout and mode */
@@ -65,6 +66,10 @@ typedef struct smelt__gemm_cuda_plan {
    * selector gave them (-1 until one came) and its function. */
   int fallback;
   void *fallback_func;
+  /* Hopper: the pre-pass each operand (A, B) gets before the main kernel
+   * (smelt__gemm_prep_choose); the main kernel then runs the prepped,
+   * K-major operands. */
+  smelt__gemm_prep prep[2];
 } smelt__gemm_cuda_plan;
 
 /* Picks the main kernel (index into the table) for st on the context's
@@ -78,6 +83,20 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
  * returns the count. */
 int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
                            const smelt__gemm_kernel *table, int n, int *out, int max);
+/* On Hopper, which operands get the pre-pass (src/cuda/gemm_prep.h) so
+ * that the TMA + wgmma kernel can run them: f32 with math TF32 both, rounded
+ * to the nearest tf32 (the kernel would truncate); math 3XTF32 both, split
+ * into three parts along K (one tf32 GEMM over 3 K' then gives the three
+ * products); fp8 the operands not K-major (wgmma takes fp8 K-major only).
+ * Plain and batched GEMMs. Returns 1 when any operand gets one. */
+int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
+                            smelt__gemm_prep prep[2]);
+/* The state and facts the selector sees for the prepped operands: K-major,
+ * 16-byte aligned, K the GEMM's new K (3 K' for a split), tf32 math. */
+void smelt__gemm_prep_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt__gemm_facts *f,
+                            const smelt__gemm_prep prep[2], smelt__gemm_state *ps, smelt__gemm_facts *pf);
+/* The K of the GEMM the main kernel runs on prepped operands. */
+int64_t smelt__gemm_prep_gemm_k(const smelt__gemm_state *st, const smelt__gemm_prep prep[2], int64_t k);
 /* The reduction kernel for a main kernel's accumulator. */
 int smelt__gemm_reduce_kernel(const smelt__gemm_kernel *table, int n, smelt_gemm_acc acc);
 /* 1 if table kernel k can run the operands described by f. */

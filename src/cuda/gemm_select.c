@@ -281,11 +281,13 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
   smelt__prelude_define(src, "GEMM_STAGES", k->stages);
 }
 
+/* The table's kernels, then the operand pre-pass. */
 int smelt__gemm_variants(smelt__kernel_src *out, int max) {
   smelt__gemm_kernel t[SMELT__GEMM_MAX_KERNELS];
   int n = smelt__gemm_table(t);
   for (int i = 0; i < n && i < max; i++) smelt__gemm_kernel_src(&t[i], &out[i]);
-  return n;
+  if (n < max) smelt__gemm_prep_src(&out[n]);
+  return n + 1;
 }
 
 /* ---------------------------------------------------------------- facts */
@@ -599,4 +601,60 @@ int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts 
     count++;
   }
   return count;
+}
+
+/* ---------------------------------------------------------------- the operand pre-pass */
+
+/* Hopper only: elsewhere mma.sync rounds in registers (cvt.rna) and takes
+ * every layout. Chosen for correct rounding: the wgmma reads tf32 by
+ * truncation (a bias of about -7e-4 on every result), and rounding the
+ * staged tiles in the kernel would spend the shared-memory bandwidth the
+ * wgmma needs; 3xtf32 has no Hopper kernel of its own, and its tripled K
+ * runs on the tf32 one. The pass moves 8 bytes per operand element for
+ * tf32, 16 for 3xtf32 and 2 for an fp8 transpose. Plain and batched
+ * GEMMs (a batch runs one entry at a time). A tile that only
+ * mma.sync has keeps the operands as they are (the plan falls back when
+ * the selector gives the prepped problem no Hopper kernel). */
+int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
+                            smelt__gemm_prep prep[2]) {
+  prep[0] = prep[1] = SMELT__PREP_NONE;
+  if (dev->cc_major != 9 || dev->cc_minor != 0 ||
+      (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED) || st->split_k > 1 || f->k < 1 ||
+      st->desc.math.opclass == SMELT_GEMM_OPCLASS_SIMT)
+    return 0;
+  switch (tc_kind(st)) {
+    case SMELT__TC_TF32: prep[0] = prep[1] = SMELT__PREP_TF32; break;
+    case SMELT__TC_3XTF32: prep[0] = prep[1] = SMELT__PREP_SPLIT; break;
+    case SMELT__TC_FP8:
+      if (!f->a_k) prep[0] = SMELT__PREP_COPY;
+      if (!f->b_k) prep[1] = SMELT__PREP_COPY;
+      break;
+    default: break;
+  }
+  return prep[0] || prep[1];
+}
+
+int64_t smelt__gemm_prep_gemm_k(const smelt__gemm_state *st, const smelt__gemm_prep prep[2], int64_t k) {
+  /* A split's parts are kp apart, zero-filled between; otherwise TMA's
+   * zero fill past K stands in for the workspace's padding. */
+  return prep[0] == SMELT__PREP_SPLIT ? 3 * smelt__gemm_prep_kp(k, st->dt_a) : k;
+}
+
+void smelt__gemm_prep_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt__gemm_facts *f,
+                            const smelt__gemm_prep prep[2], smelt__gemm_state *ps, smelt__gemm_facts *pf) {
+  *ps = *st;
+  *pf = *f;
+  ps->mode = SMELT_GEMM_MODE_PLAIN; /* a batched GEMM runs one entry at a time */
+  if (prep[0] == SMELT__PREP_SPLIT) ps->desc.math.op = SMELT_GEMM_MATH_TF32;
+  pf->k = pf->k_min = smelt__gemm_prep_gemm_k(st, prep, p->k);
+  /* A prepped operand is a K-major workspace with whole rows; the others
+   * keep their facts. */
+  if (prep[0]) {
+    pf->a_k = pf->tma_a[1] = 1;
+    pf->a_mn = pf->tma_a[0] = 0;
+  }
+  if (prep[1]) {
+    pf->b_k = pf->tma_b[1] = 1;
+    pf->b_mn = pf->tma_b[0] = 0;
+  }
 }

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F_MAIN, F_REDUCE };
+enum { F_MAIN, F_REDUCE, F_PREP };
 
 /* Split-K for a plain GEMM with few output tiles and a long K: enough slices
  * to give every SM work, each at least 1024 deep, at most 16. */
@@ -66,6 +66,46 @@ static int ptr_align(const void *p) {
   return (int)(bits & (~bits + 1));
 }
 
+/* Hopper with the operand pre-pass (smelt__gemm_prep_choose): the main
+ * kernel is the selector's Hopper choice for the prepped operands, a plain
+ * GEMM (a batched one runs as one per entry) without split or tuning
+ * record (a record could name the Hopper kernel without the pre-pass,
+ * which truncates). Returns 0 (and clears cp->prep) when the selector
+ * gives them no Hopper kernel, e.g. for a tile only mma.sync has or a
+ * problem too small for the wide tf32 tile: the plan then goes on with the
+ * operands as they are. */
+static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const smelt__gemm_facts *f,
+                        const smelt__gemm_kernel *table, int n, smelt_status *s) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  smelt__gemm_cuda_plan *cp = (smelt__gemm_cuda_plan *)plan->backend;
+  smelt__gemm_state ps;
+  smelt__gemm_facts pf;
+  smelt__gemm_prep_facts(st, &args->prob, f, cp->prep, &ps, &pf);
+  char why[96];
+  int ki;
+  if (smelt__gemm_select(&ps, &pf, &plan->ctx->cuda->info, table, n, &ki, why, sizeof why) != SMELT_OK ||
+      table[ki].fam != SMELT__GK_SM90) {
+    cp->prep[0] = cp->prep[1] = SMELT__PREP_NONE;
+    return 0;
+  }
+  cp->mode = st->mode; /* plain or batched, run one problem at a time */
+  cp->split_k = 1;
+  cp->kernel = ki;
+  cp->fallback = -1;
+  CUfunction prep;
+  if ((*s = load(plan->ctx, &table[ki], &plan->func[F_MAIN])) || (*s = smelt__gemm_prep_load(plan->ctx, &prep)))
+    return 1;
+  plan->func[F_PREP] = prep;
+  plan->variant = ki;
+  plan->block = table[ki].threads;
+  smelt__kernel_src src;
+  smelt__gemm_kernel_src(&table[ki], &src);
+  static const char *const what[] = {"", "K-major copy", "tf32 rounding", "3xtf32 split"};
+  snprintf(plan->describe, sizeof plan->describe, "%.60s (%.40s; pre-pass: A %s, B %s)", src.name, why,
+           cp->prep[0] ? what[cp->prep[0]] : "none", cp->prep[1] ? what[cp->prep[1]] : "none");
+  return 1;
+}
+
 static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
@@ -78,9 +118,11 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   const int n = smelt__gemm_table(table);
   smelt__gemm_facts f;
   smelt__gemm_facts_of(st, args, &f);
+  smelt_status s = SMELT_OK;
+  if (smelt__gemm_prep_choose(st, &f, dev, cp->prep) && plan_prepped(plan, args, &f, table, n, &s)) return s;
   char why[96];
   int ki;
-  smelt_status s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
+  s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
   if (s) return s;
   /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and split. */
   const int tuned_split = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS
@@ -156,6 +198,8 @@ static smelt_status pick(smelt_plan *plan, const smelt__gemm_kernel *table, int 
   smelt__gemm_cuda_plan *cp = (smelt__gemm_cuda_plan *)plan->backend;
   *ki = cp->kernel;
   *main = (CUfunction)plan->func[F_MAIN];
+  /* Prepped operands live in a workspace of the kernel's layout. */
+  if (cp->prep[0] || cp->prep[1]) return SMELT_OK;
   if (st->mode != SMELT_GEMM_MODE_GROUPED && ptr_align(args->prob.a.data) >= cp->align[0] &&
       ptr_align(args->prob.b.data) >= cp->align[1] && ptr_align(args->prob.d.data) >= cp->align[2])
     return SMELT_OK;
@@ -454,6 +498,68 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   return sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
 }
 
+/* One problem on prepped operands: the pre-pass of each operand that has
+ * one into ws (A's rows, then B's a_bytes further), then the plain Hopper
+ * launch on them as an RC problem. */
+static smelt_status run_prepped_one(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f,
+                                    smelt__gemm_kparams *kp, smelt__gemm_prob p, char *ws, size_t a_bytes) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
+  CUfunction prep = (CUfunction)plan->func[F_PREP];
+  smelt_status s = SMELT_OK;
+  if (cp->prep[0]) {
+    s = smelt__gemm_prep_run(plan->ctx, prep, cp->prep[0], 0, p.a.data, st->dt_a, p.m, p.k, p.a.rs, p.a.cs, ws);
+    p.a.data = ws;
+    p.a.rs = smelt__gemm_prep_ld(cp->prep[0], p.k, st->dt_a);
+    p.a.cs = 1;
+  }
+  if (!s && cp->prep[1]) {
+    s = smelt__gemm_prep_run(plan->ctx, prep, cp->prep[1], 1, p.b.data, st->dt_b, p.n, p.k, p.b.cs, p.b.rs,
+                             ws + a_bytes);
+    p.b.data = ws + a_bytes;
+    p.b.cs = smelt__gemm_prep_ld(cp->prep[1], p.k, st->dt_b);
+    p.b.rs = 1;
+  }
+  p.k = smelt__gemm_prep_gemm_k(st, cp->prep, p.k);
+  kprob_of(&kp->p, &p);
+  return s ? s : run_sm90(plan->ctx, st, k, f, kp, &p);
+}
+
+static const void *moved(const void *x, smelt_dtype dt, int64_t elems) {
+  return x ? (const char *)x + elems * (int64_t)smelt_dtype_size(dt) : NULL;
+}
+
+/* Hopper with the operand pre-pass, plain or batched: a workspace for one
+ * problem's prepped operands from the context's pool, reused by each batch
+ * entry in turn (the launches are ordered on the stream), and given back
+ * in stream order after the last. */
+static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
+                                const smelt__gemm_args *args) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
+  const smelt__gemm_prob *p = &args->prob;
+  const size_t a_bytes = cp->prep[0] ? ((size_t)(p->m * smelt__gemm_prep_ld(cp->prep[0], p->k, st->dt_a)) *
+                                                smelt_dtype_size(st->dt_a) + 255) / 256 * 256
+                                     : 0;
+  const size_t b_bytes =
+      cp->prep[1] ? (size_t)(p->n * smelt__gemm_prep_ld(cp->prep[1], p->k, st->dt_b)) * smelt_dtype_size(st->dt_b) : 0;
+  void *ws = NULL;
+  smelt_status s = smelt__cuda_alloc(plan->ctx, a_bytes + b_bytes, &ws);
+  if (s) return s;
+  kp->mode = SMELT__KMODE_PLAIN;
+  const int64_t count = cp->mode == SMELT_GEMM_MODE_BATCHED ? args->count : 1;
+  for (int64_t l = 0; l < count && !s; l++) {
+    smelt__gemm_prob e = *p;
+    e.a.data = moved(p->a.data, st->dt_a, l * p->a.bs);
+    e.b.data = moved(p->b.data, st->dt_b, l * p->b.bs);
+    e.c.data = moved(p->c.data, st->dt_c, l * p->c.bs);
+    e.d.data = moved(p->d.data, st->dt_d, l * p->d.bs);
+    s = run_prepped_one(plan, k, f, kp, e, (char *)ws, a_bytes);
+  }
+  smelt_status s2 = smelt__cuda_free(plan->ctx, ws);
+  return s ? s : s2;
+}
+
 static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
@@ -511,6 +617,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld output tiles exceed 2^31 - 1", (long long)tiles);
   kp.tiles_m = (int)tiles_m;
   kp.tiles_n = (int)tiles_n;
+  if (cp->prep[0] || cp->prep[1]) return run_prepped(plan, k, f, &kp, args);
   if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_PLAIN) return run_sm90(ctx, st, k, f, &kp, &args->prob);
 
   void *ws = NULL;
