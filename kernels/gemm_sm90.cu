@@ -177,6 +177,19 @@
 #if !defined(GEMM_PINGPONG)
 #define GEMM_PINGPONG 0
 #endif
+/* GEMM_PROMOTE P (cooperative, tf32): every P stages the consumers wait for
+ * their wgmmas, add the accumulators into f32 registers (round to nearest)
+ * and start the tensor cores' sum afresh. The tensor cores' running sum
+ * drops low bits at each addition (about 2^-22 relative, biased: 3xtf32
+ * over K = 1024 came out at 2.4e-6 against f32's 5.7e-7 on H100, growing
+ * with K), which is noise for tf32 inputs but not for the 3xtf32 split,
+ * whose three products restore f32 accuracy only if their sum keeps it
+ * (DeepGEMM promotes fp8 the same way). Twice the accumulator registers:
+ * tiles of BN 128 at most. */
+#if !defined(GEMM_PROMOTE)
+#define GEMM_PROMOTE 0
+#endif
+#define PROMOTE GEMM_PROMOTE
 #if !defined(GEMM_CONSUMERS)
 #define GEMM_CONSUMERS 2
 #endif
@@ -201,6 +214,9 @@
 #error "gemm_sm90.cu: a cluster is 2 or 4 CTAs along M or along N, cooperative schedule only"
 #endif
 #define CONSUMERS GEMM_CONSUMERS
+#if PROMOTE && (PINGPONG || CLUSTER > 1 || GEMM_BN > 128)
+#error "gemm_sm90.cu: GEMM_PROMOTE needs the cooperative schedule, no cluster, GEMM_BN <= 128"
+#endif
 /* MN-major operands (wgmma transposes 16-bit types only), cooperative
  * schedule without clusters. */
 #if (A_MN || B_MN) && (AB_SIZE != 2 || PINGPONG || CLUSTER > 1)
@@ -867,8 +883,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       stage = 0;
       phase ^= 1;
     }
+#if PROMOTE
+    float sum[ACCS];
+#pragma unroll
+    for (int i = 0; i < ACCS; i++) sum[i] = 0.f;
+#endif
     for (int kt = 1; kt < ktiles; kt++) {
       mbar_wait(full + 8 * stage, phase);
+#if PROMOTE
+      if (kt % PROMOTE == 0) {
+        /* The last P stages' sum into f32 registers, then a fresh one
+         * (a call site of its own, as K step 0's). */
+        WGMMA_WAIT(0);
+        fence_f32(d, ACCS);
+        release(empty + 8 * prev, lane);
+#pragma unroll
+        for (int i = 0; i < ACCS; i++) sum[i] += d[i];
+        mma_stage(d, base + stage * STAGE_BYTES, c, 1);
+        prev = stage;
+        if (++stage == GEMM_STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+        continue;
+      }
+#endif
       mma_stage(d, base + stage * STAGE_BYTES, c, 0);
       /* The previous stage's wgmmas are done once at most this one's group
        * is pending: hand that stage back to the producer. */
@@ -887,6 +926,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);
+#if PROMOTE
+    fence_f32(d, ACCS);
+#pragma unroll
+    for (int i = 0; i < ACCS; i++) d[i] += sum[i];
+#endif
     if (PINGPONG || fast) {
       /* The bias row is free once every thread that reads it has finished
        * the previous tile's pieces: this warpgroup's (ping-pong) or both

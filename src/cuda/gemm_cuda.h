@@ -28,6 +28,7 @@ typedef struct smelt__gemm_kernel {
   int bm, bn, bk, stages, wm, wn; /* sm90: wm = consumer warpgroups */
   int threads, smem;        /* launch: block size and dynamic shared memory bytes */
   int cluster_m, cluster_n; /* sm90: CTAs per cluster along M (sharing B) or N (sharing A), else 1 */
+  int promote;              /* sm90 tf32: stages per accumulator promotion (GEMM_PROMOTE), else 0 */
 } smelt__gemm_kernel;
 
 /* Every kernel the selector can pick, in a fixed order; returns the count. */
@@ -44,6 +45,7 @@ typedef struct smelt__gemm_facts {
   int64_t m, n, k, batch;   /* the (first) problem's sizes; batch = problems per launch */
   int sm90_d;               /* every problem's D suits gemm_sm90's fast epilogue (smelt__gemm_sm90_fast_d) */
   int64_t k_min;            /* the smallest K over the problems */
+  int promote;              /* 3xtf32 split operands: only a kernel that promotes its sums (kernel.promote) */
 } smelt__gemm_facts;
 
 /* 1 if gemm_sm90's fast epilogue can write p's D: 16-bit or f32,

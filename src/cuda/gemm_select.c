@@ -44,7 +44,9 @@
 /* The Hopper kernel's schedule follows from its tile: 128 x 128 is the
  * ping-pong one (kernels/gemm_sm90.cu, GEMM_PINGPONG), the others are
  * cooperative (64-row tiles with one consumer warpgroup). */
-static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM90 && k->bm == 128 && k->bn == 128; }
+static int pingpong(const smelt__gemm_kernel *k) {
+  return k->fam == SMELT__GK_SM90 && k->bm == 128 && k->bn == 128 && !k->promote;
+}
 
 static int clustered(const smelt__gemm_kernel *k) { return k->cluster_m * k->cluster_n > 1; }
 
@@ -197,6 +199,13 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
       add(out, &n, sm90_layout(tc, narrow, ak, bk));
       add(out, &n, sm90_layout(tc, rows64, ak, bk));
     }
+  /* tf32 promoting its sums every 4 stages (GEMM_PROMOTE), for the 3xtf32
+   * split: cooperative 128 x 128 (twice the accumulators), 5 stages. */
+  {
+    smelt__gemm_kernel k = sm90(SMELT__TC_TF32, (tile){.bm = 128, .bn = 128, .bk = 32, .stages = 5, .wm = 2});
+    k.promote = 4;
+    add(out, &n, k);
+  }
   /* Skinny M (<= 16): the GEMV kernel, 16-bit types. Appended last, as the
    * entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, gemv(tc));
@@ -228,6 +237,10 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (clustered(k)) snprintf(cl, sizeof cl, "_c%dx%d", k->cluster_m, k->cluster_n);
       snprintf(src->name, sizeof src->name, "gemm_sm90_%s_%c%c_%dx%dx%d_s%d%s%s", kind, k->a_kmajor ? 'R' : 'C',
                k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, pingpong(k) ? "_pp" : "", cl);
+      if (k->promote) {
+        const size_t len = strlen(src->name);
+        snprintf(src->name + len, sizeof src->name - len, "_pr%d", k->promote);
+      }
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
       const smelt_dtype ab = k->tc == SMELT__TC_BF16  ? SMELT_DTYPE_BF16
@@ -245,6 +258,7 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
        * their cache keys, stay as they were). */
       if (k->wm != 2) smelt__prelude_define(src, "GEMM_CONSUMERS", k->wm);
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
+      if (k->promote) smelt__prelude_define(src, "GEMM_PROMOTE", k->promote);
       if (!k->a_kmajor) smelt__prelude_define(src, "GEMM_A_MN", 1);
       if (!k->b_kmajor) smelt__prelude_define(src, "GEMM_B_MN", 1);
       if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
@@ -407,6 +421,9 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (k->tc == SMELT__TC_FP8 && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
           st->dt_d != SMELT_DTYPE_E4M3 && st->dt_d != SMELT_DTYPE_E5M2)
         return 0;
+      /* 3xtf32 split operands take the kernel that promotes its sums, and
+       * only they do. */
+      if ((k->promote != 0) != (f->promote != 0)) return 0;
       /* The ping-pong kernel has only the fast epilogue. */
       if (pingpong(k) && !f->sm90_d) return 0;
       break;
@@ -504,6 +521,10 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
+      /* The promoting tf32 kernel as the wide one: when its tiles keep
+       * half the SMs busy. */
+      if (!asked && k->promote && 2 * smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) < dev->sm_count)
+        continue;
       if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64))) ||
                      (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
         continue;
@@ -647,6 +668,7 @@ void smelt__gemm_prep_facts(const smelt__gemm_state *st, const smelt__gemm_prob 
   ps->mode = SMELT_GEMM_MODE_PLAIN; /* a batched GEMM runs one entry at a time */
   if (prep[0] == SMELT__PREP_SPLIT) ps->desc.math.op = SMELT_GEMM_MATH_TF32;
   pf->k = pf->k_min = smelt__gemm_prep_gemm_k(st, prep, p->k);
+  pf->promote = prep[0] == SMELT__PREP_SPLIT;
   /* A prepped operand is a K-major workspace with whole rows; the others
    * keep their facts. */
   if (prep[0]) {
