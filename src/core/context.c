@@ -1,6 +1,7 @@
 /* Contexts: device selection (explicit or SMELT_DEVICE), the stream, memory
  * and copies, pool/cache statistics, timing events. The CPU backend has no
  * stream: everything on it is synchronous. */
+#include "checked.h"
 #include "internal.h"
 #include "../cuda/cuda_internal.h"
 
@@ -114,6 +115,8 @@ smelt_status smelt_alloc(smelt_ctx *ctx, size_t bytes, void **out) {
   /* 64-byte alignment matches what device allocations give vector code. */
   size_t rounded = (bytes + 63) & ~(size_t)63;
   if (rounded < bytes) return smelt__error(SMELT_STATUS_OVERFLOW, "smelt_alloc: %zu bytes overflows", bytes);
+  smelt_status s = smelt__host_fits(bytes, "smelt_alloc", "the allocation");
+  if (s) return s;
   void *p = aligned_alloc(64, rounded ? rounded : 64);
   if (!p) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_alloc: %zu bytes of host memory", bytes);
   *out = p;
