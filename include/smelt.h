@@ -133,8 +133,11 @@ typedef enum smelt_device_kind {
   SMELT_DEVICE_CUDA = 1
 } smelt_device_kind;
 
-/* A non-owning view. shape[i] >= 0; strides in elements; ndim in [0, 8]
- * (ndim 0 is a scalar of one element). Memory belongs to the caller. */
+/* A non-owning view. shape[i] >= 0; strides in elements, non-negative
+ * (negative strides are refused); ndim in [0, 8] (ndim 0 is a scalar of one
+ * element). A view with no elements (some shape[i] == 0) may have any
+ * strides and a NULL data pointer: nothing of it is read. Memory belongs to
+ * the caller. */
 typedef struct smelt_tensor {
   void *data;
   smelt_dtype dtype;
@@ -151,7 +154,8 @@ SMELT_API smelt_tensor smelt_tensor_make(void *data, smelt_dtype dt, smelt_devic
                                          int device_index, int ndim, const int64_t *shape);
 /* Number of elements (1 for ndim 0), or -1 on negative sizes / overflow. */
 SMELT_API int64_t smelt_tensor_numel(const smelt_tensor *t);
-/* 1 if row-major contiguous (size-1 dims may have any stride). */
+/* 1 if row-major contiguous (size-1 dims may have any stride; a view with
+ * no elements is contiguous whatever its strides). */
 SMELT_API int smelt_tensor_is_contiguous(const smelt_tensor *t);
 
 /* ---------------------------------------------------------------- context */

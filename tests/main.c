@@ -12,6 +12,7 @@ extern const th_test th_tests_cache[];
 extern const th_test th_tests_gemm_tune[];
 extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
+extern const th_test th_tests_inputs[];
 /* Every op family has a suite of its name (src/core/families.h). */
 #define SUITE_DECL(name) extern const th_test th_tests_##name[];
 SMELT__FAMILY_LIST(SUITE_DECL)
@@ -24,6 +25,7 @@ static const struct {
     {"core", th_tests_core},
     {"cache", th_tests_cache},
     SMELT__FAMILY_LIST(SUITE)
+    {"inputs", th_tests_inputs},
     {"threads", th_tests_threads},
     {"gemm_tune", th_tests_gemm_tune},
     {"compile", th_tests_compile},

@@ -211,10 +211,14 @@ static int convert(const smpy_call *call, const char *name, const smpy_dl_tensor
   t->device = kind;
   t->ndim = d->ndim;
   t->data = d->data ? (void *)((char *)d->data + d->byte_offset) : NULL;
+  /* An empty array's strides mean nothing (numpy reports 0s): it gets the
+   * row-major ones, so every check and plan sees one layout for it. */
+  int empty = 0;
+  for (int i = 0; i < d->ndim; i++) empty |= d->shape[i] == 0;
   int64_t stride = 1;
   for (int i = d->ndim - 1; i >= 0; i--) {
     t->shape[i] = d->shape[i];
-    t->strides[i] = d->strides ? d->strides[i] : stride;
+    t->strides[i] = d->strides && !empty ? d->strides[i] : stride;
     stride *= d->shape[i] > 0 ? d->shape[i] : 1;
   }
   return 0;
