@@ -1,7 +1,9 @@
 /* What a new user's first inputs met (issue 26): allocations larger than
  * the machine refused before they are attempted, empty views with the
- * strides numpy gives them (all 0) accepted by every op, and environment
- * variables with values the library does not know refused by name. */
+ * strides numpy gives them (all 0) accepted by every op, environment
+ * variables with values the library does not know refused by name, and
+ * warnings printed by default. */
+#include "core/internal.h"
 #include "harness.h"
 
 #include <unistd.h>
@@ -119,11 +121,81 @@ static void test_peer_empty_zero_strides(void) {
   for (int i = 0; i < DIN * H * DQ; i++) CHECK(dwq[i] == 0.0f);
 }
 
+/* Sets name=value (NULL unsets), keeping the old value in keep[] for
+ * env_restore. */
+static void env_set(const char *name, const char *value, char *keep, size_t n) {
+  const char *old = getenv(name);
+  snprintf(keep, n, "%s", old ? old : "");
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+}
+
+static void env_restore(const char *name, const char *keep) {
+  if (keep[0]) setenv(name, keep, 1);
+  else unsetenv(name);
+}
+
+static void test_env_values(void) {
+  static const struct {
+    const char *name, *bad, *good;
+  } cases[] = {{"SMELT_JIT", "bogus", "on"},      {"SMELT_LOG", "loud", "off"}, {"SMELT_GEMM_TUNE", "no", "off"},
+               {"SMELT_NVTX", "yes", "0"},        {"SMELT_DUMP_SOURCE", "true", "1"},
+               {"SMELT_DEVICE", "abc", "cpu"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char keep[256], want[96];
+    env_set(cases[i].name, cases[i].bad, keep, sizeof keep);
+    smelt_ctx *ctx = NULL;
+    CHECK_STATUS(smelt_ctx_create(&ctx, NULL), SMELT_STATUS_INVALID_ARGUMENT);
+    snprintf(want, sizeof want, "%s=\"%s\"", cases[i].name, cases[i].bad);
+    CHECK_MSG(want);
+    CHECK(ctx == NULL);
+    if (strcmp(cases[i].name, "SMELT_DEVICE")) {
+      CHECK_STATUS(smelt_precompile("sm_80", NULL, NULL, NULL), SMELT_STATUS_INVALID_ARGUMENT);
+      CHECK_MSG(want);
+    }
+    setenv(cases[i].name, cases[i].good, 1);
+    smelt_ctx_options o = smelt_ctx_options_default();
+    o.device = SMELT_DEVICE_CPU;
+    if (!strcmp(cases[i].name, "SMELT_DEVICE")) o.use_env = 1;
+    CHECK_OK(smelt_ctx_create(&ctx, &o));
+    smelt_ctx_destroy(ctx);
+    env_restore(cases[i].name, keep);
+  }
+}
+
+/* Warnings print unless SMELT_LOG=off (an unusable cache folder went unseen
+ * while logging was off by default). */
+static void test_log_default_warn(void) {
+  char keep[64];
+  env_set("SMELT_LOG", NULL, keep, sizeof keep);
+  CHECK_EQ_INT(smelt__log_level(), SMELT__LOG_WARN);
+  setenv("SMELT_LOG", "off", 1);
+  CHECK_EQ_INT(smelt__log_level(), SMELT__LOG_OFF);
+  setenv("SMELT_LOG", "debug", 1);
+  CHECK_EQ_INT(smelt__log_level(), SMELT__LOG_DEBUG);
+  env_restore("SMELT_LOG", keep);
+}
+
+/* Precompiling under SMELT_JIT=off is refused with advice that works (it
+ * used to advise running precompile). */
+static void test_precompile_jit_off(void) {
+  char keep[64];
+  env_set("SMELT_JIT", "off", keep, sizeof keep);
+  int n = -1;
+  CHECK_STATUS(smelt_precompile("sm_80", NULL, NULL, &n), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("SMELT_JIT unset");
+  CHECK_EQ_INT(n, 0);
+  env_restore("SMELT_JIT", keep);
+}
+
 const th_test th_tests_inputs[] = {
     {"alloc_beyond_host", test_alloc_beyond_host},
     {"peer_store_beyond_host", test_peer_store_beyond_host},
     {"empty_views_contiguous", test_empty_views_contiguous},
     {"attention_empty_zero_strides", test_attention_empty_zero_strides},
     {"peer_empty_zero_strides", test_peer_empty_zero_strides},
+    {"env_values", test_env_values},
+    {"log_default_warn", test_log_default_warn},
+    {"precompile_jit_off", test_precompile_jit_off},
     {0, 0},
 };

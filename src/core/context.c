@@ -44,6 +44,8 @@ static smelt_status parse_device(const char *s, smelt_device_kind *kind, int *in
 smelt_status smelt_ctx_create(smelt_ctx **out, const smelt_ctx_options *opts) {
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, "smelt_ctx_create: out is NULL");
   *out = NULL;
+  smelt_status es = smelt__env_check("smelt_ctx_create");
+  if (es) return es;
   smelt_ctx_options o = opts ? *opts : smelt_ctx_options_default();
   if (o.device != SMELT_DEVICE_CPU && o.device != SMELT_DEVICE_CUDA)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "smelt_ctx_create: device=%d is not cpu (0) or cuda (1)",
