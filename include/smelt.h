@@ -289,7 +289,7 @@ SMELT_API smelt_status smelt_act_from_name(const char *name, smelt_act *out);
 SMELT_API double smelt_act_apply(smelt_act a, double x, double slope);
 
 /* y = act(x), elementwise. x and y: same shape (any ndim <= 8), same dtype
- * (f32, f16, bf16), any strides (y must not overlap x unless y == x exactly,
+ * (f32, f16, bf16), any non-negative strides (y must not overlap x unless y == x exactly,
  * which is allowed: in place). slope is used by leaky_relu (default 0.01). */
 typedef struct smelt_activation_desc {
   smelt_act act;
@@ -307,7 +307,7 @@ SMELT_API smelt_status smelt_activation(smelt_ctx *ctx, const smelt_activation_d
 /* ---------------------------------------------------------------- softmax */
 
 /* Row-wise softmax over the last dimension.
- *   x   [..., C]  f32, f16 or bf16 (any strides)
+ *   x   [..., C]  f32, f16 or bf16 (any non-negative strides)
  *   y   [..., C]  same dtype and shape as x
  *   lse [...]     f32, logsumexp of each row (may be NULL)
  * NaN in a row makes the whole row (and its lse) NaN. A row of all -inf has
@@ -323,7 +323,7 @@ SMELT_API smelt_status smelt_softmax(smelt_ctx *ctx, const smelt_tensor *x, cons
 /* ---------------------------------------------------------------- top-k */
 
 /* Row-wise top-k over the last dimension, largest first.
- *   x       [..., C]  f32, f16 or bf16 (any strides); 1 <= k <= C
+ *   x       [..., C]  f32, f16 or bf16 (any non-negative strides); 1 <= k <= C
  *   values  [..., k]  same dtype as x
  *   indices [..., k]  i32 or i64 (may be NULL when only values are wanted)
  * Order: descending by value; equal values by ascending index; NaN ranks above

@@ -1,7 +1,8 @@
 /* Bench op `peer`: product-key expert retrieval (PEER, include/smelt/peer.h),
- * forward or backward, timed the way issue 6's acceptance is judged: random
- * weights (never zeros), one plan, the run call between device events, x, y
- * and the per-run buffers rotated past L2, median of many runs.
+ * forward or backward, timed the way the PEER targets (docs/PERF.md) are
+ * judged: random weights (never zeros), one plan, the run call between
+ * device events, x, y and the per-run buffers rotated past L2, median of
+ * many runs.
  *
  * Bandwidth counts the bytes a run must move, the expert rows as actually
  * read: every (token, head, expert) use reads one U row [d_in, h_e] and one

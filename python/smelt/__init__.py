@@ -159,12 +159,12 @@ def _shape(t, name, op):
 def activation(x, act="gelu", slope=0.01, out=None, *, ctx=None, stream=None):
     """y = act(x), elementwise.
 
-    Shapes:  x [...] (any ndim <= 8, any strides)  ->  y [...] (same shape)
+    Shapes:  x [...] (any ndim <= 8, any non-negative strides)  ->  y [...] (same shape)
     Dtypes:  f32, f16, bf16; y has x's dtype.
     act:     one of smelt.ACTIVATIONS ('identity', 'relu', 'leaky_relu',
              'tanh', 'sigmoid', 'silu', 'hardswish', 'gelu', 'gelu_tanh');
              slope is leaky_relu's negative slope.
-    out:     where to write y (any strides; may be x itself: in place).
+    out:     where to write y (any non-negative strides; may be x itself: in place).
              None allocates it with x's framework.
     Returns y.
     """
@@ -178,7 +178,7 @@ def activation(x, act="gelu", slope=0.01, out=None, *, ctx=None, stream=None):
 def softmax(x, out=None, lse=None, return_lse=False, *, ctx=None, stream=None):
     """Softmax over the last dimension.
 
-    Shapes:  x [..., C] (C >= 1, any strides)  ->  y [..., C], lse [...]
+    Shapes:  x [..., C] (C >= 1, any non-negative strides)  ->  y [..., C], lse [...]
     Dtypes:  x and y f32, f16 or bf16 (same); lse f32 (logsumexp of each row).
     A row holding NaN gives NaN (y and lse); a row of all -inf gives y = 0 and
     lse = -inf.
@@ -209,7 +209,7 @@ def _norm_index_dtype(d):
 def topk(x, k, values=None, indices=None, index_dtype="int64", *, ctx=None, stream=None):
     """The k largest entries of each row (last dimension), largest first.
 
-    Shapes:  x [..., C] (1 <= k <= C, any strides)  ->  values [..., k],
+    Shapes:  x [..., C] (1 <= k <= C, any non-negative strides)  ->  values [..., k],
              indices [..., k]
     Dtypes:  x and values f32, f16 or bf16 (same); indices int64 or int32.
     Order:   descending; ties by ascending index; NaN above +inf (as
@@ -273,7 +273,7 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
 
     Shapes:  a [M, K], b [K, N], c [M, N], bias [N]  ->  D [M, N]
              batched: a [L, M, K], b [L, K, N], c [L, M, N], bias [N]  ->  D [L, M, N]
-             (any strides; row- or column-major operands; stride 0 broadcasts)
+             (any non-negative strides; row- or column-major operands; stride 0 broadcasts)
     Dtypes:  a, b: f32, f16, bf16, e4m3, e5m2 (any mix, f32 accumulation), f64,
              or i8 x i8 (i32 accumulation); CPU: the reference for all of them.
              D has a's dtype unless out_dtype ('f32', 'bf16', torch.float32, ...)
@@ -283,7 +283,7 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
              is leaky_relu's.
     math:    for f32 operands: 'default' (exact f32), 'tf32' (~3e-4 rel) or
              '3xtf32' (~f32 accuracy on tensor cores).
-    out:     where to write D (any strides; may be c exactly, for in place).
+    out:     where to write D (any non-negative strides; may be c exactly, for in place).
     Returns D.
     """
     if beta is None:
@@ -309,7 +309,7 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
     Group g owns rows [offs[g-1], offs[g]) of a (offs[-1] = 0) and computes
     D[r] = act(alpha · a[r] @ b[g] + beta · c[r] + bias[g]) there.
 
-    Shapes:  a [T, K], b [G, K, N] (any strides; the transposed view of a
+    Shapes:  a [T, K], b [G, K, N] (any non-negative strides; the transposed view of a
              [G, N, K] tensor is the tensor cores' fast layout), c [T, N],
              bias [G, N], offs [G]  ->  D [T, N]
     Dtypes:  a, b, c, bias as smelt.gemm's; offs int32 or int64, in the
