@@ -73,7 +73,7 @@ ext = Extension(
 
 require_wheel_builder()
 setup(
-    name="smelt",
+    name="smelt-kernels",
     version=sb.version(),
     description="Fused GPU kernels for machine learning (Python binding: DLPack, torch custom ops)",
     packages=["smelt"],
