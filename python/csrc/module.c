@@ -202,8 +202,9 @@ static PyMethodDef module_methods[] = {
      "info() -> dict\n\nsmelt's version, CUDA driver and NVRTC status (with the reason when either is\n"
      "missing), the kernel cache folder and size, and one dict per CUDA device."},
     {"default_context", py_default_context, METH_VARARGS,
-     "default_context(device='cpu') -> Context\n\nThe process-wide context ops use for tensors on `device` "
-     "('cpu', 'cuda', 'cuda:N')\nwhen no ctx= is given. Created on first use."},
+     "default_context(device=None) -> Context\n\nThe process-wide context ops use for tensors on `device` "
+     "('cpu', 'cuda', 'cuda:N')\nwhen no ctx= is given. Created on first use. None: SMELT_DEVICE when set, else\n"
+     "cuda when a GPU is present, else cpu."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {

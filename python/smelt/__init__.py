@@ -498,7 +498,7 @@ def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_nor
     if len(wq_shape) != 2 or not x_shape:
         raise ArgumentError("%s: wq must be 2-D [d_in, h*dq] and x [T, d_in], got %d-D and %d-D"
                             % (op, len(wq_shape), len(x_shape)))
-    k = _int(k, "k", op, 1, n_exp, " (num_experts)")
+    k = _int(k, "k", op, 1, n_exp, " (num_experts_per_tok <= num_experts)")
     per_head = len(sk[0]) == 3
     query_dim = p * int(sk[0][-1])
     heads = int(sk[0][0]) if per_head else int(wq_shape[1]) // max(query_dim, 1)
