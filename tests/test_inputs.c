@@ -82,6 +82,40 @@ static void test_attention_empty_zero_strides(void) {
   CHECK_OK(smelt_attention_varlen_fwd(th_cpu(), &d, &vq, &vk, &vk, &cq, &ck, &vo, NULL));
 }
 
+/* The same on CUDA (bf16, D 64): q, o, lse, dq empty with zero strides and
+ * no data, k and v real; the forward writes nothing, the backward zeros dk
+ * and dv (no query reads a key) and leaves their guards alone. */
+static void test_gpu_attention_empty_zero_strides(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  enum { SK = 5, H = 2, D = 64, N = SK * H * D };
+  uint16_t host[N];
+  for (int i = 0; i < N; i++) host[i] = smelt_f32_to_bf16((float)th_rand_uniform(-1, 1));
+  th_buf kb = th_buf_new(cu, sizeof host), dkb = th_buf_new(cu, sizeof host), dvb = th_buf_new(cu, sizeof host);
+  th_buf_upload(&kb, host, sizeof host);
+  smelt_tensor q = empty_view(SMELT_DTYPE_BF16, 4, (int64_t[]){1, 0, H, D});
+  smelt_tensor o = q, d_o = q, dq = q;
+  smelt_tensor lse = empty_view(SMELT_DTYPE_F32, 3, (int64_t[]){1, H, 0});
+  q.device = o.device = d_o.device = dq.device = lse.device = SMELT_DEVICE_CUDA;
+  smelt_tensor k = smelt_tensor_make(kb.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, 0, 4, (int64_t[]){1, SK, H, D});
+  smelt_tensor dk = k, dv = k;
+  dk.data = dkb.data;
+  dv.data = dvb.data;
+  smelt_attention_desc d = smelt_attention_desc_default();
+  CHECK_OK(smelt_attention_fwd(cu, &d, &q, &k, &k, &o, &lse));
+  CHECK_OK(smelt_attention_bwd(cu, &d, &q, &k, &k, &o, &d_o, &lse, &dq, &dk, &dv));
+  CHECK_OK(smelt_ctx_synchronize(cu));
+  uint16_t got[N];
+  th_buf_download(&dkb, got, sizeof got);
+  for (int i = 0; i < N; i++) CHECK(smelt_bf16_to_f32(got[i]) == 0.0f);
+  th_buf_download(&dvb, got, sizeof got);
+  for (int i = 0; i < N; i++) CHECK(smelt_bf16_to_f32(got[i]) == 0.0f);
+  CHECK(th_buf_guards_ok(&dkb) && th_buf_guards_ok(&dvb));
+  th_buf_free(&kb);
+  th_buf_free(&dkb);
+  th_buf_free(&dvb);
+}
+
 /* PEER over no tokens: x, y, ids and scores empty with zero strides. */
 static void test_peer_empty_zero_strides(void) {
   enum { DIN = 6, DOUT = 5, H = 2, DQ = 4, NK = 3, K = 2 };
@@ -193,6 +227,7 @@ const th_test th_tests_inputs[] = {
     {"peer_store_beyond_host", test_peer_store_beyond_host},
     {"empty_views_contiguous", test_empty_views_contiguous},
     {"attention_empty_zero_strides", test_attention_empty_zero_strides},
+    {"gpu_attention_empty_zero_strides", test_gpu_attention_empty_zero_strides},
     {"peer_empty_zero_strides", test_peer_empty_zero_strides},
     {"env_values", test_env_values},
     {"log_default_warn", test_log_default_warn},
