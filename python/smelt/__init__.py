@@ -127,8 +127,11 @@ def _tensor_numpy(self):
 
 
 def _tensor_array(self, dtype=None, copy=None):
+    """numpy's protocol: a view when it can be one, unless copy=True."""
     a = _tensor_numpy(self)
-    return a if dtype is None else a.astype(dtype, copy=bool(copy))
+    if dtype is not None:
+        return a.astype(dtype, copy=bool(copy))
+    return a.copy() if copy else a
 
 
 # smelt.Tensor is a C type; its numpy conversions live here with the rest of

@@ -78,6 +78,9 @@ def test_tensor_to_numpy():
     a[...] = 2.0
     assert np.asarray(t).dtype == F32 and (np.asarray(t) == 2.0).all()
     assert np.asarray(t, dtype=np.float64).dtype == np.float64
+    c = np.array(t, copy=True)
+    c[...] = 3.0
+    assert (np.asarray(t) == 2.0).all()
 
 
 @pytest.fixture
