@@ -337,7 +337,8 @@ smelt__tune_verdict smelt__gemm_tune_lookup(const smelt__gemm_state *st, const s
     tuning.captured = 1;
     return SMELT__TUNE_ABSENT;
   }
-  if (smelt__env_is("SMELT_GEMM_TUNE", "off")) return SMELT__TUNE_OFF;
+  const char *env = smelt__getenv("SMELT_GEMM_TUNE");
+  if (env && !strcmp(env, "off")) return SMELT__TUNE_OFF;
   char key[SMELT__TUNE_KEY_MAX];
   if (smelt__gemm_tune_key(st, dev, key, sizeof key)) return SMELT__TUNE_ABSENT;
   smelt__gemm_tune_record r;
