@@ -109,7 +109,7 @@ def render(text, rows):
 # ---------------------------------------------------------------- plots
 
 
-def plot(name, spec, rows):
+def plot(name, spec, rows, out_dir=PLOT_DIR):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,8 +161,8 @@ def plot(name, spec, rows):
         ax.legend(fontsize=8)
     fig.suptitle(spec["title"] + " (bench/results.jsonl)")
     fig.tight_layout()
-    os.makedirs(PLOT_DIR, exist_ok=True)
-    path = os.path.join(PLOT_DIR, name + ".png")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name + ".png")
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
     return path

@@ -84,12 +84,14 @@ static int must_reject(const smelt_tensor *t, int64_t *numel, int64_t *span) {
   if (t->device != SMELT_DEVICE_CPU) return 1; /* the CPU ignores device_index (smelt__check_device) */
   int64_t n = 1, extent = 0, term;
   for (int i = 0; i < t->ndim; i++)
-    if (t->shape[i] < 0 || t->strides[i] < 0) return 1;
+    if (t->shape[i] < 0) return 1;
   for (int i = 0; i < t->ndim; i++)
     if (__builtin_mul_overflow(n, t->shape[i], &n)) return 1;
   *numel = n;
   *span = 0;
-  if (n == 0) return 0;
+  if (n == 0) return 0; /* an empty view's strides are not checked */
+  for (int i = 0; i < t->ndim; i++)
+    if (t->strides[i] < 0) return 1;
   for (int i = 0; i < t->ndim; i++)
     if (__builtin_mul_overflow(t->shape[i] - 1, t->strides[i], &term) || __builtin_add_overflow(extent, term, &extent))
       return 1;

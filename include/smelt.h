@@ -133,8 +133,11 @@ typedef enum smelt_device_kind {
   SMELT_DEVICE_CUDA = 1
 } smelt_device_kind;
 
-/* A non-owning view. shape[i] >= 0; strides in elements; ndim in [0, 8]
- * (ndim 0 is a scalar of one element). Memory belongs to the caller. */
+/* A non-owning view. shape[i] >= 0; strides in elements, non-negative
+ * (negative strides are refused); ndim in [0, 8] (ndim 0 is a scalar of one
+ * element). A view with no elements (some shape[i] == 0) may have any
+ * strides and a NULL data pointer: nothing of it is read. Memory belongs to
+ * the caller. */
 typedef struct smelt_tensor {
   void *data;
   smelt_dtype dtype;
@@ -151,7 +154,8 @@ SMELT_API smelt_tensor smelt_tensor_make(void *data, smelt_dtype dt, smelt_devic
                                          int device_index, int ndim, const int64_t *shape);
 /* Number of elements (1 for ndim 0), or -1 on negative sizes / overflow. */
 SMELT_API int64_t smelt_tensor_numel(const smelt_tensor *t);
-/* 1 if row-major contiguous (size-1 dims may have any stride). */
+/* 1 if row-major contiguous (size-1 dims may have any stride; a view with
+ * no elements is contiguous whatever its strides). */
 SMELT_API int smelt_tensor_is_contiguous(const smelt_tensor *t);
 
 /* ---------------------------------------------------------------- context */
@@ -285,7 +289,7 @@ SMELT_API smelt_status smelt_act_from_name(const char *name, smelt_act *out);
 SMELT_API double smelt_act_apply(smelt_act a, double x, double slope);
 
 /* y = act(x), elementwise. x and y: same shape (any ndim <= 8), same dtype
- * (f32, f16, bf16), any strides (y must not overlap x unless y == x exactly,
+ * (f32, f16, bf16), any non-negative strides (y must not overlap x unless y == x exactly,
  * which is allowed: in place). slope is used by leaky_relu (default 0.01). */
 typedef struct smelt_activation_desc {
   smelt_act act;
@@ -303,7 +307,7 @@ SMELT_API smelt_status smelt_activation(smelt_ctx *ctx, const smelt_activation_d
 /* ---------------------------------------------------------------- softmax */
 
 /* Row-wise softmax over the last dimension.
- *   x   [..., C]  f32, f16 or bf16 (any strides)
+ *   x   [..., C]  f32, f16 or bf16 (any non-negative strides)
  *   y   [..., C]  same dtype and shape as x
  *   lse [...]     f32, logsumexp of each row (may be NULL)
  * NaN in a row makes the whole row (and its lse) NaN. A row of all -inf has
@@ -319,7 +323,7 @@ SMELT_API smelt_status smelt_softmax(smelt_ctx *ctx, const smelt_tensor *x, cons
 /* ---------------------------------------------------------------- top-k */
 
 /* Row-wise top-k over the last dimension, largest first.
- *   x       [..., C]  f32, f16 or bf16 (any strides); 1 <= k <= C
+ *   x       [..., C]  f32, f16 or bf16 (any non-negative strides); 1 <= k <= C
  *   values  [..., k]  same dtype as x
  *   indices [..., k]  i32 or i64 (may be NULL when only values are wanted)
  * Order: descending by value; equal values by ascending index; NaN ranks above

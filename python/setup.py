@@ -1,7 +1,7 @@
 """Builds and installs smelt's Python package:
 
     pip install ./python                          # from the repository root
-    pip install --no-build-isolation ./python     # offline (uses the installed setuptools)
+    pip install --no-build-isolation ./python     # offline: the installed setuptools (>= 70.1, or wheel too)
     SMELT_LIB_DIR=build pip install ./python      # link an existing CMake build's libsmelt.a
 
 By default libsmelt's C sources are compiled into the extension (with the
@@ -14,11 +14,27 @@ every CPython >= 3.9.
 import os
 import sys
 
+import setuptools
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import smelt_build as sb  # noqa: E402
+
+
+def require_wheel_builder():
+    """pip builds the wheel with the bdist_wheel command: setuptools' own from
+    70.1 on, the wheel package's before. With neither (a fresh venv of Python
+    3.11 has setuptools 65 and no wheel), --no-build-isolation used to fail
+    with "invalid command 'bdist_wheel'"; say what to install instead."""
+    for module in ("setuptools.command.bdist_wheel", "wheel.bdist_wheel"):
+        try:
+            __import__(module)
+            return
+        except ImportError:
+            pass
+    sys.exit("smelt: building the wheel needs setuptools >= 70.1 (this is %s) or the wheel package; "
+             "run `pip install -U setuptools` (or `pip install wheel`), then install again" % setuptools.__version__)
 
 
 class BuildExt(build_ext):
@@ -55,8 +71,9 @@ ext = Extension(
     py_limited_api=True,
 )
 
+require_wheel_builder()
 setup(
-    name="smelt",
+    name="smelt-kernels",
     version=sb.version(),
     description="Fused GPU kernels for machine learning (Python binding: DLPack, torch custom ops)",
     packages=["smelt"],

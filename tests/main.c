@@ -15,6 +15,7 @@ extern const th_test th_tests_gemm_offs_sm90[];
 extern const th_test th_tests_gemm_prep[];
 extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
+extern const th_test th_tests_inputs[];
 /* Every op family has a suite of its name (src/core/families.h). */
 #define SUITE_DECL(name) extern const th_test th_tests_##name[];
 SMELT__FAMILY_LIST(SUITE_DECL)
@@ -27,6 +28,7 @@ static const struct {
     {"core", th_tests_core},
     {"cache", th_tests_cache},
     SMELT__FAMILY_LIST(SUITE)
+    {"inputs", th_tests_inputs},
     {"threads", th_tests_threads},
     {"gemm_tune", th_tests_gemm_tune},
     {"gemm_gemv", th_tests_gemm_gemv},

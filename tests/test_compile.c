@@ -7,13 +7,29 @@
 #include "cuda/cuda_internal.h"
 
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+/* Progress, so minutes of compiling on a small machine are not minutes of
+ * silence: a line per arch every 15 seconds and at the end (every kernel
+ * with SMELT_TEST_VERBOSE). Each arch's process prints its own. */
 static void report(void *user, const char *kernel, int index, int total, double seconds, int cached) {
-  (void)user;
+  static struct timespec start, last;
+  static int compiled;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (index == 1) start = last = now;
+  compiled += !cached;
+  (void)seconds;
   if (getenv("SMELT_TEST_VERBOSE"))
     printf("     [%d/%d] %s %s\n", index, total, kernel, cached ? "cached" : "compiled");
-  (void)seconds;
+  else if (index == total || now.tv_sec - last.tv_sec >= 15)
+    printf("     %s: %d/%d kernels (%d compiled, %d from the cache), %lld s\n", (const char *)user, index, total,
+           compiled, index - compiled, (long long)(now.tv_sec - start.tv_sec));
+  else
+    return;
+  last = now;
+  fflush(stdout);
 }
 
 static void test_all_variants(void) {
@@ -25,10 +41,11 @@ static void test_all_variants(void) {
     return;
   }
   static const char *arches[] = {"sm_80", "sm_90a"};
+  fflush(stdout); /* the child must not print the parent's buffered lines again */
   pid_t kid = fork();
   const char *mine = kid == 0 ? arches[0] : arches[1];
   int count = 0;
-  smelt_status s = smelt_precompile(mine, report, NULL, &count);
+  smelt_status s = smelt_precompile(mine, report, (void *)mine, &count);
   if (kid == 0) {
     if (s) fprintf(stderr, "    %s: %s\n", mine, smelt_last_error());
     _exit(s == SMELT_OK && count > 0 ? 0 : 1);

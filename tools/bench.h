@@ -12,6 +12,8 @@ typedef struct cli_bench_case {
   char params_text[256];  /* "rows=8192 cols=4096 dtype=f32" */
   char params_json[512];  /* "\"rows\":8192,\"cols\":4096,\"dtype\":\"f32\"" */
   uint64_t set_bytes;     /* device memory one input + output set occupies */
+  uint64_t fixed_bytes;   /* memory beside the sets (weights, tables, gradients), 0 when none to speak of */
+  double cpu_bytes_per_s; /* the CPU reference's rate where slower than the runner assumes; 0: assumed */
   uint64_t traffic_bytes; /* bytes the op must read plus write per run */
   double flops;           /* arithmetic per run (2 per multiply-add): quoted in TFLOP/s when > 0 */
   char kernel[160];       /* what runs: the plan's description */

@@ -1,8 +1,9 @@
 /* Bench op `attention`: scaled dot-product attention, forward or backward,
- * timed the way issue 5's acceptance is judged: random data (never zeros),
- * one plan, the run call between device events, inputs rotated past L2,
- * median of many runs. TFLOP/s by the FlashAttention convention: 4·D per
- * visible (query, key) pair and head (two GEMMs of 2 flops per multiply-add),
+ * timed the way the attention targets (docs/PERF.md) are judged: random
+ * data (never zeros), one plan, the run call between device events, inputs
+ * rotated past L2, median of many runs. TFLOP/s by the FlashAttention
+ * convention: 4·D per visible (query, key) pair and head (two GEMMs of 2
+ * flops per multiply-add),
  * which is 4·B·H·Sq·Sk·D for a full mask and exactly half of it for a causal
  * mask with Sq == Sk; other masks count their visible pairs. The backward
  * counts 2.5x the forward (five GEMMs instead of two) and times the backward

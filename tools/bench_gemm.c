@@ -1,6 +1,6 @@
 /* Bench op `gemm`: D = epilogue(alpha · A @ B + beta · C) in every dtype,
- * layout, epilogue and mode smelt_gemm has, timed the way issue 4's
- * acceptance is judged: random data (never zeros), one plan, the run call
+ * layout, epilogue and mode smelt_gemm has, timed the way the GEMM targets
+ * (docs/PERF.md) are judged: random data (never zeros), one plan, the run call
  * between device events, inputs rotated past L2, median of many runs, and
  * TFLOP/s counted as 2·M·N·K per problem (summed over groups and batches).
  * --check compares one run against the CPU backend on windows of the output

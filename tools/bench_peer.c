@@ -1,7 +1,8 @@
 /* Bench op `peer`: product-key expert retrieval (PEER, include/smelt/peer.h),
- * forward or backward, timed the way issue 6's acceptance is judged: random
- * weights (never zeros), one plan, the run call between device events, x, y
- * and the per-run buffers rotated past L2, median of many runs.
+ * forward or backward, timed the way the PEER targets (docs/PERF.md) are
+ * judged: random weights (never zeros), one plan, the run call between
+ * device events, x, y and the per-run buffers rotated past L2, median of
+ * many runs.
  *
  * Bandwidth counts the bytes a run must move, the expert rows as actually
  * read: every (token, head, expert) use reads one U row [d_in, h_e] and one
@@ -238,6 +239,12 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
     c->traffic_bytes = st.expert_bytes + es * (st.nx + st.ny) + wq + keys;
     c->set_bytes = es * (st.nx + st.ny);
   }
+  /* U and V (dense or the store's host tables), their gradients (dense, or
+   * one row per use), and the host copies a check keeps. */
+  const uint64_t tables = es * (st.nu + st.nv);
+  c->fixed_bytes = tables + wq + keys + (opt_check ? tables : 0);
+  if (opt_bwd)
+    c->fixed_bytes += opt_cache_mb || opt_sparse ? st.expert_bytes + 8 * (uint64_t)st.nids : tables;
   /* Scores: h·(d_in·dq + n·dq) per token; experts: 2·(d_in + d_out)·h_e per use. */
   c->flops = 2.0 * (double)st.T * (double)st.H * (double)st.dq * (double)(st.din + st.n) +
              2.0 * (double)st.nids * (double)((st.din + st.dout) * st.he);

@@ -27,11 +27,23 @@ static int profile_memory;
 static const cli_doc doc = {
     "smelt demo",
     "smelt demo [options]",
-    "Runs activations, softmax (with logsumexp) over [batch*seq, d_model] rows,\n"
-    "MoE-style top-k routing over [batch*seq, num-experts] logits and the MLP\n"
-    "up-projection gelu(x W^T + b) to 4*d_model, fused and unfused, on the device,\n"
-    "checks each result against the CPU backend (max abs error), and times it\n"
-    "(median of 10 runs). Exit status 1 when a check exceeds its bound.\n",
+    "Runs each op family on a problem shaped like one transformer layer's\n"
+    "(batch*seq tokens of d_model features) on the device, checks each result\n"
+    "against the CPU backend (max abs error within the op's bound), and times it\n"
+    "(median of 10 runs). Exit status 1 when a check exceeds its bound.\n"
+    "\n"
+    "sections, in order:\n"
+    "  activation  every activation over the [tokens, d_model] rows\n"
+    "  softmax     softmax with its logsumexp over the same rows\n"
+    "  topk        MoE-style top-k routing over [tokens, num-experts] logits\n"
+    "  gemm        the MLP up-projection gelu(x W^T + b) to 4*d_model, fused\n"
+    "              and unfused\n"
+    "  attention   self-attention over the tokens (forward full and causal,\n"
+    "              backward causal) against naive attention\n"
+    "  peer        PEER over a million experts in the expert store (host tables,\n"
+    "              an HBM cache): routing and the cache warming up\n"
+    "On the CPU backend the gemm, attention and peer problems are scaled down\n"
+    "(each says so): the reference is naive loops.\n",
 };
 
 static const cli_opt options[] = {
@@ -140,7 +152,12 @@ int cli_cmd_demo(int argc, char **argv) {
 
   cli_device_desc dev;
   cli_ctx_describe(env.ctx, &dev);
-  printf("smelt demo on %s (%s), checked against the CPU backend\n", dev.label, dev.name);
+  if (smelt_ctx_device(env.ctx) == SMELT_DEVICE_CPU)
+    printf("smelt demo on cpu (host CPU): the device under test is the CPU backend itself, so its checks are not\n"
+           "independent (they show that calls in blocks match one whole call); `make test` checks the CPU\n"
+           "backend against float64 references\n");
+  else
+    printf("smelt demo on %s (%s), checked against the CPU backend\n", dev.label, dev.name);
   printf("device: %s\n", why);
   printf("problem: batch %lld x seq %lld = %lld tokens, d_model %lld, %lld experts, top-%lld, "
          "blocks of %lld rows\n",

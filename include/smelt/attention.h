@@ -4,7 +4,7 @@
  *   S = scale · q · kᵀ    P = softmax(S) row-wise over the visible keys    O = P · v
  *   LSE = logsumexp of each row of S over the visible keys (natural log, f32)
  *
- * Shapes (row-major indices; any strides, but unit stride along D):
+ * Shapes (row-major indices; any non-negative strides, but unit stride along D):
  *   batched   q [B, Sq, H, D]   k, v [B, Sk, Hk, D]   o [B, Sq, H, D]   lse [B, H, Sq]
  *   varlen    q [Tq, H, D]      k, v [Tk, Hk, D]      o [Tq, H, D]      lse [H, Tq]
  *             cu_seqlens_q, cu_seqlens_k: i32 [B + 1], in the context's device

@@ -13,7 +13,7 @@
  *   mode     plain, split-K (serial or parallel), batched, array, grouped
  *            (host scheduling), grouped by offsets (device scheduling).
  *
- * Shapes (row-major indices; any strides, one of them usually 1):
+ * Shapes (row-major indices; any non-negative strides, one of them usually 1):
  *   A [M, K]   B [K, N]   C [M, N]   D [M, N]   bias [N]
  *   batched:   A [L, M, K]  B [L, K, N]  C, D [L, M, N]  (bias [N], shared)
  * Any M, N, K >= 0 (K = 0 gives D = epilogue(beta · C)). Input strides may
@@ -206,7 +206,7 @@ SMELT_API smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc 
  * counts are known only on the device (e.g. tokens per expert from a
  * router), so the host never reads them and the stream never stalls.
  *   A [T, K]      stacked rows of every group (T = total_rows = A.shape[0])
- *   B [G, K, N]   one matrix per group (any strides; B given as the view of
+ *   B [G, K, N]   one matrix per group (any non-negative strides; B given as the view of
  *                 a [G, N, K] tensor, K contiguous, is the tensor cores'
  *                 fast layout)
  *   C, D [T, N]   stacked like A (C only when beta != 0; D may be C)

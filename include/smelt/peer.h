@@ -24,7 +24,7 @@
  *
  * Layouts. x, y, dy, dx: [T, d] rows with unit column stride (any row
  * stride). ids [T, h, k] i64 and scores [T, h, k] f32: contiguous. Wq
- * [d_in, h·dq] and bq [h·dq]: any strides. Everything else (norm params,
+ * [d_in, h·dq] and bq [h·dq]: any non-negative strides. Everything else (norm params,
  * sub-keys, U, V and their gradients): contiguous.
  *
  * dtypes. x, y, dy, dx, Wq, bq, norm params, sub-keys, U and V: f32, f16 or

@@ -103,16 +103,8 @@ static void plans_clear(smpy_ctx *c) {
 
 /* ---- construction */
 
-int smpy_parse_device(PyObject *obj, smelt_device_kind *kind, int *index) {
-  *kind = SMELT_DEVICE_CPU;
-  *index = 0;
-  if (!obj || obj == Py_None) return 0;
-  PyObject *str = PyObject_Str(obj); /* accepts torch.device too: str() is "cuda:0" */
-  if (!str) return -1;
-  PyObject *b = PyUnicode_AsUTF8String(str);
-  Py_DECREF(str);
-  if (!b) return -1;
-  const char *s = PyBytes_AsString(b);
+/* "cpu", "cuda" or "cuda:N"; `what` names where s came from in the error. */
+static int parse_device_str(const char *s, const char *what, smelt_device_kind *kind, int *index) {
   int ok = 1;
   if (!strcmp(s, "cpu")) {
   } else if (!strncmp(s, "cuda", 4)) {
@@ -122,9 +114,30 @@ int smpy_parse_device(PyObject *obj, smelt_device_kind *kind, int *index) {
   } else {
     ok = 0;
   }
-  if (!ok) smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt: device \"%s\" is not cpu, cuda or cuda:N", s);
-  Py_DECREF(b);
+  if (!ok) smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt: %s \"%s\" is not cpu, cuda or cuda:N", what, s);
   return ok ? 0 : -1;
+}
+
+int smpy_parse_device(PyObject *obj, smelt_device_kind *kind, int *index) {
+  *kind = SMELT_DEVICE_CPU;
+  *index = 0;
+  if (!obj || obj == Py_None) {
+    /* The smelt command's rule: SMELT_DEVICE when set, else the GPU when
+     * there is one. */
+    const char *env = getenv("SMELT_DEVICE");
+    if (env && *env) return parse_device_str(env, "SMELT_DEVICE", kind, index);
+    smelt_system_info si;
+    if (smelt_system_info_get(&si) == SMELT_OK && si.device_count > 0) *kind = SMELT_DEVICE_CUDA;
+    return 0;
+  }
+  PyObject *str = PyObject_Str(obj); /* accepts torch.device too: str() is "cuda:0" */
+  if (!str) return -1;
+  PyObject *b = PyUnicode_AsUTF8String(str);
+  Py_DECREF(str);
+  if (!b) return -1;
+  const int r = parse_device_str(PyBytes_AsString(b), "device", kind, index);
+  Py_DECREF(b);
+  return r;
 }
 
 static smpy_ctx *ctx_create(PyTypeObject *tp, smelt_device_kind kind, int index, int deterministic) {
@@ -343,8 +356,9 @@ static PyType_Slot ctx_slots[] = {
     {Py_tp_methods, ctx_methods},
     {Py_tp_getset, ctx_getset},
     {Py_tp_repr, (void *)ctx_repr},
-    {Py_tp_doc, (void *)"Context(device='cpu', deterministic=False)\n\n"
-                        "A smelt context: the device ('cpu', 'cuda', 'cuda:N' or a torch.device), the\n"
+    {Py_tp_doc, (void *)"Context(device=None, deterministic=False)\n\n"
+                        "A smelt context: the device ('cpu', 'cuda', 'cuda:N' or a torch.device; None:\n"
+                        "SMELT_DEVICE when set, else cuda when a GPU is present, else cpu), the\n"
                         "memory pool, the kernel cache statistics and a cache of op plans. Ops pick the\n"
                         "default context of their tensors' device unless ctx= is given."},
     {0, NULL}};

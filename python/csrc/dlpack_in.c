@@ -193,13 +193,18 @@ static int decide_ctx(smpy_call *call, const char *name, int type, int id) {
 
 static int ctx_is_cuda(const smpy_call *call) { return smelt_ctx_device(call->ctx->ctx) == SMELT_DEVICE_CUDA; }
 
-static int convert(const smpy_call *call, const char *name, const smpy_dl_tensor *d, smelt_tensor *t) {
+/* `as`, when not NULL, is the dtype of an ml_dtypes array seen through its
+ * integer view (ml_dtypes_view). */
+static int convert(const smpy_call *call, const char *name, const smpy_dl_tensor *d, const smelt_dtype *as,
+                   smelt_tensor *t) {
   if (d->ndim < 0 || d->ndim > SMELT_MAX_DIMS) {
     smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "%s: %s has %d dims; smelt takes at most %d", call->op, name,
                (int)d->ndim, SMELT_MAX_DIMS);
     return -1;
   }
-  if (dtype_from_dl(d->dtype, &t->dtype) < 0) {
+  if (as) {
+    t->dtype = *as;
+  } else if (dtype_from_dl(d->dtype, &t->dtype) < 0) {
     smpy_raise(SMELT_STATUS_DTYPE_MISMATCH,
                "%s: %s has DLPack dtype %s%d (code %d, lanes %d); smelt takes float64/32/16, bfloat16, "
                "float8_e4m3fn, float8_e5m2, int8/32/64, uint8 and bool",
@@ -211,10 +216,14 @@ static int convert(const smpy_call *call, const char *name, const smpy_dl_tensor
   t->device = kind;
   t->ndim = d->ndim;
   t->data = d->data ? (void *)((char *)d->data + d->byte_offset) : NULL;
+  /* An empty array's strides mean nothing (numpy reports 0s): it gets the
+   * row-major ones, so every check and plan sees one layout for it. */
+  int empty = 0;
+  for (int i = 0; i < d->ndim; i++) empty |= d->shape[i] == 0;
   int64_t stride = 1;
   for (int i = d->ndim - 1; i >= 0; i--) {
     t->shape[i] = d->shape[i];
-    t->strides[i] = d->strides ? d->strides[i] : stride;
+    t->strides[i] = d->strides && !empty ? d->strides[i] : stride;
     stride *= d->shape[i] > 0 ? d->shape[i] : 1;
   }
   return 0;
@@ -367,7 +376,7 @@ static int import_exchange(smpy_call *call, const smpy_dl_exchange_api *api, PyO
     }
   }
   if (mt && check_flags(call, name, mt->flags, writable) < 0) return -1;
-  if (convert(call, name, d, &a->t) < 0) return -1;
+  if (convert(call, name, d, NULL, &a->t) < 0) return -1;
   if (!mt) call->nargs++;
   return 1;
 }
@@ -417,7 +426,8 @@ static int producer_stream(PyObject *obj, int device_id, void **out) {
   return PyErr_Occurred() ? -1 : 1;
 }
 
-static int import_protocol(smpy_call *call, PyObject *obj, const char *name, int writable, smpy_arg *a) {
+static int import_protocol(smpy_call *call, PyObject *obj, const char *name, int writable, const smelt_dtype *as,
+                           smpy_arg *a) {
   PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
   if (!dev) {
     if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -516,7 +526,39 @@ static int import_protocol(smpy_call *call, PyObject *obj, const char *name, int
     return -1;
   }
   if (check_flags(call, name, flags, writable) < 0) return -1;
-  return convert(call, name, d, &a->t);
+  return convert(call, name, d, as, &a->t);
+}
+
+/* numpy has no bf16 or fp8 of its own; ml_dtypes adds them, but numpy's
+ * __dlpack__ refuses them. Such an array goes in as its same-size integer
+ * view (whose capsule keeps the view, and so the array, alive) and takes
+ * its dtype back after. Returns 1 with *view and *dt set, 0 when obj is not
+ * one, -1 on an error. */
+static int ml_dtypes_view(PyObject *obj, PyObject **view, smelt_dtype *dt) {
+  static const struct {
+    const char *name, *as;
+    smelt_dtype dt;
+  } types[] = {{"bfloat16", "uint16", SMELT_DTYPE_BF16},
+               {"float8_e4m3fn", "uint8", SMELT_DTYPE_E4M3},
+               {"float8_e5m2", "uint8", SMELT_DTYPE_E5M2}};
+  PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
+  int numpy = mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "numpy") == 0;
+  Py_XDECREF(mod);
+  PyErr_Clear();
+  if (!numpy) return 0;
+  PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+  PyObject *name = dtype ? PyObject_GetAttrString(dtype, "name") : NULL;
+  Py_XDECREF(dtype);
+  if (!name) return -1;
+  int r = 0;
+  for (size_t i = 0; i < sizeof types / sizeof *types && !r && PyUnicode_Check(name); i++) {
+    if (PyUnicode_CompareWithASCIIString(name, types[i].name)) continue;
+    *view = PyObject_CallMethod(obj, "view", "s", types[i].as);
+    *dt = types[i].dt;
+    r = *view ? 1 : -1;
+  }
+  Py_DECREF(name);
+  return r;
 }
 
 int smpy_call_import(smpy_call *call, PyObject *obj, const char *name, int writable, smelt_tensor **out) {
@@ -532,7 +574,13 @@ int smpy_call_import(smpy_call *call, PyObject *obj, const char *name, int writa
       return 0;
     }
   }
-  if (import_protocol(call, obj, name, writable, a) < 0) return -1;
+  PyObject *view = NULL;
+  smelt_dtype dt = SMELT_DTYPE_F32;
+  const int ml = ml_dtypes_view(obj, &view, &dt);
+  if (ml < 0) return -1;
+  const int r = import_protocol(call, ml ? view : obj, name, writable, ml ? &dt : NULL, a);
+  Py_XDECREF(view);
+  if (r < 0) return -1;
   *out = &a->t;
   return 0;
 }

@@ -6,8 +6,10 @@
  * also derives from smelt.Error and carries .status and .status_name. */
 #include "smelt_py.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static PyObject *exc_error, *exc_argument, *exc_dtype, *exc_unsupported, *exc_oom, *exc_backend;
 
@@ -47,10 +49,49 @@ static PyObject *raise_msg(smelt_status s, const char *msg) {
   return NULL;
 }
 
+/* The C layer names the fields of its descs and configs; a Python caller
+ * passed keyword arguments, so messages name those instead. Longer names
+ * first where one is the start of another. */
+static const char *const py_names[][2] = {
+    {"cfg.num_experts_per_tok", "k"},     {"cfg->num_experts_per_tok", "k"},  {"desc->window_left", "window[0]"},
+    {"desc->window_right", "window[1]"},  {"desc->scale", "scale"},           {"desc->causal", "causal"},
+    {"desc->max_seqlen_q", "max_seqlen_q"}, {"desc->max_seqlen_k", "max_seqlen_k"}, {"desc->act", "activation"},
+    {"desc->slope", "slope"},             {"cfg.activation", "activation"},   {"cfg->activation", "activation"},
+    {"cfg.query_norm", "query_norm"},     {"cfg->query_norm", "query_norm"},  {"cfg.norm_eps", "norm_eps"},
+    {"cfg->norm_eps", "norm_eps"},        {"cfg.l2_eps", "l2_eps"},           {"cfg->l2_eps", "l2_eps"},
+    {"cfg.gate", "gate"},                 {"cfg->gate", "gate"},              {"cfg.kernels", "kernels"},
+    {"cfg->kernels", "kernels"},          {"opts.cache_mb", "cache_mb"},      {"o.cache_mb", "cache_mb"},
+    {"opts.dtype", "dtype"},              {"o.dtype", "dtype"},
+};
+
+/* msg with every C name of py_names replaced, into out. */
+static int name_char(char c) { return c == '_' || c == '.' || c == '>' || isalnum((unsigned char)c); }
+
+static void python_names(const char *msg, char *out, size_t n) {
+  size_t used = 0;
+  for (const char *start = msg; *msg && used + 1 < n;) {
+    size_t i = 0, len = 0;
+    /* Whole names only: neither neighbour continues them. */
+    for (; i < sizeof py_names / sizeof *py_names && (msg == start || !name_char(msg[-1])); i++) {
+      len = strlen(py_names[i][0]);
+      if (!strncmp(msg, py_names[i][0], len) && !name_char(msg[len]) && msg[len] != '-') break;
+    }
+    if (i < sizeof py_names / sizeof *py_names && (msg == start || !name_char(msg[-1]))) {
+      used += (size_t)snprintf(out + used, n - used, "%s", py_names[i][1]);
+      msg += len;
+    } else {
+      out[used++] = *msg++;
+    }
+    if (used >= n) used = n - 1;
+  }
+  out[used] = 0;
+}
+
 PyObject *smpy_raise_status(smelt_status s) {
   const char *m = smelt_last_error();
-  char buf[1200];
-  snprintf(buf, sizeof buf, "%s [%s]", (m && *m) ? m : smelt_status_string(s), smelt_status_name(s));
+  char named[1100], buf[1200];
+  python_names((m && *m) ? m : smelt_status_string(s), named, sizeof named);
+  snprintf(buf, sizeof buf, "%s [%s]", named, smelt_status_name(s));
   return raise_msg(s, buf);
 }
 
@@ -161,8 +202,9 @@ static PyMethodDef module_methods[] = {
      "info() -> dict\n\nsmelt's version, CUDA driver and NVRTC status (with the reason when either is\n"
      "missing), the kernel cache folder and size, and one dict per CUDA device."},
     {"default_context", py_default_context, METH_VARARGS,
-     "default_context(device='cpu') -> Context\n\nThe process-wide context ops use for tensors on `device` "
-     "('cpu', 'cuda', 'cuda:N')\nwhen no ctx= is given. Created on first use."},
+     "default_context(device=None) -> Context\n\nThe process-wide context ops use for tensors on `device` "
+     "('cpu', 'cuda', 'cuda:N')\nwhen no ctx= is given. Created on first use. None: SMELT_DEVICE when set, else\n"
+     "cuda when a GPU is present, else cpu."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {

@@ -70,9 +70,9 @@ static PyObject *store_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     }
     c = (smpy_ctx *)ctx_obj;
   } else {
-    smelt_device_kind kind = SMELT_DEVICE_CUDA; /* the store is for the GPU unless told otherwise */
-    int index = 0;
-    if (dev != Py_None && smpy_parse_device(dev, &kind, &index) < 0) return NULL;
+    smelt_device_kind kind;
+    int index;
+    if (smpy_parse_device(dev, &kind, &index) < 0) return NULL;
     if (!(c = smpy_default_ctx(kind, index))) return NULL;
   }
   allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
@@ -363,7 +363,8 @@ static PyType_Slot store_slots[] = {
              "PEER's hierarchical expert store: U and V in host memory (pinned and mapped, or managed\n"
              "with managed=True), an HBM cache of cache_mb MiB (default 1024; 0: none) under CLOCK.\n"
              "use_env: SMELT_PEER_HBM_CACHE_MB and SMELT_PEER_USE_MANAGED_MEMORY override cache_mb and\n"
-             "managed. device: 'cuda' (default), 'cuda:N' or 'cpu' (the reference backend).\n"
+             "managed. device: 'cuda', 'cuda:N' or 'cpu' (the reference backend); None: SMELT_DEVICE\n"
+             "when set, else cuda when a GPU is present, else cpu.\n"
              "The tables start zeroed: fill them with write() or through tables()."},
     {0, NULL}};
 

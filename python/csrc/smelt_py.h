@@ -90,7 +90,8 @@ typedef struct smpy_ctx {
 
 extern PyObject *smpy_ctx_type;
 int smpy_ctx_type_init(PyObject *module);
-/* Parses None (cpu), 'cpu', 'cuda', 'cuda:N' or anything whose str() is one. */
+/* Parses 'cpu', 'cuda', 'cuda:N' or anything whose str() is one; None is
+ * SMELT_DEVICE when set, else cuda when a GPU is present, else cpu. */
 int smpy_parse_device(PyObject *obj, smelt_device_kind *kind, int *index);
 /* Borrowed reference to the process-wide default context of a device (created
  * on first use), or NULL with an exception set. */

@@ -366,7 +366,9 @@ static PyType_Slot tensor_slots[] = {
     {Py_tp_doc, (void *)"Tensor(shape, dtype='f32', *, device=None, ctx=None)\n\n"
                         "Uninitialized contiguous memory owned by smelt (the context's pool on CUDA).\n"
                         "Ops return one when the inputs' framework cannot allocate outputs. Exports\n"
-                        "DLPack: torch.from_dlpack(t) and numpy.from_dlpack(t) view it without a copy."},
+                        "DLPack: torch.from_dlpack(t) and numpy.from_dlpack(t) view it without a copy;\n"
+                        "t.numpy() and numpy.asarray(t) too, bf16 and fp8 included (with ml_dtypes).\n"
+                        "device=None: SMELT_DEVICE when set, else cuda when a GPU is present, else cpu."},
     {0, NULL}};
 
 static PyType_Spec tensor_spec = {"smelt.Tensor", sizeof(smpy_tensor), 0, Py_TPFLAGS_DEFAULT, tensor_slots};

@@ -97,10 +97,55 @@ _is_compiling = _probe_torch
 _torch_impl = None  # smelt.torch, once imported
 
 
-def empty(shape, dtype="f32", device="cpu", ctx=None):
+_ML_DTYPES = {"bf16": ("bfloat16", "uint16"), "e4m3": ("float8_e4m3fn", "uint8"), "e5m2": ("float8_e5m2", "uint8")}
+
+
+def _tensor_numpy(self):
+    """This CPU tensor as a numpy array sharing its memory (bf16 and fp8
+    need the ml_dtypes package: numpy has no such dtypes, and its from_dlpack
+    refuses them). The array keeps the tensor alive."""
+    import numpy as np
+    if self.device != "cpu":
+        raise ArgumentError("smelt.Tensor.numpy: the tensor is on %s; numpy reads host memory only" % self.device)
+    if self.dtype not in _ML_DTYPES:
+        return np.from_dlpack(self)
+    name, raw = _ML_DTYPES[self.dtype]
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise DTypeError("smelt.Tensor.numpy: numpy has no %s without the ml_dtypes package: pip install ml_dtypes"
+                         % name) from None
+    import ctypes
+    itemsize = np.dtype(raw).itemsize
+    span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides)) if all(self.shape) else 0
+    buf = (ctypes.c_uint8 * (span * itemsize)).from_address(self.data_ptr) if span else bytearray()
+    if span:
+        buf._smelt_tensor = self  # the array's buffer keeps the tensor's memory alive
+    flat = np.frombuffer(buf, dtype=raw)
+    view = np.lib.stride_tricks.as_strided(flat, self.shape, [s * itemsize for s in self.strides])
+    return view.view(getattr(ml_dtypes, name))
+
+
+def _tensor_array(self, dtype=None, copy=None):
+    """numpy's protocol: a view when it can be one, unless copy=True."""
+    a = _tensor_numpy(self)
+    if dtype is not None:
+        return a.astype(dtype, copy=bool(copy))
+    return a.copy() if copy else a
+
+
+# smelt.Tensor is a C type; its numpy conversions live here with the rest of
+# the numpy handling. np.asarray(t) goes through __array__.
+Tensor.numpy = _tensor_numpy
+Tensor.__array__ = _tensor_array
+
+
+def empty(shape, dtype="f32", device=None, ctx=None):
     """Uninitialized contiguous :class:`smelt.Tensor` of ``shape`` and smelt
     dtype name ``dtype`` ('f32', 'bf16', 'e4m3', ...) on ``device`` or in
-    ``ctx``'s memory (the context's pool on CUDA)."""
+    ``ctx``'s memory (the context's pool on CUDA). ``device=None`` is
+    ``SMELT_DEVICE`` when set, else 'cuda' when a GPU is present, else 'cpu'
+    (the smelt command's rule)."""
     return Tensor(shape, dtype, device=device, ctx=ctx)
 
 
@@ -117,12 +162,12 @@ def _shape(t, name, op):
 def activation(x, act="gelu", slope=0.01, out=None, *, ctx=None, stream=None):
     """y = act(x), elementwise.
 
-    Shapes:  x [...] (any ndim <= 8, any strides)  ->  y [...] (same shape)
+    Shapes:  x [...] (any ndim <= 8, any non-negative strides)  ->  y [...] (same shape)
     Dtypes:  f32, f16, bf16; y has x's dtype.
     act:     one of smelt.ACTIVATIONS ('identity', 'relu', 'leaky_relu',
              'tanh', 'sigmoid', 'silu', 'hardswish', 'gelu', 'gelu_tanh');
              slope is leaky_relu's negative slope.
-    out:     where to write y (any strides; may be x itself: in place).
+    out:     where to write y (any non-negative strides; may be x itself: in place).
              None allocates it with x's framework.
     Returns y.
     """
@@ -136,7 +181,7 @@ def activation(x, act="gelu", slope=0.01, out=None, *, ctx=None, stream=None):
 def softmax(x, out=None, lse=None, return_lse=False, *, ctx=None, stream=None):
     """Softmax over the last dimension.
 
-    Shapes:  x [..., C] (C >= 1, any strides)  ->  y [..., C], lse [...]
+    Shapes:  x [..., C] (C >= 1, any non-negative strides)  ->  y [..., C], lse [...]
     Dtypes:  x and y f32, f16 or bf16 (same); lse f32 (logsumexp of each row).
     A row holding NaN gives NaN (y and lse); a row of all -inf gives y = 0 and
     lse = -inf.
@@ -167,7 +212,7 @@ def _norm_index_dtype(d):
 def topk(x, k, values=None, indices=None, index_dtype="int64", *, ctx=None, stream=None):
     """The k largest entries of each row (last dimension), largest first.
 
-    Shapes:  x [..., C] (1 <= k <= C, any strides)  ->  values [..., k],
+    Shapes:  x [..., C] (1 <= k <= C, any non-negative strides)  ->  values [..., k],
              indices [..., k]
     Dtypes:  x and values f32, f16 or bf16 (same); indices int64 or int32.
     Order:   descending; ties by ascending index; NaN above +inf (as
@@ -182,6 +227,7 @@ def topk(x, k, values=None, indices=None, index_dtype="int64", *, ctx=None, stre
         index_dtype = _norm_index_dtype(index_dtype)
     if type(x).__module__ == "numpy":
         np = _sys.modules["numpy"]
+        k = _int(k, "k", "smelt.topk", 1, x.shape[-1] if x.ndim else 0, " (x.shape[-1])")
         shape = x.shape[:-1] + (k,)
         if values is None:
             values = np.empty(shape, dtype=x.dtype)
@@ -193,6 +239,24 @@ def topk(x, k, values=None, indices=None, index_dtype="int64", *, ctx=None, stre
 # numpy dtype names -> smelt dtype names (for gemm's out_dtype).
 _DTYPE_NAMES = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16", "int8": "i8",
                 "int32": "i32", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def _numpy_empty(shape, dtype, op):
+    """np.empty of a numpy dtype or a smelt name; bf16 and fp8 come from
+    ml_dtypes, which numpy needs for them."""
+    np = _sys.modules["numpy"]
+    if dtype.__class__ is str:
+        name = {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+        if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise DTypeError("%s: numpy has no %s without the ml_dtypes package: pip install ml_dtypes, or "
+                                 "pass out=" % (op, name)) from None
+            dtype = getattr(ml_dtypes, name)
+        else:
+            dtype = name
+    return np.empty(shape, dtype=dtype)
 
 
 def _norm_dtype(d):
@@ -212,7 +276,7 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
 
     Shapes:  a [M, K], b [K, N], c [M, N], bias [N]  ->  D [M, N]
              batched: a [L, M, K], b [L, K, N], c [L, M, N], bias [N]  ->  D [L, M, N]
-             (any strides; row- or column-major operands; stride 0 broadcasts)
+             (any non-negative strides; row- or column-major operands; stride 0 broadcasts)
     Dtypes:  a, b: f32, f16, bf16, e4m3, e5m2 (any mix, f32 accumulation), f64,
              or i8 x i8 (i32 accumulation); CPU: the reference for all of them.
              D has a's dtype unless out_dtype ('f32', 'bf16', torch.float32, ...)
@@ -222,7 +286,7 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
              is leaky_relu's.
     math:    for f32 operands: 'default' (exact f32), 'tf32' (~3e-4 rel) or
              '3xtf32' (~f32 accuracy on tensor cores).
-    out:     where to write D (any strides; may be c exactly, for in place).
+    out:     where to write D (any non-negative strides; may be c exactly, for in place).
     Returns D.
     """
     if beta is None:
@@ -232,10 +296,11 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
                                 math=math, out_dtype=out_dtype)
     if out_dtype is not None:
         out_dtype = _norm_dtype(out_dtype)
+        if out_dtype not in _DTYPE_NAMES.values():
+            raise DTypeError("smelt.gemm: out_dtype=%r is not one of %s (or a torch/numpy dtype of those)"
+                             % (out_dtype, ", ".join(_DTYPE_NAMES.values())))
     if out is None and type(a).__module__ == "numpy":
-        np = _sys.modules["numpy"]
-        dt = a.dtype if out_dtype is None else {v: k for k, v in _DTYPE_NAMES.items()}.get(out_dtype, out_dtype)
-        out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=dt)
+        out = _numpy_empty(a.shape[:-1] + b.shape[-1:], a.dtype if out_dtype is None else out_dtype, "smelt.gemm")
     return _c_gemm(a, b, c, bias, out, float(alpha), float(beta), activation, float(slope), math, out_dtype, ctx,
                    stream)
 
@@ -247,7 +312,7 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
     Group g owns rows [offs[g-1], offs[g]) of a (offs[-1] = 0) and computes
     D[r] = act(alpha · a[r] @ b[g] + beta · c[r] + bias[g]) there.
 
-    Shapes:  a [T, K], b [G, K, N] (any strides; the transposed view of a
+    Shapes:  a [T, K], b [G, K, N] (any non-negative strides; the transposed view of a
              [G, N, K] tensor is the tensor cores' fast layout), c [T, N],
              bias [G, N], offs [G]  ->  D [T, N]
     Dtypes:  a, b, c, bias as smelt.gemm's; offs int32 or int64, in the
@@ -292,9 +357,21 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
                            stream)
 
 
-def _window(window):
-    wl, wr = window
-    return int(wl), int(wr)
+def _int(v, name, op, lo, hi=None, what=""):
+    """v as an int in [lo, hi], else smelt.ArgumentError naming the argument:
+    checked here because numpy outputs are sized from it before C sees it."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise DTypeError("%s: %s=%r must be an int" % (op, name, v))
+    v = int(v.__index__())
+    if v < lo or (hi is not None and v > hi):
+        raise ArgumentError("%s: %s=%d must be in [%d, %s]%s" % (op, name, v, lo, "inf" if hi is None else hi, what))
+    return v
+
+
+def _window(window, op):
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ArgumentError("%s: window=%r must be (left, right), each -1 (unbounded) or >= 0" % (op, window))
+    return tuple(_int(w, "window[%d]" % i, op, -1, what=" (-1 = unbounded)") for i, w in enumerate(window))
 
 
 def _attention_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, return_lse, out, lse, ctx, stream,
@@ -329,7 +406,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), return_lse=
     A query that sees no key gets o = 0 and lse = +inf.
     Returns o, or (o, lse) when return_lse is true.
     """
-    wl, wr = _window(window)
+    wl, wr = _window(window, "smelt.attention")
     if _is_compiling():
         return _torch_impl.attention(q, k, v, causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
                                      out=out, lse=lse)
@@ -349,7 +426,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Masking, dtypes and the rest as smelt.attention, per sequence.
     Returns o, or (o, lse) when return_lse is true.
     """
-    wl, wr = _window(window)
+    wl, wr = _window(window, "smelt.attention_varlen")
     if _is_compiling():
         return _torch_impl.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
@@ -371,7 +448,7 @@ def attention_backward(q, k, v, o, d_o, lse, *, causal=False, scale=None, window
     The context's deterministic mode makes the result bitwise repeatable.
     Returns (dq, dk, dv).
     """
-    wl, wr = _window(window)
+    wl, wr = _window(window, "smelt.attention_backward")
     if type(q).__module__ == "numpy":
         np = _sys.modules["numpy"]
         dq = np.empty(q.shape, q.dtype) if dq is None else dq
@@ -424,6 +501,7 @@ def _peer_cfg(x, wq, sub_keys, u, v, k, activation, query_norm, gate, key_l2_nor
     if len(wq_shape) != 2 or not x_shape:
         raise ArgumentError("%s: wq must be 2-D [d_in, h*dq] and x [T, d_in], got %d-D and %d-D"
                             % (op, len(wq_shape), len(x_shape)))
+    k = _int(k, "k", op, 1, n_exp, " (num_experts_per_tok <= num_experts)")
     per_head = len(sk[0]) == 3
     query_dim = p * int(sk[0][-1])
     heads = int(sk[0][0]) if per_head else int(wq_shape[1]) // max(query_dim, 1)

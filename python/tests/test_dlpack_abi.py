@@ -157,7 +157,7 @@ def test_dtype_codes(code, bits, name):
     # smelt's activation takes only f32/f16/bf16: its dtype error names what it saw.
     x = HandMade(np.zeros(8, np.uint8), code=code, bits=bits, shape=(8 * 8 // bits,))
     if name == "bf16":
-        out = smelt.empty((4,), "bf16")
+        out = smelt.empty((4,), "bf16", device="cpu")
         smelt.activation(x, "identity", out=out)
         assert x.deleted == 1
         return

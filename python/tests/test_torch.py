@@ -127,7 +127,7 @@ def test_dtype_codes_both_ways(name, tdtype):
     """smelt.Tensor exports each dtype with the DLPack code torch reads back,
     and torch tensors of each dtype come in as that smelt dtype (the op's
     dtype error names what smelt saw)."""
-    t = smelt.empty((2, 3), name)
+    t = smelt.empty((2, 3), name, device="cpu")
     tt = torch.from_dlpack(t)
     assert tt.dtype == tdtype and tt.shape == (2, 3) and tt.data_ptr() == t.data_ptr
     if name in ("f32", "f16", "bf16"):

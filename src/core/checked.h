@@ -33,8 +33,9 @@ static inline smelt_status smelt__add_i64(int64_t a, int64_t b, int64_t *out, co
 static inline smelt_status smelt__host_fits(size_t bytes, const char *op, const char *what) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0 && bytes / (size_t)page > (size_t)pages)
-    return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: %s needs %.1f GiB of host memory, more than this machine's %.1f GiB",
-                        op, what, (double)bytes / 1073741824.0, (double)pages * (double)page / 1073741824.0);
+    return smelt__error(SMELT_STATUS_OUT_OF_MEMORY,
+                        "%s: %s needs %zu bytes (%.1f GiB) of host memory, more than this machine's %.1f GiB", op, what,
+                        bytes, (double)bytes / 1073741824.0, (double)pages * (double)page / 1073741824.0);
   return SMELT_OK;
 }
 

@@ -1,6 +1,7 @@
 /* Contexts: device selection (explicit or SMELT_DEVICE), the stream, memory
  * and copies, pool/cache statistics, timing events. The CPU backend has no
  * stream: everything on it is synchronous. */
+#include "checked.h"
 #include "internal.h"
 #include "../cuda/cuda_internal.h"
 
@@ -43,6 +44,8 @@ static smelt_status parse_device(const char *s, smelt_device_kind *kind, int *in
 smelt_status smelt_ctx_create(smelt_ctx **out, const smelt_ctx_options *opts) {
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, "smelt_ctx_create: out is NULL");
   *out = NULL;
+  smelt_status es = smelt__env_check("smelt_ctx_create");
+  if (es) return es;
   smelt_ctx_options o = opts ? *opts : smelt_ctx_options_default();
   if (o.device != SMELT_DEVICE_CPU && o.device != SMELT_DEVICE_CUDA)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "smelt_ctx_create: device=%d is not cpu (0) or cuda (1)",
@@ -114,6 +117,8 @@ smelt_status smelt_alloc(smelt_ctx *ctx, size_t bytes, void **out) {
   /* 64-byte alignment matches what device allocations give vector code. */
   size_t rounded = (bytes + 63) & ~(size_t)63;
   if (rounded < bytes) return smelt__error(SMELT_STATUS_OVERFLOW, "smelt_alloc: %zu bytes overflows", bytes);
+  smelt_status s = smelt__host_fits(bytes, "smelt_alloc", "the allocation");
+  if (s) return s;
   void *p = aligned_alloc(64, rounded ? rounded : 64);
   if (!p) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_alloc: %zu bytes of host memory", bytes);
   *out = p;

@@ -18,13 +18,18 @@
 /* ---- errors: set the thread-local message and return the status */
 smelt_status smelt__error(smelt_status s, const char *fmt, ...) SMELT__PRINTF(2, 3);
 
-/* ---- logging (SMELT_LOG=warn|info|debug; off by default; to stderr) */
+/* ---- logging (SMELT_LOG=off|warn|info|debug; warn by default; to stderr) */
 enum { SMELT__LOG_OFF = 0, SMELT__LOG_WARN = 1, SMELT__LOG_INFO = 2, SMELT__LOG_DEBUG = 3 };
 int smelt__log_level(void);
 void smelt__log(int level, const char *fmt, ...) SMELT__PRINTF(2, 3);
 
-/* ---- environment helpers */
+/* ---- environment (env.c) */
 const char *smelt__getenv(const char *name); /* NULL when unset or empty */
+/* INVALID_ARGUMENT "<op>: SMELT_X=\"v\" is not one of: ..." for the first
+ * variable set to a value smelt does not know. */
+smelt_status smelt__env_check(const char *op);
+/* Whether the variable is set to exactly `value`. */
+int smelt__env_is(const char *name, const char *value);
 double smelt__now_seconds(void);             /* monotonic clock */
 
 /* ---- hashing */

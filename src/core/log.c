@@ -1,25 +1,21 @@
-/* Logging and small environment helpers. Library code never prints unless
- * SMELT_LOG asks for it (warn, info or debug); messages go to stderr. */
+/* Logging and the monotonic clock. Warnings print by default (an unusable
+ * cache folder must not pass unseen); SMELT_LOG=off silences them, info and
+ * debug say more. Messages go to stderr. */
 #include "internal.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-const char *smelt__getenv(const char *name) {
-  const char *v = getenv(name);
-  return (v && *v) ? v : NULL;
-}
-
 int smelt__log_level(void) {
   /* Read each time: cheap, and tests may change it between calls. */
+  /* An unknown value is refused by smelt__env_check; here it is the default. */
   const char *v = smelt__getenv("SMELT_LOG");
-  if (!v) return SMELT__LOG_OFF;
+  if (!v) return SMELT__LOG_WARN;
   if (!strcmp(v, "debug")) return SMELT__LOG_DEBUG;
   if (!strcmp(v, "info")) return SMELT__LOG_INFO;
-  if (!strcmp(v, "warn") || !strcmp(v, "warning")) return SMELT__LOG_WARN;
-  return SMELT__LOG_OFF;
+  if (!strcmp(v, "off")) return SMELT__LOG_OFF;
+  return SMELT__LOG_WARN;
 }
 
 void smelt__log(int level, const char *fmt, ...) {

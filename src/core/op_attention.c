@@ -200,7 +200,7 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
 
   /* layouts: D has unit stride (it is what every kernel vectorizes over) */
   for (int r = 0; r < SMELT__ATT_COUNT; r++)
-    if (t[r] && qkv_like(r) && st->D > 1 && t[r]->strides[dd] != 1)
+    if (t[r] && qkv_like(r) && st->D > 1 && smelt_tensor_numel(t[r]) > 0 && t[r]->strides[dd] != 1)
       return smelt__error(SMELT_STATUS_BAD_LAYOUT, "%s: %s.strides[%d]=%lld must be 1 (unit stride along D)", op,
                           role_name[r], dd, (long long)t[r]->strides[dd]);
 

@@ -247,7 +247,7 @@ static smelt_status check_rows(const char *name, const smelt_tensor *t, int64_t 
   int64_t dims[2] = {rows, cols};
   smelt_status s = check_shape(name, t, 2, dims, what);
   if (s) return s;
-  if (cols > 1 && t->strides[1] != 1)
+  if (cols > 1 && rows > 0 && t->strides[1] != 1)
     return smelt__error(SMELT_STATUS_BAD_LAYOUT, OP ": %s.strides[1]=%lld must be 1 (rows of unit stride)", name,
                         (long long)t->strides[1]);
   return SMELT_OK;

@@ -150,7 +150,8 @@ smelt_status smelt_peer_store_create(smelt_ctx *ctx, const smelt_peer_store_opti
       (s = smelt__add_i64(st->ulen, st->vlen, &slot_elems, OP "_create", "an expert's elements")) ||
       (s = smelt__mul_i64(slot_elems, (int64_t)smelt_dtype_size(o.dtype), &slot_bytes, OP "_create",
                           "an expert's bytes")) ||
-      (s = smelt__mul_i64(st->N, slot_bytes, &table_bytes, OP "_create", "the tables' bytes"))) {
+      (s = smelt__mul_i64(st->N, slot_bytes, &table_bytes, OP "_create", "the tables' bytes")) ||
+      (s = smelt__host_fits((size_t)table_bytes, OP "_create", "the host tables"))) {
     free(st);
     return s;
   }

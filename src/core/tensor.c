@@ -45,7 +45,9 @@ int64_t smelt_tensor_numel(const smelt_tensor *t) {
 
 int smelt_tensor_is_contiguous(const smelt_tensor *t) {
   if (!t || t->ndim < 0 || t->ndim > SMELT_MAX_DIMS) return 0;
-  if (smelt_tensor_numel(t) < 0) return 0; /* not a valid tensor, let alone a contiguous one */
+  const int64_t numel = smelt_tensor_numel(t);
+  if (numel < 0) return 0; /* not a valid tensor, let alone a contiguous one */
+  if (numel == 0) return 1; /* numpy gives empty arrays strides of 0 */
   int64_t expect = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->strides[i] != expect) return 0;
@@ -74,17 +76,19 @@ smelt_status smelt__check_tensor(const char *op, const char *name, const smelt_t
   if (t->device != SMELT_DEVICE_CPU && t->device != SMELT_DEVICE_CUDA)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: %s.device=%d is not cpu (0) or cuda (1)", op,
                         name, (int)t->device);
-  for (int i = 0; i < t->ndim; i++) {
+  for (int i = 0; i < t->ndim; i++)
     if (t->shape[i] < 0)
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: %s.shape[%d]=%lld must be >= 0", op, name, i,
                           (long long)t->shape[i]);
-    if (t->strides[i] < 0)
-      return smelt__error(SMELT_STATUS_BAD_LAYOUT, "%s: %s.strides[%d]=%lld must be >= 0", op, name, i,
-                          (long long)t->strides[i]);
-  }
   int64_t numel = smelt_tensor_numel(t);
   if (numel < 0) return smelt__error(SMELT_STATUS_OVERFLOW, "%s: %s has more than 2^63 elements", op, name);
+  /* Nothing of an empty view is read: its strides (numpy gives 0) and data
+   * do not matter. */
   if (numel == 0) return SMELT_OK;
+  for (int i = 0; i < t->ndim; i++)
+    if (t->strides[i] < 0)
+      return smelt__error(SMELT_STATUS_BAD_LAYOUT, "%s: %s.strides[%d]=%lld must be >= 0 (negative strides are not supported)",
+                          op, name, i, (long long)t->strides[i]);
   /* The furthest element's byte offset must fit too. */
   int64_t extent = 0, esize = (int64_t)smelt_dtype_size(t->dtype), term;
   for (int i = 0; i < t->ndim; i++) {
@@ -135,7 +139,7 @@ smelt_status smelt__check_same_layout(const char *op, const char *an, const smel
   if (!same)
     return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: %s.shape=%s differs from the planned %s", op, an,
                         smelt__shape_str(t, sa, sizeof sa), smelt__shape_str(planned, sb, sizeof sb));
-  for (int i = 0; i < t->ndim; i++)
+  for (int i = 0; i < t->ndim && smelt_tensor_numel(t) > 0; i++)
     if (t->strides[i] != planned->strides[i] && t->shape[i] != 1)
       return smelt__error(SMELT_STATUS_BAD_LAYOUT, "%s: %s.strides[%d]=%lld differs from the planned %lld", op,
                           an, i, (long long)t->strides[i], (long long)planned->strides[i]);

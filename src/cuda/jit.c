@@ -210,8 +210,7 @@ smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, vo
       return SMELT_OK;
     }
   }
-  const char *jit = smelt__getenv("SMELT_JIT");
-  if (jit && !strcmp(jit, "off")) {
+  if (smelt__env_is("SMELT_JIT", "off")) {
     if (lockfd >= 0) close(lockfd);
     return smelt__error(SMELT_STATUS_NOT_FOUND,
                         "smelt jit: kernel %s for %s is not in the cache (%s) and SMELT_JIT=off; warm the cache with "

@@ -181,10 +181,10 @@ smelt_status smelt__nvrtc_compile(const smelt__kernel_src *src, const char *arch
     log[logn] = 0;
   }
   if (r != 0) {
-    if (smelt__getenv("SMELT_DUMP_SOURCE")) dump_source(src->name, text, opts, nopts);
+    if (smelt__env_is("SMELT_DUMP_SOURCE", "1")) dump_source(src->name, text, opts, nopts);
     st = smelt__error(SMELT_STATUS_COMPILE_ERROR, "smelt jit: compiling %s for %s failed: %s\n%s%s", src->name,
                       arch, rtc.GetErrorString(r), log ? log : "",
-                      smelt__getenv("SMELT_DUMP_SOURCE") ? "" : "(set SMELT_DUMP_SOURCE=1 to print the source)");
+                      smelt__env_is("SMELT_DUMP_SOURCE", "1") ? "" : "(set SMELT_DUMP_SOURCE=1 to print the source)");
     free(log);
     free(text);
     rtc.DestroyProgram(&prog);

@@ -11,7 +11,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void load(void) {
   /* Only worth a dlopen when a profiler asked for ranges (it sets this). */
-  if (!smelt__getenv("NVTX_INJECTION64_PATH") && !smelt__getenv("SMELT_NVTX")) return;
+  if (!smelt__getenv("NVTX_INJECTION64_PATH") && !smelt__env_is("SMELT_NVTX", "1")) return;
   /* libnvtx3interop (CUDA 13's nvidia-nvtx wheel) and libnvToolsExt (older
    * toolkits) export the NVTX C API and forward to the profiler's injection. */
   static const char *names[] = {"libnvtx3interop.so.1", "libnvToolsExt.so.1", "nvidia/cu13/lib/libnvtx3interop.so.1",

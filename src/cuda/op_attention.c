@@ -228,7 +228,7 @@ static const char *const role_names[SMELT__ATT_COUNT] = {"q",  "k",  "v",  "o", 
 static smelt_status check_strides(const smelt__attn_state *st) {
   for (size_t i = 0; i < sizeof roles16 / sizeof *roles16; i++) {
     const smelt_tensor *t = &st->t[roles16[i]];
-    if (t->ndim < 0) continue;
+    if (t->ndim < 0 || smelt_tensor_numel(t) == 0) continue;
     for (int d = 0; d < t->ndim - 1; d++)
       if (t->shape[d] > 1 && t->strides[d] % 8)
         return smelt__error(SMELT_STATUS_UNSUPPORTED,

@@ -103,6 +103,12 @@ smelt_status smelt_precompile(const char *arch, smelt_progress_fn progress, void
   int dummy = 0;
   int *count = compiled_count ? compiled_count : &dummy;
   *count = 0;
+  smelt_status es = smelt__env_check("smelt_precompile");
+  if (es) return es;
+  if (smelt__env_is("SMELT_JIT", "off"))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "smelt_precompile: SMELT_JIT=off forbids compiling, and precompiling is compiling; run it "
+                        "with SMELT_JIT unset (or on), then deploy with SMELT_JIT=off");
   if (arch) {
     if (!arch_is_supported(arch))
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
