@@ -96,6 +96,10 @@
  * writes the slice's f32 partial sums into the workspace through a 3-D map
  * (sm90_locate); gemm_reduce finishes.
  *
+ * Batched (fast epilogue only, no clusters or ping-pong): tiles are
+ * numbered entry by entry, and A, B and D come through 3-D maps whose z is
+ * the entry (a broadcast A or B, batch stride 0, through a 2-D map).
+ *
  * Shared memory: TMA writes each 128-byte row of K with the 128-byte
  * swizzle, which is the K-major layout wgmma reads with SBO = 1024 (eight
  * rows); stages are 1024-byte aligned so the swizzle phase starts at 0, and
@@ -574,7 +578,8 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
 typedef struct sm90_tile {
   int tm, tn, kt0, ktiles;
   int slice; /* -1 unless a parallel split */
-  int bz;    /* grouped by offsets: B's group (z of its 3-D map), else -1 */
+  int az;    /* batched: A's entry (z of its 3-D map), else -1 (a 2-D map) */
+  int bz;    /* grouped by offsets: B's group, batched: B's entry (z of its 3-D map), else -1 */
   i64 row0;  /* A's and D's row of the tile's first row */
   i64 m, n;  /* grouped by offsets: m is the group's end row in D */
   u64 bias;
@@ -630,7 +635,7 @@ static __device__ __forceinline__ int offs_advance(const gemm_params &P, int t, 
 static __device__ __forceinline__ int sm90_locate(const gemm_params &P, const tmap_t *tma_a, const tmap_t *tma_b,
                                                   const tmap_t *tma_d, const tmap_t *gmaps, int t, sm90_cursor *g,
                                                   u32 rank, sm90_tile *w) {
-  w->bz = -1;
+  w->az = w->bz = -1;
   if (P.mode == MODE_GROUPED_OFFS) {
     if (!offs_advance(P, t, g)) return 0;
     w->m = g->r1;
@@ -679,6 +684,14 @@ static __device__ __forceinline__ int sm90_locate(const gemm_params &P, const tm
     const i64 k0 = (i64)w->slice * P.k_slice, k1 = k0 + P.k_slice < P.p.k ? k0 + P.k_slice : P.p.k;
     w->kt0 = (int)(k0 / BK);
     w->ktiles = (int)((k1 - k0 + BK - 1) / BK);
+  } else if (P.mode == MODE_BATCHED) {
+    /* Tiles numbered entry by entry; D's map is 3-D (the entry its z, as a
+     * split's slice), A's and B's too unless broadcast (batch stride 0). */
+    const int per = P.tiles_m * P.tiles_n, e = t / per;
+    t -= e * per;
+    w->slice = e;
+    w->az = P.a_bs ? e : -1;
+    w->bz = P.b_bs ? e : -1;
   }
   w->bias = P.p.bias;
   w->bias_s = P.p.bias_s;
@@ -699,8 +712,23 @@ static __device__ __forceinline__ void tma_load_3d(u32 dst, const tmap_t *map, i
       : "memory");
 }
 
+/* Tile w's A box(es) of the K step at x into dst (no clusters): from A's
+ * 3-D map at z = the entry when batched. */
+static __device__ __forceinline__ void load_a(u32 dst, const sm90_tile &w, int x, u32 bar) {
+#if A_MN
+#pragma unroll
+  for (int p = 0; p < BM / 64; p++) {
+    if (w.az >= 0) tma_load_3d(dst + p * PANEL_BYTES, w.ma, (int)w.row0 + 64 * p, x, w.az, bar);
+    else tma_load(dst + p * PANEL_BYTES, w.ma, (int)w.row0 + 64 * p, x, bar);
+  }
+#else
+  if (w.az >= 0) tma_load_3d(dst, w.ma, x, (int)w.row0, w.az, bar);
+  else tma_load(dst, w.ma, x, (int)w.row0, bar);
+#endif
+}
+
 /* Tile w's B box of the K step at x into dst (no clusters): from B's 3-D
- * map at z = the group when grouped by offsets. */
+ * map at z = the group when grouped by offsets, the entry when batched. */
 static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x, u32 bar) {
 #if B_MN
 #pragma unroll
@@ -757,10 +785,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 epi = base + GEMM_STAGES * STAGE_BYTES;
   const u32 full = epi + EPI_REGION, empty = full + GEMM_STAGES * 8;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  /* Grouped: the host puts the total unit count in tiles_m (tiles_n 1). */
-  const int tiles = P.mode == MODE_GROUPED ? P.tiles_m
-                                           : ((P.tiles_m + CM - 1) / CM) * ((P.tiles_n + CN - 1) / CN) *
-                                                 (P.mode == MODE_PARALLEL ? P.splits : 1);
+  /* Grouped: the host puts the total unit count in tiles_m (tiles_n 1).
+   * Split or batched: the units of a slice or entry times their count. */
+  const int copies = P.mode == MODE_PARALLEL ? P.splits : P.mode == MODE_BATCHED ? P.count : 1;
+  const int tiles = P.mode == MODE_GROUPED
+                        ? P.tiles_m
+                        : ((P.tiles_m + CM - 1) / CM) * ((P.tiles_n + CN - 1) / CN) * copies;
   /* The cluster walks units together: cluster c of gridDim.x / CLUSTER. */
   const u32 rank = CLUSTER > 1 ? cluster_rank() : 0;
   const int unit0 = blockIdx.x / CLUSTER, units_step = gridDim.x / CLUSTER;
@@ -809,12 +839,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         tma_load(sa + A_BYTES, w.mb, x, w.tn * BN, bar);
 #else
         /* MN-major: one box per 64-column panel, (M or N, K) coordinates. */
-#if A_MN
-#pragma unroll
-        for (int p = 0; p < BM / 64; p++) tma_load(sa + p * PANEL_BYTES, w.ma, (int)w.row0 + 64 * p, x, bar);
-#else
-        tma_load(sa, w.ma, x, (int)w.row0, bar);
-#endif
+        load_a(sa, w, x, bar);
         load_b(sa + A_BYTES, w, x, bar);
 #endif
         if (++stage == GEMM_STAGES) {

@@ -1326,6 +1326,41 @@ static void test_gpu_sm90_layouts(void) {
       }
 }
 
+/* Batched on the Hopper kernel (3-D maps, tiles entry by entry): each
+ * unasked tile and layout, a broadcast B (batch stride 0: a 2-D map), f32
+ * D, bias with activations, ragged edges; with C it falls to mma.sync. */
+static void test_gpu_sm90_batched(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  smelt_device_info di;
+  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
+    SKIP("not an sm_90 device");
+  static const struct {
+    int64_t l, m, n, k;
+    int tm, tn, lay, bcast, f32_d, c;
+  } cases[] = {
+      {3, 129, 264, 70, 128, 256, 1, 0, 0, 0}, {2, 7, 8, 5, 64, 64, 0, 1, 1, 0},
+      {5, 300, 136, 333, 128, 64, 2, 0, 0, 0}, {4, 256, 320, 512, 0, 0, 3, 1, 0, 0},
+      {3, 65, 72, 40, 0, 0, 1, 0, 0, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const smelt_dtype dt = i % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+    gspec s = spec(dt, dt, cases[i].f32_d ? SMELT_DTYPE_F32 : dt, cases[i].m, cases[i].n, cases[i].k);
+    s.batch = cases[i].l;
+    s.b_bcast = cases[i].bcast;
+    s.a_col = cases[i].lay == 2 || cases[i].lay == 3;
+    s.b_col = cases[i].lay == 1 || cases[i].lay == 2;
+    s.ld16 = 1;
+    s.desc.tile.m = cases[i].tm;
+    s.desc.tile.n = cases[i].tn;
+    s.has_c = cases[i].c;
+    s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
+    s.has_bias = i != 1;
+    s.desc.epilogue.act = i == 0 ? SMELT_ACT_GELU : i == 2 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
+    if (!check(&s, 0, "sm90 batched")) return;
+  }
+}
+
 static void test_gpu_sm90_cluster(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
@@ -1506,6 +1541,16 @@ static void test_selector(void) {
   smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
+  /* Batched: the Hopper kernel when D's entries are 16-byte units apart. */
+  {
+    smelt__gemm_state bs = bf16_state(SMELT_GEMM_MODE_BATCHED, 1);
+    smelt__gemm_facts g = f;
+    g.batch = 8;
+    g.batch_d16 = 1;
+    CHECK(!strcmp(pick_name(&bs, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+    g.batch_d16 = 0;
+    CHECK(!strncmp(pick_name(&bs, &g, 9, 0, &s), "gemm_sm80_", 10));
+  }
   /* The other layouts take the Hopper kernel with MN-major operands, in the
    * tile the same rules give RC (the skinny one: 64 x 64). */
   {
@@ -2241,6 +2286,7 @@ const th_test th_tests_gemm[] = {
     {"gpu_unaligned", test_gpu_unaligned},
     {"gpu_sm90", test_gpu_sm90},
     {"gpu_sm90_layouts", test_gpu_sm90_layouts},
+    {"gpu_sm90_batched", test_gpu_sm90_batched},
     {"gpu_sm90_cluster", test_gpu_sm90_cluster},
     {"gpu_sm90_act16", test_gpu_sm90_act16},
     {"grouped_offs", test_grouped_offs},

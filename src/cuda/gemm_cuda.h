@@ -46,6 +46,7 @@ typedef struct smelt__gemm_facts {
   int sm90_d;               /* every problem's D suits gemm_sm90's fast epilogue (smelt__gemm_sm90_fast_d) */
   int64_t k_min;            /* the smallest K over the problems */
   int promote;              /* 3xtf32 split operands: only a kernel that promotes its sums (kernel.promote) */
+  int batch_d16;            /* batched: D's entries a whole number of 16-byte units apart (TMA's 3-D map) */
 } smelt__gemm_facts;
 
 /* 1 if gemm_sm90's fast epilogue can write p's D: 16-bit or f32,

@@ -18,11 +18,12 @@
  *   flight, while one m16n8k16 fragment pair covers all 16 rows (above 16
  *   the 64-row tiles waste less and keep up with cuBLAS);
  *   on Hopper (sm_90a), the TMA + wgmma kernel for plain f16/bf16, tf32 and
- *   fp8 (16- or 8-bit D) GEMMs, grouped ones with 16-bit row-major D
- *   whose rows are whole 16-byte units (N a multiple of 8) and no C, and
- *   f16/bf16 ones grouped by offsets with such a D (or f32 D), with
- *   row-major A and column-major B, 16-byte aligned, K >= 1 (and parallel
- *   splits of such plain GEMMs when asked for, N a multiple of 4): the
+ *   fp8 (16- or 8-bit D) GEMMs, grouped and batched ones (batched: not
+ *   tf32) with 16-bit row-major D whose rows are whole 16-byte units (N a
+ *   multiple of 8) and no C, and f16/bf16 ones grouped by offsets with such
+ *   a D (or f32 D), with A and B 16-byte aligned and K-major (row-major A,
+ *   column-major B), or for f16/bf16 either one MN-major, K >= 1 (and
+ *   parallel splits of such plain GEMMs when asked for, N a multiple of 4): the
  *   cooperative schedule with 128 x 256 tiles when they keep at least half
  *   the SMs busy, else (16-bit types) 128 x 64 tiles, or 64 x 64 tiles
  *   (one consumer warpgroup) when M <= 64 or the 128 x 64 ones would leave
@@ -362,6 +363,8 @@ void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *a
   prob_facts(st, &args->prob,
              st->mode == SMELT_GEMM_MODE_BATCHED || st->mode == SMELT_GEMM_MODE_GROUPED_OFFS ? args->count : 1, f);
   if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS && args->count > 1 && args->prob.b.bs < 1) f->tma_b[0] = f->tma_b[1] = 0;
+  f->batch_d16 = st->mode == SMELT_GEMM_MODE_BATCHED &&
+                 (args->count <= 1 || (args->prob.d.bs > 0 && args->prob.d.bs * (int64_t)smelt_dtype_size(st->dt_d) % 16 == 0));
   f->m = args->prob.m;
   f->n = args->prob.n;
   f->k = args->prob.k;
@@ -407,6 +410,15 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
          * kernels, whose schedules need the tile count. */
         if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16) || !k->a_kmajor || pingpong(k) || clustered(k) ||
             !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !tma)
+          return 0;
+      } else if (st->mode == SMELT_GEMM_MODE_BATCHED) {
+        /* Batched: the fast epilogue through a 3-D map of D, below 2^31
+         * tiles in all; not on the ping-pong or cluster kernels, nor tf32
+         * (its operands come rounded, one entry at a time, through the
+         * pre-pass: src/cuda/gemm_prep.c). */
+        if (pingpong(k) || clustered(k) || k->tc == SMELT__TC_TF32 || !f->sm90_d || !f->batch_d16 || f->k < 1 ||
+            !tma || f->m >= ((int64_t)1 << 31) || f->n >= ((int64_t)1 << 31) || f->k >= ((int64_t)1 << 32) ||
+            smelt__ceil_div(f->m, k->bm) * smelt__ceil_div(f->n, k->bn) * f->batch >= ((int64_t)1 << 31))
           return 0;
       } else if (st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
         if (pingpong(k) || clustered(k) || f->n % 4 != 0 || f->k < 1 || !tma || f->m >= ((int64_t)1 << 31) ||
@@ -489,8 +501,9 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     /* Hopper: the persistent wgmma kernel with 128 x 256 tiles when they
      * keep at least half the SMs busy, else its 128 x 64 or 64 x 64 tile
      * (16-bit types; the others go to mma.sync), or the tile the
-     * description asks for. Grouped runs count the first group's tiles
-     * once per group (and take its M for the M <= 64 rule). Grouped by
+     * description asks for. Grouped and batched runs count the first
+     * problem's tiles once per problem (and take its M for the M <= 64
+     * rule). Grouped by
      * offsets, whose row counts the host never sees: T's row tiles plus
      * half a tile for each group's ragged end (at most min(G, T) groups
      * have rows), and T / G rows for the M <= 64 rule, which then also
@@ -499,8 +512,9 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     const int offs = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS;
     const int64_t offs_ends = offs ? (f->batch < f->m ? f->batch : f->m) / 2 : 0;
     const int64_t m_rule = offs && f->batch > 0 ? smelt__ceil_div(f->m, f->batch) : f->m;
-    const int64_t wide = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 256) *
-                         (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
+    const int per_problem = st->mode == SMELT_GEMM_MODE_GROUPED || st->mode == SMELT_GEMM_MODE_BATCHED;
+    const int64_t copies = per_problem && f->batch > 0 ? f->batch : 1;
+    const int64_t wide = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 256) * copies;
     /* The 64 x 64 tile (one consumer warpgroup) instead of the 128 x 64
      * one when those would leave at least half the SMs idle: it has up to
      * twice their CTAs, all in one wave (cuBLAS runs 128 x 4096 x 4096 on
@@ -508,8 +522,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * its 13 stages keep more of B in flight than 8 of 128 x 64, half of
      * whose A rows are zeros (on H100, 64 x 4096 x 4096: 18.6 against 29.5
      * us; docs/PERF.md, seventh round). 64 x 128 only when asked for. */
-    const int64_t narrow = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 64) *
-                           (st->mode == SMELT_GEMM_MODE_GROUPED && f->batch > 0 ? f->batch : 1);
+    const int64_t narrow = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 64) * copies;
     const int rows64 = m_rule <= 64 || 2 * narrow <= dev->sm_count;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):

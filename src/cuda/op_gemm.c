@@ -264,14 +264,27 @@ static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const 
  * boxes of the tile's rows (a multicast operand: a cluster rank's share)
  * by one 128-byte row of K; an MN-major one (16-bit A column-major or B
  * row-major) in boxes of 64 columns of M or N (128 bytes) by BK rows of
- * K, one per panel of the stage (kernels/gemm_sm90.cu). */
+ * K, one per panel of the stage (kernels/gemm_sm90.cu).
+ * With `batch` entries (batch >= 1), an operand with a batch stride gets a
+ * 3-D map (its entries the z), a broadcast one (stride 0) a 2-D map. */
+static smelt_status operand_maps_batched(const smelt__gemm_state *st, const smelt__gemm_kernel *k,
+                                         const smelt__gemm_prob *p, int64_t batch, smelt__cu_tensor_map *ta,
+                                         smelt__cu_tensor_map *tb) {
+  const int64_t la = p->a.bs ? batch : 0, lb = p->b.bs ? batch : 0;
+  smelt_status s =
+      k->a_kmajor
+          ? tensor_map_batched(ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, la, p->a.bs, k->bm / k->cluster_n, k->bk)
+          : tensor_map_batched(ta, st->dt_a, p->a.data, p->k, p->m, p->a.cs, la, p->a.bs, k->bk, 64);
+  if (s) return s;
+  return k->b_kmajor
+             ? tensor_map_batched(tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, lb, p->b.bs, k->bn / k->cluster_m, k->bk)
+             : tensor_map_batched(tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, lb, p->b.bs, k->bk, 64);
+}
+
+/* operand_maps_batched for a plain problem. */
 static smelt_status operand_maps(const smelt__gemm_state *st, const smelt__gemm_kernel *k, const smelt__gemm_prob *p,
                                  smelt__cu_tensor_map *ta, smelt__cu_tensor_map *tb) {
-  smelt_status s = k->a_kmajor ? tensor_map(ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm / k->cluster_n, k->bk)
-                               : tensor_map(ta, st->dt_a, p->a.data, p->k, p->m, p->a.cs, k->bk, 64);
-  if (s) return s;
-  return k->b_kmajor ? tensor_map(tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, k->bn / k->cluster_m, k->bk)
-                     : tensor_map(tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, k->bk, 64);
+  return operand_maps_batched(st, k, p, 0, ta, tb);
 }
 
 /* Hopper: output tiles of an m x n problem in units of a cluster's tiles
@@ -470,11 +483,22 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
                              const smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
-  if ((s = operand_maps(st, k, p, &ta, &tb))) return s;
+  const int64_t batch = kp->mode == SMELT__KMODE_BATCHED ? kp->count : 0;
+  if ((s = operand_maps_batched(st, k, p, batch, &ta, &tb))) return s;
   smelt__gemm_kparams kq = *kp;
   int64_t tiles = sm90_units(k, p->m, p->n);
   int fast;
-  if (kp->mode == SMELT__KMODE_PARALLEL) {
+  if (batch) {
+    /* Entry by entry (the selector gives batched runs the fast epilogue
+     * only): D through a 3-D map. */
+    tiles *= batch;
+    if (tiles > 0x7fffffff)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld batched tiles exceed 2^31 - 1", (long long)tiles);
+    fast = 1;
+    if ((s = tensor_map_batched(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, batch, p->d.bs, 64,
+                                128 / (int)smelt_dtype_size(st->dt_d))))
+      return s;
+  } else if (kp->mode == SMELT__KMODE_PARALLEL) {
     kq.alpha_ab = 1.0;
     kq.scale_d = 1.0f;
     kq.act = SMELT_ACT_IDENTITY;
@@ -619,6 +643,10 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   kp.tiles_n = (int)tiles_n;
   if (cp->prep[0] || cp->prep[1]) return run_prepped(plan, k, f, &kp, args);
   if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_PLAIN) return run_sm90(ctx, st, k, f, &kp, &args->prob);
+  if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_BATCHED) {
+    kp.count = (int)args->count; /* below 2^31: smelt__gemm_fits */
+    return run_sm90(ctx, st, k, f, &kp, &args->prob);
+  }
 
   void *ws = NULL;
   int64_t z = kp.mode == SMELT__KMODE_BATCHED || kp.mode == SMELT__KMODE_ARRAY ? args->count : 1;
