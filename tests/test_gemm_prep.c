@@ -160,13 +160,13 @@ static void test_prep_select(void) {
   smelt__gemm_facts f = {.a_k = 0, .a_mn = 0, .b_k = 0, .b_mn = 0, .tma_a = {0, 0}, .tma_b = {0, 0}, .m = 8192, .n = 8192, .k = 8192,
                          .batch = 1, .sm90_d = 1, .k_min = 8192};
   smelt__gemm_prep prep[2];
-  CHECK(smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(smelt__gemm_prep_choose(&st, &p, &f, &h100, prep));
   CHECK(prep[0] == SMELT__PREP_TF32 && prep[1] == SMELT__PREP_TF32);
   CHECK(!strcmp(prepped_pick(&st, &p, &f, prep, &h100), "gemm_sm90_tf32_RC_128x256x32_s4"));
   CHECK_EQ_INT(smelt__gemm_prep_gemm_k(&st, prep, 8192), 8192);
   /* 3xtf32: the split, then the tf32 kernel over 3 K. */
   st.desc.math.op = SMELT_GEMM_MATH_3XTF32;
-  CHECK(smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(smelt__gemm_prep_choose(&st, &p, &f, &h100, prep));
   CHECK(prep[0] == SMELT__PREP_SPLIT && prep[1] == SMELT__PREP_SPLIT);
   CHECK(!strcmp(prepped_pick(&st, &p, &f, prep, &h100), "gemm_sm90_tf32_RC_128x256x32_s4"));
   CHECK_EQ_INT(smelt__gemm_prep_gemm_k(&st, prep, 8191), 3 * 8192);
@@ -174,26 +174,26 @@ static void test_prep_select(void) {
    * rounds in registers), not in the split and grouped modes, not for SIMT
    * as asked. */
   st.mode = SMELT_GEMM_MODE_BATCHED;
-  CHECK(smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(smelt__gemm_prep_choose(&st, &p, &f, &h100, prep));
   CHECK(!strcmp(prepped_pick(&st, &p, &f, prep, &h100), "gemm_sm90_tf32_RC_128x256x32_s4"));
   st.mode = SMELT_GEMM_MODE_PLAIN;
-  CHECK(!smelt__gemm_prep_choose(&st, &f, &a100, prep) && !prep[0] && !prep[1]);
+  CHECK(!smelt__gemm_prep_choose(&st, &p, &f, &a100, prep) && !prep[0] && !prep[1]);
   static const smelt_gemm_mode others[] = {SMELT_GEMM_MODE_SPLIT_K_SERIAL, SMELT_GEMM_MODE_SPLIT_K_PARALLEL,
                                            SMELT_GEMM_MODE_ARRAY, SMELT_GEMM_MODE_GROUPED,
                                            SMELT_GEMM_MODE_GROUPED_OFFS};
   for (int i = 0; i < 5; i++) {
     st.mode = others[i];
-    CHECK(!smelt__gemm_prep_choose(&st, &f, &h100, prep));
+    CHECK(!smelt__gemm_prep_choose(&st, &p, &f, &h100, prep));
   }
   st.mode = SMELT_GEMM_MODE_PLAIN;
   st.desc.math.opclass = SMELT_GEMM_OPCLASS_SIMT;
-  CHECK(!smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(!smelt__gemm_prep_choose(&st, &p, &f, &h100, prep));
   st.desc.math.opclass = SMELT_GEMM_OPCLASS_AUTO;
   /* A small problem: the selector gives the prepped operands mma.sync (no
    * narrow tf32 tile on Hopper), and the plan keeps them as they are. */
   smelt__gemm_facts small = f;
   small.m = small.n = 256;
-  CHECK(smelt__gemm_prep_choose(&st, &small, &h100, prep));
+  CHECK(smelt__gemm_prep_choose(&st, &p, &small, &h100, prep));
   CHECK(!strncmp(prepped_pick(&st, &p, &small, prep, &h100), "gemm_sm80_", 10));
   /* An mma.sync tile asked for: likewise. */
   st.desc.tile.n = 128;
@@ -206,19 +206,140 @@ static void test_prep_select(void) {
   p.a.rs = 8192;
   f.a_k = f.tma_a[1] = 1;
   f.b_mn = f.tma_b[0] = 1;
-  CHECK(smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(smelt__gemm_prep_choose(&st, &p, &f, &h100, prep));
   CHECK(prep[0] == SMELT__PREP_NONE && prep[1] == SMELT__PREP_COPY);
   CHECK(!strcmp(prepped_pick(&st, &p, &f, prep, &h100), "gemm_sm90_e4m3xe4m3_RC_128x256x128_s4"));
   CHECK_EQ_INT(smelt__gemm_prep_gemm_k(&st, prep, 8191), 8191);
   /* ... and nothing when both are K-major already. */
   f.b_k = 1;
-  CHECK(!smelt__gemm_prep_choose(&st, &f, &h100, prep));
+  CHECK(!smelt__gemm_prep_choose(&st, &p, &f, &h100, prep));
   /* The variant list ends with the pre-pass module. */
   const int nv = smelt__gemm_variants(NULL, 0);
   smelt__kernel_src *all = (smelt__kernel_src *)calloc((size_t)nv, sizeof *all);
   smelt__gemm_variants(all, nv);
   CHECK(!strcmp(all[nv - 1].name, "gemm_prep"));
   free(all);
+}
+
+/* A 16-bit problem for the selection tests: A [m, k] and B [k, n] row-
+ * (0) or column-major (1) with leading dimensions exactly their lines, D
+ * [m, n] row-major, at made-up 256-byte aligned addresses. */
+static smelt__gemm_prob prob16(int64_t m, int64_t n, int64_t k, int a_col, int b_col) {
+  smelt__gemm_prob p;
+  memset(&p, 0, sizeof p);
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.a = (smelt__gemm_mat){.data = (const void *)(uintptr_t)0x100000, .rs = a_col ? 1 : k, .cs = a_col ? m : 1};
+  p.b = (smelt__gemm_mat){.data = (const void *)(uintptr_t)0x40000000, .rs = b_col ? 1 : n, .cs = b_col ? k : 1};
+  p.d = (smelt__gemm_mat){.data = (const void *)(uintptr_t)0x80000000, .rs = n, .cs = 1};
+  return p;
+}
+
+/* The rule on p in st (bf16 unless st says otherwise) on h100: the pre-pass
+ * it gives each operand, and the kernel the selector then picks ("" when
+ * none is prepped). */
+static void choose16(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt_device_info *dev,
+                     smelt__gemm_prep prep[2], const char **pick) {
+  smelt__gemm_args args;
+  memset(&args, 0, sizeof args);
+  args.prob = *p;
+  args.count = st->mode == SMELT_GEMM_MODE_BATCHED ? 4 : 1;
+  smelt__gemm_facts f;
+  smelt__gemm_facts_of(st, &args, &f);
+  *pick = smelt__gemm_prep_choose(st, p, &f, dev, prep) ? prepped_pick(st, p, &f, prep, dev) : "";
+}
+
+/* The 16-bit copy (PITCH): the operands whose rows are not 128 bytes apart
+ * get it, the others keep their layout, and the selector gives the copies
+ * the Hopper kernel in the problem's own layout. */
+static void test_prep16_select(void) {
+  const smelt_device_info h100 = fake_device(9, 0), a100 = fake_device(8, 0);
+  smelt__gemm_state st;
+  memset(&st, 0, sizeof st);
+  st.desc = smelt_gemm_desc_default();
+  st.mode = SMELT_GEMM_MODE_PLAIN;
+  st.split_k = 1;
+  st.acc = SMELT_GEMM_ACC_F32;
+  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_BF16;
+  static const struct {
+    int64_t m, n, k;
+    int a_col, b_col;
+    smelt__gemm_prep a, b;
+    const char *kernel; /* prefix of the main kernel's name */
+  } cases[] = {
+      /* Rows 10000 bytes apart (16-byte aligned, not 128): both. */
+      {5000, 5000, 5000, 0, 1, SMELT__PREP_PITCH, SMELT__PREP_PITCH, "gemm_sm90_bf16_RC_128x256x64"},
+      {5000, 5000, 5000, 0, 0, SMELT__PREP_PITCH, SMELT__PREP_PITCH, "gemm_sm90_bf16_RR_128x256x64"},
+      {3000, 5000, 7000, 0, 1, SMELT__PREP_PITCH, SMELT__PREP_PITCH, "gemm_sm90_bf16_RC_128x256x64"},
+      {3000, 5000, 7000, 0, 0, SMELT__PREP_PITCH, SMELT__PREP_PITCH, "gemm_sm90_bf16_RR_128x256x64"},
+      /* K odd: no TMA at all without the copy (SIMT today). */
+      {4095, 4097, 4099, 0, 1, SMELT__PREP_PITCH, SMELT__PREP_PITCH, "gemm_sm90_bf16_RC_128x256x64"},
+      /* M-major A (rows of 5000 along M) or B of K = 5000, the other whole lines: that one only. */
+      {5000, 4096, 4096, 1, 0, SMELT__PREP_PITCH, SMELT__PREP_NONE, "gemm_sm90_bf16_CR_128x256x64"},
+      {4096, 4096, 5000, 1, 1, SMELT__PREP_NONE, SMELT__PREP_PITCH, "gemm_sm90_bf16_CC_128x256x64"},
+      /* N-major B with N = 5000, A whole lines: B only. */
+      {4096, 5000, 4096, 0, 0, SMELT__PREP_NONE, SMELT__PREP_PITCH, "gemm_sm90_bf16_RR_128x256x64"},
+      /* Whole 128-byte lines: nothing (only K's pitch matters). */
+      {4992, 4992, 4992, 0, 1, SMELT__PREP_NONE, SMELT__PREP_NONE, ""},
+      {4096, 4096, 4096, 0, 1, SMELT__PREP_NONE, SMELT__PREP_NONE, ""},
+      {4096, 4096, 4096, 0, 0, SMELT__PREP_NONE, SMELT__PREP_NONE, ""},
+      {5000, 5000, 5120, 0, 1, SMELT__PREP_NONE, SMELT__PREP_NONE, ""},
+      /* Too small to pay for the copy, and skinny M or N (the GEMV kernel). */
+      {256, 256, 1000, 0, 1, SMELT__PREP_NONE, SMELT__PREP_NONE, ""},
+      {16, 5000, 5000, 0, 1, SMELT__PREP_NONE, SMELT__PREP_NONE, ""},
+      {5000, 16, 5000, 0, 1, SMELT__PREP_NONE, SMELT__PREP_NONE, ""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const smelt__gemm_prob p = prob16(cases[i].m, cases[i].n, cases[i].k, cases[i].a_col, cases[i].b_col);
+    smelt__gemm_prep prep[2];
+    const char *pick;
+    choose16(&st, &p, &h100, prep, &pick);
+    if (prep[0] != cases[i].a || prep[1] != cases[i].b || strncmp(pick, cases[i].kernel, strlen(cases[i].kernel)) ||
+        (!cases[i].kernel[0] && pick[0]))
+      th_fail(__FILE__, __LINE__, "%lldx%lldx%lld %c%c: pre-pass A %d B %d, kernel %s; want %d %d, %s",
+              (long long)p.m, (long long)p.n, (long long)p.k, cases[i].a_col ? 'C' : 'R', cases[i].b_col ? 'C' : 'R',
+              prep[0], prep[1], pick, cases[i].a, cases[i].b, cases[i].kernel);
+  }
+  /* The workspace: rows rounded up to 64 elements (128 bytes), 256-byte
+   * multiples; A K-major [5000, 5056], B of RR N-major [5000 rows of K, 5056]. */
+  smelt__gemm_prob p = prob16(5000, 5000, 5000, 0, 0);
+  CHECK_EQ_INT((int64_t)smelt__gemm_prep_bytes(SMELT__PREP_PITCH, 0, &p, SMELT_DTYPE_BF16), 5000 * 5056 * 2);
+  CHECK_EQ_INT((int64_t)smelt__gemm_prep_bytes(SMELT__PREP_PITCH, 1, &p, SMELT_DTYPE_BF16), 5000 * 5056 * 2);
+  CHECK_EQ_INT(smelt__gemm_prep_pitch_ld(4099), 4160);
+  CHECK_EQ_INT(smelt__gemm_prep_pitch_ld(64), 64);
+  smelt__gemm_prep_geom g;
+  CHECK(smelt__gemm_prep_geom_of(1, &p, &g) && !g.kmajor && g.rows == 5000 && g.cols == 5000 && g.pitch == 5000);
+  p = prob16(300, 200, 1001, 1, 1);
+  CHECK(smelt__gemm_prep_geom_of(0, &p, &g) && !g.kmajor && g.rows == 1001 && g.cols == 300 && g.pitch == 300);
+  CHECK(smelt__gemm_prep_geom_of(1, &p, &g) && g.kmajor && g.rows == 200 && g.cols == 1001 && g.pitch == 1001);
+  p.a.rs = 2; /* no unit stride: no copy of this kind */
+  CHECK(!smelt__gemm_prep_geom_of(0, &p, &g));
+  /* f16 as bf16; batched too (one entry at a time); a tile asked for takes
+   * the copy at any size; not on other GPUs, not for SIMT as asked. */
+  smelt__gemm_prep prep[2];
+  const char *pick;
+  p = prob16(5000, 5000, 5000, 0, 1);
+  st.dt_a = st.dt_b = st.dt_d = SMELT_DTYPE_F16;
+  choose16(&st, &p, &h100, prep, &pick);
+  CHECK(prep[0] == SMELT__PREP_PITCH && prep[1] == SMELT__PREP_PITCH && !strncmp(pick, "gemm_sm90_f16_RC_", 17));
+  st.mode = SMELT_GEMM_MODE_BATCHED;
+  p.a.bs = 5000 * 5000;
+  choose16(&st, &p, &h100, prep, &pick);
+  CHECK(prep[0] == SMELT__PREP_PITCH && prep[1] == SMELT__PREP_PITCH && !strncmp(pick, "gemm_sm90_f16_RC_", 17));
+  st.mode = SMELT_GEMM_MODE_PLAIN;
+  p = prob16(256, 256, 1000, 0, 1);
+  st.desc.tile.n = 256;
+  choose16(&st, &p, &h100, prep, &pick);
+  CHECK(prep[0] == SMELT__PREP_PITCH && prep[1] == SMELT__PREP_PITCH &&
+        !strcmp(pick, "gemm_sm90_f16_RC_128x256x64_s4"));
+  st.desc.tile.n = 0;
+  p = prob16(5000, 5000, 5000, 0, 1);
+  choose16(&st, &p, &a100, prep, &pick);
+  CHECK(!prep[0] && !prep[1]);
+  st.desc.math.opclass = SMELT_GEMM_OPCLASS_SIMT;
+  choose16(&st, &p, &h100, prep, &pick);
+  CHECK(!prep[0] && !prep[1]);
 }
 
 /* ---------------------------------------------------------------- GPU cases */
@@ -546,6 +667,7 @@ const th_test th_tests_gemm_prep[] = {
     {"tf32_bits", test_tf32_bits},
     {"tf32_split", test_tf32_split},
     {"select", test_prep_select},
+    {"prep16_select", test_prep16_select},
     {"gpu_tf32", test_gpu_tf32},
     {"gpu_3xtf32", test_gpu_3xtf32},
     {"gpu_fp8_mn", test_gpu_fp8_mn},
