@@ -350,17 +350,24 @@ static int is_hopper(smelt_ctx *cu) {
 }
 
 /* One case: A [m,k] and B [k,n] row- or column-major with leading
- * dimensions either rounded to 16 elements (what mma.sync takes) or one
- * longer than the line (only the pre-pass and SIMT take those); D [m,n]
- * row-major with 3 spare columns that must keep their poison. */
+ * dimensions either rounded to 16 elements (what mma.sync takes), one
+ * longer than the line (only the pre-pass and SIMT take those; odd_ld 1)
+ * or the line itself (odd_ld 2); D [m,n] row-major with 3 spare columns
+ * that must keep their poison. A and B start `shift` elements into their
+ * buffers, A `run_shift` more at run time than when planned; bias (n
+ * values exact in d, or NULL) is added. */
 typedef struct pcase {
   smelt_dtype ab, d;
   int a_col, b_col, odd_ld;
   int64_t m, n, k;
   smelt_gemm_desc desc;
+  int64_t shift, run_shift;
+  const double *bias;
 } pcase;
 
-static int64_t ld_of(const pcase *c, int64_t line) { return c->odd_ld ? line + 1 : (line + 15) / 16 * 16; }
+static int64_t ld_of(const pcase *c, int64_t line) {
+  return c->odd_ld == 2 ? line : c->odd_ld ? line + 1 : (line + 15) / 16 * 16;
+}
 
 /* Runs c on the GPU with the logical A and B (doubles exact in c->ab);
  * got[] gets D. Returns 0 after a failure; *describe the plan's choice. */
@@ -368,31 +375,39 @@ static int run_gpu(smelt_ctx *cu, const pcase *c, const double *a, const double 
                    size_t describe_n) {
   const size_t es = smelt_dtype_size(c->ab), ed = smelt_dtype_size(c->d);
   const int64_t lda = ld_of(c, c->a_col ? c->m : c->k), ldb = ld_of(c, c->b_col ? c->k : c->n), ldd = c->n + 3;
-  const int64_t sa = (c->a_col ? c->k : c->m) * lda, sb = (c->b_col ? c->n : c->k) * ldb, sd = c->m * ldd;
+  const int64_t ao = c->shift + c->run_shift, bo = c->shift;
+  const int64_t sa = (c->a_col ? c->k : c->m) * lda + ao, sb = (c->b_col ? c->n : c->k) * ldb + bo, sd = c->m * ldd;
   uint8_t *ha = (uint8_t *)calloc((size_t)sa, es), *hb = (uint8_t *)calloc((size_t)sb, es);
-  uint8_t *hd = (uint8_t *)malloc((size_t)sd * ed);
+  uint8_t *hd = (uint8_t *)malloc((size_t)sd * ed), *hbias = (uint8_t *)calloc((size_t)c->n, ed);
   for (int64_t i = 0; i < c->m; i++)
-    for (int64_t kk = 0; kk < c->k; kk++) th_set(ha, c->ab, c->a_col ? i + kk * lda : i * lda + kk, a[i * c->k + kk]);
+    for (int64_t kk = 0; kk < c->k; kk++)
+      th_set(ha, c->ab, ao + (c->a_col ? i + kk * lda : i * lda + kk), a[i * c->k + kk]);
   for (int64_t kk = 0; kk < c->k; kk++)
-    for (int64_t j = 0; j < c->n; j++) th_set(hb, c->ab, c->b_col ? kk + j * ldb : kk * ldb + j, b[kk * c->n + j]);
+    for (int64_t j = 0; j < c->n; j++)
+      th_set(hb, c->ab, bo + (c->b_col ? kk + j * ldb : kk * ldb + j), b[kk * c->n + j]);
+  for (int64_t j = 0; c->bias && j < c->n; j++) th_set(hbias, c->d, j, c->bias[j]);
   th_buf A = th_buf_new(cu, (size_t)sa * es), B = th_buf_new(cu, (size_t)sb * es), D = th_buf_new(cu, (size_t)sd * ed);
+  th_buf Bias = th_buf_new(cu, (size_t)c->n * ed);
   th_buf_upload(&A, ha, (size_t)sa * es);
   th_buf_upload(&B, hb, (size_t)sb * es);
+  th_buf_upload(&Bias, hbias, (size_t)c->n * ed);
   const smelt_device_kind dev = smelt_ctx_device(cu);
   const int di = smelt_ctx_device_index(cu);
-  smelt_tensor ta = smelt_tensor_make(A.data, c->ab, dev, di, 2, (int64_t[]){c->m, c->k});
-  smelt_tensor tb = smelt_tensor_make(B.data, c->ab, dev, di, 2, (int64_t[]){c->k, c->n});
+  smelt_tensor ta = smelt_tensor_make((uint8_t *)A.data + c->shift * es, c->ab, dev, di, 2, (int64_t[]){c->m, c->k});
+  smelt_tensor tb = smelt_tensor_make((uint8_t *)B.data + bo * es, c->ab, dev, di, 2, (int64_t[]){c->k, c->n});
   smelt_tensor td = smelt_tensor_make(D.data, c->d, dev, di, 2, (int64_t[]){c->m, c->n});
+  smelt_tensor tbias = smelt_tensor_make(Bias.data, c->d, dev, di, 1, (int64_t[]){c->n});
   ta.strides[0] = c->a_col ? 1 : lda;
   ta.strides[1] = c->a_col ? lda : 1;
   tb.strides[0] = c->b_col ? 1 : ldb;
   tb.strides[1] = c->b_col ? ldb : 1;
   td.strides[0] = ldd;
   smelt_plan *plan = NULL;
-  smelt_status s = smelt_gemm_plan(cu, &c->desc, &ta, &tb, NULL, &td, NULL, &plan);
+  smelt_status s = smelt_gemm_plan(cu, &c->desc, &ta, &tb, NULL, &td, c->bias ? &tbias : NULL, &plan);
   if (!s) {
     snprintf(describe, describe_n, "%s", smelt_plan_describe(plan));
-    s = smelt_gemm_run(plan, &ta, &tb, NULL, &td, NULL);
+    ta.data = (uint8_t *)A.data + ao * es;
+    s = smelt_gemm_run(plan, &ta, &tb, NULL, &td, c->bias ? &tbias : NULL);
   }
   smelt_plan_destroy(plan);
   int ok = 1;
@@ -402,7 +417,7 @@ static int run_gpu(smelt_ctx *cu, const pcase *c, const double *a, const double 
     ok = 0;
   } else {
     th_buf_download(&D, hd, (size_t)sd * ed);
-    CHECK(th_buf_guards_ok(&D));
+    CHECK(th_buf_guards_ok(&D) && th_buf_guards_ok(&A) && th_buf_guards_ok(&B));
     for (int64_t i = 0; i < c->m && ok; i++) {
       for (int64_t j = 0; j < c->n; j++) got[i * c->n + j] = th_get(hd, c->d, i * ldd + j);
       if (!th_all_ff(hd + (size_t)(i * ldd + c->n) * ed, 3 * ed)) {
@@ -415,9 +430,11 @@ static int run_gpu(smelt_ctx *cu, const pcase *c, const double *a, const double 
   th_buf_free(&A);
   th_buf_free(&B);
   th_buf_free(&D);
+  th_buf_free(&Bias);
   free(ha);
   free(hb);
   free(hd);
+  free(hbias);
   return ok;
 }
 
@@ -458,14 +475,16 @@ static void random_f32(double *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = (double)(float)th_rand_normal();
 }
 
-/* Values in [-4, 4) exact in e4m3 (th_set rounds; read them back). */
-static void random_e4m3(double *x, int64_t n) {
-  uint8_t byte[1];
+/* Values in [-r, r) exact in dt (th_set rounds; read them back). */
+static void random_exact(smelt_dtype dt, double r, double *x, int64_t n) {
+  uint8_t bytes[8];
   for (int64_t i = 0; i < n; i++) {
-    th_set(byte, SMELT_DTYPE_E4M3, 0, th_rand_uniform(-4, 4));
-    x[i] = th_get(byte, SMELT_DTYPE_E4M3, 0);
+    th_set(bytes, dt, 0, th_rand_uniform(-r, r));
+    x[i] = th_get(bytes, dt, 0);
   }
 }
+
+static void random_e4m3(double *x, int64_t n) { random_exact(SMELT_DTYPE_E4M3, 4, x, n); }
 
 static const char *layout(const pcase *c) {
   static char s[3];
@@ -663,6 +682,75 @@ static void test_gpu_batched_tf32(void) {
   free(hd);
 }
 
+/* The 16-bit row copy on every layout, f16 and bf16, rows 2000 bytes
+ * apart (K = 1000: TMA reads them, slowly) and 2002 (K = 1001: TMA cannot),
+ * odd M and N (M- and N-major rows not 16 bytes apart), with bias + GELU;
+ * then one operand alone (B's rows 600 bytes, A's whole lines), starts
+ * 2 bytes past a 16-byte boundary, and a plan made on aligned operands run
+ * with A 2 bytes further (the run copies A too). On Hopper the wide tile
+ * is asked for (the copy then runs at any size) and the plan must name the
+ * copies; elsewhere the selector's kernel checks the same results. */
+static void test_gpu_prep16(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  const int hopper = is_hopper(cu);
+  static const struct {
+    int64_t m, n, k;
+    int lays; /* bit l: layout l (0 RR, 1 RC, 2 CR, 3 CC) */
+    int64_t shift, run_shift;
+    int act;
+    const char *want;
+  } cases[] = {
+      {131, 264, 1000, 15, 0, 0, 0, "pre-pass: A 128-byte row copy, B 128-byte row copy"},
+      {129, 77, 1001, 15, 0, 0, 1, "pre-pass: A 128-byte row copy, B 128-byte row copy"},
+      {136, 300, 256, 1, 0, 0, 0, "pre-pass: A none, B 128-byte row copy"},
+      {200, 136, 512, 2, 1, 0, 1, "pre-pass: A 128-byte row copy, B 128-byte row copy"},
+      {136, 300, 256, 1, 0, 1, 0, "pre-pass: A none, B 128-byte row copy"},
+  };
+  static const smelt_dtype dts[] = {SMELT_DTYPE_BF16, SMELT_DTYPE_F16};
+  for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+    const int64_t m = cases[ci].m, n = cases[ci].n, k = cases[ci].k;
+    double *a = (double *)malloc(sizeof(double) * (size_t)(m * k)), *b = (double *)malloc(sizeof(double) * (size_t)(k * n));
+    double *ref = (double *)malloc(sizeof(double) * (size_t)(m * n)), *got = (double *)malloc(sizeof(double) * (size_t)(m * n));
+    double *bias = (double *)malloc(sizeof(double) * (size_t)n);
+    for (int di = 0; di < 2 && !th_failed_now; di++) {
+      const smelt_dtype dt = dts[di];
+      random_exact(dt, 1, a, m * k);
+      random_exact(dt, 1, b, k * n);
+      random_exact(dt, 2, bias, n);
+      reference(a, b, m, n, k, 0, ref);
+      if (cases[ci].act)
+        for (int64_t i = 0; i < m * n; i++) {
+          const double x = ref[i] + bias[i % n];
+          ref[i] = 0.5 * x * erfc(-x / sqrt(2.0));
+        }
+      for (int lay = 0; lay < 4; lay++) {
+        if (!(cases[ci].lays >> lay & 1)) continue;
+        pcase c = {.ab = dt, .d = dt, .a_col = lay >> 1, .b_col = lay & 1, .odd_ld = 2, .m = m, .n = n, .k = k,
+                   .desc = smelt_gemm_desc_default(), .shift = cases[ci].shift, .run_shift = cases[ci].run_shift,
+                   .bias = cases[ci].act ? bias : NULL};
+        if (cases[ci].act) c.desc.epilogue.act = SMELT_ACT_GELU;
+        if (hopper) c.desc.tile.n = 256;
+        char what[200] = "";
+        if (!run_gpu(cu, &c, a, b, got, what, sizeof what)) break;
+        const smelt__bound_query q = {.family = "gemm", .dtype = c.d, .dt_a = c.ab, .gemm = &c.desc, .k = k};
+        const double e = rel_l2(got, ref, m * n, NULL), bound = smelt__error_bound(&q);
+        if (e > bound || (hopper && !strstr(what, cases[ci].want)))
+          th_fail(__FILE__, __LINE__, "%s %s m%lld n%lld k%lld shift %lld+%lld (%s): error %.3g (bound %.3g)%s%s",
+                  smelt_dtype_name(dt), layout(&c), (long long)m, (long long)n, (long long)k,
+                  (long long)c.shift, (long long)c.run_shift, what, e, bound, hopper ? "; want " : "",
+                  hopper ? cases[ci].want : "");
+      }
+    }
+    free(a);
+    free(b);
+    free(ref);
+    free(got);
+    free(bias);
+    if (th_failed_now) return;
+  }
+}
+
 const th_test th_tests_gemm_prep[] = {
     {"tf32_bits", test_tf32_bits},
     {"tf32_split", test_tf32_split},
@@ -672,5 +760,6 @@ const th_test th_tests_gemm_prep[] = {
     {"gpu_3xtf32", test_gpu_3xtf32},
     {"gpu_fp8_mn", test_gpu_fp8_mn},
     {"gpu_batched_tf32", test_gpu_batched_tf32},
+    {"gpu_prep16", test_gpu_prep16},
     {0, 0},
 };
