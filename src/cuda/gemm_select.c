@@ -625,7 +625,8 @@ static int pitch_need(int which, const smelt__gemm_prob *p, const smelt__gemm_fa
  * 128 bytes apart against 382 on rows 16 bytes apart (or, rows TMA cannot
  * read, SIMT at a tenth of 785 at best), and the copy at 4 bytes an
  * element moved (read and write) at 3 TB/s plus 4 us of launch and tail.
- * Square problems break even near 1000; 5000^3 saves about 336 us for 71.
+ * Square problems with rows TMA reads break even near 1600 (rows it cannot
+ * read: near 600); 5000^3 saves about 336 us for 71.
  * A tile asked for names the Hopper kernel, which then gets the copy at
  * any size. */
 static int pitch_pays(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt__gemm_facts *f,
