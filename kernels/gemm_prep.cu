@@ -16,12 +16,6 @@
  * Each part is Kp = K rounded up to 16 bytes of elements, zero-filled past
  * K, so TMA gets 16-byte aligned rows.
  *
- * The second entry, gemm_prep_pitch, serves 16-bit operands, which the
- * Hopper kernel takes in either major-ness but reads at half speed (or,
- * rows not 16 bytes apart, not at all) unless their rows are whole 128-byte
- * lines apart: it copies an operand row by row, keeping its major-ness,
- * into rows a multiple of 128 bytes apart (see gemm_prep_pitch below).
- *
  * A block moves a 64 x 64 element tile through shared memory: it reads
  * along the source's unit-stride axis (rows when the operand is MN-major,
  * K otherwise; a gather for general strides), so reads coalesce either
@@ -29,6 +23,12 @@
  * by one word, so the column-wise reads of an MN-major source and the
  * row-wise 16-byte gathers for the stores stay nearly free of bank
  * conflicts. Memory-bound: one read of the operand, one write of each part.
+ *
+ * The second entry, gemm_prep_pitch, serves 16-bit operands, which the
+ * Hopper kernel takes in either major-ness but reads at half speed (or,
+ * rows not 16 bytes apart, not at all) unless their rows are whole 128-byte
+ * lines apart: it copies an operand row by row, keeping its major-ness,
+ * into rows a multiple of 128 bytes apart (see gemm_prep_pitch below).
  */
 #include "smelt_device.cuh"
 
@@ -198,7 +198,7 @@ static __device__ __forceinline__ uint4 load_unit(const char *p, u32 n, const ch
   if (a >= lo && a + 32 <= hi) {
     const uint4 x = __ldg((const uint4 *)a), y = __ldg((const uint4 *)(a + 16));
     w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w, w[4] = y.x, w[5] = y.y, w[6] = y.z, w[7] = y.w;
-    const u32 q = o >> 2, sh = (o & 3u) * 8u; /* o is even: sh is 0 or 16 */
+    const u32 q = o >> 2, sh = (o & 3u) * 8u; /* the window's first word and byte shift */
     u32 v[4];
 #pragma unroll
     for (u32 i = 0; i < 4; i++) v[i] = __funnelshift_r(word_at(w, q + i), word_at(w, q + i + 1), sh);
@@ -212,9 +212,9 @@ static __device__ __forceinline__ uint4 load_unit(const char *p, u32 n, const ch
 }
 
 /* Each block moves NT * PU consecutive units of its copy: all of a
- * thread's loads are issued before its first store, so an SM has up to
- * 2048 x 64 bytes in flight (the memory's bandwidth needs about a tenth of
- * that); units past the copy's end do nothing. Every store is a whole,
+ * thread's loads are issued before its first store, 64 bytes a thread in
+ * flight (about 100 KB an SM at 40 registers; the memory's bandwidth needs
+ * a fifth of that); units past the copy's end do nothing. Every store is a whole,
  * aligned 16-byte unit; the last unit of a row carries zeros past cols
  * into the row's padding, which no kernel reads (the GEMM's tensor maps
  * end at cols and fill zeros past it). */
@@ -222,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_prep_pitch(const pitch_par
   const int second = blockIdx.x >= P.c[0].blocks;
   const pitch_copy C = second ? P.c[1] : P.c[0]; /* selects, not a dynamic index into the parameters */
   const u32 b = blockIdx.x - (second ? P.c[0].blocks : 0u);
-  const u32 total = C.rows * C.units; /* below 2^32 (checked by the host) */
+  const u32 total = C.rows * C.units; /* below 2^31 (checked by the host): no u32 wraps */
   uint4 v[PU];
   char *d[PU];
 #pragma unroll

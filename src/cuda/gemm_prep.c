@@ -113,14 +113,14 @@ enum { PITCH_UNITS = THREADS * 4 }; /* 16-byte units a block moves (NT * PU) */
 
 /* Fills c for operand `which` of p into dst and points the operand at it;
  * UNSUPPORTED when the copy is too large for the kernel's 32-bit unit
- * numbering (2^32 units: 64 GiB). */
+ * numbering (2^31 units: 32 GiB). */
 static smelt_status pitch_copy_of(int which, smelt__gemm_prob *p, void *dst, smelt__gemm_pitch_copy *c) {
   smelt__gemm_mat *x = which ? &p->b : &p->a;
   smelt__gemm_prep_geom g;
   if (!smelt__gemm_prep_geom_of(which, p, &g))
     return smelt__error(SMELT_STATUS_INTERNAL, "smelt_gemm: the 16-bit pre-pass got an operand with no unit stride");
   const int64_t units = smelt__ceil_div(g.cols, 8), ld = smelt__gemm_prep_pitch_ld(g.cols);
-  if (g.rows * units >= ((int64_t)1 << 32))
+  if (g.rows * units >= ((int64_t)1 << 31))
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: the 16-bit pre-pass's %lld x %lld operand is too large",
                         (long long)g.rows, (long long)g.cols);
   c->src = (uint64_t)(uintptr_t)x->data;

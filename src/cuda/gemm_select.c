@@ -611,7 +611,8 @@ int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts 
  * start or a batch stride not 16-byte aligned: *no_tma set). */
 static int pitch_need(int which, const smelt__gemm_prob *p, const smelt__gemm_facts *f, int *no_tma) {
   smelt__gemm_prep_geom g;
-  if (!smelt__gemm_prep_geom_of(which, p, &g)) return 0;
+  /* Below 2^31 16-byte units (32 GiB): the copy numbers them in 32 bits. */
+  if (!smelt__gemm_prep_geom_of(which, p, &g) || g.rows * smelt__ceil_div(g.cols, 8) >= ((int64_t)1 << 31)) return 0;
   const smelt__gemm_mat *x = which ? &p->b : &p->a;
   const int64_t bytes = g.pitch * 2;
   const int tma = (g.rows <= 1 || (g.pitch >= g.cols && bytes % 16 == 0)) && (uintptr_t)x->data % 16 == 0 &&
