@@ -628,47 +628,56 @@ static void test_gpu_fp8_mn(void) {
   }
 }
 
-/* Batched tf32: A [3, M, K] row-major, one B [K, N] row-major for every
- * entry (batch stride 0), D [3, M, N]; on Hopper through the pre-pass one
- * entry at a time. */
-static void test_gpu_batched_tf32(void) {
+/* Batched: A [3, M, K] row-major, one B [K, N] row-major for every entry
+ * (batch stride 0), D [3, M, N], with inputs exact in dt (f32: math tf32,
+ * against the inputs rounded to tf32); on Hopper through the pre-pass one
+ * entry at a time, the wide tile asked for, the plan naming `want`. */
+static void batched_case(smelt_dtype dt, int64_t m, int64_t n, int64_t k, const char *want) {
   smelt_ctx *cu = th_cuda();
-  if (!cu) SKIP("no CUDA device");
-  const int64_t L = 3, m = 129, n = 264, k = 72; /* 16-byte rows: mma.sync takes them elsewhere */
+  const int64_t L = 3;
+  const size_t es = smelt_dtype_size(dt);
+  const int tf32 = dt == SMELT_DTYPE_F32;
   double *a = (double *)malloc(sizeof(double) * (size_t)(L * m * k)), *b = (double *)malloc(sizeof(double) * (size_t)(k * n));
   double *ref = (double *)malloc(sizeof(double) * (size_t)(L * m * n)), *got = (double *)malloc(sizeof(double) * (size_t)(L * m * n));
-  float *ha = (float *)malloc(sizeof(float) * (size_t)(L * m * k)), *hb = (float *)malloc(sizeof(float) * (size_t)(k * n));
-  float *hd = (float *)malloc(sizeof(float) * (size_t)(L * m * n));
-  random_f32(a, L * m * k);
-  random_f32(b, k * n);
-  for (int64_t i = 0; i < L * m * k; i++) ha[i] = (float)a[i];
-  for (int64_t i = 0; i < k * n; i++) hb[i] = (float)b[i];
-  for (int64_t l = 0; l < L; l++) reference(a + l * m * k, b, m, n, k, 1, ref + l * m * n);
-  th_buf A = th_buf_new(cu, sizeof(float) * (size_t)(L * m * k)), B = th_buf_new(cu, sizeof(float) * (size_t)(k * n));
-  th_buf D = th_buf_new(cu, sizeof(float) * (size_t)(L * m * n));
-  th_buf_upload(&A, ha, sizeof(float) * (size_t)(L * m * k));
-  th_buf_upload(&B, hb, sizeof(float) * (size_t)(k * n));
+  uint8_t *ha = (uint8_t *)malloc(es * (size_t)(L * m * k)), *hb = (uint8_t *)malloc(es * (size_t)(k * n));
+  uint8_t *hd = (uint8_t *)malloc(es * (size_t)(L * m * n));
+  if (tf32) {
+    random_f32(a, L * m * k);
+    random_f32(b, k * n);
+  } else {
+    random_exact(dt, 1, a, L * m * k);
+    random_exact(dt, 1, b, k * n);
+  }
+  for (int64_t i = 0; i < L * m * k; i++) th_set(ha, dt, i, a[i]);
+  for (int64_t i = 0; i < k * n; i++) th_set(hb, dt, i, b[i]);
+  for (int64_t l = 0; l < L; l++) reference(a + l * m * k, b, m, n, k, tf32, ref + l * m * n);
+  th_buf A = th_buf_new(cu, es * (size_t)(L * m * k)), B = th_buf_new(cu, es * (size_t)(k * n));
+  th_buf D = th_buf_new(cu, es * (size_t)(L * m * n));
+  th_buf_upload(&A, ha, es * (size_t)(L * m * k));
+  th_buf_upload(&B, hb, es * (size_t)(k * n));
   const smelt_device_kind dev = smelt_ctx_device(cu);
   const int di = smelt_ctx_device_index(cu);
-  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_F32, dev, di, 3, (int64_t[]){L, m, k});
-  smelt_tensor tb = smelt_tensor_make(B.data, SMELT_DTYPE_F32, dev, di, 3, (int64_t[]){L, k, n});
-  smelt_tensor td = smelt_tensor_make(D.data, SMELT_DTYPE_F32, dev, di, 3, (int64_t[]){L, m, n});
+  smelt_tensor ta = smelt_tensor_make(A.data, dt, dev, di, 3, (int64_t[]){L, m, k});
+  smelt_tensor tb = smelt_tensor_make(B.data, dt, dev, di, 3, (int64_t[]){L, k, n});
+  smelt_tensor td = smelt_tensor_make(D.data, dt, dev, di, 3, (int64_t[]){L, m, n});
   tb.strides[0] = 0;
   smelt_gemm_desc desc = smelt_gemm_desc_default();
-  desc.math.op = SMELT_GEMM_MATH_TF32;
+  if (tf32) desc.math.op = SMELT_GEMM_MATH_TF32;
   if (is_hopper(cu)) desc.tile.n = 256;
   smelt_plan *plan = NULL;
   CHECK_OK(smelt_gemm_plan(cu, &desc, &ta, &tb, NULL, &td, NULL, &plan));
   if (plan) {
-    if (is_hopper(cu) && !strstr(smelt_plan_describe(plan), "pre-pass: A tf32 rounding, B tf32 rounding"))
-      th_fail(__FILE__, __LINE__, "batched tf32 took %s", smelt_plan_describe(plan));
+    if (is_hopper(cu) && !strstr(smelt_plan_describe(plan), want))
+      th_fail(__FILE__, __LINE__, "batched %s took %s", smelt_dtype_name(dt), smelt_plan_describe(plan));
     CHECK_OK(smelt_gemm_run(plan, &ta, &tb, NULL, &td, NULL));
     smelt_plan_destroy(plan);
-    th_buf_download(&D, hd, sizeof(float) * (size_t)(L * m * n));
+    th_buf_download(&D, hd, es * (size_t)(L * m * n));
     CHECK(th_buf_guards_ok(&D));
-    for (int64_t i = 0; i < L * m * n; i++) got[i] = hd[i];
-    const double e = rel_l2(got, ref, L * m * n, NULL), bound = 2e-6 + 6e-9 * (double)k;
-    if (e > bound) th_fail(__FILE__, __LINE__, "batched tf32: error %.3g against the rounded inputs (bound %.3g)", e, bound);
+    for (int64_t i = 0; i < L * m * n; i++) got[i] = th_get(hd, dt, i);
+    const smelt__bound_query q = {.family = "gemm", .dtype = dt, .dt_a = dt, .gemm = &desc, .k = k};
+    const double e = rel_l2(got, ref, L * m * n, NULL), bound = tf32 ? 2e-6 + 6e-9 * (double)k : smelt__error_bound(&q);
+    if (e > bound)
+      th_fail(__FILE__, __LINE__, "batched %s: error %.3g (bound %.3g)", smelt_dtype_name(dt), e, bound);
   }
   th_buf_free(&A);
   th_buf_free(&B);
@@ -680,6 +689,19 @@ static void test_gpu_batched_tf32(void) {
   free(ha);
   free(hb);
   free(hd);
+}
+
+/* 16-byte rows (mma.sync takes them elsewhere); the bound is against the
+ * rounded inputs. */
+static void test_gpu_batched_tf32(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  batched_case(SMELT_DTYPE_F32, 129, 264, 72, "pre-pass: A tf32 rounding, B tf32 rounding");
+}
+
+/* A's rows 2000 bytes apart, B's 528: both copied, once per entry. */
+static void test_gpu_batched_prep16(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  batched_case(SMELT_DTYPE_BF16, 129, 264, 1000, "pre-pass: A 128-byte row copy, B 128-byte row copy");
 }
 
 /* The 16-bit row copy on every layout, f16 and bf16, rows 2000 bytes
@@ -761,5 +783,6 @@ const th_test th_tests_gemm_prep[] = {
     {"gpu_fp8_mn", test_gpu_fp8_mn},
     {"gpu_batched_tf32", test_gpu_batched_tf32},
     {"gpu_prep16", test_gpu_prep16},
+    {"gpu_batched_prep16", test_gpu_batched_prep16},
     {0, 0},
 };
