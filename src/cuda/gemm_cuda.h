@@ -67,8 +67,8 @@ typedef struct smelt__gemm_cuda_plan {
   int fallback;
   void *fallback_func;
   /* Hopper: the pre-pass each operand (A, B) gets before the main kernel
-   * (smelt__gemm_prep_choose); the main kernel then runs the prepped,
-   * K-major operands. */
+   * (smelt__gemm_prep_choose); the main kernel then runs the prepped
+   * operands: K-major, or (16-bit PITCH copies) of their own major-ness. */
   smelt__gemm_prep prep[2];
 } smelt__gemm_cuda_plan;
 
