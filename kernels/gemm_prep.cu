@@ -23,6 +23,12 @@
  * by one word, so the column-wise reads of an MN-major source and the
  * row-wise 16-byte gathers for the stores stay nearly free of bank
  * conflicts. Memory-bound: one read of the operand, one write of each part.
+ *
+ * The second entry, gemm_prep_pitch, serves 16-bit operands, which the
+ * Hopper kernel takes in either major-ness but reads at half speed (or,
+ * rows not 16 bytes apart, not at all) unless their rows are whole 128-byte
+ * lines apart: it copies an operand row by row, keeping its major-ness,
+ * into rows a multiple of 128 bytes apart (see gemm_prep_pitch below).
  */
 #include "smelt_device.cuh"
 
@@ -144,4 +150,92 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_prep(const prep_params P) 
       }
     }
   }
+}
+
+/* ---------------------------------------------------------------- 16-bit rows re-pitched */
+
+#define PU 4 /* 16-byte units each thread moves per block (all loaded before any is stored) */
+
+/* One 2-D copy: rows x cols 16-bit elements, the source's rows s_src
+ * elements apart (any even address), the workspace's s_dst apart (a
+ * multiple of 64: 128-byte lines) from a 128-byte aligned start. The
+ * block's units are numbered row by row, `units` 16-byte units a row. */
+typedef struct pitch_copy {
+  u64 src, dst;
+  i64 s_src, s_dst;
+  u32 rows, cols, units, blocks;
+} pitch_copy;
+
+/* Launch parameters (mirrored by smelt__gemm_pitch_params in
+ * src/cuda/gemm_prep.c): A's copy and B's, the first c[0].blocks blocks on
+ * c[0] and the rest on c[1], so one launch moves both operands. */
+typedef struct pitch_params {
+  pitch_copy c[2];
+} pitch_params;
+
+static_assert(sizeof(pitch_params) == 96, "pitch_params must match smelt__gemm_pitch_params");
+
+/* Word j (0..7) of the 32 bytes w, by selects rather than a local-memory
+ * array index. */
+static __device__ __forceinline__ u32 word_at(const u32 w[8], u32 j) {
+  u32 r = w[0];
+#pragma unroll
+  for (u32 q = 1; q < 8; q++) r = j == q ? w[q] : r;
+  return r;
+}
+
+/* The n (<= 8) elements at p (any even address) as one 16-byte unit,
+ * zeros past n. Where the unit is aligned and whole, one 16-byte load;
+ * where the two aligned 16-byte blocks that hold it lie inside the row
+ * [lo, hi), both loaded and shifted into place (rows not 16 bytes apart:
+ * every unit but a row's ends); at a row's ends, element by element, so
+ * that nothing outside the operand is read. */
+static __device__ __forceinline__ uint4 load_unit(const char *p, u32 n, const char *lo, const char *hi) {
+  const u32 o = (u32)(u64)p & 15u;
+  if (o == 0 && n == 8) return __ldg((const uint4 *)p);
+  const char *a = p - o;
+  u32 w[8];
+  if (a >= lo && a + 32 <= hi) {
+    const uint4 x = __ldg((const uint4 *)a), y = __ldg((const uint4 *)(a + 16));
+    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w, w[4] = y.x, w[5] = y.y, w[6] = y.z, w[7] = y.w;
+    const u32 q = o >> 2, sh = (o & 3u) * 8u; /* the window's first word and byte shift */
+    u32 v[4];
+#pragma unroll
+    for (u32 i = 0; i < 4; i++) v[i] = __funnelshift_r(word_at(w, q + i), word_at(w, q + i + 1), sh);
+    return make_uint4(v[0], v[1], v[2], v[3]); /* n is 8 here: the row goes on past a + 32 */
+  }
+  const unsigned short *e = (const unsigned short *)p;
+  u32 h[8];
+#pragma unroll
+  for (u32 j = 0; j < 8; j++) h[j] = j < n ? (u32)__ldg(e + j) : 0u;
+  return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+}
+
+/* Each block moves NT * PU consecutive units of its copy: all of a
+ * thread's loads are issued before its first store, 64 bytes a thread in
+ * flight (about 100 KB an SM at 40 registers; the memory's bandwidth needs
+ * a fifth of that); units past the copy's end do nothing. Every store is a whole,
+ * aligned 16-byte unit; the last unit of a row carries zeros past cols
+ * into the row's padding, which no kernel reads (the GEMM's tensor maps
+ * end at cols and fill zeros past it). */
+extern "C" __global__ void __launch_bounds__(NT) gemm_prep_pitch(const pitch_params P) {
+  const int second = blockIdx.x >= P.c[0].blocks;
+  const pitch_copy C = second ? P.c[1] : P.c[0]; /* selects, not a dynamic index into the parameters */
+  const u32 b = blockIdx.x - (second ? P.c[0].blocks : 0u);
+  const u32 total = C.rows * C.units; /* below 2^31 (checked by the host): no u32 wraps */
+  uint4 v[PU];
+  char *d[PU];
+#pragma unroll
+  for (int j = 0; j < PU; j++) {
+    const u32 at = b * (NT * PU) + j * NT + threadIdx.x;
+    d[j] = 0;
+    if (at >= total) continue;
+    const u32 r = at / C.units, u = at % C.units;
+    const char *row = (const char *)C.src + (i64)r * C.s_src * 2;
+    v[j] = load_unit(row + u * 16, min(8u, C.cols - u * 8), row, row + (u64)C.cols * 2);
+    d[j] = (char *)C.dst + ((i64)r * C.s_dst + u * 8) * 2;
+  }
+#pragma unroll
+  for (int j = 0; j < PU; j++)
+    if (d[j]) *(uint4 *)d[j] = v[j];
 }

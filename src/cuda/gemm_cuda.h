@@ -70,8 +70,8 @@ typedef struct smelt__gemm_cuda_plan {
   int fallback;
   void *fallback_func;
   /* Hopper: the pre-pass each operand (A, B) gets before the main kernel
-   * (smelt__gemm_prep_choose); the main kernel then runs the prepped,
-   * K-major operands. */
+   * (smelt__gemm_prep_choose); the main kernel then runs the prepped
+   * operands: K-major, or (16-bit PITCH copies) of their own major-ness. */
   smelt__gemm_prep prep[2];
 } smelt__gemm_cuda_plan;
 
@@ -90,12 +90,15 @@ int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts 
  * that the TMA + wgmma kernel can run them: f32 with math TF32 both, rounded
  * to the nearest tf32 (the kernel would truncate); math 3XTF32 both, split
  * into three parts along K (one tf32 GEMM over 3 K' then gives the three
- * products); fp8 the operands not K-major (wgmma takes fp8 K-major only).
- * Plain and batched GEMMs. Returns 1 when any operand gets one. */
-int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
-                            smelt__gemm_prep prep[2]);
-/* The state and facts the selector sees for the prepped operands: K-major,
- * 16-byte aligned, K the GEMM's new K (3 K' for a split), tf32 math. */
+ * products); fp8 the operands not K-major (wgmma takes fp8 K-major only);
+ * f16/bf16 the operands whose rows are not 128 bytes apart, when that pays
+ * (p: the problem, for its strides). Plain and batched GEMMs. Returns 1
+ * when any operand gets one. */
+int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt__gemm_facts *f,
+                            const smelt_device_info *dev, smelt__gemm_prep prep[2]);
+/* The state and facts the selector sees for the prepped operands: K-major
+ * (a PITCH copy: its own major-ness), 16-byte aligned, K the GEMM's new K
+ * (3 K' for a split), tf32 math. */
 void smelt__gemm_prep_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt__gemm_facts *f,
                             const smelt__gemm_prep prep[2], smelt__gemm_state *ps, smelt__gemm_facts *pf);
 /* The K of the GEMM the main kernel runs on prepped operands. */

@@ -639,6 +639,42 @@ int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts 
 
 /* ---------------------------------------------------------------- the operand pre-pass */
 
+/* 16-bit operand `which` of p needs the PITCH copy: it has a unit-stride
+ * axis (the copy keeps it) and its rows are not whole 128-byte lines apart,
+ * or TMA cannot read it at all (rows not 16 bytes apart or overlapping, a
+ * start or a batch stride not 16-byte aligned: *no_tma set). */
+static int pitch_need(int which, const smelt__gemm_prob *p, const smelt__gemm_facts *f, int *no_tma) {
+  smelt__gemm_prep_geom g;
+  /* Below 2^31 16-byte units (32 GiB): the copy numbers them in 32 bits. */
+  if (!smelt__gemm_prep_geom_of(which, p, &g) || g.rows * smelt__ceil_div(g.cols, 8) >= ((int64_t)1 << 31)) return 0;
+  const smelt__gemm_mat *x = which ? &p->b : &p->a;
+  const int64_t bytes = g.pitch * 2;
+  const int tma = (g.rows <= 1 || (g.pitch >= g.cols && bytes % 16 == 0)) && (uintptr_t)x->data % 16 == 0 &&
+                  (f->batch <= 1 || x->bs * 2 % 16 == 0);
+  if (!tma) *no_tma = 1;
+  return !tma || (g.rows > 1 && bytes % 128 != 0);
+}
+
+/* 1 when the PITCH copies of the operands in need[] save more time than
+ * they cost, by the H100 figures below: the GEMM at 785 TFLOP/s on rows
+ * 128 bytes apart against 382 on rows 16 bytes apart (or, rows TMA cannot
+ * read, SIMT at a tenth of 785 at best), and the copy at 4 bytes an
+ * element moved (read and write) at 3 TB/s plus 4 us of launch and tail.
+ * Square problems with rows TMA reads break even near 1600 (rows it cannot
+ * read: near 600); 5000^3 saves about 336 us for 71.
+ * A tile asked for names the Hopper kernel, which then gets the copy at
+ * any size. */
+static int pitch_pays(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt__gemm_facts *f,
+                      const int need[2], int no_tma) {
+  const smelt_gemm_tile *t = &st->desc.tile;
+  if (t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n) return 1;
+  const double batch = st->mode == SMELT_GEMM_MODE_BATCHED && f->batch > 1 ? (double)f->batch : 1.0;
+  const double flops = 2.0 * (double)p->m * (double)p->n * (double)p->k * batch;
+  const double elems = ((need[0] ? (double)p->m : 0.0) + (need[1] ? (double)p->n : 0.0)) * (double)p->k;
+  const double saved_ns = flops / (no_tma ? 78.5e3 : 382e3) - flops / 785e3;
+  return saved_ns > batch * (4.0 * elems / 3000.0 + 4000.0);
+}
+
 /* Hopper only: elsewhere mma.sync rounds in registers (cvt.rna) and takes
  * every layout. Chosen for correct rounding: the wgmma reads tf32 by
  * truncation (a bias of about -7e-4 on every result), and rounding the
@@ -648,9 +684,22 @@ int smelt__gemm_candidates(const smelt__gemm_state *st, const smelt__gemm_facts 
  * tf32, 16 for 3xtf32 and 2 for an fp8 transpose. Plain and batched
  * GEMMs (a batch runs one entry at a time). A tile that only
  * mma.sync has keeps the operands as they are (the plan falls back when
- * the selector gives the prepped problem no Hopper kernel). */
-int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_facts *f, const smelt_device_info *dev,
-                            smelt__gemm_prep prep[2]) {
+ * the selector gives the prepped problem no Hopper kernel).
+ *
+ * 16-bit operands are chosen for speed. Measured on H100, bf16 RC: 5000^3
+ * (rows 10000 bytes apart) ran at 382 TFLOP/s, 4992^3 at 785 and m = n =
+ * 5000, k = 5120 at 675: the kernel's 128-byte TMA box rows read at half
+ * speed when the operands' rows are not whole lines apart (A's and B's
+ * pitch matter, D's does not; RR with N = 5000 the same through B's rows).
+ * A cp.async producer in place of TMA ran at 261; cuBLAS runs 5000^3 at
+ * 657. Rows not 16 bytes apart (K odd) cannot use TMA at all and ran on
+ * SIMT. So such an operand is copied, its major-ness kept, into rows a
+ * multiple of 128 bytes apart (the kernel reads K in 64-element steps with
+ * zero fill past K: the padding costs no math), the operands that need it
+ * only, when pitch_pays; never for M or N <= 16 (the GEMV kernel, or a
+ * problem too small to pay for a launch). */
+int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_prob *p, const smelt__gemm_facts *f,
+                            const smelt_device_info *dev, smelt__gemm_prep prep[2]) {
   prep[0] = prep[1] = SMELT__PREP_NONE;
   if (dev->cc_major != 9 || dev->cc_minor != 0 ||
       (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED) || st->split_k > 1 || f->k < 1 ||
@@ -663,6 +712,16 @@ int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_facts
       if (!f->a_k) prep[0] = SMELT__PREP_COPY;
       if (!f->b_k) prep[1] = SMELT__PREP_COPY;
       break;
+    case SMELT__TC_F16:
+    case SMELT__TC_BF16: {
+      if (p->m <= 16 || p->n <= 16) break;
+      int no_tma = 0;
+      const int need[2] = {pitch_need(0, p, f, &no_tma), pitch_need(1, p, f, &no_tma)};
+      if ((need[0] || need[1]) && pitch_pays(st, p, f, need, no_tma))
+        for (int w = 0; w < 2; w++)
+          if (need[w]) prep[w] = SMELT__PREP_PITCH;
+      break;
+    }
     default: break;
   }
   return prep[0] || prep[1];
@@ -682,14 +741,14 @@ void smelt__gemm_prep_facts(const smelt__gemm_state *st, const smelt__gemm_prob 
   if (prep[0] == SMELT__PREP_SPLIT) ps->desc.math.op = SMELT_GEMM_MATH_TF32;
   pf->k = pf->k_min = smelt__gemm_prep_gemm_k(st, prep, p->k);
   pf->promote = prep[0] == SMELT__PREP_SPLIT;
-  /* A prepped operand is a K-major workspace with whole rows; the others
-   * keep their facts. */
-  if (prep[0]) {
-    pf->a_k = pf->tma_a[1] = 1;
-    pf->a_mn = pf->tma_a[0] = 0;
-  }
-  if (prep[1]) {
-    pf->b_k = pf->tma_b[1] = 1;
-    pf->b_mn = pf->tma_b[0] = 0;
+  /* A prepped operand is a K-major workspace with whole rows (a PITCH
+   * copy: of its own major-ness); the others keep their facts. */
+  for (int w = 0; w < 2; w++) {
+    if (!prep[w]) continue;
+    smelt__gemm_prep_geom g = {.kmajor = 1};
+    if (prep[w] == SMELT__PREP_PITCH) smelt__gemm_prep_geom_of(w, p, &g);
+    int *k_ok = w ? &pf->b_k : &pf->a_k, *mn_ok = w ? &pf->b_mn : &pf->a_mn, *tma = w ? pf->tma_b : pf->tma_a;
+    *k_ok = tma[1] = g.kmajor;
+    *mn_ok = tma[0] = !g.kmajor;
   }
 }

@@ -92,15 +92,19 @@ static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const sm
   cp->split_k = 1;
   cp->kernel = ki;
   cp->fallback = -1;
+  cp->align[0] = ptr_align(args->prob.a.data);
+  cp->align[1] = ptr_align(args->prob.b.data);
+  cp->align[2] = ptr_align(args->prob.d.data);
   CUfunction prep;
-  if ((*s = load(plan->ctx, &table[ki], &plan->func[F_MAIN])) || (*s = smelt__gemm_prep_load(plan->ctx, &prep)))
+  if ((*s = load(plan->ctx, &table[ki], &plan->func[F_MAIN])) ||
+      (*s = smelt__gemm_prep_load(plan->ctx, cp->prep, &prep)))
     return 1;
   plan->func[F_PREP] = prep;
   plan->variant = ki;
   plan->block = table[ki].threads;
   smelt__kernel_src src;
   smelt__gemm_kernel_src(&table[ki], &src);
-  static const char *const what[] = {"", "K-major copy", "tf32 rounding", "3xtf32 split"};
+  static const char *const what[] = {"", "K-major copy", "tf32 rounding", "3xtf32 split", "128-byte row copy"};
   snprintf(plan->describe, sizeof plan->describe, "%.60s (%.40s; pre-pass: A %s, B %s)", src.name, why,
            cp->prep[0] ? what[cp->prep[0]] : "none", cp->prep[1] ? what[cp->prep[1]] : "none");
   return 1;
@@ -119,7 +123,8 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   smelt__gemm_facts f;
   smelt__gemm_facts_of(st, args, &f);
   smelt_status s = SMELT_OK;
-  if (smelt__gemm_prep_choose(st, &f, dev, cp->prep) && plan_prepped(plan, args, &f, table, n, &s)) return s;
+  if (smelt__gemm_prep_choose(st, &args->prob, &f, dev, cp->prep) && plan_prepped(plan, args, &f, table, n, &s))
+    return s;
   char why[96];
   int ki;
   s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
@@ -523,28 +528,14 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
 }
 
 /* One problem on prepped operands: the pre-pass of each operand that has
- * one into ws (A's rows, then B's a_bytes further), then the plain Hopper
- * launch on them as an RC problem. */
+ * one into ws, then the plain Hopper launch on the copies. */
 static smelt_status run_prepped_one(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f,
-                                    smelt__gemm_kparams *kp, smelt__gemm_prob p, char *ws, size_t a_bytes) {
+                                    smelt__gemm_kparams *kp, const smelt__gemm_prep prep[2], smelt__gemm_prob p,
+                                    char *ws) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
-  const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
-  CUfunction prep = (CUfunction)plan->func[F_PREP];
-  smelt_status s = SMELT_OK;
-  if (cp->prep[0]) {
-    s = smelt__gemm_prep_run(plan->ctx, prep, cp->prep[0], 0, p.a.data, st->dt_a, p.m, p.k, p.a.rs, p.a.cs, ws);
-    p.a.data = ws;
-    p.a.rs = smelt__gemm_prep_ld(cp->prep[0], p.k, st->dt_a);
-    p.a.cs = 1;
-  }
-  if (!s && cp->prep[1]) {
-    s = smelt__gemm_prep_run(plan->ctx, prep, cp->prep[1], 1, p.b.data, st->dt_b, p.n, p.k, p.b.cs, p.b.rs,
-                             ws + a_bytes);
-    p.b.data = ws + a_bytes;
-    p.b.cs = smelt__gemm_prep_ld(cp->prep[1], p.k, st->dt_b);
-    p.b.rs = 1;
-  }
-  p.k = smelt__gemm_prep_gemm_k(st, cp->prep, p.k);
+  smelt_status s =
+      smelt__gemm_prep_operands(plan->ctx, (CUfunction)plan->func[F_PREP], prep, st->dt_a, st->dt_b, &p, ws);
+  p.k = smelt__gemm_prep_gemm_k(st, prep, p.k);
   kprob_of(&kp->p, &p);
   return s ? s : run_sm90(plan->ctx, st, k, f, kp, &p);
 }
@@ -562,11 +553,16 @@ static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
   const smelt__gemm_prob *p = &args->prob;
-  const size_t a_bytes = cp->prep[0] ? ((size_t)(p->m * smelt__gemm_prep_ld(cp->prep[0], p->k, st->dt_a)) *
-                                                smelt_dtype_size(st->dt_a) + 255) / 256 * 256
-                                     : 0;
-  const size_t b_bytes =
-      cp->prep[1] ? (size_t)(p->n * smelt__gemm_prep_ld(cp->prep[1], p->k, st->dt_b)) * smelt_dtype_size(st->dt_b) : 0;
+  /* A 16-bit plan also copies an operand it planned to read as it is when
+   * the run's pointer is less aligned than the planned one (the copy keeps
+   * the layout the main kernel was chosen for). */
+  smelt__gemm_prep prep[2] = {cp->prep[0], cp->prep[1]};
+  if (prep[0] == SMELT__PREP_PITCH || prep[1] == SMELT__PREP_PITCH) {
+    if (!prep[0] && ptr_align(p->a.data) < cp->align[0]) prep[0] = SMELT__PREP_PITCH;
+    if (!prep[1] && ptr_align(p->b.data) < cp->align[1]) prep[1] = SMELT__PREP_PITCH;
+  }
+  const size_t a_bytes = smelt__gemm_prep_bytes(prep[0], 0, p, st->dt_a),
+               b_bytes = smelt__gemm_prep_bytes(prep[1], 1, p, st->dt_b);
   void *ws = NULL;
   smelt_status s = smelt__cuda_alloc(plan->ctx, a_bytes + b_bytes, &ws);
   if (s) return s;
@@ -578,7 +574,7 @@ static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, C
     e.b.data = moved(p->b.data, st->dt_b, l * p->b.bs);
     e.c.data = moved(p->c.data, st->dt_c, l * p->c.bs);
     e.d.data = moved(p->d.data, st->dt_d, l * p->d.bs);
-    s = run_prepped_one(plan, k, f, kp, e, (char *)ws, a_bytes);
+    s = run_prepped_one(plan, k, f, kp, prep, e, (char *)ws);
   }
   smelt_status s2 = smelt__cuda_free(plan->ctx, ws);
   return s ? s : s2;
