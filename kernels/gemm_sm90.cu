@@ -456,52 +456,9 @@ static __device__ __forceinline__ void lin_piece(float alpha, const float *d, in
   }
 }
 
-/* The row and column scales of smelt_gemm_scales in the fast epilogue.
- * There is no room for a second BN-float row in shared memory (the wide
- * tile's four stages leave less than 1 KiB of the 227 KiB), so the column
- * scales are read from global memory through L1, where the bias-loading
- * code prefetched them before the main loop; the row scales go to
- * registers. `on` is uniform: without vectors the epilogue is lin_piece's. */
-#define BANDS (PINGPONG ? 2 : 1) /* a consumer's 64-row bands of the tile */
-typedef struct sm90_scales {
-  int on;        /* a vector is given (P.has_sa | P.has_sb) */
-  float2 rs[2];  /* alpha_ab sa of the thread's rows lo and hi (16 warp + lane/4, + 8) of each band */
-  const float *sb; /* the tile's first column's scale, NULL without column scales */
-  i64 sb_s;
-  int cols;      /* the tile's columns inside D */
-} sm90_scales;
-
-/* lin_piece with the scales: v = rs sb[col] acc + bias, rs the band's
- * row scales (rs.x for v[4j], v[4j + 1], rs.y for v[4j + 2], v[4j + 3]).
- * Without vectors rs is alpha and sb 1, which gives lin_piece's bits. */
-static __device__ __forceinline__ void lin_piece_sv(const sm90_scales &sc, float2 rs, const float *d, int q,
-                                                    const float *bias, int lane, float *v) {
-#pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const int col = PIECE * q + 8 * j + 2 * (lane & 3);
-    const float2 b = *(const float2 *)&bias[col];
-    float s0 = 1.f, s1 = 1.f;
-    if (sc.sb) {
-      if (col < sc.cols) s0 = __ldg(sc.sb + col * sc.sb_s);
-      if (col + 1 < sc.cols) s1 = __ldg(sc.sb + (col + 1) * sc.sb_s);
-    }
-    v[4 * j] = (rs.x * s0) * d[4 * j] + b.x;
-    v[4 * j + 1] = (rs.x * s1) * d[4 * j + 1] + b.y;
-    v[4 * j + 2] = (rs.y * s0) * d[4 * j + 2] + b.x;
-    v[4 * j + 3] = (rs.y * s1) * d[4 * j + 3] + b.y;
-  }
-}
-
-/* Piece q (tile columns 64q .. 64q + 63) of 64-row band `band`, whose
- * accumulators the caller has moved to d[0 .. 31], as
- * v = scale_d * act(alpha_ab * sa * sb * acc + bias), clamped if asked.
- * v[k] is at row 16 warp + lane/4 + 8 ((k/2) % 2) and piece column
- * 8 (k/4) + 2 (lane%4) + k%2. `bias` is the tile's BN columns (zeros
- * without a bias). */
-static __device__ __forceinline__ void fast_piece(const gemm_params &P, const float *d, int q, const float *bias,
-                                                  const sm90_scales &sc, int band, int lane, float *v) {
-  if (sc.on) lin_piece_sv(sc, band ? sc.rs[1] : sc.rs[0], d, q, bias, lane, v);
-  else lin_piece((float)P.alpha_ab, d, q, bias, lane, v);
+/* The rest of fast_piece after the linear combination: v = scale_d *
+ * act(v), clamped if asked. */
+static __device__ __forceinline__ void act_scale_piece(const gemm_params &P, float *v) {
   act_piece(v, P.act, P.slope, P.dt_d != DT_F32);
   const float m = P.dt_d == DT_F16 ? 65504.f : P.dt_d == DT_BF16 ? GEMM_BF16_MAX : GEMM_F32_MAX;
 #pragma unroll
@@ -509,6 +466,17 @@ static __device__ __forceinline__ void fast_piece(const gemm_params &P, const fl
     v[k] *= P.scale_d;
     if (P.clamp) v[k] = gemm_clampf(v[k], m);
   }
+}
+
+/* Piece q (tile columns 64q .. 64q + 63), whose accumulators the caller
+ * has moved to d[0 .. 31], as v = scale_d * act(alpha_ab * acc + bias),
+ * clamped if asked. v[k] is at row 16 warp + lane/4 + 8 ((k/2) % 2) and
+ * piece column 8 (k/4) + 2 (lane%4) + k%2. `bias` is the tile's BN columns
+ * (zeros without a bias). */
+static __device__ __forceinline__ void fast_piece(const gemm_params &P, const float *d, int q, const float *bias,
+                                                  int lane, float *v) {
+  lin_piece((float)P.alpha_ab, d, q, bias, lane, v);
+  act_scale_piece(P, v);
 }
 
 /* A 16-bit piece into the buffer: v[k] and v[k + 1] (k even) packed into
@@ -772,7 +740,7 @@ static __device__ __forceinline__ void prefetch_l1(const void *p) {
  * (rows from m0, columns from n0) reads. */
 static __device__ __forceinline__ void prefetch_scales(const gemm_params &P, const sm90_tile &w, i64 m0, i64 n0,
                                                        int tid) {
-  if (P.has_sa && tid < 64 * BANDS && m0 + tid < w.m) prefetch_l1((const float *)P.p.sa + (m0 + tid) * P.p.sa_s);
+  if (P.has_sa && tid < (PINGPONG ? 128 : 64) && m0 + tid < w.m) prefetch_l1((const float *)P.p.sa + (m0 + tid) * P.p.sa_s);
   if (P.has_sb) {
     const float *sb = (const float *)P.p.sb + (w.bz >= 0 ? (i64)w.bz * P.sb_gs : 0);
     for (int c = tid; c < BN; c += 128)
@@ -780,27 +748,39 @@ static __device__ __forceinline__ void prefetch_scales(const gemm_params &P, con
   }
 }
 
-/* After the main loop: tile w's scales for this thread (rows from m0,
- * columns from n0; grouped by offsets, the column scales of B's group).
- * Rows and columns past D's read 1. */
-static __device__ __forceinline__ void load_scales(const gemm_params &P, const sm90_tile &w, i64 m0, i64 n0,
-                                                   int warp, int lane, sm90_scales *sc) {
+/* lin_piece with the row and column scales of smelt_gemm_scales, for
+ * piece q of tile w whose first row is y (D's row; the tile's first column
+ * n0): v = alpha_ab sa[row] sb[col] acc + bias. There is no room for a
+ * second BN-float row in shared memory (the wide tile's four stages leave
+ * less than 1 KiB of the 227 KiB), and registers held from piece to piece
+ * spill, so both vectors are read here through L1, where prefetch_scales
+ * put them before the main loop. Rows and columns past D's read 1. */
+static __device__ __forceinline__ void lin_piece_sv(const gemm_params &P, const sm90_tile &w, i64 y, i64 n0,
+                                                    const float *d, int q, const float *bias, int warp, int lane,
+                                                    float *v) {
   const float alpha = (float)P.alpha_ab;
-  sc->on = P.has_sa | P.has_sb;
-#pragma unroll
-  for (int band = 0; band < BANDS; band++) {
-    const i64 r = m0 + 64 * band + 16 * warp + (lane >> 2);
-    float lo = 1.f, hi = 1.f;
-    if (P.has_sa) {
-      if (r < w.m) lo = __ldg((const float *)P.p.sa + r * P.p.sa_s);
-      if (r + 8 < w.m) hi = __ldg((const float *)P.p.sa + (r + 8) * P.p.sa_s);
-    }
-    sc->rs[band] = make_float2(alpha * lo, alpha * hi);
+  const i64 r = y + 16 * warp + (lane >> 2);
+  float rs0 = alpha, rs1 = alpha;
+  if (P.has_sa) {
+    if (r < w.m) rs0 *= __ldg((const float *)P.p.sa + r * P.p.sa_s);
+    if (r + 8 < w.m) rs1 *= __ldg((const float *)P.p.sa + (r + 8) * P.p.sa_s);
   }
-  if (BANDS == 1) sc->rs[1] = sc->rs[0];
-  sc->sb_s = P.p.sb_s;
-  sc->sb = P.has_sb ? (const float *)P.p.sb + (w.bz >= 0 ? (i64)w.bz * P.sb_gs : 0) + n0 * P.p.sb_s : NULL;
-  sc->cols = w.n - n0 < BN ? (int)(w.n - n0) : BN;
+  const float *sb = (const float *)P.p.sb + (w.bz >= 0 ? (i64)w.bz * P.sb_gs : 0) + n0 * P.p.sb_s;
+  const int cols = w.n - n0 < BN ? (int)(w.n - n0) : BN;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const int col = PIECE * q + 8 * j + 2 * (lane & 3);
+    const float2 b = *(const float2 *)&bias[col];
+    float s0 = 1.f, s1 = 1.f;
+    if (P.has_sb) {
+      if (col < cols) s0 = __ldg(sb + col * P.p.sb_s);
+      if (col + 1 < cols) s1 = __ldg(sb + (col + 1) * P.p.sb_s);
+    }
+    v[4 * j] = (rs0 * s0) * d[4 * j] + b.x;
+    v[4 * j + 1] = (rs0 * s1) * d[4 * j + 1] + b.y;
+    v[4 * j + 2] = (rs1 * s0) * d[4 * j + 2] + b.x;
+    v[4 * j + 3] = (rs1 * s1) * d[4 * j + 3] + b.y;
+  }
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -966,8 +946,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     WGMMA_WAIT(0);
     release(empty + 8 * prev, lane);
     if (PINGPONG || fast) {
-      sm90_scales sc;
-      load_scales(P, w, m0, n0, warp, lane, &sc);
       /* The bias row is free once every thread that reads it has finished
        * the previous tile's pieces: this warpgroup's (ping-pong) or both
        * consumers' (cooperative; the first pair barrier). A skipped last
@@ -1001,7 +979,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (x >= w.n) continue; /* uniform: the piece is past N */
           const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           float v[32];
-          if (sc.on) lin_piece_sv(sc, sc.rs[p / (BN / PIECE)], d + 32 * p, q, bias, lane, v);
+          if (P.has_sa | P.has_sb) lin_piece_sv(P, w, y, n0, d + 32 * p, q, bias, warp, lane, v);
           else lin_piece(alpha, d + 32 * p, q, bias, lane, v);
           if (P.act == ACT_GELU) act_piece16_n(v, ACT_GELU);
           else if (P.act == ACT_SILU) act_piece16_n(v, ACT_SILU);
@@ -1022,7 +1000,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const i64 x = n0 + q * PIECE, y = m0 + 64 * (p / (BN / PIECE));
         /* The math overlaps the previous piece's store. */
         float v[32];
-        fast_piece(P, d, q, bias, sc, p / (BN / PIECE), lane, v);
+        if (P.has_sa | P.has_sb) {
+          lin_piece_sv(P, w, y, n0, d, q, bias, warp, lane, v);
+          act_scale_piece(P, v);
+        } else {
+          fast_piece(P, d, q, bias, lane, v);
+        }
 #pragma unroll
         for (int i = 0; i + 32 < ACCS; i++) d[i] = d[i + 32];
         if (x >= w.n) continue; /* uniform: the piece is past N */
