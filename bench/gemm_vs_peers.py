@@ -14,7 +14,8 @@ bytes read plus written, measured once per run).
 
 Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed, f32
 without),
-torch._scaled_mm (fp8 e4m3, per-tensor scales), torch._grouped_mm (grouped
+torch._scaled_mm (fp8 e4m3, per-tensor scales, and row-wise: f32 scales
+[M, 1] for A and [1, N] for B), torch._grouped_mm (grouped
 bf16), and, with --with-compile, torch.compile(mode="max-autotune-no-cudagraphs")
 of linear + bias + gelu (takes minutes to autotune).
 
@@ -109,6 +110,10 @@ CASES = [
          opt_in="with_compile"),
     case("e4m3_8192", "e4m3 8192^3 RC, scales", square("e4m3", 8192) + ["--out-dtype", "bf16"],
          ("scaled_mm", "e4m3", 8192, 8192, 8192), 0.9),
+    # Row-wise scales (per token of A, per channel of B), issue 21's bar.
+    case("e4m3_8192_rowwise", "e4m3 8192^3 RC, row-wise scales",
+         square("e4m3", 8192) + ["--out-dtype", "bf16", "--rowwise"], ("scaled_mm_rowwise", "e4m3", 8192, 8192, 8192),
+         0.95),
     # tf32 through the rounding pre-pass on Hopper; 3xtf32 (the split
     # pre-pass, then tf32 wgmma over 3 K) must run at twice exact f32's speed.
     case("tf32_8192", "tf32 8192^3 RC", square("tf32", 8192), ("matmul", "tf32", 8192, 8192, 8192), 0.95),
@@ -232,6 +237,15 @@ def make_peer(torch, spec, opts):
         sa = torch.tensor(0.5, device="cuda", dtype=torch.float32)  # the scales smelt bench sets for fp8
         sb = torch.tensor(0.25, device="cuda", dtype=torch.float32)
         return Peer("torch._scaled_mm (cuBLASLt)",
+                    lambda: (rand(torch, (m, k), dt, 2.0), rand(torch, (n, k), dt, 2.0).t()),
+                    lambda s: torch._scaled_mm(s[0], s[1], scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+                    m * n * 2)
+    if kind == "scaled_mm_rowwise":
+        _, _, m, n, k = spec
+        # Positive scales of a few binades, as smelt bench --rowwise draws them.
+        sa = torch.rand((m, 1), device="cuda", dtype=torch.float32) * 1.75 + 0.25
+        sb = torch.rand((1, n), device="cuda", dtype=torch.float32) * 1.75 + 0.25
+        return Peer("torch._scaled_mm row-wise (cuBLASLt)",
                     lambda: (rand(torch, (m, k), dt, 2.0), rand(torch, (n, k), dt, 2.0).t()),
                     lambda s: torch._scaled_mm(s[0], s[1], scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
                     m * n * 2)

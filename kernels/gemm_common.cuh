@@ -66,6 +66,8 @@ typedef struct gemm_prob {
   i64 m, n, k;
   u64 a, b, c, d, bias;
   i64 a_rs, a_cs, b_rs, b_cs, c_rs, c_cs, d_rs, d_cs, bias_s;
+  u64 sa, sb;    /* f32 row scales of A [m] and column scales of B [n] (has_sa, has_sb) */
+  i64 sa_s, sb_s;
 } gemm_prob;
 
 /* Launch parameters (mirrored by smelt__gemm_kparams). */
@@ -89,10 +91,12 @@ typedef struct gemm_params {
   u64 offs;                     /* grouped by offsets: count row ends, i32 or i64 (offs_i64) */
   i64 bias_gs;                  /* grouped by offsets: stride between the groups' bias rows */
   int offs_i64, offs_pad;
+  i64 sb_gs;                    /* grouped by offsets: stride between the groups' sb rows */
+  int has_sa, has_sb;           /* p.sa, p.sb are read */
 } gemm_params;
 
-static_assert(sizeof(gemm_prob) == 136, "gemm_prob must match smelt__gemm_kprob");
-static_assert(sizeof(gemm_params) == 352, "gemm_params must match smelt__gemm_kparams");
+static_assert(sizeof(gemm_prob) == 168, "gemm_prob must match smelt__gemm_kprob");
+static_assert(sizeof(gemm_params) == 400, "gemm_params must match smelt__gemm_kparams");
 
 static __device__ __forceinline__ int gemm_esize(int dt) {
   return dt == DT_F64 ? 8 : (dt == DT_F32 || dt == DT_I32) ? 4 : (dt == DT_F16 || dt == DT_BF16) ? 2 : 1;
@@ -219,6 +223,15 @@ static __device__ __forceinline__ void gemm_store(void *base, int dt, i64 off, e
 #define EPI_MAX fmaxf
 #endif
 
+/* alpha_ab * sa[r] * sb[c] (smelt_gemm_scales; 1 where absent), in this
+ * order so that it is alpha_ab exactly when both are 1. */
+static __device__ __forceinline__ epi_t gemm_scale_rc(const gemm_params &P, const gemm_prob &p, i64 r, i64 c) {
+  epi_t s = (epi_t)P.alpha_ab;
+  if (P.has_sa) s *= (epi_t)((const float *)p.sa)[r * p.sa_s];
+  if (P.has_sb) s *= (epi_t)((const float *)p.sb)[c * p.sb_s];
+  return s;
+}
+
 /* smelt_act_apply in epi_t, in forms without cancellation (gelu through
  * erfc, gelu_tanh as x * sigmoid(2z) = 0.5 x (1 + tanh z)). The accurate
  * math functions: the epilogue runs once per output element, next to K
@@ -241,10 +254,10 @@ static __device__ __forceinline__ epi_t gemm_act(epi_t x, int act, epi_t slope) 
 }
 
 /* The value D[r, c] gets before conversion:
- * scale_d * act(alpha_ab * acc + beta * C[r, c] + bias[c]). */
+ * scale_d * act(alpha_ab * sa[r] * sb[c] * acc + beta * C[r, c] + bias[c]). */
 static __device__ __forceinline__ epi_t gemm_epi_value(const gemm_params &P, const gemm_prob &p, i64 r, i64 c,
                                                        epi_t acc) {
-  epi_t v = (epi_t)P.alpha_ab * acc;
+  epi_t v = gemm_scale_rc(P, p, r, c) * acc;
   if (P.has_c) v += (epi_t)P.beta * gemm_load_epi((const void *)p.c, P.dt_c, r * p.c_rs + c * p.c_cs);
   if (P.has_bias) v += gemm_load_epi((const void *)p.bias, P.dt_bias, c * p.bias_s);
   return gemm_act(v, P.act, (epi_t)P.slope) * (epi_t)P.scale_d;
@@ -339,6 +352,8 @@ static __device__ __forceinline__ void gemm_locate_offs(const gemm_params &P, in
       if (P.has_c) w.p.c = gemm_offset(w.p.c, r0 * w.p.c_rs, P.dt_c);
       w.p.d = gemm_offset(w.p.d, r0 * w.p.d_rs, P.dt_d);
       if (P.has_bias) w.p.bias = gemm_offset(w.p.bias, (i64)grp * P.bias_gs, P.dt_bias);
+      if (P.has_sa) w.p.sa = gemm_offset(w.p.sa, r0 * w.p.sa_s, DT_F32);
+      if (P.has_sb) w.p.sb = gemm_offset(w.p.sb, (i64)grp * P.sb_gs, DT_F32);
       gemm_raster((int)(t - first), (int)((w.p.m + BM - 1) / BM), P.tiles_n, P.swizzle, &w.tm, &w.tn);
       w.tile_id = (i64)w.tm * P.tiles_n + w.tn;
       return;

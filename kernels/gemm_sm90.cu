@@ -476,6 +476,18 @@ static __device__ __forceinline__ void lin_piece(float alpha, const float *d, in
   }
 }
 
+/* The rest of fast_piece after the linear combination: v = scale_d *
+ * act(v), clamped if asked. */
+static __device__ __forceinline__ void act_scale_piece(const gemm_params &P, float *v) {
+  act_piece(v, P.act, P.slope, P.dt_d != DT_F32);
+  const float m = P.dt_d == DT_F16 ? 65504.f : P.dt_d == DT_BF16 ? GEMM_BF16_MAX : GEMM_F32_MAX;
+#pragma unroll
+  for (int k = 0; k < 32; k++) {
+    v[k] *= P.scale_d;
+    if (P.clamp) v[k] = gemm_clampf(v[k], m);
+  }
+}
+
 /* Piece q (tile columns 64q .. 64q + 63), whose accumulators the caller
  * has moved to d[0 .. 31], as v = scale_d * act(alpha_ab * acc + bias),
  * clamped if asked. v[k] is at row 16 warp + lane/4 + 8 ((k/2) % 2) and
@@ -484,13 +496,7 @@ static __device__ __forceinline__ void lin_piece(float alpha, const float *d, in
 static __device__ __forceinline__ void fast_piece(const gemm_params &P, const float *d, int q, const float *bias,
                                                   int lane, float *v) {
   lin_piece((float)P.alpha_ab, d, q, bias, lane, v);
-  act_piece(v, P.act, P.slope, P.dt_d != DT_F32);
-  const float m = P.dt_d == DT_F16 ? 65504.f : P.dt_d == DT_BF16 ? GEMM_BF16_MAX : GEMM_F32_MAX;
-#pragma unroll
-  for (int k = 0; k < 32; k++) {
-    v[k] *= P.scale_d;
-    if (P.clamp) v[k] = gemm_clampf(v[k], m);
-  }
+  act_scale_piece(P, v);
 }
 
 /* A 16-bit piece into the buffer: v[k] and v[k + 1] (k even) packed into
@@ -770,6 +776,57 @@ static __device__ __forceinline__ void piece_out(const gemm_params &P, int c, in
   }
 }
 
+static __device__ __forceinline__ void prefetch_l1(const void *p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+/* Before the main loop: the L1 lines of the scales tile w's epilogue
+ * (rows from m0, columns from n0) reads. */
+static __device__ __forceinline__ void prefetch_scales(const gemm_params &P, const sm90_tile &w, i64 m0, i64 n0,
+                                                       int tid) {
+  if (P.has_sa && tid < (PINGPONG ? 128 : 64) && m0 + tid < w.m) prefetch_l1((const float *)P.p.sa + (m0 + tid) * P.p.sa_s);
+  if (P.has_sb) {
+    const float *sb = (const float *)P.p.sb + (w.bz >= 0 ? (i64)w.bz * P.sb_gs : 0);
+    for (int c = tid; c < BN; c += 128)
+      if (n0 + c < w.n) prefetch_l1(sb + (n0 + c) * P.p.sb_s);
+  }
+}
+
+/* lin_piece with the row and column scales of smelt_gemm_scales, for
+ * piece q of tile w whose first row is y (D's row; the tile's first column
+ * n0): v = alpha_ab sa[row] sb[col] acc + bias. There is no room for a
+ * second BN-float row in shared memory (the wide tile's four stages leave
+ * less than 1 KiB of the 227 KiB), and registers held from piece to piece
+ * spill, so both vectors are read here through L1, where prefetch_scales
+ * put them before the main loop. Rows and columns past D's read 1. */
+static __device__ __forceinline__ void lin_piece_sv(const gemm_params &P, const sm90_tile &w, i64 y, i64 n0,
+                                                    const float *d, int q, const float *bias, int warp, int lane,
+                                                    float *v) {
+  const float alpha = (float)P.alpha_ab;
+  const i64 r = y + 16 * warp + (lane >> 2);
+  float rs0 = alpha, rs1 = alpha;
+  if (P.has_sa) {
+    if (r < w.m) rs0 *= __ldg((const float *)P.p.sa + r * P.p.sa_s);
+    if (r + 8 < w.m) rs1 *= __ldg((const float *)P.p.sa + (r + 8) * P.p.sa_s);
+  }
+  const float *sb = (const float *)P.p.sb + (w.bz >= 0 ? (i64)w.bz * P.sb_gs : 0) + n0 * P.p.sb_s;
+  const int cols = w.n - n0 < BN ? (int)(w.n - n0) : BN;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const int col = PIECE * q + 8 * j + 2 * (lane & 3);
+    const float2 b = *(const float2 *)&bias[col];
+    float s0 = 1.f, s1 = 1.f;
+    if (P.has_sb) {
+      if (col < cols) s0 = __ldg(sb + col * P.p.sb_s);
+      if (col + 1 < cols) s1 = __ldg(sb + (col + 1) * P.p.sb_s);
+    }
+    v[4 * j] = (rs0 * s0) * d[4 * j] + b.x;
+    v[4 * j + 1] = (rs0 * s1) * d[4 * j + 1] + b.y;
+    v[4 * j + 2] = (rs1 * s0) * d[4 * j + 2] + b.x;
+    v[4 * j + 3] = (rs1 * s1) * d[4 * j + 3] + b.y;
+  }
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -896,6 +953,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (tid + 128 < BN && n0 + tid + 128 < w.n)
         bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
     }
+    if ((PINGPONG || fast) && (P.has_sa | P.has_sb)) prefetch_scales(P, w, m0, n0, tid);
 #if PINGPONG
     if (j > 0) pp_wait(c);
 #endif
@@ -990,7 +1048,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (x >= w.n) continue; /* uniform: the piece is past N */
           const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           float v[32];
-          lin_piece(alpha, d + 32 * p, q, bias, lane, v);
+          if (P.has_sa | P.has_sb) lin_piece_sv(P, w, y, n0, d + 32 * p, q, bias, warp, lane, v);
+          else lin_piece(alpha, d + 32 * p, q, bias, lane, v);
           if (P.act == ACT_GELU) act_piece16_n(v, ACT_GELU);
           else if (P.act == ACT_SILU) act_piece16_n(v, ACT_SILU);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
@@ -1010,7 +1069,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const i64 x = n0 + q * PIECE, y = m0 + 64 * (p / (BN / PIECE));
         /* The math overlaps the previous piece's store. */
         float v[32];
-        fast_piece(P, d, q, bias, lane, v);
+        if (P.has_sa | P.has_sb) {
+          lin_piece_sv(P, w, y, n0, d, q, bias, warp, lane, v);
+          act_scale_piece(P, v);
+        } else {
+          fast_piece(P, d, q, bias, lane, v);
+        }
 #pragma unroll
         for (int i = 0; i + 32 < ACCS; i++) d[i] = d[i + 32];
         if (x >= w.n) continue; /* uniform: the piece is past N */

@@ -13,11 +13,13 @@
  *             layer's x @ W^T with W stored [N, K], the layout cuBLAS
  *             benchmarks quote as "TN"
  *   C, D [M, N] row-major; bias [N]
+ *   --rowwise: f32 row scales of A [M] and column scales of B [N]
+ *             (smelt_gemm_scales, torch._scaled_mm's row-wise form)
  * Batched operands are stacked densely ([L, M, K] ...). Grouped problems are
  * stacked as MoE expert GEMMs keep them: A and D along rows (tokens sorted by
  * expert), one B [K, N] per group. --group-offs runs them as
  * smelt_gemm_grouped_offs: the same memory as one stacked A [rows, K] and D,
- * B [G, K, N] and bias [G, N], the row counts in a device tensor of int32
+ * B [G, K, N], bias and column scales [G, N], the row counts in a device tensor of int32
  * offsets (device scheduling; the host's plan never sees them). The CPU
  * backend has no tensor cores:
  * tf32 there is exact f32, which is also what the check compares against.
@@ -34,7 +36,7 @@ static int64_t opt_m = 4096, opt_n = 4096, opt_k = 4096, opt_batch = 1, opt_grou
 static const char *opt_dtype = "bf16", *opt_out_dtype = NULL, *opt_layout = "RC", *opt_epilogue = "none";
 static const char *opt_alpha = "1", *opt_beta = "0", *opt_split_mode = NULL, *opt_opclass = "auto";
 static const char *opt_tile = NULL, *opt_cluster = NULL, *opt_group_ms = NULL;
-static int opt_check, opt_autotune, opt_group_offs;
+static int opt_check, opt_autotune, opt_group_offs, opt_rowwise;
 
 static const cli_opt options[] = {
     {"m", CLI_OPT_INT, &opt_m, "M", "rows of A and D (per group) (default 4096)"},
@@ -60,6 +62,8 @@ static const cli_opt options[] = {
      "grouped GEMM with these rows per group, sharing N and K"},
     {"group-offs", CLI_OPT_FLAG, &opt_group_offs, NULL,
      "grouped GEMM scheduled on the device from int32 row offsets (smelt_gemm_grouped_offs; A row-major)"},
+    {"rowwise", CLI_OPT_FLAG, &opt_rowwise, NULL,
+     "f32 row scales of A [M] and column scales of B [N] (per group with --group-offs) instead of per-tensor ones"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare one run against the CPU backend (windows of D)"},
     {"autotune", CLI_OPT_FLAG, &opt_autotune, NULL,
      "time every candidate kernel first (table on stderr), record the winner in the cache folder, then bench the "
@@ -83,9 +87,11 @@ static struct {
   int64_t *ms, *row0; /* per problem: rows, and first row in the stacked A, C, D */
   int64_t rows;      /* sum of ms */
   size_t a_elems, b_elems, cd_elems, bias_elems; /* per set */
+  size_t sa_elems, sb_elems; /* --rowwise: rows of A, columns of B (per group) */
   smelt_ctx *ctx;
   int sets;
   void **A, **B, **C, **D, **bias;
+  void **SA, **SB; /* --rowwise */
   void **offs; /* --group-offs: int32 [count] cumulative row ends, one buffer */
   smelt_tensor *ta, *tb, *tc, *td, *tbias; /* one view per problem, rebound per run */
   smelt_plan *plan;
@@ -176,6 +182,9 @@ static void parse_mode(const cli_doc *doc) {
   if ((opt_batch > 1 || st.grouped) && split)
     cli_usage_error(doc->command, "split-K serves plain GEMMs only (not --batch or grouped)");
   if (opt_batch > 1 && st.grouped) cli_usage_error(doc->command, "--batch and grouped mode do not combine");
+  if (opt_rowwise && st.grouped && !opt_group_offs)
+    cli_usage_error(doc->command, "--rowwise takes plain, batched or --group-offs GEMMs (grouped ones take no scales)");
+  if (opt_rowwise && opt_autotune) cli_usage_error(doc->command, "--rowwise and --autotune do not combine");
   if (opt_autotune && st.grouped)
     cli_usage_error(doc->command, "--autotune tunes plain, split-K and batched GEMMs, not grouped ones");
   if (opt_group_offs && !st.grouped) cli_usage_error(doc->command, "--group-offs needs --groups or --group-ms");
@@ -258,7 +267,7 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   e->alpha = parse_double(doc, "alpha", opt_alpha);
   e->beta = parse_double(doc, "beta", opt_beta);
   st.has_c = e->beta != 0.0;
-  if (st.dt_a == SMELT_DTYPE_E4M3 || st.dt_a == SMELT_DTYPE_E5M2) {
+  if ((st.dt_a == SMELT_DTYPE_E4M3 || st.dt_a == SMELT_DTYPE_E5M2) && !opt_rowwise) {
     /* Per-tensor scales as fp8 training sets them; their product is not 1,
      * so a kernel that ignored both would show in --check. */
     e->scale_a = 0.5f;
@@ -272,9 +281,12 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   st.b_elems = (size_t)(L * st.count * K * N);
   st.cd_elems = (size_t)(L * st.rows * N);
   st.bias_elems = (size_t)(st.grouped ? st.count * N : N);
+  st.sa_elems = opt_rowwise ? (size_t)st.rows : 0;
+  st.sb_elems = opt_rowwise ? st.bias_elems : 0;
   c->set_bytes = st.a_elems * smelt_dtype_size(st.dt_a) + st.b_elems * smelt_dtype_size(st.dt_b) +
                  st.cd_elems * smelt_dtype_size(st.dt_d) * (st.has_c ? 2 : 1) +
-                 (st.has_bias ? st.bias_elems * smelt_dtype_size(st.dt_bias) : 0);
+                 (st.has_bias ? st.bias_elems * smelt_dtype_size(st.dt_bias) : 0) +
+                 (st.sa_elems + st.sb_elems) * sizeof(float);
   c->traffic_bytes = c->set_bytes;
   c->flops = 2.0 * (double)st.rows * (double)N * (double)K * (double)L;
 
@@ -292,7 +304,8 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   if (opt_split_k) len += (size_t)snprintf(extra + len, sizeof extra - len, " split_k=%lld", (long long)opt_split_k);
   if (st.desc.math.opclass) len += (size_t)snprintf(extra + len, sizeof extra - len, " opclass=%s", opclass_name());
   if (opt_tile) len += (size_t)snprintf(extra + len, sizeof extra - len, " tile=%s", tile);
-  if (opt_cluster) snprintf(extra + len, sizeof extra - len, " cluster=%s", opt_cluster);
+  if (opt_cluster) len += (size_t)snprintf(extra + len, sizeof extra - len, " cluster=%s", opt_cluster);
+  if (opt_rowwise) snprintf(extra + len, sizeof extra - len, " rowwise");
   snprintf(c->params_text, sizeof c->params_text,
            "m=%lld n=%lld k=%lld dtype=%s out=%s layout=%s epilogue=%s mode=%s%s",
            (long long)m, (long long)N, (long long)K, opt_dtype, smelt_dtype_name(st.dt_d), opt_layout, opt_epilogue,
@@ -300,10 +313,10 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   snprintf(c->params_json, sizeof c->params_json,
            "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"batch\":%lld,\"groups\":%lld,\"rows\":%lld,\"dtype\":\"%s\","
            "\"out_dtype\":\"%s\",\"layout\":\"%s\",\"epilogue\":\"%s\",\"alpha\":%.17g,\"beta\":%.17g,"
-           "\"mode\":\"%s\",\"split_k\":%lld,\"opclass\":\"%s\",\"tile\":\"%s\"",
+           "\"mode\":\"%s\",\"split_k\":%lld,\"opclass\":\"%s\",\"tile\":\"%s\",\"rowwise\":%d",
            (long long)m, (long long)N, (long long)K, (long long)L, (long long)(st.grouped ? st.count : 0),
            (long long)st.rows, opt_dtype, smelt_dtype_name(st.dt_d), opt_layout, opt_epilogue, e->alpha, e->beta,
-           mode_name(), (long long)opt_split_k, opclass_name(), tile);
+           mode_name(), (long long)opt_split_k, opclass_name(), tile, opt_rowwise);
 }
 
 /* ---------------------------------------------------------------- data */
@@ -377,6 +390,19 @@ static void views_of(smelt_device_kind dev, int index, void *a, void *b, void *c
   }
 }
 
+/* --rowwise: the row scales of problem g's rows r0 .. r0 + rows - 1 and
+ * the column scales of its columns c0 .. c0 + cols - 1 in buffers sa, sb
+ * (--group-offs: all rows, sb [G, N]; g < 0). */
+static smelt_gemm_scales scales_of(smelt_device_kind dev, int index, void *sa, void *sb, int64_t g, int64_t r0,
+                                   int64_t rows, int64_t c0, int64_t cols, smelt_tensor *tsa, smelt_tensor *tsb) {
+  const int64_t N = opt_n, G = st.count;
+  int64_t va[1] = {rows}, vb[1] = {cols}, gb[2] = {G, N};
+  *tsa = smelt_tensor_make((float *)sa + (g >= 0 ? st.row0[g] : 0) + r0, SMELT_DTYPE_F32, dev, index, 1, va);
+  if (g >= 0) *tsb = smelt_tensor_make((float *)sb + (st.grouped ? g * N : 0) + c0, SMELT_DTYPE_F32, dev, index, 1, vb);
+  else *tsb = smelt_tensor_make(sb, SMELT_DTYPE_F32, dev, index, 2, gb);
+  return (smelt_gemm_scales){tsa, tsb};
+}
+
 /* Binds every problem's views to set `set`. */
 static void bind(int set) {
   smelt_device_kind dev = smelt_ctx_device(st.ctx);
@@ -406,12 +432,24 @@ static void offs_views(int set, smelt_tensor *ta, smelt_tensor *tb, smelt_tensor
   *toffs = smelt_tensor_make(st.offs[0], SMELT_DTYPE_I32, dev, index, 1, so);
 }
 
+/* Set `set`'s scales (NULL without --rowwise). */
+static const smelt_gemm_scales *set_scales(int set, smelt_gemm_scales *sc, smelt_tensor *tsa, smelt_tensor *tsb) {
+  if (!opt_rowwise) return NULL;
+  const smelt_device_kind dev = smelt_ctx_device(st.ctx);
+  const int index = smelt_ctx_device_index(st.ctx);
+  *sc = scales_of(dev, index, st.SA[set], st.SB[set], opt_group_offs ? -1 : 0, 0, st.rows, 0, opt_n, tsa, tsb);
+  return sc;
+}
+
 static void run(int set) {
+  smelt_gemm_scales scb;
+  smelt_tensor tsa, tsb;
+  const smelt_gemm_scales *sc = set_scales(set, &scb, &tsa, &tsb);
   if (opt_group_offs) {
     smelt_tensor ta, tb, tc, td, tbias, toffs;
     offs_views(set, &ta, &tb, &tc, &td, &tbias, &toffs);
-    CLI_TRY(smelt_gemm_grouped_offs_run(st.plan, &ta, &tb, st.has_c ? &tc : NULL, &td, st.has_bias ? &tbias : NULL,
-                                        &toffs));
+    CLI_TRY(smelt_gemm_grouped_offs_scaled_run(st.plan, &ta, &tb, st.has_c ? &tc : NULL, &td,
+                                               st.has_bias ? &tbias : NULL, &toffs, sc));
     return;
   }
   bind(set);
@@ -419,7 +457,7 @@ static void run(int set) {
   if (st.grouped)
     CLI_TRY(smelt_gemm_grouped_run(st.plan, st.count, st.ta, st.tb, c, st.td, bias));
   else
-    CLI_TRY(smelt_gemm_run(st.plan, st.ta, st.tb, c, st.td, bias));
+    CLI_TRY(smelt_gemm_scaled_run(st.plan, st.ta, st.tb, c, st.td, bias, sc));
 }
 
 /* ---------------------------------------------------------------- check */
@@ -439,8 +477,9 @@ typedef struct check_sums {
 /* One window of problem g, batch l: rows [r0, r0 + rows), columns [c0, c0 +
  * cols), computed by the CPU backend from the host inputs and compared with
  * the device's D of set 0. */
-static void check_window(smelt_ctx *cpu, const void *ha, const void *hb, const void *hc, const void *hbias, int64_t g,
-                         int64_t l, int64_t r0, int64_t rows, int64_t c0, int64_t cols, check_sums *s) {
+static void check_window(smelt_ctx *cpu, const void *ha, const void *hb, const void *hc, const void *hbias,
+                         const void *hsa, const void *hsb, int64_t g, int64_t l, int64_t r0, int64_t rows, int64_t c0,
+                         int64_t cols, check_sums *s) {
   const int64_t N = opt_n, K = opt_k;
   smelt_tensor ta, tb, tc, td, tbias;
   const int64_t saved = st.batch;
@@ -469,7 +508,9 @@ static void check_window(smelt_ctx *cpu, const void *ha, const void *hb, const v
   smelt_gemm_desc rd = st.desc;
   rd.mode = SMELT_GEMM_MODE_PLAIN; /* the exact product; how the device splits the work is its own business */
   rd.split_k = 0;
-  CLI_TRY(smelt_gemm(cpu, &rd, &ta, &tb, hc ? &tc : NULL, &td, hbias ? &tbias : NULL));
+  smelt_tensor tsa, tsb;
+  const smelt_gemm_scales sc = scales_of(SMELT_DEVICE_CPU, 0, (void *)hsa, (void *)hsb, g, r0, rows, c0, cols, &tsa, &tsb);
+  CLI_TRY(smelt_gemm_scaled(cpu, &rd, &ta, &tb, hc ? &tc : NULL, &td, hbias ? &tbias : NULL, hsa ? &sc : NULL));
 
   /* D rows are contiguous: fetch whole rows, compare the window's columns. */
   void *got = cli_malloc((size_t)(rows * N) * es_d);
@@ -494,7 +535,8 @@ static void check_window(smelt_ctx *cpu, const void *ha, const void *hb, const v
 
 /* Checks the first and the last non-empty problem (batch 0 and the last
  * batch). */
-static void check(const void *ha, const void *hb, const void *hc, const void *hbias, cli_bench_case *c) {
+static void check(const void *ha, const void *hb, const void *hc, const void *hbias, const void *hsa, const void *hsb,
+                  cli_bench_case *c) {
   smelt_ctx *cpu = cli_ctx_open_cpu();
   check_sums s = {0, 0, 0, 0, 0};
   int windows = 0;
@@ -507,13 +549,13 @@ static void check(const void *ha, const void *hb, const void *hc, const void *hb
     if (p == 1 && probs[1] == probs[0] && batches[1] == batches[0]) break;
     const int64_t g = probs[p], l = batches[p], M = st.ms[g];
     if (M * N <= CHECK_WHOLE_MACS / K || (M <= CHECK_WINDOW && N <= CHECK_WINDOW)) {
-      check_window(cpu, ha, hb, hc, hbias, g, l, 0, M, 0, N, &s);
+      check_window(cpu, ha, hb, hc, hbias, hsa, hsb, g, l, 0, M, 0, N, &s);
       windows++;
       continue;
     }
     const int64_t r = M < CHECK_WINDOW ? M : CHECK_WINDOW, w = N < CHECK_WINDOW ? N : CHECK_WINDOW;
-    check_window(cpu, ha, hb, hc, hbias, g, l, 0, r, 0, w, &s);
-    check_window(cpu, ha, hb, hc, hbias, g, l, M - r, r, N - w, w, &s);
+    check_window(cpu, ha, hb, hc, hbias, hsa, hsb, g, l, 0, r, 0, w, &s);
+    check_window(cpu, ha, hb, hc, hbias, hsa, hsb, g, l, M - r, r, N - w, w, &s);
     windows += 2;
   }
   smelt_ctx_destroy(cpu);
@@ -573,11 +615,16 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   void *hb = host_fill(st.dt_b, st.b_elems, 0x5EED1402u, -lim, lim);
   void *hc = st.has_c ? host_fill(st.dt_d, st.cd_elems, 0x5EED1403u, -1.0, 1.0) : NULL;
   void *hbias = st.has_bias ? host_fill(st.dt_bias, st.bias_elems, 0x5EED1404u, -1.0, 1.0) : NULL;
+  /* Row-wise scales as amax scaling gives them: positive, a few binades. */
+  void *hsa = opt_rowwise ? host_fill(SMELT_DTYPE_F32, st.sa_elems, 0x5EED1405u, 0.25, 2.0) : NULL;
+  void *hsb = opt_rowwise ? host_fill(SMELT_DTYPE_F32, st.sb_elems, 0x5EED1406u, 0.25, 2.0) : NULL;
   const size_t es_d = smelt_dtype_size(st.dt_d);
   st.A = cli_bench_upload_sets(ctx, ha, st.a_elems * smelt_dtype_size(st.dt_a), sets);
   st.B = cli_bench_upload_sets(ctx, hb, st.b_elems * smelt_dtype_size(st.dt_b), sets);
   if (hc) st.C = cli_bench_upload_sets(ctx, hc, st.cd_elems * es_d, sets);
   if (hbias) st.bias = cli_bench_upload_sets(ctx, hbias, st.bias_elems * smelt_dtype_size(st.dt_bias), sets);
+  if (hsa) st.SA = cli_bench_upload_sets(ctx, hsa, st.sa_elems * sizeof(float), sets);
+  if (hsb) st.SB = cli_bench_upload_sets(ctx, hsb, st.sb_elems * sizeof(float), sets);
   st.D = cli_bench_alloc_sets(ctx, st.cd_elems * es_d, sets);
   const size_t nv = (size_t)st.count;
   st.ta = cli_malloc(nv * sizeof *st.ta);
@@ -588,6 +635,9 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   bind(0);
   if (opt_autotune) autotune(ctx);
   const smelt_tensor *tc = st.has_c ? st.tc : NULL, *tbias = st.has_bias ? st.tbias : NULL;
+  smelt_gemm_scales scb;
+  smelt_tensor tsa, tsb;
+  const smelt_gemm_scales *sc = set_scales(0, &scb, &tsa, &tsb);
   if (opt_group_offs) {
     int32_t *ends = cli_malloc((size_t)st.count * sizeof *ends);
     for (int64_t g = 0; g < st.count; g++) ends[g] = (int32_t)(st.row0[g] + st.ms[g]);
@@ -595,19 +645,21 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
     free(ends);
     smelt_tensor ta, tb, tcc, td, tbb, toffs;
     offs_views(0, &ta, &tb, &tcc, &td, &tbb, &toffs);
-    CLI_TRY(smelt_gemm_grouped_offs_plan(ctx, &st.desc, &ta, &tb, st.has_c ? &tcc : NULL, &td,
-                                         st.has_bias ? &tbb : NULL, &toffs, &st.plan));
+    CLI_TRY(smelt_gemm_grouped_offs_scaled_plan(ctx, &st.desc, &ta, &tb, st.has_c ? &tcc : NULL, &td,
+                                                st.has_bias ? &tbb : NULL, &toffs, sc, &st.plan));
   } else if (st.grouped)
     CLI_TRY(smelt_gemm_grouped_plan(ctx, &st.desc, st.count, st.ta, st.tb, tc, st.td, tbias, &st.plan));
   else
-    CLI_TRY(smelt_gemm_plan(ctx, &st.desc, st.ta, st.tb, tc, st.td, tbias, &st.plan));
+    CLI_TRY(smelt_gemm_scaled_plan(ctx, &st.desc, st.ta, st.tb, tc, st.td, tbias, sc, &st.plan));
   snprintf(c->kernel, sizeof c->kernel, "%s", smelt_plan_describe(st.plan));
   if (opt_check) {
     cli_bench_poison(ctx, st.D[0], st.cd_elems * es_d);
     run(0);
     CLI_TRY(smelt_ctx_synchronize(ctx));
-    check(ha, hb, hc, hbias, c);
+    check(ha, hb, hc, hbias, hsa, hsb, c);
   }
+  free(hsa);
+  free(hsb);
   free(ha);
   free(hb);
   free(hc);
@@ -620,6 +672,10 @@ static void teardown(void) {
   cli_bench_free_sets(st.ctx, st.B, st.sets);
   if (st.has_c) cli_bench_free_sets(st.ctx, st.C, st.sets);
   if (st.has_bias) cli_bench_free_sets(st.ctx, st.bias, st.sets);
+  if (opt_rowwise) {
+    cli_bench_free_sets(st.ctx, st.SA, st.sets);
+    cli_bench_free_sets(st.ctx, st.SB, st.sets);
+  }
   cli_bench_free_sets(st.ctx, st.D, st.sets);
   if (st.offs) cli_bench_free_sets(st.ctx, st.offs, 1);
   st.offs = NULL;

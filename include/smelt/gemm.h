@@ -9,7 +9,8 @@
  *   operands the tensors themselves: each carries its dtype, and its strides
  *            say row- or column-major; alignment is derived from the data
  *            pointer and the strides (unaligned operands take a slower path);
- *   epilogue alpha, beta, bias, activation, output clamp, fp8 scales;
+ *   epilogue alpha, beta, bias, activation, output clamp, fp8 scales (per
+ *            tensor, or per row of A and per column of B);
  *   mode     plain, split-K (serial or parallel), batched, array, grouped
  *            (host scheduling), grouped by offsets (device scheduling).
  *
@@ -29,9 +30,12 @@
  *
  * The epilogue, per element, in f64 for f64 and i32 accumulators and in f32
  * otherwise (the CPU reference does everything in f64):
- *   v = alpha · scale_a · scale_b · acc + beta · C[m,n] + bias[n]
+ *   v = alpha · scale_a · scale_b · sa[m] · sb[n] · acc + beta · C[m,n] + bias[n]
  *   v = act(v)                      (identity, relu, leaky_relu(slope), ...)
  *   D[m,n] = convert(scale_d · v)
+ * sa and sb are the optional row scales of A and column scales of B
+ * (smelt_gemm_scales; 1 where absent): they scale the product only, before
+ * C and bias are added, as torch._scaled_mm's row-wise form does.
  * C is not read when beta == 0 (it may then be NULL; NaN in it is ignored).
  * convert rounds to nearest even. Float outputs overflow to +-inf unless
  * `clamp` is set, which saturates them to the type's largest finite value;
@@ -155,6 +159,40 @@ SMELT_API smelt_status smelt_gemm(smelt_ctx *ctx, const smelt_gemm_desc *desc, c
                                   const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
                                   const smelt_tensor *bias);
 
+/* ---------------------------------------------------------------- row and column scales */
+
+/* Per-row scales of A and per-column scales of B, the fp8 "row-wise"
+ * (per-token x per-channel) form of torch._scaled_mm, for any dtype:
+ *   D[m,n] = epilogue(alpha · scale_a · scale_b · sa[m] · sb[n] · (A @ B)[m,n]
+ *                     + beta · C[m,n] + bias[n])
+ * Either may be NULL (all ones). Both are f32 vectors of any stride, on
+ * the context's device:
+ *   a  [M] or [M, 1]   one per row of A (and of D)
+ *   b  [N] or [1, N]   one per column of B (and of D)
+ * Batched: the same vectors serve every batch entry (like bias).
+ * Grouped by offsets: a is [T] or [T, 1], per row of the stacked A; b is
+ * [G, N], one row per group (the MoE form). They must not overlap D. */
+typedef struct smelt_gemm_scales {
+  const smelt_tensor *a; /* row scales of A, or NULL */
+  const smelt_tensor *b; /* column scales of B, or NULL */
+} smelt_gemm_scales;
+
+/* smelt_gemm_plan/run/smelt_gemm with row and column scales (scales may be
+ * NULL: none). A plan made with a vector must be run with one of the same
+ * shape and strides, and one made without must be run without; a plan
+ * made with vectors is run only here (smelt_gemm_run passes none). Array
+ * and grouped (host) modes take no vectors. */
+SMELT_API smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                              const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                              const smelt_tensor *bias, const smelt_gemm_scales *scales,
+                                              smelt_plan **out);
+SMELT_API smelt_status smelt_gemm_scaled_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                             const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                             const smelt_gemm_scales *scales);
+SMELT_API smelt_status smelt_gemm_scaled(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                         const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                         const smelt_tensor *bias, const smelt_gemm_scales *scales);
+
 /* ---------------------------------------------------------------- array of pointers */
 
 /* `count` GEMMs that share one shape and layout, each at its own pointers,
@@ -244,6 +282,23 @@ SMELT_API smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt
 SMELT_API smelt_status smelt_gemm_grouped_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
                                                const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
                                                const smelt_tensor *bias, const smelt_tensor *offs);
+/* The same with row scales of the stacked A (scales->a [T] or [T, 1]) and
+ * column scales of each group's B (scales->b [G, N]); see
+ * smelt_gemm_scales. */
+SMELT_API smelt_status smelt_gemm_grouped_offs_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc,
+                                                           const smelt_tensor *a, const smelt_tensor *b,
+                                                           const smelt_tensor *c, const smelt_tensor *d,
+                                                           const smelt_tensor *bias, const smelt_tensor *offs,
+                                                           const smelt_gemm_scales *scales, smelt_plan **out);
+SMELT_API smelt_status smelt_gemm_grouped_offs_scaled_run(smelt_plan *plan, const smelt_tensor *a,
+                                                          const smelt_tensor *b, const smelt_tensor *c,
+                                                          const smelt_tensor *d, const smelt_tensor *bias,
+                                                          const smelt_tensor *offs, const smelt_gemm_scales *scales);
+SMELT_API smelt_status smelt_gemm_grouped_offs_scaled(smelt_ctx *ctx, const smelt_gemm_desc *desc,
+                                                      const smelt_tensor *a, const smelt_tensor *b,
+                                                      const smelt_tensor *c, const smelt_tensor *d,
+                                                      const smelt_tensor *bias, const smelt_tensor *offs,
+                                                      const smelt_gemm_scales *scales);
 
 /* ---------------------------------------------------------------- autotuning */
 

@@ -35,21 +35,32 @@ typedef struct op_args {
   smelt_gemm_desc gemm;
   smelt_attention_desc attn;
   /* Op-specific order; NULL = absent.
-   *   gemm:           a, b, c, d, bias
- *   gemm by offsets: a, b, c, d, bias, offs
+   *   gemm:           a, b, c, d, bias, -, scale_a, scale_b
+ *   gemm by offsets: a, b, c, d, bias, offs, scale_a, scale_b
    *   attention fwd:  q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
    *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
 } op_args;
 
+/* The GEMM's row and column scales (slots 6 and 7; NULL when neither). */
+static const smelt_gemm_scales *gemm_scales(const op_args *o, smelt_gemm_scales *sc) {
+  sc->a = o->t[6];
+  sc->b = o->t[7];
+  return sc->a || sc->b ? sc : NULL;
+}
+
 static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **plan) {
+  smelt_gemm_scales sc;
   switch (o->op) {
     case OP_ACTIVATION: return smelt_activation_plan(ctx, &o->desc, o->t[0], o->t[1], plan);
     case OP_SOFTMAX: return smelt_softmax_plan(ctx, o->t[0], o->t[1], o->t[2], plan);
     case OP_TOPK: return smelt_topk_plan(ctx, o->k, o->t[0], o->t[1], o->t[2], plan);
-    case OP_GEMM: return smelt_gemm_plan(ctx, &o->gemm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
+    case OP_GEMM:
+      return smelt_gemm_scaled_plan(ctx, &o->gemm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], gemm_scales(o, &sc),
+                                    plan);
     case OP_GEMM_OFFS:
-      return smelt_gemm_grouped_offs_plan(ctx, &o->gemm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], plan);
+      return smelt_gemm_grouped_offs_scaled_plan(ctx, &o->gemm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5],
+                                                 gemm_scales(o, &sc), plan);
     case OP_ATTN_FWD: return smelt_attention_fwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
     case OP_ATTN_VARLEN_FWD:
       return smelt_attention_varlen_fwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[5], o->t[6], o->t[3], o->t[4],
@@ -65,12 +76,16 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
 }
 
 static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
+  smelt_gemm_scales sc;
   switch (o->op) {
     case OP_ACTIVATION: return smelt_activation_run(plan, o->t[0], o->t[1]);
     case OP_SOFTMAX: return smelt_softmax_run(plan, o->t[0], o->t[1], o->t[2]);
     case OP_TOPK: return smelt_topk_run(plan, o->t[0], o->t[1], o->t[2]);
-    case OP_GEMM: return smelt_gemm_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
-    case OP_GEMM_OFFS: return smelt_gemm_grouped_offs_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5]);
+    case OP_GEMM:
+      return smelt_gemm_scaled_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], gemm_scales(o, &sc));
+    case OP_GEMM_OFFS:
+      return smelt_gemm_grouped_offs_scaled_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5],
+                                                gemm_scales(o, &sc));
     case OP_ATTN_FWD: return smelt_attention_fwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
     case OP_ATTN_VARLEN_FWD:
       return smelt_attention_varlen_fwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[5], o->t[6], o->t[3], o->t[4]);
@@ -385,13 +400,15 @@ static int gemm_desc_from(PyObject *const *a, smelt_gemm_desc *d) {
 }
 
 /* Imports the GEMM operands a, b, offs (with_offs only), c and bias, in that
- * order from consecutive arguments in, into o's slots; c and bias may be None. */
-static int import_gemm_operands(smpy_call *call, op_args *o, PyObject *const *in, int with_offs) {
-  static const char *names[] = {"a", "b", "offs", "c", "bias"};
-  static const int slots[] = {0, 1, 5, 2, 4};
-  for (int i = 0; i < 5; i++) {
+ * order from consecutive arguments in, and the row and column scales from
+ * scales[0] and [1], into o's slots; c, bias and the scales may be None. */
+static int import_gemm_operands(smpy_call *call, op_args *o, PyObject *const *in, PyObject *const *scales,
+                                int with_offs) {
+  static const char *names[] = {"a", "b", "offs", "c", "bias", "scale_a", "scale_b"};
+  static const int slots[] = {0, 1, 5, 2, 4, 6, 7};
+  for (int i = 0; i < 7; i++) {
     if (i == 2 && !with_offs) continue;
-    PyObject *obj = *in++;
+    PyObject *obj = i >= 5 ? scales[i - 5] : *in++;
     smelt_tensor *t;
     if (i >= 3 && obj == Py_None) continue;
     if (smpy_call_import(call, obj, names[i], 0, &t) < 0) return -1;
@@ -401,14 +418,14 @@ static int import_gemm_operands(smpy_call *call, op_args *o, PyObject *const *in
 }
 
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
-  PyObject *a[13]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream */
+  PyObject *a[15]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b */
   op_args o;
-  if (op_begin(args, "gemm", 13, a, &o, OP_GEMM, 5) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
+  if (op_begin(args, "gemm", 15, a, &o, OP_GEMM, 8) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
 
   smpy_call call;
   PyObject *out = a[4], *made = NULL, *result = NULL;
   if (smpy_call_begin(&call, "smelt.gemm", a[11], a[12]) < 0) return NULL;
-  if (import_gemm_operands(&call, &o, a, 0) < 0) goto done;
+  if (import_gemm_operands(&call, &o, a, a + 13, 0) < 0) goto done;
   if (out == Py_None) {
     const smelt_tensor *ta = o.t[0], *tb = o.t[1];
     smelt_dtype dt = ta->dtype;
@@ -438,14 +455,14 @@ done:
  * tensor's shape and strides and offs' dtype, as a run needs; the offsets'
  * values are read on the device and are not part of it. */
 static PyObject *py_gemm_grouped(PyObject *self, PyObject *args) {
-  PyObject *a[13]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream */
+  PyObject *a[15]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b */
   op_args o;
-  if (op_begin(args, "gemm_grouped", 13, a, &o, OP_GEMM_OFFS, 6) < 0 || gemm_desc_from(a + 6, &o.gemm) < 0)
+  if (op_begin(args, "gemm_grouped", 15, a, &o, OP_GEMM_OFFS, 8) < 0 || gemm_desc_from(a + 6, &o.gemm) < 0)
     return NULL;
 
   smpy_call call;
   if (smpy_call_begin(&call, "smelt.gemm_grouped", a[11], a[12]) < 0) return NULL;
-  PyObject *result = import_gemm_operands(&call, &o, a, 1) < 0 ? NULL : run_out(&call, &o, 3, a[5]);
+  PyObject *result = import_gemm_operands(&call, &o, a, a + 13, 1) < 0 ? NULL : run_out(&call, &o, 3, a[5]);
   smpy_call_end(&call);
   return result;
 }
@@ -572,9 +589,9 @@ PyMethodDef smpy_op_methods[] = {
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
     {"topk", py_topk, METH_VARARGS, "topk(x, k, values, indices, index_dtype, ctx, stream) -> (values, indices)"},
     {"gemm", py_gemm, METH_VARARGS,
-     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream) -> out"},
+     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b) -> out"},
     {"gemm_grouped", py_gemm_grouped, METH_VARARGS,
-     "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream) -> out"},
+     "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b) -> out"},
     {"attention", py_attention, METH_VARARGS,
      "attention(q, k, v, out, lse, want_lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, "
      "max_seqlen_q, max_seqlen_k, ctx, stream) -> out or (out, lse)"},

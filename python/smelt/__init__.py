@@ -271,8 +271,8 @@ def _norm_dtype(d):
 
 
 def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity", slope=0.01,
-         math="default", out_dtype=None, ctx=None, stream=None):
-    """D = act(alpha · a @ b + beta · c + bias).
+         math="default", out_dtype=None, scale_a=None, scale_b=None, ctx=None, stream=None):
+    """D = act(alpha · scale_a[m] · scale_b[n] · (a @ b)[m, n] + beta · c + bias).
 
     Shapes:  a [M, K], b [K, N], c [M, N], bias [N]  ->  D [M, N]
              batched: a [L, M, K], b [L, K, N], c [L, M, N], bias [N]  ->  D [L, M, N]
@@ -286,11 +286,17 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
              is leaky_relu's.
     math:    for f32 operands: 'default' (exact f32), 'tf32' (~3e-4 rel) or
              '3xtf32' (~f32 accuracy on tensor cores).
+    scale_a, scale_b: optional f32 row scales of a ([M] or [M, 1]) and
+             column scales of b ([N] or [1, N]), torch._scaled_mm's row-wise
+             form (shared by every batch entry); they scale the product
+             only, before c and bias are added. Not under torch.compile.
     out:     where to write D (any non-negative strides; may be c exactly, for in place).
     Returns D.
     """
     if beta is None:
         beta = 0.0 if c is None else 1.0
+    if (scale_a is not None or scale_b is not None) and _is_compiling():
+        raise ArgumentError("smelt.gemm: scale_a and scale_b are not supported under torch.compile")
     if _is_compiling():
         return _torch_impl.gemm(a, b, c, bias, out=out, alpha=alpha, beta=beta, activation=activation, slope=slope,
                                 math=math, out_dtype=out_dtype)
@@ -302,11 +308,11 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
     if out is None and type(a).__module__ == "numpy":
         out = _numpy_empty(a.shape[:-1] + b.shape[-1:], a.dtype if out_dtype is None else out_dtype, "smelt.gemm")
     return _c_gemm(a, b, c, bias, out, float(alpha), float(beta), activation, float(slope), math, out_dtype, ctx,
-                   stream)
+                   stream, scale_a, scale_b)
 
 
 def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity",
-                 slope=0.01, math="default", ctx=None, stream=None):
+                 slope=0.01, math="default", scale_a=None, scale_b=None, ctx=None, stream=None):
     """Grouped GEMM by device offsets (the MoE form, torch._grouped_mm's).
 
     Group g owns rows [offs[g-1], offs[g]) of a (offs[-1] = 0) and computes
@@ -323,6 +329,10 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
              to T, so a decreasing offset gives an empty group and nothing
              outside D is written.
     beta, activation, slope, math: as smelt.gemm's.
+    scale_a, scale_b: optional f32 row scales of the stacked a ([T] or
+             [T, 1]) and column scales of each group's b ([G, N]): D[r] =
+             act(alpha · scale_a[r] · scale_b[g] · (a[r] @ b[g]) + ...). Not
+             under torch.compile.
     out:     where to write D (may be c exactly, for in place). Rows at or
              past offs[-1] are not written: a new D (out=None) is
              zero-filled, so they read 0; a given out keeps its values there.
@@ -332,6 +342,8 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
     """
     if beta is None:
         beta = 0.0 if c is None else 1.0
+    if (scale_a is not None or scale_b is not None) and _is_compiling():
+        raise ArgumentError("smelt.gemm_grouped: scale_a and scale_b are not supported under torch.compile")
     if _is_compiling():
         return _torch_impl.gemm_grouped(a, b, offs, c, bias, out=out, alpha=alpha, beta=beta, activation=activation,
                                         slope=slope, math=math)
@@ -354,7 +366,7 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
             raise ArgumentError("smelt.gemm_grouped: out=None makes D only for numpy or torch inputs; pass out= "
                                 "(a [T, N] tensor; rows at or past offs[-1] are not written)")
     return _c_gemm_grouped(a, b, offs, c, bias, out, float(alpha), float(beta), activation, float(slope), math, ctx,
-                           stream)
+                           stream, scale_a, scale_b)
 
 
 def _int(v, name, op, lo, hi=None, what=""):

@@ -20,6 +20,10 @@ typedef struct smelt__gemm_prob {
   const void *bias; /* NULL when absent */
   int64_t bias_s;   /* bias stride along n */
   int64_t bias_gs;  /* grouped by offsets: stride between the groups' bias rows */
+  const float *sa;  /* row scales of A [m] (smelt_gemm_scales), NULL when absent */
+  const float *sb;  /* column scales of B [n], NULL when absent */
+  int64_t sa_s, sb_s; /* their strides */
+  int64_t sb_gs;    /* grouped by offsets: stride between the groups' sb rows */
 } smelt__gemm_prob;
 
 /* The plan's resolved description (plan->opdata). */
@@ -31,6 +35,7 @@ typedef struct smelt__gemm_state {
   smelt_dtype dt_a, dt_b, dt_c, dt_d, dt_bias;
   smelt_dtype dt_offs;   /* grouped by offsets: i32 or i64 */
   int has_c, has_bias;   /* C is read (beta != 0); a bias is added */
+  int has_sa, has_sb;    /* row scales of A, column scales of B (smelt_gemm_scales) */
   int64_t count;         /* batched L, array count, groups (as planned) */
   smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped; when
                             grouped by offsets, all T rows: b.bs and bias_gs step from group to group) */

@@ -88,7 +88,7 @@ struct smelt_ctx {
 };
 
 /* ---- plans */
-#define SMELT__PLAN_MAX_TENSORS 6
+#define SMELT__PLAN_MAX_TENSORS 8
 #define SMELT__PLAN_MAX_FUNCS 4
 
 struct smelt__family;

@@ -86,9 +86,11 @@ static const smelt_dtype bias_types[] = {SMELT_DTYPE_F64, SMELT_DTYPE_F32, SMELT
                                          SMELT_DTYPE_I32};
 #define NELEM(a) ((int)(sizeof(a) / sizeof *(a)))
 static const smelt_dtype offs_types[] = {SMELT_DTYPE_I32, SMELT_DTYPE_I64};
+static const smelt_dtype scale_types[] = {SMELT_DTYPE_F32};
 /* The planned views a run is checked against, by role (C only when the
- * plan's beta is not 0; offs only grouped by offsets). D may be C exactly. */
-enum { R_A, R_B, R_C, R_D, R_BIAS, R_OFFS, R_COUNT };
+ * plan's beta is not 0; offs only grouped by offsets; the scale vectors
+ * only when planned with them). D may be C exactly. */
+enum { R_A, R_B, R_C, R_D, R_BIAS, R_OFFS, R_SA, R_SB, R_COUNT };
 static const smelt__role roles[R_COUNT] = {
     [R_A] = {"A", 0, in_types, NELEM(in_types), 0},
     [R_B] = {"B", 0, in_types, NELEM(in_types), 0},
@@ -96,6 +98,8 @@ static const smelt__role roles[R_COUNT] = {
     [R_D] = {"D", SMELT__ROLE_OUTPUT | SMELT__ROLE_IN_PLACE, out_types, NELEM(out_types), R_C},
     [R_BIAS] = {"bias", SMELT__ROLE_OPTIONAL, bias_types, NELEM(bias_types), 0},
     [R_OFFS] = {"offs", SMELT__ROLE_OPTIONAL, offs_types, NELEM(offs_types), 0},
+    [R_SA] = {"scales->a", SMELT__ROLE_OPTIONAL, scale_types, NELEM(scale_types), 0},
+    [R_SB] = {"scales->b", SMELT__ROLE_OPTIONAL, scale_types, NELEM(scale_types), 0},
 };
 
 const smelt__family smelt__family_gemm = {
@@ -169,7 +173,7 @@ static smelt_status to_mat(const char *op, const char *name, const smelt_tensor 
 static smelt_status check_disjoint(const char *op, const smelt_tensor *d, const smelt_tensor *a,
                                    const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *bias,
                                    const smelt_tensor *offs) {
-  const smelt_tensor *t[R_COUNT] = {a, b, c, d, bias, offs};
+  const smelt_tensor *t[R_COUNT] = {a, b, c, d, bias, offs, NULL, NULL};
   return smelt__check_roles_disjoint(&smelt__family_gemm, op, t);
 }
 
@@ -223,6 +227,43 @@ static smelt_status resolve_prob(const char *op, const smelt_ctx *ctx, int64_t b
   return SMELT_OK;
 }
 
+/* The scale vectors (smelt_gemm_scales; may be NULL) for a problem of
+ * `rows` x `cols` (M x N; grouped by offsets, T x N with groups >= 0: b is
+ * then [G, N]), checked and resolved into p. */
+static smelt_status resolve_scales(const char *op, const smelt_ctx *ctx, const smelt_gemm_scales *sc,
+                                   const smelt_tensor *d, int64_t groups, smelt__gemm_prob *p) {
+  const smelt_tensor *sa = sc ? sc->a : NULL, *sb = sc ? sc->b : NULL;
+  smelt_status s;
+  char sh[160];
+  const char *rn = groups >= 0 ? "T" : "M";
+  if (sa) {
+    if ((s = check_one(op, R_SA, NULL, sa, ctx))) return s;
+    if (!((sa->ndim == 1 && sa->shape[0] == p->m) || (sa->ndim == 2 && sa->shape[0] == p->m && sa->shape[1] == 1)))
+      return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: scales->a.shape=%s must be [%s]=[%lld] or [%s, 1]", op,
+                          smelt__shape_str(sa, sh, sizeof sh), rn, (long long)p->m, rn);
+    if ((s = smelt__check_disjoint(op, "D", d, "scales->a", sa, 0))) return s;
+    p->sa = (const float *)sa->data;
+    p->sa_s = sa->strides[0];
+  }
+  if (sb) {
+    if ((s = check_one(op, R_SB, NULL, sb, ctx))) return s;
+    if (groups >= 0) {
+      if (sb->ndim != 2 || sb->shape[0] != groups || sb->shape[1] != p->n)
+        return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: scales->b.shape=%s must be [G, N]=[%lld, %lld]", op,
+                            smelt__shape_str(sb, sh, sizeof sh), (long long)groups, (long long)p->n);
+    } else if (!((sb->ndim == 1 && sb->shape[0] == p->n) ||
+                 (sb->ndim == 2 && sb->shape[0] == 1 && sb->shape[1] == p->n))) {
+      return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: scales->b.shape=%s must be [N]=[%lld] or [1, N]", op,
+                          smelt__shape_str(sb, sh, sizeof sh), (long long)p->n);
+    }
+    if ((s = smelt__check_disjoint(op, "D", d, "scales->b", sb, 0))) return s;
+    p->sb = (const float *)sb->data;
+    p->sb_s = sb->strides[sb->ndim - 1];
+    p->sb_gs = groups >= 0 ? sb->strides[0] : 0;
+  }
+  return SMELT_OK;
+}
+
 /* ---------------------------------------------------------------- plans */
 
 static void state_free(void *p) { free(p); }
@@ -266,8 +307,9 @@ static smelt_status need_c(const char *op, const smelt_gemm_desc *d, const void 
 
 /* The planned views a run is checked against (absent: ndim -1). */
 static void keep_tensors(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
-                         const smelt_tensor *d, const smelt_tensor *bias, const smelt_tensor *offs) {
-  const smelt_tensor *t[R_COUNT] = {a, b, c, d, bias, offs};
+                         const smelt_tensor *d, const smelt_tensor *bias, const smelt_tensor *offs,
+                         const smelt_gemm_scales *sc) {
+  const smelt_tensor *t[R_COUNT] = {a, b, c, d, bias, offs, sc ? sc->a : NULL, sc ? sc->b : NULL};
   for (int r = 0; r < R_COUNT; r++)
     if (t[r]) plan->t[r] = *t[r];
 }
@@ -301,9 +343,9 @@ static smelt_status new_state(const smelt_gemm_desc *d, const smelt_tensor *a, c
   return SMELT_OK;
 }
 
-smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
-                             const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
-                             const smelt_tensor *bias, smelt_plan **out) {
+smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                    const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                    const smelt_tensor *bias, const smelt_gemm_scales *scales, smelt_plan **out) {
   smelt_gemm_desc dd;
   smelt_status s = begin(OP, ctx, desc, out, &dd);
   if (s || (s = need_c(OP, &dd, c))) return s;
@@ -332,10 +374,14 @@ smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const 
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);
   const int has_c = dd.epilogue.beta != 0.0;
-  if ((s = resolve_prob(OP, ctx, batched ? a->shape[0] : -1, a, b, c, d, bias, has_c, 0, &args.prob))) return s;
+  if ((s = resolve_prob(OP, ctx, batched ? a->shape[0] : -1, a, b, c, d, bias, has_c, 0, &args.prob)) ||
+      (s = resolve_scales(OP, ctx, scales, d, -1, &args.prob)))
+    return s;
   args.count = batched ? a->shape[0] : 1;
   smelt__gemm_state *st;
   if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
+  st->has_sa = args.prob.sa != NULL;
+  st->has_sb = args.prob.sb != NULL;
   st->mode = mode;
   /* 0 slices in AUTO (no explicit split) or a split mode: the backend chooses. */
   st->split_k = dd.split_k ? dd.split_k : (split || dd.mode == SMELT_GEMM_MODE_AUTO) && !batched ? 0 : 1;
@@ -344,9 +390,15 @@ smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const 
   st->prob = args.prob;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, NULL);
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, NULL, scales);
   *out = plan;
   return SMELT_OK;
+}
+
+smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                             const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                             const smelt_tensor *bias, smelt_plan **out) {
+  return smelt_gemm_scaled_plan(ctx, desc, a, b, c, d, bias, NULL, out);
 }
 
 static smelt_status check_plan(const char *op, const smelt_plan *plan) {
@@ -363,7 +415,8 @@ static smelt_status check_bias_presence(const char *op, const smelt__gemm_state 
 
 /* The planned problem with a run's pointers (plain and grouped by offsets). */
 static smelt__gemm_args bound_args(const smelt__gemm_state *st, const smelt_tensor *a, const smelt_tensor *b,
-                                   const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
+                                   const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                   const smelt_gemm_scales *sc) {
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);
   args.prob = st->prob;
@@ -373,24 +426,27 @@ static smelt__gemm_args bound_args(const smelt__gemm_state *st, const smelt_tens
   args.prob.c.data = st->has_c ? c->data : NULL;
   args.prob.d.data = d->data;
   args.prob.bias = bias ? bias->data : NULL;
+  args.prob.sa = st->has_sa ? (const float *)sc->a->data : NULL;
+  args.prob.sb = st->has_sb ? (const float *)sc->b->data : NULL;
   return args;
 }
 
 /* A run of the plain and grouped-by-offsets modes: every tensor as planned. */
 static smelt_status check_run(const char *op, const smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
                               const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
-                              const smelt_tensor *offs) {
+                              const smelt_tensor *offs, const smelt_gemm_scales *sc) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   if (st->has_c && !c)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: C is NULL but the plan's beta=%g is not 0", op,
                         st->desc.epilogue.beta);
-  const smelt_tensor *t[R_COUNT] = {a, b, st->has_c ? c : NULL, d, bias, offs};
+  const smelt_tensor *t[R_COUNT] = {a, b, st->has_c ? c : NULL, d, bias, offs, sc ? sc->a : NULL, sc ? sc->b : NULL};
   smelt_status s = smelt__check_views(&smelt__family_gemm, op, plan->t, t);
   return s ? s : smelt__check_roles_disjoint(&smelt__family_gemm, op, t);
 }
 
-smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
-                            const smelt_tensor *d, const smelt_tensor *bias) {
+smelt_status smelt_gemm_scaled_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                   const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                   const smelt_gemm_scales *scales) {
   const char *op = OP "_run";
   smelt_status s = check_plan(op, plan);
   if (s) return s;
@@ -399,14 +455,26 @@ smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt
       st->mode == SMELT_GEMM_MODE_GROUPED_OFFS)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan; use smelt_gemm_%s_run", op,
                         mode_names[st->mode], family_of(st->mode));
-  if ((s = check_run(op, plan, a, b, c, d, bias, NULL))) return s;
-  const smelt__gemm_args args = bound_args(st, a, b, c, d, bias);
+  if ((s = check_run(op, plan, a, b, c, d, bias, NULL, scales))) return s;
+  const smelt__gemm_args args = bound_args(st, a, b, c, d, bias, scales);
   return smelt__plan_dispatch(plan, &args);
+}
+
+smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                            const smelt_tensor *d, const smelt_tensor *bias) {
+  return smelt_gemm_scaled_run(plan, a, b, c, d, bias, NULL);
+}
+
+smelt_status smelt_gemm_scaled(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                               const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                               const smelt_tensor *bias, const smelt_gemm_scales *scales) {
+  SMELT__ONE_SHOT(smelt_gemm_scaled_plan(ctx, desc, a, b, c, d, bias, scales, &plan),
+                  smelt_gemm_scaled_run(plan, a, b, c, d, bias, scales));
 }
 
 smelt_status smelt_gemm(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a, const smelt_tensor *b,
                         const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias) {
-  SMELT__ONE_SHOT(smelt_gemm_plan(ctx, desc, a, b, c, d, bias, &plan), smelt_gemm_run(plan, a, b, c, d, bias));
+  return smelt_gemm_scaled(ctx, desc, a, b, c, d, bias, NULL);
 }
 
 /* ---------------------------------------------------------------- array of pointers */
@@ -433,7 +501,7 @@ smelt_status smelt_gemm_array_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, 
   st->prob = args.prob;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, NULL);
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, NULL, NULL);
   *out = plan;
   return SMELT_OK;
 }
@@ -684,9 +752,10 @@ static smelt_status resolve_offs(const char *op, const smelt_ctx *ctx, const sme
   return SMELT_OK;
 }
 
-smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
-                                          const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
-                                          const smelt_tensor *bias, const smelt_tensor *offs, smelt_plan **out) {
+smelt_status smelt_gemm_grouped_offs_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                                 const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                                 const smelt_tensor *bias, const smelt_tensor *offs,
+                                                 const smelt_gemm_scales *scales, smelt_plan **out) {
   const char *op = "smelt_gemm_grouped_offs";
   smelt_gemm_desc dd;
   smelt_status s = begin_family(op, ctx, desc, out, &dd, SMELT_GEMM_MODE_GROUPED_OFFS);
@@ -695,11 +764,15 @@ smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc 
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);
   int64_t groups = 0;
-  if ((s = resolve_offs(op, ctx, a, b, c, d, bias, offs, has_c, &args.prob, &groups))) return s;
+  if ((s = resolve_offs(op, ctx, a, b, c, d, bias, offs, has_c, &args.prob, &groups)) ||
+      (s = resolve_scales(op, ctx, scales, d, groups, &args.prob)))
+    return s;
   args.count = groups;
   args.offs = offs->data;
   smelt__gemm_state *st;
   if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
+  st->has_sa = args.prob.sa != NULL;
+  st->has_sb = args.prob.sb != NULL;
   st->mode = SMELT_GEMM_MODE_GROUPED_OFFS;
   st->split_k = 1;
   st->count = groups;
@@ -707,14 +780,21 @@ smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc 
   st->dt_offs = offs->dtype;
   smelt_plan *plan;
   if ((s = finish(ctx, st, &args, &plan))) return s;
-  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, offs);
+  keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, offs, scales);
   *out = plan;
   return SMELT_OK;
 }
 
-smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
-                                         const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
-                                         const smelt_tensor *offs) {
+smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                          const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                          const smelt_tensor *bias, const smelt_tensor *offs, smelt_plan **out) {
+  return smelt_gemm_grouped_offs_scaled_plan(ctx, desc, a, b, c, d, bias, offs, NULL, out);
+}
+
+smelt_status smelt_gemm_grouped_offs_scaled_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                                const smelt_tensor *c, const smelt_tensor *d,
+                                                const smelt_tensor *bias, const smelt_tensor *offs,
+                                                const smelt_gemm_scales *scales) {
   const char *op = "smelt_gemm_grouped_offs_run";
   smelt_status s = check_plan(op, plan);
   if (s) return s;
@@ -724,17 +804,30 @@ smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt_tensor *a
                         mode_names[st->mode]);
   if (!a || !b || !d || !offs)
     return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, !a ? "A" : !b ? "B" : !d ? "D" : "offs");
-  if ((s = check_run(op, plan, a, b, c, d, bias, offs))) return s;
-  smelt__gemm_args args = bound_args(st, a, b, c, d, bias);
+  if ((s = check_run(op, plan, a, b, c, d, bias, offs, scales))) return s;
+  smelt__gemm_args args = bound_args(st, a, b, c, d, bias, scales);
   args.offs = offs->data;
   return smelt__plan_dispatch(plan, &args);
+}
+
+smelt_status smelt_gemm_grouped_offs_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                         const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                         const smelt_tensor *offs) {
+  return smelt_gemm_grouped_offs_scaled_run(plan, a, b, c, d, bias, offs, NULL);
+}
+
+smelt_status smelt_gemm_grouped_offs_scaled(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                            const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                            const smelt_tensor *bias, const smelt_tensor *offs,
+                                            const smelt_gemm_scales *scales) {
+  SMELT__ONE_SHOT(smelt_gemm_grouped_offs_scaled_plan(ctx, desc, a, b, c, d, bias, offs, scales, &plan),
+                  smelt_gemm_grouped_offs_scaled_run(plan, a, b, c, d, bias, offs, scales));
 }
 
 smelt_status smelt_gemm_grouped_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
                                      const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
                                      const smelt_tensor *bias, const smelt_tensor *offs) {
-  SMELT__ONE_SHOT(smelt_gemm_grouped_offs_plan(ctx, desc, a, b, c, d, bias, offs, &plan),
-                  smelt_gemm_grouped_offs_run(plan, a, b, c, d, bias, offs));
+  return smelt_gemm_grouped_offs_scaled(ctx, desc, a, b, c, d, bias, offs, NULL);
 }
 
 /* ---------------------------------------------------------------- alignment */

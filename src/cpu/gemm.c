@@ -4,7 +4,8 @@
  * fp8 all fit), products of float types accumulate in double in ascending k
  * order, and i8 x i8 accumulates exactly in int64. The epilogue follows
  * smelt/gemm.h step by step in double:
- *   v = alpha · scale_a · scale_b · acc + beta · C + bias;  v = act(v);
+ *   v = alpha · scale_a · scale_b · sa[m] · sb[n] · acc + beta · C + bias;
+ *   v = act(v);
  *   D = convert(scale_d · v)
  * Every mode reduces to a list of single problems (grouped by offsets: one
  * per group, over its clamped row range); split-K only changes the
@@ -93,7 +94,7 @@ static smelt_status scratch_new(const smelt__gemm_state *st, const smelt__gemm_a
   return SMELT_OK;
 }
 
-/* One problem. Shapes: A [m,k], B [k,n], C and D [m,n], bias [n]. */
+/* One problem. Shapes: A [m,k], B [k,n], C and D [m,n], bias, sb [n], sa [m]. */
 static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, const scratch *sc) {
   const int64_t M = p->m, N = p->n, K = p->k;
   if (M == 0 || N == 0) return;
@@ -127,8 +128,10 @@ static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, con
         acc[j] = s;
       }
     }
+    const double abi = p->sa ? ab * (double)p->sa[i * p->sa_s] : ab;
     for (int64_t j = 0; j < N; j++) {
-      double v = ab * (ints ? (double)acci[j] : acc[j]);
+      const double s = p->sb ? abi * (double)p->sb[j * p->sb_s] : abi;
+      double v = s * (ints ? (double)acci[j] : acc[j]);
       if (st->has_c) v += e->beta * smelt__load_f64(p->c.data, st->dt_c, i * p->c.rs + j * p->c.cs);
       if (st->has_bias) v += smelt__load_f64(p->bias, st->dt_bias, j * p->bias_s);
       v = smelt_act_apply(e->act, v, e->slope) * (double)e->scale_d;
@@ -186,6 +189,8 @@ static void gemm_offs(const smelt__gemm_state *st, const smelt__gemm_args *args,
     p.c.data = at(t->c.data, st->dt_c, r0 * t->c.rs);
     p.d.data = at(t->d.data, st->dt_d, r0 * t->d.rs);
     p.bias = at(t->bias, st->dt_bias, g * t->bias_gs);
+    p.sa = t->sa ? t->sa + r0 * t->sa_s : NULL;
+    p.sb = t->sb ? t->sb + g * t->sb_gs : NULL;
     gemm_one(st, &p, sc);
   }
 }

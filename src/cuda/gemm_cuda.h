@@ -118,6 +118,8 @@ typedef struct smelt__gemm_kprob {
   int64_t m, n, k;
   uint64_t a, b, c, d, bias;
   int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs, d_rs, d_cs, bias_s;
+  uint64_t sa, sb;
+  int64_t sa_s, sb_s;
 } smelt__gemm_kprob;
 
 typedef struct smelt__gemm_kparams {
@@ -137,9 +139,11 @@ typedef struct smelt__gemm_kparams {
   uint64_t offs;
   int64_t bias_gs;
   int offs_i64, offs_pad;
+  int64_t sb_gs;
+  int has_sa, has_sb;
 } smelt__gemm_kparams;
 
-_Static_assert(sizeof(smelt__gemm_kprob) == 136, "smelt__gemm_kprob must match gemm_prob");
-_Static_assert(sizeof(smelt__gemm_kparams) == 352, "smelt__gemm_kparams must match gemm_params");
+_Static_assert(sizeof(smelt__gemm_kprob) == 168, "smelt__gemm_kprob must match gemm_prob");
+_Static_assert(sizeof(smelt__gemm_kparams) == 400, "smelt__gemm_kparams must match gemm_params");
 
 #endif /* SMELT_GEMM_CUDA_H */

@@ -189,6 +189,10 @@ static void kprob_of(smelt__gemm_kprob *kp, const smelt__gemm_prob *p) {
   kp->d_rs = p->d.rs;
   kp->d_cs = p->d.cs;
   kp->bias_s = p->bias_s;
+  kp->sa = (uint64_t)(uintptr_t)p->sa;
+  kp->sb = (uint64_t)(uintptr_t)p->sb;
+  kp->sa_s = p->sa_s;
+  kp->sb_s = p->sb_s;
 }
 
 /* The kernel to run these operands with: the planned one when the run's
@@ -457,6 +461,7 @@ static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   kp->offs = (uint64_t)(uintptr_t)args->offs;
   kp->offs_i64 = st->dt_offs == SMELT_DTYPE_I64;
   kp->bias_gs = p->bias_gs;
+  kp->sb_gs = p->sb_gs;
   if (k->fam == SMELT__GK_SM90) return run_offs_sm90(ctx, st, k, f, kp, args);
   void *params[] = {kp};
   return smelt__cuda_launch(ctx, op, f, (unsigned)(tiles_m * tiles_n), 1, 1, (unsigned)k->threads, (unsigned)k->smem,
@@ -507,7 +512,7 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     kq.alpha_ab = 1.0;
     kq.scale_d = 1.0f;
     kq.act = SMELT_ACT_IDENTITY;
-    kq.clamp = kq.has_c = kq.has_bias = 0;
+    kq.clamp = kq.has_c = kq.has_bias = kq.has_sa = kq.has_sb = 0;
     kq.dt_d = SMELT_DTYPE_F32;
     fast = 1;
     tiles *= kp->splits;
@@ -613,6 +618,8 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   kp.clamp = e->clamp != 0;
   kp.has_c = st->has_c;
   kp.has_bias = st->has_bias;
+  kp.has_sa = st->has_sa;
+  kp.has_sb = st->has_sb;
   kp.swizzle = st->desc.tile.swizzle ? st->desc.tile.swizzle : 8;
   kp.splits = 1;
   switch (cp->mode) {
