@@ -38,17 +38,20 @@ static scase make_rc(smelt_dtype a, smelt_dtype b, smelt_dtype d, int64_t m, int
   return s;
 }
 
-/* A [L,] rows x cols matrix, row- or column-major. */
+/* A [L,] rows x cols matrix, row- or column-major, one element into its
+ * buffer, or with ld16 (the tensor-op alignment) 16 elements in and its
+ * leading dimension rounded up to 16 elements. */
 static th_view mat_view(int64_t batch, int64_t rows, int64_t cols, int col_major, int ld16) {
   int64_t ld = col_major ? rows : cols;
+  const int64_t offset = ld16 ? 16 : 1;
   if (ld16) ld = (ld + 15) / 16 * 16;
   const int64_t rs = col_major ? 1 : ld, cs = col_major ? ld : 1, bs = (col_major ? cols : rows) * ld;
   if (batch > 0) {
     const int64_t shape[3] = {batch, rows, cols}, strides[3] = {bs, rs, cs};
-    return th_view_make(3, shape, strides, 1);
+    return th_view_make(3, shape, strides, offset);
   }
   const int64_t shape[2] = {rows, cols}, strides[2] = {rs, cs};
-  return th_view_make(2, shape, strides, 1);
+  return th_view_make(2, shape, strides, offset);
 }
 
 /* A scale vector of n values in form `how` (see scase.sa). */

@@ -345,6 +345,7 @@ static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, i
 }
 
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f) {
+  memset(f, 0, sizeof *f); /* promote: the pre-pass's facts set it (smelt__gemm_prep_facts) */
   f->a_k = f->a_mn = f->b_k = f->b_mn = f->sm90_d = 1;
   f->tma_a[0] = f->tma_a[1] = f->tma_b[0] = f->tma_b[1] = 1;
   f->k_min = INT64_MAX;
