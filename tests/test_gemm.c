@@ -1537,7 +1537,8 @@ static void test_selector(void) {
     if (table[i].fam == SMELT__GK_SM90 && table[i].smem > 227 * 1024)
       th_fail(__FILE__, __LINE__, "table entry %d needs %d bytes of shared memory", i, table[i].smem);
   smelt__gemm_state st = bf16_state(SMELT_GEMM_MODE_PLAIN, 1);
-  smelt__gemm_facts f = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = 8192, .n = 8192, .k = 8192, .batch = 1, .sm90_d = 1, .k_min = 8192};
+  smelt__gemm_facts f = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = 8192,
+                         .n = 8192, .k = 8192, .batch = 1, .sm90_d = 1, .k_min = 8192};
   smelt_status s;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
   CHECK(!strcmp(pick_name(&st, &f, 8, 0, &s), "gemm_sm80_bf16_RC_128x128x32_s4_w2x4"));
@@ -2345,7 +2346,8 @@ static void tune_state(smelt__gemm_state *st, smelt__gemm_facts *f, int64_t m, i
   st->prob.b.cs = k;
   st->prob.d.rs = n;
   st->prob.d.cs = 1;
-  smelt__gemm_facts ff = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = m, .n = n, .k = k, .batch = 1, .sm90_d = 1, .k_min = k};
+  smelt__gemm_facts ff = {.a_k = 1, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1}, .tma_b = {1, 1}, .m = m, .n = n,
+                          .k = k, .batch = 1, .sm90_d = 1, .k_min = k};
   *f = ff;
 }
 
