@@ -119,7 +119,11 @@ def plot(name, spec, rows, out_dir=PLOT_DIR):
     units = list(dict.fromkeys(r["unit"] for r in sel))
     hist = [r for r in rows if r["op"] in spec["ops"] and r["case"] == spec.get("history") and r.get("ratio")]
     panels = len(units) + (1 if hist else 0)
-    fig, axes = plt.subplots(1, panels, figsize=(max(7, 6.5 * panels), 5.2), squeeze=False)
+    # A panel of many cases (GEMM's 40-odd) widens and turns its labels upright, or they overlap.
+    most = max((len({(r["case"], r["gpu"]) for r in sel if r["unit"] == u}) for u in units), default=0)
+    dense = most > 16
+    width_in = max(6.5, 0.32 * most) * len(units) + (6.5 if hist else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(max(7, width_in), 6.5 if dense else 5.2), squeeze=False)
     colors = {}
     for ax, unit in zip(axes[0], units):
         groups = list(dict.fromkeys((r["case"], r["gpu"]) for r in sel if r["unit"] == unit))
@@ -135,11 +139,13 @@ def plot(name, spec, rows, out_dir=PLOT_DIR):
                 ax.bar(gi + (bi - (len(bars) - 1) / 2) * width, v, width, color=color,
                        label=label if label not in ax.get_legend_handles_labels()[1] else None)
             ax.annotate(" / ".join(f"{r['ratio']:.2f}" for r in mine if r.get("ratio")), (gi, max(v for _, v in bars)),
-                        ha="center", va="bottom", fontsize=7)
+                        ha="center", va="bottom", fontsize=7, rotation=90 if dense else 0)
         many_gpus = len({g for _, g in groups}) > 1
         ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels([c + (f"\n{gpu_short(g)}" if many_gpus else "") for c, g in groups], rotation=35,
-                           ha="right", fontsize=8)
+        ax.set_xticklabels([c + (f"\n{gpu_short(g)}" if many_gpus else "") for c, g in groups],
+                           rotation=90 if dense else 35, ha="center" if dense else "right", fontsize=8)
+        if dense:
+            ax.set_xlim(-0.6, len(groups) - 0.4)
         ax.set_ylabel(unit + (" (lower is faster)" if unit not in ("TF/s", "GB/s") else ""))
         ax.set_title(f"latest per case ({', '.join(sorted({gpu_short(g) for _, g in groups}))}); "
                      "numbers: smelt's speed over the peer's", fontsize=9)
