@@ -36,6 +36,12 @@ def test_gemm():
     assert d.shape == (4, 3) and not d.any()
 
 
+def test_gemm_grouped():
+    check_empty_out(smelt.gemm_grouped(empty(0, 8), np.ones((2, 8, 3), F32), np.array([0, 0], np.int32)), (0, 3))
+    d = smelt.gemm_grouped(empty(4, 0), empty(2, 0, 3), np.array([2, 4], np.int32))
+    assert d.shape == (4, 3) and not d.any()
+
+
 @pytest.mark.parametrize("b, sq, sk", [(0, 4, 4), (1, 0, 4), (1, 0, 0), (2, 3, 0)])
 def test_attention(b, sq, sk):
     q, k = np.ones((b, sq, 2, 8), F32), np.ones((b, sk, 2, 8), F32)
@@ -74,6 +80,18 @@ def test_peer():
     grads = smelt.peer_backward(x, ids, empty(0, 5), wq, keys, u, v, k=2)
     assert grads["dx"].shape == (0, 6)
     assert not grads["dwq"].any() and not grads["du"].any()
+
+
+def test_peer_store():
+    wq, keys, u, v = peer_weights()
+    store = smelt.PeerStore(9, 6, 5, dtype="f32", use_env=False, device="cpu")
+    store.write(0, u, v)
+    x = empty(0, 6)
+    y, ids, _ = smelt.peer(x, wq, keys, store=store, k=2, return_ids=True)
+    check_empty_out((y, ids), (0, 5), (0, 2, 2))
+    grads = smelt.peer_backward(x, ids, empty(0, 5), wq, keys, store=store, k=2)
+    assert grads["dx"].shape == (0, 6) and grads["grad_ids"].shape == (0,)
+    assert grads["du_rows"].shape == (0, 6, 1) and not grads["dwq"].any()
 
 
 def test_smelt_allocated_outputs():
