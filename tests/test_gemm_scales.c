@@ -417,7 +417,8 @@ static void offs_case(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t 
                 vsb = th_view_make(2, sb_shape, sb_str, 0), vo = th_view_make(1, o_shape, o_str, 0);
   void *a = filled(&va, dt, -1, 1), *b = filled(&vb, dt, -1, 1);
   float *sa = (float *)filled(&vsa, SMELT_DTYPE_F32, -3, 3), *sb = (float *)filled(&vsb, SMELT_DTYPE_F32, 0.1, 2);
-  int64_t *o = (int64_t *)malloc(sizeof(int64_t) * (size_t)g);
+  /* As large as upload() reads: the view's storage and one more. */
+  int64_t *o = (int64_t *)calloc((size_t)(vo.storage + 1), sizeof(int64_t));
   memcpy(o, offs, sizeof(int64_t) * (size_t)g);
   double *ref = (double *)malloc(sizeof(double) * (size_t)(t * n + 1)),
          *got[2] = {(double *)malloc(sizeof(double) * (size_t)(t * n + 1)),
