@@ -75,7 +75,8 @@ static smelt_status scratch_new(const smelt__gemm_state *st, const smelt__gemm_a
   for (int64_t g = 0; g < (grouped ? args->count : 1); g++) {
     const smelt__gemm_prob *p = grouped ? &args->groups[g] : &args->prob;
     const int64_t e = p->m == 0 || p->n == 0 ? 0 : scratch_elems(p);
-    if (e < 0 || e > (int64_t)(SIZE_MAX / sizeof(double)))
+    /* The i32 accumulator doubles the scratch: 16 bytes an element at most. */
+    if (e < 0 || e > (int64_t)(SIZE_MAX / (2 * sizeof(double))))
       return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: K=%lld x N=%lld is too large for the CPU reference",
                           (long long)p->k, (long long)p->n);
     if (e > most) most = e;
