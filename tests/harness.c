@@ -75,6 +75,13 @@ smelt_ctx *th_cuda(void) {
   return cuda_ctx;
 }
 
+int th_cuda_sm90(void) {
+  smelt_ctx *cu = th_cuda();
+  smelt_device_info di;
+  return cu && smelt_device_info_get(smelt_ctx_device_index(cu), &di) == SMELT_OK && di.cc_major == 9 &&
+         di.cc_minor == 0;
+}
+
 void th_contexts_destroy(void) {
   smelt_ctx_destroy(cpu_ctx);
   smelt_ctx_destroy(cuda_ctx);

@@ -83,6 +83,8 @@ double th_rand_normal(void);
 /* ---- contexts. th_cpu() is always there; th_cuda() is NULL without a GPU. */
 smelt_ctx *th_cpu(void);
 smelt_ctx *th_cuda(void);
+/* 1 if th_cuda()'s device is an sm_90 one (the Hopper kernels' arch). */
+int th_cuda_sm90(void);
 
 /* ---- buffers with guard regions on the context's device. The payload is
  * poisoned (0xFF bytes: NaN for floats, -1 for ints) at creation. */

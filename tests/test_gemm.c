@@ -651,10 +651,7 @@ static void test_grouped(void) {
    * and more tiles than SMs, so CTAs cross group boundaries. N is a
    * multiple of 8 (rows of whole 16-byte units, which its TMA stores need;
    * other N take mma.sync). */
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(th_cuda()), &di) != SMELT_OK || di.cc_major != 9 ||
-      di.cc_minor != 0)
-    return;
+  if (!th_cuda_sm90()) return;
   static const int64_t hop[][3] = {{129, 200, 64}, {0, 64, 64},     {1, 8, 1},        {300, 72, 136},
                                    {64, 0, 8},     {128, 128, 128}, {4000, 1104, 24}, {65, 264, 40}};
   run_grouped(th_cuda(), SMELT_DTYPE_BF16, 1, hop, 8, 1, 1);
@@ -1069,9 +1066,7 @@ static int sm90_epilogue_sweep(int64_t m, int tm, int tn, int f32_d, const char 
 static void test_gpu_sm90(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
   static const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 9}, {129, 257, 70}, {300, 520, 333}, {1003, 1003, 1003},
                                       {2048, 2304, 256}};
   for (int t = 0; t < 2; t++)
@@ -1302,9 +1297,7 @@ static void test_gpu_sm90(void) {
 static void test_gpu_sm90_layouts(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
   static const int64_t shapes[][3] = {{1, 8, 5}, {7, 13, 9}, {129, 264, 70}, {300, 520, 1000}, {1003, 1000, 333}};
   static const int tiles[][2] = {{128, 256}, {128, 64}, {64, 64}};
   for (int l = 0; l < 3; l++)
@@ -1332,9 +1325,7 @@ static void test_gpu_sm90_layouts(void) {
 static void test_gpu_sm90_batched(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
   static const struct {
     int64_t l, m, n, k;
     int tm, tn, lay, bcast, f32_d, c;
@@ -1364,9 +1355,7 @@ static void test_gpu_sm90_batched(void) {
 static void test_gpu_sm90_cluster(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
   /* Pairs along M on the wide tile (B shared), pairs and quads along N on
    * the narrow tile (A shared). Tile counts that are not multiples of the
    * cluster (the out-of-range tile of a unit loads zeros, stores nothing
@@ -1407,9 +1396,7 @@ static void test_gpu_sm90_cluster(void) {
 static void test_gpu_sm90_act16(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  smelt_device_info di;
-  if (smelt_device_info_get(smelt_ctx_device_index(cu), &di) != SMELT_OK || di.cc_major != 9 || di.cc_minor != 0)
-    SKIP("not an sm_90 device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
   const int64_t M = 256, N = 4096, K = 64;
   th_buf A = th_buf_new(cu, (size_t)(M * K) * 2), B = th_buf_new(cu, (size_t)(K * N) * 2),
          D = th_buf_new(cu, (size_t)(M * N) * 2);

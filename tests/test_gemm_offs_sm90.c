@@ -68,13 +68,6 @@ static void test_selector(void) {
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_simt_accf32"));
 }
 
-/* 1 if the CUDA context's device is an sm_90 one (the Hopper kernel's). */
-static int hopper(void) {
-  smelt_device_info di;
-  return th_cuda() && smelt_device_info_get(smelt_ctx_device_index(th_cuda()), &di) == SMELT_OK &&
-         di.cc_major == 9 && di.cc_minor == 0;
-}
-
 /* A bf16 RC case of T x N x K over G groups ending at offs, with the
  * tensor-op alignment, run on `kernel`'s tile (tile_m x tile_n; 0: the
  * selector's). */
@@ -96,7 +89,7 @@ static ocase hcase(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t *of
  * (poisoned, left alone), N a multiple of neither 64 nor 256, K of a
  * partial K step; bias per group. */
 static void test_gpu_uneven(void) {
-  if (!hopper()) SKIP("no sm_90 device");
+  if (!th_cuda_sm90()) SKIP("no sm_90 device");
   static const int64_t offs[] = {0, 5, 133, 133, 400, 402, 640};
   ocase o = hcase(680, 264, 72, 7, offs, 128, 256, "gemm_sm90_bf16_RC_128x256x64_s4");
   o.has_bias = 1;
@@ -121,7 +114,7 @@ static void test_gpu_uneven(void) {
  * rows) on the wide tile with int32 offsets, and on the narrow one with
  * int64 offsets. */
 static void test_gpu_many(void) {
-  if (!hopper()) SKIP("no sm_90 device");
+  if (!th_cuda_sm90()) SKIP("no sm_90 device");
   static int64_t offs[70];
   int64_t run = 0;
   for (int g = 0; g < 70; g++) {
@@ -143,7 +136,7 @@ static void test_gpu_many(void) {
  * 64-column panels): uneven groups on every tile the selector has for it,
  * N a multiple of neither 64 nor 256, K of a partial step, bias. */
 static void test_gpu_rr(void) {
-  if (!hopper()) SKIP("no sm_90 device");
+  if (!th_cuda_sm90()) SKIP("no sm_90 device");
   static const int64_t offs[] = {0, 5, 133, 133, 400, 402, 640};
   static const int tiles[][2] = {{128, 256}, {128, 64}, {64, 64}};
   static const char *const kernels[] = {"gemm_sm90_bf16_RR_128x256x64_s4", "gemm_sm90_bf16_RR_128x64x64_s8",
@@ -162,7 +155,7 @@ static void test_gpu_rr(void) {
  * smelt/gemm.h says: the last group ends at T), one group over every row
  * (on the selector's 64-row tile), and all groups empty: no stray writes. */
 static void test_gpu_edges(void) {
-  if (!hopper()) SKIP("no sm_90 device");
+  if (!th_cuda_sm90()) SKIP("no sm_90 device");
   static const int64_t bad[] = {300, 100, 2000, -5, 900};
   ocase o = hcase(1000, 136, 64, 5, bad, 128, 256, "gemm_sm90_bf16_RC_128x256x64_s4");
   o.has_bias = 1;
@@ -180,7 +173,7 @@ static void test_gpu_edges(void) {
  * the fast epilogue cannot write D, so the plan takes mma.sync, and the
  * result is still right. */
 static void test_gpu_fallback(void) {
-  if (!hopper()) SKIP("no sm_90 device");
+  if (!th_cuda_sm90()) SKIP("no sm_90 device");
   static const int64_t offs[] = {0, 70, 300, 301};
   ocase o = hcase(320, 100, 72, 4, offs, 0, 0, "gemm_sm80_bf16_RC_");
   o.has_bias = 1;

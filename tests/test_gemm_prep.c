@@ -346,11 +346,6 @@ static void test_prep16_select(void) {
 
 /* ---------------------------------------------------------------- GPU cases */
 
-static int is_hopper(smelt_ctx *cu) {
-  smelt_device_info di;
-  return smelt_device_info_get(smelt_ctx_device_index(cu), &di) == SMELT_OK && di.cc_major == 9 && di.cc_minor == 0;
-}
-
 /* One case: A [m,k] and B [k,n] row- or column-major with leading
  * dimensions either rounded to 16 elements (what mma.sync takes), one
  * longer than the line (only the pre-pass and SIMT take those; odd_ld 1)
@@ -503,7 +498,7 @@ static const char *layout(const pcase *c) {
 static void test_gpu_tf32(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  const int hopper = is_hopper(cu);
+  const int hopper = th_cuda_sm90();
   static const int64_t shapes[][3] = {{129, 264, 70}, {300, 520, 333}, {77, 1031, 1027}};
   for (int si = 0; si < 3; si++) {
     const int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
@@ -551,7 +546,7 @@ static void test_gpu_tf32(void) {
 static void test_gpu_3xtf32(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  const int hopper = is_hopper(cu);
+  const int hopper = th_cuda_sm90();
   static const int64_t shapes[][3] = {{67, 129, 1024 + 3}, {33, 65, 8192}};
   for (int si = 0; si < 2; si++) {
     const int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
@@ -595,7 +590,7 @@ static void test_gpu_3xtf32(void) {
 static void test_gpu_fp8_mn(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  const int hopper = is_hopper(cu);
+  const int hopper = th_cuda_sm90();
   static const int64_t shapes[][3] = {{300, 520, 333}, {129, 261, 70}};
   for (int si = 0; si < 2; si++) {
     const int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
@@ -665,11 +660,11 @@ static void batched_case(smelt_dtype dt, int64_t m, int64_t n, int64_t k, const 
   tb.strides[0] = 0;
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   if (tf32) desc.math.op = SMELT_GEMM_MATH_TF32;
-  if (is_hopper(cu)) desc.tile.n = 256;
+  if (th_cuda_sm90()) desc.tile.n = 256;
   smelt_plan *plan = NULL;
   CHECK_OK(smelt_gemm_plan(cu, &desc, &ta, &tb, NULL, &td, NULL, &plan));
   if (plan) {
-    if (is_hopper(cu) && !strstr(smelt_plan_describe(plan), want))
+    if (th_cuda_sm90() && !strstr(smelt_plan_describe(plan), want))
       th_fail(__FILE__, __LINE__, "batched %s took %s", smelt_dtype_name(dt), smelt_plan_describe(plan));
     CHECK_OK(smelt_gemm_run(plan, &ta, &tb, NULL, &td, NULL));
     smelt_plan_destroy(plan);
@@ -717,7 +712,7 @@ static void test_gpu_batched_prep16(void) {
 static void test_gpu_prep16(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  const int hopper = is_hopper(cu);
+  const int hopper = th_cuda_sm90();
   static const struct {
     int64_t m, n, k;
     int lays; /* bit l: layout l (0 RR, 1 RC, 2 CR, 3 CC) */

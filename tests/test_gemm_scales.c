@@ -290,13 +290,6 @@ static void test_modes(void) {
 
 /* ---------------------------------------------------------------- GPU kernels */
 
-static int sm90_device(void) {
-  smelt_ctx *cu = th_cuda();
-  smelt_device_info di;
-  return cu && smelt_device_info_get(smelt_ctx_device_index(cu), &di) == SMELT_OK && di.cc_major == 9 &&
-         di.cc_minor == 0;
-}
-
 /* fp8 e4m3 RC on the Hopper kernel's wide tile (its only fp8 tile): the
  * fast epilogue in its unrolled form (bf16 D, identity; bias or not) and
  * its rolled one (GELU, scale_d; f16 D: fp8 takes the Hopper kernel only
@@ -308,7 +301,7 @@ static int sm90_device(void) {
  * vectors, gemm_reduce with them). */
 static void test_gpu_sm90(void) {
   if (!th_cuda()) SKIP("no CUDA device");
-  if (!sm90_device()) SKIP("not an sm_90 device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
   static const int64_t fshapes[][3] = {{129, 264, 200}, {1003, 1000, 40}, {60, 136, 130},
                                        {1, 40, 128},    {300, 520, 260},  {2100, 2304, 16}};
   for (int si = 0; si < 6; si++) {
@@ -492,7 +485,7 @@ static void offs_case(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t 
 static void test_grouped_offs(void) {
   static const int64_t offs[] = {5, 5, 70, 69, 200, 290};
   offs_case(300, 72, 48, 6, offs, 3, 0, NULL);
-  if (sm90_device()) {
+  if (th_cuda_sm90()) {
     static const int64_t big[] = {0, 300, 300, 800, 1100};
     offs_case(1200, 392, 64, 5, big, 8, 256, "gemm_sm90");
   }

@@ -274,9 +274,10 @@ static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const 
  * by one 128-byte row of K; an MN-major one (16-bit A column-major or B
  * row-major) in boxes of 64 columns of M or N (128 bytes) by BK rows of
  * K, one per panel of the stage (kernels/gemm_sm90.cu).
- * With `batch` entries (batch >= 1), an operand with a batch stride gets a
- * 3-D map (its entries the z), a broadcast one (stride 0) a 2-D map. */
-static smelt_status operand_maps_batched(const smelt__gemm_state *st, const smelt__gemm_kernel *k,
+ * With `batch` entries (batch >= 1; 0 for a plain problem), an operand
+ * with a batch stride gets a 3-D map (its entries the z), a broadcast one
+ * (stride 0) a 2-D map. */
+static smelt_status operand_maps(const smelt__gemm_state *st, const smelt__gemm_kernel *k,
                                          const smelt__gemm_prob *p, int64_t batch, smelt__cu_tensor_map *ta,
                                          smelt__cu_tensor_map *tb) {
   const int64_t la = p->a.bs ? batch : 0, lb = p->b.bs ? batch : 0;
@@ -288,12 +289,6 @@ static smelt_status operand_maps_batched(const smelt__gemm_state *st, const smel
   return k->b_kmajor
              ? tensor_map_batched(tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, lb, p->b.bs, k->bn / k->cluster_m, k->bk)
              : tensor_map_batched(tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, lb, p->b.bs, k->bk, 64);
-}
-
-/* operand_maps_batched for a plain problem. */
-static smelt_status operand_maps(const smelt__gemm_state *st, const smelt__gemm_kernel *k, const smelt__gemm_prob *p,
-                                 smelt__cu_tensor_map *ta, smelt__cu_tensor_map *tb) {
-  return operand_maps_batched(st, k, p, 0, ta, tb);
 }
 
 /* Hopper: output tiles of an m x n problem in units of a cluster's tiles
@@ -334,7 +329,7 @@ static smelt_status sm90_group_maps(const smelt__gemm_state *st, const smelt__ge
     memset(m, 0, 3 * sizeof *m);
     if (p->m < 1 || p->n < 1) continue;
     smelt_status s;
-    if ((s = operand_maps(st, k, p, &m[0], &m[1])) ||
+    if ((s = operand_maps(st, k, p, 0, &m[0], &m[1])) ||
         (s = tensor_map(&m[2], st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
       return s;
   }
@@ -494,7 +489,7 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
   const int64_t batch = kp->mode == SMELT__KMODE_BATCHED ? kp->count : 0;
-  if ((s = operand_maps_batched(st, k, p, batch, &ta, &tb))) return s;
+  if ((s = operand_maps(st, k, p, batch, &ta, &tb))) return s;
   smelt__gemm_kparams kq = *kp;
   int64_t tiles = sm90_units(k, p->m, p->n);
   int fast;
