@@ -29,6 +29,7 @@ typedef struct smelt__gemm_kernel {
   int threads, smem;        /* launch: block size and dynamic shared memory bytes */
   int cluster_m, cluster_n; /* sm90: CTAs per cluster along M (sharing B) or N (sharing A), else 1 */
   int promote;              /* sm90 tf32: stages per accumulator promotion (GEMM_PROMOTE), else 0 */
+  int pingpong;             /* sm90: the ping-pong schedule (GEMM_PINGPONG; its tile 128 x 128) */
 } smelt__gemm_kernel;
 
 /* Every kernel the selector can pick, in a fixed order; returns the count. */

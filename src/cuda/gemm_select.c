@@ -42,12 +42,9 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The Hopper kernel's schedule follows from its tile: 128 x 128 is the
- * ping-pong one (kernels/gemm_sm90.cu, GEMM_PINGPONG), the others are
- * cooperative (64-row tiles with one consumer warpgroup). */
-static int pingpong(const smelt__gemm_kernel *k) {
-  return k->fam == SMELT__GK_SM90 && k->bm == 128 && k->bn == 128 && !k->promote;
-}
+/* The Hopper kernel's ping-pong schedule (kernels/gemm_sm90.cu,
+ * GEMM_PINGPONG), as its table entries say; the others are cooperative. */
+static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM90 && k->pingpong; }
 
 static int clustered(const smelt__gemm_kernel *k) { return k->cluster_m * k->cluster_n > 1; }
 
@@ -165,8 +162,11 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
    * loop), 16-bit types, six stages of 32 KiB; taken when asked for (the
    * selector prefers the cooperative kernel, which ran faster on H100).
    * Appended last so that the entries before keep their indices. */
-  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    add(out, &n, sm90(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}));
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
+    smelt__gemm_kernel k = sm90(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2});
+    k.pingpong = 1;
+    add(out, &n, k);
+  }
   /* Clusters with TMA multicast (16-bit types, cooperative schedule): the
    * wide tile in pairs along M sharing B (square problems), the narrow tile
    * in pairs and quads along N sharing A (skinny M: every CTA needs the same
