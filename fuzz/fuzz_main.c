@@ -17,6 +17,7 @@
  * reproduce, with SMELT_FUZZ_VERBOSE=1 to see every call, its views and the
  * library's messages. */
 #include "fuzz.h"
+#include "core/checked.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -487,6 +488,9 @@ static void report(void) {
 static smelt_ctx *ctx;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  /* libFuzzer's default limit is 2 GB a process: a request the library
+   * allows on this machine but not there is refused as on a 1 GiB host. */
+  smelt__host_limit = (size_t)1 << 30;
   fz_arena = aligned_alloc(4096, FZ_ARENA_BYTES);
   pristine = aligned_alloc(4096, FZ_ARENA_BYTES);
   snapshot = aligned_alloc(4096, FZ_ARENA_BYTES);

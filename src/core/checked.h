@@ -30,8 +30,10 @@ static inline smelt_status smelt__add_i64(int64_t a, int64_t b, int64_t *out, co
  * machine's physical memory is refused with OUT_OF_MEMORY before it is
  * attempted (an attempt can take the OOM killer's attention, or abort under
  * a sanitizer, instead of returning NULL). */
+extern size_t smelt__host_limit; /* bytes; 0: the machine's physical memory (src/core/context.c) */
 static inline smelt_status smelt__host_fits(size_t bytes, const char *op, const char *what) {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (smelt__host_limit) pages = (long)(smelt__host_limit / (size_t)page);
   if (pages > 0 && page > 0 && bytes / (size_t)page > (size_t)pages)
     return smelt__error(SMELT_STATUS_OUT_OF_MEMORY,
                         "%s: %s needs %zu bytes (%.1f GiB) of host memory, more than this machine's %.1f GiB", op, what,

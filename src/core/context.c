@@ -9,6 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A smaller host than the machine, for smelt__host_fits: the fuzzer
+ * (fuzz/fuzz_main.c) sets its own memory limit here, so a valid but huge
+ * request (a CPU GEMM's K x N scratch of broadcast views) is refused as
+ * OUT_OF_MEMORY instead of tripping libFuzzer's limit. 0: physical memory. */
+size_t smelt__host_limit;
+
 smelt_ctx_options smelt_ctx_options_default(void) {
   smelt_ctx_options o;
   memset(&o, 0, sizeof o);
