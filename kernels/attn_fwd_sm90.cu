@@ -432,7 +432,9 @@ static __device__ __forceinline__ bool tile_of(const attn_params &P, int i, fwd_
   return tile_at(P, r / P.H, r % P.H, mb * BM, t);
 }
 
-static __device__ __forceinline__ int lds32(u32 addr) {
+/* lds32 with a memory clobber: the ring's entries are written by other
+ * warps, so no shared-memory access may move across this read. */
+static __device__ __forceinline__ int lds32_ring(u32 addr) {
   int v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
@@ -451,7 +453,7 @@ static __device__ __forceinline__ void tile_post(u32 ring, u32 tfull, u32 tempty
 static __device__ __forceinline__ int tile_take(u32 ring, u32 tfull, u32 tempty, int n) {
   const int sl = n & 1;
   mbar_wait(tfull + 8 * sl, (n >> 1) & 1);
-  const int i = lds32(ring + 4 * sl);
+  const int i = lds32_ring(ring + 4 * sl);
   __syncwarp();
   if (threadIdx.x % 32 == 0) mbar_arrive(tempty + 8 * sl);
   return i;

@@ -102,12 +102,6 @@ typedef float accv_t;
 
 /* ---------------------------------------------------------------- PTX wrappers */
 
-static __device__ __forceinline__ u32 lds32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
-}
-
 static __device__ __forceinline__ u32 to_tf32(u32 x) {
   u32 r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(x)));

@@ -749,16 +749,35 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
 }
 
 /* Consumer c's filled piece buffer to D at column x, row y, through
- * piece_end's TMA store; except, grouped by offsets, a piece whose 64 rows
- * reach past its group's end row w.m (the rows after it are the next
- * group's, or past the last group's end): after piece_end's barrier (which
- * makes the buffer whole; it stores nothing then), the threads copy the
- * rows before w.m out of the buffer in 16-byte units (the buffer's
- * 128-byte rows hold eight, swizzled as piece_end's box; D's rows are
- * whole units, smelt__gemm_sm90_fast_d). The buffer's next writer waits
- * for these reads at its own piece's barrier, as for a TMA store's. */
-static __device__ __forceinline__ void piece_out(const gemm_params &P, int c, int tid, const sm90_tile &w, i64 x,
-                                                 i64 y, u32 buf) {
+ * piece_end's TMA store; except in two cases, where after piece_end's
+ * barrier (which makes the buffer whole; it stores nothing then) the
+ * threads copy the piece out of the buffer (its 128-byte rows swizzled as
+ * piece_end's box). Grouped by offsets, a piece whose 64 rows reach past
+ * its group's end row w.m (the rows after it are the next group's, or past
+ * the last group's end): the rows before w.m, in 16-byte units (D's rows
+ * are whole units, smelt__gemm_sm90_fast_d). And `fast` 2, D's rows not
+ * whole 16-byte units (N odd, say) or not 16-byte aligned, which a TMA
+ * store cannot clip: element by element, a warp storing 32 consecutive
+ * elements of a row, rows and columns masked at M and N. The buffer's
+ * next writer waits for these reads at its own piece's barrier, as for a
+ * TMA store's. */
+static __device__ __forceinline__ void piece_out(const gemm_params &P, int fast, int c, int tid, const sm90_tile &w,
+                                                 i64 x, i64 y, u32 buf) {
+  if (fast == 2) {
+    piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);
+    const int es = gemm_esize(P.dt_d), sh = es == 2 ? 6 : 5; /* elements a row: 64 or 32 */
+#pragma unroll 4
+    for (int e = tid; e < 64 << sh; e += 128) {
+      const int r = e >> sh, j = e & ((1 << sh) - 1), b = j * es;
+      if (y + r < w.m && x + j < w.n) {
+        const u32 a = buf + (u32)r * 128u + ((u32)((b >> 4) ^ (r % 8)) << 4) + (u32)(b & 15);
+        const u64 dst = P.p.d + (u64)(((y + r) * P.p.d_rs + x + j) * es);
+        if (es == 2) *(unsigned short *)dst = lds16(a);
+        else *(u32 *)dst = lds32(a);
+      }
+    }
+    return;
+  }
   if (P.mode != MODE_GROUPED_OFFS || y + 64 <= w.m) {
     piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
     return;
@@ -1053,7 +1072,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (P.act == ACT_GELU) act_piece16_n(v, ACT_GELU);
           else if (P.act == ACT_SILU) act_piece16_n(v, ACT_SILU);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_out(P, c, tid, w, x, y, buf);
+          piece_out(P, fast, c, tid, w, x, y, buf);
         }
         continue;
       }
@@ -1081,14 +1100,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (P.dt_d != DT_F32) {
           const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_out(P, c, tid, w, x, y, buf);
+          piece_out(P, fast, c, tid, w, x, y, buf);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
             const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
             put_half32(buf, v, half, warp, lane);
-            piece_out(P, c, tid, w, x + 32 * half, y, buf);
+            piece_out(P, fast, c, tid, w, x + 32 * half, y, buf);
           }
         }
       }

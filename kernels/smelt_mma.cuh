@@ -25,12 +25,22 @@ static __device__ __forceinline__ u32 smem_u32(const void *p) {
   return r;
 }
 
-/* 32 bits, two f32 (8 bytes) into shared memory at addr; 128 bits out of it. */
+/* 32 bits, two f32 (8 bytes) into shared memory at addr; 16, 32 or 128 bits out of it. */
 static __device__ __forceinline__ void sts32(u32 addr, u32 v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 static __device__ __forceinline__ void sts_f32x2(u32 addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+static __device__ __forceinline__ unsigned short lds16(u32 addr) {
+  unsigned short v;
+  asm volatile("ld.shared.b16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+static __device__ __forceinline__ u32 lds32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
 }
 static __device__ __forceinline__ uint4 lds128(u32 addr) {
   uint4 v;

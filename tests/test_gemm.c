@@ -1082,8 +1082,9 @@ static void test_gpu_sm90(void) {
       if (!check(&s, 0, "sm90")) return;
     }
   /* The fast epilogue (16-bit row-major D, rows of whole 16-byte units, no
-   * C; TMA stores of 64 x 64 pieces; the N of 1, 13 and 1003 above take the
-   * general one, and their D row padding must stay untouched): every
+   * C; TMA stores of 64 x 64 pieces; the N of 1, 13 and 1003 above take its
+   * thread stores, those with C the general epilogue, and their D row
+   * padding must stay untouched): every
    * activation with bias, alpha, slope and scale_d on a ragged tile; a
    * consumer half wholly past M (m 60) and tiles cut inside a piece
    * (n 136); one row; 160 tiles over 132 SMs; clamp. */
@@ -1096,6 +1097,23 @@ static void test_gpu_sm90(void) {
     s.has_bias = si < 2;
     s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU_TANH : SMELT_ACT_IDENTITY;
     if (!check(&s, 0, "sm90 fast epilogue")) return;
+  }
+  /* The fast epilogue's thread stores (smelt__gemm_sm90_fast_d 2): D's
+   * rows not whole 16-byte units (N odd: 16-bit and f32; rows padded by an
+   * odd count) or D's start not 16-byte aligned (misalign: every operand
+   * one element off, so A and B take the pre-pass copy too), element by
+   * element out of the piece buffer; the row padding and everything past
+   * M and N keep their poison. */
+  static const int64_t ushapes[][3] = {{300, 517, 99}, {129, 65, 40}, {1003, 1003, 1003}, {200, 264, 70}};
+  for (int si = 0; si < 4; si++) {
+    gspec s = rc_spec(SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, si == 1 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16,
+                      ushapes[si][0], ushapes[si][1], ushapes[si][2]);
+    s.desc.tile.n = 256;
+    s.has_bias = si != 2;
+    s.desc.epilogue.act = si == 0 ? SMELT_ACT_GELU : si == 3 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
+    s.pad = si == 0 ? 3 : si == 1 ? 1 : 0;
+    s.misalign = si == 3;
+    if (!check(&s, 0, "sm90 thread stores")) return;
   }
   for (int clamp = 0; clamp < 2; clamp++) {
     gspec s = rc_spec(SMELT_DTYPE_F16, SMELT_DTYPE_F16, SMELT_DTYPE_F16, 70, 304, 16);
@@ -1684,8 +1702,9 @@ static void test_selector(void) {
   f.k_min = 8192;
   st.mode = SMELT_GEMM_MODE_PLAIN;
   /* The fast epilogue's TMA stores write a row's last 16-byte unit in full:
-   * only rows of whole units (N * size a multiple of 16) may take it, one
-   * row and one column included. */
+   * only rows of whole units (N * size a multiple of 16) may take them (1),
+   * one row and one column included; other rows take its thread stores
+   * (2), and C or a column-major D the general epilogue (0). */
   {
     static _Alignas(16) uint8_t dbuf[64];
     smelt__gemm_prob p;
@@ -1694,19 +1713,25 @@ static void test_selector(void) {
     p.d.data = dbuf;
     p.d.rs = 16;
     p.d.cs = 1;
-    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 0);
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 2);
     p.n = 8;
     CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 1);
     p.m = 7;
     p.n = 13;
-    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 0);
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 2);
     p.n = 16;
     CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 1);
     st.dt_d = SMELT_DTYPE_F32;
     p.n = 4;
     CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 1);
     p.n = 6;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 2);
+    p.d.cs = 2;
     CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 0);
+    p.d.cs = 1;
+    st.has_c = 1;
+    CHECK_EQ_INT(smelt__gemm_sm90_fast_d(&st, &p), 0);
+    st.has_c = 0;
     st.dt_d = SMELT_DTYPE_BF16;
   }
   /* fp8 on Hopper: wgmma for 16-bit D; mma.sync for f32 D (fp8 wgmma keeps

@@ -44,17 +44,18 @@ typedef struct smelt__gemm_facts {
   int a_k, a_mn, b_k, b_mn; /* A / B usable K-major or MN-major by the tensor-op kernels */
   int tma_a[2], tma_b[2];   /* [1] K-major, [0] MN-major: rows at least a row apart (TMA wants no overlap) */
   int64_t m, n, k, batch;   /* the (first) problem's sizes; batch = problems per launch */
-  int sm90_d;               /* every problem's D suits gemm_sm90's fast epilogue (smelt__gemm_sm90_fast_d) */
+  int sm90_d;               /* every problem's D takes gemm_sm90's TMA stores (smelt__gemm_sm90_fast_d 1) */
   int64_t k_min;            /* the smallest K over the problems */
   int promote;              /* 3xtf32 split operands: only a kernel that promotes its sums (kernel.promote) */
   int batch_d16;            /* batched: D's entries a whole number of 16-byte units apart (TMA's 3-D map) */
 } smelt__gemm_facts;
 
-/* 1 if gemm_sm90's fast epilogue can write p's D: 16-bit or f32,
- * row-major, rows whole 16-byte units apart and not overlapping, each row
- * N elements of whole 16-byte units (a TMA store writes a partial unit at
- * the row's end in full), a 16-byte aligned start (what a TMA store
- * needs), sizes below 2^31, and no C. */
+/* How gemm_sm90's fast epilogue can write p's D (16-bit or f32,
+ * row-major, rows not overlapping, sizes below 2^31, no C; else 0, the
+ * general epilogue): 1 through TMA stores, which need rows whole 16-byte
+ * units apart, each row N elements of whole 16-byte units (a TMA store
+ * writes a partial unit at the row's end in full) and a 16-byte aligned
+ * start; 2 through the threads' element stores otherwise (N odd, say). */
 int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob *p);
 
 void smelt__gemm_facts_of(const smelt__gemm_state *st, const smelt__gemm_args *args, smelt__gemm_facts *f);

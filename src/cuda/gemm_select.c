@@ -320,15 +320,15 @@ int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob 
   const int64_t es = (int64_t)smelt_dtype_size(d);
   if (st->has_c || (d != SMELT_DTYPE_BF16 && d != SMELT_DTYPE_F16 && d != SMELT_DTYPE_F32)) return 0;
   if (p->n > 1 && p->d.cs != 1) return 0;
-  if (p->m > 1 && (p->d.rs < p->n || p->d.rs * es % 16 != 0)) return 0;
+  if (p->m > 1 && p->d.rs < p->n) return 0;
+  if (p->m >= ((int64_t)1 << 31) || p->n >= ((int64_t)1 << 31)) return 0; /* TMA coordinates are int32 */
   /* A TMA store clips at the tensor's edge only in whole 16-byte units: a
    * row whose last unit is partial gets that unit written in full, past
    * column N - 1 (into the row's padding, the next tensor, or past the
    * buffer). So every row must end on a 16-byte boundary: N a multiple of
    * 8 (16-bit) or 4 (f32) elements, which also rules out N = 1. */
-  if (p->n * es % 16 != 0) return 0;
-  if (p->m >= ((int64_t)1 << 31) || p->n >= ((int64_t)1 << 31)) return 0; /* TMA coordinates are int32 */
-  return (uintptr_t)p->d.data % 16 == 0;
+  if (p->n * es % 16 != 0 || (p->m > 1 && p->d.rs * es % 16 != 0) || (uintptr_t)p->d.data % 16 != 0) return 2;
+  return 1;
 }
 
 static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, int64_t batch, smelt__gemm_facts *f) {
@@ -340,7 +340,7 @@ static void prob_facts(const smelt__gemm_state *st, const smelt__gemm_prob *p, i
   f->tma_a[0] &= p->k <= 1 || p->a.cs >= p->m;
   f->tma_b[1] &= p->n <= 1 || p->b.cs >= p->k;
   f->tma_b[0] &= p->k <= 1 || p->b.rs >= p->n;
-  f->sm90_d &= smelt__gemm_sm90_fast_d(st, p);
+  f->sm90_d &= smelt__gemm_sm90_fast_d(st, p) == 1;
   if (p->k < f->k_min) f->k_min = p->k;
 }
 

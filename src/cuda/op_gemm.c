@@ -516,11 +516,11 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     if ((s = workspace_map(&td, (const void *)(uintptr_t)kp->workspace, p->m, p->n, kp->splits))) return s;
   } else {
     /* D as boxes of 64 rows of 128 bytes (64 16-bit or 32 f32 columns), the
-     * stores of the fast epilogue; otherwise the map is not read. */
+     * TMA stores of the fast epilogue; otherwise the map is not read. */
     fast = smelt__gemm_sm90_fast_d(st, p);
     const int d_cols = 128 / (int)smelt_dtype_size(st->dt_d);
-    if (fast && (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
-    if (!fast) td = ta;
+    if (fast == 1 && (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
+    if (fast != 1) td = ta;
   }
   const void *gmaps = NULL; /* grouped runs only */
   void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps};
