@@ -93,10 +93,12 @@ typedef struct gemm_params {
   int offs_i64, offs_pad;
   i64 sb_gs;                    /* grouped by offsets: stride between the groups' sb rows */
   int has_sa, has_sb;           /* p.sa, p.sb are read */
+  int sk_tiles;                 /* Hopper, plain: the last sk_tiles tiles run stream-K (0: none) */
+  int sk_pad;
 } gemm_params;
 
 static_assert(sizeof(gemm_prob) == 168, "gemm_prob must match smelt__gemm_kprob");
-static_assert(sizeof(gemm_params) == 400, "gemm_params must match smelt__gemm_kparams");
+static_assert(sizeof(gemm_params) == 408, "gemm_params must match smelt__gemm_kparams");
 
 static __device__ __forceinline__ int gemm_esize(int dt) {
   return dt == DT_F64 ? 8 : (dt == DT_F32 || dt == DT_I32) ? 4 : (dt == DT_F16 || dt == DT_BF16) ? 2 : 1;

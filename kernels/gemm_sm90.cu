@@ -584,6 +584,9 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
 typedef struct sm90_tile {
   int tm, tn, kt0, ktiles;
   int slice; /* -1 unless a parallel split */
+  int sk;    /* stream-K: 0 a whole tile, 1 a part whose partial sums go to slot sk_slot, 2 the part that ends
+              * the tile, which adds the slots of parts [sk_from, sk_to) before the epilogue */
+  int sk_slot, sk_from, sk_to;
   int az;    /* batched: A's entry (z of its 3-D map), else -1 (a 2-D map) */
   int bz;    /* grouped by offsets: B's group, batched: B's entry (z of its 3-D map), else -1 */
   i64 row0;  /* A's and D's row of the tile's first row */
@@ -632,6 +635,43 @@ static __device__ __forceinline__ int offs_advance(const gemm_params &P, int t, 
   return 1;
 }
 
+/* Stream-K (plain runs, no clusters or ping-pong): the first dp =
+ * tiles - P.sk_tiles tiles run whole, dp / W per CTA (W = gridDim.x, which
+ * divides dp); then the K steps of the last sk_tiles tiles, L in all, are
+ * cut into W equal ranges, CTA b taking [b L / W, (b + 1) L / W), so the
+ * last wave has no idle SMs. A range's parts of tiles run last tile first:
+ * a tile cut between CTAs has its first K steps done by the lowest of them
+ * as its first part, its middle by others as their only one, and its end
+ * by the highest as its last part, which then waits for the others' f32
+ * partial sums (each CTA leaves at most one, in its slot) and adds them in
+ * CTA order, so results are deterministic. Waiting only on lower CTAs,
+ * whose numbers come from a ticket taken when they started (unit0), cannot
+ * deadlock however the CTAs are scheduled. Unit t of this CTA past dp is
+ * its part q = (t - dp) / W; *t becomes the part's tile; 0 past its last. */
+static __device__ __forceinline__ int sk_locate(const gemm_params &P, sm90_tile *w, int *t) {
+  const int W = (int)gridDim.x, dp = P.tiles_m * P.tiles_n - P.sk_tiles;
+  w->sk = 0;
+  if (*t < dp) return 1;
+  const int b = (*t - dp) % W, q = (*t - dp) / W;
+  const i64 kt = w->ktiles, L = (i64)P.sk_tiles * kt;
+  const i64 lo = (i64)b * L / W, hi = (i64)(b + 1) * L / W;
+  if (hi <= lo || (hi - 1) / kt - q < lo / kt) return 0;
+  const i64 tile = (hi - 1) / kt - q, start = tile * kt;
+  const i64 k0 = lo > start ? lo - start : 0, k1 = hi < start + kt ? hi - start : kt;
+  w->kt0 = (int)k0;
+  w->ktiles = (int)(k1 - k0);
+  w->sk_slot = b;
+  if (k1 < kt) {
+    w->sk = 1;
+  } else if (k0 > 0) {
+    w->sk = 2;
+    w->sk_from = (int)(((start + 1) * W - 1) / L); /* the CTA whose range holds the tile's first K step */
+    w->sk_to = b;
+  }
+  *t = dp + (int)tile;
+  return 1;
+}
+
 /* Unit t (a tile without clusters); g is the caller's group cursor: units
  * come in increasing order, so the search moves forward (past empty
  * groups) and costs a load or two. Grouped: P.group_tiles counts units.
@@ -642,6 +682,7 @@ static __device__ __forceinline__ int sm90_locate(const gemm_params &P, const tm
                                                   const tmap_t *tma_d, const tmap_t *gmaps, int t, sm90_cursor *g,
                                                   u32 rank, sm90_tile *w) {
   w->az = w->bz = -1;
+  w->sk = 0;
   if (P.mode == MODE_GROUPED_OFFS) {
     if (!offs_advance(P, t, g)) return 0;
     w->m = g->r1;
@@ -704,6 +745,7 @@ static __device__ __forceinline__ int sm90_locate(const gemm_params &P, const tm
   w->ma = tma_a;
   w->mb = tma_b;
   w->md = tma_d;
+  if (P.sk_tiles && !sk_locate(P, w, &t)) return 0;
   unit_tile(t, P.tiles_m, P.tiles_n, P.swizzle, rank, w);
   w->row0 = (i64)w->tm * BM;
   return 1;
@@ -848,6 +890,45 @@ static __device__ __forceinline__ void lin_piece_sv(const gemm_params &P, const 
 
 /* ---------------------------------------------------------------- the kernel */
 
+#if !PINGPONG && CLUSTER == 1
+/* Stream-K's partial sums (sk_locate): slot b holds CTA b's, consumer c's
+ * accumulators as ACCS / 4 rows of 128 float4 (thread tid's in column tid,
+ * so a warp moves 512 contiguous bytes), and flag b * CONSUMERS + c says
+ * they are there. A part that leaves its sums stores them and returns 1
+ * (no epilogue); the part that ends a tile adds the earlier parts' sums,
+ * lowest CTA first, and returns 0 (its epilogue follows). The flags and
+ * the ticket are zeroed by the host before each launch. */
+static __device__ __forceinline__ int sk_fixup(const gemm_params &P, const sm90_tile &w, float *d, int c, int tid) {
+  float4 *ws = (float4 *)P.workspace;
+  int *flags = (int *)P.semaphores;
+  if (w.sk == 1) {
+    float4 *slot = ws + (size_t)(w.sk_slot * CONSUMERS + c) * (ACCS / 4) * 128 + tid;
+#pragma unroll
+    for (int i = 0; i < ACCS / 4; i++) __stcg(slot + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+    __threadfence();
+    wg_sync(c);
+    if (tid == 0) smelt_st_release(flags + w.sk_slot * CONSUMERS + c, 1);
+    return 1;
+  }
+  for (int b = w.sk_from; b < w.sk_to; b++) {
+    if (tid == 0)
+      while (!smelt_ld_acquire(flags + b * CONSUMERS + c)) {
+      }
+    wg_sync(c);
+    const float4 *slot = ws + (size_t)(b * CONSUMERS + c) * (ACCS / 4) * 128 + tid;
+#pragma unroll
+    for (int i = 0; i < ACCS / 4; i++) {
+      const float4 v = __ldcg(slot + i * 128);
+      d[4 * i] += v.x;
+      d[4 * i + 1] += v.y;
+      d[4 * i + 2] += v.z;
+      d[4 * i + 3] += v.w;
+    }
+  }
+  return 0;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b,
               const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps) {
@@ -855,8 +936,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Stage s: A at base + s * STAGE_BYTES, B A_BYTES later, all 1024-aligned;
    * then the consumers' epilogue buffers (EPI_REGION: the general
-   * epilogue's or the fast one's, in the same space) and the mbarriers. The host asks for 1024 bytes of alignment slack on
-   * top (smelt__gemm_table). */
+   * epilogue's or the fast one's, in the same space), the mbarriers and the stream-K ticket. The host asks for 1024
+   * bytes of alignment slack on top (smelt__gemm_table). */
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 epi = base + GEMM_STAGES * STAGE_BYTES;
   const u32 full = epi + EPI_REGION, empty = full + GEMM_STAGES * 8;
@@ -864,12 +945,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   /* Grouped: the host puts the total unit count in tiles_m (tiles_n 1).
    * Split or batched: the units of a slice or entry times their count. */
   const int copies = P.mode == MODE_PARALLEL ? P.splits : P.mode == MODE_BATCHED ? P.count : 1;
-  const int tiles = P.mode == MODE_GROUPED
-                        ? P.tiles_m
-                        : ((P.tiles_m + CM - 1) / CM) * ((P.tiles_n + CN - 1) / CN) * copies;
-  /* The cluster walks units together: cluster c of gridDim.x / CLUSTER. */
+  /* Stream-K: sk_locate ends each CTA's walk. */
+  const int tiles = P.sk_tiles          ? 0x7fffffff - (int)gridDim.x
+                    : P.mode == MODE_GROUPED ? P.tiles_m
+                                        : ((P.tiles_m + CM - 1) / CM) * ((P.tiles_n + CN - 1) / CN) * copies;
+  /* The cluster walks units together: cluster c of gridDim.x / CLUSTER.
+   * Stream-K numbers the CTAs by a ticket (the counter after the flags,
+   * zeroed by the host), so a lower number has started first. */
   const u32 rank = CLUSTER > 1 ? cluster_rank() : 0;
-  const int unit0 = blockIdx.x / CLUSTER, units_step = gridDim.x / CLUSTER;
+  const u32 ticket = empty + GEMM_STAGES * 8;
+  if (threadIdx.x == 0 && P.sk_tiles) sts32(ticket, (u32)atomicAdd((int *)P.semaphores + gridDim.x * CONSUMERS, 1));
+  const int units_step = gridDim.x / CLUSTER;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
@@ -885,6 +971,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #else
   __syncthreads();
 #endif
+  const int unit0 = P.sk_tiles ? (int)lds32(ticket) : (int)blockIdx.x / CLUSTER;
 
   if (wg == 0) {
 #if CONSUMERS > 1
@@ -1032,6 +1119,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     fence_f32(d, ACCS);
 #pragma unroll
     for (int i = 0; i < ACCS; i++) d[i] += sum[i];
+#endif
+#if !PINGPONG && CLUSTER == 1
+    if (w.sk && sk_fixup(P, w, d, c, tid)) continue;
 #endif
     if (PINGPONG || fast) {
       /* The bias row is free once every thread that reads it has finished

@@ -143,9 +143,10 @@ typedef struct smelt__gemm_kparams {
   int offs_i64, offs_pad;
   int64_t sb_gs;
   int has_sa, has_sb;
+  int sk_tiles, sk_pad;
 } smelt__gemm_kparams;
 
 _Static_assert(sizeof(smelt__gemm_kprob) == 168, "smelt__gemm_kprob must match gemm_prob");
-_Static_assert(sizeof(smelt__gemm_kparams) == 400, "smelt__gemm_kparams must match gemm_params");
+_Static_assert(sizeof(smelt__gemm_kparams) == 408, "smelt__gemm_kparams must match gemm_params");
 
 #endif /* SMELT_GEMM_CUDA_H */

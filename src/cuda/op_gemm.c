@@ -479,6 +479,34 @@ static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int
   return SMELT_OK;
 }
 
+/* Stream-K for a plain run on Hopper (kernels/gemm_sm90.cu, sk_locate):
+ * when the tiles leave the last wave of one CTA per SM part empty, the
+ * tiles of that wave and of the wave before it share their K steps
+ * equally among the CTAs. Taken when the idle part of the last wave is
+ * over a fifth of a wave and each tile has at least 4 K steps (a part's
+ * fixed cost is a pipeline fill and 128 KB of partial sums through L2);
+ * SMELT_GEMM_STREAMK=on takes it for any ragged last wave, =off never.
+ * Cooperative tiles without clusters only. The workspace holds one slot
+ * of partial sums per CTA, then the flags and the ticket, zeroed here. */
+static smelt_status streamk_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, const smelt__gemm_prob *p, int64_t tiles,
+                               smelt__gemm_kparams *kq, void **ws) {
+  const int64_t W = ctx->cuda->info.sm_count;
+  const char *env = smelt__getenv("SMELT_GEMM_STREAMK");
+  const int on = env && !strcmp(env, "on"), off = env && !strcmp(env, "off");
+  if (off || k->pingpong || k->cluster_m * k->cluster_n > 1 || tiles <= W || tiles % W == 0 || tiles > 0x7fffffff / 2)
+    return SMELT_OK;
+  const int64_t steps = smelt__ceil_div(p->k, k->bk);
+  if (!on && (steps < 4 || W - tiles % W < W / 5)) return SMELT_OK;
+  kq->sk_tiles = (int)(tiles < 2 * W ? tiles : W + tiles % W);
+  const size_t slots = (size_t)W * (size_t)k->bm * (size_t)k->bn * 4, flags = ((size_t)W * 2 + 1) * sizeof(int);
+  smelt_status s = smelt__cuda_alloc(ctx, slots + flags, ws);
+  if (s) return s;
+  kq->workspace = (uint64_t)(uintptr_t)*ws;
+  kq->semaphores = kq->workspace + slots;
+  CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kq->semaphores, 0, flags, ctx->cuda->stream);
+  return r ? smelt__cu_error(r, "smelt_gemm", "clearing the stream-K flags") : SMELT_OK;
+}
+
 /* Hopper: persistent CTAs (sm90_launch). A multicast operand's map has
  * boxes of a cluster rank's share of the tile's rows. A parallel split
  * runs the slices' tiles in one launch with an identity epilogue into the
@@ -524,7 +552,14 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   }
   const void *gmaps = NULL; /* grouped runs only */
   void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps};
-  return sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
+  void *ws = NULL;
+  if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = streamk_of(ctx, k, p, tiles, &kq, &ws))) return s;
+  s = sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
+  if (ws) {
+    smelt_status s2 = smelt__cuda_free(ctx, ws);
+    if (!s) s = s2;
+  }
+  return s;
 }
 
 /* One problem on prepped operands: the pre-pass of each operand that has
