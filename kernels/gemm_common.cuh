@@ -93,8 +93,7 @@ typedef struct gemm_params {
   int offs_i64, offs_pad;
   i64 sb_gs;                    /* grouped by offsets: stride between the groups' sb rows */
   int has_sa, has_sb;           /* p.sa, p.sb are read */
-  int sk_tiles;                 /* Hopper, plain: the last sk_tiles tiles run stream-K (0: none) */
-  int sk_pad;
+  int sk_tiles, sk_chunks;      /* Hopper, plain: the last sk_tiles tiles run in sk_chunks K chunks (0: none) */
 } gemm_params;
 
 static_assert(sizeof(gemm_prob) == 168, "gemm_prob must match smelt__gemm_kprob");

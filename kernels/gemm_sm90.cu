@@ -584,9 +584,8 @@ static __device__ __forceinline__ void release(u32 bar, int lane) {
 typedef struct sm90_tile {
   int tm, tn, kt0, ktiles;
   int slice; /* -1 unless a parallel split */
-  int sk;    /* stream-K: 0 a whole tile, 1 a part whose partial sums go to slot sk_slot, 2 the part that ends
-              * the tile, which adds the slots of parts [sk_from, sk_to) before the epilogue */
-  int sk_slot, sk_from, sk_to;
+  int sk;    /* split tail: 0 a whole tile, else 1 + the K chunk of tile sk_slot of the tail (sk_locate) */
+  int sk_slot;
   int az;    /* batched: A's entry (z of its 3-D map), else -1 (a 2-D map) */
   int bz;    /* grouped by offsets: B's group, batched: B's entry (z of its 3-D map), else -1 */
   i64 row0;  /* A's and D's row of the tile's first row */
@@ -635,40 +634,31 @@ static __device__ __forceinline__ int offs_advance(const gemm_params &P, int t, 
   return 1;
 }
 
-/* Stream-K (plain runs, no clusters or ping-pong): the first dp =
- * tiles - P.sk_tiles tiles run whole, dp / W per CTA (W = gridDim.x, which
- * divides dp); then the K steps of the last sk_tiles tiles, L in all, are
- * cut into W equal ranges, CTA b taking [b L / W, (b + 1) L / W), so the
- * last wave has no idle SMs. A range's parts of tiles run last tile first:
- * a tile cut between CTAs has its first K steps done by the lowest of them
- * as its first part, its middle by others as their only one, and its end
- * by the highest as its last part, which then waits for the others' f32
- * partial sums (each CTA leaves at most one, in its slot) and adds them in
- * CTA order, so results are deterministic. Waiting only on lower CTAs,
- * whose numbers come from a ticket taken when they started (unit0), cannot
- * deadlock however the CTAs are scheduled. Unit t of this CTA past dp is
- * its part q = (t - dp) / W; *t becomes the part's tile; 0 past its last. */
+/* Split tail (plain runs, no clusters or ping-pong): the first dp =
+ * tiles - P.sk_tiles tiles run whole; the last sk_tiles tiles (the part
+ * of the last wave that leaves SMs idle) run in P.sk_chunks equal K
+ * ranges each, chunk by chunk (units dp + chunk x sk_tiles + tile), so
+ * the CTAs on a chunk read the same K range of A and B at about the same
+ * time, as whole tiles do (L2 serves the rest). Chunk 0 stores its f32
+ * partial sums in the tile's slot; chunk c waits for the tile's flag to
+ * say c chunks are in, adds the slot and either stores the sum back
+ * (a middle chunk) or goes on to the epilogue (the last): the sums add in
+ * chunk order, so results are deterministic. A unit waits only on a unit
+ * of lower number, which its CTA (every CTA is resident: one a SM) takes
+ * no later than the waiter's CTA takes the waiter, so the waits end.
+ * *t becomes the unit's tile; 0 past the last unit. */
 static __device__ __forceinline__ int sk_locate(const gemm_params &P, sm90_tile *w, int *t) {
-  const int W = (int)gridDim.x, dp = P.tiles_m * P.tiles_n - P.sk_tiles;
+  const int dp = P.tiles_m * P.tiles_n - P.sk_tiles;
   w->sk = 0;
   if (*t < dp) return 1;
-  const int b = (*t - dp) % W, q = (*t - dp) / W;
-  const i64 kt = w->ktiles, L = (i64)P.sk_tiles * kt;
-  const i64 lo = (i64)b * L / W, hi = (i64)(b + 1) * L / W;
-  if (hi <= lo || (hi - 1) / kt - q < lo / kt) return 0;
-  const i64 tile = (hi - 1) / kt - q, start = tile * kt;
-  const i64 k0 = lo > start ? lo - start : 0, k1 = hi < start + kt ? hi - start : kt;
-  w->kt0 = (int)k0;
-  w->ktiles = (int)(k1 - k0);
-  w->sk_slot = b;
-  if (k1 < kt) {
-    w->sk = 1;
-  } else if (k0 > 0) {
-    w->sk = 2;
-    w->sk_from = (int)(((start + 1) * W - 1) / L); /* the CTA whose range holds the tile's first K step */
-    w->sk_to = b;
-  }
-  *t = dp + (int)tile;
+  const int v = *t - dp, chunk = v / P.sk_tiles, tile = v % P.sk_tiles;
+  if (chunk >= P.sk_chunks) return 0;
+  const int kt = w->ktiles, k0 = (int)((i64)chunk * kt / P.sk_chunks), k1 = (int)((i64)(chunk + 1) * kt / P.sk_chunks);
+  w->kt0 = k0;
+  w->ktiles = k1 - k0;
+  w->sk = chunk + 1;
+  w->sk_slot = tile;
+  *t = dp + tile;
   return 1;
 }
 
@@ -891,31 +881,21 @@ static __device__ __forceinline__ void lin_piece_sv(const gemm_params &P, const 
 /* ---------------------------------------------------------------- the kernel */
 
 #if !PINGPONG && CLUSTER == 1
-/* Stream-K's partial sums (sk_locate): slot b holds CTA b's, consumer c's
- * accumulators as ACCS / 4 rows of 128 float4 (thread tid's in column tid,
- * so a warp moves 512 contiguous bytes), and flag b * CONSUMERS + c says
- * they are there. A part that leaves its sums stores them and returns 1
- * (no epilogue); the part that ends a tile adds the earlier parts' sums,
- * lowest CTA first, and returns 0 (its epilogue follows). The flags and
- * the ticket are zeroed by the host before each launch. */
+/* The split tail's partial sums (sk_locate): tile s's slot holds, for
+ * consumer c, ACCS / 4 rows of 128 float4 (thread tid's in column tid, so
+ * a warp moves 512 contiguous bytes), and flag s * CONSUMERS + c counts
+ * the chunks in it (zeroed by the host before each launch). Returns 1
+ * when the chunk's sums went to the slot (no epilogue), 0 for the last
+ * chunk, whose d then holds the tile's whole sum. */
 static __device__ __forceinline__ int sk_fixup(const gemm_params &P, const sm90_tile &w, float *d, int c, int tid) {
-  float4 *ws = (float4 *)P.workspace;
-  int *flags = (int *)P.semaphores;
-  if (w.sk == 1) {
-    float4 *slot = ws + (size_t)(w.sk_slot * CONSUMERS + c) * (ACCS / 4) * 128 + tid;
-#pragma unroll
-    for (int i = 0; i < ACCS / 4; i++) __stcg(slot + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
-    __threadfence();
-    wg_sync(c);
-    if (tid == 0) smelt_st_release(flags + w.sk_slot * CONSUMERS + c, 1);
-    return 1;
-  }
-  for (int b = w.sk_from; b < w.sk_to; b++) {
+  const int chunk = w.sk - 1, f = w.sk_slot * CONSUMERS + c;
+  int *flag = (int *)P.semaphores + f;
+  float4 *slot = (float4 *)P.workspace + (size_t)f * (ACCS / 4) * 128 + tid;
+  if (chunk > 0) {
     if (tid == 0)
-      while (!smelt_ld_acquire(flags + b * CONSUMERS + c)) {
+      while (smelt_ld_acquire(flag) < chunk) {
       }
     wg_sync(c);
-    const float4 *slot = ws + (size_t)(b * CONSUMERS + c) * (ACCS / 4) * 128 + tid;
 #pragma unroll
     for (int i = 0; i < ACCS / 4; i++) {
       const float4 v = __ldcg(slot + i * 128);
@@ -924,8 +904,14 @@ static __device__ __forceinline__ int sk_fixup(const gemm_params &P, const sm90_
       d[4 * i + 2] += v.z;
       d[4 * i + 3] += v.w;
     }
+    if (chunk + 1 == P.sk_chunks) return 0;
   }
-  return 0;
+#pragma unroll
+  for (int i = 0; i < ACCS / 4; i++) __stcg(slot + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+  __threadfence();
+  wg_sync(c);
+  if (tid == 0) smelt_st_release(flag, chunk + 1);
+  return 1;
 }
 #endif
 
@@ -936,8 +922,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Stage s: A at base + s * STAGE_BYTES, B A_BYTES later, all 1024-aligned;
    * then the consumers' epilogue buffers (EPI_REGION: the general
-   * epilogue's or the fast one's, in the same space), the mbarriers and the stream-K ticket. The host asks for 1024
-   * bytes of alignment slack on top (smelt__gemm_table). */
+   * epilogue's or the fast one's, in the same space) and the mbarriers. The host asks for 1024 bytes of alignment slack on
+   * top (smelt__gemm_table). */
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 epi = base + GEMM_STAGES * STAGE_BYTES;
   const u32 full = epi + EPI_REGION, empty = full + GEMM_STAGES * 8;
@@ -945,17 +931,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   /* Grouped: the host puts the total unit count in tiles_m (tiles_n 1).
    * Split or batched: the units of a slice or entry times their count. */
   const int copies = P.mode == MODE_PARALLEL ? P.splits : P.mode == MODE_BATCHED ? P.count : 1;
-  /* Stream-K: sk_locate ends each CTA's walk. */
+  /* A split tail: sk_locate ends each CTA's walk. */
   const int tiles = P.sk_tiles          ? 0x7fffffff - (int)gridDim.x
                     : P.mode == MODE_GROUPED ? P.tiles_m
                                         : ((P.tiles_m + CM - 1) / CM) * ((P.tiles_n + CN - 1) / CN) * copies;
-  /* The cluster walks units together: cluster c of gridDim.x / CLUSTER.
-   * Stream-K numbers the CTAs by a ticket (the counter after the flags,
-   * zeroed by the host), so a lower number has started first. */
+  /* The cluster walks units together: cluster c of gridDim.x / CLUSTER. */
   const u32 rank = CLUSTER > 1 ? cluster_rank() : 0;
-  const u32 ticket = empty + GEMM_STAGES * 8;
-  if (threadIdx.x == 0 && P.sk_tiles) sts32(ticket, (u32)atomicAdd((int *)P.semaphores + gridDim.x * CONSUMERS, 1));
-  const int units_step = gridDim.x / CLUSTER;
+  const int unit0 = blockIdx.x / CLUSTER, units_step = gridDim.x / CLUSTER;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
@@ -971,7 +953,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #else
   __syncthreads();
 #endif
-  const int unit0 = P.sk_tiles ? (int)lds32(ticket) : (int)blockIdx.x / CLUSTER;
 
   if (wg == 0) {
 #if CONSUMERS > 1

@@ -143,7 +143,7 @@ typedef struct smelt__gemm_kparams {
   int offs_i64, offs_pad;
   int64_t sb_gs;
   int has_sa, has_sb;
-  int sk_tiles, sk_pad;
+  int sk_tiles, sk_chunks;
 } smelt__gemm_kparams;
 
 _Static_assert(sizeof(smelt__gemm_kprob) == 168, "smelt__gemm_kprob must match gemm_prob");

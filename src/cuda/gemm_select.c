@@ -54,11 +54,10 @@ static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
      * rows), the epilogue region (EPI_REGION: the general epilogue's 64 x
      * 40 f32 buffer a consumer, or the fast one's two 8 KiB buffers a
      * consumer and BN f32 of bias, a row a consumer in ping-pong, one row
-     * shared otherwise), 2 x stages mbarriers, 16 bytes for the
-     * stream-K ticket. */
+     * shared otherwise), 2 x stages mbarriers. */
     const int general = k.wm * 64 * 40 * 4, fast = k.wm * 2 * 8192 + (pingpong(&k) ? k.wm : 1) * k.bn * 4;
     k.threads = 128 * (k.wm + 1);
-    k.smem = 1024 + k.stages * (k.bm + k.bn) * 128 + (general > fast ? general : fast) + 2 * k.stages * 8 + 16;
+    k.smem = 1024 + k.stages * (k.bm + k.bn) * 128 + (general > fast ? general : fast) + 2 * k.stages * 8;
   } else if (k.fam == SMELT__GK_SM80) {
     k.threads = k.wm * k.wn * 32;
     int stages = k.stages * (k.bm + k.bn) * 64, tile = k.bm * (k.bn + 8) * 4; /* as SMEM_BYTES in gemm_sm80.cu */
