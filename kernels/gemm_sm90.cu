@@ -636,17 +636,17 @@ static __device__ __forceinline__ int offs_advance(const gemm_params &P, int t, 
 
 /* Split tail (plain runs, no clusters or ping-pong): the first dp =
  * tiles - P.sk_tiles tiles run whole; the last sk_tiles tiles (the part
- * of the last wave that leaves SMs idle) run in P.sk_chunks equal K
- * ranges each, chunk by chunk (units dp + chunk x sk_tiles + tile), so
+ * of the last wave that leaves SMs idle) run in P.sk_chunks (2 to 4) equal
+ * K ranges each, chunk by chunk (units dp + chunk x sk_tiles + tile), so
  * the CTAs on a chunk read the same K range of A and B at about the same
- * time, as whole tiles do (L2 serves the rest). Chunk 0 stores its f32
- * partial sums in the tile's slot; chunk c waits for the tile's flag to
- * say c chunks are in, adds the slot and either stores the sum back
- * (a middle chunk) or goes on to the epilogue (the last): the sums add in
- * chunk order, so results are deterministic. A unit waits only on a unit
- * of lower number, which its CTA (every CTA is resident: one a SM) takes
- * no later than the waiter's CTA takes the waiter, so the waits end.
- * *t becomes the unit's tile; 0 past the last unit. */
+ * time, as whole tiles do (L2 serves the rest). Every chunk but the last
+ * stores its f32 partial sums in a slot of its own and counts itself in
+ * the tile's flag; the last waits for the count, adds the slots in chunk
+ * order (results are deterministic) and runs the epilogue. A unit waits
+ * only on units of lower number, which their CTAs (every CTA is resident:
+ * one a SM) take no later than the waiter's CTA takes the waiter, and
+ * which never wait, so the waits end. *t becomes the unit's tile; 0 past
+ * the last unit. */
 static __device__ __forceinline__ int sk_locate(const gemm_params &P, sm90_tile *w, int *t) {
   const int dp = P.tiles_m * P.tiles_n - P.sk_tiles;
   w->sk = 0;
@@ -881,21 +881,33 @@ static __device__ __forceinline__ void lin_piece_sv(const gemm_params &P, const 
 /* ---------------------------------------------------------------- the kernel */
 
 #if !PINGPONG && CLUSTER == 1
-/* The split tail's partial sums (sk_locate): tile s's slot holds, for
- * consumer c, ACCS / 4 rows of 128 float4 (thread tid's in column tid, so
- * a warp moves 512 contiguous bytes), and flag s * CONSUMERS + c counts
- * the chunks in it (zeroed by the host before each launch). Returns 1
- * when the chunk's sums went to the slot (no epilogue), 0 for the last
- * chunk, whose d then holds the tile's whole sum. */
+/* The split tail's partial sums (sk_locate): chunk j (< sk_chunks - 1)
+ * of tail tile s keeps, for consumer c, ACCS / 4 rows of 128 float4 in
+ * slot (s x (sk_chunks - 1) + j) x CONSUMERS + c (thread tid's in column
+ * tid, so a warp moves 512 contiguous bytes), and flag s x CONSUMERS + c
+ * counts the chunks stored (zeroed by the host before each launch).
+ * Returns 1 when the chunk's sums went to its slot (no epilogue), 0 for
+ * the last chunk, whose d then holds the tile's whole sum. */
 static __device__ __forceinline__ int sk_fixup(const gemm_params &P, const sm90_tile &w, float *d, int c, int tid) {
-  const int chunk = w.sk - 1, f = w.sk_slot * CONSUMERS + c;
-  int *flag = (int *)P.semaphores + f;
-  float4 *slot = (float4 *)P.workspace + (size_t)f * (ACCS / 4) * 128 + tid;
-  if (chunk > 0) {
-    if (tid == 0)
-      while (smelt_ld_acquire(flag) < chunk) {
-      }
+  const int chunk = w.sk - 1, rest = P.sk_chunks - 1;
+  int *flag = (int *)P.semaphores + w.sk_slot * CONSUMERS + c;
+  float4 *slots = (float4 *)P.workspace + tid;
+#define SK_SLOT(j) (slots + (size_t)(((w.sk_slot * rest) + (j)) * CONSUMERS + c) * (ACCS / 4) * 128)
+  if (chunk < rest) {
+    float4 *slot = SK_SLOT(chunk);
+#pragma unroll
+    for (int i = 0; i < ACCS / 4; i++) __stcg(slot + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
+    __threadfence();
     wg_sync(c);
+    if (tid == 0) smelt_add_release(flag, 1);
+    return 1;
+  }
+  if (tid == 0)
+    while (smelt_ld_acquire(flag) < rest) {
+    }
+  wg_sync(c);
+  for (int j = 0; j < rest; j++) {
+    const float4 *slot = SK_SLOT(j);
 #pragma unroll
     for (int i = 0; i < ACCS / 4; i++) {
       const float4 v = __ldcg(slot + i * 128);
@@ -904,14 +916,9 @@ static __device__ __forceinline__ int sk_fixup(const gemm_params &P, const sm90_
       d[4 * i + 2] += v.z;
       d[4 * i + 3] += v.w;
     }
-    if (chunk + 1 == P.sk_chunks) return 0;
   }
-#pragma unroll
-  for (int i = 0; i < ACCS / 4; i++) __stcg(slot + i * 128, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
-  __threadfence();
-  wg_sync(c);
-  if (tid == 0) smelt_st_release(flag, chunk + 1);
-  return 1;
+#undef SK_SLOT
+  return 0;
 }
 #endif
 

@@ -134,6 +134,9 @@ static __device__ __forceinline__ int smelt_ld_acquire(const int *p) {
 static __device__ __forceinline__ void smelt_st_release(int *p, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+static __device__ __forceinline__ void smelt_add_release(int *p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 static __device__ __forceinline__ float smelt_warp_max(float v) {
 #pragma unroll

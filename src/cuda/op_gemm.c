@@ -481,29 +481,31 @@ static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int
 
 /* The split tail of a plain run on Hopper (kernels/gemm_sm90.cu,
  * sk_locate): when the tiles leave the last wave of one CTA per SM partly
- * idle, its tiles (or those and one wave more) run in S K chunks each,
- * chunk by chunk over all CTAs. Chosen by waves of work, a whole tile
- * being one: ceil(tiles / W) without, whole waves + ceil(tail x S / W) / S
- * with, plus a twentieth of a wave for the partial sums' round trips;
- * taken when that saves over 0.15 of a wave (4096^3 on 132 SMs, 512 tiles,
- * would save 0.11: it stays whole), with S from 2 to 16 and at least 2 K
- * steps a chunk. SMELT_GEMM_STREAMK=on takes the best split whatever it
- * saves, =off never splits (debugging). Cooperative tiles without
- * clusters only. The workspace: one slot of partial sums a tail tile,
- * then its flags (zeroed here). */
+ * idle, its tiles (or those and one wave more) run in S = 2 to 4 K chunks
+ * each, chunk by chunk over all CTAs. Chosen by waves of work, a whole
+ * tile being one: ceil(tiles / W) without; with, whole waves +
+ * ceil(tail x S / W) / S, plus 0.02 of a wave and 0.03 for each slot the
+ * last chunk reads (128 KB at the ~100 GB/s one SM draws from L2, against
+ * the ~60 us a wave of 128 x 256 tiles takes at K = 5000); taken when
+ * that saves over 0.15 of a wave (4096^3 on 132 SMs, 512 tiles, would
+ * save none). At least 2 K steps a chunk. SMELT_GEMM_STREAMK=on takes the
+ * best split whatever it saves, =off never splits (debugging).
+ * Cooperative tiles without clusters only. The workspace: S - 1 slots of
+ * partial sums a tail tile, then the tiles' flags (zeroed here). */
 static smelt_status streamk_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, const smelt__gemm_prob *p, int64_t tiles,
                                smelt__gemm_kparams *kq, void **ws) {
   const int64_t W = ctx->cuda->info.sm_count, steps = smelt__ceil_div(p->k, k->bk);
   const char *env = smelt__getenv("SMELT_GEMM_STREAMK");
   const int on = env && !strcmp(env, "on"), off = env && !strcmp(env, "off");
-  if (off || k->pingpong || k->cluster_m * k->cluster_n > 1 || tiles % W == 0 || tiles > 0x7fffffff / 16 || steps < 4)
+  if (off || k->pingpong || k->cluster_m * k->cluster_n > 1 || tiles % W == 0 || tiles > 0x7fffffff / 4 || steps < 4)
     return SMELT_OK;
   const double whole = (double)smelt__ceil_div(tiles, W);
   double best = whole;
   int64_t best_tail = 0, best_s = 0;
   for (int64_t tail = tiles % W; tail <= tiles && tail <= tiles % W + W; tail += W)
-    for (int64_t sc = 2; sc <= 16 && 2 * sc <= steps; sc++) {
-      const double cost = (double)((tiles - tail) / W) + (double)smelt__ceil_div(tail * sc, W) / (double)sc + 0.05;
+    for (int64_t sc = 2; sc <= 4 && 2 * sc <= steps; sc++) {
+      const double cost = (double)((tiles - tail) / W) + (double)smelt__ceil_div(tail * sc, W) / (double)sc + 0.02 +
+                          0.03 * (double)(sc - 1);
       if (cost < best - 1e-9) {
         best = cost;
         best_tail = tail;
@@ -513,7 +515,8 @@ static smelt_status streamk_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, cons
   if (!best_s || (!on && whole - best <= 0.15)) return SMELT_OK;
   kq->sk_tiles = (int)best_tail;
   kq->sk_chunks = (int)best_s;
-  const size_t slots = (size_t)best_tail * (size_t)k->bm * (size_t)k->bn * 4, flags = (size_t)best_tail * 2 * sizeof(int);
+  const size_t slots = (size_t)(best_tail * (best_s - 1)) * (size_t)k->bm * (size_t)k->bn * 4,
+               flags = (size_t)best_tail * 2 * sizeof(int);
   smelt_status s = smelt__cuda_alloc(ctx, slots + flags, ws);
   if (s) return s;
   kq->workspace = (uint64_t)(uintptr_t)*ws;
