@@ -85,6 +85,18 @@ static const ccase cases[] = {
     {"wgrad bf16 -> f32 strided views", WGRAD, 3, 8, 9, 4, 6, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 1},
     {"wgrad f16 accumulate into C", WGRAD, 2, 7, 7, 4, 6, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0},
     {"wgrad tf32 alpha beta", WGRAD, 2, 8, 8, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 1, EPI_ALPHA_BETA, 0},
+    /* Sizes that span many GPU blocks, odd everywhere; long wgrad sums
+     * (N·P·Q in the thousands). */
+    {"fprop bf16 3x3 s2 odd", FPROP, 3, 29, 31, 19, 33, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_ALL, 0},
+    {"fprop f16 7x7 s2 C=3", FPROP, 2, 45, 43, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F16, 0, EPI_BIAS_RELU, 0},
+    {"fprop f32 1x1 K=65", FPROP, 2, 13, 11, 40, 65, 1, 1, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_ALPHA_BETA, 1},
+    {"fprop tf32 dilation 2", FPROP, 2, 21, 19, 12, 10, 3, 3, 2, 2, 2, 2, 1, 2, F32, F32, 1, EPI_PLAIN, 0},
+    {"dgrad f32 s2 alpha beta", DGRAD, 2, 30, 29, 17, 24, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_ALPHA_BETA, 0},
+    {"dgrad bf16 dilation 2", DGRAD, 2, 23, 21, 9, 14, 3, 3, 2, 1, 2, 1, 1, 2, BF16, BF16, 0, EPI_PLAIN, 2},
+    {"dgrad f16 7x7 s2 pad 3", DGRAD, 1, 31, 29, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0},
+    {"wgrad f32 long sums", WGRAD, 4, 33, 35, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
+    {"wgrad tf32 s2", WGRAD, 2, 20, 21, 8, 16, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 1, EPI_IN_PLACE, 0},
+    {"wgrad bf16 -> f32 7x7", WGRAD, 2, 25, 23, 3, 8, 7, 7, 3, 3, 3, 3, 2, 1, BF16, F32, 0, EPI_ALPHA_BETA, 1},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -214,64 +226,125 @@ static double case_bound(const ccase *cs, const smelt_conv2d_desc *d, smelt_devi
   return smelt__error_bound(&q);
 }
 
-/* Runs one case on ctx and checks D against the formulation above. */
-static void run_case(smelt_ctx *ctx, const ccase *cs) {
+/* A case's operands on one context: x, w, dy (the kind's two inputs
+ * filled), D's buffer, C (filled when read) and bias [K] in D's dtype. */
+typedef struct case_ops {
+  opnd x, w, dy, out, c, bias;
+} case_ops;
+
+static void case_ops_new(case_ops *o, const ccase *cs) {
+  const geom g = case_geom(cs);
+  smelt_ctx *ctx = th_cpu();
+  opnd_new(&o->x, ctx, cs->in, g.n, g.h, g.w, g.c, cs->gap, cs->kind != DGRAD);
+  opnd_new(&o->w, ctx, cs->in, g.k, g.r, g.s, g.c, cs->gap, cs->kind != WGRAD);
+  opnd_new(&o->dy, ctx, cs->in, g.n, g.p, g.q, g.k, cs->gap, cs->kind != FPROP);
+  const opnd *outs[3] = {&o->dy, &o->x, &o->w}; /* D's shape by kind: y, dx, dw */
+  const int64_t *od = outs[cs->kind]->dims;
+  opnd_new(&o->out, ctx, cs->out, od[0], od[1], od[2], od[3], cs->gap, 0);
+  opnd_new(&o->c, ctx, cs->out, od[0], od[1], od[2], od[3], cs->gap, case_desc(cs).epilogue.beta != 0);
+  opnd_new(&o->bias, ctx, cs->out, 1, 1, 1, g.k, 0, 1);
+}
+
+/* src's values and storage in a new operand on ctx. */
+static void opnd_clone(opnd *dst, const opnd *src, smelt_ctx *ctx) {
+  *dst = *src;
+  dst->v = (double *)malloc((size_t)src->view.numel * sizeof(double));
+  memcpy(dst->v, src->v, (size_t)src->view.numel * sizeof(double));
+  dst->buf = th_buf_new(ctx, src->buf.bytes);
+  void *host = malloc(src->buf.bytes);
+  th_buf_download(&src->buf, host, src->buf.bytes);
+  th_buf_upload(&dst->buf, host, src->buf.bytes);
+  free(host);
+}
+
+static void case_ops_clone(case_ops *dst, const case_ops *src, smelt_ctx *ctx) {
+  opnd_clone(&dst->x, &src->x, ctx);
+  opnd_clone(&dst->w, &src->w, ctx);
+  opnd_clone(&dst->dy, &src->dy, ctx);
+  opnd_clone(&dst->out, &src->out, ctx);
+  opnd_clone(&dst->c, &src->c, ctx);
+  opnd_clone(&dst->bias, &src->bias, ctx);
+}
+
+static void case_ops_free(case_ops *o) {
+  opnd_free(&o->x);
+  opnd_free(&o->w);
+  opnd_free(&o->dy);
+  opnd_free(&o->out);
+  opnd_free(&o->c);
+  opnd_free(&o->bias);
+}
+
+/* Runs the case on ctx and reads D back into got (every element written,
+ * nothing else; C untouched unless D is C). */
+static void case_exec(smelt_ctx *ctx, const ccase *cs, const case_ops *o, double *got) {
+  const smelt_conv2d_desc desc = case_desc(cs);
+  const int has_c = desc.epilogue.beta != 0, in_place = cs->epi == EPI_IN_PLACE;
+  const int has_bias = cs->epi == EPI_BIAS_RELU || cs->epi == EPI_ALL;
+  const smelt_tensor ta = opnd_tensor(cs->kind == FPROP ? &o->x : &o->dy),
+                     tb = opnd_tensor(cs->kind == WGRAD ? &o->x : &o->w), tc = opnd_tensor(&o->c),
+                     td = opnd_tensor(in_place ? &o->c : &o->out);
+  smelt_tensor tbias = opnd_tensor(&o->bias);
+  tbias.ndim = 1;
+  tbias.shape[0] = o->bias.dims[3];
+  tbias.strides[0] = 1;
+  CHECK_OK(smelt_conv2d(ctx, &desc, &ta, &tb, has_c ? &tc : NULL, &td, has_bias ? &tbias : NULL));
+  CHECK_OK(smelt_ctx_synchronize(ctx));
+  th_check_output(cs->name, "D", &o->out.view, in_place ? &o->c.buf : &o->out.buf, cs->out, got);
+  if (!in_place && has_c) {
+    double *cv = (double *)malloc((size_t)o->c.view.numel * sizeof(double));
+    th_check_output(cs->name, "C (not written)", &o->c.view, &o->c.buf, cs->out, cv);
+    for (int64_t i = 0; i < o->c.view.numel; i++)
+      if (cv[i] != o->c.v[i]) {
+        th_fail(__FILE__, __LINE__, "%s: C element %lld changed", cs->name, (long long)i);
+        break;
+      }
+    free(cv);
+  }
+  if (in_place || !has_c) CHECK(th_buf_untouched(in_place ? &o->out.buf : &o->c.buf));
+}
+
+/* Runs one case on the CPU and checks D against the formulation above;
+ * with a GPU context, runs it there on the same inputs and checks D
+ * against the CPU reference's. */
+static void run_case(const ccase *cs, smelt_ctx *gpu) {
   const geom g = case_geom(cs);
   const smelt_conv2d_desc desc = case_desc(cs);
   const smelt_gemm_epilogue *e = &desc.epilogue;
-  opnd x, w, dy, out, c;
-  opnd_new(&x, ctx, cs->in, g.n, g.h, g.w, g.c, cs->gap, cs->kind != DGRAD);
-  opnd_new(&w, ctx, cs->in, g.k, g.r, g.s, g.c, cs->gap, cs->kind != WGRAD);
-  opnd_new(&dy, ctx, cs->in, g.n, g.p, g.q, g.k, cs->gap, cs->kind != FPROP);
-  opnd *outs[3] = {&dy, &x, &w}; /* D's shape by kind: y, dx, dw */
-  const int64_t *od = outs[cs->kind]->dims;
-  const int has_c = e->beta != 0, in_place = cs->epi == EPI_IN_PLACE;
-  const int has_bias = cs->epi == EPI_BIAS_RELU || cs->epi == EPI_ALL;
-  opnd_new(&out, ctx, cs->out, od[0], od[1], od[2], od[3], cs->gap, 0);
-  opnd_new(&c, ctx, cs->out, od[0], od[1], od[2], od[3], cs->gap, has_c);
-  double *bias = (double *)malloc((size_t)g.k * sizeof(double));
-  th_buf bbuf = th_buf_new(ctx, (size_t)g.k * smelt_dtype_size(cs->out));
-  void *bhost = malloc((size_t)g.k * smelt_dtype_size(cs->out));
-  for (int64_t i = 0; i < g.k; i++) {
-    th_set(bhost, cs->out, i, th_rand_uniform(-1, 1));
-    bias[i] = th_get(bhost, cs->out, i);
-  }
-  th_buf_upload(&bbuf, bhost, (size_t)g.k * smelt_dtype_size(cs->out));
+  case_ops o;
+  case_ops_new(&o, cs);
   /* The exact sums, then the epilogue in f64. */
-  const int64_t numel = out.view.numel;
+  const int64_t numel = o.out.view.numel;
+  const int has_bias = cs->epi == EPI_BIAS_RELU || cs->epi == EPI_ALL;
   double *ref = (double *)calloc((size_t)numel, sizeof(double)), *got = (double *)malloc((size_t)numel * sizeof(double));
-  scatter(&g, x.v, w.v, dy.v, cs->kind == FPROP ? ref : NULL, cs->kind == DGRAD ? ref : NULL,
+  scatter(&g, o.x.v, o.w.v, o.dy.v, cs->kind == FPROP ? ref : NULL, cs->kind == DGRAD ? ref : NULL,
           cs->kind == WGRAD ? ref : NULL);
   for (int64_t i = 0; i < numel; i++) {
-    double v = e->alpha * ref[i] + (has_c ? e->beta * c.v[i] : 0) + (has_bias ? bias[i % g.k] : 0);
+    double v = e->alpha * ref[i] + e->beta * o.c.v[i] + (has_bias ? o.bias.v[i % g.k] : 0);
     v = smelt_act_apply(e->act, v, e->slope);
     if (e->clamp) v = fmin(fmax(v, cs->out == F16 ? -65504.0 : -3.4e38), cs->out == F16 ? 65504.0 : 3.4e38);
     ref[i] = v;
   }
-  const smelt_tensor ta = opnd_tensor(cs->kind == FPROP ? &x : &dy), tb = opnd_tensor(cs->kind == WGRAD ? &x : &w),
-                     tc = opnd_tensor(&c), td = opnd_tensor(in_place ? &c : &out);
-  smelt_tensor tbias = smelt_tensor_make(bbuf.data, cs->out, smelt_ctx_device(ctx), smelt_ctx_device_index(ctx), 1,
-                                         &g.k);
-  CHECK_OK(smelt_conv2d(ctx, &desc, &ta, &tb, has_c ? &tc : NULL, &td, has_bias ? &tbias : NULL));
-  CHECK_OK(smelt_ctx_synchronize(ctx));
-  th_check_output(cs->name, "D", &out.view, in_place ? &c.buf : &out.buf, cs->out, got);
-  if (!th_compare(cs->name, got, ref, numel, case_bound(cs, &desc, smelt_ctx_device(ctx)), 0))
-    th_fail(__FILE__, __LINE__, "%s: D differs from the f64 formulation", cs->name);
-  CHECK(th_buf_untouched(in_place ? &out.buf : &c.buf) || has_c);
+  case_ops dev; /* copied before the CPU runs: in place, it writes C */
+  if (gpu) case_ops_clone(&dev, &o, gpu);
+  case_exec(th_cpu(), cs, &o, got);
+  if (!th_compare(cs->name, got, ref, numel, case_bound(cs, &desc, SMELT_DEVICE_CPU), 0))
+    th_fail(__FILE__, __LINE__, "%s: the CPU reference differs from the f64 formulation", cs->name);
+  if (gpu) {
+    double *got_gpu = (double *)malloc((size_t)numel * sizeof(double));
+    case_exec(gpu, cs, &dev, got_gpu);
+    if (!th_compare(cs->name, got_gpu, got, numel, case_bound(cs, &desc, SMELT_DEVICE_CUDA), 0))
+      th_fail(__FILE__, __LINE__, "%s: CUDA differs from the CPU reference", cs->name);
+    free(got_gpu);
+    case_ops_free(&dev);
+  }
   free(ref);
   free(got);
-  free(bias);
-  free(bhost);
-  th_buf_free(&bbuf);
-  opnd_free(&x);
-  opnd_free(&w);
-  opnd_free(&dy);
-  opnd_free(&out);
-  opnd_free(&c);
+  case_ops_free(&o);
 }
 
 static void test_cpu_cases(void) {
-  for (int i = 0; i < NCASES; i++) run_case(th_cpu(), &cases[i]);
+  for (int i = 0; i < NCASES; i++) run_case(&cases[i], NULL);
 }
 
 /* ---------------------------------------------------------------- adjoints */
@@ -374,14 +447,14 @@ static void test_auto_choices(void) {
     smelt_dtype dt;
     const char *want;
   } t[] = {
-      {FPROP, 4, 3, 1, F32, "fixed_channels iterator, unity"},
-      {FPROP, 3, 7, 2, F32, "few_channels iterator, strided"},
-      {FPROP, 8, 3, 1, F16, "fixed_channels iterator"},
-      {FPROP, 8, 3, 1, F32, "optimized iterator"},
-      {FPROP, 16, 33, 1, F32, "analytic iterator"},
-      {DGRAD, 16, 3, 2, F32, "analytic iterator, strided"},
-      {DGRAD, 16, 3, 1, F32, "optimized iterator, unity"},
-      {WGRAD, 3, 3, 2, F32, "optimized iterator, strided"},
+      {FPROP, 4, 3, 1, F32, "fixed_channels, unity"},
+      {FPROP, 3, 7, 2, F32, "few_channels, strided"},
+      {FPROP, 8, 3, 1, F16, "fixed_channels"},
+      {FPROP, 8, 3, 1, F32, "optimized"},
+      {FPROP, 16, 33, 1, F32, "analytic"},
+      {DGRAD, 16, 3, 2, F32, "analytic, strided"},
+      {DGRAD, 16, 3, 1, F32, "optimized, unity"},
+      {WGRAD, 3, 3, 2, F32, "optimized, strided"},
   };
   for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
     const int64_t H = 40, P = (H + 2 - (t[i].r - 1) - 1) / t[i].stride + 1;
@@ -400,7 +473,7 @@ static void test_auto_choices(void) {
     CHECK_OK(smelt_conv2d_plan(ctx, &desc, &a, &b, NULL, &d, NULL, &plan));
     if (plan && !strstr(smelt_plan_describe(plan), t[i].want))
       th_fail(__FILE__, __LINE__, "case %zu: \"%s\" lacks \"%s\"", i, smelt_plan_describe(plan), t[i].want);
-    if (plan && !strstr(smelt_plan_describe(plan), "split-K serial x 1"))
+    if (plan && !strstr(smelt_plan_describe(plan), "split-K serial x1"))
       th_fail(__FILE__, __LINE__, "case %zu: \"%s\": the CPU sums without split-K", i, smelt_plan_describe(plan));
     smelt_plan_destroy(plan);
   }
@@ -637,7 +710,7 @@ static void test_plan_run(void) {
   smelt_plan *plan = NULL;
   CHECK_OK(smelt_conv2d_plan(th_cpu(), &e.desc, &e.a, &e.b, &e.tc, &e.d, &e.bias, &plan));
   REQUIRE(plan);
-  CHECK(strstr(smelt_plan_describe(plan), "conv2d fprop f32 -> f32 3x3") != NULL);
+  CHECK(strstr(smelt_plan_describe(plan), "conv2d fprop f32->f32 3x3 s1x1 d1x1") != NULL);
   CHECK_OK(smelt_conv2d_run(plan, &f.a, &f.b, &f.tc, &f.d, &f.bias));
   th_check_output("plan_run", "y", &f.y.view, &f.y.buf, F32, NULL);
   smelt_tensor t = e.d;
@@ -666,27 +739,41 @@ static void test_plan_run(void) {
 
 /* ---------------------------------------------------------------- CUDA */
 
-/* Until the implicit-GEMM kernels come, a CUDA context refuses conv2d
- * rather than running the CPU reference behind the caller's back. */
-static void test_gpu_unsupported(void) {
+/* Every case of the table on the GPU against the CPU reference on the same
+ * inputs. */
+static void test_gpu_cases(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
-  const ccase *cs = &cases[0];
-  const geom g = case_geom(cs);
-  opnd x, w, y;
-  opnd_new(&x, cu, F32, g.n, g.h, g.w, g.c, 0, 1);
-  opnd_new(&w, cu, F32, g.k, g.r, g.s, g.c, 0, 1);
-  opnd_new(&y, cu, F32, g.n, g.p, g.q, g.k, 0, 0);
-  const smelt_conv2d_desc d = case_desc(cs);
-  const smelt_tensor tx = opnd_tensor(&x), tw = opnd_tensor(&w), ty = opnd_tensor(&y);
+  for (int i = 0; i < NCASES; i++) run_case(&cases[i], cu);
+}
+
+/* The plan says which kernel serves it, and that the description's
+ * choices are kept (not specialized) by the reference path. */
+static void test_gpu_plan(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  const ccase *cs = &cases[2];
+  case_ops o, dev;
+  case_ops_new(&o, cs);
+  case_ops_clone(&dev, &o, cu);
+  smelt_conv2d_desc d = case_desc(cs);
+  d.split_k_mode = SMELT_CONV2D_SPLIT_K_PARALLEL;
+  d.split_k_slices = 4;
+  const smelt_tensor tx = opnd_tensor(&dev.x), tw = opnd_tensor(&dev.w), ty = opnd_tensor(&dev.dy);
   smelt_plan *plan = NULL;
-  CHECK_STATUS(smelt_conv2d_plan(cu, &d, &tx, &tw, NULL, &ty, NULL, &plan), SMELT_STATUS_UNSUPPORTED);
-  CHECK_MSG("the CUDA backend has no conv2d kernels");
-  CHECK(plan == NULL);
-  CHECK(th_buf_untouched(&y.buf));
-  opnd_free(&x);
-  opnd_free(&w);
-  opnd_free(&y);
+  CHECK_OK(smelt_conv2d_plan(cu, &d, &tx, &tw, NULL, &ty, NULL, &plan));
+  REQUIRE(plan);
+  const char *why = smelt_plan_describe(plan);
+  if (!strstr(why, "conv2d_direct_fprop_f32 (analytic reference): conv2d fprop f32->f32 3x3 s2x2") ||
+      !strstr(why, "split-K parallel x4"))
+    th_fail(__FILE__, __LINE__, "describe: \"%s\"", why);
+  CHECK(th_buf_untouched(&dev.dy.buf));
+  CHECK_OK(smelt_conv2d_run(plan, &tx, &tw, NULL, &ty, NULL));
+  CHECK_OK(smelt_ctx_synchronize(cu));
+  th_check_output("gpu_plan", "y", &dev.dy.view, &dev.dy.buf, F32, NULL);
+  smelt_plan_destroy(plan);
+  case_ops_free(&dev);
+  case_ops_free(&o);
 }
 
 const th_test th_tests_conv2d[] = {
@@ -698,6 +785,7 @@ const th_test th_tests_conv2d[] = {
     {"bad_desc", test_bad_desc},
     {"bad_tensors", test_bad_tensors},
     {"plan_run", test_plan_run},
-    {"gpu_unsupported", test_gpu_unsupported},
+    {"gpu_cases", test_gpu_cases},
+    {"gpu_plan", test_gpu_plan},
     {0, 0},
 };

@@ -12,9 +12,8 @@ enum { SMELT__CONV2D_A, SMELT__CONV2D_B, SMELT__CONV2D_C, SMELT__CONV2D_D, SMELT
 
 /* The plan's resolved description (plan->opdata). */
 typedef struct smelt__conv2d_state {
-  smelt_conv2d_desc desc;      /* as given, but iterator and stride support resolved (never AUTO), and on
-                                  the CPU split-K too (serial, one slice); a GPU backend resolves a
-                                  split_k_slices of 0 itself */
+  smelt_conv2d_desc desc;      /* as given, but iterator, stride support and split-K resolved (never
+                                  AUTO; slices 0 becomes 1) */
   int64_t n, h, w, c, k, r, s; /* the problem */
   int64_t p, q;                /* the output's extents (smelt/conv2d.h) */
   int has_c, has_bias;         /* C is read (beta != 0); a bias is added (fprop) */

@@ -282,14 +282,15 @@ static smelt_status resolve_iterator(smelt__conv2d_state *st, smelt_dtype dt) {
   return SMELT_OK;
 }
 
-static void resolve_modes(smelt__conv2d_state *st, smelt_device_kind dev) {
+/* Both backends sum each output element whole (the CPU reference and the
+ * CUDA reference kernel), so a choice left to smelt is one slice. */
+static void resolve_modes(smelt__conv2d_state *st) {
   smelt_conv2d_desc *d = &st->desc;
   if (d->stride_support == SMELT_CONV2D_STRIDE_AUTO)
     d->stride_support =
         d->stride_h == 1 && d->stride_w == 1 ? SMELT_CONV2D_STRIDE_UNITY : SMELT_CONV2D_STRIDE_STRIDED;
-  /* The CPU sums directly; a GPU backend chooses its slices. */
-  if (dev == SMELT_DEVICE_CPU && d->split_k_slices == 0) d->split_k_slices = 1;
-  if (d->split_k_mode == SMELT_CONV2D_SPLIT_K_AUTO && d->split_k_slices != 0)
+  if (d->split_k_slices == 0) d->split_k_slices = 1;
+  if (d->split_k_mode == SMELT_CONV2D_SPLIT_K_AUTO)
     d->split_k_mode = d->split_k_slices > 1 ? SMELT_CONV2D_SPLIT_K_PARALLEL : SMELT_CONV2D_SPLIT_K_SERIAL;
 }
 
@@ -307,14 +308,11 @@ static smelt_status check(smelt_plan *plan, const void *params, const smelt_tens
   st->has_c = d->epilogue.beta != 0.0;
   st->has_bias = t[SMELT__CONV2D_BIAS] != NULL;
   if ((s = resolve_shapes(st, t)) || (s = check_c_bias(st, t)) || (s = resolve_iterator(st, a->dtype))) return s;
-  resolve_modes(st, plan->ctx->device);
-  char slices[16];
-  snprintf(slices, sizeof slices, d->split_k_slices ? "%d" : "auto", d->split_k_slices);
-  snprintf(plan->describe, sizeof plan->describe,
-           "conv2d %s %s -> %s %lldx%lld stride %dx%d dilation %dx%d, %s iterator, %s, split-K %s x %s%s%s",
+  resolve_modes(st);
+  snprintf(plan->describe, sizeof plan->describe, "conv2d %s %s->%s %lldx%lld s%dx%d d%dx%d, %s, %s, split-K %s x%d%s%s",
            kind_names[d->kind], smelt_dtype_name(a->dtype), smelt_dtype_name(t[SMELT__CONV2D_D]->dtype),
            (long long)st->r, (long long)st->s, d->stride_h, d->stride_w, d->dilation_h, d->dilation_w,
-           iter_names[d->iterator], stride_names[d->stride_support], split_names[d->split_k_mode], slices,
+           iter_names[d->iterator], stride_names[d->stride_support], split_names[d->split_k_mode], d->split_k_slices,
            d->math == SMELT_GEMM_MATH_TF32 ? ", tf32" : "", plan->ctx->device == SMELT_DEVICE_CPU ? " (cpu reference)" : "");
   return SMELT_OK;
 }
