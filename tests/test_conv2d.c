@@ -693,7 +693,7 @@ static void test_bad_tensors(void) {
   t = e.a, t.shape[0] = t.shape[2] = t.shape[3] = 1, t.shape[1] = INT64_MAX - 1, t.strides[0] = t.strides[1] = 0;
   t2 = e.b, t2.shape[3] = 1;
   expect_bad("H + padding overflows", &e, &d, &t, &t2, NULL, &e.d, NULL, SMELT_STATUS_OVERFLOW,
-             "the padded input's extent overflows");
+             "the padded input (A (x): H=9223372036854775806, W=1, pads 1+1, 1+1) or the dilated filter");
   /* Nothing on the context's device. */
   t = e.a, t.device = SMELT_DEVICE_CUDA;
   expect_bad("A on cuda", &e, &d, &t, &e.b, NULL, &e.d, NULL, SMELT_STATUS_WRONG_DEVICE, "A is on cuda:0");

@@ -9,7 +9,6 @@
  * so a failed call writes nothing. The error bound is GEMM's for the
  * equivalent GEMM (smelt/conv2d.h's table), whose description the caller
  * gives the bound query (math op and epilogue). */
-#include "checked.h"
 #include "conv2d_internal.h"
 #include "error_bound.h"
 
@@ -113,16 +112,15 @@ static smelt_status check_desc(const smelt_conv2d_desc *d) {
 
 /* ---------------------------------------------------------------- shapes */
 
-/* P or Q (smelt/conv2d.h) with checked arithmetic: *out = 0 when the
- * dilated filter is larger than the padded input. */
-static smelt_status out_extent(int64_t in, int pad0, int pad1, int dil, int stride, int64_t f, int64_t *out) {
+/* P or Q (smelt/conv2d.h) with checked arithmetic: 0 when the dilated
+ * filter is larger than the padded input, -1 when a step overflows int64
+ * (no message: the public helper below reports nothing). */
+static int64_t out_extent(int64_t in, int pad0, int pad1, int dil, int stride, int64_t f) {
   int64_t span, padded;
-  smelt_status s;
-  if ((s = smelt__mul_i64((int64_t)dil, f - 1, &span, OP, "the dilated filter's extent")) ||
-      (s = smelt__add_i64(in, (int64_t)pad0 + (int64_t)pad1, &padded, OP, "the padded input's extent")))
-    return s;
-  *out = padded - span - 1 < 0 ? 0 : (padded - span - 1) / stride + 1;
-  return SMELT_OK;
+  if (__builtin_mul_overflow((int64_t)dil, f - 1, &span) ||
+      __builtin_add_overflow(in, (int64_t)pad0 + (int64_t)pad1, &padded))
+    return -1;
+  return padded - span - 1 < 0 ? 0 : (padded - span - 1) / stride + 1;
 }
 
 int64_t smelt_conv2d_out_size(const smelt_conv2d_desc *desc, int axis, int64_t in, int64_t f) {
@@ -130,11 +128,8 @@ int64_t smelt_conv2d_out_size(const smelt_conv2d_desc *desc, int axis, int64_t i
   if ((axis != 0 && axis != 1) || in < 1 || f < 1 || d.pad_h0 < 0 || d.pad_h1 < 0 || d.pad_w0 < 0 || d.pad_w1 < 0 ||
       d.stride_h < 1 || d.stride_w < 1 || d.dilation_h < 1 || d.dilation_w < 1)
     return -1;
-  int64_t out;
-  smelt_status s = axis == 0 ? out_extent(in, d.pad_h0, d.pad_h1, d.dilation_h, d.stride_h, f, &out)
-                             : out_extent(in, d.pad_w0, d.pad_w1, d.dilation_w, d.stride_w, f, &out);
-  if (s) smelt_clear_error();
-  return s ? -1 : out;
+  return axis == 0 ? out_extent(in, d.pad_h0, d.pad_h1, d.dilation_h, d.stride_h, f)
+                   : out_extent(in, d.pad_w0, d.pad_w1, d.dilation_w, d.stride_w, f);
 }
 
 /* t is 4-D with every dim >= 1. */
@@ -162,18 +157,23 @@ static smelt_status check_dims(const char *what, const char *dims, const smelt_t
                       (long long)e3);
 }
 
-/* P and Q of st's H, W, R, S, both >= 1. */
-static smelt_status resolve_pq(smelt__conv2d_state *st) {
+/* P and Q of st's H, W, R, S, both >= 1; `input` names the tensor H and W
+ * come from. */
+static smelt_status resolve_pq(smelt__conv2d_state *st, const char *input) {
   const smelt_conv2d_desc *d = &st->desc;
-  smelt_status s;
-  if ((s = out_extent(st->h, d->pad_h0, d->pad_h1, d->dilation_h, d->stride_h, st->r, &st->p)) ||
-      (s = out_extent(st->w, d->pad_w0, d->pad_w1, d->dilation_w, d->stride_w, st->s, &st->q)))
-    return s;
+  st->p = out_extent(st->h, d->pad_h0, d->pad_h1, d->dilation_h, d->stride_h, st->r);
+  st->q = out_extent(st->w, d->pad_w0, d->pad_w1, d->dilation_w, d->stride_w, st->s);
+  if (st->p < 0 || st->q < 0)
+    return smelt__error(SMELT_STATUS_OVERFLOW,
+                        OP ": %s: the padded input (%s: H=%lld, W=%lld, pads %d+%d, %d+%d) or the dilated filter "
+                        "(R=%lld, S=%lld, dilation %dx%d) overflows int64",
+                        kind_names[d->kind], input, (long long)st->h, (long long)st->w, d->pad_h0, d->pad_h1,
+                        d->pad_w0, d->pad_w1, (long long)st->r, (long long)st->s, d->dilation_h, d->dilation_w);
   if (st->p < 1 || st->q < 1)
     return smelt__error(SMELT_STATUS_SHAPE_MISMATCH,
                         OP ": %s: the dilated filter (R=%lld, S=%lld, dilation %dx%d) is larger than the padded "
-                        "input (H=%lld, W=%lld, pads %d+%d, %d+%d): no output (P=%lld, Q=%lld)",
-                        kind_names[d->kind], (long long)st->r, (long long)st->s, d->dilation_h, d->dilation_w,
+                        "input (%s: H=%lld, W=%lld, pads %d+%d, %d+%d): no output (P=%lld, Q=%lld)",
+                        kind_names[d->kind], (long long)st->r, (long long)st->s, d->dilation_h, d->dilation_w, input,
                         (long long)st->h, (long long)st->w, d->pad_h0, d->pad_h1, d->pad_w0, d->pad_w1,
                         (long long)st->p, (long long)st->q);
   return SMELT_OK;
@@ -195,7 +195,8 @@ static smelt_status resolve_shapes(smelt__conv2d_state *st, const smelt_tensor *
   if (kind == SMELT_CONV2D_FPROP) {
     st->h = a->shape[1], st->w = a->shape[2], st->c = a->shape[3];
     st->k = b->shape[0], st->r = b->shape[1], st->s = b->shape[2];
-    if ((s = check_dims(what[SMELT__CONV2D_B], dims_b, b, st->k, st->r, st->s, st->c)) || (s = resolve_pq(st)))
+    if ((s = check_dims(what[SMELT__CONV2D_B], dims_b, b, st->k, st->r, st->s, st->c)) ||
+        (s = resolve_pq(st, what[SMELT__CONV2D_A])))
       return s;
     return check_dims(what[SMELT__CONV2D_D], dims_d, d, st->n, st->p, st->q, st->k);
   }
@@ -211,7 +212,7 @@ static smelt_status resolve_shapes(smelt__conv2d_state *st, const smelt_tensor *
     st->r = d->shape[1], st->s = d->shape[2];
     if ((s = check_dims(what[SMELT__CONV2D_D], dims_d, d, st->k, st->r, st->s, st->c))) return s;
   }
-  if ((s = resolve_pq(st))) return s;
+  if ((s = resolve_pq(st, what[kind == SMELT_CONV2D_DGRAD ? SMELT__CONV2D_D : SMELT__CONV2D_B]))) return s;
   return check_dims(what[SMELT__CONV2D_A], dims_a, a, st->n, st->p, st->q, st->k);
 }
 
@@ -249,12 +250,12 @@ static int pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 static smelt_status resolve_iterator(smelt__conv2d_state *st, smelt_dtype dt) {
   smelt_conv2d_desc *d = &st->desc;
   const int fprop = d->kind == SMELT_CONV2D_FPROP;
-  const int64_t bytes = st->c * (int64_t)smelt_dtype_size(dt);
+  const int fits16 = st->c <= 16 / (int64_t)smelt_dtype_size(dt); /* a tap's channels in one 16-byte access */
   const int unit = d->stride_h == 1 && d->stride_w == 1;
   const int optimized_ok = st->r <= 32 && st->s <= 32 && (d->kind != SMELT_CONV2D_DGRAD || unit);
   if (d->iterator == SMELT_CONV2D_ITER_AUTO)
-    d->iterator = fprop && bytes <= 16 && pow2(st->c) ? SMELT_CONV2D_ITER_FIXED_CHANNELS
-                  : fprop && bytes <= 16              ? SMELT_CONV2D_ITER_FEW_CHANNELS
+    d->iterator = fprop && fits16 && pow2(st->c) ? SMELT_CONV2D_ITER_FIXED_CHANNELS
+                  : fprop && fits16              ? SMELT_CONV2D_ITER_FEW_CHANNELS
                   : optimized_ok                      ? SMELT_CONV2D_ITER_OPTIMIZED
                                                       : SMELT_CONV2D_ITER_ANALYTIC;
   switch (d->iterator) {
@@ -269,7 +270,7 @@ static smelt_status resolve_iterator(smelt__conv2d_state *st, smelt_dtype dt) {
     case SMELT_CONV2D_ITER_FIXED_CHANNELS:
     case SMELT_CONV2D_ITER_FEW_CHANNELS: {
       const int fixed = d->iterator == SMELT_CONV2D_ITER_FIXED_CHANNELS;
-      if (!fprop || bytes > 16 || (fixed && !pow2(st->c)))
+      if (!fprop || !fits16 || (fixed && !pow2(st->c)))
         return smelt__error(SMELT_STATUS_UNSUPPORTED,
                             OP ": %s: desc.iterator=%s needs fprop with C x %zu bytes <= 16%s (C=%lld); analytic "
                             "takes any problem",
