@@ -83,18 +83,21 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   }
   c->traffic_bytes = c->set_bytes;
   c->flops = 2.0 * (double)opt_n * (double)P * (double)Q * (double)opt_k * (double)opt_r * (double)opt_s * (double)opt_c;
-  snprintf(c->params_text, sizeof c->params_text,
-           "pass=%s n=%lld h=%lld w=%lld c=%lld k=%lld r=%lld s=%lld stride=%lld pad=%lld dilation=%lld dtype=%s "
-           "(p=%lld q=%lld)",
-           passes[pass], (long long)opt_n, (long long)opt_h, (long long)opt_w, (long long)opt_c, (long long)opt_k,
-           (long long)opt_r, (long long)opt_s, (long long)opt_stride, (long long)opt_pad, (long long)opt_dilation,
-           smelt_dtype_name(st.dt), (long long)P, (long long)Q);
-  snprintf(c->params_json, sizeof c->params_json,
-           "\"pass\":\"%s\",\"n\":%lld,\"h\":%lld,\"w\":%lld,\"c\":%lld,\"k\":%lld,\"r\":%lld,\"s\":%lld,"
-           "\"stride\":%lld,\"pad\":%lld,\"dilation\":%lld,\"dtype\":\"%s\",\"p\":%lld,\"q\":%lld",
-           passes[pass], (long long)opt_n, (long long)opt_h, (long long)opt_w, (long long)opt_c, (long long)opt_k,
-           (long long)opt_r, (long long)opt_s, (long long)opt_stride, (long long)opt_pad, (long long)opt_dilation,
-           smelt_dtype_name(st.dt), (long long)P, (long long)Q);
+  /* The parameters, in text and in JSON, from one list. */
+  const struct {
+    const char *name;
+    int64_t v;
+  } nums[] = {{"n", opt_n}, {"h", opt_h}, {"w", opt_w}, {"c", opt_c}, {"k", opt_k}, {"r", opt_r}, {"s", opt_s},
+              {"stride", opt_stride}, {"pad", opt_pad}, {"dilation", opt_dilation}, {"p", P}, {"q", Q}};
+  int lt = snprintf(c->params_text, sizeof c->params_text, "pass=%s dtype=%s", passes[pass], smelt_dtype_name(st.dt));
+  int lj = snprintf(c->params_json, sizeof c->params_json, "\"pass\":\"%s\",\"dtype\":\"%s\"", passes[pass],
+                    smelt_dtype_name(st.dt));
+  for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+    lt += snprintf(c->params_text + lt, sizeof c->params_text - (size_t)lt, " %s=%lld", nums[i].name,
+                   (long long)nums[i].v);
+    lj += snprintf(c->params_json + lj, sizeof c->params_json - (size_t)lj, ",\"%s\":%lld", nums[i].name,
+                   (long long)nums[i].v);
+  }
 }
 
 static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
