@@ -16,12 +16,12 @@
  * Activations are NHWC, filters KRSC, outputs NPQK (row-major indices; any
  * non-negative strides, honoured by every backend). Cross-correlation, as
  * deep-learning frameworks define conv:
- *   y[n,p,q,k]  = sum_{r,s,c} x[n, h(p,r), w(q,s), c] · w[k,r,s,c]
- *   h(p,r) = p·stride_h − pad_h0 + r·dilation_h,  w(q,s) = q·stride_w − pad_w0 + s·dilation_w
- * where taps outside 0 <= h < H, 0 <= w < W read zero (the padding).
- *   dx[n,h,w,c] = sum over (p,r,k) with h(p,r) = h and (q,s) with w(q,s) = w
+ *   y[n,p,q,k]  = sum_{r,s,c} x[n, ih(p,r), iw(q,s), c] · w[k,r,s,c]
+ *   ih(p,r) = p·stride_h − pad_h0 + r·dilation_h,  iw(q,s) = q·stride_w − pad_w0 + s·dilation_w
+ * where taps outside 0 <= ih < H, 0 <= iw < W read zero (the padding).
+ *   dx[n,h,v,c] = sum over (p,r,k) with ih(p,r) = h and (q,s) with iw(q,s) = v
  *                 of dy[n,p,q,k] · w[k,r,s,c]          (the adjoint of fprop in x)
- *   dw[k,r,s,c] = sum_{n,p,q} dy[n,p,q,k] · x[n, h(p,r), w(q,s), c]   (its adjoint in w)
+ *   dw[k,r,s,c] = sum_{n,p,q} dy[n,p,q,k] · x[n, ih(p,r), iw(q,s), c]   (its adjoint in w)
  *
  * Padding is per side, as CUTLASS's Conv2dProblemSize takes it (pad_h,
  * upper_pad_h, pad_w, upper_pad_w): the top and left pads shift the window,
@@ -45,7 +45,7 @@
  *   D = convert(scale_d · act(v))        (clamp saturates to D's finite range)
  * fprop takes all of it; dgrad and wgrad take alpha, beta and C (e.g. to
  * add into a gradient), clamp and the scales, but no bias and only the
- * identity activation. C is read only when beta != 0 (it may then be NULL);
+ * identity activation. C is read only when beta != 0 (else it may be NULL);
  * D may be C exactly (same pointer and strides: in place) and must share no
  * memory with anything else.
  *
