@@ -88,7 +88,8 @@ static __device__ float conv_sum(const conv_params &P, i64 i0, i64 i1, i64 i2, i
   const int dgrad = CONV_KIND == KIND_DGRAD;
   const i64 inner = dgrad ? P.k : P.c_;
   for (i64 r = 0; r < P.r; r++) {
-    const i64 ai = dgrad ? untap(i1, r, P.stride_h, P.pad_h0, P.dil_h, P.p) : tap(i1, r, P.stride_h, P.pad_h0, P.dil_h, P.h);
+    const i64 ai =
+        dgrad ? untap(i1, r, P.stride_h, P.pad_h0, P.dil_h, P.p) : tap(i1, r, P.stride_h, P.pad_h0, P.dil_h, P.h);
     for (i64 s = 0; s < P.s && ai >= 0; s++) {
       const i64 aj =
           dgrad ? untap(i2, s, P.stride_w, P.pad_w0, P.dil_w, P.q) : tap(i2, s, P.stride_w, P.pad_w0, P.dil_w, P.w);
