@@ -9,7 +9,9 @@
  * strided views whose gaps hold NaN (a read outside the view shows), and
  * outputs are poisoned and guarded (every element written, nothing else).
  * Bad inputs fail with a status and a message naming the tensor and write
- * nothing. */
+ * nothing. With a GPU, every case of the table runs on CUDA on the CPU
+ * run's inputs and is compared with the CPU reference within GEMM's bound
+ * for the equivalent GEMM. */
 #include "core/error_bound.h"
 #include "harness.h"
 
@@ -397,9 +399,8 @@ static void test_adjoint(void) {
 /* ---------------------------------------------------------------- kernel choices */
 
 /* Every iterator, stride support and split-K a problem allows gives the
- * CPU reference's bits (smelt/conv2d.h). */
-static void test_choices_same_bits(void) {
-  smelt_ctx *ctx = th_cpu();
+ * same bits on ctx: the backends sum each output whole (smelt/conv2d.h). */
+static void choices_same_bits(smelt_ctx *ctx) {
   const geom g = {2, 7, 6, 4, 5, 3, 3, 7, 6, 1, 1, 1, 1};
   opnd x, w, d0, d1;
   opnd_new(&x, ctx, F32, g.n, g.h, g.w, g.c, 0, 1);
@@ -436,6 +437,8 @@ static void test_choices_same_bits(void) {
   opnd_free(&d0);
   opnd_free(&d1);
 }
+
+static void test_choices_same_bits(void) { choices_same_bits(th_cpu()); }
 
 /* What the plan's description says it resolved AUTO to. */
 static void test_auto_choices(void) {
@@ -747,6 +750,12 @@ static void test_gpu_cases(void) {
   for (int i = 0; i < NCASES; i++) run_case(&cases[i], cu);
 }
 
+/* The reference kernel too ignores the description's kernel choices. */
+static void test_gpu_choices_same_bits(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  choices_same_bits(th_cuda());
+}
+
 /* The plan says which kernel serves it, and that the description's
  * choices are kept (not specialized) by the reference path. */
 static void test_gpu_plan(void) {
@@ -787,5 +796,6 @@ const th_test th_tests_conv2d[] = {
     {"plan_run", test_plan_run},
     {"gpu_cases", test_gpu_cases},
     {"gpu_plan", test_gpu_plan},
+    {"gpu_choices_same_bits", test_gpu_choices_same_bits},
     {0, 0},
 };
