@@ -353,6 +353,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
                                         int *compiled_count);
 
 #include "smelt/gemm.h"
+#include "smelt/conv2d.h"
 #include "smelt/attention.h"
 #include "smelt/peer.h"
 
