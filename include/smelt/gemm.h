@@ -269,8 +269,8 @@ SMELT_API smelt_status smelt_gemm_grouped(smelt_ctx *ctx, const smelt_gemm_desc 
  * A run binds tensors of exactly the planned dtypes, shapes and strides
  * (data pointers may change; the offsets' values may change freely). The
  * CUDA path serves the SIMT and mma.sync kernels, and on Hopper the wgmma
- * kernel (f16/bf16, B K-major, D without C whose rows are whole 16-byte
- * units). desc.mode must be AUTO or GROUPED_OFFS;
+ * kernel (f16/bf16, B K-major or N-major: RC and RR, D without C whose
+ * rows are whole 16-byte units). desc.mode must be AUTO or GROUPED_OFFS;
  * split_k 0 or 1. */
 SMELT_API smelt_status smelt_gemm_grouped_offs_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
                                                     const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
