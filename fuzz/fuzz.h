@@ -5,7 +5,7 @@
  * error nothing in the arena changed and the message is not empty; on
  * success only bytes of the declared outputs' elements changed. Each op
  * family's entry points live in their own file (fuzz_ops.c, fuzz_gemm.c,
- * fuzz_attention.c, fuzz_peer.c). */
+ * fuzz_attention.c, fuzz_peer.c, fuzz_conv2d.c). */
 #ifndef SMELT_FUZZ_H
 #define SMELT_FUZZ_H
 
@@ -159,5 +159,6 @@ void fz_attention(fz *f);
 void fz_attention_varlen(fz *f);
 void fz_peer(fz *f);
 void fz_peer_store(fz *f);
+void fz_conv2d(fz *f);
 
 #endif
