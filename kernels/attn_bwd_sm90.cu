@@ -199,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     mbar_init(fullKV, 1);
     for (int st = 0; st < STAGES; st++) {
       mbar_init(full + 8 * st, 32);              /* the producer warp's lanes */
-      mbar_init(empty + 8 * st, CONSUMERS * 4);  /* one arrival per consumer warp */
+      mbar_init(empty + 8 * st, CONSUMERS * 128); /* one arrival per consumer thread (see the release below) */
     }
     fence_mbar_init();
   }
@@ -397,12 +397,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int j = 0; j < NDQ; j++) red_add2(acc + (i64)q * P.H * D + j * 8, dq[j][2 * r], dq[j][2 * r + 1]);
     }
 #endif
-    /* dK done: this warp is done with the stage and the A fragments. */
+    /* dK done: this thread is done with the stage and the A fragments. Its
+     * own arrive orders its reads of the stage's LSE and D rows before the
+     * producer's next stores there (one arrive a warp after __syncwarp
+     * orders them as well, but compute-sanitizer's racecheck reports that
+     * as a WAR hazard). */
     WGMMA_WAIT(0);
     fence_f32(&dk[0][0], NO * 4);
     fence_u32(&da[0][0], BM / 4);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + 8 * st);
+    mbar_arrive(empty + 8 * st);
   }
 #if ATTN_DQ_TMA
   if (tid == 0) bulk_wait();

@@ -442,8 +442,11 @@ static __device__ __forceinline__ int lds32_ring(u32 addr) {
 
 /* The ring of tile numbers, two slots: the producer posts the n-th tile it
  * fetched (-1: no more) in slot n % 2 once the consumers have taken the
- * one two before; every consumer warp takes it and hands the slot back.
- * The arrive releases the store, the wait acquires it. */
+ * one two before; every consumer thread takes it and hands the slot back
+ * with its own arrive, which orders its read before the producer's next
+ * store (one arrive a warp after __syncwarp orders it as well, but
+ * compute-sanitizer's racecheck reports that as a WAR hazard). The
+ * producer's arrive releases its store, the consumers' wait acquires it. */
 static __device__ __forceinline__ void tile_post(u32 ring, u32 tfull, u32 tempty, int n, int i) {
   const int sl = n & 1;
   mbar_wait(tempty + 8 * sl, ((n >> 1) & 1) ^ 1);
@@ -454,8 +457,7 @@ static __device__ __forceinline__ int tile_take(u32 ring, u32 tfull, u32 tempty,
   const int sl = n & 1;
   mbar_wait(tfull + 8 * sl, (n >> 1) & 1);
   const int i = lds32_ring(ring + 4 * sl);
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) mbar_arrive(tempty + 8 * sl);
+  mbar_arrive(tempty + 8 * sl);
   return i;
 }
 #endif
@@ -511,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if ATTN_PERSISTENT == 2
     for (int sl = 0; sl < 2; sl++) {
       mbar_init(tfull + 8 * sl, 1);
-      mbar_init(tempty + 8 * sl, CONSUMERS * 4);
+      mbar_init(tempty + 8 * sl, CONSUMERS * 128);
     }
 #endif
     fence_mbar_init();
