@@ -299,7 +299,7 @@ def _block(x, w, bias):
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_no_graph_breaks(gen, device):
     device, dtype = params(device)
-    x = randn(gen, (2, 8, 9, 5), dtype, device).permute(0, 3, 1, 2)  # NCHW, channels_last
+    x = randn(gen, (2, 8, 9, 8), dtype, device).permute(0, 3, 1, 2)  # NCHW, channels_last
     w = randn(gen, (8, 3, 3, 8), dtype, device).permute(0, 3, 1, 2)
     bias = randn(gen, (8,), dtype, device)
     ex = torch._dynamo.explain(_block)(x, w, bias)
@@ -364,7 +364,7 @@ def _bad_calls(f, dgrad, wgrad):
     yield "x_shape", lambda: dgrad(dy, w, (2, 6, 7))
     yield "x_shape", lambda: dgrad(dy, w)
     yield "w_shape", lambda: wgrad(dy, x, 7)
-    yield "dy", lambda: dgrad(dy[..., :3], w, x.shape)               # K differs from w's
+    yield "w", lambda: dgrad(dy[..., :3], w, x.shape)                # K differs from w's
     yield "dy", lambda: wgrad(dy[:, :3], x, w.shape)                 # P differs from x's
 
 
