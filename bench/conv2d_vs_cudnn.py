@@ -136,12 +136,14 @@ def time_torch(torch, c, benchmark, opts):
         return [torch.empty(s, device="cuda", dtype=torch.bfloat16, memory_format=torch.channels_last).uniform_(-1, 1)
                 for s in shapes]
 
-    data = [make() for _ in range(sets)]
     try:
+        data = [make() for _ in range(sets)]
         ms, first_s = bench.time_rotated(torch, torch_call(torch, c), data, opts)
     finally:
+        data = None
         torch.backends.cudnn.benchmark = False
-    del data
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the next smelt process needs the memory
     return dict(median_ms=statistics.median(ms), min_ms=ms[0], sets=sets, first_call_s=first_s)
 
 
@@ -167,20 +169,30 @@ def run_case(torch, c, opts):
             r["errors" if key == "smelt" else "notes"].append(f"smelt {op}: {e}")
     for peer, benchmark in (("heur", False), ("bench", True)):  # heuristics first: benchmark mode caches its picks
         try:
-            p = time_torch(torch, c, benchmark, opts)
-            r[f"{peer}_median_ms"] = p["median_ms"]
-            r[f"{peer}_tflops"] = r["flops"] / (p["median_ms"] * 1e-3) / 1e12
+            r[f"{peer}_median_ms"] = time_torch(torch, c, benchmark, opts)["median_ms"]
+            r[f"{peer}_tflops"] = r["flops"] / (r[f"{peer}_median_ms"] * 1e-3) / 1e12
         except Exception as e:  # noqa: BLE001
             r["errors"].append(f"{PEERS[peer]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        finally:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # the next smelt process needs the memory
     st = r["smelt_tflops"]
     for peer in ("bench", "heur", "gemm"):
         pt = r.get(f"{peer}_tflops")
         r[f"ratio_{peer}"] = st / pt if st and pt else None
     r["wall_s"] = time.time() - t0
     return r
+
+
+def report_case(record, c, r):
+    """Case c's result rows (against cuDNN both ways, and against smelt's
+    GEMM) and its progress line."""
+    for peer in ("bench", "heur"):
+        record("conv2d", c["name"], "bf16", r["smelt_tflops"], PEERS[peer], r.get(f"{peer}_tflops"), "TF/s")
+    m, n, k = gemm_mnk(c)
+    record("conv2d", c["name"], "bf16", r["smelt_tflops"], "smelt GEMM", r["gemm_tflops"], "TF/s",
+           note=f"fraction of smelt's GEMM {m}x{n}x{k} {GEMM_LAYOUT[c['pass_']]}")
+    line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')}, cuDNN bench {fmt(r.get('bench_tflops'), '.1f')}, "
+            f"heur {fmt(r.get('heur_tflops'), '.1f')}, GEMM {fmt(r['gemm_tflops'], '.1f')} TFLOP/s ({r['wall_s']:.0f} s)")
+    print(line + "".join(f"\n    error: {e}" for e in r["errors"]) + "".join(f"\n    note: {e}" for e in r["notes"]),
+          flush=True)
 
 
 def verdicts(results):
@@ -240,27 +252,15 @@ def main():
     if torch is None:
         return 1
     record = bench.Recorder(opts, torch.cuda.get_device_name(0))
-    gpu, commit, date = record.gpu, record.commit, bench.utc_now()
+    date = bench.utc_now()
     cudnn_v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    print(f"smelt conv2d vs cuDNN on {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {cudnn_v}); "
-          f"smelt {commit}; {date}")
-    print(f"bf16, batch {BATCH}, NHWC (channels_last), median of {opts.iters} timed runs after {opts.warmup} "
-          f"warm-up runs on every side, random data, inputs rotated past 2x L2\n")
-
+    print(f"smelt conv2d vs cuDNN {cudnn_v} (torch {torch.__version__}, CUDA {torch.version.cuda}) on {record.gpu}; "
+          f"smelt {record.commit}; {date}\nbf16, batch {BATCH}, NHWC (channels_last), median of {opts.iters} timed "
+          f"runs after {opts.warmup} warm-up runs on every side, random data, inputs rotated past 2x L2\n")
     results = []
-    for c in cases:
-        r = run_case(torch, c, opts)
-        results.append(r)
-        for peer in ("bench", "heur"):
-            record("conv2d", c["name"], "bf16", r["smelt_tflops"], PEERS[peer], r.get(f"{peer}_tflops"), "TF/s")
-        m, n, k = gemm_mnk(c)
-        record("conv2d", c["name"], "bf16", r["smelt_tflops"], "smelt GEMM", r["gemm_tflops"], "TF/s",
-               note=f"fraction of smelt's GEMM {m}x{n}x{k} {GEMM_LAYOUT[c['pass_']]}")
-        line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')}, cuDNN bench {fmt(r.get('bench_tflops'), '.1f')}, "
-                f"heur {fmt(r.get('heur_tflops'), '.1f')}, GEMM {fmt(r['gemm_tflops'], '.1f')} TFLOP/s "
-                f"({r['wall_s']:.0f} s)")
-        print(line + "".join(f"\n    error: {e}" for e in r["errors"]) + "".join(f"\n    note: {e}" for e in r["notes"]),
-              flush=True)
+    for c in cases:  # each case's line and rows as soon as it ran
+        results.append(run_case(torch, c, opts))
+        report_case(record, c, results[-1])
 
     print()
     hdr = (f"{'case':34s} {'smelt':>7s} {'cuDNN-b':>7s} {'cuDNN-h':>7s} {'GEMM':>7s} {'/bench':>7s} {'/heur':>7s} "

@@ -586,6 +586,34 @@ def _conv_layout(layout, op):
         raise ArgumentError("%s: layout=%r is not 'nhwc' or 'nchw'" % (op, layout))
 
 
+# What conv2d_dgrad (kind 1) and conv2d_wgrad (2) call their operand B and
+# the shape argument of their result.
+_CONV_GRAD_NAMES = {1: ("smelt.conv2d_dgrad", "w", "x_shape"), 2: ("smelt.conv2d_wgrad", "x", "w_shape")}
+
+
+def _conv_grad_args(kind, dy, b, shape, geometry, c, out, layout):
+    """The checked arguments of conv2d_dgrad or conv2d_wgrad (geometry:
+    stride, padding, dilation as given): the op's name, the geometry tuple,
+    dy, b and c in smelt's layout and the result's shape in NHWC order."""
+    op, b_name, shape_name = _CONV_GRAD_NAMES[kind]
+    _conv_layout(layout, op)
+    geom = _conv_geometry(*geometry, op)
+    dy, b = _conv_view(dy, "dy", op, layout), _conv_view(b, b_name, op, layout)
+    if shape is None and out is None:
+        raise ArgumentError("%s: give %s (the shape of the result) or out" % (op, shape_name))
+    shape = _conv_shape4(shape if shape is not None else _shape(out, "out", op), shape_name, op, layout)
+    return op, geom, dy, b, None if c is None else _conv_view(c, "c", op, layout), shape
+
+
+def _conv_grad(kind, dy, b, shape, geometry, c, out, alpha, beta, math, out_dtype, layout, ctx, stream):
+    """conv2d_dgrad (kind 1) or conv2d_wgrad (2); torch's op under torch.compile."""
+    if _is_compiling():
+        return _torch_impl._conv_grad(kind, dy, b, shape, geometry, c, out, alpha, beta, math, out_dtype, layout)
+    op, geom, dy, b, c, shape = _conv_grad_args(kind, dy, b, shape, geometry, c, out, layout)
+    return _conv2d_call(kind, op, dy, b, c, None, out, shape, geom, alpha, beta, "identity", 0.01, math, out_dtype,
+                        layout, ctx, stream)
+
+
 def conv2d(x, w, bias=None, c=None, out=None, *, stride=1, padding=0, dilation=1, alpha=1.0, beta=None,
            activation="identity", slope=0.01, math="default", out_dtype=None, layout="nhwc", ctx=None, stream=None):
     """Conv2d forward (fprop) as an implicit GEMM with GEMM's epilogue:
@@ -644,21 +672,8 @@ def conv2d_dgrad(dy, w, x_shape=None, *, stride=1, padding=0, dilation=1, c=None
     beta:    defaults to 1 when c is given (e.g. to add into a gradient), else 0.
     Returns dx.
     """
-    op = "smelt.conv2d_dgrad"
-    _conv_layout(layout, op)
-    if _is_compiling():
-        return _torch_impl.conv2d_dgrad(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation, c=c,
-                                        out=out, alpha=alpha, beta=beta, math=math, out_dtype=out_dtype,
-                                        layout=layout)
-    geom = _conv_geometry(stride, padding, dilation, op)
-    dy, w = _conv_view(dy, "dy", op, layout), _conv_view(w, "w", op, layout)
-    if x_shape is None and out is None:
-        raise ArgumentError("%s: give x_shape (the forward input's shape) or out" % op)
-    shape = _conv_shape4(x_shape if x_shape is not None else _shape(out, "out", op), "x_shape", op, layout)
-    if c is not None:
-        c = _conv_view(c, "c", op, layout)
-    return _conv2d_call(1, op, dy, w, c, None, out, shape, geom, alpha, beta, "identity", 0.01, math, out_dtype,
-                        layout, ctx, stream)
+    return _conv_grad(1, dy, w, x_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout,
+                      ctx, stream)
 
 
 def conv2d_wgrad(dy, x, w_shape=None, *, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
@@ -676,21 +691,8 @@ def conv2d_wgrad(dy, x, w_shape=None, *, stride=1, padding=0, dilation=1, c=None
     beta:    defaults to 1 when c is given (e.g. to accumulate), else 0.
     Returns dw.
     """
-    op = "smelt.conv2d_wgrad"
-    _conv_layout(layout, op)
-    if _is_compiling():
-        return _torch_impl.conv2d_wgrad(dy, x, w_shape, stride=stride, padding=padding, dilation=dilation, c=c,
-                                        out=out, alpha=alpha, beta=beta, math=math, out_dtype=out_dtype,
-                                        layout=layout)
-    geom = _conv_geometry(stride, padding, dilation, op)
-    dy, x = _conv_view(dy, "dy", op, layout), _conv_view(x, "x", op, layout)
-    if w_shape is None and out is None:
-        raise ArgumentError("%s: give w_shape (the filter's shape) or out" % op)
-    shape = _conv_shape4(w_shape if w_shape is not None else _shape(out, "out", op), "w_shape", op, layout)
-    if c is not None:
-        c = _conv_view(c, "c", op, layout)
-    return _conv2d_call(2, op, dy, x, c, None, out, shape, geom, alpha, beta, "identity", 0.01, math, out_dtype,
-                        layout, ctx, stream)
+    return _conv_grad(2, dy, x, w_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout,
+                      ctx, stream)
 
 
 # ---- PEER

@@ -13,10 +13,9 @@ already imported, or on first use of a smelt op after torch is) registers:
                         str activation, float slope, str math) -> Tensor   (no backward: see below)
     smelt::conv2d(Tensor x, Tensor w, Tensor? bias, Tensor? c, SymInt[] geometry, float alpha, float beta,
                   str activation, float slope, str math, ScalarType? out_dtype) -> Tensor      (NHWC)
-    smelt::conv2d_dgrad(Tensor dy, Tensor w, Tensor? c, SymInt[] x_shape, SymInt[] geometry, float alpha,
-                        float beta, str math, ScalarType? out_dtype) -> Tensor
-    smelt::conv2d_wgrad(Tensor dy, Tensor x, Tensor? c, SymInt[] w_shape, SymInt[] geometry, float alpha,
-                        float beta, str math, ScalarType? out_dtype) -> Tensor
+    smelt::conv2d_dgrad(Tensor dy, Tensor b, Tensor? c, SymInt[] shape, SymInt[] geometry, float alpha,
+                        float beta, str math, ScalarType? out_dtype) -> Tensor      (b: w; shape: x's)
+    smelt::conv2d_wgrad(<the same>) -> Tensor                                        (b: x; shape: w's)
                   (geometry: pad_top, pad_bottom, pad_left, pad_right, stride_h, stride_w, dilation_h,
                   dilation_w)
     smelt::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale, int window_left,
@@ -354,39 +353,29 @@ def _conv2d_fake(x, w, bias, c, geometry, alpha, beta, activation, slope, math, 
     return x.new_empty((n, p, q, k), dtype=out_dtype or x.dtype)
 
 
-def _conv_grad_op(kind, dy, b, c, shape, geometry, alpha, beta, math, out_dtype):
-    """dgrad (kind 1) or wgrad (2) into a new tensor of shape."""
-    d = dy.new_empty(tuple(shape), dtype=out_dtype or dy.dtype)
-    _C.conv2d(kind, dy, b, c, None, d, None, tuple(geometry), alpha, beta, "identity", 0.01, math, None, None, None)
-    return d
+def _conv_grad_custom_op(kind, name):
+    """smelt::conv2d_dgrad (kind 1: b is w, shape x's) or smelt::conv2d_wgrad
+    (kind 2: b is x, shape w's), with its fake kernel."""
+
+    @torch.library.custom_op("smelt::" + name, mutates_args=())
+    def op(dy: Tensor, b: Tensor, c: Optional[Tensor], shape: list[int], geometry: list[int], alpha: float,
+           beta: float, math: str, out_dtype: Optional[torch.dtype]) -> Tensor:
+        d = dy.new_empty(tuple(shape), dtype=out_dtype or dy.dtype)
+        _C.conv2d(kind, dy, b, c, None, d, None, tuple(geometry), alpha, beta, "identity", 0.01, math, None, None,
+                  None)
+        return d
+
+    @op.register_fake
+    def _fake(dy, b, c, shape, geometry, alpha, beta, math, out_dtype):
+        torch._check(dy.dim() == 4 and b.dim() == 4 and len(shape) == 4,
+                     lambda: "smelt.%s: dy, b and the shape must be 4-D" % name)
+        return dy.new_empty(tuple(shape), dtype=out_dtype or dy.dtype)
+
+    return op
 
 
-def _conv_grad_fake(what, dy, b, shape, out_dtype):
-    torch._check(dy.dim() == 4 and b.dim() == 4 and len(shape) == 4,
-                 lambda: "smelt.%s: dy, its second operand and the shape must be 4-D" % what)
-    return dy.new_empty(tuple(shape), dtype=out_dtype or dy.dtype)
-
-
-@torch.library.custom_op("smelt::conv2d_dgrad", mutates_args=())
-def _conv2d_dgrad(dy: Tensor, w: Tensor, c: Optional[Tensor], x_shape: list[int], geometry: list[int], alpha: float,
-                  beta: float, math: str, out_dtype: Optional[torch.dtype]) -> Tensor:
-    return _conv_grad_op(1, dy, w, c, x_shape, geometry, alpha, beta, math, out_dtype)
-
-
-@_conv2d_dgrad.register_fake
-def _conv2d_dgrad_fake(dy, w, c, x_shape, geometry, alpha, beta, math, out_dtype):
-    return _conv_grad_fake("conv2d_dgrad", dy, w, x_shape, out_dtype)
-
-
-@torch.library.custom_op("smelt::conv2d_wgrad", mutates_args=())
-def _conv2d_wgrad(dy: Tensor, x: Tensor, c: Optional[Tensor], w_shape: list[int], geometry: list[int], alpha: float,
-                  beta: float, math: str, out_dtype: Optional[torch.dtype]) -> Tensor:
-    return _conv_grad_op(2, dy, x, c, w_shape, geometry, alpha, beta, math, out_dtype)
-
-
-@_conv2d_wgrad.register_fake
-def _conv2d_wgrad_fake(dy, x, c, w_shape, geometry, alpha, beta, math, out_dtype):
-    return _conv_grad_fake("conv2d_wgrad", dy, x, w_shape, out_dtype)
+_conv2d_dgrad = _conv_grad_custom_op(1, "conv2d_dgrad")
+_conv2d_wgrad = _conv_grad_custom_op(2, "conv2d_wgrad")
 
 
 def _conv2d_setup(ctx, inputs, output):
@@ -845,6 +834,18 @@ def _conv_in(t, name, op, layout):
     return _smelt._conv_view(t, name, op, layout)
 
 
+def _torch_dtype(dt):
+    """A torch dtype for out_dtype=: None, a torch dtype, or a smelt name
+    of the conv2d output dtypes."""
+    if dt is None or isinstance(dt, torch.dtype):
+        return dt
+    names = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    name = _smelt._norm_dtype(dt)
+    if name not in names:
+        raise _smelt.DTypeError("smelt.conv2d: out_dtype=%r is not one of f32, f16, bf16 (or a torch dtype)" % (dt,))
+    return names[name]
+
+
 def _conv_back(y, layout):
     return y if layout == "nhwc" else y.permute(0, 3, 1, 2)
 
@@ -863,44 +864,30 @@ def conv2d(x, w, bias=None, c=None, out=None, stride=1, padding=0, dilation=1, a
     _smelt._conv_y_shape(x, w, geometry, op)  # an output of at least 1x1, named before the op runs
     if beta is None:
         beta = 0.0 if c is None else 1.0
-    if isinstance(out_dtype, str):
-        out_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[out_dtype]
     y = torch.ops.smelt.conv2d(x, w, bias, c, geometry, float(alpha), float(beta), activation, float(slope), math,
-                               out_dtype)
+                               _torch_dtype(out_dtype))
     return _into(_conv_back(y, layout), out)
 
 
-def _conv_grad(kind, dy, b, shape, stride, padding, dilation, c, out, alpha, beta, math, out_dtype, layout):
-    op = "smelt.conv2d_" + kind
-    _smelt._conv_layout(layout, op)
-    geometry = list(_smelt._conv_geometry(stride, padding, dilation, op))
-    dy, b = _conv_in(dy, "dy", op, layout), _conv_in(b, "w" if kind == "dgrad" else "x", op, layout)
-    c = None if c is None else _conv_in(c, "c", op, layout)
-    name = "x_shape" if kind == "dgrad" else "w_shape"
-    if shape is None and out is None:
-        raise _smelt.ArgumentError("%s: give %s or out" % (op, name))
-    shape = list(_smelt._conv_shape4(tuple(out.shape) if shape is None else shape, name, op, layout))
+def _conv_grad(kind, dy, b, shape, geometry, c, out, alpha, beta, math, out_dtype, layout):
+    _, geom, dy, b, c, shape = _smelt._conv_grad_args(kind, dy, b, shape, geometry, c, out, layout)
     if beta is None:
         beta = 0.0 if c is None else 1.0
-    if isinstance(out_dtype, str):
-        out_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[out_dtype]
-    f = torch.ops.smelt.conv2d_dgrad if kind == "dgrad" else torch.ops.smelt.conv2d_wgrad
-    d = f(dy, b, c, shape, geometry, float(alpha), float(beta), math, out_dtype)
+    f = torch.ops.smelt.conv2d_dgrad if kind == 1 else torch.ops.smelt.conv2d_wgrad
+    d = f(dy, b, c, list(shape), list(geom), float(alpha), float(beta), math, _torch_dtype(out_dtype))
     return _into(_conv_back(d, layout), out)
 
 
 def conv2d_dgrad(dy, w, x_shape=None, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
                  math="default", out_dtype=None, layout="nhwc"):
     """torch.ops.smelt.conv2d_dgrad; out is filled by copy. See smelt.conv2d_dgrad."""
-    return _conv_grad("dgrad", dy, w, x_shape, stride, padding, dilation, c, out, alpha, beta, math, out_dtype,
-                      layout)
+    return _conv_grad(1, dy, w, x_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout)
 
 
 def conv2d_wgrad(dy, x, w_shape=None, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
                  math="default", out_dtype=None, layout="nhwc"):
     """torch.ops.smelt.conv2d_wgrad; out is filled by copy. See smelt.conv2d_wgrad."""
-    return _conv_grad("wgrad", dy, x, w_shape, stride, padding, dilation, c, out, alpha, beta, math, out_dtype,
-                      layout)
+    return _conv_grad(2, dy, x, w_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout)
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None):

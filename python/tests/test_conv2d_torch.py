@@ -58,6 +58,14 @@ def inputs(gen, case, dtype, device):
     return randn(gen, (n, h, w, c), dtype, device), randn(gen, (k, r, s, c), dtype, device)
 
 
+def problem(gen, device, case):
+    """(dtype, the case's stride/padding/dilation keywords, x, w) on device:
+    f32 on the CPU, bf16 on CUDA."""
+    device, dtype = params(device)
+    stride, padding, dilation, _ = geometry(case)
+    return (dtype, dict(stride=stride, padding=padding, dilation=dilation)) + inputs(gen, case, dtype, device)
+
+
 def nchw(t):
     return t.permute(0, 3, 1, 2)
 
@@ -72,10 +80,8 @@ def nhwc(t):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_fprop_vs_torch(gen, device, case):
-    device, dtype = params(device)
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
-    y = smelt.conv2d(x, w, stride=stride, padding=padding, dilation=dilation)
+    dtype, kw, x, w = problem(gen, device, case)
+    y = smelt.conv2d(x, w, **kw)
     want = nhwc(ref_conv(nchw(x).double(), nchw(w).double(), case))
     assert y.dtype == dtype and y.device == x.device and y.shape == want.shape
     assert rel(y, want) < REL[dtype]
@@ -89,15 +95,12 @@ def test_fprop_vs_torch(gen, device, case):
 @pytest.mark.parametrize("act", ["identity", "relu", "gelu", "leaky_relu"])
 def test_fprop_epilogue(gen, device, act):
     """act(alpha · conv + beta · c + bias), in one call, c read as NPQK."""
-    device, dtype = params(device)
     case = CASES[2]
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
+    dtype, kw, x, w = problem(gen, device, case)
     bias = randn(gen, (w.shape[0],), dtype, device)
     conv = nhwc(ref_conv(nchw(x).double(), nchw(w).double(), case))
     c = randn(gen, conv.shape, dtype, device)
-    y = smelt.conv2d(x, w, bias, c, stride=stride, padding=padding, dilation=dilation, alpha=0.5, beta=-2.0,
-                     activation=act, slope=0.2)
+    y = smelt.conv2d(x, w, bias, c, alpha=0.5, beta=-2.0, activation=act, slope=0.2, **kw)
     pre = 0.5 * conv - 2.0 * c.double() + bias.double()
     want = {"identity": lambda t: t, "relu": F.relu, "gelu": F.gelu,
             "leaky_relu": lambda t: F.leaky_relu(t, 0.2)}[act](pre)
@@ -107,15 +110,14 @@ def test_fprop_epilogue(gen, device, act):
 @pytest.mark.parametrize("device", DEVICES)
 def test_fprop_in_place_and_out_dtype(gen, device):
     """out may be c exactly (a residual added in place); out_dtype widens D."""
-    device, dtype = params(device)
     case = CASES[0]
-    x, w = inputs(gen, case, dtype, device)
+    dtype, kw, x, w = problem(gen, device, case)
     want = nhwc(ref_conv(nchw(x).double(), nchw(w).double(), case))
     c = randn(gen, want.shape, dtype, device)
     c0 = c.double()
-    assert smelt.conv2d(x, w, c=c, out=c, padding=1) is c
+    assert smelt.conv2d(x, w, c=c, out=c, **kw) is c
     assert rel(c, want + c0) < REL[dtype]
-    y = smelt.conv2d(x, w, padding=1, out_dtype=torch.float32)
+    y = smelt.conv2d(x, w, out_dtype=torch.float32, **kw)
     assert y.dtype == torch.float32 and rel(y, want) < REL[dtype]
 
 
@@ -124,23 +126,21 @@ def test_nchw_channels_last_views(gen, device):
     """layout='nchw' reads channels_last NCHW tensors as NHWC without a copy
     (the result is channels_last too), contiguous NCHW ones through strides,
     and out= in NCHW is written in place."""
-    device, dtype = params(device)
     case = CASES[3]
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
+    dtype, kw, x, w = problem(gen, device, case)
     xl, wl = nchw(x), nchw(w)  # NCHW shapes over NHWC memory: channels_last
     assert xl.is_contiguous(memory_format=torch.channels_last)
     want = ref_conv(xl.double(), wl.double(), case)
-    y = smelt.conv2d(xl, wl, stride=stride, padding=padding, layout="nchw")
+    y = smelt.conv2d(xl, wl, layout="nchw", **kw)
     assert y.shape == want.shape and y.is_contiguous(memory_format=torch.channels_last)
     assert rel(y, want) < REL[dtype]
-    y2 = smelt.conv2d(xl.contiguous(), wl.contiguous(), stride=stride, padding=padding, layout="nchw")
+    y2 = smelt.conv2d(xl.contiguous(), wl.contiguous(), layout="nchw", **kw)
     assert torch.equal(y2, y)
     out = torch.empty_like(y, memory_format=torch.channels_last)
-    assert smelt.conv2d(xl, wl, stride=stride, padding=padding, layout="nchw", out=out) is out
+    assert smelt.conv2d(xl, wl, layout="nchw", **kw, out=out) is out
     assert torch.equal(out, y)
     with pytest.raises(smelt.ArgumentError, match="channels_last"):
-        smelt.conv2d(xl, wl, stride=stride, padding=padding)  # NCHW given as NHWC
+        smelt.conv2d(xl, wl, **kw)  # NCHW given as NHWC
 
 
 # ---- dgrad and wgrad
@@ -157,14 +157,12 @@ def torch_grads(x, w, dy, case):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_dgrad_wgrad_vs_torch(gen, device, case):
-    device, dtype = params(device)
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
-    y = smelt.conv2d(x, w, stride=stride, padding=padding, dilation=dilation)
+    dtype, kw, x, w = problem(gen, device, case)
+    y = smelt.conv2d(x, w, **kw)
     dy = randn(gen, y.shape, dtype, device)
     want_dx, want_dw = torch_grads(x, w, dy, case)
-    dx = smelt.conv2d_dgrad(dy, w, x.shape, stride=stride, padding=padding, dilation=dilation)
-    dw = smelt.conv2d_wgrad(dy, x, w.shape, stride=stride, padding=padding, dilation=dilation)
+    dx = smelt.conv2d_dgrad(dy, w, x.shape, **kw)
+    dw = smelt.conv2d_wgrad(dy, x, w.shape, **kw)
     assert dx.shape == x.shape and dw.shape == w.shape and dx.dtype == dw.dtype == dtype
     # wgrad sums N·P·Q products: bf16's bound grows with it as torch's own does.
     assert rel(dx, want_dx) < REL[dtype]
@@ -176,9 +174,7 @@ def test_adjoint_identity(gen, case):
     """gradcheck's question without finite differences: dgrad and wgrad are
     the adjoints of fprop, <conv(x, w), dy> = <x, dgrad(dy, w)> =
     <w, wgrad(dy, x)>, each side summed in float64 from smelt's f32 results."""
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, torch.float32, "cpu")
-    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    _, kw, x, w = problem(gen, "cpu", case)
     y = smelt.conv2d(x, w, **kw)
     dy = randn(gen, y.shape)
     lhs = (y.double() * dy.double()).sum()
@@ -191,15 +187,13 @@ def test_adjoint_identity(gen, case):
 @pytest.mark.parametrize("device", DEVICES)
 def test_grads_accumulate_with_beta(gen, device):
     """dgrad and wgrad take alpha, beta and c: dx = alpha · dgrad + beta · c."""
-    device, dtype = params(device)
     case = CASES[1]
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
-    dy = randn(gen, smelt.conv2d(x, w, stride=stride).shape, dtype, device)
+    dtype, kw, x, w = problem(gen, device, case)
+    dy = randn(gen, smelt.conv2d(x, w, **kw).shape, dtype, device)
     want_dx, want_dw = torch_grads(x, w, dy, case)
     cx, cw = randn(gen, x.shape, dtype, device), randn(gen, w.shape, dtype, device)
-    dx = smelt.conv2d_dgrad(dy, w, c=cx, out=cx.clone(), stride=stride, alpha=2.0, beta=0.5)
-    dw = smelt.conv2d_wgrad(dy, x, w.shape, c=cw, stride=stride, alpha=2.0)  # beta defaults to 1 with c
+    dx = smelt.conv2d_dgrad(dy, w, c=cx, out=cx.clone(), alpha=2.0, beta=0.5, **kw)
+    dw = smelt.conv2d_wgrad(dy, x, w.shape, c=cw, alpha=2.0, **kw)  # beta defaults to 1 with c
     assert rel(dx, 2 * want_dx + 0.5 * cx.double()) < REL[dtype]
     assert rel(dw, 2 * want_dw + cw.double()) < REL[dtype]
 
@@ -208,15 +202,13 @@ def test_grads_accumulate_with_beta(gen, device):
 def test_grads_nchw(gen, device):
     """dgrad and wgrad in layout 'nchw': shapes in torch's order, as
     torch.nn.grad.conv2d_input and conv2d_weight take them."""
-    device, dtype = params(device)
     case = CASES[3]
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
-    dy = randn(gen, smelt.conv2d(x, w, stride=stride, padding=padding).shape, dtype, device)
+    dtype, kw, x, w = problem(gen, device, case)
+    dy = randn(gen, smelt.conv2d(x, w, **kw).shape, dtype, device)
     want_dx, want_dw = torch_grads(x, w, dy, case)
     xl, wl, dyl = nchw(x), nchw(w), nchw(dy)
-    dx = smelt.conv2d_dgrad(dyl, wl, xl.shape, stride=stride, padding=padding, layout="nchw")
-    dw = smelt.conv2d_wgrad(dyl, xl, wl.shape, stride=stride, padding=padding, layout="nchw")
+    dx = smelt.conv2d_dgrad(dyl, wl, xl.shape, layout="nchw", **kw)
+    dw = smelt.conv2d_wgrad(dyl, xl, wl.shape, layout="nchw", **kw)
     assert dx.shape == xl.shape and dw.shape == wl.shape
     assert rel(dx, nchw(want_dx)) < REL[dtype] and rel(dw, nchw(want_dw)) < REL[dtype]
 
@@ -230,12 +222,9 @@ def test_grads_nchw(gen, device):
 def test_autograd_vs_torch(gen, device, case, act):
     """smelt.torch.conv2d's backward (smelt's dgrad and wgrad) against
     torch's autograd in float64, bias and c included."""
-    device, dtype = params(device)
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
+    dtype, kw, x, w = problem(gen, device, case)
     bias = randn(gen, (w.shape[0],), dtype, device)
-    kw = dict(stride=stride, padding=padding, dilation=dilation)
-    c = randn(gen, smelt.conv2d(x, w, **kw).shape, dtype, device)
+    c = randn(gen, smelt.conv2d(x, w, **kw).shape, dtype, x.device)
     leaves = [t.requires_grad_() for t in (x, w, bias, c)]
     y = st.conv2d(x, w, bias, c, alpha=0.5, beta=2.0, activation=act, **kw)
     dy = randn(gen, y.shape, dtype, device)
@@ -252,12 +241,10 @@ def test_autograd_vs_torch(gen, device, case, act):
 @pytest.mark.parametrize("device", DEVICES)
 def test_autograd_nchw_sum(gen, device):
     """Through layout 'nchw' views, with y.sum()'s broadcast gradient (stride 0)."""
-    device, dtype = params(device)
     case = CASES[5]
-    stride, padding, dilation, _ = geometry(case)
-    x, w = inputs(gen, case, dtype, device)
+    dtype, kw, x, w = problem(gen, device, case)
     xl, wl = nchw(x).detach().requires_grad_(), nchw(w).detach().requires_grad_()
-    st.conv2d(xl, wl, stride=stride, padding=padding, layout="nchw").sum().backward()
+    st.conv2d(xl, wl, layout="nchw", **kw).sum().backward()
     xd, wd = xl.detach().double().requires_grad_(), wl.detach().double().requires_grad_()
     ref_conv(xd, wd, case).sum().backward()
     assert rel(xl.grad, xd.grad) < REL[dtype] and rel(wl.grad, wd.grad) < REL[dtype]
