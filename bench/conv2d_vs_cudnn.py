@@ -190,7 +190,8 @@ def report_case(record, c, r):
     record("conv2d", c["name"], "bf16", r["smelt_tflops"], "smelt GEMM", r["gemm_tflops"], "TF/s",
            note=f"fraction of smelt's GEMM {m}x{n}x{k} {GEMM_LAYOUT[c['pass_']]}")
     line = (f"{c['name']}: smelt {fmt(r['smelt_tflops'], '.1f')}, cuDNN bench {fmt(r.get('bench_tflops'), '.1f')}, "
-            f"heur {fmt(r.get('heur_tflops'), '.1f')}, GEMM {fmt(r['gemm_tflops'], '.1f')} TFLOP/s ({r['wall_s']:.0f} s)")
+            f"heur {fmt(r.get('heur_tflops'), '.1f')}, GEMM {fmt(r['gemm_tflops'], '.1f')} TFLOP/s "
+            f"({r['wall_s']:.0f} s)")
     print(line + "".join(f"\n    error: {e}" for e in r["errors"]) + "".join(f"\n    note: {e}" for e in r["notes"]),
           flush=True)
 

@@ -71,8 +71,8 @@ _c_topk = _C.topk
 _c_gemm = _C.gemm
 _c_gemm_grouped = _C.gemm_grouped
 _c_attention = _C.attention
-_c_conv2d = _C.conv2d
 _c_attention_backward = _C.attention_backward
+_c_conv2d = _C.conv2d
 _c_peer = _C.peer
 
 
@@ -536,7 +536,8 @@ def _conv_view(t, name, op, layout, to_nhwc=True):
         raise ArgumentError("%s: %s must be 4-D%s (layout=%r), got shape %r"
                             % (op, name, " " + dims if dims else "", layout, shape))
     if layout == "nhwc":
-        if _is_torch(t) and not t.is_contiguous() and t.is_contiguous(memory_format=_sys.modules["torch"].channels_last):
+        channels_last = _sys.modules["torch"].channels_last if _is_torch(t) else None
+        if channels_last is not None and not t.is_contiguous() and t.is_contiguous(memory_format=channels_last):
             raise ArgumentError("%s: %s is an NCHW tensor in channels_last memory; pass layout='nchw' (it is then "
                                 "read as NHWC without a copy) or an NHWC tensor" % (op, name))
         return t
@@ -652,8 +653,8 @@ def conv2d(x, w, bias=None, c=None, out=None, *, stride=1, padding=0, dilation=1
     x, w = _conv_view(x, "x", op, layout), _conv_view(w, "w", op, layout)
     if c is not None:
         c = _conv_view(c, "c", op, layout)
-    return _conv2d_call(0, op, x, w, c, bias, out, _conv_y_shape(x, w, geom, op), geom, alpha, beta, activation, slope, math, out_dtype,
-                        layout, ctx, stream)
+    return _conv2d_call(0, op, x, w, c, bias, out, _conv_y_shape(x, w, geom, op), geom, alpha, beta, activation,
+                        slope, math, out_dtype, layout, ctx, stream)
 
 
 def conv2d_dgrad(dy, w, x_shape=None, *, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
