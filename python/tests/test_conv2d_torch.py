@@ -134,8 +134,8 @@ def test_nchw_channels_last_views(gen, device):
     y = smelt.conv2d(xl, wl, layout="nchw", **kw)
     assert y.shape == want.shape and y.is_contiguous(memory_format=torch.channels_last)
     assert rel(y, want) < REL[dtype]
-    y2 = smelt.conv2d(xl.contiguous(), wl.contiguous(), layout="nchw", **kw)
-    assert torch.equal(y2, y)
+    y2 = smelt.conv2d(xl.contiguous(), wl.contiguous(), layout="nchw", **kw)  # may take another kernel
+    assert y2.shape == want.shape and rel(y2, want) < REL[dtype]
     out = torch.empty_like(y, memory_format=torch.channels_last)
     assert smelt.conv2d(xl, wl, layout="nchw", **kw, out=out) is out
     assert torch.equal(out, y)
