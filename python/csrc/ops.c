@@ -109,18 +109,18 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
 /* The conv2d description's parameters in the plan key: alpha, beta, the
  * activation and slope where GEMM keeps them, and every integer field in
  * i[] (two 32-bit fields a slot; each fits, and the packing is one-to-one). */
+static int64_t key_pair(int hi, int lo) { return (int64_t)(((uint64_t)(uint32_t)hi << 32) | (uint32_t)lo); }
+
 static void conv2d_key(const smelt_conv2d_desc *d, smpy_pkey *key) {
-#define PAIR(x, y) ((int64_t)(((uint64_t)(uint32_t)(x) << 32) | (uint32_t)(y)))
   key->f[0] = d->epilogue.alpha;
   key->f[1] = d->epilogue.beta;
   key->act = (int32_t)d->epilogue.act;
   key->slope = d->epilogue.slope;
-  key->i[0] = PAIR(d->kind, d->math);
-  key->i[1] = PAIR(d->pad_h0, d->pad_h1);
-  key->i[2] = PAIR(d->pad_w0, d->pad_w1);
-  key->i[3] = PAIR(d->stride_h, d->stride_w);
-  key->i[4] = PAIR(d->dilation_h, d->dilation_w);
-#undef PAIR
+  key->i[0] = key_pair((int)d->kind, (int)d->math);
+  key->i[1] = key_pair(d->pad_h0, d->pad_h1);
+  key->i[2] = key_pair(d->pad_w0, d->pad_w1);
+  key->i[3] = key_pair(d->stride_h, d->stride_w);
+  key->i[4] = key_pair(d->dilation_h, d->dilation_w);
 }
 
 /* Plans (cached) and runs the op on the call's context and stream. */

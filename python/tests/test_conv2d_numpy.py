@@ -61,6 +61,22 @@ def test_fprop_dgrad_wgrad(rng, case):
     assert abs(lhs - float((w.astype(np.float64) * dw).sum())) <= 1e-5 * scale
 
 
+def test_plans_per_geometry(rng):
+    """Calls of the same shapes and different padding, stride, dilation,
+    alpha or activation each get their own cached plan (the plan key holds
+    every field of the description)."""
+    x, w = rng.standard_normal((1, 9, 9, 2)).astype(np.float32), rng.standard_normal((3, 3, 3, 2)).astype(np.float32)
+    ctx = smelt.default_context("cpu")
+    for pads, stride, dilation in (((1, 0, 2, 1), (1, 1), (1, 1)), ((0, 1, 1, 2), (1, 1), (1, 1)),
+                                   ((2, 2, 2, 2), (1, 1), (2, 2)), ((3, 2, 3, 2), (2, 2), (1, 1))):
+        want = direct(x, w, stride, pads, dilation)
+        for alpha, act in ((1.0, "identity"), (-0.5, "relu")):
+            y = smelt.conv2d(x, w, padding=pads, stride=stride, dilation=dilation, alpha=alpha, activation=act,
+                             ctx=ctx)
+            ref = alpha * want if act == "identity" else np.maximum(alpha * want, 0)
+            assert y.shape == ref.shape and np.abs(y - ref).max() <= 1e-5 * (1 + np.abs(ref).max())
+
+
 def test_nchw_views(rng):
     case = CASES[3]
     _, _, stride, pads, dilation = case
