@@ -38,11 +38,13 @@ static const cli_doc doc = {
     "  topk        MoE-style top-k routing over [tokens, num-experts] logits\n"
     "  gemm        the MLP up-projection gelu(x W^T + b) to 4*d_model, fused\n"
     "              and unfused\n"
+    "  conv2d      one ResNet 3x3 layer (28x28x64 -> 64, batch 2): fprop with\n"
+    "              bias+relu fused, dgrad and wgrad, with the kernel each plan chose\n"
     "  attention   self-attention over the tokens (forward full and causal,\n"
     "              backward causal) against naive attention\n"
     "  peer        PEER over a million experts in the expert store (host tables,\n"
     "              an HBM cache): routing and the cache warming up\n"
-    "On the CPU backend the gemm, attention and peer problems are scaled down\n"
+    "On the CPU backend the gemm, conv2d, attention and peer problems are scaled down\n"
     "(each says so): the reference is naive loops.\n",
 };
 

@@ -8,8 +8,10 @@
  * release the DLPack imports. */
 #include "smelt_py.h"
 #include "smelt/attention.h"
+#include "smelt/conv2d.h"
 #include "smelt/gemm.h"
 
+#include <limits.h>
 #include <string.h>
 
 static PyObject *act_names; /* dict: name -> smelt_act */
@@ -24,7 +26,8 @@ enum {
   OP_ATTN_FWD,
   OP_ATTN_VARLEN_FWD,
   OP_ATTN_BWD,
-  OP_ATTN_VARLEN_BWD
+  OP_ATTN_VARLEN_BWD,
+  OP_CONV2D
 };
 
 typedef struct op_args {
@@ -34,9 +37,11 @@ typedef struct op_args {
   int64_t k;
   smelt_gemm_desc gemm;
   smelt_attention_desc attn;
+  smelt_conv2d_desc conv;
   /* Op-specific order; NULL = absent.
    *   gemm:           a, b, c, d, bias, -, scale_a, scale_b
- *   gemm by offsets: a, b, c, d, bias, offs, scale_a, scale_b
+   *   gemm by offsets: a, b, c, d, bias, offs, scale_a, scale_b
+   *   conv2d:         a, b, c, d, bias (A and B as the kind takes them: smelt/conv2d.h)
    *   attention fwd:  q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
    *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
@@ -71,6 +76,7 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
     case OP_ATTN_VARLEN_BWD:
       return smelt_attention_varlen_bwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[9], o->t[10], o->t[3],
                                              o->t[4], o->t[5], o->t[6], o->t[7], o->t[8], plan);
+    case OP_CONV2D: return smelt_conv2d_plan(ctx, &o->conv, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -95,8 +101,26 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
     case OP_ATTN_VARLEN_BWD:
       return smelt_attention_varlen_bwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[9], o->t[10], o->t[3], o->t[4],
                                             o->t[5], o->t[6], o->t[7], o->t[8]);
+    case OP_CONV2D: return smelt_conv2d_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
     default: return SMELT_STATUS_INTERNAL;
   }
+}
+
+/* The conv2d description's parameters in the plan key: alpha, beta, the
+ * activation and slope where GEMM keeps them, and every integer field in
+ * i[] (two 32-bit fields a slot; each fits, and the packing is one-to-one). */
+static int64_t key_pair(int hi, int lo) { return (int64_t)(((uint64_t)(uint32_t)hi << 32) | (uint32_t)lo); }
+
+static void conv2d_key(const smelt_conv2d_desc *d, smpy_pkey *key) {
+  key->f[0] = d->epilogue.alpha;
+  key->f[1] = d->epilogue.beta;
+  key->act = (int32_t)d->epilogue.act;
+  key->slope = d->epilogue.slope;
+  key->i[0] = key_pair((int)d->kind, (int)d->math);
+  key->i[1] = key_pair(d->pad_h0, d->pad_h1);
+  key->i[2] = key_pair(d->pad_w0, d->pad_w1);
+  key->i[3] = key_pair(d->stride_h, d->stride_w);
+  key->i[4] = key_pair(d->dilation_h, d->dilation_w);
 }
 
 /* Plans (cached) and runs the op on the call's context and stream. */
@@ -115,6 +139,8 @@ static int execute(smpy_call *call, const op_args *o) {
     key.act = (int32_t)o->gemm.epilogue.act;
     key.slope = o->gemm.epilogue.slope;
     key.i[0] = (int64_t)o->gemm.math.op;
+  } else if (o->op == OP_CONV2D) {
+    conv2d_key(&o->conv, &key);
   } else if (o->op >= OP_ATTN_FWD) {
     key.f[0] = o->attn.scale;
     key.i[0] = o->attn.causal;
@@ -360,7 +386,8 @@ done:
 
 /* ---- gemm and attention */
 
-static int parse_math(PyObject *o, smelt_gemm_math_op *op) {
+/* what: the op in the message ("smelt.gemm"). */
+static int parse_math(PyObject *o, const char *what, smelt_gemm_math_op *op) {
   static const char *names[] = {"default", "tf32", "3xtf32"};
   if (PyUnicode_Check(o))
     for (int i = 0; i < 3; i++)
@@ -368,7 +395,9 @@ static int parse_math(PyObject *o, smelt_gemm_math_op *op) {
         *op = (smelt_gemm_math_op)i;
         return 0;
       }
-  return raise_repr(SMELT_STATUS_INVALID_ARGUMENT, "smelt.gemm: math=%s is not 'default', 'tf32' or '3xtf32'", o);
+  char fmt[128];
+  snprintf(fmt, sizeof fmt, "%s: math=%%s is not 'default', 'tf32' or '3xtf32'", what);
+  return raise_repr(SMELT_STATUS_INVALID_ARGUMENT, fmt, o);
 }
 
 /* None keeps *dt; otherwise a smelt dtype name ('f32', 'bf16', ...). */
@@ -395,7 +424,7 @@ static int gemm_desc_from(PyObject *const *a, smelt_gemm_desc *d) {
   d->epilogue.alpha = alpha;
   d->epilogue.beta = beta;
   d->epilogue.slope = (float)slope;
-  if (parse_act(a[2], &d->epilogue.act) < 0 || parse_math(a[4], &d->math.op) < 0) return -1;
+  if (parse_act(a[2], &d->epilogue.act) < 0 || parse_math(a[4], "smelt.gemm", &d->math.op) < 0) return -1;
   return 0;
 }
 
@@ -464,6 +493,79 @@ static PyObject *py_gemm_grouped(PyObject *self, PyObject *args) {
   if (smpy_call_begin(&call, "smelt.gemm_grouped", a[11], a[12]) < 0) return NULL;
   PyObject *result = import_gemm_operands(&call, &o, a, a + 13, 1) < 0 ? NULL : run_out(&call, &o, 3, a[5]);
   smpy_call_end(&call);
+  return result;
+}
+
+/* ---- conv2d */
+
+/* The description from kind, the geometry tuple (pad_h0, pad_h1, pad_w0,
+ * pad_w1, stride_h, stride_w, dilation_h, dilation_w) and the epilogue's
+ * alpha, beta, activation, slope and math, as smelt.conv2d* pass them
+ * (smelt checks the values). */
+static int conv2d_desc_from(PyObject *const *a, smelt_conv2d_desc *d) {
+  *d = smelt_conv2d_desc_default();
+  long kind = PyLong_AsLong(a[0]);
+  if (kind == -1 && PyErr_Occurred()) return -1;
+  d->kind = (smelt_conv2d_kind)kind;
+  if (!PyTuple_Check(a[1]) || PyTuple_Size(a[1]) != 8) {
+    PyErr_SetString(PyExc_TypeError, "_smelt.conv2d: geometry must be a tuple of 8 ints");
+    return -1;
+  }
+  int *fields[8] = {&d->pad_h0, &d->pad_h1, &d->pad_w0, &d->pad_w1, &d->stride_h, &d->stride_w, &d->dilation_h,
+                    &d->dilation_w};
+  for (int i = 0; i < 8; i++) {
+    long v = PyLong_AsLong(PyTuple_GetItem(a[1], i));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < INT_MIN || v > INT_MAX) {
+      smpy_raise(SMELT_STATUS_INVALID_ARGUMENT, "smelt.conv2d: padding, stride and dilation must fit an int, got %ld",
+                 v);
+      return -1;
+    }
+    *fields[i] = (int)v;
+  }
+  double alpha = PyFloat_AsDouble(a[2]), beta = PyFloat_AsDouble(a[3]), slope = PyFloat_AsDouble(a[5]);
+  if (PyErr_Occurred()) return -1;
+  d->epilogue.alpha = alpha;
+  d->epilogue.beta = beta;
+  d->epilogue.slope = (float)slope;
+  return parse_act(a[4], &d->epilogue.act) < 0 || parse_math(a[6], "smelt.conv2d", &d->math) < 0 ? -1 : 0;
+}
+
+static PyObject *py_conv2d(PyObject *self, PyObject *args) {
+  /* kind, a, b, c, bias, out, out_shape, geometry, alpha, beta, act, slope, math, out_dtype, ctx, stream */
+  PyObject *a[16];
+  op_args o;
+  if (op_begin(args, "conv2d", 16, a, &o, OP_CONV2D, 5) < 0) return NULL;
+  PyObject *d_in[7] = {a[0], a[7], a[8], a[9], a[10], a[11], a[12]};
+  if (conv2d_desc_from(d_in, &o.conv) < 0) return NULL;
+
+  smpy_call call;
+  PyObject *out = a[5], *made = NULL, *result = NULL;
+  if (smpy_call_begin(&call, "smelt.conv2d", a[14], a[15]) < 0) return NULL;
+  static const char *names[] = {"a", "b", "c", "bias"};
+  static const int slots[] = {0, 1, 2, 4};
+  for (int i = 0; i < 4; i++) {
+    smelt_tensor *t;
+    if (i >= 2 && a[1 + i] == Py_None) continue;
+    if (smpy_call_import(&call, a[1 + i], names[i], 0, &t) < 0) goto done;
+    o.t[slots[i]] = t;
+  }
+  if (out == Py_None) {
+    smelt_dtype dt = o.t[0]->dtype;
+    int64_t shape[4];
+    if (parse_dtype_name(a[13], "smelt.conv2d: out_dtype", &dt) < 0) goto done;
+    if (!PyTuple_Check(a[6]) || PyTuple_Size(a[6]) != 4) {
+      PyErr_SetString(PyExc_TypeError, "_smelt.conv2d: out_shape must be a tuple of 4 ints when out is None");
+      goto done;
+    }
+    for (int i = 0; i < 4; i++)
+      if ((shape[i] = PyLong_AsLongLong(PyTuple_GetItem(a[6], i))) == -1 && PyErr_Occurred()) goto done;
+    if (!(out = made = smpy_call_alloc(&call, dt, 4, shape))) goto done;
+  }
+  result = run_out(&call, &o, 3, out);
+done:
+  smpy_call_end(&call);
+  Py_XDECREF(made);
   return result;
 }
 
@@ -592,6 +694,9 @@ PyMethodDef smpy_op_methods[] = {
      "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b) -> out"},
     {"gemm_grouped", py_gemm_grouped, METH_VARARGS,
      "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b) -> out"},
+    {"conv2d", py_conv2d, METH_VARARGS,
+     "conv2d(kind, a, b, c, bias, out, out_shape, geometry, alpha, beta, act, slope, math, out_dtype, ctx, stream) "
+     "-> out"},
     {"attention", py_attention, METH_VARARGS,
      "attention(q, k, v, out, lse, want_lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, "
      "max_seqlen_q, max_seqlen_k, ctx, stream) -> out or (out, lse)"},

@@ -61,8 +61,8 @@ __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
     "PeerStore", "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
-    "default_context", "empty", "gemm", "gemm_grouped", "info", "peer", "peer_backward", "peer_retrieve", "softmax",
-    "topk",
+    "conv2d", "conv2d_dgrad", "conv2d_wgrad", "default_context", "empty", "gemm", "gemm_grouped", "info", "peer",
+    "peer_backward", "peer_retrieve", "softmax", "topk",
 ]
 
 _c_activation = _C.activation
@@ -72,6 +72,7 @@ _c_gemm = _C.gemm
 _c_gemm_grouped = _C.gemm_grouped
 _c_attention = _C.attention
 _c_attention_backward = _C.attention_backward
+_c_conv2d = _C.conv2d
 _c_peer = _C.peer
 
 
@@ -469,6 +470,230 @@ def attention_backward(q, k, v, o, d_o, lse, *, causal=False, scale=None, window
     return _c_attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                                  0.0 if scale is None else float(scale), bool(causal), wl, wr, int(max_seqlen_q),
                                  int(max_seqlen_k), ctx, stream)
+
+
+# ---- conv2d
+
+_CONV_LAYOUTS = ("nhwc", "nchw")
+# Each tensor argument's dims in layouts 'nhwc' and 'nchw', for messages.
+_CONV_DIMS = {"x": ("[N, H, W, C]", "[N, C, H, W]"), "w": ("[K, R, S, C]", "[K, C, R, S]"),
+              "dy": ("[N, P, Q, K]", "[N, K, P, Q]")}
+
+
+def _conv_ints(v, name, op, n, lo):
+    """v as n ints >= lo: one int for all, or a tuple or list of n."""
+    if not isinstance(v, (tuple, list)):
+        return (_int(v, name, op, lo),) * n
+    if len(v) != n:
+        raise ArgumentError("%s: %s=%r must be an int or %d ints" % (op, name, v, n))
+    return tuple(_int(x, "%s[%d]" % (name, i), op, lo) for i, x in enumerate(v))
+
+
+def _conv_geometry(stride, padding, dilation, op):
+    """(pad_h0, pad_h1, pad_w0, pad_w1, stride_h, stride_w, dilation_h,
+    dilation_w) of smelt_conv2d_desc: padding an int, (h, w) or (top,
+    bottom, left, right); stride and dilation an int or (h, w)."""
+    if isinstance(padding, (tuple, list)) and len(padding) == 2:
+        ph, pw = _conv_ints(padding, "padding", op, 2, 0)
+        pads = (ph, ph, pw, pw)
+    elif isinstance(padding, (tuple, list)) and len(padding) == 4:
+        pads = _conv_ints(padding, "padding", op, 4, 0)
+    elif isinstance(padding, (tuple, list)):
+        raise ArgumentError("%s: padding=%r must be an int, (h, w) or (top, bottom, left, right)" % (op, padding))
+    else:
+        pads = _conv_ints(padding, "padding", op, 4, 0)
+    return pads + _conv_ints(stride, "stride", op, 2, 1) + _conv_ints(dilation, "dilation", op, 2, 1)
+
+
+def _conv_extent(size, f, pad0, pad1, stride, dilation, axis, op):
+    """P (axis 'H') or Q ('W'): smelt/conv2d.h's formula, >= 1 or an error."""
+    span = dilation * (f - 1) + 1
+    if size + pad0 + pad1 < span:
+        raise ArgumentError("%s: the dilated filter (%d taps at dilation %d: %d) is larger than the padded input "
+                            "(%s=%d, pads %d+%d): no output" % (op, f, dilation, span, axis, size, pad0, pad1))
+    return (size + pad0 + pad1 - span) // stride + 1
+
+
+def _conv_y_shape(x, w, geom, op):
+    """fprop's [N, P, Q, K] from NHWC x and KRSC w (4-D)."""
+    return (x.shape[0], _conv_extent(x.shape[1], w.shape[1], geom[0], geom[1], geom[4], geom[6], "H", op),
+            _conv_extent(x.shape[2], w.shape[2], geom[2], geom[3], geom[5], geom[7], "W", op), w.shape[0])
+
+
+def _is_torch(t):
+    return type(t).__module__.startswith("torch")
+
+
+def _conv_view(t, name, op, layout, to_nhwc=True):
+    """t as smelt takes it: itself (layout 'nhwc'), or NCHW / KCRS seen as
+    NHWC / KRSC without a copy (layout 'nchw'; to_nhwc=False: back), after
+    checking it is a 4-D tensor. A torch tensor in NCHW with channels_last
+    memory given as NHWC is refused: its dims would be taken in the wrong
+    order."""
+    shape = _shape(t, name, op)
+    if len(shape) != 4:
+        dims = _CONV_DIMS.get(name, ("", ""))[layout == "nchw"]
+        raise ArgumentError("%s: %s must be 4-D%s (layout=%r), got shape %r"
+                            % (op, name, " " + dims if dims else "", layout, shape))
+    if layout == "nhwc":
+        channels_last = _sys.modules["torch"].channels_last if _is_torch(t) else None
+        if channels_last is not None and not t.is_contiguous() and t.is_contiguous(memory_format=channels_last):
+            raise ArgumentError("%s: %s is an NCHW tensor in channels_last memory; pass layout='nchw' (it is then "
+                                "read as NHWC without a copy) or an NHWC tensor" % (op, name))
+        return t
+    perm = (0, 2, 3, 1) if to_nhwc else (0, 3, 1, 2)
+    if _is_torch(t):
+        return t.permute(*perm)
+    if _is_numpy(t):
+        return t.transpose(*perm)
+    raise ArgumentError("%s: layout='nchw' takes torch or numpy tensors (%s is %s); pass NHWC tensors"
+                        % (op, name, type(t).__name__))
+
+
+def _conv_shape4(shape, name, op, layout):
+    """A 4-int shape argument (x_shape, w_shape) in smelt's order."""
+    if not isinstance(shape, (tuple, list)) or len(shape) != 4:  # torch.Size is a tuple
+        raise ArgumentError("%s: %s=%r must be 4 ints" % (op, name, shape))
+    s = _conv_ints(shape, name, op, 4, 1)
+    return s if layout == "nhwc" else (s[0], s[2], s[3], s[1])
+
+
+def _conv2d_call(kind, op, a, b, c, bias, out, out_shape, geom, alpha, beta, activation, slope, math, out_dtype,
+                 layout, ctx, stream):
+    """The shared end of conv2d, conv2d_dgrad and conv2d_wgrad: a, b, c, out
+    already in smelt's layout; out_shape the result's (NHWC order) for an
+    allocated out."""
+    if out_dtype is not None:
+        out_dtype = _norm_dtype(out_dtype)
+        if out_dtype not in _DTYPE_NAMES.values():
+            raise DTypeError("%s: out_dtype=%r is not one of %s (or a torch/numpy dtype of those)"
+                             % (op, out_dtype, ", ".join(_DTYPE_NAMES.values())))
+    if beta is None:
+        beta = 0.0 if c is None else 1.0
+    given = out
+    if out is None and _is_numpy(a):
+        out = _numpy_empty(out_shape, a.dtype if out_dtype is None else out_dtype, op)
+    elif out is not None:
+        out = _conv_view(out, "out", op, layout)
+    d = _c_conv2d(kind, a, b, c, bias, out, tuple(out_shape), geom, float(alpha), float(beta), activation,
+                  float(slope), math, out_dtype, ctx, stream)
+    if given is not None:
+        return given
+    return d if layout == "nhwc" else _conv_view(d, "out", op, layout, to_nhwc=False)
+
+
+def _conv_layout(layout, op):
+    if layout not in _CONV_LAYOUTS:
+        raise ArgumentError("%s: layout=%r is not 'nhwc' or 'nchw'" % (op, layout))
+
+
+# What conv2d_dgrad (kind 1) and conv2d_wgrad (2) call their operand B and
+# the shape argument of their result.
+_CONV_GRAD_NAMES = {1: ("smelt.conv2d_dgrad", "w", "x_shape"), 2: ("smelt.conv2d_wgrad", "x", "w_shape")}
+
+
+def _conv_grad_args(kind, dy, b, shape, geometry, c, out, layout):
+    """The checked arguments of conv2d_dgrad or conv2d_wgrad (geometry:
+    stride, padding, dilation as given): the op's name, the geometry tuple,
+    dy, b and c in smelt's layout and the result's shape in NHWC order."""
+    op, b_name, shape_name = _CONV_GRAD_NAMES[kind]
+    _conv_layout(layout, op)
+    geom = _conv_geometry(*geometry, op)
+    dy, b = _conv_view(dy, "dy", op, layout), _conv_view(b, b_name, op, layout)
+    if shape is None and out is None:
+        raise ArgumentError("%s: give %s (the shape of the result) or out" % (op, shape_name))
+    shape = _conv_shape4(shape if shape is not None else _shape(out, "out", op), shape_name, op, layout)
+    return op, geom, dy, b, None if c is None else _conv_view(c, "c", op, layout), shape
+
+
+def _conv_grad(kind, dy, b, shape, geometry, c, out, alpha, beta, math, out_dtype, layout, ctx, stream):
+    """conv2d_dgrad (kind 1) or conv2d_wgrad (2); torch's op under torch.compile."""
+    if _is_compiling():
+        return _torch_impl._conv_grad(kind, dy, b, shape, geometry, c, out, alpha, beta, math, out_dtype, layout)
+    op, geom, dy, b, c, shape = _conv_grad_args(kind, dy, b, shape, geometry, c, out, layout)
+    return _conv2d_call(kind, op, dy, b, c, None, out, shape, geom, alpha, beta, "identity", 0.01, math, out_dtype,
+                        layout, ctx, stream)
+
+
+def conv2d(x, w, bias=None, c=None, out=None, *, stride=1, padding=0, dilation=1, alpha=1.0, beta=None,
+           activation="identity", slope=0.01, math="default", out_dtype=None, layout="nhwc", ctx=None, stream=None):
+    """Conv2d forward (fprop) as an implicit GEMM with GEMM's epilogue:
+
+        y[n,p,q,k] = act(alpha · Σ_{r,s,ch} x[n, p·sh − pad_top + r·dh, q·sw − pad_left + s·dw, ch] · w[k,r,s,ch]
+                         + beta · c[n,p,q,k] + bias[k])
+
+    (cross-correlation, as torch.nn.functional.conv2d; taps in the padding read 0).
+
+    Shapes:  layout 'nhwc' (the default): x [N, H, W, C], w [K, R, S, C],
+             c and y [N, P, Q, K]; layout 'nchw': x [N, C, H, W], w [K, C,
+             R, S], c and y [N, K, P, Q] as torch lays them out, read as
+             NHWC views without a copy (channels_last tensors are dense
+             there; y comes back channels_last). bias [K]. Any non-negative
+             strides. P = (H + pad_top + pad_bottom − dh·(R − 1) − 1) // sh + 1,
+             Q likewise.
+    Dtypes:  x and w f32, f16 or bf16 (one dtype, f32 accumulation); y has
+             x's dtype unless out_dtype or out says otherwise; c y's dtype;
+             bias f32/f16/bf16.
+    stride, dilation: an int or (h, w). padding: an int, (h, w), or (top,
+             bottom, left, right).
+    beta:    defaults to 1 when c is given, else 0 (c is not read when beta is 0).
+    activation: one of smelt.ACTIVATIONS, after alpha, beta and bias; slope
+             is leaky_relu's.
+    math:    'default' or, for f32 x and w, 'tf32'.
+    out:     where to write y (in the call's layout; may be c exactly, for in place).
+    Returns y. For autograd use smelt.torch.conv2d (dgrad and wgrad as its backward).
+    """
+    op = "smelt.conv2d"
+    _conv_layout(layout, op)
+    if _is_compiling():
+        return _torch_impl.conv2d(x, w, bias, c, out=out, stride=stride, padding=padding, dilation=dilation,
+                                  alpha=alpha, beta=beta, activation=activation, slope=slope, math=math,
+                                  out_dtype=out_dtype, layout=layout)
+    geom = _conv_geometry(stride, padding, dilation, op)
+    x, w = _conv_view(x, "x", op, layout), _conv_view(w, "w", op, layout)
+    if c is not None:
+        c = _conv_view(c, "c", op, layout)
+    return _conv2d_call(0, op, x, w, c, bias, out, _conv_y_shape(x, w, geom, op), geom, alpha, beta, activation,
+                        slope, math, out_dtype, layout, ctx, stream)
+
+
+def conv2d_dgrad(dy, w, x_shape=None, *, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
+                 math="default", out_dtype=None, layout="nhwc", ctx=None, stream=None):
+    """Conv2d's input gradient: dx = alpha · (the adjoint of conv2d(·, w) applied
+    to dy) + beta · c, for conv2d's stride, padding and dilation (as
+    torch.nn.grad.conv2d_input).
+
+    Shapes:  dy [N, P, Q, K], w [K, R, S, C], c and dx [N, H, W, C] (layout
+             'nchw': dy [N, K, P, Q], w [K, C, R, S], dx [N, C, H, W]).
+             x_shape: the forward input's shape, in the call's layout (H
+             and W are not determined by P and Q when the stride is > 1);
+             may be None when out is given.
+    Dtypes:  dy and w one of f32, f16, bf16; dx dy's dtype unless
+             out_dtype or out says otherwise.
+    beta:    defaults to 1 when c is given (e.g. to add into a gradient), else 0.
+    Returns dx.
+    """
+    return _conv_grad(1, dy, w, x_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout,
+                      ctx, stream)
+
+
+def conv2d_wgrad(dy, x, w_shape=None, *, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
+                 math="default", out_dtype=None, layout="nhwc", ctx=None, stream=None):
+    """Conv2d's weight gradient: dw[k,r,s,ch] = alpha · Σ_{n,p,q} dy[n,p,q,k] ·
+    x[n, p·sh − pad_top + r·dh, q·sw − pad_left + s·dw, ch] + beta · c, for
+    conv2d's stride, padding and dilation (as torch.nn.grad.conv2d_weight).
+
+    Shapes:  dy [N, P, Q, K], x [N, H, W, C], c and dw [K, R, S, C] (layout
+             'nchw': dy [N, K, P, Q], x [N, C, H, W], dw [K, C, R, S]).
+             w_shape: the filter's shape, in the call's layout; may be None
+             when out is given.
+    Dtypes:  dy and x one of f32, f16, bf16; dw dy's dtype unless out_dtype
+             or out says otherwise.
+    beta:    defaults to 1 when c is given (e.g. to accumulate), else 0.
+    Returns dw.
+    """
+    return _conv_grad(2, dy, x, w_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout,
+                      ctx, stream)
 
 
 # ---- PEER

@@ -11,6 +11,13 @@ already imported, or on first use of a smelt op after torch is) registers:
                 float slope, str math, ScalarType? out_dtype) -> Tensor
     smelt::gemm_grouped(Tensor a, Tensor b, Tensor offs, Tensor? c, Tensor? bias, float alpha, float beta,
                         str activation, float slope, str math) -> Tensor   (no backward: see below)
+    smelt::conv2d(Tensor x, Tensor w, Tensor? bias, Tensor? c, SymInt[] geometry, float alpha, float beta,
+                  str activation, float slope, str math, ScalarType? out_dtype) -> Tensor      (NHWC)
+    smelt::conv2d_dgrad(Tensor dy, Tensor b, Tensor? c, SymInt[] shape, SymInt[] geometry, float alpha,
+                        float beta, str math, ScalarType? out_dtype) -> Tensor      (b: w; shape: x's)
+    smelt::conv2d_wgrad(<the same>) -> Tensor                                        (b: x; shape: w's)
+                  (geometry: pad_top, pad_bottom, pad_left, pad_right, stride_h, stride_w, dilation_h,
+                  dilation_w)
     smelt::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale, int window_left,
                      int window_right) -> (Tensor o, Tensor lse)
     smelt::attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor lse, bool causal,
@@ -39,7 +46,9 @@ trace it without graph breaks, and the functional ones have autograd
 formulas written in torch ops (activation: act'(x); softmax: the usual
 y * (dy - sum(dy * y)) plus the logsumexp's gradient; topk: a scatter of the
 values' gradient; gemm: the matmul formulas through act'(pre-activation),
-recomputed with smelt (gemm_grouped has none: its backward raises, since
+recomputed with smelt; conv2d: smelt's dgrad and wgrad of act'(pre-activation)
+times the gradient, the pre-activation recomputed with smelt as gemm's,
+bias and c by sums (gemm_grouped has none: its backward raises, since
 the weights' gradient A_gᵀ·dD_g per group is not a grouped GEMM by row
 offsets, issue 4); attention: smelt's own backward kernel, with the
 convention of FlashAttention that lse carries no gradient; peer: smelt's
@@ -61,7 +70,8 @@ import torch
 import smelt as _smelt
 from smelt import _smelt as _C
 
-__all__ = ["PEER", "activation", "attention", "attention_varlen", "gemm", "gemm_grouped", "peer", "softmax", "topk"]
+__all__ = ["PEER", "activation", "attention", "attention_varlen", "conv2d", "conv2d_dgrad", "conv2d_wgrad", "gemm",
+           "gemm_grouped", "peer", "softmax", "topk"]
 
 Tensor = torch.Tensor
 _ACTS = frozenset(_smelt.ACTIVATIONS)
@@ -311,6 +321,93 @@ def _gemm_grouped_backward(ctx, dd):
 
 
 _gemm_grouped.register_autograd(_gemm_grouped_backward, setup_context=_gemm_grouped_setup)
+
+# ---- conv2d (NHWC; the functions below take NCHW through views)
+
+
+def _conv_out_shape(x, w, geometry):
+    """[N, P, Q, K] of fprop (smelt/conv2d.h); smelt checks the rest."""
+    ph0, ph1, pw0, pw1, sh, sw, dh, dw = geometry
+    p = (x.shape[1] + ph0 + ph1 - dh * (w.shape[1] - 1) - 1) // sh + 1
+    q = (x.shape[2] + pw0 + pw1 - dw * (w.shape[2] - 1) - 1) // sw + 1
+    return (x.shape[0], p, q, w.shape[0])
+
+
+@torch.library.custom_op("smelt::conv2d", mutates_args=())
+def _conv2d(x: Tensor, w: Tensor, bias: Optional[Tensor], c: Optional[Tensor], geometry: list[int], alpha: float,
+            beta: float, activation: str, slope: float, math: str, out_dtype: Optional[torch.dtype]) -> Tensor:
+    # A shape torch cannot allocate is smelt's error to name.
+    n, p, q, k = _conv_out_shape(x, w, geometry) if x.dim() == 4 and w.dim() == 4 else (0, 0, 0, 0)
+    y = x.new_empty((max(n, 0), max(p, 0), max(q, 0), max(k, 0)), dtype=out_dtype or x.dtype)
+    _C.conv2d(0, x, w, c, bias, y, None, tuple(geometry), alpha, beta, activation, slope, math, None, None, None)
+    return y
+
+
+@_conv2d.register_fake
+def _conv2d_fake(x, w, bias, c, geometry, alpha, beta, activation, slope, math, out_dtype):
+    torch._check(x.dim() == 4 and w.dim() == 4, lambda: "smelt.conv2d: x [N, H, W, C] and w [K, R, S, C] must be 4-D")
+    torch._check(x.shape[3] == w.shape[3], lambda: "smelt.conv2d: x.shape[3] (C) must equal w.shape[3]")
+    _check_act(activation)
+    n, p, q, k = _conv_out_shape(x, w, geometry)
+    torch._check(p >= 1 and q >= 1, lambda: "smelt.conv2d: the dilated filter is larger than the padded input")
+    return x.new_empty((n, p, q, k), dtype=out_dtype or x.dtype)
+
+
+def _conv_grad_custom_op(kind, name):
+    """smelt::conv2d_dgrad (kind 1: b is w, shape x's) or smelt::conv2d_wgrad
+    (kind 2: b is x, shape w's), with its fake kernel."""
+
+    @torch.library.custom_op("smelt::" + name, mutates_args=())
+    def op(dy: Tensor, b: Tensor, c: Optional[Tensor], shape: list[int], geometry: list[int], alpha: float,
+           beta: float, math: str, out_dtype: Optional[torch.dtype]) -> Tensor:
+        d = dy.new_empty(tuple(shape), dtype=out_dtype or dy.dtype)
+        _C.conv2d(kind, dy, b, c, None, d, None, tuple(geometry), alpha, beta, "identity", 0.01, math, None, None,
+                  None)
+        return d
+
+    @op.register_fake
+    def _fake(dy, b, c, shape, geometry, alpha, beta, math, out_dtype):
+        torch._check(dy.dim() == 4 and b.dim() == 4 and len(shape) == 4,
+                     lambda: "smelt.%s: dy, b and the shape must be 4-D" % name)
+        return dy.new_empty(tuple(shape), dtype=out_dtype or dy.dtype)
+
+    return op
+
+
+_conv2d_dgrad = _conv_grad_custom_op(1, "conv2d_dgrad")
+_conv2d_wgrad = _conv_grad_custom_op(2, "conv2d_wgrad")
+
+
+def _conv2d_setup(ctx, inputs, output):
+    x, w, bias, c, geometry, alpha, beta, act, slope, math, out_dtype = inputs
+    ctx.save_for_backward(x, w, bias, c)
+    ctx.params = (list(geometry), alpha, beta, act, slope, math)
+
+
+def _conv2d_backward(ctx, dy):
+    x, w, bias, c = ctx.saved_tensors
+    geometry, alpha, beta, act, slope, math = ctx.params
+    if act == "identity":
+        dz = dy
+    else:  # recompute the pre-activation in f32 and apply act'(z), as gemm's backward
+        z = torch.ops.smelt.conv2d(x, w, bias, c, geometry, alpha, beta, "identity", slope, math, torch.float32)
+        dz = _act_grad(z, dy, act, slope)
+    # dgrad and wgrad read dz with the other operand's dtype (A and B of one dtype).
+    g = dz.to(x.dtype)
+    dx = dw = dbias = dc = None
+    if ctx.needs_input_grad[0]:
+        dx = torch.ops.smelt.conv2d_dgrad(g, w, None, list(x.shape), geometry, alpha, 0.0, math, x.dtype)
+    if ctx.needs_input_grad[1]:
+        dw = torch.ops.smelt.conv2d_wgrad(g, x, None, list(w.shape), geometry, alpha, 0.0, math, w.dtype)
+    wide = torch.promote_types(dz.dtype, torch.float32)
+    if bias is not None and ctx.needs_input_grad[2]:
+        dbias = dz.to(wide).sum((0, 1, 2)).to(bias.dtype)
+    if c is not None and ctx.needs_input_grad[3]:
+        dc = (beta * dz.to(wide)).to(c.dtype)
+    return dx, dw, dbias, dc, None, None, None, None, None, None, None
+
+
+_conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
 
 # ---- attention
 
@@ -729,6 +826,68 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, alpha=1.0, beta=None, 
         out.copy_(torch.where(grouped[:, None], d, out))
         d = out
     return d
+
+
+def _conv_in(t, name, op, layout):
+    """t in NHWC (layout 'nchw': the NHWC view of an NCHW tensor), after
+    smelt.conv2d's checks."""
+    return _smelt._conv_view(t, name, op, layout)
+
+
+def _torch_dtype(dt):
+    """A torch dtype for out_dtype=: None, a torch dtype, or a smelt name
+    of the conv2d output dtypes."""
+    if dt is None or isinstance(dt, torch.dtype):
+        return dt
+    names = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    name = _smelt._norm_dtype(dt)
+    if name not in names:
+        raise _smelt.DTypeError("smelt.conv2d: out_dtype=%r is not one of f32, f16, bf16 (or a torch dtype)" % (dt,))
+    return names[name]
+
+
+def _conv_back(y, layout):
+    return y if layout == "nhwc" else y.permute(0, 3, 1, 2)
+
+
+def conv2d(x, w, bias=None, c=None, out=None, stride=1, padding=0, dilation=1, alpha=1.0, beta=None,
+           activation="identity", slope=0.01, math="default", out_dtype=None, layout="nhwc"):
+    """torch.ops.smelt.conv2d (differentiable in x, w, bias and c); out is
+    filled by copy. layout 'nchw' takes and gives torch's NCHW tensors
+    through views (channels_last ones are dense NHWC, so nothing is
+    copied). See smelt.conv2d."""
+    op = "smelt.conv2d"
+    _smelt._conv_layout(layout, op)
+    geometry = list(_smelt._conv_geometry(stride, padding, dilation, op))
+    x, w = _conv_in(x, "x", op, layout), _conv_in(w, "w", op, layout)
+    c = None if c is None else _conv_in(c, "c", op, layout)
+    _smelt._conv_y_shape(x, w, geometry, op)  # an output of at least 1x1, named before the op runs
+    if beta is None:
+        beta = 0.0 if c is None else 1.0
+    y = torch.ops.smelt.conv2d(x, w, bias, c, geometry, float(alpha), float(beta), activation, float(slope), math,
+                               _torch_dtype(out_dtype))
+    return _into(_conv_back(y, layout), out)
+
+
+def _conv_grad(kind, dy, b, shape, geometry, c, out, alpha, beta, math, out_dtype, layout):
+    _, geom, dy, b, c, shape = _smelt._conv_grad_args(kind, dy, b, shape, geometry, c, out, layout)
+    if beta is None:
+        beta = 0.0 if c is None else 1.0
+    f = torch.ops.smelt.conv2d_dgrad if kind == 1 else torch.ops.smelt.conv2d_wgrad
+    d = f(dy, b, c, list(shape), list(geom), float(alpha), float(beta), math, _torch_dtype(out_dtype))
+    return _into(_conv_back(d, layout), out)
+
+
+def conv2d_dgrad(dy, w, x_shape=None, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
+                 math="default", out_dtype=None, layout="nhwc"):
+    """torch.ops.smelt.conv2d_dgrad; out is filled by copy. See smelt.conv2d_dgrad."""
+    return _conv_grad(1, dy, w, x_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout)
+
+
+def conv2d_wgrad(dy, x, w_shape=None, stride=1, padding=0, dilation=1, c=None, out=None, alpha=1.0, beta=None,
+                 math="default", out_dtype=None, layout="nhwc"):
+    """torch.ops.smelt.conv2d_wgrad; out is filled by copy. See smelt.conv2d_wgrad."""
+    return _conv_grad(2, dy, x, w_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout)
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None):
