@@ -494,7 +494,9 @@ static const char *layout(const pcase *c) {
 /* tf32 on every layout, odd sizes (K not a multiple of 4), on the kernel
  * the selector picks (mma.sync at these sizes) and, on Hopper, through the
  * rounding pre-pass and wgmma (the wide tile asked for), with odd leading
- * dimensions that only the pre-pass takes. */
+ * dimensions that only the pre-pass takes, and with leading dimensions of
+ * whole 16-byte units (K-major operands take the pre-pass's 16-byte path,
+ * rows ending in a unit cut by K). */
 static void test_gpu_tf32(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
@@ -510,9 +512,9 @@ static void test_gpu_tf32(void) {
     reference(a, b, m, n, k, 0, exact);
     reference(a, b, m, n, k, 1, rounded);
     for (int lay = 0; lay < 4; lay++)
-      for (int path = 0; path < 1 + hopper; path++) {
-        pcase c = {.ab = SMELT_DTYPE_F32, .d = SMELT_DTYPE_F32, .a_col = lay >> 1, .b_col = lay & 1, .odd_ld = path,
-                   .m = m, .n = n, .k = k, .desc = smelt_gemm_desc_default()};
+      for (int path = 0; path < 1 + 2 * hopper; path++) {
+        pcase c = {.ab = SMELT_DTYPE_F32, .d = SMELT_DTYPE_F32, .a_col = lay >> 1, .b_col = lay & 1,
+                   .odd_ld = path == 1, .m = m, .n = n, .k = k, .desc = smelt_gemm_desc_default()};
         c.desc.math.op = SMELT_GEMM_MATH_TF32;
         if (path) c.desc.tile.n = 256;
         char what[200] = "";
@@ -561,9 +563,9 @@ static void test_gpu_3xtf32(void) {
     if (!run_gpu(cu, &simt, a, b, got, what, sizeof what)) goto done;
     const double e_f32 = rel_l2(got, exact, m * n, NULL);
     for (int lay = 0; lay < 4; lay++)
-      for (int path = 0; path < 1 + hopper; path++) {
-        pcase c = {.ab = SMELT_DTYPE_F32, .d = SMELT_DTYPE_F32, .a_col = lay >> 1, .b_col = lay & 1, .odd_ld = path,
-                   .m = m, .n = n, .k = k, .desc = smelt_gemm_desc_default()};
+      for (int path = 0; path < 1 + 2 * hopper; path++) {
+        pcase c = {.ab = SMELT_DTYPE_F32, .d = SMELT_DTYPE_F32, .a_col = lay >> 1, .b_col = lay & 1,
+                   .odd_ld = path == 1, .m = m, .n = n, .k = k, .desc = smelt_gemm_desc_default()};
         c.desc.math.op = SMELT_GEMM_MATH_3XTF32;
         if (path) c.desc.tile.n = 128; /* the promoting Hopper kernel's tile */
         if (!run_gpu(cu, &c, a, b, got, what, sizeof what)) goto done;
