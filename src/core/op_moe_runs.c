@@ -69,11 +69,15 @@ static smelt_status run(smelt_plan *plan, const char *op, const smelt_moe_weight
   return smelt__plan_dispatch(plan, a);
 }
 
-#define RUN(plan, op, w, x, binds, a, ...)                                                            \
-  do {                                                                                                \
-    static const int required[] = {__VA_ARGS__};                                                      \
-    return run(plan, op, w, x, binds, required, (int)(sizeof required / sizeof required[0]), a);     \
-  } while (0)
+/* A run of `mode` with its own tensors own[i] in roles[i], the first
+ * `nrequired` of them required. */
+static smelt_status part(smelt_plan *plan, const char *op, smelt__moe_mode mode, const smelt_moe_weights *w,
+                         const smelt_tensor *x, unsigned binds, const int *roles, const smelt_tensor *const *own,
+                         int n, int nrequired) {
+  smelt__moe_args a = {.mode = mode};
+  for (int i = 0; i < n; i++) a.t[roles[i]] = own[i];
+  return run(plan, op, w, x, binds, roles, nrequired, &a);
+}
 
 static void routing_roles(const smelt_moe_routing *r, smelt__moe_args *a) {
   if (!r) return;
@@ -90,10 +94,11 @@ static void routing_roles(const smelt_moe_routing *r, smelt__moe_args *a) {
 
 smelt_status smelt_moe_forward_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                    const smelt_tensor *y, const smelt_moe_routing *routing, smelt_moe_stats *stats) {
+  static const int required[] = {SMELT__MT_Y};
   smelt__moe_args a = {.mode = SMELT__MOE_FORWARD, .stats = stats};
   a.t[SMELT__MT_Y] = y;
   routing_roles(routing, &a);
-  RUN(plan, MOE_OP "_forward_run", w, x, BIND_W | BIND_X | NEEDS_FFN, &a, SMELT__MT_Y);
+  return run(plan, MOE_OP "_forward_run", w, x, BIND_W | BIND_X | NEEDS_FFN, required, 1, &a);
 }
 
 static smelt_status grads_roles(const char *op, const smelt_moe_grads *g, int dx_role, smelt__moe_args *a) {
@@ -112,8 +117,9 @@ smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_weights *w
   smelt__moe_args a = {.mode = SMELT__MOE_BACKWARD};
   smelt_status s = grads_roles(MOE_OP "_backward_run", grads, SMELT__MT_DX, &a);
   if (s) return s;
+  static const int required[] = {SMELT__MT_DY_IN};
   a.t[SMELT__MT_DY_IN] = dy;
-  RUN(plan, MOE_OP "_backward_run", w, x, BIND_W | BIND_X | NEEDS_FFN, &a, SMELT__MT_DY_IN);
+  return run(plan, MOE_OP "_backward_run", w, x, BIND_W | BIND_X | NEEDS_FFN, required, 1, &a);
 }
 
 smelt_status smelt_moe_forward(smelt_ctx *ctx, const smelt_moe_config *cfg, const smelt_moe_weights *w,
@@ -132,96 +138,76 @@ smelt_status smelt_moe_backward(smelt_ctx *ctx, const smelt_moe_config *cfg, con
 smelt_status smelt_moe_route_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                  const smelt_moe_routing *routing) {
   if (!routing) return smelt__error(SMELT_STATUS_NULL_POINTER, MOE_OP "_route_run: routing is NULL");
+  static const int required[] = {SMELT__MT_LOGITS, SMELT__MT_IDS, SMELT__MT_WEIGHTS, SMELT__MT_COUNTS,
+                                 SMELT__MT_OFFSETS};
   smelt__moe_args a = {.mode = SMELT__MOE_ROUTE};
   routing_roles(routing, &a);
-  RUN(plan, MOE_OP "_route_run", w, x, BIND_W | BIND_X, &a, SMELT__MT_LOGITS, SMELT__MT_IDS, SMELT__MT_WEIGHTS,
-      SMELT__MT_COUNTS, SMELT__MT_OFFSETS);
+  return run(plan, MOE_OP "_route_run", w, x, BIND_W | BIND_X, required, 5, &a);
 }
 
 smelt_status smelt_moe_aux_losses_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *logits,
                                       const smelt_tensor *aux, const smelt_tensor *dlogits) {
-  smelt__moe_args a = {.mode = SMELT__MOE_AUX};
-  a.t[SMELT__MT_LOGITS_IN] = logits;
-  a.t[SMELT__MT_AUX] = aux;
-  a.t[SMELT__MT_DLOGITS] = dlogits;
-  RUN(plan, MOE_OP "_aux_losses_run", w, NULL, BIND_W, &a, SMELT__MT_LOGITS_IN, SMELT__MT_AUX);
+  static const int roles[] = {SMELT__MT_LOGITS_IN, SMELT__MT_AUX, SMELT__MT_DLOGITS};
+  const smelt_tensor *own[] = {logits, aux, dlogits};
+  return part(plan, MOE_OP "_aux_losses_run", SMELT__MOE_AUX, w, NULL, BIND_W, roles, own, 3, 2);
 }
 
 smelt_status smelt_moe_route_backward_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *logits,
                                           const smelt_tensor *dweights, const smelt_tensor *dlogits) {
-  smelt__moe_args a = {.mode = SMELT__MOE_ROUTE_BWD};
-  a.t[SMELT__MT_LOGITS_IN] = logits;
-  a.t[SMELT__MT_DWEIGHTS_IN] = dweights;
-  a.t[SMELT__MT_DLOGITS] = dlogits;
-  RUN(plan, MOE_OP "_route_backward_run", w, NULL, BIND_W, &a, SMELT__MT_LOGITS_IN, SMELT__MT_DWEIGHTS_IN,
-      SMELT__MT_DLOGITS);
+  static const int roles[] = {SMELT__MT_LOGITS_IN, SMELT__MT_DWEIGHTS_IN, SMELT__MT_DLOGITS};
+  const smelt_tensor *own[] = {logits, dweights, dlogits};
+  return part(plan, MOE_OP "_route_backward_run", SMELT__MOE_ROUTE_BWD, w, NULL, BIND_W, roles, own, 3, 3);
 }
 
 smelt_status smelt_moe_stats_get(smelt_plan *plan, const smelt_tensor *counts, const smelt_tensor *dropped,
                                  smelt_moe_stats *out) {
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, MOE_OP "_stats_get: out is NULL");
+  static const int required[] = {SMELT__MT_COUNTS_IN};
   smelt__moe_args a = {.mode = SMELT__MOE_STATS, .stats = out};
   a.t[SMELT__MT_COUNTS_IN] = counts;
   a.t[SMELT__MT_DROPPED_IN] = dropped;
-  RUN(plan, MOE_OP "_stats_get", NULL, NULL, 0, &a, SMELT__MT_COUNTS_IN);
+  return run(plan, MOE_OP "_stats_get", NULL, NULL, 0, required, 1, &a);
 }
 
 /* ---------------------------------------------------------------- dispatch and combine */
 
 smelt_status smelt_moe_permute_run(smelt_plan *plan, const smelt_tensor *x, const smelt_tensor *ids,
                                    const smelt_tensor *offsets, const smelt_tensor *xp, const smelt_tensor *row_map) {
-  smelt__moe_args a = {.mode = SMELT__MOE_PERMUTE};
-  a.t[SMELT__MT_IDS_IN] = ids;
-  a.t[SMELT__MT_OFFSETS_IN] = offsets;
-  a.t[SMELT__MT_XP] = xp;
-  a.t[SMELT__MT_ROW_MAP] = row_map;
-  RUN(plan, MOE_OP "_permute_run", NULL, x, BIND_X, &a, SMELT__MT_IDS_IN, SMELT__MT_OFFSETS_IN, SMELT__MT_XP,
-      SMELT__MT_ROW_MAP);
+  static const int roles[] = {SMELT__MT_IDS_IN, SMELT__MT_OFFSETS_IN, SMELT__MT_XP, SMELT__MT_ROW_MAP};
+  const smelt_tensor *own[] = {ids, offsets, xp, row_map};
+  return part(plan, MOE_OP "_permute_run", SMELT__MOE_PERMUTE, NULL, x, BIND_X, roles, own, 4, 4);
 }
 
 smelt_status smelt_moe_permute_backward_run(smelt_plan *plan, const smelt_tensor *dxp, const smelt_tensor *row_map,
                                             const smelt_tensor *dx) {
-  smelt__moe_args a = {.mode = SMELT__MOE_PERMUTE_BWD};
-  a.t[SMELT__MT_DXP_IN] = dxp;
-  a.t[SMELT__MT_ROW_MAP_IN] = row_map;
-  a.t[SMELT__MT_DX] = dx;
-  RUN(plan, MOE_OP "_permute_backward_run", NULL, NULL, 0, &a, SMELT__MT_DXP_IN, SMELT__MT_ROW_MAP_IN, SMELT__MT_DX);
+  static const int roles[] = {SMELT__MT_DXP_IN, SMELT__MT_ROW_MAP_IN, SMELT__MT_DX};
+  const smelt_tensor *own[] = {dxp, row_map, dx};
+  return part(plan, MOE_OP "_permute_backward_run", SMELT__MOE_PERMUTE_BWD, NULL, NULL, 0, roles, own, 3, 3);
 }
 
 smelt_status smelt_moe_unpermute_run(smelt_plan *plan, const smelt_tensor *yp, const smelt_tensor *row_map,
                                      const smelt_tensor *weights, const smelt_tensor *y) {
-  smelt__moe_args a = {.mode = SMELT__MOE_UNPERMUTE};
-  a.t[SMELT__MT_YP_IN] = yp;
-  a.t[SMELT__MT_ROW_MAP_IN] = row_map;
-  a.t[SMELT__MT_WEIGHTS_IN] = weights;
-  a.t[SMELT__MT_Y] = y;
-  RUN(plan, MOE_OP "_unpermute_run", NULL, NULL, 0, &a, SMELT__MT_YP_IN, SMELT__MT_ROW_MAP_IN, SMELT__MT_WEIGHTS_IN,
-      SMELT__MT_Y);
+  static const int roles[] = {SMELT__MT_YP_IN, SMELT__MT_ROW_MAP_IN, SMELT__MT_WEIGHTS_IN, SMELT__MT_Y};
+  const smelt_tensor *own[] = {yp, row_map, weights, y};
+  return part(plan, MOE_OP "_unpermute_run", SMELT__MOE_UNPERMUTE, NULL, NULL, 0, roles, own, 4, 4);
 }
 
 smelt_status smelt_moe_unpermute_backward_run(smelt_plan *plan, const smelt_tensor *dy, const smelt_tensor *yp,
                                               const smelt_tensor *row_map, const smelt_tensor *weights,
                                               const smelt_tensor *dyp, const smelt_tensor *dweights) {
-  smelt__moe_args a = {.mode = SMELT__MOE_UNPERMUTE_BWD};
-  a.t[SMELT__MT_DY_IN] = dy;
-  a.t[SMELT__MT_YP_IN] = yp;
-  a.t[SMELT__MT_ROW_MAP_IN] = row_map;
-  a.t[SMELT__MT_WEIGHTS_IN] = weights;
-  a.t[SMELT__MT_DYP] = dyp;
-  a.t[SMELT__MT_DWEIGHTS] = dweights;
-  RUN(plan, MOE_OP "_unpermute_backward_run", NULL, NULL, 0, &a, SMELT__MT_DY_IN, SMELT__MT_YP_IN,
-      SMELT__MT_ROW_MAP_IN, SMELT__MT_WEIGHTS_IN, SMELT__MT_DYP);
+  static const int roles[] = {SMELT__MT_DY_IN,   SMELT__MT_YP_IN, SMELT__MT_ROW_MAP_IN, SMELT__MT_WEIGHTS_IN,
+                              SMELT__MT_DYP, SMELT__MT_DWEIGHTS};
+  const smelt_tensor *own[] = {dy, yp, row_map, weights, dyp, dweights};
+  return part(plan, MOE_OP "_unpermute_backward_run", SMELT__MOE_UNPERMUTE_BWD, NULL, NULL, 0, roles, own, 6, 5);
 }
 
 /* ---------------------------------------------------------------- the expert FFN */
 
 smelt_status smelt_moe_ffn_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *xp,
                                const smelt_tensor *offsets, const smelt_tensor *yp) {
-  smelt__moe_args a = {.mode = SMELT__MOE_FFN};
-  a.t[SMELT__MT_XP_IN] = xp;
-  a.t[SMELT__MT_OFFSETS_IN] = offsets;
-  a.t[SMELT__MT_YP] = yp;
-  RUN(plan, MOE_OP "_ffn_run", w, NULL, BIND_W | NEEDS_FFN, &a, SMELT__MT_XP_IN, SMELT__MT_OFFSETS_IN, SMELT__MT_YP);
+  static const int roles[] = {SMELT__MT_XP_IN, SMELT__MT_OFFSETS_IN, SMELT__MT_YP};
+  const smelt_tensor *own[] = {xp, offsets, yp};
+  return part(plan, MOE_OP "_ffn_run", SMELT__MOE_FFN, w, NULL, BIND_W | NEEDS_FFN, roles, own, 3, 3);
 }
 
 smelt_status smelt_moe_ffn_backward_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *xp,
@@ -233,8 +219,9 @@ smelt_status smelt_moe_ffn_backward_run(smelt_plan *plan, const smelt_moe_weight
   if (s) return s;
   if (grads->dwr)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: grads.dwr is given but the FFN does not use wr", op);
+  static const int required[] = {SMELT__MT_XP_IN, SMELT__MT_OFFSETS_IN, SMELT__MT_DYP_IN};
   a.t[SMELT__MT_XP_IN] = xp;
   a.t[SMELT__MT_OFFSETS_IN] = offsets;
   a.t[SMELT__MT_DYP_IN] = dyp;
-  RUN(plan, op, w, NULL, BIND_W | NEEDS_FFN, &a, SMELT__MT_XP_IN, SMELT__MT_OFFSETS_IN, SMELT__MT_DYP_IN);
+  return run(plan, op, w, NULL, BIND_W | NEEDS_FFN, required, 3, &a);
 }

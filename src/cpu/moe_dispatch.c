@@ -72,35 +72,30 @@ smelt_status smelt__moe_cpu_permute(const smelt__moe_state *ms, const smelt_tens
   return s;
 }
 
-smelt_status smelt__moe_cpu_permute_bwd(const smelt__moe_state *ms, const smelt_tensor *const *t) {
+/* out[t] = Σ_i w[t, i] · in[row_map[t, i]] over the kept slots in slot
+ * order (w NULL: 1), summed in double. */
+static smelt_status combine(const smelt__moe_state *ms, const smelt_tensor *in, const smelt_tensor *row_map,
+                            const smelt_tensor *w, const smelt_tensor *out) {
   smelt_status s;
   int64_t *rm = rows_alloc(ms, &s);
-  if (!s) s = read_row_map(ms, t[SMELT__MT_ROW_MAP_IN], rm);
+  if (!s) s = read_row_map(ms, row_map, rm);
   for (int64_t tk = 0; !s && tk < ms->T; tk++)
     for (int64_t c = 0; c < ms->d; c++) {
       double acc = 0;
-      for (int64_t i = 0; i < ms->k; i++)
-        if (rm[tk * ms->k + i] >= 0) acc += smelt__moe_get2(t[SMELT__MT_DXP_IN], rm[tk * ms->k + i], c);
-      smelt__moe_set2(t[SMELT__MT_DX], tk, c, acc);
+      for (int64_t a = tk * ms->k; a < (tk + 1) * ms->k; a++)
+        if (rm[a] >= 0) acc += (w ? smelt__moe_get(w, a) : 1.0) * smelt__moe_get2(in, rm[a], c);
+      smelt__moe_set2(out, tk, c, acc);
     }
   free(rm);
   return s;
 }
 
+smelt_status smelt__moe_cpu_permute_bwd(const smelt__moe_state *ms, const smelt_tensor *const *t) {
+  return combine(ms, t[SMELT__MT_DXP_IN], t[SMELT__MT_ROW_MAP_IN], NULL, t[SMELT__MT_DX]);
+}
+
 smelt_status smelt__moe_cpu_unpermute(const smelt__moe_state *ms, const smelt_tensor *const *t) {
-  smelt_status s;
-  int64_t *rm = rows_alloc(ms, &s);
-  if (!s) s = read_row_map(ms, t[SMELT__MT_ROW_MAP_IN], rm);
-  for (int64_t tk = 0; !s && tk < ms->T; tk++)
-    for (int64_t c = 0; c < ms->d; c++) {
-      double acc = 0;
-      for (int64_t i = 0, a = tk * ms->k; i < ms->k; i++, a++)
-        if (rm[a] >= 0)
-          acc += smelt__moe_get(t[SMELT__MT_WEIGHTS_IN], a) * smelt__moe_get2(t[SMELT__MT_YP_IN], rm[a], c);
-      smelt__moe_set2(t[SMELT__MT_Y], tk, c, acc);
-    }
-  free(rm);
-  return s;
+  return combine(ms, t[SMELT__MT_YP_IN], t[SMELT__MT_ROW_MAP_IN], t[SMELT__MT_WEIGHTS_IN], t[SMELT__MT_Y]);
 }
 
 smelt_status smelt__moe_cpu_unpermute_bwd(const smelt__moe_state *ms, const smelt_tensor *const *t) {
