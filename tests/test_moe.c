@@ -817,14 +817,16 @@ static void test_moe_gradcheck_layer(void) {
     smelt_moe_ffn ffn;
     smelt_moe_score score;
     double cap;
-  } cases[] = {{SMELT_MOE_FFN_SWIGLU, SMELT_MOE_SCORE_SOFTMAX, 0},
-               {SMELT_MOE_FFN_SWIGLU, SMELT_MOE_SCORE_SIGMOID, 0.7},
-               {SMELT_MOE_FFN_MLP, SMELT_MOE_SCORE_SOFTMAX, 0.7}};
+    int noise;
+  } cases[] = {{SMELT_MOE_FFN_SWIGLU, SMELT_MOE_SCORE_SOFTMAX, 0, 0},
+               {SMELT_MOE_FFN_SWIGLU, SMELT_MOE_SCORE_SIGMOID, 0.7, 0},
+               {SMELT_MOE_FFN_MLP, SMELT_MOE_SCORE_SOFTMAX, 0.7, 0},
+               {SMELT_MOE_FFN_SWIGLU, SMELT_MOE_SCORE_SOFTMAX, 0, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     spec s = {.T = 11, .d = 6, .E = 5, .k = 2, .F = 7, .f64 = 1, .ffn = cases[c].ffn, .act = SMELT_ACT_SILU,
               .b1 = 1, .score = cases[c].score, .cap = cases[c].cap,
               .drop = cases[c].cap > 0 ? SMELT_MOE_DROP_POSITION : SMELT_MOE_DROP_NONE, .aux = 0.05, .z = 0.01,
-              .bias = 1};
+              .bias = 1, .noise = cases[c].noise};
     mp p;
     mp_init(&p, &s);
     smelt_plan *plan = NULL;
@@ -833,14 +835,15 @@ static void test_moe_gradcheck_layer(void) {
     for (int64_t i = 0; i < p.T * p.d; i++) gy[i] = th_rand_uniform(-1, 1);
     const int64_t nx = p.T * p.d, nr = p.d * p.E, nw = p.E * p.d * p.F, nb = p.E * p.F;
     double *dx = calloc((size_t)nx, 8), *dwr = calloc((size_t)nr, 8), *dw1 = calloc((size_t)nw, 8),
-           *dw3 = calloc((size_t)nw, 8), *dw2 = calloc((size_t)nw, 8), *db1 = calloc((size_t)nb, 8);
+           *dw3 = calloc((size_t)nw, 8), *dw2 = calloc((size_t)nw, 8), *db1 = calloc((size_t)nb, 8),
+           *dwn = calloc((size_t)nr, 8);
     smelt_tensor tdx = f64_tensor(dx, 2, p.T, p.d, 0), tr = f64_tensor(dwr, 2, p.d, p.E, 0),
                  t1 = f64_tensor(dw1, 3, p.E, p.d, p.F), t3 = f64_tensor(dw3, 3, p.E, p.d, p.F),
                  t2 = f64_tensor(dw2, 3, p.E, p.F, p.d), tb = f64_tensor(db1, 2, p.E, p.F, 0),
-                 tgy = f64_tensor(gy, 2, p.T, p.d, 0);
+                 tgy = f64_tensor(gy, 2, p.T, p.d, 0), tn = f64_tensor(dwn, 2, p.d, p.E, 0);
     const int swiglu = cases[c].ffn == SMELT_MOE_FFN_SWIGLU;
     smelt_moe_grads g = {.dx = &tdx, .dwr = &tr, .dw1 = &t1, .dw3 = swiglu ? &t3 : NULL, .dw2 = &t2,
-                         .db1 = swiglu ? NULL : &tb};
+                         .db1 = swiglu ? NULL : &tb, .dwnoise = s.noise ? &tn : NULL};
     CHECK_OK(smelt_moe_backward_run(plan, &p.w, &p.tx, &tgy, &g));
     layer_ctx lc = {plan, &p, gy};
     fd_entries("dx", (double *)p.x.h, dx, nx, 16, layer_j, &lc);
@@ -849,7 +852,8 @@ static void test_moe_gradcheck_layer(void) {
     fd_entries("dw2", (double *)p.w2.h, dw2, nw, 10, layer_j, &lc);
     if (swiglu) fd_entries("dw3", (double *)p.w3.h, dw3, nw, 10, layer_j, &lc);
     else fd_entries("db1", (double *)p.b1.h, db1, nb, 10, layer_j, &lc);
-    free(gy), free(dx), free(dwr), free(dw1), free(dw3), free(dw2), free(db1);
+    if (s.noise) fd_entries("dwnoise", (double *)p.wn.h, dwn, nr, 16, layer_j, &lc);
+    free(gy), free(dx), free(dwr), free(dw1), free(dw3), free(dw2), free(db1), free(dwn);
     smelt_plan_destroy(plan);
     mp_free(&p);
   }

@@ -26,8 +26,9 @@
  * it depends only on (seed, token, e): results repeat, and a batch cut into
  * pieces routes like the whole when each piece passes its first row's index
  * as cfg.noise_token_offset. Everything after the logits is a function of
- * the logits tensor (which includes the noise); the backward treats the noise
- * as a constant (Wnoise gets no gradient).
+ * the logits tensor (which includes the noise). The layer's backward
+ * differentiates through the noise's scale (dx and dWnoise, n a constant);
+ * the router's part stops at d logits.
  *
  * Aux losses (values in aux [2] = {L_lb, L_z}, gradients added to dlogits):
  *   L_lb = aux_loss_coeff · E/(k·T²) · Σ_e count_e · Σ_t p[t, e]
@@ -147,6 +148,7 @@ typedef struct smelt_moe_routing {
 typedef struct smelt_moe_grads {
   const smelt_tensor *dx;  /* [T, d] (layer) */
   const smelt_tensor *dwr; /* [d, E] (layer) */
+  const smelt_tensor *dwnoise; /* [d, E] (layer, noisy top-k) */
   const smelt_tensor *dw1, *dw3, *dw2, *db1;
 } smelt_moe_grads;
 
@@ -177,8 +179,8 @@ SMELT_API smelt_status smelt_moe_plan(smelt_ctx *ctx, const smelt_moe_config *cf
 SMELT_API smelt_status smelt_moe_forward_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                              const smelt_tensor *y, const smelt_moe_routing *routing,
                                              smelt_moe_stats *stats);
-/* Gradients of sum(y ∘ dy) + L_lb + L_z: dx, dwr, dw1, dw3, dw2, db1 (each
- * optional). The forward is recomputed from x and the weights (the routing
+/* Gradients of sum(y ∘ dy) + L_lb + L_z: dx, dwr, dwnoise, dw1, dw3, dw2, db1
+ * (each optional). The forward is recomputed from x and the weights (the routing
  * is a function of them), so only x is kept between the passes. Dropped
  * assignments contribute zero. */
 SMELT_API smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
@@ -228,7 +230,7 @@ SMELT_API smelt_status smelt_moe_unpermute_backward_run(smelt_plan *plan, const 
 SMELT_API smelt_status smelt_moe_ffn_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *xp,
                                          const smelt_tensor *offsets, const smelt_tensor *yp);
 /* The FFN's gradients from dyp [T·k, d]: grads->dx is dxp [T·k, d]; dw1, dw3,
- * dw2, db1 (dwr unused). Intermediates are recomputed from xp. */
+ * dw2, db1 (dwr and dwnoise must be NULL). Intermediates are recomputed from xp. */
 SMELT_API smelt_status smelt_moe_ffn_backward_run(smelt_plan *plan, const smelt_moe_weights *w,
                                                   const smelt_tensor *xp, const smelt_tensor *offsets,
                                                   const smelt_tensor *dyp, const smelt_moe_grads *grads);

@@ -56,6 +56,7 @@ const smelt__role smelt__moe_roles[SMELT__MT_ROLES] = {
     [SMELT__MT_DX] = FLOAT("dx", OUT),
     [SMELT__MT_DXP] = FLOAT("dxp", OUT),
     [SMELT__MT_DWR] = FLOAT("dwr", OUT),
+    [SMELT__MT_DWNOISE] = FLOAT("dwnoise", OUT),
     [SMELT__MT_DW1] = FLOAT("dw1", OUT),
     [SMELT__MT_DW3] = FLOAT("dw3", OUT),
     [SMELT__MT_DW2] = FLOAT("dw2", OUT),
@@ -80,6 +81,7 @@ typedef struct shape_rule {
 static int differentiates(int r) {
   switch (r) {
     case SMELT__MT_DWR: return SMELT__MT_WR;
+    case SMELT__MT_DWNOISE: return SMELT__MT_WNOISE;
     case SMELT__MT_DW1: return SMELT__MT_W1;
     case SMELT__MT_DW3: return SMELT__MT_W3;
     case SMELT__MT_DW2: return SMELT__MT_W2;

@@ -105,6 +105,7 @@ static smelt_status grads_roles(const char *op, const smelt_moe_grads *g, int dx
   if (!g) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: grads is NULL", op);
   a->t[dx_role] = g->dx;
   a->t[SMELT__MT_DWR] = g->dwr;
+  a->t[SMELT__MT_DWNOISE] = g->dwnoise;
   a->t[SMELT__MT_DW1] = g->dw1;
   a->t[SMELT__MT_DW3] = g->dw3;
   a->t[SMELT__MT_DW2] = g->dw2;
@@ -217,8 +218,9 @@ smelt_status smelt_moe_ffn_backward_run(smelt_plan *plan, const smelt_moe_weight
   smelt__moe_args a = {.mode = SMELT__MOE_FFN_BWD};
   smelt_status s = grads_roles(op, grads, SMELT__MT_DXP, &a);
   if (s) return s;
-  if (grads->dwr)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: grads.dwr is given but the FFN does not use wr", op);
+  if (grads->dwr || grads->dwnoise)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: grads.%s is given but the FFN does not use it", op,
+                        grads->dwr ? "dwr" : "dwnoise");
   static const int required[] = {SMELT__MT_XP_IN, SMELT__MT_OFFSETS_IN, SMELT__MT_DYP_IN};
   a.t[SMELT__MT_XP_IN] = xp;
   a.t[SMELT__MT_OFFSETS_IN] = offsets;

@@ -6,6 +6,7 @@
  * so a token's output does not depend on the rest of its batch. */
 #include "moe_cpu.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,28 +83,48 @@ static smelt_status forward(smelt_ctx *ctx, const smelt__moe_state *ms, const sm
   return s;
 }
 
-/* dwr = xᵀ·dlogits; dx = dlogits·Wrᵀ + the FFN's part (dx_ffn). */
-static smelt_status router_input_grads(smelt_ctx *ctx, const layer *L, const smelt_tensor *dx_ffn) {
-  const smelt_tensor *x = L->u[SMELT__MT_X], *wr = L->u[SMELT__MT_WR], *dl = L->u[SMELT__MT_DLOGITS];
+/* The [n, m] view of an [m, n] matrix. */
+static smelt_tensor transposed(const smelt_tensor *t) {
+  smelt_tensor v = *t;
+  v.shape[0] = t->shape[1], v.shape[1] = t->shape[0];
+  v.strides[0] = t->strides[1], v.strides[1] = t->strides[0];
+  return v;
+}
+
+/* dwr = xᵀ·dlogits; dx = dlogits·Wrᵀ + the rest (dx_rest: the FFN's and the noise's parts). */
+static smelt_status router_input_grads(smelt_ctx *ctx, const layer *L, const smelt_tensor *dx_rest) {
+  const smelt_tensor xt = transposed(L->u[SMELT__MT_X]), wt = transposed(L->u[SMELT__MT_WR]);
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   smelt_status s = SMELT_OK;
-  if (L->u[SMELT__MT_DWR]) {
-    smelt_tensor xt = *x;
-    xt.shape[0] = x->shape[1];
-    xt.shape[1] = x->shape[0];
-    xt.strides[0] = x->strides[1];
-    xt.strides[1] = x->strides[0];
-    s = smelt_gemm(ctx, &desc, &xt, dl, NULL, L->u[SMELT__MT_DWR], NULL);
-  }
-  if (!s && L->u[SMELT__MT_DX]) {
-    smelt_tensor wt = *wr;
-    wt.shape[0] = wr->shape[1];
-    wt.shape[1] = wr->shape[0];
-    wt.strides[0] = wr->strides[1];
-    wt.strides[1] = wr->strides[0];
-    desc.epilogue.beta = 1.0;
-    s = smelt_gemm(ctx, &desc, dl, &wt, dx_ffn, L->u[SMELT__MT_DX], NULL);
-  }
+  if (L->u[SMELT__MT_DWR]) s = smelt_gemm(ctx, &desc, &xt, L->u[SMELT__MT_DLOGITS], NULL, L->u[SMELT__MT_DWR], NULL);
+  desc.epilogue.beta = 1.0;
+  if (!s && L->u[SMELT__MT_DX])
+    s = smelt_gemm(ctx, &desc, L->u[SMELT__MT_DLOGITS], &wt, dx_rest, L->u[SMELT__MT_DX], NULL);
+  return s;
+}
+
+/* Through the noise's scale: with z = x·Wnoise, dz = dlogits ∘ n ∘ sigmoid(z);
+ * dwnoise = xᵀ·dz, and dz·Wnoiseᵀ added to dx_rest (NULL: dx not wanted). */
+static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, const layer *L,
+                                const smelt_tensor *dx_rest) {
+  const smelt_tensor *x = L->u[SMELT__MT_X], *wn = L->u[SMELT__MT_WNOISE], *dl = L->u[SMELT__MT_DLOGITS];
+  smelt_tensor z = {0}, dz = {0};
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  smelt_status s = smelt__moe_scratch(&z, SMELT_DTYPE_F64, ms->T, ms->E, "the noise's scale");
+  if (!s) s = smelt__moe_scratch(&dz, SMELT_DTYPE_F64, ms->T, ms->E, "the noise's gradient");
+  if (!s) s = smelt_gemm(ctx, &desc, x, wn, NULL, &z, NULL);
+  for (int64_t t = 0; !s && t < ms->T; t++)
+    for (int64_t e = 0; e < ms->E; e++) {
+      const int64_t i = t * ms->E + e;
+      const double n = smelt__moe_normal(ms->cfg.noise_seed, ms->cfg.noise_token_offset + t, e);
+      ((double *)dz.data)[i] = smelt__moe_get(dl, i) * n / (1.0 + exp(-((const double *)z.data)[i]));
+    }
+  const smelt_tensor xt = transposed(x), wt = transposed(wn);
+  if (!s && L->u[SMELT__MT_DWNOISE]) s = smelt_gemm(ctx, &desc, &xt, &dz, NULL, L->u[SMELT__MT_DWNOISE], NULL);
+  desc.epilogue.beta = 1.0;
+  if (!s && dx_rest) s = smelt_gemm(ctx, &desc, &dz, &wt, dx_rest, dx_rest, NULL);
+  free(z.data);
+  free(dz.data);
   return s;
 }
 
@@ -111,7 +132,7 @@ static smelt_status backward(smelt_ctx *ctx, const smelt__moe_state *ms, const s
   layer L = {.n = 0};
   memcpy(L.u, a->t, sizeof L.u);
   const smelt_dtype rd = ms->route_dt;
-  const int input_grads = a->t[SMELT__MT_DX] || a->t[SMELT__MT_DWR];
+  const int input_grads = a->t[SMELT__MT_DX] || a->t[SMELT__MT_DWR] || a->t[SMELT__MT_DWNOISE];
   smelt_status s = forward_to_yp(ctx, ms, &L);
   if (!s && !(s = need(&L, SMELT__MT_DYP, rd, ms->rows, ms->d)) &&
       !(s = need(&L, SMELT__MT_DWEIGHTS, rd, ms->T, ms->k)))
@@ -122,16 +143,18 @@ static smelt_status backward(smelt_ctx *ctx, const smelt__moe_state *ms, const s
   if (!s && a->t[SMELT__MT_DX]) s = need(&L, SMELT__MT_DXP, rd, ms->rows, ms->d);
   if (!s) s = smelt__moe_cpu_ffn_bwd(ctx, ms, L.u);
   if (!s && input_grads && !(s = need(&L, SMELT__MT_DLOGITS, rd, ms->T, ms->E))) s = smelt__moe_cpu_route_bwd(ms, L.u);
-  smelt_tensor dx_ffn = {0};
-  if (!s && a->t[SMELT__MT_DX] && !(s = smelt__moe_scratch(&dx_ffn, rd, ms->T, ms->d, "the FFN's part of dx"))) {
+  smelt_tensor dx_rest = {0};
+  if (!s && a->t[SMELT__MT_DX] && !(s = smelt__moe_scratch(&dx_rest, rd, ms->T, ms->d, "the FFN's and the noise's part of dx"))) {
     const smelt_tensor *p[SMELT__MT_ROLES] = {NULL};
     p[SMELT__MT_DXP_IN] = L.u[SMELT__MT_DXP];
     p[SMELT__MT_ROW_MAP_IN] = L.u[SMELT__MT_ROW_MAP];
-    p[SMELT__MT_DX] = &dx_ffn;
+    p[SMELT__MT_DX] = &dx_rest;
     s = smelt__moe_cpu_permute_bwd(ms, p);
   }
-  if (!s && input_grads) s = router_input_grads(ctx, &L, &dx_ffn);
-  free(dx_ffn.data);
+  if (!s && L.u[SMELT__MT_WNOISE] && (a->t[SMELT__MT_DX] || a->t[SMELT__MT_DWNOISE]))
+    s = noise_grads(ctx, ms, &L, a->t[SMELT__MT_DX] ? &dx_rest : NULL);
+  if (!s && input_grads) s = router_input_grads(ctx, &L, &dx_rest);
+  free(dx_rest.data);
   layer_free(&L);
   return s;
 }
