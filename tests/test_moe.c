@@ -8,7 +8,9 @@
  * (with the aux losses), the FFN (SwiGLU and MLP) and the whole layer;
  * batch invariance (a token's row bit for bit across batches); the parts
  * chained equal to the layer; bad inputs that write nothing; and, with a
- * GPU, the CUDA backend's clear refusal.
+ * GPU, the CUDA router, permute and unpermute against the CPU reference
+ * (odd sizes, drops, row strides, every copy width) and the clear refusal
+ * of what CUDA does not run yet.
  *
  * Inputs are fresh seeded random data (ties have probability ~0). Outputs
  * are guarded, poisoned buffers. */
@@ -1080,29 +1082,312 @@ static void test_moe_bad_runs(void) {
 
 /* ---------------------------------------------------------------- CUDA */
 
-/* No MoE kernels yet: a CUDA plan is refused with a clear error, never run
- * on the CPU behind the caller's back. */
-static void test_moe_cuda_unsupported(void) {
+/* A device copy of host data (guarded, poisoned buffer) and its view. */
+typedef struct dev {
+  th_buf b;
+  smelt_tensor t;
+} dev;
+
+static dev dev_new(smelt_dtype dt, int nd, int64_t a, int64_t b, const void *host) {
   smelt_ctx *cu = th_cuda();
-  if (!cu) SKIP("no CUDA device");
-  spec s = base(4, 4, 2);
+  dev d;
+  const int64_t shape[2] = {a, b}, n = a * (nd == 2 ? b : 1);
+  d.b = th_buf_new(cu, (size_t)(n ? n : 1) * smelt_dtype_size(dt));
+  if (host) th_buf_upload(&d.b, host, (size_t)n * smelt_dtype_size(dt));
+  d.t = smelt_tensor_make(d.b.data, dt, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), nd, shape);
+  return d;
+}
+
+static void *dev_read(const dev *d) {
+  const size_t bytes = (size_t)smelt_tensor_numel(&d->t) * smelt_dtype_size(d->t.dtype);
+  void *h = malloc(bytes ? bytes : 1);
+  th_buf_download(&d->b, h, bytes);
+  CHECK(th_buf_guards_ok(&d->b));
+  return h;
+}
+
+/* p's x and weights on the device. */
+typedef struct dev_weights {
+  dev x, wr, eb, wn, w1, w3, w2;
+  smelt_moe_weights w;
+} dev_weights;
+
+static void dev_weights_new(const mp *p, dev_weights *g) {
+  memset(g, 0, sizeof *g);
+  g->x = dev_new(p->xdt, 2, p->T, p->d, p->x.h);
+  g->wr = dev_new(p->wdt, 2, p->d, p->E, p->wr.h);
+  g->w.wr = &g->wr.t;
+  if (p->sp.bias) g->eb = dev_new(SMELT_DTYPE_F32, 1, p->E, 0, p->eb.h), g->w.expert_bias = &g->eb.t;
+  if (p->sp.noise) g->wn = dev_new(p->wdt, 2, p->d, p->E, p->wn.h), g->w.wnoise = &g->wn.t;
+}
+
+static void dev_weights_free(dev_weights *g) {
+  dev *all[] = {&g->x, &g->wr, &g->eb, &g->wn};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    if (all[i]->b.base) th_buf_free(&all[i]->b);
+}
+
+/* The CPU's selection key of expert e for token t, from its logits. */
+static double cpu_key(const mp *p, const double *logits, int64_t t, int64_t e) {
+  const double *l = logits + t * p->E;
+  double s;
+  if (p->sp.score == SMELT_MOE_SCORE_SIGMOID) s = sigm(l[e]);
+  else {
+    double m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < p->E; j++) m = fmax(m, l[j]);
+    for (int64_t j = 0; j < p->E; j++) sum += exp(l[j] - m);
+    s = exp(l[e] - m) / sum;
+  }
+  return s + (p->sp.bias ? p->eb.v[e] : 0.0);
+}
+
+/* The router on CUDA against the CPU reference: logits to 1e-5, ids equal
+ * but at near-ties (keys within 1e-4), weights of the tokens routed alike
+ * to 1e-5, counts and offsets those of the GPU's own ids. */
+static void gpu_route_case(const spec *sp, const char *what) {
+  mp p;
+  mp_init(&p, sp);
+  fwd c;
+  fwd_alloc(&c, &p, SMELT_DTYPE_I64);
+  smelt_moe_routing rc = routing_of(&c);
+  smelt_plan *cplan = NULL, *gplan = NULL;
+  CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
+  CHECK_OK(smelt_moe_route_run(cplan, &p.w, &p.tx, &rc));
+  fwd_read_from(&c, F_LOGITS);
+  dev_weights g;
+  dev_weights_new(&p, &g);
+  dev lg = dev_new(SMELT_DTYPE_F32, 2, p.T, p.E, NULL), id = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL),
+      wt = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, NULL), cn = dev_new(SMELT_DTYPE_I32, 1, p.E, 0, NULL),
+      of = dev_new(SMELT_DTYPE_I64, 1, p.E + 1, 0, NULL), dr = dev_new(SMELT_DTYPE_I32, 1, 1, 0, NULL);
+  smelt_moe_routing rg = {&lg.t, &id.t, &wt.t, &cn.t, &of.t, &dr.t, NULL};
+  CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &gplan));
+  CHECK_OK(smelt_moe_route_run(gplan, &g.w, &g.x.t, &rg));
+  CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+  float *gl = dev_read(&lg), *gw = dev_read(&wt);
+  int32_t *gi = dev_read(&id), *gc = dev_read(&cn), *gd = dev_read(&dr);
+  int64_t *go = dev_read(&of);
+  double *gld = calloc((size_t)(p.T * p.E + 1), sizeof(double));
+  for (int64_t i = 0; i < p.T * p.E; i++) gld[i] = gl[i];
+  CHECK(th_compare(what, gld, c.v[F_LOGITS], p.T * p.E, 1e-5, 1e-6));
+  int64_t hist[1024] = {0}, ties = 0;
+  for (int64_t t = 0; t < p.T; t++) {
+    int same = 1;
+    for (int64_t i = 0; i < p.k; i++) {
+      const int64_t a = t * p.k + i, ge = gi[a], ce = (int64_t)c.v[F_IDS][a];
+      REQUIRE(ge >= 0 && ge < p.E);
+      hist[ge]++;
+      if (ge == ce) continue;
+      same = 0;
+      ties++;
+      const double gap = fabs(cpu_key(&p, c.v[F_LOGITS], t, ge) - cpu_key(&p, c.v[F_LOGITS], t, ce));
+      if (gap > 1e-4) th_fail(__FILE__, __LINE__, "%s: token %lld slot %lld: GPU %lld, CPU %lld, keys %.3g apart", what,
+                              (long long)t, (long long)i, (long long)ge, (long long)ce, gap);
+    }
+    for (int64_t i = 0; same && i < p.k; i++) {
+      const double cw = c.v[F_WEIGHTS][t * p.k + i];
+      if (fabs(gw[t * p.k + i] - cw) > 1e-5 * fmax(1.0, fabs(cw)))
+        th_fail(__FILE__, __LINE__, "%s: weights[%lld] GPU %.9g CPU %.9g", what, (long long)(t * p.k + i),
+                gw[t * p.k + i], cw);
+    }
+  }
+  if (ties) fprintf(stderr, "    %s: %lld near-tie choices differ\n", what, (long long)ties);
+  int64_t at = 0;
+  for (int64_t e = 0; e < p.E; e++) {
+    CHECK_EQ_INT(gc[e], hist[e]);
+    CHECK_EQ_INT(go[e], at);
+    at += hist[e];
+  }
+  CHECK_EQ_INT(go[p.E], p.R);
+  CHECK_EQ_INT(gd[0], 0);
+  free(gl), free(gw), free(gi), free(gc), free(gd), free(go), free(gld);
+  dev all[] = {lg, id, wt, cn, of, dr};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) th_buf_free(&all[i].b);
+  dev_weights_free(&g);
+  smelt_plan_destroy(cplan);
+  smelt_plan_destroy(gplan);
+  fwd_free(&c);
+  mp_free(&p);
+}
+
+static void test_moe_gpu_route(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  spec s = {.T = 1, .d = 64, .E = 8, .k = 2, .F = 8};
+  gpu_route_case(&s, "T1 E8 top2 f32");
+  s = (spec){.T = 1001, .d = 128, .E = 64, .k = 6, .F = 8, .xdt = SMELT_DTYPE_BF16, .wdt = SMELT_DTYPE_BF16, .bias = 1};
+  gpu_route_case(&s, "T1001 E64 top6 bf16 + bias");
+  s = (spec){.T = 257, .d = 64, .E = 256, .k = 8, .F = 8, .xdt = SMELT_DTYPE_BF16, .wdt = SMELT_DTYPE_BF16,
+             .score = SMELT_MOE_SCORE_SIGMOID, .bias = 1, .groups = 8, .topk_groups = 4, .scale = 2.5};
+  gpu_route_case(&s, "T257 E256 top8 sigmoid groups 8/4");
+  s = (spec){.T = 33, .d = 48, .E = 300, .k = 4, .F = 8, .no_renorm = 1, .noise = 1};
+  gpu_route_case(&s, "T33 E300 top4 no renorm, noise");
+  s = (spec){.T = 77, .d = 32, .E = 16, .k = 16, .F = 8, .xdt = SMELT_DTYPE_F16, .wdt = SMELT_DTYPE_F16,
+             .score = SMELT_MOE_SCORE_SIGMOID};
+  gpu_route_case(&s, "T77 k = E = 16 sigmoid f16");
+}
+
+/* The CPU routing of p (with capacity drops where p has them), its
+ * offsets i64. */
+typedef struct cpu_routing {
+  fwd f;
+} cpu_routing;
+
+static void cpu_routing_new(const mp *p, smelt_plan *cplan, cpu_routing *r) {
+  fwd_alloc(&r->f, p, SMELT_DTYPE_I64);
+  smelt_moe_routing rt = routing_of(&r->f);
+  CHECK_OK(smelt_moe_route_run(cplan, &p->w, &p->tx, &rt));
+  fwd_read_from(&r->f, F_LOGITS);
+}
+
+/* permute on CUDA against the CPU: row_map equal, the kept rows bit for
+ * bit, the rest of xp untouched; x with a row stride (pad elements). */
+static void gpu_permute_case(const spec *sp, int64_t pad, const char *what) {
+  mp p;
+  mp_init(&p, sp);
+  const size_t es = smelt_dtype_size(p.xdt);
+  const int64_t xs = p.d + pad;
+  smelt_plan *cplan = NULL, *gplan = NULL;
+  CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
+  cpu_routing r;
+  cpu_routing_new(&p, cplan, &r);
+  th_buf cxp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * es), crm = th_buf_new(th_cpu(), (size_t)p.R * 4);
+  smelt_tensor txp = smelt_tensor_make(cxp.data, p.xdt, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.R, p.d}),
+               trm = smelt_tensor_make(crm.data, SMELT_DTYPE_I32, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.T, p.k});
+  CHECK_OK(smelt_moe_permute_run(cplan, &p.tx, &r.f.t[F_IDS], &r.f.t[F_OFFSETS], &txp, &trm));
+  /* x on the device with rows xs apart. */
+  char *xh = calloc((size_t)(p.T * xs + 1), es);
+  for (int64_t t = 0; t < p.T; t++) memcpy(xh + (size_t)(t * xs) * es, (char *)p.x.h + (size_t)(t * p.d) * es, (size_t)p.d * es);
+  dev xd = dev_new(p.xdt, 2, p.T, xs, xh);
+  smelt_tensor xv = xd.t;
+  xv.shape[1] = p.d;
+  dev wr = dev_new(p.wdt, 2, p.d, p.E, p.wr.h);
+  smelt_moe_weights w = {.wr = &wr.t};
+  int32_t *ids32 = malloc((size_t)p.R * 4);
+  for (int64_t a = 0; a < p.R; a++) ids32[a] = (int32_t)r.f.v[F_IDS][a];
+  dev ids = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, ids32), offs = dev_new(SMELT_DTYPE_I64, 1, p.E + 1, 0, r.f.b[F_OFFSETS].data),
+      gxp = dev_new(p.xdt, 2, p.R, p.d, NULL), grm = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL);
+  CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &w, &xv, &gplan));
+  CHECK_OK(smelt_moe_permute_run(gplan, &xv, &ids.t, &offs.t, &gxp.t, &grm.t));
+  CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+  char *hx = dev_read(&gxp);
+  int32_t *hrm = dev_read(&grm);
+  const int64_t kept = (int64_t)r.f.v[F_OFFSETS][p.E];
+  CHECK(!memcmp(hrm, crm.data, (size_t)p.R * 4));
+  if (memcmp(hx, cxp.data, (size_t)(kept * p.d) * es)) th_fail(__FILE__, __LINE__, "%s: permuted rows differ", what);
+  if (!th_all_ff(hx + (size_t)(kept * p.d) * es, (size_t)((p.R - kept) * p.d) * es))
+    th_fail(__FILE__, __LINE__, "%s: rows past offsets[E] written", what);
+  free(hx), free(hrm), free(xh), free(ids32);
+  dev all[] = {xd, wr, ids, offs, gxp, grm};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) th_buf_free(&all[i].b);
+  th_buf_free(&cxp);
+  th_buf_free(&crm);
+  fwd_free(&r.f);
+  smelt_plan_destroy(cplan);
+  smelt_plan_destroy(gplan);
+  mp_free(&p);
+}
+
+static void test_moe_gpu_permute(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  spec s = {.T = 300, .d = 64, .E = 8, .k = 2, .F = 8, .xdt = SMELT_DTYPE_BF16, .wdt = SMELT_DTYPE_BF16,
+            .cap = 0.8, .drop = SMELT_MOE_DROP_PROBS};
+  gpu_permute_case(&s, 0, "T300 d64 bf16, capacity: 16-byte rows");
+  s = (spec){.T = 129, .d = 7, .E = 5, .k = 3, .F = 8};
+  gpu_permute_case(&s, 3, "T129 d7 f32, rows 10 apart: 4-byte units");
+  s = (spec){.T = 1, .d = 5, .E = 4, .k = 4, .F = 8, .xdt = SMELT_DTYPE_F16, .wdt = SMELT_DTYPE_F16};
+  gpu_permute_case(&s, 0, "T1 d5 f16 k = E: 2-byte units");
+  s = (spec){.T = 1000, .d = 256, .E = 64, .k = 6, .F = 8, .xdt = SMELT_DTYPE_BF16, .wdt = SMELT_DTYPE_BF16,
+             .cap = 1.0, .drop = SMELT_MOE_DROP_POSITION};
+  gpu_permute_case(&s, 8, "T1000 d256 E64 top6 bf16, capacity position");
+}
+
+/* unpermute on CUDA against the CPU (rows of drops skipped), yp and y in
+ * f32 and bf16. */
+static void test_moe_gpu_unpermute(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  const smelt_dtype dts[3][2] = {{SMELT_DTYPE_F32, SMELT_DTYPE_F32},
+                                 {SMELT_DTYPE_BF16, SMELT_DTYPE_BF16},
+                                 {SMELT_DTYPE_F32, SMELT_DTYPE_F16}};
+  for (int c = 0; c < 3; c++) {
+    spec s = {.T = 333, .d = 100, .E = 16, .k = 4, .F = 8, .xdt = dts[c][1], .wdt = dts[c][1], .cap = 0.9,
+              .drop = SMELT_MOE_DROP_PROBS};
+    mp p;
+    mp_init(&p, &s);
+    smelt_plan *cplan = NULL, *gplan = NULL;
+    CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
+    cpu_routing r;
+    cpu_routing_new(&p, cplan, &r);
+    arr yp = arr_new(dts[c][0], p.R * p.d, -1, 1);
+    th_buf crm = th_buf_new(th_cpu(), (size_t)p.R * 4), cy = th_buf_new(th_cpu(), (size_t)(p.T * p.d) * 8);
+    smelt_tensor trm = smelt_tensor_make(crm.data, SMELT_DTYPE_I32, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.T, p.k}),
+                 typ = host_tensor(yp.h, yp.dt, 2, p.R, p.d, 0),
+                 ty = smelt_tensor_make(cy.data, p.xdt, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.T, p.d});
+    th_buf cxp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * 4);
+    smelt_tensor txp = smelt_tensor_make(cxp.data, p.xdt, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.R, p.d});
+    CHECK_OK(smelt_moe_permute_run(cplan, &p.tx, &r.f.t[F_IDS], &r.f.t[F_OFFSETS], &txp, &trm));
+    CHECK_OK(smelt_moe_unpermute_run(cplan, &typ, &trm, &r.f.t[F_WEIGHTS], &ty));
+    float *w32 = malloc((size_t)p.R * 4);
+    for (int64_t a = 0; a < p.R; a++) w32[a] = (float)r.f.v[F_WEIGHTS][a];
+    dev x = dev_new(p.xdt, 2, p.T, p.d, p.x.h), wr = dev_new(p.wdt, 2, p.d, p.E, p.wr.h),
+        gyp = dev_new(yp.dt, 2, p.R, p.d, yp.h), grm = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, crm.data),
+        gw = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, w32), gy = dev_new(p.xdt, 2, p.T, p.d, NULL);
+    smelt_moe_weights w = {.wr = &wr.t};
+    CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &w, &x.t, &gplan));
+    CHECK_OK(smelt_moe_unpermute_run(gplan, &gyp.t, &grm.t, &gw.t, &gy.t));
+    CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+    void *hy = dev_read(&gy);
+    double *got = calloc((size_t)(p.T * p.d), 8), *ref = calloc((size_t)(p.T * p.d), 8);
+    for (int64_t i = 0; i < p.T * p.d; i++) got[i] = th_get(hy, p.xdt, i), ref[i] = th_get(cy.data, p.xdt, i);
+    CHECK(th_compare("unpermute", got, ref, p.T * p.d, p.xdt == SMELT_DTYPE_F32 ? 1e-6 : bound(p.xdt), 1e-6));
+    free(hy), free(got), free(ref), free(w32);
+    dev all[] = {x, wr, gyp, grm, gw, gy};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) th_buf_free(&all[i].b);
+    th_buf_free(&crm), th_buf_free(&cy), th_buf_free(&cxp);
+    arr_free(&yp);
+    fwd_free(&r.f);
+    smelt_plan_destroy(cplan);
+    smelt_plan_destroy(gplan);
+    mp_free(&p);
+  }
+}
+
+/* What CUDA does not run yet is refused with a clear error and nothing
+ * written, never run on the CPU behind the caller's back. */
+static void test_moe_gpu_unsupported(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  spec s = {.T = 4, .d = 8, .E = 4, .k = 2, .F = 8, .cap = 1.0, .drop = SMELT_MOE_DROP_PROBS};
   mp p;
   mp_init(&p, &s);
-  const size_t bytes[2] = {(size_t)(p.T * p.d) * 4, (size_t)(p.d * p.E) * 4};
-  void *dx = NULL, *dwr = NULL;
-  CHECK_OK(smelt_alloc(cu, bytes[0], &dx));
-  CHECK_OK(smelt_alloc(cu, bytes[1], &dwr));
-  smelt_tensor tx = smelt_tensor_make(dx, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2,
-                                      (int64_t[]){p.T, p.d}),
-               twr = smelt_tensor_make(dwr, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, smelt_ctx_device_index(cu), 2,
-                                       (int64_t[]){p.d, p.E});
-  smelt_moe_weights w = {.wr = &twr};
+  dev_weights g;
+  dev_weights_new(&p, &g);
+  dev w1 = dev_new(p.wdt, 2, p.E * p.d, p.F, p.w1.h), w3 = dev_new(p.wdt, 2, p.E * p.d, p.F, p.w3.h),
+      w2 = dev_new(p.wdt, 2, p.E * p.F, p.d, p.w2.h), y = dev_new(p.xdt, 2, p.T, p.d, NULL);
+  smelt_tensor t1 = w1.t, t3 = w3.t, t2 = w2.t;
+  t1.ndim = t3.ndim = t2.ndim = 3;
+  t1.shape[0] = t3.shape[0] = t2.shape[0] = p.E;
+  t1.shape[1] = t3.shape[1] = p.d, t2.shape[1] = p.F;
+  t1.shape[2] = t3.shape[2] = p.F, t2.shape[2] = p.d;
+  t1.strides[0] = t3.strides[0] = t2.strides[0] = p.d * p.F;
+  t1.strides[1] = t3.strides[1] = p.F, t2.strides[1] = p.d;
+  t1.strides[2] = t3.strides[2] = t2.strides[2] = 1;
+  g.w.w1 = &t1, g.w.w3 = &t3, g.w.w2 = &t2;
   smelt_plan *plan = NULL;
-  CHECK_STATUS(smelt_moe_plan(cu, &p.cfg, &w, &tx, &plan), SMELT_STATUS_UNSUPPORTED);
-  CHECK_MSG("no MoE kernels");
-  CHECK(plan == NULL);
-  smelt_free(cu, dx);
-  smelt_free(cu, dwr);
+  CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &plan));
+  CHECK_STATUS(smelt_moe_forward_run(plan, &g.w, &g.x.t, &y.t, NULL, NULL), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("no CUDA kernel yet");
+  dev lg = dev_new(SMELT_DTYPE_F32, 2, p.T, p.E, NULL), id = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL),
+      wt = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, NULL), cn = dev_new(SMELT_DTYPE_I32, 1, p.E, 0, NULL),
+      of = dev_new(SMELT_DTYPE_I32, 1, p.E + 1, 0, NULL);
+  smelt_moe_routing r = {&lg.t, &id.t, &wt.t, &cn.t, &of.t, NULL, NULL};
+  CHECK_STATUS(smelt_moe_route_run(plan, &g.w, &g.x.t, &r), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("capacity");
+  CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+  dev all[] = {w1, w3, w2, y, lg, id, wt, cn, of};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+    CHECK(th_buf_untouched(&all[i].b) || i < 3);
+    th_buf_free(&all[i].b);
+  }
+  smelt_plan_destroy(plan);
+  dev_weights_free(&g);
   mp_free(&p);
 }
 
@@ -1122,6 +1407,9 @@ const th_test th_tests_moe[] = {
     {"parts", test_moe_parts},
     {"bad_config", test_moe_bad_config},
     {"bad_runs", test_moe_bad_runs},
-    {"cuda_unsupported", test_moe_cuda_unsupported},
+    {"gpu_route", test_moe_gpu_route},
+    {"gpu_permute", test_moe_gpu_permute},
+    {"gpu_unpermute", test_moe_gpu_unpermute},
+    {"gpu_unsupported", test_moe_gpu_unsupported},
     {0, 0},
 };

@@ -109,7 +109,8 @@ double smelt__bound_peer(const smelt__bound_query *q) {
 
 /* MoE: the CPU reference against the exact result (double arithmetic; the
  * expert FFN's intermediates are f32 for f32 and 16-bit inputs, one more
- * rounding of each; the output rounded once). CUDA has no MoE kernels yet.
+ * rounding of each; the output rounded once). The CUDA parts (router,
+ * permute, unpermute) compute in f32 with one rounding of the output.
  * One element's worst error allows four elementwise units, as PEER's: y
  * sums k weighted experts before rounding. */
 double smelt__bound_moe(const smelt__bound_query *q) {

@@ -49,6 +49,9 @@ typedef struct smelt__moe_state {
   int64_t capacity;  /* tokens an expert keeps; -1: no capacity */
   smelt_dtype route_dt; /* f32, or f64 when x is f64: the internal logits and weights */
   smelt_tensor t[SMELT__MT_ROLES]; /* planned views by role; ndim -1 = absent */
+  /* CUDA backend state (src/cuda/op_moe.c), freed with cuda_free. */
+  void *cuda;
+  void (*cuda_free)(void *cuda);
 } smelt__moe_state;
 
 #define MOE_OP "smelt_moe"

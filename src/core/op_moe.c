@@ -190,6 +190,12 @@ static smelt_status check_weights(smelt_ctx *ctx, const smelt_moe_weights *w, co
 
 /* ---------------------------------------------------------------- the family and the plan */
 
+static void state_free(void *p) {
+  smelt__moe_state *ms = (smelt__moe_state *)p;
+  if (ms && ms->cuda_free) ms->cuda_free(ms->cuda);
+  free(ms);
+}
+
 const smelt__family smelt__family_moe = {
     .name = "moe",
     .op = MOE_OP,
@@ -220,5 +226,5 @@ smelt_status smelt_moe_plan(smelt_ctx *ctx, const smelt_moe_config *cfg, const s
            (long long)ms->k, (long long)ms->d, (long long)ms->F,
            ms->cfg.score == SMELT_MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid",
            ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? "swiglu" : smelt_act_name(ms->cfg.activation));
-  return smelt__family_plan_state(&smelt__family_moe, ctx, ms, free, describe, NULL, out);
+  return smelt__family_plan_state(&smelt__family_moe, ctx, ms, state_free, describe, NULL, out);
 }

@@ -1,17 +1,214 @@
-/* smelt_moe on CUDA: no kernels yet. Planning on a CUDA context fails with
- * UNSUPPORTED, saying so, rather than running the CPU reference behind the
- * caller's back (the tensors live on the device). */
+/* smelt_moe on CUDA: the router (its GEMMs through the GEMM engine, then
+ * kernels/moe_route.cu), permute and unpermute (kernels/moe_permute.cu),
+ * all stream-ordered with no host synchronization. The other parts and the
+ * layer have no kernels yet: their runs fail with UNSUPPORTED, and so does
+ * the router with a capacity or the aux losses, rather than running the
+ * CPU reference behind the caller's back. */
 #include "../core/moe_internal.h"
+#include "cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Experts per lane of the routing warp: the two module sizes. */
+static const int route_items[] = {8, 32};
+#define MAX_E (32 * 32)
+#define CHUNK 128 /* MOE_CHUNK of kernels/moe_permute.cu */
+
+typedef struct moe_cuda {
+  CUfunction route, counts, chunk_counts, chunk_bases, scatter, unpermute;
+} moe_cuda;
+
+/* The one place a variant's source is made (plan and enumerator):
+ * variant 0, 1: the router for route_items[v]; 2: dispatch and combine. */
+static void make_src(int v, smelt__kernel_src *src) {
+  memset(src, 0, sizeof *src);
+  if (v < 2) {
+    snprintf(src->name, sizeof src->name, "moe_route_e%d", 32 * route_items[v]);
+    src->body = "moe_route.cu";
+    smelt__prelude_define(src, "MOE_ITEMS", route_items[v]);
+  } else {
+    snprintf(src->name, sizeof src->name, "moe_permute");
+    src->body = "moe_permute.cu";
+  }
+}
+
+int smelt__moe_variants(smelt__kernel_src *out, int max) {
+  for (int v = 0; v < 3 && v < max; v++) make_src(v, &out[v]);
+  return 3;
+}
+
+/* What the CUDA kernels take; the rest is refused at planning. */
+static smelt_status check_plan(const smelt__moe_state *ms) {
+  if (ms->t[SMELT__MT_X].dtype == SMELT_DTYPE_F64)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP ": f64 is for the CPU backend (gradient checks) only");
+  if (ms->E > MAX_E || ms->k > 32 || ms->cfg.num_groups > 32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        MOE_OP ": num_experts=%lld, top_k=%lld, num_groups=%lld: CUDA routes up to %d experts, top_k "
+                               "and num_groups up to 32",
+                        (long long)ms->E, (long long)ms->k, (long long)ms->cfg.num_groups, MAX_E);
+  return SMELT_OK;
+}
 
 static smelt_status plan_moe(smelt_plan *plan, const void *args) {
-  return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                      MOE_OP ": the CUDA backend has no MoE kernels yet; use a CPU context (smelt/moe.h)");
+  smelt__moe_state *ms = (smelt__moe_state *)plan->opdata;
+  smelt_status s = check_plan(ms);
+  if (s) return s;
+  moe_cuda *mc = (moe_cuda *)calloc(1, sizeof *mc);
+  if (!mc) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP ": out of host memory");
+  ms->cuda = mc;
+  ms->cuda_free = free;
+  const int v = ms->E <= 32 * route_items[0] ? 0 : 1;
+  smelt__kernel_src route, perm;
+  make_src(v, &route);
+  make_src(2, &perm);
+  if ((s = smelt__cuda_function(plan->ctx, &route, "moe_route", &mc->route)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_counts", &mc->counts)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_counts", &mc->chunk_counts)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_bases", &mc->chunk_bases)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_scatter", &mc->scatter)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute", &mc->unpermute)))
+    return s;
+  snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%s + moe_permute)", (int)ms->E,
+           (int)ms->k, (int)ms->d, (int)ms->F, route.name);
+  return SMELT_OK;
 }
+
+/* ---------------------------------------------------------------- runs */
+
+static unsigned grid_of(int64_t n, int64_t per) { return (unsigned)smelt__ceil_div(n, per); }
+
+/* A [rows, cols] f32 tensor on the context's device at p. */
+static smelt_tensor device_f32(const smelt_ctx *ctx, void *p, int64_t rows, int64_t cols) {
+  const int64_t shape[2] = {rows, cols};
+  return smelt_tensor_make(p, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
+}
+
+static smelt_status route_checks(const smelt__moe_state *ms, const smelt_tensor *const *t) {
+  if (ms->capacity >= 0)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: a capacity (drops) has no CUDA kernel yet");
+  if (t[SMELT__MT_AUX])
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: the aux losses have no CUDA kernel yet");
+  if (t[SMELT__MT_LOGITS]->dtype != SMELT_DTYPE_F32 || t[SMELT__MT_WEIGHTS]->dtype != SMELT_DTYPE_F32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: logits and weights must be f32 on CUDA");
+  return SMELT_OK;
+}
+
+/* logits = x·Wr (+ noise), then the routing and the counts. */
+static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
+                          const smelt_tensor *const *t) {
+  smelt_status s = route_checks(ms, t);
+  if (s) return s;
+  smelt_ctx *ctx = plan->ctx;
+  const smelt_gemm_desc desc = smelt_gemm_desc_default();
+  void *z = NULL;
+  int64_t T = ms->T;
+  if (T > 0) s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL, t[SMELT__MT_LOGITS], NULL);
+  if (!s && T > 0 && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(T * ms->E) * 4, &z))) {
+    const smelt_tensor zt = device_f32(ctx, z, T, ms->E);
+    s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WNOISE], NULL, &zt, NULL);
+  }
+  if (!s && T > 0) {
+    void *logits = t[SMELT__MT_LOGITS]->data, *ids = t[SMELT__MT_IDS]->data, *w = t[SMELT__MT_WEIGHTS]->data;
+    const void *bias = t[SMELT__MT_BIAS] ? t[SMELT__MT_BIAS]->data : NULL;
+    int E = (int)ms->E, k = (int)ms->k, sig = ms->cfg.score == SMELT_MOE_SCORE_SIGMOID, renorm = ms->cfg.renormalize;
+    int groups = (int)ms->cfg.num_groups, tg = (int)ms->cfg.topk_groups;
+    float scaling = (float)ms->cfg.scaling_factor;
+    uint64_t seed = ms->cfg.noise_seed;
+    int64_t token0 = ms->cfg.noise_token_offset;
+    void *params[] = {&logits, &z, &bias, &ids, &w, &T, &E, &k, &sig, &renorm, &scaling, &groups, &tg, &seed, &token0};
+    s = smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->route, grid_of(T, 4), 1, 1, 128, 0, params);
+  }
+  if (z) {
+    smelt_status f = smelt__cuda_free(ctx, z);
+    if (!s) s = f;
+  }
+  if (s) return s;
+  const smelt_tensor *dr = t[SMELT__MT_DROPPED];
+  void *ids = t[SMELT__MT_IDS]->data, *counts = t[SMELT__MT_COUNTS]->data, *offs = t[SMELT__MT_OFFSETS]->data;
+  void *dropped = dr ? dr->data : NULL;
+  int64_t n = ms->rows;
+  int E = (int)ms->E, c64 = t[SMELT__MT_COUNTS]->dtype == SMELT_DTYPE_I64,
+      o64 = t[SMELT__MT_OFFSETS]->dtype == SMELT_DTYPE_I64, d64 = dr && dr->dtype == SMELT_DTYPE_I64;
+  void *params[] = {&ids, &n, &E, &counts, &c64, &offs, &o64, &dropped, &d64};
+  return smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->counts, 1, 1, 1, 1024, (unsigned)(E * 4), params);
+}
+
+/* The widest copy unit (16, 8, 4 or 2 bytes) of rows of row_bytes at x
+ * (rows x_stride bytes apart) and xp. */
+static int copy_unit(const void *x, int64_t x_stride, const void *xp, int64_t row_bytes) {
+  int unit = 16;
+  while (unit > 2 && ((uintptr_t)x % (uintptr_t)unit || (uintptr_t)xp % (uintptr_t)unit || x_stride % unit ||
+                      row_bytes % unit))
+    unit /= 2;
+  return unit;
+}
+
+static smelt_status permute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
+                            const smelt_tensor *const *t) {
+  smelt_ctx *ctx = plan->ctx;
+  int64_t T = ms->T, chunks = smelt__ceil_div(T, CHUNK);
+  if (T == 0) return SMELT_OK;
+  void *cc = NULL;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(chunks * ms->E) * 4, &cc);
+  if (s) return s;
+  const smelt_tensor *x = t[SMELT__MT_X], *xp = t[SMELT__MT_XP], *offs = t[SMELT__MT_OFFSETS_IN];
+  const int64_t es = (int64_t)smelt_dtype_size(x->dtype);
+  const void *ids = t[SMELT__MT_IDS_IN]->data, *xd = x->data, *od = offs->data;
+  void *xpd = xp->data, *rm = t[SMELT__MT_ROW_MAP]->data;
+  int k = (int)ms->k, E = (int)ms->E, o64 = offs->dtype == SMELT_DTYPE_I64;
+  int64_t x_stride = x->strides[0] * es, row_bytes = ms->d * es;
+  int unit = copy_unit(xd, x_stride, xpd, row_bytes);
+  void *p_counts[] = {&ids, &T, &k, &E, &cc};
+  void *p_bases[] = {&cc, &chunks, &E, &od, &o64};
+  void *p_scatter[] = {&xd, &x_stride, &ids, &T, &k, &E, &cc, &xpd, &row_bytes, &rm, &unit};
+  const char *op = MOE_OP "_permute_run";
+  if (!(s = smelt__cuda_launch(ctx, op, mc->chunk_counts, (unsigned)chunks, 1, 1, CHUNK, (unsigned)(E * 4), p_counts)) &&
+      !(s = smelt__cuda_launch(ctx, op, mc->chunk_bases, grid_of(E, 256), 1, 1, 256, 0, p_bases)))
+    s = smelt__cuda_launch(ctx, op, mc->scatter, (unsigned)chunks, 1, 1, 256, (unsigned)((E + CHUNK * k) * 4),
+                           p_scatter);
+  smelt_status f = smelt__cuda_free(ctx, cc);
+  return s ? s : f;
+}
+
+static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
+                              const smelt_tensor *const *t) {
+  const smelt_tensor *yp = t[SMELT__MT_YP_IN], *y = t[SMELT__MT_Y], *w = t[SMELT__MT_WEIGHTS_IN];
+  if (yp->dtype == SMELT_DTYPE_F64 || w->dtype != SMELT_DTYPE_F32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_unpermute_run: yp f64 or weights other than f32 on CUDA");
+  int64_t T = ms->T, ys = y->strides[0];
+  if (T == 0) return SMELT_OK;
+  const void *ypd = yp->data, *rm = t[SMELT__MT_ROW_MAP_IN]->data, *wd = w->data;
+  void *yd = y->data;
+  /* The kernels' dtype codes (SMELT_DT_F32 1, F16 2, BF16 3) are smelt_dtype's values. */
+  int ypdt = (int)yp->dtype, ydt = (int)y->dtype, k = (int)ms->k, d = (int)ms->d;
+  void *params[] = {&ypd, &ypdt, &rm, &wd, &yd, &ydt, &T, &k, &d, &ys};
+  return smelt__cuda_launch(plan->ctx, MOE_OP "_unpermute_run", mc->unpermute, grid_of(T, 8), 1, 1, 256, 0, params);
+}
+
+static const char *const part_names[SMELT__MOE_MODES] = {
+    [SMELT__MOE_AUX] = "the aux losses",          [SMELT__MOE_ROUTE_BWD] = "the router's backward",
+    [SMELT__MOE_PERMUTE_BWD] = "permute's backward", [SMELT__MOE_UNPERMUTE_BWD] = "unpermute's backward",
+    [SMELT__MOE_FFN] = "the expert FFN",          [SMELT__MOE_FFN_BWD] = "the expert FFN's backward",
+    [SMELT__MOE_FORWARD] = "the layer's forward",  [SMELT__MOE_BACKWARD] = "the layer's backward",
+    [SMELT__MOE_STATS] = "the statistics",
+};
 
 static smelt_status run(smelt_plan *plan, const void *args) {
-  return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP ": the CUDA backend has no MoE kernels yet");
+  const smelt__moe_args *a = (const smelt__moe_args *)args;
+  const smelt__moe_state *ms = (const smelt__moe_state *)plan->opdata;
+  const moe_cuda *mc = (const moe_cuda *)ms->cuda;
+  switch (a->mode) {
+    case SMELT__MOE_ROUTE: return route(plan, ms, mc, a->t);
+    case SMELT__MOE_PERMUTE: return permute(plan, ms, mc, a->t);
+    case SMELT__MOE_UNPERMUTE: return unpermute(plan, ms, mc, a->t);
+    default:
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          MOE_OP ": %s has no CUDA kernel yet (CUDA runs the router, permute and unpermute); use a "
+                                 "CPU context",
+                          part_names[a->mode] ? part_names[a->mode] : "this run");
+  }
 }
-
-int smelt__moe_variants(smelt__kernel_src *out, int max) { return 0; }
 
 const smelt__backend smelt__cuda_moe = {.plan = plan_moe, .run = run};
