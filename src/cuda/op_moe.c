@@ -17,7 +17,7 @@ static const int route_items[] = {8, 32};
 #define CHUNK 128 /* MOE_CHUNK of kernels/moe_permute.cu */
 
 typedef struct moe_cuda {
-  CUfunction route, counts, chunk_counts, chunk_bases, scatter, unpermute;
+  CUfunction route, counts, chunk_counts, chunk_bases, rank, copy_rows, unpermute;
 } moe_cuda;
 
 /* The one place a variant's source is made (plan and enumerator):
@@ -67,7 +67,8 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
       (s = smelt__cuda_function(plan->ctx, &route, "moe_counts", &mc->counts)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_counts", &mc->chunk_counts)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_bases", &mc->chunk_bases)) ||
-      (s = smelt__cuda_function(plan->ctx, &perm, "moe_scatter", &mc->scatter)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_rank", &mc->rank)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_copy_rows", &mc->copy_rows)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute", &mc->unpermute)))
     return s;
   snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%s + moe_permute)", (int)ms->E,
@@ -162,12 +163,14 @@ static smelt_status permute(smelt_plan *plan, const smelt__moe_state *ms, const 
   int unit = copy_unit(xd, x_stride, xpd, row_bytes);
   void *p_counts[] = {&ids, &T, &k, &E, &cc};
   void *p_bases[] = {&cc, &chunks, &E, &od, &o64};
-  void *p_scatter[] = {&xd, &x_stride, &ids, &T, &k, &E, &cc, &xpd, &row_bytes, &rm, &unit};
+  void *p_rank[] = {&ids, &T, &k, &E, &cc, &rm};
+  void *p_copy[] = {&xd, &x_stride, &rm, &T, &k, &xpd, &row_bytes, &unit};
   const char *op = MOE_OP "_permute_run";
-  if (!(s = smelt__cuda_launch(ctx, op, mc->chunk_counts, (unsigned)chunks, 1, 1, CHUNK, (unsigned)(E * 4), p_counts)) &&
-      !(s = smelt__cuda_launch(ctx, op, mc->chunk_bases, grid_of(E, 256), 1, 1, 256, 0, p_bases)))
-    s = smelt__cuda_launch(ctx, op, mc->scatter, (unsigned)chunks, 1, 1, 256, (unsigned)((E + CHUNK * k) * 4),
-                           p_scatter);
+  const unsigned smem = (unsigned)(E * 4);
+  if (!(s = smelt__cuda_launch(ctx, op, mc->chunk_counts, (unsigned)chunks, 1, 1, CHUNK, smem, p_counts)) &&
+      !(s = smelt__cuda_launch(ctx, op, mc->chunk_bases, (unsigned)E, 1, 1, 256, 0, p_bases)) &&
+      !(s = smelt__cuda_launch(ctx, op, mc->rank, (unsigned)chunks, 1, 1, 32, smem, p_rank)))
+    s = smelt__cuda_launch(ctx, op, mc->copy_rows, grid_of(ms->rows, 8), 1, 1, 256, 0, p_copy);
   smelt_status f = smelt__cuda_free(ctx, cc);
   return s ? s : f;
 }
@@ -183,7 +186,9 @@ static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, cons
   void *yd = y->data;
   /* The kernels' dtype codes (SMELT_DT_F32 1, F16 2, BF16 3) are smelt_dtype's values. */
   int ypdt = (int)yp->dtype, ydt = (int)y->dtype, k = (int)ms->k, d = (int)ms->d;
-  void *params[] = {&ypd, &ypdt, &rm, &wd, &yd, &ydt, &T, &k, &d, &ys};
+  /* 8 columns a lane: rows of whole 16-byte units of both, both 16-byte aligned. */
+  int vec = d % 8 == 0 && ys % 8 == 0 && (uintptr_t)ypd % 16 == 0 && (uintptr_t)yd % 16 == 0;
+  void *params[] = {&ypd, &ypdt, &rm, &wd, &yd, &ydt, &T, &k, &d, &ys, &vec};
   return smelt__cuda_launch(plan->ctx, MOE_OP "_unpermute_run", mc->unpermute, grid_of(T, 8), 1, 1, 256, 0, params);
 }
 
