@@ -1300,43 +1300,58 @@ static void test_moe_gpu_permute(void) {
   gpu_permute_case(&s, 8, "T1000 d256 E64 top6 bf16, capacity position");
 }
 
-/* unpermute on CUDA against the CPU (rows of drops skipped), yp and y in
- * f32 and bf16. */
+/* unpermute on CUDA against the CPU (rows of drops skipped): yp and y in
+ * f32, bf16 and f16; d and y's row stride with and without the 16-byte
+ * path (d 264: a partial second round of 256 columns); y's padding left
+ * alone. */
 static void test_moe_gpu_unpermute(void) {
   if (!th_cuda()) SKIP("no CUDA device");
-  const smelt_dtype dts[3][2] = {{SMELT_DTYPE_F32, SMELT_DTYPE_F32},
-                                 {SMELT_DTYPE_BF16, SMELT_DTYPE_BF16},
-                                 {SMELT_DTYPE_F32, SMELT_DTYPE_F16}};
-  for (int c = 0; c < 3; c++) {
-    spec s = {.T = 333, .d = 100, .E = 16, .k = 4, .F = 8, .xdt = dts[c][1], .wdt = dts[c][1], .cap = 0.9,
+  const struct {
+    smelt_dtype yp, y;
+    int64_t d, pad;
+  } cases[] = {{SMELT_DTYPE_F32, SMELT_DTYPE_F32, 100, 0},
+               {SMELT_DTYPE_F32, SMELT_DTYPE_F32, 128, 0},
+               {SMELT_DTYPE_BF16, SMELT_DTYPE_BF16, 264, 8},
+               {SMELT_DTYPE_F32, SMELT_DTYPE_F16, 136, 3}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    spec s = {.T = 333, .d = cases[c].d, .E = 16, .k = 4, .F = 8, .xdt = cases[c].y, .wdt = cases[c].y, .cap = 0.9,
               .drop = SMELT_MOE_DROP_PROBS};
     mp p;
     mp_init(&p, &s);
+    const int64_t ys = p.d + cases[c].pad;
+    const size_t es = smelt_dtype_size(p.xdt);
     smelt_plan *cplan = NULL, *gplan = NULL;
     CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
     cpu_routing r;
     cpu_routing_new(&p, cplan, &r);
-    arr yp = arr_new(dts[c][0], p.R * p.d, -1, 1);
-    th_buf crm = th_buf_new(th_cpu(), (size_t)p.R * 4), cy = th_buf_new(th_cpu(), (size_t)(p.T * p.d) * 8);
+    arr yp = arr_new(cases[c].yp, p.R * p.d, -1, 1);
+    th_buf crm = th_buf_new(th_cpu(), (size_t)p.R * 4), cy = th_buf_new(th_cpu(), (size_t)(p.T * p.d) * es),
+           cxp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * es);
     smelt_tensor trm = smelt_tensor_make(crm.data, SMELT_DTYPE_I32, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.T, p.k}),
                  typ = host_tensor(yp.h, yp.dt, 2, p.R, p.d, 0),
-                 ty = smelt_tensor_make(cy.data, p.xdt, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.T, p.d});
-    th_buf cxp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * 4);
-    smelt_tensor txp = smelt_tensor_make(cxp.data, p.xdt, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.R, p.d});
+                 ty = smelt_tensor_make(cy.data, p.xdt, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.T, p.d}),
+                 txp = smelt_tensor_make(cxp.data, p.xdt, SMELT_DEVICE_CPU, 0, 2, (int64_t[]){p.R, p.d});
     CHECK_OK(smelt_moe_permute_run(cplan, &p.tx, &r.f.t[F_IDS], &r.f.t[F_OFFSETS], &txp, &trm));
     CHECK_OK(smelt_moe_unpermute_run(cplan, &typ, &trm, &r.f.t[F_WEIGHTS], &ty));
     float *w32 = malloc((size_t)p.R * 4);
     for (int64_t a = 0; a < p.R; a++) w32[a] = (float)r.f.v[F_WEIGHTS][a];
     dev x = dev_new(p.xdt, 2, p.T, p.d, p.x.h), wr = dev_new(p.wdt, 2, p.d, p.E, p.wr.h),
         gyp = dev_new(yp.dt, 2, p.R, p.d, yp.h), grm = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, crm.data),
-        gw = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, w32), gy = dev_new(p.xdt, 2, p.T, p.d, NULL);
+        gw = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, w32), gy = dev_new(p.xdt, 2, p.T, ys, NULL);
+    smelt_tensor yv = gy.t;
+    yv.shape[1] = p.d;
     smelt_moe_weights w = {.wr = &wr.t};
     CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &w, &x.t, &gplan));
-    CHECK_OK(smelt_moe_unpermute_run(gplan, &gyp.t, &grm.t, &gw.t, &gy.t));
+    CHECK_OK(smelt_moe_unpermute_run(gplan, &gyp.t, &grm.t, &gw.t, &yv));
     CHECK_OK(smelt_ctx_synchronize(th_cuda()));
-    void *hy = dev_read(&gy);
+    char *hy = dev_read(&gy);
     double *got = calloc((size_t)(p.T * p.d), 8), *ref = calloc((size_t)(p.T * p.d), 8);
-    for (int64_t i = 0; i < p.T * p.d; i++) got[i] = th_get(hy, p.xdt, i), ref[i] = th_get(cy.data, p.xdt, i);
+    for (int64_t t = 0; t < p.T; t++) {
+      for (int64_t j = 0; j < p.d; j++)
+        got[t * p.d + j] = th_get(hy, p.xdt, t * ys + j), ref[t * p.d + j] = th_get(cy.data, p.xdt, t * p.d + j);
+      if (cases[c].pad && !th_all_ff(hy + (size_t)(t * ys + p.d) * es, (size_t)cases[c].pad * es))
+        th_fail(__FILE__, __LINE__, "unpermute d %lld: y's padding of row %lld written", (long long)p.d, (long long)t);
+    }
     CHECK(th_compare("unpermute", got, ref, p.T * p.d, p.xdt == SMELT_DTYPE_F32 ? 1e-6 : bound(p.xdt), 1e-6));
     free(hy), free(got), free(ref), free(w32);
     dev all[] = {x, wr, gyp, grm, gw, gy};
