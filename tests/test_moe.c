@@ -444,6 +444,10 @@ static void test_moe_edges(void) {
   check_layer(&s, "T = 3, E = 16: experts with no token");
   s = base(0, 4, 2);
   check_layer(&s, "T = 0");
+  s = base(7, 1, 1);
+  check_layer(&s, "E = 1");
+  s.score = SMELT_MOE_SCORE_SIGMOID;
+  check_layer(&s, "E = 1 sigmoid (weight s itself)");
 }
 
 /* A bias that decides: expert 0 never chosen, every token on expert 3. */
@@ -1005,6 +1009,12 @@ static void test_moe_bad_config(void) {
   CHECK_MSG("w1 must be contiguous");
   bad = p.tx, bad.strides[1] = 2, bad.shape[1] = p.d / 2;
   CHECK_STATUS(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &bad, &plan), SMELT_STATUS_SHAPE_MISMATCH);
+  /* T·k past 2^31 (i32 rows) and T·E past 2^63: refused before anything is read. */
+  bad = p.tx, bad.shape[0] = (int64_t)1 << 30, bad.strides[0] = 0;
+  CHECK_STATUS(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &bad, &plan), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("2^31");
+  bad.shape[0] = INT64_MAX / 2;
+  CHECK_STATUS(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &bad, &plan), SMELT_STATUS_OVERFLOW);
   CHECK(plan == NULL);
   mp_free(&p);
 }

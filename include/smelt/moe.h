@@ -11,10 +11,11 @@
  *   w_i     = s[sel_i], divided by Σ_i s[sel_i] when renormalizing (softmax with
  *             cfg.renormalize; sigmoid when k > 1, the sum + 1e-20), times
  *             cfg.scaling_factor
- *   capacity C = ceil(T·k/E · capacity_factor): an expert keeps at most C of its
- *             tokens, those of the largest w ("probs", equal w by lower token) or
- *             of the lowest token index ("position"); a dropped assignment has
- *             id -1 and weight 0 and contributes nothing
+ *   capacity C = min(T, ceil(T·k/E · capacity_factor)), computed in double: an
+ *             expert keeps at most C of its tokens, those of the largest w
+ *             ("probs", equal w by lower token) or of the lowest token index
+ *             ("position"); a dropped assignment has id -1 and weight 0 and
+ *             contributes nothing
  *   y[t]    = Σ_i w_i · FFN_{sel_i}(x[t])                  in slot order i = 0..k-1
  *   FFN_e   = (silu(x·W1ₑ) ∘ (x·W3ₑ))·W2ₑ  (SwiGLU)  or  act(x·W1ₑ + b1ₑ)·W2ₑ  (MLP)
  *
