@@ -18,6 +18,9 @@
  * them, the GPU cannot without a host read, so it keeps every access in
  * bounds instead.
  *
+ * moe_drop: the router's capacity by position, from moe_rank's positions
+ * (chunk bases from 0 rather than the offsets).
+ *
  * unpermute: a warp per token, y[t] = Σ_i w[t, i] · yp[row_map[t, i]] in
  * slot order in f32, over the rows that are not -1; yp and y in any of f32,
  * f16, bf16 (dtype codes of smelt_dtype, read at run time), 8 columns a
@@ -42,11 +45,13 @@ extern "C" __global__ void moe_chunk_counts(const int *ids, i64 T, int k, int E,
 }
 
 /* cc [chunks, E]: counts in, first rows out (block e scans column e).
- * offsets [E+1] i32 or i64. blockDim a multiple of 32, at most 1024. */
+ * offsets [E+1] i32 or i64, or NULL: each expert's rows from 0 (a token's
+ * position among its expert's tokens). blockDim a multiple of 32, at most
+ * 1024. */
 extern "C" __global__ void moe_chunk_bases(int *cc, i64 chunks, int E, const void *offsets, int offsets64) {
   __shared__ int sums[32];
   const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  i64 carry = offsets64 ? ((const i64 *)offsets)[e] : ((const int *)offsets)[e];
+  i64 carry = !offsets ? 0 : offsets64 ? ((const i64 *)offsets)[e] : ((const int *)offsets)[e];
   for (i64 c0 = 0; c0 < chunks; c0 += blockDim.x) {
     const i64 c = c0 + threadIdx.x;
     const int v = c < chunks ? cc[c * E + e] : 0;
@@ -117,6 +122,16 @@ extern "C" __global__ void moe_copy_rows(const char *x, i64 x_stride, const int 
   const int r = row_map[a];
   if (r >= 0 && r < T * k)
     copy_row(xp + (i64)r * row_bytes, x + (a / k) * x_stride, row_bytes, unit, threadIdx.x & 31);
+}
+
+/* Capacity by position: an assignment at or past position cap among its
+ * expert's (pos from moe_rank without offsets) is dropped: id -1, weight 0. */
+extern "C" __global__ void moe_drop(int *ids, float *weights, const int *pos, i64 n, int cap) {
+  for (i64 a = (i64)blockIdx.x * blockDim.x + threadIdx.x; a < n; a += (i64)gridDim.x * blockDim.x)
+    if (pos[a] >= cap) {
+      ids[a] = -1;
+      weights[a] = 0.f;
+    }
 }
 
 static __device__ __forceinline__ float load_any(const void *p, int dt, i64 i) {

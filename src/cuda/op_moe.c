@@ -2,8 +2,8 @@
  * kernels/moe_route.cu), permute and unpermute (kernels/moe_permute.cu),
  * all stream-ordered with no host synchronization. The other parts and the
  * layer have no kernels yet: their runs fail with UNSUPPORTED, and so does
- * the router with a capacity or the aux losses, rather than running the
- * CPU reference behind the caller's back. */
+ * the router with a capacity by probs or the aux losses, rather than
+ * running the CPU reference behind the caller's back. */
 #include "../core/moe_internal.h"
 #include "cuda_internal.h"
 
@@ -17,7 +17,7 @@ static const int route_items[] = {8, 32};
 #define CHUNK 128 /* MOE_CHUNK of kernels/moe_permute.cu */
 
 typedef struct moe_cuda {
-  CUfunction route, counts, chunk_counts, chunk_bases, rank, copy_rows, unpermute;
+  CUfunction route, counts, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
 } moe_cuda;
 
 /* The one place a variant's source is made (plan and enumerator):
@@ -69,6 +69,7 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_bases", &mc->chunk_bases)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_rank", &mc->rank)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_copy_rows", &mc->copy_rows)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_drop", &mc->drop)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute", &mc->unpermute)))
     return s;
   snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%s + moe_permute)", (int)ms->E,
@@ -86,9 +87,49 @@ static smelt_tensor device_f32(const smelt_ctx *ctx, void *p, int64_t rows, int6
   return smelt_tensor_make(p, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
 }
 
+/* rows [T, k] = each assignment's row in expert-major stable order: from
+ * offsets (i32 or i64), or, with offsets NULL, its position among its
+ * expert's assignments (moe_chunk_counts, moe_chunk_bases, moe_rank). */
+static smelt_status rank_rows(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc, const char *op,
+                              const void *ids, const smelt_tensor *offsets, void *rows) {
+  int64_t T = ms->T, chunks = smelt__ceil_div(T, CHUNK);
+  void *cc = NULL;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(chunks * ms->E) * 4, &cc);
+  if (s) return s;
+  const void *od = offsets ? offsets->data : NULL;
+  int k = (int)ms->k, E = (int)ms->E, o64 = offsets && offsets->dtype == SMELT_DTYPE_I64;
+  void *p_counts[] = {&ids, &T, &k, &E, &cc};
+  void *p_bases[] = {&cc, &chunks, &E, &od, &o64};
+  void *p_rank[] = {&ids, &T, &k, &E, &cc, &rows};
+  const unsigned smem = (unsigned)(E * 4);
+  if (!(s = smelt__cuda_launch(ctx, op, mc->chunk_counts, (unsigned)chunks, 1, 1, CHUNK, smem, p_counts)) &&
+      !(s = smelt__cuda_launch(ctx, op, mc->chunk_bases, (unsigned)E, 1, 1, 256, 0, p_bases)))
+    s = smelt__cuda_launch(ctx, op, mc->rank, (unsigned)chunks, 1, 1, 32, smem, p_rank);
+  smelt_status f = smelt__cuda_free(ctx, cc);
+  return s ? s : f;
+}
+
+/* Capacity by position: each expert keeps its first `capacity` tokens
+ * (their positions by rank_rows), the rest get id -1 and weight 0. */
+static smelt_status drop_by_position(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
+                                     const smelt_tensor *const *t) {
+  const char *op = MOE_OP "_route_run";
+  void *pos = NULL, *ids = t[SMELT__MT_IDS]->data, *w = t[SMELT__MT_WEIGHTS]->data;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)ms->rows * 4, &pos);
+  if (s) return s;
+  int64_t n = ms->rows;
+  int cap = (int)ms->capacity;
+  void *params[] = {&ids, &w, &pos, &n, &cap};
+  if (!(s = rank_rows(ctx, ms, mc, op, ids, NULL, pos)))
+    s = smelt__cuda_launch(ctx, op, mc->drop, grid_of(n, 256) < 4096 ? grid_of(n, 256) : 4096, 1, 1, 256, 0, params);
+  smelt_status f = smelt__cuda_free(ctx, pos);
+  return s ? s : f;
+}
+
 static smelt_status route_checks(const smelt__moe_state *ms, const smelt_tensor *const *t) {
-  if (ms->capacity >= 0)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: a capacity (drops) has no CUDA kernel yet");
+  if (ms->cfg.drop_policy == SMELT_MOE_DROP_PROBS)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        MOE_OP "_route_run: capacity with drop policy probs has no CUDA kernel yet (position has)");
   if (t[SMELT__MT_AUX])
     return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: the aux losses have no CUDA kernel yet");
   if (t[SMELT__MT_LOGITS]->dtype != SMELT_DTYPE_F32 || t[SMELT__MT_WEIGHTS]->dtype != SMELT_DTYPE_F32)
@@ -125,6 +166,7 @@ static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const mo
     smelt_status f = smelt__cuda_free(ctx, z);
     if (!s) s = f;
   }
+  if (!s && T > 0 && ms->capacity >= 0) s = drop_by_position(ctx, ms, mc, t);
   if (s) return s;
   const smelt_tensor *dr = t[SMELT__MT_DROPPED];
   void *ids = t[SMELT__MT_IDS]->data, *counts = t[SMELT__MT_COUNTS]->data, *offs = t[SMELT__MT_OFFSETS]->data;
@@ -148,31 +190,20 @@ static int copy_unit(const void *x, int64_t x_stride, const void *xp, int64_t ro
 
 static smelt_status permute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
                             const smelt_tensor *const *t) {
-  smelt_ctx *ctx = plan->ctx;
-  int64_t T = ms->T, chunks = smelt__ceil_div(T, CHUNK);
+  const char *op = MOE_OP "_permute_run";
+  int64_t T = ms->T;
   if (T == 0) return SMELT_OK;
-  void *cc = NULL;
-  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(chunks * ms->E) * 4, &cc);
+  const smelt_tensor *x = t[SMELT__MT_X], *xp = t[SMELT__MT_XP];
+  void *rm = t[SMELT__MT_ROW_MAP]->data, *xpd = xp->data;
+  smelt_status s = rank_rows(plan->ctx, ms, mc, op, t[SMELT__MT_IDS_IN]->data, t[SMELT__MT_OFFSETS_IN], rm);
   if (s) return s;
-  const smelt_tensor *x = t[SMELT__MT_X], *xp = t[SMELT__MT_XP], *offs = t[SMELT__MT_OFFSETS_IN];
   const int64_t es = (int64_t)smelt_dtype_size(x->dtype);
-  const void *ids = t[SMELT__MT_IDS_IN]->data, *xd = x->data, *od = offs->data;
-  void *xpd = xp->data, *rm = t[SMELT__MT_ROW_MAP]->data;
-  int k = (int)ms->k, E = (int)ms->E, o64 = offs->dtype == SMELT_DTYPE_I64;
+  const void *xd = x->data;
+  int k = (int)ms->k;
   int64_t x_stride = x->strides[0] * es, row_bytes = ms->d * es;
   int unit = copy_unit(xd, x_stride, xpd, row_bytes);
-  void *p_counts[] = {&ids, &T, &k, &E, &cc};
-  void *p_bases[] = {&cc, &chunks, &E, &od, &o64};
-  void *p_rank[] = {&ids, &T, &k, &E, &cc, &rm};
   void *p_copy[] = {&xd, &x_stride, &rm, &T, &k, &xpd, &row_bytes, &unit};
-  const char *op = MOE_OP "_permute_run";
-  const unsigned smem = (unsigned)(E * 4);
-  if (!(s = smelt__cuda_launch(ctx, op, mc->chunk_counts, (unsigned)chunks, 1, 1, CHUNK, smem, p_counts)) &&
-      !(s = smelt__cuda_launch(ctx, op, mc->chunk_bases, (unsigned)E, 1, 1, 256, 0, p_bases)) &&
-      !(s = smelt__cuda_launch(ctx, op, mc->rank, (unsigned)chunks, 1, 1, 32, smem, p_rank)))
-    s = smelt__cuda_launch(ctx, op, mc->copy_rows, grid_of(ms->rows, 8), 1, 1, 256, 0, p_copy);
-  smelt_status f = smelt__cuda_free(ctx, cc);
-  return s ? s : f;
+  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, grid_of(ms->rows, 8), 1, 1, 256, 0, p_copy);
 }
 
 static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
