@@ -1,8 +1,10 @@
 /* The MoE router after its GEMM: per token, the noise (noisy top-k), the
  * scores, the group-limited top-k of score + bias and the routing weights
  * (moe_route, one warp per token); then each expert's token count and the
- * offsets, their exclusive prefix sum (moe_counts, one block). Nothing
- * waits for the host: the counts never leave the device.
+ * offsets, their exclusive prefix sum (moe_counts, one block); and the aux
+ * losses' values (moe_aux_columns, moe_aux_final: double sums in a fixed
+ * order, so they repeat bit for bit). Nothing waits for the host: the
+ * counts never leave the device.
  *
  * Order (smelt/moe.h, as the CPU reference's): larger key first, NaN above
  * everything, equal keys by lower expert id. Lane l holds experts
@@ -128,10 +130,11 @@ static __device__ unsigned group_mask(const float *key, const float *s, unsigned
 
 /* logits [T, E] f32 (in: x·Wr; out: with the noise when zpre is given),
  * zpre [T, E] f32 x·Wnoise or NULL, bias [E] f32 or NULL; ids [T, k] i32
- * and weights [T, k] f32 out. */
+ * and weights [T, k] f32 out; lse [T] (or NULL, without aux losses) the
+ * logsumexp of each token's logits, in double. */
 extern "C" __global__ void moe_route(float *logits, const float *zpre, const float *bias, int *ids, float *weights,
                                      i64 T, int E, int k, int sigmoid, int renorm, float scaling, int groups,
-                                     int topk_groups, u64 seed, i64 token0) {
+                                     int topk_groups, u64 seed, i64 token0, double *lse) {
   const int lane = threadIdx.x & 31;
   const i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= T) return;
@@ -152,6 +155,15 @@ extern "C" __global__ void moe_route(float *logits, const float *zpre, const flo
       }
       m = fmaxf(m, l[j]);
     }
+  }
+  if (lse) { /* for the aux losses: in double, as the CPU's */
+    const float ml = warp_max(m);
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++)
+      if (((valid >> j) & 1u) && ml != NEG_INF) sum += exp((double)l[j] - (double)ml);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
+    if (lane == 0) lse[t] = ml == NEG_INF ? (double)NEG_INF : (double)ml + log(sum);
   }
   if (!sigmoid) {
     m = warp_max(m);
@@ -213,4 +225,42 @@ extern "C" __global__ void moe_counts(const int *ids, i64 n, int E, void *counts
     store_index(offsets, offsets64, e + 1, at);
   }
   if (dropped) store_index(dropped, dropped64, 0, n - at);
+}
+
+/* P[e] = Σ_t exp(logits[t, e] - lse[t]): the full softmax's column sums
+ * (the load-balance loss's importance), a block per expert, summed in
+ * double in a fixed order (threads over strided tokens, then a tree). */
+extern "C" __global__ void moe_aux_columns(const float *logits, const double *lse, i64 T, int E, double *P) {
+  __shared__ double part[256];
+  const int e = blockIdx.x;
+  double acc = 0.0;
+  for (i64 t = threadIdx.x; t < T; t += blockDim.x) acc += exp((double)logits[t * E + e] - lse[t]);
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+    if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) P[e] = part[0];
+}
+
+/* aux [2] = {c_lb · E/(k·T²) · Σ_e count_e · P[e], c_z / T · Σ_t lse[t]²}
+ * with count_e the selections before drops; one block of 256, fixed order. */
+extern "C" __global__ void moe_aux_final(const int *count, const double *P, const double *lse, i64 T, int E, int k,
+                                         double c_lb, double c_z, float *aux) {
+  __shared__ double part[256];
+  double acc = 0.0;
+  for (i64 t = threadIdx.x; t < T; t += blockDim.x) acc += lse[t] * lse[t];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+    if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x) return;
+  double lb = 0.0;
+  for (int e = 0; e < E; e++) lb += (double)count[e] * P[e];
+  const double Td = (double)T;
+  aux[0] = T && c_lb != 0.0 ? (float)(c_lb * (double)E / ((double)k * Td * Td) * lb) : 0.f;
+  aux[1] = T && c_z != 0.0 ? (float)(c_z / Td * part[0]) : 0.f;
 }

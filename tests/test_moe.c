@@ -1165,8 +1165,12 @@ static double cpu_key(const mp *p, const double *logits, int64_t t, int64_t e) {
 /* The router on CUDA against the CPU reference: logits to 1e-5, ids equal
  * but at near-ties (keys within 1e-4; drops must agree), weights of the
  * tokens routed alike to 1e-5, counts, offsets and dropped those of the
- * GPU's own ids. */
-static void gpu_route_case(const spec *sp, const char *what) {
+ * GPU's own ids, the aux losses to 1e-5 of the CPU's and 1e-6 of their
+ * formulas over the GPU's logits. */
+static void gpu_route_case(const spec *sp_in, const char *what) {
+  spec sp1 = *sp_in;
+  sp1.aux = 0.01, sp1.z = 0.001;
+  const spec *sp = &sp1;
   mp p;
   mp_init(&p, sp);
   fwd c;
@@ -1180,12 +1184,13 @@ static void gpu_route_case(const spec *sp, const char *what) {
   dev_weights_new(&p, &g);
   dev lg = dev_new(SMELT_DTYPE_F32, 2, p.T, p.E, NULL), id = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL),
       wt = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, NULL), cn = dev_new(SMELT_DTYPE_I32, 1, p.E, 0, NULL),
-      of = dev_new(SMELT_DTYPE_I64, 1, p.E + 1, 0, NULL), dr = dev_new(SMELT_DTYPE_I32, 1, 1, 0, NULL);
-  smelt_moe_routing rg = {&lg.t, &id.t, &wt.t, &cn.t, &of.t, &dr.t, NULL};
+      of = dev_new(SMELT_DTYPE_I64, 1, p.E + 1, 0, NULL), dr = dev_new(SMELT_DTYPE_I32, 1, 1, 0, NULL),
+      ax = dev_new(SMELT_DTYPE_F32, 1, 2, 0, NULL);
+  smelt_moe_routing rg = {&lg.t, &id.t, &wt.t, &cn.t, &of.t, &dr.t, &ax.t};
   CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &gplan));
   CHECK_OK(smelt_moe_route_run(gplan, &g.w, &g.x.t, &rg));
   CHECK_OK(smelt_ctx_synchronize(th_cuda()));
-  float *gl = dev_read(&lg), *gw = dev_read(&wt);
+  float *gl = dev_read(&lg), *gw = dev_read(&wt), *ga = dev_read(&ax);
   int32_t *gi = dev_read(&id), *gc = dev_read(&cn), *gd = dev_read(&dr);
   int64_t *go = dev_read(&of);
   double *gld = calloc((size_t)(p.T * p.E + 1), sizeof(double));
@@ -1226,8 +1231,29 @@ static void gpu_route_case(const spec *sp, const char *what) {
   }
   CHECK_EQ_INT(go[p.E], at);
   CHECK_EQ_INT(gd[0], p.R - at);
-  free(gl), free(gw), free(gi), free(gc), free(gd), free(go), free(gld);
-  dev all[] = {lg, id, wt, cn, of, dr};
+  /* The aux losses: against the CPU's, and (without drops, where the kept
+   * ids are the selections) their formulas over the GPU's own logits. */
+  const double cpu_aux[2] = {c.v[F_AUX][0], c.v[F_AUX][1]};
+  for (int j = 0; j < 2; j++)
+    if (fabs(ga[j] - cpu_aux[j]) > 1e-5 * fabs(cpu_aux[j]))
+      th_fail(__FILE__, __LINE__, "%s: aux[%d] GPU %.9g CPU %.9g", what, j, ga[j], cpu_aux[j]);
+  if (p.sp.cap == 0) {
+    double P[1024] = {0}, zsum = 0, lb = 0;
+    for (int64_t t = 0; t < p.T; t++) {
+      double m = -INFINITY, sum = 0;
+      for (int64_t e = 0; e < p.E; e++) m = fmax(m, gld[t * p.E + e]);
+      for (int64_t e = 0; e < p.E; e++) sum += exp(gld[t * p.E + e] - m);
+      for (int64_t e = 0; e < p.E; e++) P[e] += exp(gld[t * p.E + e] - m) / sum;
+      zsum += (m + log(sum)) * (m + log(sum));
+    }
+    for (int64_t e = 0; e < p.E; e++) lb += (double)hist[e] * P[e];
+    const double want[2] = {0.01 * (double)p.E / ((double)p.k * (double)p.T * (double)p.T) * lb, 0.001 * zsum / (double)p.T};
+    for (int j = 0; j < 2; j++)
+      if (fabs(ga[j] - want[j]) > 1e-6 * fabs(want[j]))
+        th_fail(__FILE__, __LINE__, "%s: aux[%d] GPU %.9g, formula %.9g", what, j, ga[j], want[j]);
+  }
+  free(gl), free(gw), free(ga), free(gi), free(gc), free(gd), free(go), free(gld);
+  dev all[] = {lg, id, wt, cn, of, dr, ax};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) th_buf_free(&all[i].b);
   dev_weights_free(&g);
   smelt_plan_destroy(cplan);

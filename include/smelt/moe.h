@@ -60,12 +60,12 @@
  * W2 [E, F, d], b1 [E, F].
  *
  * CUDA (no host synchronization anywhere): the router (logits by the GEMM
- * engine, then one warp per token; counts and offsets on the device),
- * permute and unpermute. Planning needs E <= 1024, top_k <= 32,
- * num_groups <= 32 and no f64 (else UNSUPPORTED); the router's run refuses
- * the drop policy probs and the aux losses, unpermute f64 yp, and every
- * other run fails with UNSUPPORTED naming the part: nothing falls back to
- * the CPU.
+ * engine, then one warp per token; counts, offsets and the aux losses'
+ * values on the device), permute and unpermute. Planning needs E <= 1024,
+ * top_k <= 32, num_groups <= 32 and no f64 (else UNSUPPORTED); the
+ * router's run refuses the drop policy probs, unpermute f64 yp, and every
+ * other run (the backward parts, the FFN, the layer, the statistics) fails
+ * with UNSUPPORTED naming the part: nothing falls back to the CPU.
  * Index tensors are not read by the host there: ids outside [0, E) and rows
  * outside [0, T·k) count as dropped instead of being refused.
  */

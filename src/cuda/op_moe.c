@@ -2,8 +2,8 @@
  * kernels/moe_route.cu), permute and unpermute (kernels/moe_permute.cu),
  * all stream-ordered with no host synchronization. The other parts and the
  * layer have no kernels yet: their runs fail with UNSUPPORTED, and so does
- * the router with a capacity by probs or the aux losses, rather than
- * running the CPU reference behind the caller's back. */
+ * the router with a capacity by probs, rather than running the CPU
+ * reference behind the caller's back. */
 #include "../core/moe_internal.h"
 #include "cuda_internal.h"
 
@@ -17,7 +17,7 @@ static const int route_items[] = {8, 32};
 #define CHUNK 128 /* MOE_CHUNK of kernels/moe_permute.cu */
 
 typedef struct moe_cuda {
-  CUfunction route, counts, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
+  CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
 } moe_cuda;
 
 /* The one place a variant's source is made (plan and enumerator):
@@ -65,6 +65,8 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
   make_src(2, &perm);
   if ((s = smelt__cuda_function(plan->ctx, &route, "moe_route", &mc->route)) ||
       (s = smelt__cuda_function(plan->ctx, &route, "moe_counts", &mc->counts)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_aux_columns", &mc->aux_columns)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_aux_final", &mc->aux_final)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_counts", &mc->chunk_counts)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_bases", &mc->chunk_bases)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_rank", &mc->rank)) ||
@@ -130,28 +132,25 @@ static smelt_status route_checks(const smelt__moe_state *ms, const smelt_tensor 
   if (ms->cfg.drop_policy == SMELT_MOE_DROP_PROBS)
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
                         MOE_OP "_route_run: capacity with drop policy probs has no CUDA kernel yet (position has)");
-  if (t[SMELT__MT_AUX])
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: the aux losses have no CUDA kernel yet");
-  if (t[SMELT__MT_LOGITS]->dtype != SMELT_DTYPE_F32 || t[SMELT__MT_WEIGHTS]->dtype != SMELT_DTYPE_F32)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: logits and weights must be f32 on CUDA");
+  if (t[SMELT__MT_LOGITS]->dtype != SMELT_DTYPE_F32 || t[SMELT__MT_WEIGHTS]->dtype != SMELT_DTYPE_F32 ||
+      (t[SMELT__MT_AUX] && t[SMELT__MT_AUX]->dtype != SMELT_DTYPE_F32))
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: logits, weights and aux must be f32 on CUDA");
   return SMELT_OK;
 }
 
-/* logits = x·Wr (+ noise), then the routing and the counts. */
-static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
-                          const smelt_tensor *const *t) {
-  smelt_status s = route_checks(ms, t);
-  if (s) return s;
-  smelt_ctx *ctx = plan->ctx;
+/* logits = x·Wr (+ n · softplus(x·Wnoise)), ids and weights; lse (or NULL)
+ * each token's logsumexp. T > 0. */
+static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
+                                 const smelt_tensor *const *t, double *lse) {
   const smelt_gemm_desc desc = smelt_gemm_desc_default();
   void *z = NULL;
   int64_t T = ms->T;
-  if (T > 0) s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL, t[SMELT__MT_LOGITS], NULL);
-  if (!s && T > 0 && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(T * ms->E) * 4, &z))) {
+  smelt_status s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL, t[SMELT__MT_LOGITS], NULL);
+  if (!s && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(T * ms->E) * 4, &z))) {
     const smelt_tensor zt = device_f32(ctx, z, T, ms->E);
     s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WNOISE], NULL, &zt, NULL);
   }
-  if (!s && T > 0) {
+  if (!s) {
     void *logits = t[SMELT__MT_LOGITS]->data, *ids = t[SMELT__MT_IDS]->data, *w = t[SMELT__MT_WEIGHTS]->data;
     const void *bias = t[SMELT__MT_BIAS] ? t[SMELT__MT_BIAS]->data : NULL;
     int E = (int)ms->E, k = (int)ms->k, sig = ms->cfg.score == SMELT_MOE_SCORE_SIGMOID, renorm = ms->cfg.renormalize;
@@ -159,23 +158,71 @@ static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const mo
     float scaling = (float)ms->cfg.scaling_factor;
     uint64_t seed = ms->cfg.noise_seed;
     int64_t token0 = ms->cfg.noise_token_offset;
-    void *params[] = {&logits, &z, &bias, &ids, &w, &T, &E, &k, &sig, &renorm, &scaling, &groups, &tg, &seed, &token0};
+    void *params[] = {&logits, &z,      &bias,   &ids, &w,    &T,      &E,  &k,
+                      &sig,    &renorm, &scaling, &groups, &tg, &seed, &token0, &lse};
     s = smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->route, grid_of(T, 4), 1, 1, 128, 0, params);
   }
   if (z) {
     smelt_status f = smelt__cuda_free(ctx, z);
     if (!s) s = f;
   }
+  return s;
+}
+
+/* counts [E], offsets [E+1] (i32 or i64 each) and dropped (or NULL) of ids [T·k]. */
+static smelt_status count(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc, const void *ids,
+                          void *counts, int c64, void *offs, int o64, void *dropped, int d64) {
+  int64_t n = ms->rows;
+  int E = (int)ms->E;
+  void *params[] = {&ids, &n, &E, &counts, &c64, &offs, &o64, &dropped, &d64};
+  return smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->counts, 1, 1, 1, 1024, (unsigned)(E * 4), params);
+}
+
+/* aux = {L_lb, L_z} from the logits, lse and the selections (before drops),
+ * in a workspace laid out as P [E] doubles, then counts [E] and offsets
+ * [E+1] ints. */
+static smelt_status aux_losses(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
+                               const smelt_tensor *const *t, double *lse, char *ws) {
+  double *P = (double *)ws;
+  int *cnt = (int *)(ws + ms->E * 8), *offs = cnt + ms->E;
+  const char *op = MOE_OP "_route_run";
+  const void *logits = t[SMELT__MT_LOGITS]->data;
+  void *aux = t[SMELT__MT_AUX]->data;
+  int64_t T = ms->T;
+  int E = (int)ms->E, k = (int)ms->k;
+  double c_lb = ms->cfg.aux_loss_coeff, c_z = ms->cfg.z_loss_coeff;
+  void *p_cols[] = {&logits, &lse, &T, &E, &P};
+  void *p_final[] = {&cnt, &P, &lse, &T, &E, &k, &c_lb, &c_z, &aux};
+  smelt_status s = count(ctx, ms, mc, t[SMELT__MT_IDS]->data, cnt, 0, offs, 0, NULL, 0);
+  if (!s) s = smelt__cuda_launch(ctx, op, mc->aux_columns, (unsigned)E, 1, 1, 256, 0, p_cols);
+  if (!s) s = smelt__cuda_launch(ctx, op, mc->aux_final, 1, 1, 1, 256, 0, p_final);
+  return s;
+}
+
+/* The router: tokens, aux losses (before drops), capacity, counts. */
+static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
+                          const smelt_tensor *const *t) {
+  smelt_status s = route_checks(ms, t);
+  if (s) return s;
+  smelt_ctx *ctx = plan->ctx;
+  const int64_t T = ms->T, E = ms->E;
+  char *ws = NULL; /* aux: lse [T] doubles, then aux_losses's workspace */
+  if (t[SMELT__MT_AUX] && (s = smelt__cuda_alloc(ctx, (size_t)(T * 8 + E * 8 + (2 * E + 1) * 4), (void **)&ws)))
+    return s;
+  double *lse = ws ? (double *)ws : NULL;
+  if (T > 0) s = route_tokens(ctx, ms, mc, t, lse);
+  if (!s && ws) s = aux_losses(ctx, ms, mc, t, lse, ws + T * 8);
+  if (ws) {
+    smelt_status f = smelt__cuda_free(ctx, ws);
+    if (!s) s = f;
+  }
   if (!s && T > 0 && ms->capacity >= 0) s = drop_by_position(ctx, ms, mc, t);
   if (s) return s;
   const smelt_tensor *dr = t[SMELT__MT_DROPPED];
-  void *ids = t[SMELT__MT_IDS]->data, *counts = t[SMELT__MT_COUNTS]->data, *offs = t[SMELT__MT_OFFSETS]->data;
-  void *dropped = dr ? dr->data : NULL;
-  int64_t n = ms->rows;
-  int E = (int)ms->E, c64 = t[SMELT__MT_COUNTS]->dtype == SMELT_DTYPE_I64,
-      o64 = t[SMELT__MT_OFFSETS]->dtype == SMELT_DTYPE_I64, d64 = dr && dr->dtype == SMELT_DTYPE_I64;
-  void *params[] = {&ids, &n, &E, &counts, &c64, &offs, &o64, &dropped, &d64};
-  return smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->counts, 1, 1, 1, 1024, (unsigned)(E * 4), params);
+  return count(ctx, ms, mc, t[SMELT__MT_IDS]->data, t[SMELT__MT_COUNTS]->data,
+               t[SMELT__MT_COUNTS]->dtype == SMELT_DTYPE_I64, t[SMELT__MT_OFFSETS]->data,
+               t[SMELT__MT_OFFSETS]->dtype == SMELT_DTYPE_I64, dr ? dr->data : NULL,
+               dr && dr->dtype == SMELT_DTYPE_I64);
 }
 
 /* The widest copy unit (16, 8, 4 or 2 bytes) of rows of row_bytes at x
