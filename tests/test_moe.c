@@ -1231,6 +1231,10 @@ static void gpu_route_case(const spec *sp_in, const char *what) {
   }
   CHECK_EQ_INT(go[p.E], at);
   CHECK_EQ_INT(gd[0], p.R - at);
+  smelt_moe_stats st;
+  CHECK_OK(smelt_moe_stats_get(gplan, &cn.t, &dr.t, &st));
+  CHECK_EQ_INT(st.kept, at);
+  CHECK_EQ_INT(st.dropped, p.R - at);
   /* The aux losses: against the CPU's, and (without drops, where the kept
    * ids are the selections) their formulas over the GPU's own logits. */
   const double cpu_aux[2] = {c.v[F_AUX][0], c.v[F_AUX][1]};

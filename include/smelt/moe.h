@@ -64,7 +64,7 @@
  * values on the device), permute and unpermute. Planning needs E <= 1024,
  * top_k <= 32, num_groups <= 32 and no f64 (else UNSUPPORTED); the
  * router's run refuses the drop policy probs, unpermute f64 yp, and every
- * other run (the backward parts, the FFN, the layer, the statistics) fails
+ * other run (the backward parts, the FFN, the layer) fails
  * with UNSUPPORTED naming the part: nothing falls back to the CPU.
  * Index tensors are not read by the host there: ids outside [0, E) and rows
  * outside [0, T·k) count as dropped instead of being refused.
@@ -244,7 +244,7 @@ SMELT_API smelt_status smelt_moe_ffn_backward_run(smelt_plan *plan, const smelt_
                                                   const smelt_tensor *dyp, const smelt_moe_grads *grads);
 
 /* Statistics from counts [E] and dropped [1] (optional) of a routing by
- * this plan; reads them on the host (on CUDA this would wait for the stream). */
+ * this plan; reads them on the host (on CUDA it waits for the stream). */
 SMELT_API smelt_status smelt_moe_stats_get(smelt_plan *plan, const smelt_tensor *counts, const smelt_tensor *dropped,
                                            smelt_moe_stats *out);
 

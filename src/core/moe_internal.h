@@ -64,4 +64,9 @@ void smelt__moe_weight_list(const smelt_moe_weights *w, const smelt_tensor *x, c
  * layout ms's sizes give it, and x's dtype xdt where it must. */
 smelt_status smelt__moe_check_shape(const smelt__moe_state *ms, int r, const smelt_tensor *t, smelt_dtype xdt);
 
+/* Statistics from counts [E] and dropped [1] (or NULL: T·k - kept), both
+ * readable on the host (src/core/moe_stats.c). */
+void smelt__moe_stats_of(const smelt__moe_state *ms, const smelt_tensor *counts, const smelt_tensor *dropped,
+                         smelt_moe_stats *st);
+
 #endif /* SMELT_MOE_INTERNAL_H */

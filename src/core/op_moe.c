@@ -91,7 +91,8 @@ static smelt_status resolve_config(const smelt_moe_config *c, smelt__moe_state *
                         (long long)c->top_k, (long long)c->num_experts);
   ms->k = c->top_k;
   if ((unsigned)c->score >= SMELT_MOE_SCORE_COUNT)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, MOE_OP ": cfg.score=%d is not a smelt_moe_score (softmax, sigmoid)",
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        MOE_OP ": cfg.score=%d is not a smelt_moe_score (softmax, sigmoid)",
                         (int)c->score);
   if ((unsigned)c->ffn >= SMELT_MOE_FFN_COUNT)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, MOE_OP ": cfg.ffn=%d is not a smelt_moe_ffn (swiglu, mlp)",
@@ -147,7 +148,8 @@ static smelt_status check_f64(const smelt_tensor *const *l) {
   for (int r = SMELT__MT_WR; r < SMELT__MT_COUNT; r++)
     if (r != SMELT__MT_BIAS && l[r] && (l[r]->dtype == SMELT_DTYPE_F64) != x64)
       return smelt__error(SMELT_STATUS_DTYPE_MISMATCH,
-                          MOE_OP ": weights.%s.dtype=%s with x.dtype=%s: f64 pairs only with f64", smelt__moe_roles[r].name,
+                          MOE_OP ": weights.%s.dtype=%s with x.dtype=%s: f64 pairs only with f64",
+                          smelt__moe_roles[r].name,
                           smelt_dtype_name(l[r]->dtype), smelt_dtype_name(l[SMELT__MT_X]->dtype));
   return SMELT_OK;
 }

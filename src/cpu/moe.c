@@ -56,29 +56,12 @@ static smelt_status forward_to_yp(smelt_ctx *ctx, const smelt__moe_state *ms, la
   return SMELT_OK;
 }
 
-static void stats_of(const smelt__moe_state *ms, const smelt_tensor *counts, const smelt_tensor *dropped,
-                     smelt_moe_stats *st) {
-  memset(st, 0, sizeof *st);
-  st->tokens = ms->T;
-  st->assignments = ms->rows;
-  st->min_count = INT64_MAX;
-  for (int64_t e = 0; e < ms->E; e++) {
-    const int64_t c = (int64_t)smelt__moe_get(counts, e);
-    st->kept += c;
-    st->max_count = c > st->max_count ? c : st->max_count;
-    st->min_count = c < st->min_count ? c : st->min_count;
-    st->empty_experts += c == 0;
-  }
-  st->dropped = dropped ? (int64_t)smelt__moe_get(dropped, 0) : ms->rows - st->kept;
-  st->imbalance = st->kept ? (double)st->max_count * (double)ms->E / (double)st->kept : 0.0;
-}
-
 static smelt_status forward(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_args *a) {
   layer L = {.n = 0};
   memcpy(L.u, a->t, sizeof L.u);
   smelt_status s = forward_to_yp(ctx, ms, &L);
   if (!s) s = smelt__moe_cpu_unpermute(ms, L.u);
-  if (!s && a->stats) stats_of(ms, L.u[SMELT__MT_COUNTS], L.u[SMELT__MT_DROPPED], a->stats);
+  if (!s && a->stats) smelt__moe_stats_of(ms, L.u[SMELT__MT_COUNTS], L.u[SMELT__MT_DROPPED], a->stats);
   layer_free(&L);
   return s;
 }
@@ -144,7 +127,8 @@ static smelt_status backward(smelt_ctx *ctx, const smelt__moe_state *ms, const s
   if (!s) s = smelt__moe_cpu_ffn_bwd(ctx, ms, L.u);
   if (!s && input_grads && !(s = need(&L, SMELT__MT_DLOGITS, rd, ms->T, ms->E))) s = smelt__moe_cpu_route_bwd(ms, L.u);
   smelt_tensor dx_rest = {0};
-  if (!s && a->t[SMELT__MT_DX] && !(s = smelt__moe_scratch(&dx_rest, rd, ms->T, ms->d, "the FFN's and the noise's part of dx"))) {
+  if (!s && a->t[SMELT__MT_DX] &&
+      !(s = smelt__moe_scratch(&dx_rest, rd, ms->T, ms->d, "the FFN's and the noise's part of dx"))) {
     const smelt_tensor *p[SMELT__MT_ROLES] = {NULL};
     p[SMELT__MT_DXP_IN] = L.u[SMELT__MT_DXP];
     p[SMELT__MT_ROW_MAP_IN] = L.u[SMELT__MT_ROW_MAP];
@@ -175,7 +159,9 @@ static smelt_status run(smelt_plan *plan, const void *args) {
     case SMELT__MOE_FFN_BWD: return smelt__moe_cpu_ffn_bwd(ctx, ms, a->t);
     case SMELT__MOE_FORWARD: return forward(ctx, ms, a);
     case SMELT__MOE_BACKWARD: return backward(ctx, ms, a);
-    case SMELT__MOE_STATS: stats_of(ms, a->t[SMELT__MT_COUNTS_IN], a->t[SMELT__MT_DROPPED_IN], a->stats); return SMELT_OK;
+    case SMELT__MOE_STATS:
+      smelt__moe_stats_of(ms, a->t[SMELT__MT_COUNTS_IN], a->t[SMELT__MT_DROPPED_IN], a->stats);
+      return SMELT_OK;
     default: return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": unknown run mode %d", (int)a->mode);
   }
 }

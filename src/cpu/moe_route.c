@@ -94,7 +94,10 @@ static void select_token(const smelt__moe_state *ms, const smelt_tensor *bias, i
     r->sel_count[cand[i].i]++;
   }
   const int norm = smelt__moe_renormalizes(ms);
-  for (int64_t i = 0; i < k; i++) r->w[t * k + i] = (norm ? r->w[t * k + i] / z : r->w[t * k + i]) * ms->cfg.scaling_factor;
+  for (int64_t i = 0; i < k; i++) {
+    const double w = r->w[t * k + i];
+    r->w[t * k + i] = (norm ? w / z : w) * ms->cfg.scaling_factor;
+  }
 }
 
 /* Capacity: each expert over it keeps the assignments first in its policy's

@@ -270,12 +270,32 @@ static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, cons
   return smelt__cuda_launch(plan->ctx, MOE_OP "_unpermute_run", mc->unpermute, grid_of(T, 8), 1, 1, 256, 0, params);
 }
 
+/* The statistics: counts and dropped copied to the host (which waits for
+ * the stream: the one run that does). */
+static smelt_status stats(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_args *a) {
+  const smelt_tensor *counts = a->t[SMELT__MT_COUNTS_IN], *dropped = a->t[SMELT__MT_DROPPED_IN];
+  int64_t host[2] = {0, 0};
+  const size_t cb = (size_t)ms->E * smelt_dtype_size(counts->dtype);
+  void *hc = malloc(cb);
+  if (!hc) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP "_stats_get: out of host memory");
+  smelt_status s = smelt_memcpy_d2h(plan->ctx, hc, counts->data, cb);
+  if (!s && dropped) s = smelt_memcpy_d2h(plan->ctx, host, dropped->data, smelt_dtype_size(dropped->dtype));
+  if (!s) {
+    const int64_t shape[1] = {ms->E}, one[1] = {1};
+    const smelt_tensor hct = smelt_tensor_make(hc, counts->dtype, SMELT_DEVICE_CPU, 0, 1, shape);
+    const smelt_dtype ddt = dropped ? dropped->dtype : SMELT_DTYPE_I64;
+    const smelt_tensor hdt = smelt_tensor_make(host, ddt, SMELT_DEVICE_CPU, 0, 1, one);
+    smelt__moe_stats_of(ms, &hct, dropped ? &hdt : NULL, a->stats);
+  }
+  free(hc);
+  return s;
+}
+
 static const char *const part_names[SMELT__MOE_MODES] = {
     [SMELT__MOE_AUX] = "the aux losses",          [SMELT__MOE_ROUTE_BWD] = "the router's backward",
     [SMELT__MOE_PERMUTE_BWD] = "permute's backward", [SMELT__MOE_UNPERMUTE_BWD] = "unpermute's backward",
     [SMELT__MOE_FFN] = "the expert FFN",          [SMELT__MOE_FFN_BWD] = "the expert FFN's backward",
     [SMELT__MOE_FORWARD] = "the layer's forward",  [SMELT__MOE_BACKWARD] = "the layer's backward",
-    [SMELT__MOE_STATS] = "the statistics",
 };
 
 static smelt_status run(smelt_plan *plan, const void *args) {
@@ -286,6 +306,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
     case SMELT__MOE_ROUTE: return route(plan, ms, mc, a->t);
     case SMELT__MOE_PERMUTE: return permute(plan, ms, mc, a->t);
     case SMELT__MOE_UNPERMUTE: return unpermute(plan, ms, mc, a->t);
+    case SMELT__MOE_STATS: return stats(plan, ms, a);
     default:
       return smelt__error(SMELT_STATUS_UNSUPPORTED,
                           MOE_OP ": %s has no CUDA kernel yet (CUDA runs the router, permute and unpermute); use a "
