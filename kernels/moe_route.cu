@@ -124,7 +124,10 @@ static __device__ unsigned group_mask(const float *key, const float *s, unsigned
   }
   unsigned mask = 0;
 #pragma unroll
-  for (int j = 0; j < MOE_ITEMS; j++) mask |= (unsigned)((chosen >> ((lane + 32 * j) / size)) & 1u) << j;
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    const int g = (lane + 32 * j) / size; /* past E (g >= G: invalid experts) no group */
+    if (g < G) mask |= ((chosen >> g) & 1u) << j;
+  }
   return mask & valid;
 }
 
