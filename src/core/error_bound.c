@@ -106,3 +106,19 @@ double smelt__bound_peer(const smelt__bound_query *q) {
     default: return 1e-2;
   }
 }
+
+/* MoE: the CPU reference against the exact result (double arithmetic; the
+ * expert FFN's intermediates are f32 for f32 and 16-bit inputs, one more
+ * rounding of each; the output rounded once). The CUDA parts (router,
+ * permute, unpermute) compute in f32 with one rounding of the output.
+ * One element's worst error allows four elementwise units, as PEER's: y
+ * sums k weighted experts before rounding. */
+double smelt__bound_moe(const smelt__bound_query *q) {
+  if (q->metric == SMELT__METRIC_MAX_REL) return 4 * max_rel(q->dtype);
+  switch (q->dtype) {
+    case SMELT_DTYPE_F64: return 1e-12;
+    case SMELT_DTYPE_F32: return 2e-6;
+    case SMELT_DTYPE_F16: return 1e-3;
+    default: return 8e-3;
+  }
+}

@@ -39,5 +39,6 @@ double smelt__bound_elementwise(const smelt__bound_query *q); /* activation, sof
 double smelt__bound_gemm(const smelt__bound_query *q);
 double smelt__bound_attention(const smelt__bound_query *q);
 double smelt__bound_peer(const smelt__bound_query *q);
+double smelt__bound_moe(const smelt__bound_query *q);
 
 #endif /* SMELT_ERROR_BOUND_H */

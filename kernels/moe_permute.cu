@@ -1,0 +1,216 @@
+/* MoE dispatch and combine on the GPU, without a host round trip.
+ *
+ * permute, stable and expert-major, in four launches over chunks of
+ * MOE_CHUNK tokens:
+ *   moe_chunk_counts  each chunk's assignments per expert (shared atomics:
+ *                     counts do not depend on their order);
+ *   moe_chunk_bases   per expert (a block each), every chunk's first row:
+ *                     offsets[e] plus the earlier chunks' counts, a block scan;
+ *   moe_rank          a warp per chunk ranks its assignments in (token, slot)
+ *                     order, 32 at a time (__match_any_sync gives the lanes of
+ *                     one expert; a lane's rank is the peers below it), and
+ *                     writes row_map;
+ *   moe_copy_rows     a warp per assignment copies its row of x to its row of
+ *                     xp in the widest unit the layout allows: the one launch
+ *                     that moves the data, as wide as the assignments.
+ * Ids outside [0, E), and rows outside [0, T·k) (offsets that do not
+ * match the ids), count as dropped (row -1): the CPU reference refuses
+ * them, the GPU cannot without a host read, so it keeps every access in
+ * bounds instead.
+ *
+ * moe_drop: the router's capacity by position, from moe_rank's positions
+ * (chunk bases from 0 rather than the offsets).
+ *
+ * unpermute: a warp per token, y[t] = Σ_i w[t, i] · yp[row_map[t, i]] in
+ * slot order in f32, over the rows that are not -1; yp and y in any of f32,
+ * f16, bf16 (dtype codes of smelt_dtype, read at run time), 8 columns a
+ * lane (16-byte accesses) where the layout allows. */
+#include "smelt_device.cuh"
+
+#define FULL 0xffffffffu
+#define MOE_CHUNK 128
+
+extern "C" __global__ void moe_chunk_counts(const int *ids, i64 T, int k, int E, int *cc) {
+  extern __shared__ int hist[];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const i64 t = (i64)blockIdx.x * MOE_CHUNK + threadIdx.x;
+  if (threadIdx.x < MOE_CHUNK && t < T)
+    for (int i = 0; i < k; i++) {
+      const int e = ids[t * k + i];
+      if (e >= 0 && e < E) atomicAdd(&hist[e], 1);
+    }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cc[(i64)blockIdx.x * E + e] = hist[e];
+}
+
+/* cc [chunks, E]: counts in, first rows out (block e scans column e).
+ * offsets [E+1] i32 or i64, or NULL: each expert's rows from 0 (a token's
+ * position among its expert's tokens). blockDim a multiple of 32, at most
+ * 1024. */
+extern "C" __global__ void moe_chunk_bases(int *cc, i64 chunks, int E, const void *offsets, int offsets64) {
+  __shared__ int sums[32];
+  const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  i64 carry = !offsets ? 0 : offsets64 ? ((const i64 *)offsets)[e] : ((const int *)offsets)[e];
+  for (i64 c0 = 0; c0 < chunks; c0 += blockDim.x) {
+    const i64 c = c0 + threadIdx.x;
+    const int v = c < chunks ? cc[c * E + e] : 0;
+    int x = v; /* inclusive scan in the warp, then over the warps */
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(FULL, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      int w = lane < warps ? sums[lane] : 0;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(FULL, w, o);
+        if (lane >= o) w += y;
+      }
+      sums[lane] = w;
+    }
+    __syncthreads();
+    if (c < chunks) cc[c * E + e] = (int)(carry + (warp ? sums[warp - 1] : 0) + x - v);
+    carry += sums[warps - 1];
+    __syncthreads(); /* sums is rewritten by the next tile */
+  }
+}
+
+/* row_map [T, k] of ids [T, k]: one warp per chunk; cc from
+ * moe_chunk_bases. Shared memory: E ints. */
+extern "C" __global__ void moe_rank(const int *ids, i64 T, int k, int E, const int *cc, int *row_map) {
+  extern __shared__ int next[];
+  const int lane = threadIdx.x;
+  const i64 t0 = (i64)blockIdx.x * MOE_CHUNK, a0 = t0 * k;
+  const int n = (int)((T - t0 < MOE_CHUNK ? T - t0 : MOE_CHUNK) * k);
+  for (int e = lane; e < E; e += 32) next[e] = cc[(i64)blockIdx.x * E + e];
+  __syncwarp();
+  for (int base = 0; base < n; base += 32) {
+    const int idx = base + lane;
+    int e = idx < n ? ids[a0 + idx] : -1;
+    if (e < -1 || e >= E) e = -1;
+    const unsigned peers = __match_any_sync(FULL, e);
+    int row = e >= 0 ? next[e] + __popc(peers & ((1u << lane) - 1u)) : -1;
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(peers) - 1) next[e] += __popc(peers);
+    __syncwarp();
+    if (row < 0 || row >= T * k) row = -1;
+    if (idx < n) row_map[a0 + idx] = row;
+  }
+}
+
+/* Copies `bytes` from src to dst by the lanes of a warp in units of `unit`
+ * bytes (16, 8, 4 or 2; both addresses and bytes multiples of it). */
+static __device__ __forceinline__ void copy_row(char *dst, const char *src, i64 bytes, int unit, int lane) {
+  if (unit == 16)
+    for (i64 o = (i64)lane * 16; o < bytes; o += 32 * 16) *(uint4 *)(dst + o) = *(const uint4 *)(src + o);
+  else if (unit == 8)
+    for (i64 o = (i64)lane * 8; o < bytes; o += 32 * 8) *(uint2 *)(dst + o) = *(const uint2 *)(src + o);
+  else if (unit == 4)
+    for (i64 o = (i64)lane * 4; o < bytes; o += 32 * 4) *(u32 *)(dst + o) = *(const u32 *)(src + o);
+  else
+    for (i64 o = (i64)lane * 2; o < bytes; o += 32 * 2) *(smelt_h16 *)(dst + o) = *(const smelt_h16 *)(src + o);
+}
+
+/* xp[row_map[a]] = x[a / k] for every assignment a: a warp each. x rows
+ * x_stride bytes apart, row_bytes used; xp rows of row_bytes. */
+extern "C" __global__ void moe_copy_rows(const char *x, i64 x_stride, const int *row_map, i64 T, int k, char *xp,
+                                         i64 row_bytes, int unit) {
+  const i64 a = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (a >= T * k) return;
+  const int r = row_map[a];
+  if (r >= 0 && r < T * k)
+    copy_row(xp + (i64)r * row_bytes, x + (a / k) * x_stride, row_bytes, unit, threadIdx.x & 31);
+}
+
+/* Capacity by position: an assignment at or past position cap among its
+ * expert's (pos from moe_rank without offsets) is dropped: id -1, weight 0. */
+extern "C" __global__ void moe_drop(int *ids, float *weights, const int *pos, i64 n, int cap) {
+  for (i64 a = (i64)blockIdx.x * blockDim.x + threadIdx.x; a < n; a += (i64)gridDim.x * blockDim.x)
+    if (pos[a] >= cap) {
+      ids[a] = -1;
+      weights[a] = 0.f;
+    }
+}
+
+static __device__ __forceinline__ float load_any(const void *p, int dt, i64 i) {
+  if (dt == SMELT_DT_F32) return ((const float *)p)[i];
+  if (dt == SMELT_DT_F16) return smelt_f16_to_f32(((const smelt_h16 *)p)[i]);
+  return smelt_bf16_to_f32(((const smelt_h16 *)p)[i]);
+}
+
+static __device__ __forceinline__ void store_any(void *p, int dt, i64 i, float v) {
+  if (dt == SMELT_DT_F32) ((float *)p)[i] = v;
+  else if (dt == SMELT_DT_F16) ((smelt_h16 *)p)[i] = smelt_f32_to_f16(v);
+  else ((smelt_h16 *)p)[i] = smelt_f32_to_bf16(v);
+}
+
+/* 8 elements from p + i (16-byte aligned) as floats, and back. */
+static __device__ __forceinline__ void load8(const void *p, int dt, i64 i, float *v) {
+  if (dt == SMELT_DT_F32) {
+    const float4 a = ((const float4 *)((const float *)p + i))[0], b = ((const float4 *)((const float *)p + i))[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 q = *(const uint4 *)((const smelt_h16 *)p + i);
+  const u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const smelt_h16 lo = (smelt_h16)(w[j] & 0xffffu), hi = (smelt_h16)(w[j] >> 16);
+    v[2 * j] = dt == SMELT_DT_F16 ? smelt_f16_to_f32(lo) : smelt_bf16_to_f32(lo);
+    v[2 * j + 1] = dt == SMELT_DT_F16 ? smelt_f16_to_f32(hi) : smelt_bf16_to_f32(hi);
+  }
+}
+
+static __device__ __forceinline__ void store8(void *p, int dt, i64 i, const float *v) {
+  if (dt == SMELT_DT_F32) {
+    ((float4 *)((float *)p + i))[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)((float *)p + i))[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+  u32 w[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const smelt_h16 lo = dt == SMELT_DT_F16 ? smelt_f32_to_f16(v[2 * j]) : smelt_f32_to_bf16(v[2 * j]);
+    const smelt_h16 hi = dt == SMELT_DT_F16 ? smelt_f32_to_f16(v[2 * j + 1]) : smelt_f32_to_bf16(v[2 * j + 1]);
+    w[j] = (u32)lo | ((u32)hi << 16);
+  }
+  *(uint4 *)((smelt_h16 *)p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* yp [T·k, d] contiguous; row_map, w [T, k]; y rows of y_stride elements. */
+extern "C" __global__ void moe_unpermute(const void *yp, int yp_dt, const int *row_map, const float *w, void *y,
+                                         int y_dt, i64 T, int k, int d, i64 y_stride, int vec) {
+  const int lane = threadIdx.x & 31;
+  const i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  const int my_row = lane < k ? row_map[t * k + lane] : -1;
+  const float my_w = lane < k ? w[t * k + lane] : 0.f;
+  if (vec) { /* d, y_stride multiples of 8, yp and y 16-byte aligned */
+    for (int c0 = 0; c0 < d; c0 += 32 * 8) { /* the same trip count in every lane: the shuffles */
+      const int c = c0 + lane * 8;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, v[8];
+      for (int i = 0; i < k; i++) {
+        const int r = __shfl_sync(FULL, my_row, i);
+        const float wi = __shfl_sync(FULL, my_w, i);
+        if (c >= d || r < 0 || r >= T * k) continue;
+        load8(yp, yp_dt, (i64)r * d + c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] += wi * v[j];
+      }
+      if (c < d) store8(y, y_dt, t * y_stride + c, acc);
+    }
+    return;
+  }
+  for (int c0 = 0; c0 < d; c0 += 32) {
+    const int c = c0 + lane;
+    float acc = 0.f;
+    for (int i = 0; i < k; i++) {
+      const int r = __shfl_sync(FULL, my_row, i);
+      const float wi = __shfl_sync(FULL, my_w, i);
+      if (r >= 0 && r < T * k && c < d) acc += wi * load_any(yp, yp_dt, (i64)r * d + c);
+    }
+    if (c < d) store_any(y, y_dt, t * y_stride + c, acc);
+  }
+}

@@ -1,0 +1,269 @@
+/* The MoE router after its GEMM: per token, the noise (noisy top-k), the
+ * scores, the group-limited top-k of score + bias and the routing weights
+ * (moe_route, one warp per token); then each expert's token count and the
+ * offsets, their exclusive prefix sum (moe_counts, one block); and the aux
+ * losses' values (moe_aux_columns, moe_aux_final: double sums in a fixed
+ * order, so they repeat bit for bit). Nothing waits for the host: the
+ * counts never leave the device.
+ *
+ * Order (smelt/moe.h, as the CPU reference's): larger key first, NaN above
+ * everything, equal keys by lower expert id. Lane l holds experts
+ * l + 32 j, j < MOE_ITEMS, in registers; a round of selection is one
+ * butterfly reduction of (key, score, id) under that total order, so every
+ * lane ends with the same winner. The noise is Philox-4x32-10 keyed by the
+ * seed, counter (e, token, 0, 0), Box-Muller in double: the CPU's
+ * definition. Arithmetic is f32 (the CPU's double), so weights agree to
+ * about 1e-6 and ids but at near-ties.
+ *
+ * Prelude: MOE_ITEMS (experts per lane: E <= 32 MOE_ITEMS). */
+#include "smelt_device.cuh"
+
+#if !defined(MOE_ITEMS)
+#error "moe_route.cu needs MOE_ITEMS"
+#endif
+
+#define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+/* A candidate: its selection key, its score and its expert (-1: none). */
+typedef struct cand {
+  float key, s;
+  int id;
+} cand;
+
+static __device__ __forceinline__ bool better(const cand &a, const cand &b) {
+  if (b.id < 0) return a.id >= 0;
+  if (a.id < 0) return false;
+  const bool an = a.key != a.key, bn = b.key != b.key;
+  if (an != bn) return an;
+  if (!an && a.key != b.key) return a.key > b.key;
+  return a.id < b.id;
+}
+
+static __device__ __forceinline__ cand warp_best(cand c) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    cand d;
+    d.key = __shfl_xor_sync(FULL, c.key, o);
+    d.s = __shfl_xor_sync(FULL, c.s, o);
+    d.id = __shfl_xor_sync(FULL, c.id, o);
+    if (better(d, c)) c = d;
+  }
+  return c;
+}
+
+/* The best of this lane's experts whose bit is set in `open`. */
+static __device__ __forceinline__ cand lane_best(const float *key, const float *s, unsigned open, int lane) {
+  cand c = {0.f, 0.f, -1};
+#pragma unroll
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    const cand d = {key[j], s[j], lane + 32 * j};
+    if (((open >> j) & 1u) && better(d, c)) c = d;
+  }
+  return c;
+}
+
+static __device__ __forceinline__ void philox(u32 *c, u32 k0, u32 k1) {
+#pragma unroll
+  for (int r = 0; r < 10; r++) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const u32 hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+    const u32 hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+    const u32 c1 = c[1], c3 = c[3];
+    c[0] = hi1 ^ c1 ^ k0;
+    c[1] = lo1;
+    c[2] = hi0 ^ c3 ^ k1;
+    c[3] = lo0;
+  }
+}
+
+static __device__ float normal(u64 seed, i64 token, int e) {
+  u32 c[4] = {(u32)e, (u32)(u64)token, (u32)((u64)token >> 32), 0u};
+  philox(c, (u32)seed, (u32)(seed >> 32));
+  const double u0 = ((double)c[0] + 1.0) * 2.3283064365386963e-10, u1 = (double)c[1] * 2.3283064365386963e-10;
+  return (float)(sqrt(-2.0 * log(u0)) * cos(6.283185307179586 * u1));
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+  return v;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+  return v;
+}
+
+/* The groups a token may choose from (group-limited routing): a group's
+ * score is the sum of its `per` largest keys; the tg best groups win.
+ * Returns the mask of this lane's experts in them. G <= 32. */
+static __device__ unsigned group_mask(const float *key, const float *s, unsigned valid, int lane, int E, int G, int tg,
+                                      int per) {
+  const int size = E / G;
+  float mine = 0.f; /* lane g: group g's score */
+  for (int g = 0; g < G; g++) {
+    unsigned open = 0;
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++) open |= (unsigned)((lane + 32 * j) / size == g) << j;
+    open &= valid;
+    float sum = 0.f;
+    for (int i = 0; i < per; i++) {
+      const cand w = warp_best(lane_best(key, s, open, lane));
+      sum += w.key;
+      if (w.id >= 0 && (w.id & 31) == lane) open &= ~(1u << (w.id >> 5));
+    }
+    if (lane == g) mine = sum;
+  }
+  unsigned chosen = 0; /* bits over groups, the same in every lane */
+  for (int i = 0; i < tg; i++) {
+    cand c = {mine, 0.f, lane < G && !((chosen >> lane) & 1u) ? lane : -1};
+    chosen |= 1u << warp_best(c).id;
+  }
+  unsigned mask = 0;
+#pragma unroll
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    const int g = (lane + 32 * j) / size; /* past E (g >= G: invalid experts) no group */
+    if (g < G) mask |= ((chosen >> g) & 1u) << j;
+  }
+  return mask & valid;
+}
+
+/* logits [T, E] f32 (in: x·Wr; out: with the noise when zpre is given),
+ * zpre [T, E] f32 x·Wnoise or NULL, bias [E] f32 or NULL; ids [T, k] i32
+ * and weights [T, k] f32 out; lse [T] (or NULL, without aux losses) the
+ * logsumexp of each token's logits, in double. */
+extern "C" __global__ void moe_route(float *logits, const float *zpre, const float *bias, int *ids, float *weights,
+                                     i64 T, int E, int k, int sigmoid, int renorm, float scaling, int groups,
+                                     int topk_groups, u64 seed, i64 token0, double *lse) {
+  const int lane = threadIdx.x & 31;
+  const i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  float l[MOE_ITEMS], s[MOE_ITEMS], key[MOE_ITEMS];
+  unsigned valid = 0;
+  float m = NEG_INF;
+#pragma unroll
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    const int e = lane + 32 * j;
+    l[j] = NEG_INF;
+    if (e < E) {
+      valid |= 1u << j;
+      l[j] = logits[t * E + e];
+      if (zpre) {
+        const float z = zpre[t * E + e];
+        l[j] += normal(seed, token0 + t, e) * (z > 30.f ? z : log1pf(expf(z)));
+        logits[t * E + e] = l[j];
+      }
+      m = fmaxf(m, l[j]);
+    }
+  }
+  if (lse) { /* for the aux losses: in double, as the CPU's */
+    const float ml = warp_max(m);
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++)
+      if (((valid >> j) & 1u) && ml != NEG_INF) sum += exp((double)l[j] - (double)ml);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
+    if (lane == 0) lse[t] = ml == NEG_INF ? (double)NEG_INF : (double)ml + log(sum);
+  }
+  if (!sigmoid) {
+    m = warp_max(m);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++) sum += s[j] = ((valid >> j) & 1u) && m != NEG_INF ? expf(l[j] - m) : 0.f;
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++) s[j] = sum > 0.f ? s[j] / sum : 0.f;
+  } else {
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++) s[j] = 1.f / (1.f + expf(-l[j]));
+  }
+#pragma unroll
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    const int e = lane + 32 * j;
+    key[j] = s[j] + (bias && e < E ? bias[e] : 0.f);
+  }
+  unsigned open = groups ? group_mask(key, s, valid, lane, E, groups, topk_groups, k / topk_groups) : valid;
+  int my_id = -1;
+  float my_u = 0.f, z = sigmoid ? 1e-20f : 0.f;
+  for (int i = 0; i < k; i++) {
+    const cand w = warp_best(lane_best(key, s, open, lane));
+    if (w.id >= 0 && (w.id & 31) == lane) open &= ~(1u << (w.id >> 5));
+    if (lane == i) my_id = w.id, my_u = w.s;
+    z += w.s;
+  }
+  const bool norm = sigmoid ? k > 1 : renorm != 0;
+  if (lane < k) {
+    ids[t * k + lane] = my_id;
+    weights[t * k + lane] = (norm ? my_u / z : my_u) * scaling;
+  }
+}
+
+static __device__ __forceinline__ void store_index(void *p, int is64, i64 i, i64 v) {
+  if (is64) ((i64 *)p)[i] = v;
+  else ((int *)p)[i] = (int)v;
+}
+
+/* counts [E] and offsets [E+1] (i32 or i64 each) of ids [n] (entries
+ * outside [0, E) are not counted), and dropped [1] = n - the kept ones (or
+ * NULL). One block; shared memory E ints. */
+extern "C" __global__ void moe_counts(const int *ids, i64 n, int E, void *counts, int counts64, void *offsets,
+                                      int offsets64, void *dropped, int dropped64) {
+  extern __shared__ int hist[];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  for (i64 a = threadIdx.x; a < n; a += blockDim.x) {
+    const int e = ids[a];
+    if (e >= 0 && e < E) atomicAdd(&hist[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x) return;
+  i64 at = 0;
+  store_index(offsets, offsets64, 0, 0);
+  for (int e = 0; e < E; e++) {
+    store_index(counts, counts64, e, hist[e]);
+    at += hist[e];
+    store_index(offsets, offsets64, e + 1, at);
+  }
+  if (dropped) store_index(dropped, dropped64, 0, n - at);
+}
+
+/* P[e] = Σ_t exp(logits[t, e] - lse[t]): the full softmax's column sums
+ * (the load-balance loss's importance), a block per expert, summed in
+ * double in a fixed order (threads over strided tokens, then a tree). */
+extern "C" __global__ void moe_aux_columns(const float *logits, const double *lse, i64 T, int E, double *P) {
+  __shared__ double part[256];
+  const int e = blockIdx.x;
+  double acc = 0.0;
+  for (i64 t = threadIdx.x; t < T; t += blockDim.x) acc += exp((double)logits[t * E + e] - lse[t]);
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+    if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) P[e] = part[0];
+}
+
+/* aux [2] = {c_lb · E/(k·T²) · Σ_e count_e · P[e], c_z / T · Σ_t lse[t]²}
+ * with count_e the selections before drops; one block of 256, fixed order. */
+extern "C" __global__ void moe_aux_final(const int *count, const double *P, const double *lse, i64 T, int E, int k,
+                                         double c_lb, double c_z, float *aux) {
+  __shared__ double part[256];
+  double acc = 0.0;
+  for (i64 t = threadIdx.x; t < T; t += blockDim.x) acc += lse[t] * lse[t];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+    if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x) return;
+  double lb = 0.0;
+  for (int e = 0; e < E; e++) lb += (double)count[e] * P[e];
+  const double Td = (double)T;
+  aux[0] = T && c_lb != 0.0 ? (float)(c_lb * (double)E / ((double)k * Td * Td) * lb) : 0.f;
+  aux[1] = T && c_z != 0.0 ? (float)(c_z / Td * part[0]) : 0.f;
+}

@@ -1,0 +1,318 @@
+/* smelt_moe on CUDA: the router (its GEMMs through the GEMM engine, then
+ * kernels/moe_route.cu), permute and unpermute (kernels/moe_permute.cu),
+ * all stream-ordered with no host synchronization. The other parts and the
+ * layer have no kernels yet: their runs fail with UNSUPPORTED, and so does
+ * the router with a capacity by probs, rather than running the CPU
+ * reference behind the caller's back. */
+#include "../core/moe_internal.h"
+#include "cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Experts per lane of the routing warp: the two module sizes. */
+static const int route_items[] = {8, 32};
+#define MAX_E (32 * 32)
+#define CHUNK 128 /* MOE_CHUNK of kernels/moe_permute.cu */
+
+typedef struct moe_cuda {
+  CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
+} moe_cuda;
+
+/* The one place a variant's source is made (plan and enumerator):
+ * variant 0, 1: the router for route_items[v]; 2: dispatch and combine. */
+static void make_src(int v, smelt__kernel_src *src) {
+  memset(src, 0, sizeof *src);
+  if (v < 2) {
+    snprintf(src->name, sizeof src->name, "moe_route_e%d", 32 * route_items[v]);
+    src->body = "moe_route.cu";
+    smelt__prelude_define(src, "MOE_ITEMS", route_items[v]);
+  } else {
+    snprintf(src->name, sizeof src->name, "moe_permute");
+    src->body = "moe_permute.cu";
+  }
+}
+
+int smelt__moe_variants(smelt__kernel_src *out, int max) {
+  for (int v = 0; v < 3 && v < max; v++) make_src(v, &out[v]);
+  return 3;
+}
+
+/* What the CUDA kernels take; the rest is refused at planning. */
+static smelt_status check_plan(const smelt__moe_state *ms) {
+  if (ms->t[SMELT__MT_X].dtype == SMELT_DTYPE_F64)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP ": f64 is for the CPU backend (gradient checks) only");
+  if (ms->E > MAX_E || ms->k > 32 || ms->cfg.num_groups > 32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        MOE_OP ": num_experts=%lld, top_k=%lld, num_groups=%lld: CUDA routes up to %d experts, top_k "
+                               "and num_groups up to 32",
+                        (long long)ms->E, (long long)ms->k, (long long)ms->cfg.num_groups, MAX_E);
+  return SMELT_OK;
+}
+
+static smelt_status plan_moe(smelt_plan *plan, const void *args) {
+  smelt__moe_state *ms = (smelt__moe_state *)plan->opdata;
+  smelt_status s = check_plan(ms);
+  if (s) return s;
+  moe_cuda *mc = (moe_cuda *)calloc(1, sizeof *mc);
+  if (!mc) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP ": out of host memory");
+  ms->cuda = mc;
+  ms->cuda_free = free;
+  const int v = ms->E <= 32 * route_items[0] ? 0 : 1;
+  smelt__kernel_src route, perm;
+  make_src(v, &route);
+  make_src(2, &perm);
+  if ((s = smelt__cuda_function(plan->ctx, &route, "moe_route", &mc->route)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_counts", &mc->counts)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_aux_columns", &mc->aux_columns)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_aux_final", &mc->aux_final)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_counts", &mc->chunk_counts)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_chunk_bases", &mc->chunk_bases)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_rank", &mc->rank)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_copy_rows", &mc->copy_rows)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_drop", &mc->drop)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute", &mc->unpermute)))
+    return s;
+  snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%s + moe_permute)", (int)ms->E,
+           (int)ms->k, (int)ms->d, (int)ms->F, route.name);
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- runs */
+
+static unsigned grid_of(int64_t n, int64_t per) { return (unsigned)smelt__ceil_div(n, per); }
+
+/* A [rows, cols] f32 tensor on the context's device at p. */
+static smelt_tensor device_f32(const smelt_ctx *ctx, void *p, int64_t rows, int64_t cols) {
+  const int64_t shape[2] = {rows, cols};
+  return smelt_tensor_make(p, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
+}
+
+/* rows [T, k] = each assignment's row in expert-major stable order: from
+ * offsets (i32 or i64), or, with offsets NULL, its position among its
+ * expert's assignments (moe_chunk_counts, moe_chunk_bases, moe_rank). */
+static smelt_status rank_rows(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc, const char *op,
+                              const void *ids, const smelt_tensor *offsets, void *rows) {
+  int64_t T = ms->T, chunks = smelt__ceil_div(T, CHUNK);
+  void *cc = NULL;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(chunks * ms->E) * 4, &cc);
+  if (s) return s;
+  const void *od = offsets ? offsets->data : NULL;
+  int k = (int)ms->k, E = (int)ms->E, o64 = offsets && offsets->dtype == SMELT_DTYPE_I64;
+  void *p_counts[] = {&ids, &T, &k, &E, &cc};
+  void *p_bases[] = {&cc, &chunks, &E, &od, &o64};
+  void *p_rank[] = {&ids, &T, &k, &E, &cc, &rows};
+  const unsigned smem = (unsigned)(E * 4);
+  if (!(s = smelt__cuda_launch(ctx, op, mc->chunk_counts, (unsigned)chunks, 1, 1, CHUNK, smem, p_counts)) &&
+      !(s = smelt__cuda_launch(ctx, op, mc->chunk_bases, (unsigned)E, 1, 1, 256, 0, p_bases)))
+    s = smelt__cuda_launch(ctx, op, mc->rank, (unsigned)chunks, 1, 1, 32, smem, p_rank);
+  smelt_status f = smelt__cuda_free(ctx, cc);
+  return s ? s : f;
+}
+
+/* Capacity by position: each expert keeps its first `capacity` tokens
+ * (their positions by rank_rows), the rest get id -1 and weight 0. */
+static smelt_status drop_by_position(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
+                                     const smelt_tensor *const *t) {
+  const char *op = MOE_OP "_route_run";
+  void *pos = NULL, *ids = t[SMELT__MT_IDS]->data, *w = t[SMELT__MT_WEIGHTS]->data;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)ms->rows * 4, &pos);
+  if (s) return s;
+  int64_t n = ms->rows;
+  int cap = (int)ms->capacity;
+  void *params[] = {&ids, &w, &pos, &n, &cap};
+  if (!(s = rank_rows(ctx, ms, mc, op, ids, NULL, pos)))
+    s = smelt__cuda_launch(ctx, op, mc->drop, grid_of(n, 256) < 4096 ? grid_of(n, 256) : 4096, 1, 1, 256, 0, params);
+  smelt_status f = smelt__cuda_free(ctx, pos);
+  return s ? s : f;
+}
+
+static smelt_status route_checks(const smelt__moe_state *ms, const smelt_tensor *const *t) {
+  if (ms->cfg.drop_policy == SMELT_MOE_DROP_PROBS)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        MOE_OP "_route_run: capacity with drop policy probs has no CUDA kernel yet (position has)");
+  if (t[SMELT__MT_LOGITS]->dtype != SMELT_DTYPE_F32 || t[SMELT__MT_WEIGHTS]->dtype != SMELT_DTYPE_F32 ||
+      (t[SMELT__MT_AUX] && t[SMELT__MT_AUX]->dtype != SMELT_DTYPE_F32))
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: logits, weights and aux must be f32 on CUDA");
+  return SMELT_OK;
+}
+
+/* logits = x·Wr (+ n · softplus(x·Wnoise)), ids and weights; lse (or NULL)
+ * each token's logsumexp. T > 0. */
+static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
+                                 const smelt_tensor *const *t, double *lse) {
+  const smelt_gemm_desc desc = smelt_gemm_desc_default();
+  void *z = NULL;
+  int64_t T = ms->T;
+  smelt_status s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL, t[SMELT__MT_LOGITS], NULL);
+  if (!s && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(T * ms->E) * 4, &z))) {
+    const smelt_tensor zt = device_f32(ctx, z, T, ms->E);
+    s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WNOISE], NULL, &zt, NULL);
+  }
+  if (!s) {
+    void *logits = t[SMELT__MT_LOGITS]->data, *ids = t[SMELT__MT_IDS]->data, *w = t[SMELT__MT_WEIGHTS]->data;
+    const void *bias = t[SMELT__MT_BIAS] ? t[SMELT__MT_BIAS]->data : NULL;
+    int E = (int)ms->E, k = (int)ms->k, sig = ms->cfg.score == SMELT_MOE_SCORE_SIGMOID, renorm = ms->cfg.renormalize;
+    int groups = (int)ms->cfg.num_groups, tg = (int)ms->cfg.topk_groups;
+    float scaling = (float)ms->cfg.scaling_factor;
+    uint64_t seed = ms->cfg.noise_seed;
+    int64_t token0 = ms->cfg.noise_token_offset;
+    void *params[] = {&logits, &z,      &bias,   &ids, &w,    &T,      &E,  &k,
+                      &sig,    &renorm, &scaling, &groups, &tg, &seed, &token0, &lse};
+    s = smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->route, grid_of(T, 4), 1, 1, 128, 0, params);
+  }
+  if (z) {
+    smelt_status f = smelt__cuda_free(ctx, z);
+    if (!s) s = f;
+  }
+  return s;
+}
+
+/* counts [E], offsets [E+1] (i32 or i64 each) and dropped (or NULL) of ids [T·k]. */
+static smelt_status count(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc, const void *ids,
+                          void *counts, int c64, void *offs, int o64, void *dropped, int d64) {
+  int64_t n = ms->rows;
+  int E = (int)ms->E;
+  void *params[] = {&ids, &n, &E, &counts, &c64, &offs, &o64, &dropped, &d64};
+  return smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->counts, 1, 1, 1, 1024, (unsigned)(E * 4), params);
+}
+
+/* aux = {L_lb, L_z} from the logits, lse and the selections (before drops),
+ * in a workspace laid out as P [E] doubles, then counts [E] and offsets
+ * [E+1] ints. */
+static smelt_status aux_losses(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
+                               const smelt_tensor *const *t, double *lse, char *ws) {
+  double *P = (double *)ws;
+  int *cnt = (int *)(ws + ms->E * 8), *offs = cnt + ms->E;
+  const char *op = MOE_OP "_route_run";
+  const void *logits = t[SMELT__MT_LOGITS]->data;
+  void *aux = t[SMELT__MT_AUX]->data;
+  int64_t T = ms->T;
+  int E = (int)ms->E, k = (int)ms->k;
+  double c_lb = ms->cfg.aux_loss_coeff, c_z = ms->cfg.z_loss_coeff;
+  void *p_cols[] = {&logits, &lse, &T, &E, &P};
+  void *p_final[] = {&cnt, &P, &lse, &T, &E, &k, &c_lb, &c_z, &aux};
+  smelt_status s = count(ctx, ms, mc, t[SMELT__MT_IDS]->data, cnt, 0, offs, 0, NULL, 0);
+  if (!s) s = smelt__cuda_launch(ctx, op, mc->aux_columns, (unsigned)E, 1, 1, 256, 0, p_cols);
+  if (!s) s = smelt__cuda_launch(ctx, op, mc->aux_final, 1, 1, 1, 256, 0, p_final);
+  return s;
+}
+
+/* The router: tokens, aux losses (before drops), capacity, counts. */
+static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
+                          const smelt_tensor *const *t) {
+  smelt_status s = route_checks(ms, t);
+  if (s) return s;
+  smelt_ctx *ctx = plan->ctx;
+  const int64_t T = ms->T, E = ms->E;
+  char *ws = NULL; /* aux: lse [T] doubles, then aux_losses's workspace */
+  if (t[SMELT__MT_AUX] && (s = smelt__cuda_alloc(ctx, (size_t)(T * 8 + E * 8 + (2 * E + 1) * 4), (void **)&ws)))
+    return s;
+  double *lse = ws ? (double *)ws : NULL;
+  if (T > 0) s = route_tokens(ctx, ms, mc, t, lse);
+  if (!s && ws) s = aux_losses(ctx, ms, mc, t, lse, ws + T * 8);
+  if (ws) {
+    smelt_status f = smelt__cuda_free(ctx, ws);
+    if (!s) s = f;
+  }
+  if (!s && T > 0 && ms->capacity >= 0) s = drop_by_position(ctx, ms, mc, t);
+  if (s) return s;
+  const smelt_tensor *dr = t[SMELT__MT_DROPPED];
+  return count(ctx, ms, mc, t[SMELT__MT_IDS]->data, t[SMELT__MT_COUNTS]->data,
+               t[SMELT__MT_COUNTS]->dtype == SMELT_DTYPE_I64, t[SMELT__MT_OFFSETS]->data,
+               t[SMELT__MT_OFFSETS]->dtype == SMELT_DTYPE_I64, dr ? dr->data : NULL,
+               dr && dr->dtype == SMELT_DTYPE_I64);
+}
+
+/* The widest copy unit (16, 8, 4 or 2 bytes) of rows of row_bytes at x
+ * (rows x_stride bytes apart) and xp. */
+static int copy_unit(const void *x, int64_t x_stride, const void *xp, int64_t row_bytes) {
+  int unit = 16;
+  while (unit > 2 && ((uintptr_t)x % (uintptr_t)unit || (uintptr_t)xp % (uintptr_t)unit || x_stride % unit ||
+                      row_bytes % unit))
+    unit /= 2;
+  return unit;
+}
+
+static smelt_status permute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
+                            const smelt_tensor *const *t) {
+  const char *op = MOE_OP "_permute_run";
+  int64_t T = ms->T;
+  if (T == 0) return SMELT_OK;
+  const smelt_tensor *x = t[SMELT__MT_X], *xp = t[SMELT__MT_XP];
+  void *rm = t[SMELT__MT_ROW_MAP]->data, *xpd = xp->data;
+  smelt_status s = rank_rows(plan->ctx, ms, mc, op, t[SMELT__MT_IDS_IN]->data, t[SMELT__MT_OFFSETS_IN], rm);
+  if (s) return s;
+  const int64_t es = (int64_t)smelt_dtype_size(x->dtype);
+  const void *xd = x->data;
+  int k = (int)ms->k;
+  int64_t x_stride = x->strides[0] * es, row_bytes = ms->d * es;
+  int unit = copy_unit(xd, x_stride, xpd, row_bytes);
+  void *p_copy[] = {&xd, &x_stride, &rm, &T, &k, &xpd, &row_bytes, &unit};
+  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, grid_of(ms->rows, 8), 1, 1, 256, 0, p_copy);
+}
+
+static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
+                              const smelt_tensor *const *t) {
+  const smelt_tensor *yp = t[SMELT__MT_YP_IN], *y = t[SMELT__MT_Y], *w = t[SMELT__MT_WEIGHTS_IN];
+  if (yp->dtype == SMELT_DTYPE_F64 || w->dtype != SMELT_DTYPE_F32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_unpermute_run: yp f64 or weights other than f32 on CUDA");
+  int64_t T = ms->T, ys = y->strides[0];
+  if (T == 0) return SMELT_OK;
+  const void *ypd = yp->data, *rm = t[SMELT__MT_ROW_MAP_IN]->data, *wd = w->data;
+  void *yd = y->data;
+  /* The kernels' dtype codes (SMELT_DT_F32 1, F16 2, BF16 3) are smelt_dtype's values. */
+  int ypdt = (int)yp->dtype, ydt = (int)y->dtype, k = (int)ms->k, d = (int)ms->d;
+  /* 8 columns a lane: rows of whole 16-byte units of both, both 16-byte aligned. */
+  int vec = d % 8 == 0 && ys % 8 == 0 && (uintptr_t)ypd % 16 == 0 && (uintptr_t)yd % 16 == 0;
+  void *params[] = {&ypd, &ypdt, &rm, &wd, &yd, &ydt, &T, &k, &d, &ys, &vec};
+  return smelt__cuda_launch(plan->ctx, MOE_OP "_unpermute_run", mc->unpermute, grid_of(T, 8), 1, 1, 256, 0, params);
+}
+
+/* The statistics: counts and dropped copied to the host (which waits for
+ * the stream: the one run that does). */
+static smelt_status stats(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_args *a) {
+  const smelt_tensor *counts = a->t[SMELT__MT_COUNTS_IN], *dropped = a->t[SMELT__MT_DROPPED_IN];
+  int64_t host[2] = {0, 0};
+  const size_t cb = (size_t)ms->E * smelt_dtype_size(counts->dtype);
+  void *hc = malloc(cb);
+  if (!hc) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP "_stats_get: out of host memory");
+  smelt_status s = smelt_memcpy_d2h(plan->ctx, hc, counts->data, cb);
+  if (!s && dropped) s = smelt_memcpy_d2h(plan->ctx, host, dropped->data, smelt_dtype_size(dropped->dtype));
+  if (!s) {
+    const int64_t shape[1] = {ms->E}, one[1] = {1};
+    const smelt_tensor hct = smelt_tensor_make(hc, counts->dtype, SMELT_DEVICE_CPU, 0, 1, shape);
+    const smelt_dtype ddt = dropped ? dropped->dtype : SMELT_DTYPE_I64;
+    const smelt_tensor hdt = smelt_tensor_make(host, ddt, SMELT_DEVICE_CPU, 0, 1, one);
+    smelt__moe_stats_of(ms, &hct, dropped ? &hdt : NULL, a->stats);
+  }
+  free(hc);
+  return s;
+}
+
+static const char *const part_names[SMELT__MOE_MODES] = {
+    [SMELT__MOE_AUX] = "the aux losses",          [SMELT__MOE_ROUTE_BWD] = "the router's backward",
+    [SMELT__MOE_PERMUTE_BWD] = "permute's backward", [SMELT__MOE_UNPERMUTE_BWD] = "unpermute's backward",
+    [SMELT__MOE_FFN] = "the expert FFN",          [SMELT__MOE_FFN_BWD] = "the expert FFN's backward",
+    [SMELT__MOE_FORWARD] = "the layer's forward",  [SMELT__MOE_BACKWARD] = "the layer's backward",
+};
+
+static smelt_status run(smelt_plan *plan, const void *args) {
+  const smelt__moe_args *a = (const smelt__moe_args *)args;
+  const smelt__moe_state *ms = (const smelt__moe_state *)plan->opdata;
+  const moe_cuda *mc = (const moe_cuda *)ms->cuda;
+  switch (a->mode) {
+    case SMELT__MOE_ROUTE: return route(plan, ms, mc, a->t);
+    case SMELT__MOE_PERMUTE: return permute(plan, ms, mc, a->t);
+    case SMELT__MOE_UNPERMUTE: return unpermute(plan, ms, mc, a->t);
+    case SMELT__MOE_STATS: return stats(plan, ms, a);
+    default:
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          MOE_OP ": %s has no CUDA kernel yet (CUDA runs the router, permute and unpermute); use a "
+                                 "CPU context",
+                          part_names[a->mode] ? part_names[a->mode] : "this run");
+  }
+}
+
+const smelt__backend smelt__cuda_moe = {.plan = plan_moe, .run = run};
