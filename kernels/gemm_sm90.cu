@@ -296,10 +296,8 @@ static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
  * step, rows g and g + 8 (g = lane / 4) of its warp's 16 rows at columns
  * t and t + 4 (t = lane % 4), as a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
  * a3 (g + 8, t + 4); the stage's 128-byte swizzle puts column k of row r
- * in 16-byte chunk (k / 4) ^ (r % 8), the same XOR g for both rows. Not
- * with PROMOTE: 3xtf32's operands come from the split pre-pass, exact in
- * tf32 already, and promoting waits for all wgmmas every few stages. */
-#if GEMM_AB == DT_F32 && !PINGPONG && !PROMOTE
+ * in 16-byte chunk (k / 4) ^ (r % 8), the same XOR g for both rows. */
+#if GEMM_AB == DT_F32 && !PINGPONG
 #define A_REGS 16 /* 4 k8 steps of 4 */
 static __device__ __forceinline__ void load_a_rna(u32 *a, u32 stage_a, int warp, int lane) {
   const u32 g = (u32)lane / 4u, row = stage_a + (u32)(16 * warp) * 128u + g * 128u + (u32)(lane % 4) * 4u;
@@ -319,6 +317,11 @@ static __device__ __forceinline__ void load_a_rna(u32 *a, u32 stage_a, int warp,
 static __device__ __forceinline__ void wgmma_rs_step(float *d, const u32 *a, u64 db) {
   asm volatile("wgmma.mma_async.sync.aligned." WG_N WG_KIND " {" WG_REGS "}, " WG_RS ", 1, " WG_TAIL ";\n"
                : WG_D(WG_RW)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+static __device__ __forceinline__ void wgmma_rs_first(float *d, const u32 *a, u64 db) {
+  asm volatile("wgmma.mma_async.sync.aligned." WG_N WG_KIND " {" WG_REGS "}, " WG_RS ", 0, " WG_TAIL ";\n"
+               : WG_D(WG_W)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 #else
@@ -577,13 +580,13 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
    * 16 bytes; shared addresses stay below 2^18, so it never carries). */
   const u64 db = B_MN ? desc_mnmajor(stage + A_BYTES) : wgmma_desc_kmajor(stage + A_BYTES);
 #if A_REGS
-  /* No wgmma in flight reads a (the caller's fences see to it); d starts
-   * at zero (the caller's), so every step accumulates. */
-  (void)first;
+  /* The caller has waited for every wgmma that reads a (see A_REGS). */
   load_a_rna(a, stage + c * (64 * 128), warp, lane);
   wgmma_fence();
+  if (first) wgmma_rs_first(d, a, db);
+  else wgmma_rs_step(d, a, db);
 #pragma unroll
-  for (int kk = 0; kk < 4; kk++) wgmma_rs_step(d, a + 4 * kk, db + B_STEP * kk);
+  for (int kk = 1; kk < 4; kk++) wgmma_rs_step(d, a + 4 * kk, db + B_STEP * kk);
   wgmma_commit();
 #else
   (void)a, (void)warp, (void)lane;
@@ -1103,46 +1106,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if PINGPONG
     if (j > 0) pp_wait(c);
 #endif
-#if A_REGS
-    /* tf32, A in registers: the stages alternate between two sets of A
-     * fragments by K step parity; one is loaded while the previous stage's
-     * wgmmas still read the other, which the fence after the wait keeps
-     * from being reused before. Every step accumulates into d, zeroed
-     * here, so that each set is one variable in one branch of one loop and
-     * no copy of a set in flight is ever made. */
-    u32 a0[A_REGS], a1[A_REGS];
-#pragma unroll
-    for (int i = 0; i < A_REGS; i++) a1[i] = 0u;
-#pragma unroll
-    for (int i = 0; i < ACCS; i++) d[i] = 0.f;
-    int prev = -1;
-    for (int kt = 0; kt < ktiles; kt++) {
-      mbar_wait(full + 8 * stage, phase);
-      if (kt & 1) {
-        mma_stage(d, base + stage * STAGE_BYTES, c, 0, a1, warp, lane);
-        WGMMA_WAIT(1);
-        fence_u32(a0, A_REGS);
-      } else {
-        mma_stage(d, base + stage * STAGE_BYTES, c, 0, a0, warp, lane);
-        WGMMA_WAIT(1);
-        fence_u32(a1, A_REGS);
-      }
-      if (prev >= 0) release(empty + 8 * prev, lane);
-      prev = stage;
-      if (++stage == GEMM_STAGES) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-    WGMMA_WAIT(0);
-    fence_u32(a0, A_REGS);
-    fence_u32(a1, A_REGS);
-#else
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
-    u32 a0[1]; /* A from shared memory: unused */
-    mma_stage(d, base + stage * STAGE_BYTES, c, 1, a0, warp, lane);
+    u32 a[A_REGS ? A_REGS : 1]; /* tf32: the A fragments in flight (A_REGS) */
+    mma_stage(d, base + stage * STAGE_BYTES, c, 1, a, warp, lane);
     int prev = stage;
     if (++stage == GEMM_STAGES) {
       stage = 0;
@@ -1161,10 +1129,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
          * (a call site of its own, as K step 0's). */
         WGMMA_WAIT(0);
         fence_f32(d, ACCS);
+        fence_u32(a, A_REGS);
         release(empty + 8 * prev, lane);
 #pragma unroll
         for (int i = 0; i < ACCS; i++) sum[i] += d[i];
-        mma_stage(d, base + stage * STAGE_BYTES, c, 1, a0, warp, lane);
+        mma_stage(d, base + stage * STAGE_BYTES, c, 1, a, warp, lane);
         prev = stage;
         if (++stage == GEMM_STAGES) {
           stage = 0;
@@ -1173,11 +1142,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         continue;
       }
 #endif
-      mma_stage(d, base + stage * STAGE_BYTES, c, 0, a0, warp, lane);
+#if A_REGS
+      /* This stage's A fragments go where the previous stage's wgmmas read
+       * theirs: wait for those first (a fence keeps a's registers from
+       * being reused before), then hand that stage back. The other
+       * consumer's wgmmas keep the tensor cores busy meanwhile. */
+      WGMMA_WAIT(0);
+      fence_u32(a, A_REGS);
+      release(empty + 8 * prev, lane);
+      mma_stage(d, base + stage * STAGE_BYTES, c, 0, a, warp, lane);
+#else
+      mma_stage(d, base + stage * STAGE_BYTES, c, 0, a, warp, lane);
       /* The previous stage's wgmmas are done once at most this one's group
        * is pending: hand that stage back to the producer. */
       WGMMA_WAIT(1);
       release(empty + 8 * prev, lane);
+#endif
       prev = stage;
       if (++stage == GEMM_STAGES) {
         stage = 0;
@@ -1190,7 +1170,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (t + units_step < tiles) pp_pass(c);
 #endif
     WGMMA_WAIT(0);
-#endif
+    fence_u32(a, A_REGS);
     release(empty + 8 * prev, lane);
 #if PROMOTE
     fence_f32(d, ACCS);
