@@ -19,9 +19,8 @@
  * row of each operand row (32 tf32, 64 16-bit or 128 fp8 elements), and
  * each of its four wgmma steps reads 32 bytes of it (k8, k16 or k32), so
  * the stages, descriptors and pipeline are the same for all of them.
- * tf32 wgmma reads the top 19 bits of each f32 from shared memory
- * (truncation), so A comes through registers rounded to nearest (A_REGS)
- * and B from the rounding pre-pass. fp8 wgmma adds its products to the accumulator
+ * tf32 wgmma reads the top 19 bits of each f32 (truncation, as cuBLAS's
+ * tf32 does on Hopper). fp8 wgmma adds its products to the accumulator
  * with fewer bits than f32 (about 14 bits of mantissa kept at each
  * addition), so the selector takes this kernel for fp8 only when D is
  * 16-bit or 8-bit, whose rounding is larger.
@@ -263,19 +262,16 @@ static __device__ __forceinline__ u64 desc_mnmajor(u32 addr) {
 #define WG_N "m64n256"
 #define WG_REGS WG_REGS128
 #define WG_AB "%128, %129"
-#define WG_RS "{%128, %129, %130, %131}, %132"
 #define WG_D WG_D128
 #elif BN == 128
 #define WG_N "m64n128"
 #define WG_REGS WG_REGS64
 #define WG_AB "%64, %65"
-#define WG_RS "{%64, %65, %66, %67}, %68"
 #define WG_D WG_D64
 #else
 #define WG_N "m64n64"
 #define WG_REGS WG_REGS32
 #define WG_AB "%32, %33"
-#define WG_RS "{%32, %33, %34, %35}, %36"
 #define WG_D WG_D32
 #endif
 static __device__ __forceinline__ void wgmma_step(float *d, u64 da, u64 db) {
@@ -288,45 +284,6 @@ static __device__ __forceinline__ void wgmma_first(float *d, u64 da, u64 db) {
                : WG_D(WG_W)
                : "l"(da), "l"(db));
 }
-
-/* tf32 (cooperative schedules): A comes from registers, rounded to the
- * nearest tf32 on the way (cvt.rna), since wgmma would read A's f32 bits
- * from shared memory by truncation; B is rounded by the operand pre-pass.
- * So a K-major A needs no pre-pass of its own. A thread holds, per k8
- * step, rows g and g + 8 (g = lane / 4) of its warp's 16 rows at columns
- * t and t + 4 (t = lane % 4), as a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
- * a3 (g + 8, t + 4); the stage's 128-byte swizzle puts column k of row r
- * in 16-byte chunk (k / 4) ^ (r % 8), the same XOR g for both rows. */
-#if GEMM_AB == DT_F32 && !PINGPONG
-#define A_REGS 16 /* 4 k8 steps of 4 */
-static __device__ __forceinline__ void load_a_rna(u32 *a, u32 stage_a, int warp, int lane) {
-  const u32 g = (u32)lane / 4u, row = stage_a + (u32)(16 * warp) * 128u + g * 128u + (u32)(lane % 4) * 4u;
-#pragma unroll
-  for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const u32 at = row + ((((u32)(2 * kk + h)) ^ g) << 4);
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        u32 v;
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(v) : "f"(__uint_as_float(lds32(at + (u32)r * 1024u))));
-        a[4 * kk + 2 * h + r] = v;
-      }
-    }
-}
-static __device__ __forceinline__ void wgmma_rs_step(float *d, const u32 *a, u64 db) {
-  asm volatile("wgmma.mma_async.sync.aligned." WG_N WG_KIND " {" WG_REGS "}, " WG_RS ", 1, " WG_TAIL ";\n"
-               : WG_D(WG_RW)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-static __device__ __forceinline__ void wgmma_rs_first(float *d, const u32 *a, u64 db) {
-  asm volatile("wgmma.mma_async.sync.aligned." WG_N WG_KIND " {" WG_REGS "}, " WG_RS ", 0, " WG_TAIL ";\n"
-               : WG_D(WG_W)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-#else
-#define A_REGS 0
-#endif
 
 /* ---------------------------------------------------------------- epilogue */
 
@@ -575,21 +532,10 @@ static __device__ __forceinline__ void put_half32(u32 buf, const float *v, int h
  * Ping-pong: the stage is c's alone; both 64-row halves of A times B, the
  * half h into d[64 h ..]. `first` (a constant at each call) starts the
  * tile's accumulators. */
-static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first, u32 *a, int warp, int lane) {
+static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int first) {
   /* A k step is a descriptor + A_STEP / B_STEP (the address field counts
    * 16 bytes; shared addresses stay below 2^18, so it never carries). */
   const u64 db = B_MN ? desc_mnmajor(stage + A_BYTES) : wgmma_desc_kmajor(stage + A_BYTES);
-#if A_REGS
-  /* The caller has waited for every wgmma that reads a (see A_REGS). */
-  load_a_rna(a, stage + c * (64 * 128), warp, lane);
-  wgmma_fence();
-  if (first) wgmma_rs_first(d, a, db);
-  else wgmma_rs_step(d, a, db);
-#pragma unroll
-  for (int kk = 1; kk < 4; kk++) wgmma_rs_step(d, a + 4 * kk, db + B_STEP * kk);
-  wgmma_commit();
-#else
-  (void)a, (void)warp, (void)lane;
   wgmma_fence();
 #if PINGPONG
   (void)c;
@@ -610,7 +556,6 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
   for (int kk = 1; kk < 4; kk++) wgmma_step(d, da + A_STEP * kk, db + B_STEP * kk);
 #endif
   wgmma_commit();
-#endif
 }
 
 /* A consumer warp is done reading a stage: one arrival per warp, on this
@@ -1109,8 +1054,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
-    u32 a[A_REGS ? A_REGS : 1]; /* tf32: the A fragments in flight (A_REGS) */
-    mma_stage(d, base + stage * STAGE_BYTES, c, 1, a, warp, lane);
+    mma_stage(d, base + stage * STAGE_BYTES, c, 1);
     int prev = stage;
     if (++stage == GEMM_STAGES) {
       stage = 0;
@@ -1129,11 +1073,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
          * (a call site of its own, as K step 0's). */
         WGMMA_WAIT(0);
         fence_f32(d, ACCS);
-        fence_u32(a, A_REGS);
         release(empty + 8 * prev, lane);
 #pragma unroll
         for (int i = 0; i < ACCS; i++) sum[i] += d[i];
-        mma_stage(d, base + stage * STAGE_BYTES, c, 1, a, warp, lane);
+        mma_stage(d, base + stage * STAGE_BYTES, c, 1);
         prev = stage;
         if (++stage == GEMM_STAGES) {
           stage = 0;
@@ -1142,22 +1085,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         continue;
       }
 #endif
-#if A_REGS
-      /* This stage's A fragments go where the previous stage's wgmmas read
-       * theirs: wait for those first (a fence keeps a's registers from
-       * being reused before), then hand that stage back. The other
-       * consumer's wgmmas keep the tensor cores busy meanwhile. */
-      WGMMA_WAIT(0);
-      fence_u32(a, A_REGS);
-      release(empty + 8 * prev, lane);
-      mma_stage(d, base + stage * STAGE_BYTES, c, 0, a, warp, lane);
-#else
-      mma_stage(d, base + stage * STAGE_BYTES, c, 0, a, warp, lane);
+      mma_stage(d, base + stage * STAGE_BYTES, c, 0);
       /* The previous stage's wgmmas are done once at most this one's group
        * is pending: hand that stage back to the producer. */
       WGMMA_WAIT(1);
       release(empty + 8 * prev, lane);
-#endif
       prev = stage;
       if (++stage == GEMM_STAGES) {
         stage = 0;
@@ -1170,7 +1102,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (t + units_step < tiles) pp_pass(c);
 #endif
     WGMMA_WAIT(0);
-    fence_u32(a, A_REGS);
     release(empty + 8 * prev, lane);
 #if PROMOTE
     fence_f32(d, ACCS);

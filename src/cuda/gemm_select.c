@@ -707,11 +707,7 @@ int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_prob 
       st->desc.math.opclass == SMELT_GEMM_OPCLASS_SIMT)
     return 0;
   switch (tc_kind(st)) {
-    case SMELT__TC_TF32:
-      /* The kernel rounds a K-major A itself (gemm_sm90.cu, A_REGS). */
-      prep[0] = f->a_k && f->tma_a[1] ? SMELT__PREP_NONE : SMELT__PREP_TF32;
-      prep[1] = SMELT__PREP_TF32;
-      break;
+    case SMELT__TC_TF32: prep[0] = prep[1] = SMELT__PREP_TF32; break;
     case SMELT__TC_3XTF32: prep[0] = prep[1] = SMELT__PREP_SPLIT; break;
     case SMELT__TC_FP8:
       if (!f->a_k) prep[0] = SMELT__PREP_COPY;

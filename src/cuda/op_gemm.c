@@ -606,17 +606,13 @@ static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
   const smelt__gemm_prob *p = &args->prob;
-  /* A plan also preps an operand it planned to read as it is when the
-   * run's pointer is less aligned than the planned one, keeping the layout
-   * the main kernel was chosen for: 16-bit rows by the copy, a tf32 A by
-   * the rounding pass (the kernel would round it, the pass just as well). */
+  /* A 16-bit plan also copies an operand it planned to read as it is when
+   * the run's pointer is less aligned than the planned one (the copy keeps
+   * the layout the main kernel was chosen for). */
   smelt__gemm_prep prep[2] = {cp->prep[0], cp->prep[1]};
-  const smelt__gemm_prep as_is = prep[0] == SMELT__PREP_PITCH || prep[1] == SMELT__PREP_PITCH ? SMELT__PREP_PITCH
-                                 : prep[1] == SMELT__PREP_TF32                                ? SMELT__PREP_TF32
-                                                                                              : SMELT__PREP_NONE;
-  if (as_is) {
-    if (!prep[0] && ptr_align(p->a.data) < cp->align[0]) prep[0] = as_is;
-    if (!prep[1] && ptr_align(p->b.data) < cp->align[1]) prep[1] = as_is;
+  if (prep[0] == SMELT__PREP_PITCH || prep[1] == SMELT__PREP_PITCH) {
+    if (!prep[0] && ptr_align(p->a.data) < cp->align[0]) prep[0] = SMELT__PREP_PITCH;
+    if (!prep[1] && ptr_align(p->b.data) < cp->align[1]) prep[1] = SMELT__PREP_PITCH;
   }
   const size_t a_bytes = smelt__gemm_prep_bytes(prep[0], 0, p, st->dt_a),
                b_bytes = smelt__gemm_prep_bytes(prep[1], 1, p, st->dt_b);
