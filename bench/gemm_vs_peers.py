@@ -144,6 +144,13 @@ CASES = [
     decode("f16", 1, 4096),
     decode("f16", 16, 8192),
 ]
+# Batched (strided 3-D operands, the Hopper kernel's 3-D tensor maps)
+# against torch.bmm in the same layout; no bar in issue 21 beyond cuBLAS
+# parity, so 0.95 as for the plain layouts.
+for _lay in ("RC", "RR"):
+    CASES.append(case(f"batched_bf16_32x1024x1024x1024_{_lay}", f"batched bf16 32 x 1024^3 {_lay}",
+                      ["--batch", "32", "--m", "1024", "--n", "1024", "--k", "1024", "--dtype", "bf16",
+                       "--layout", _lay], ("bmm", "bf16", 32, 1024, 1024, 1024, _lay), 0.95))
 # Grouped by device offsets (smelt_gemm_grouped_offs, the MoE form; the
 # offsets stay on the GPU, as torch._grouped_mm's): issue 21 asks for 1.05x
 # torch._grouped_mm, with B K-major per group (RC: the [G, N, K] weights
@@ -269,6 +276,15 @@ def make_peer(torch, spec, opts):
                     lambda: (rand(torch, (rows, k), dt),
                              rand(torch, (g, k, n), dt) if rr else rand(torch, (g, n, k), dt).transpose(-2, -1)),
                     lambda s: torch._grouped_mm(s[0], s[1], offs=offs, out_dtype=torch.bfloat16), rows * n * 2)
+    if kind == "bmm":
+        _, _, batch, m, n, k, layout = spec
+
+        def make():
+            a = rand(torch, (batch, m, k), dt) if layout[0] == "R" else rand(torch, (batch, k, m), dt).transpose(-2, -1)
+            b = rand(torch, (batch, k, n), dt) if layout[1] == "R" else rand(torch, (batch, n, k), dt).transpose(-2, -1)
+            return a, b
+
+        return Peer("torch.bmm (cuBLAS)", make, lambda s: torch.bmm(s[0], s[1]), batch * m * n * 2)
     raise ValueError(f"unknown peer kind {kind}")
 
 
