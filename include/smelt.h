@@ -355,6 +355,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/gemm.h"
 #include "smelt/attention.h"
 #include "smelt/peer.h"
+#include "smelt/bem.h"
 
 #ifdef __cplusplus
 }
