@@ -76,6 +76,14 @@ typedef struct bem_case {
   double scale;
 } bem_case;
 
+/* The case's desc: its scale and accumulate. */
+static smelt_bem_desc case_desc(const bem_case *c) {
+  smelt_bem_desc d = smelt_bem_desc_default();
+  d.scale = c->scale;
+  d.accumulate = c->accumulate;
+  return d;
+}
+
 /* Segment bounds o[0..A] as smelt/bem.h defines them. */
 static void bounds(const bem_case *c, int64_t *o) {
   const int A = c->A ? c->A : 1;
@@ -180,9 +188,7 @@ static void bem_case_run(smelt_ctx *ctx, const bem_case *c) {
            smelt_dtype_name(c->dt), (long long)c->M, (long long)c->din, (long long)c->dout, (long long)c->r, c->A,
            c->u_transposed ? " u^T" : "", c->v_transposed ? " v^T" : "", c->padded ? " padded" : "",
            c->accumulate ? " accumulate" : "", c->scales ? " scales" : "");
-  smelt_bem_desc d = smelt_bem_desc_default();
-  d.scale = c->scale;
-  d.accumulate = c->accumulate;
+  const smelt_bem_desc d = case_desc(c);
   const int64_t n = c->M * c->dout;
   double *ref = (double *)calloc((size_t)n + 1, sizeof *ref), *got = (double *)calloc((size_t)n + 1, sizeof *got);
   delta64(c, T.x.val, T.v.val, T.codes.val, T.u.val, c->scales ? T.scales.val : NULL, ref);
@@ -294,8 +300,7 @@ static void backward_case(const bem_case *c) {
   static const char *const names[4] = {"dx", "dv", "du", "dcodes"};
   for (int i = 0; i < 4; i++) tens_new(&g[i], ctx, c->dt, like[i]->v.ndim, like[i]->v.shape, NULL, 0, 0, 0);
   const smelt_bem_grads grads = {&g[0].t, &g[1].t, &g[2].t, &g[3].t};
-  smelt_bem_desc d = smelt_bem_desc_default();
-  d.scale = c->scale;
+  const smelt_bem_desc d = case_desc(c);
   CHECK_OK(smelt_bem_backward(ctx, &d, &T.in, &dy.t, &grads));
   double *params[4] = {T.x.val, T.v.val, T.u.val, T.codes.val};
   for (int i = 0; i < 4; i++) {
@@ -344,35 +349,30 @@ static void test_bad_inputs(void) {
   make_inputs(ctx, &c, &T);
   smelt_bem_desc d = smelt_bem_desc_default();
   smelt_bem_inputs in = T.in;
-  /* shapes, ranks, dtypes */
-  smelt_tensor bad = T.codes.t;
-  bad.shape[0] = 5;
-  in.codes = &bad;
-  CHECK_STATUS(smelt_bem(ctx, &d, &in, &T.y.t), SMELT_STATUS_SHAPE_MISMATCH);
-  CHECK_MSG("codes.shape=[5, 3] must be [M, r]");
-  check_untouched(&T.y, "codes rows");
-  bad = T.u.t;
-  bad.shape[1] = 2;
-  in = T.in;
-  in.u = &bad;
-  CHECK_STATUS(smelt_bem(ctx, &d, &in, &T.y.t), SMELT_STATUS_SHAPE_MISMATCH);
-  CHECK_MSG("u.shape=[4, 2] must be [d_out, r]");
-  bad = T.y.t;
-  bad.shape[1] = 3;
-  CHECK_STATUS(smelt_bem(ctx, &d, &T.in, &bad), SMELT_STATUS_SHAPE_MISMATCH);
-  CHECK_MSG("y.shape=[6, 3] must be [M, d_out]");
-  bad = T.codes.t;
-  bad.shape[1] = 0;
-  in = T.in;
-  in.codes = &bad;
-  CHECK_STATUS(smelt_bem(ctx, &d, &in, &T.y.t), SMELT_STATUS_UNSUPPORTED);
-  CHECK_MSG("rank codes.shape[1]=0 must be in [1, 128]");
-  bad = T.v.t;
-  bad.dtype = SMELT_DTYPE_F16;
-  in = T.in;
-  in.v = &bad;
-  CHECK_STATUS(smelt_bem(ctx, &d, &in, &T.y.t), SMELT_STATUS_DTYPE_MISMATCH);
-  CHECK_MSG("v.dtype=f16 must equal x.dtype=f32");
+  /* shapes, ranks, dtypes: one field of one tensor changed */
+  static const struct {
+    int role, dim; /* role: x, v, codes, u, y; dim -1: the dtype becomes f16 */
+    int64_t size;
+    smelt_status want;
+    const char *msg;
+  } muts[] = {
+      {2, 0, 5, SMELT_STATUS_SHAPE_MISMATCH, "codes.shape=[5, 3] must be [M, r]"},
+      {3, 1, 2, SMELT_STATUS_SHAPE_MISMATCH, "u.shape=[4, 2] must be [d_out, r]"},
+      {4, 1, 3, SMELT_STATUS_SHAPE_MISMATCH, "y.shape=[6, 3] must be [M, d_out]"},
+      {2, 1, 0, SMELT_STATUS_UNSUPPORTED, "rank codes.shape[1]=0 must be in [1, 128]"},
+      {1, -1, 0, SMELT_STATUS_DTYPE_MISMATCH, "v.dtype=f16 must equal x.dtype=f32"},
+      {0, 1, 6, SMELT_STATUS_SHAPE_MISMATCH, "v.shape=[5, 3] must be [d_in, r] = [6, 3]"},
+  };
+  smelt_tensor bad;
+  for (size_t i = 0; i < sizeof muts / sizeof *muts; i++) {
+    smelt_tensor ts[5] = {T.x.t, T.v.t, T.codes.t, T.u.t, T.y.t};
+    if (muts[i].dim < 0) ts[muts[i].role].dtype = SMELT_DTYPE_F16;
+    else ts[muts[i].role].shape[muts[i].dim] = muts[i].size;
+    const smelt_bem_inputs mi = {&ts[0], &ts[1], &ts[2], &ts[3], NULL, NULL};
+    CHECK_STATUS(smelt_bem(ctx, &d, &mi, &ts[4]), muts[i].want);
+    CHECK_MSG(muts[i].msg);
+  }
+  check_untouched(&T.y, "bad shapes");
   /* offsets without 3-D weights; scales of the wrong length */
   int64_t offs_host[2] = {0, 6};
   const int64_t os[1] = {2}, ss[1] = {2};
@@ -460,9 +460,7 @@ static void test_bad_inputs(void) {
 static void check_validate(smelt_ctx *ctx, const bem_case *c) {
   bem_tensors T;
   make_inputs(ctx, c, &T);
-  smelt_bem_desc d = smelt_bem_desc_default();
-  d.scale = c->scale;
-  d.accumulate = c->accumulate;
+  const smelt_bem_desc d = case_desc(c);
   smelt_bem_check r;
   CHECK_OK(smelt_bem_validate(ctx, &d, &T.in, &T.y.t, 0, &r));
   CHECK(r.passed);
@@ -486,9 +484,7 @@ static void test_validate(void) {
 static void check_benchmark(smelt_ctx *ctx, const bem_case *c) {
   bem_tensors T;
   make_inputs(ctx, c, &T);
-  smelt_bem_desc d = smelt_bem_desc_default();
-  d.scale = c->scale;
-  d.accumulate = c->accumulate;
+  const smelt_bem_desc d = case_desc(c);
   smelt_bem_timing tm;
   CHECK_OK(smelt_bem_benchmark(ctx, &d, &T.in, &T.y.t, 1, 3, &tm));
   CHECK(tm.fused_ms > 0 && tm.unfused_ms > 0 && tm.fused_gbps > 0);
