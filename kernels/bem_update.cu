@@ -19,9 +19,10 @@
  * padding lanes never multiply a stray value. Layouts: x, codes and y rows
  * of unit column stride; 16-byte paths where the host found the rows
  * aligned (x_vec, y_vec), element paths otherwise. V and U take any
- * strides: cp.async along their contiguous dim where it is the one shared
- * memory wants (V along d_in, U along r: v_vec, u_vec), element loads
- * otherwise (the seed's V [d_in, r] and the pre-transposed U).
+ * strides: cp.async along whichever dim is contiguous in 16-byte runs,
+ * kept in shared memory in that orientation (V [rank][k] or [k][rank],
+ * U [n][rank] or [rank][n]; the transposed tiles' B fragments are built
+ * from 16-bit reads), element loads for any other strides.
  *
  * f32 (bem_update_fma): the same structure with FMA on BM = 32 rows, H in
  * shared memory; not a bandwidth path.
@@ -43,7 +44,7 @@ typedef struct bem_params {
   i64 scales_s, offs_s;
   float scale;
   int r, A, segs, offs64, accumulate;
-  int x_vec, y_vec, v_vec, u_vec;
+  int x_vec, y_vec, v_vec, u_vec, v_t, u_t;
 } bem_params;
 
 /* ---------------------------------------------------------------- segments */
@@ -121,7 +122,12 @@ static __device__ __forceinline__ float bem_scale(const bem_params &P, int a) {
 #define NR (SMELT_RP / 8)  /* n8 tiles of the rank */
 #define KR (SMELT_RP / 16) /* k16 steps of the rank */
 
-#define STAGE_ELEMS (SMELT_BM * XP + SMELT_RP * XP)
+/* V's stage and a U tile hold [RP][BK + 8] and [BN][RP + 8], or their
+ * transposes [BK][RP + 8] and [RP][BN + 8] (v_t, u_t), whichever is larger. */
+#define MAXI(a, b) ((a) > (b) ? (a) : (b))
+#define VB MAXI(SMELT_RP * XP, BK * UP)
+#define UB MAXI(BN * UP, SMELT_RP * WP)
+#define STAGE_ELEMS (SMELT_BM * XP + VB)
 
 static __device__ __forceinline__ u32 lds32(const smelt_h16 *p) { return *(const u32 *)p; }
 
@@ -133,6 +139,19 @@ static __device__ __forceinline__ u32 lds32(const smelt_h16 *p) { return *(const
 #define bem_mma mma_16816_bf16
 #define bem_pack pack_bf16x2
 #endif
+
+/* The B fragment (rank or output column n, k..k+1 and k+8..k+9) of a
+ * tile stored [n][k] (pitch elements a row), or [k][n] when trans. */
+static __device__ __forceinline__ void bem_bfrag(const smelt_h16 *s, int trans, int pitch, int n, int k, u32 *b) {
+  if (!trans) {
+    b[0] = lds32(s + n * pitch + k);
+    b[1] = lds32(s + n * pitch + k + 8);
+  } else {
+    const smelt_h16 *p = s + k * pitch + n;
+    b[0] = (u32)p[0] | ((u32)p[pitch] << 16);
+    b[1] = (u32)p[8 * pitch] | ((u32)p[9 * pitch] << 16);
+  }
+}
 
 /* 8 elements from p with element stride `step`, the first n valid (the rest 0). */
 static __device__ __forceinline__ uint4 bem_gather8(const smelt_h16 *p, i64 step, int n) {
@@ -167,6 +186,15 @@ static __device__ __forceinline__ void bem_load_rows(const smelt_h16 *base, i64 
 static __device__ __forceinline__ void bem_load_stage(const bem_params &P, const smelt_h16 *v, i64 r0, i64 r1, i64 k0,
                                                       smelt_h16 *xs, smelt_h16 *vs) {
   bem_load_rows((const smelt_h16 *)P.x, P.x_rs, r0, r1, k0, P.din, BK / 8, XP, P.x_vec, xs);
+  if (P.v_t) { /* rank-contiguous V: [BK][RP + 8] */
+    for (int id = threadIdx.x; id < BK * (SMELT_RP / 8); id += NT) {
+      const int kk = id / (SMELT_RP / 8), c = (id % (SMELT_RP / 8)) * 8;
+      const i64 gk = k0 + kk;
+      const int n = gk < P.din && c < P.r ? (P.r - c < 8 ? P.r - c : 8) : 0;
+      cp_async16(smem_u32(vs + kk * UP + c), n ? v + gk * P.v_k + c : v, 2 * n);
+    }
+    return;
+  }
   for (int id = threadIdx.x; id < SMELT_RP * (BK / 8); id += NT) {
     /* cp.async reads 8 consecutive k of one rank column; the element path
      * lets neighbouring threads read neighbouring rank columns. */
@@ -179,8 +207,18 @@ static __device__ __forceinline__ void bem_load_stage(const bem_params &P, const
   }
 }
 
-/* U rows [n0, n0 + BN) x rank [0, r) into us [BN][UP]; zeros outside. */
+/* U rows [n0, n0 + BN) x rank [0, r) into us [BN][UP], or [RP][WP] for
+ * column-contiguous U (u_t, the pre-transposed layout); zeros outside. */
 static __device__ __forceinline__ void bem_load_u(const bem_params &P, const smelt_h16 *u, i64 n0, smelt_h16 *us) {
+  if (P.u_t) {
+    for (int id = threadIdx.x; id < SMELT_RP * (BN / 8); id += NT) {
+      const int j = id / (BN / 8), c = (id % (BN / 8)) * 8;
+      const i64 gn = n0 + c;
+      const int n = j < P.r && gn < P.dout ? (int)(P.dout - gn < 8 ? P.dout - gn : 8) : 0;
+      cp_async16(smem_u32(us + j * WP + c), n ? u + gn + j * P.u_j : u, 2 * n);
+    }
+    return;
+  }
   for (int id = threadIdx.x; id < BN * (SMELT_RP / 8); id += NT) {
     const int row = P.u_vec ? id / (SMELT_RP / 8) : id % BN, c = (P.u_vec ? id % (SMELT_RP / 8) : id / BN) * 8;
     const i64 gn = n0 + row;
@@ -221,8 +259,7 @@ static __device__ __forceinline__ void bem_xv(const bem_params &P, const smelt_h
 #pragma unroll
       for (int j = 0; j < NR; j++) {
         u32 b[2];
-        b[0] = lds32(vs + (j * 8 + g) * XP + kk + 2 * t);
-        b[1] = lds32(vs + (j * 8 + g) * XP + kk + 2 * t + 8);
+        bem_bfrag(vs, P.v_t, P.v_t ? UP : XP, j * 8 + g, kk + 2 * t, b);
         bem_mma(acc[j], a, b);
       }
     }
@@ -278,7 +315,7 @@ static __device__ __forceinline__ void bem_load_tile(const bem_params &P, const 
   if (P.accumulate) bem_load_rows((const smelt_h16 *)P.y, P.y_rs, r0, r1, n0, P.dout, BN / 8, WP, P.y_vec, yo);
 }
 
-extern "C" __global__ void __launch_bounds__(NT) bem_update_mma(bem_params P) {
+extern "C" __global__ void __launch_bounds__(NT, SMELT_RP <= 64 ? 2 : 1) bem_update_mma(bem_params P) {
   extern __shared__ __align__(16) unsigned char bem_smem[];
   smelt_h16 *sm = (smelt_h16 *)bem_smem;
   i64 r0, r1;
@@ -316,21 +353,21 @@ extern "C" __global__ void __launch_bounds__(NT) bem_update_mma(bem_params P) {
   }
 
   /* ΔY tile by tile over d_out. */
-  /* Phase 2's memory: two U tiles [BN][UP], the warps' f32 staging
-   * [16][WP] each, two old-y tiles [BM][WP] (src/cuda/op_bem.c sizes it). */
+  /* Phase 2's memory: two U tiles of UB, the warps' f32 staging [16][WP]
+   * each, two old-y tiles [BM][WP] (src/cuda/op_bem.c sizes it). */
   smelt_h16 *us = sm;
-  float *ws = (float *)(bem_smem + 2 * BN * UP * 2) + warp * 16 * WP;
-  smelt_h16 *yo = (smelt_h16 *)(bem_smem + 2 * BN * UP * 2 + (NT / 32) * 16 * WP * 4);
+  float *ws = (float *)(bem_smem + 2 * UB * 2) + warp * 16 * WP;
+  smelt_h16 *yo = (smelt_h16 *)(bem_smem + 2 * UB * 2 + (NT / 32) * 16 * WP * 4);
   const int nn = (int)((P.dout + BN - 1) / BN);
   bem_load_tile(P, u, r0, r1, 0, us, yo);
   cp_async_commit();
   for (int nt = 0; nt < nn; nt++) {
     const int nb = (nt + 1) & 1;
-    if (nt + 1 < nn) bem_load_tile(P, u, r0, r1, (i64)(nt + 1) * BN, us + nb * BN * UP, yo + nb * SMELT_BM * WP);
+    if (nt + 1 < nn) bem_load_tile(P, u, r0, r1, (i64)(nt + 1) * BN, us + nb * UB, yo + nb * SMELT_BM * WP);
     cp_async_commit();
     CP_ASYNC_WAIT(1);
     __syncthreads();
-    const smelt_h16 *ut = us + (nt & 1) * BN * UP;
+    const smelt_h16 *ut = us + (nt & 1) * UB;
     float acc[BN / 8][4];
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -340,8 +377,7 @@ extern "C" __global__ void __launch_bounds__(NT) bem_update_mma(bem_params P) {
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
           u32 b[2];
-          b[0] = lds32(ut + (j * 8 + g) * UP + kc * 16 + 2 * t);
-          b[1] = lds32(ut + (j * 8 + g) * UP + kc * 16 + 2 * t + 8);
+          bem_bfrag(ut, P.u_t, P.u_t ? WP : UP, j * 8 + g, kc * 16 + 2 * t, b);
           bem_mma(acc[j], hf[kc], b);
         }
     }

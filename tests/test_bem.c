@@ -535,7 +535,7 @@ static void test_gpu_validate(void) {
   check_benchmark(th_cuda(), &b);
 }
 
-static void test_gpu_backward_unsupported(void) {
+static void test_gpu_unsupported(void) {
   if (!th_cuda()) SKIP("no CUDA device");
   const bem_case c = {.M = 6, .din = 5, .dout = 4, .r = 3, .dt = SMELT_DTYPE_F16, .scale = 1};
   bem_tensors T;
@@ -547,6 +547,18 @@ static void test_gpu_backward_unsupported(void) {
   CHECK_STATUS(smelt_bem_backward(th_cuda(), &d, &T.in, &T.y.t, &g), SMELT_STATUS_UNSUPPORTED);
   CHECK_MSG("backward is not supported on CUDA");
   check_untouched(&dx, "backward on CUDA");
+  /* x's columns must have unit stride on CUDA: every other column of a wider x. */
+  smelt_tensor xs = T.x.t;
+  xs.shape[1] = 2;
+  xs.strides[1] = 2;
+  smelt_tensor vs = T.v.t;
+  vs.shape[0] = 2;
+  smelt_bem_inputs in = T.in;
+  in.x = &xs;
+  in.v = &vs;
+  CHECK_STATUS(smelt_bem(th_cuda(), &d, &in, &T.y.t), SMELT_STATUS_BAD_LAYOUT);
+  CHECK_MSG("x.strides[1]=2 must be 1 on CUDA");
+  check_untouched(&T.y, "x with strided columns on CUDA");
   tens_free(&dx);
   free_inputs(&c, &T);
 }
@@ -561,6 +573,6 @@ const th_test th_tests_bem[] = {
     {"gpu_forward", test_gpu_forward},
     {"gpu_segments", test_gpu_segments},
     {"gpu_validate", test_gpu_validate},
-    {"gpu_backward_unsupported", test_gpu_backward_unsupported},
+    {"gpu_unsupported", test_gpu_unsupported},
     {0, 0},
 };

@@ -21,14 +21,16 @@ static const smelt_dtype bem_dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT
  * width, the ring depth, the d_out tile (tensor-core kernel). */
 enum { MMA_BM = 128, MMA_BK = 64, MMA_STAGES = 4, MMA_BN = 64, MMA_WARPS = 8, FMA_BM = 32, THREADS = 256 };
 
+static unsigned umax(unsigned a, unsigned b) { return a > b ? a : b; }
+
 /* Dynamic shared memory of bem_update_mma, as it lays it out: phase 1 a
- * ring of x [BM][BK + 8] and V [RP][BK + 8] stages; phase 2 (the same
- * memory) two U tiles [BN][RP + 8], one f32 staging [16][BN + 8] per warp
- * and two old-y tiles [BM][BN + 8]. */
-static unsigned mma_smem(int rp) {
-  const unsigned p1 = MMA_STAGES * (MMA_BM + rp) * (MMA_BK + 8) * 2;
-  const unsigned p2 =
-      2 * MMA_BN * (rp + 8) * 2 + MMA_WARPS * 16 * (MMA_BN + 8) * 4 + 2 * MMA_BM * (MMA_BN + 8) * 2;
+ * ring of stages of x [BM][BK + 8] and V [RP][BK + 8] (or [BK][RP + 8]);
+ * phase 2 (the same memory) two U tiles [BN][RP + 8] (or [RP][BN + 8]),
+ * one f32 staging [16][BN + 8] per warp and two old-y tiles [BM][BN + 8]. */
+static unsigned mma_smem(unsigned rp) {
+  const unsigned v = umax(rp * (MMA_BK + 8), MMA_BK * (rp + 8)), u = umax(MMA_BN * (rp + 8), rp * (MMA_BN + 8));
+  const unsigned p1 = MMA_STAGES * (MMA_BM * (MMA_BK + 8) + v) * 2;
+  const unsigned p2 = 2 * u * 2 + MMA_WARPS * 16 * (MMA_BN + 8) * 4 + 2 * MMA_BM * (MMA_BN + 8) * 2;
   return p1 > p2 ? p1 : p2;
 }
 
@@ -100,7 +102,7 @@ typedef struct bem_params {
   int64_t scales_s, offs_s;
   float scale;
   int r, A, segs, offs64, accumulate;
-  int x_vec, y_vec, v_vec, u_vec;
+  int x_vec, y_vec, v_vec, u_vec, v_t, u_t;
 } bem_params;
 
 static int aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
@@ -148,12 +150,16 @@ static void fill_params(const smelt__bem_state *st, const smelt_tensor *const *t
     P->scales_s = scales->strides[0];
   }
   /* cp.async and 16-byte stores: rows (x, y) or runs of 8 along the
-   * contiguous dim (V along d_in, U along the rank) that start 16-byte
-   * aligned. */
+   * contiguous dim that start 16-byte aligned: V along d_in (v_vec) or
+   * the rank (v_t, the seed's V [d_in, r]), U along the rank (u_vec) or
+   * d_out (u_t, the pre-transposed U). */
   P->x_vec = aligned16(x->data) && whole8(P->x_rs, st->M);
   P->y_vec = aligned16(y->data) && whole8(P->y_rs, st->M);
-  P->v_vec = aligned16(v->data) && (P->v_k == 1 || st->din == 1) && whole8(P->v_j, st->r) && whole8(P->v_a, st->A);
-  P->u_vec = aligned16(u->data) && (P->u_j == 1 || st->r == 1) && whole8(P->u_n, st->dout) && whole8(P->u_a, st->A);
+  const int va = aligned16(v->data) && whole8(P->v_a, st->A), ua = aligned16(u->data) && whole8(P->u_a, st->A);
+  P->v_vec = va && (P->v_k == 1 || st->din == 1) && whole8(P->v_j, st->r);
+  P->v_t = !P->v_vec && va && (P->v_j == 1 || st->r == 1) && whole8(P->v_k, st->din);
+  P->u_vec = ua && (P->u_j == 1 || st->r == 1) && whole8(P->u_n, st->dout);
+  P->u_t = !P->u_vec && ua && (P->u_n == 1 || st->dout == 1) && whole8(P->u_j, st->r);
 }
 
 static smelt_status run(smelt_plan *plan, const void *args) {
@@ -167,7 +173,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   void *params[] = {&P};
   smelt__nvtx_push(OP);
   smelt_status s = smelt__cuda_launch(plan->ctx, OP, (CUfunction)plan->func[0], (unsigned)grid, 1, 1, THREADS,
-                                      f32 ? 0 : mma_smem(ranks[plan->variant]), params);
+                                      f32 ? 0 : mma_smem((unsigned)ranks[plan->variant]), params);
   smelt__nvtx_pop();
   return s;
 }
