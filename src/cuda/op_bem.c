@@ -79,6 +79,11 @@ static smelt_status plan_bem(smelt_plan *plan, const void *args) {
                         (long long)st->M, (long long)st->A);
   int rb = 0;
   while (ranks[rb] < st->r) rb++;
+  const int optin = plan->ctx->cuda->info.smem_per_block_optin;
+  if (dt != SMELT_DTYPE_F32 && optin > 0 && mma_smem((unsigned)ranks[rb]) > (unsigned)optin)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": rank %lld needs %u bytes of shared memory a CTA; this device allows %d", (long long)st->r,
+                        mma_smem((unsigned)ranks[rb]), optin);
   smelt__kernel_src src;
   make_src(dt, rb, &src);
   const char *entry = dt == SMELT_DTYPE_F32 ? "bem_update_fma" : "bem_update_mma";
