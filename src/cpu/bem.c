@@ -142,10 +142,12 @@ static void store_grad(const smelt__bem_state *s, const smelt_tensor *d, const d
 static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt_tensor *const *t = (const smelt_tensor *const *)args;
   const smelt__bem_state *s = (const smelt__bem_state *)plan->opdata;
-  int64_t *o = (int64_t *)malloc((size_t)(s->A + 1) * sizeof *o);
+  size_t ob = 0;
+  smelt_status e = smelt__bytes(s->A + 1, sizeof(int64_t), &ob, "smelt_bem", "the reference's segment bounds");
+  int64_t *o = e ? NULL : (int64_t *)malloc(ob);
   scratch w = {0};
-  smelt_status e = o ? scratch_alloc(s, s->backward, &w)
-                     : smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_bem: out of host memory");
+  if (!e) e = o ? scratch_alloc(s, s->backward, &w)
+                : smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_bem: out of host memory");
   if (e) {
     scratch_free(&w);
     free(o);
