@@ -6,6 +6,7 @@
  * loss is linear in each parameter), validation errors that write nothing,
  * and the validation and benchmark functions. GPU cases run only where a
  * device is present. */
+#include "core/bem_internal.h"
 #include "core/error_bound.h"
 #include "harness.h"
 
@@ -289,8 +290,26 @@ static void fd_grad(const bem_case *c, bem_tensors *T, const double *dy, double 
   }
 }
 
-static void backward_case(const bem_case *c) {
-  smelt_ctx *ctx = th_cpu();
+/* The gradients on ctx, or (composed) through the composition the CUDA
+ * backend runs (src/core/bem_compose.c) on the CPU context's ops. */
+static smelt_status backward_on(smelt_ctx *ctx, const bem_case *c, bem_tensors *T, const smelt_tensor *dy,
+                                const smelt_bem_grads *g, int composed) {
+  const smelt_bem_desc d = case_desc(c);
+  if (!composed) return smelt_bem_backward(ctx, &d, &T->in, dy, g);
+  smelt_plan *plan = NULL;
+  smelt_status s = smelt_bem_backward_plan(ctx, &d, &T->in, dy, g, &plan);
+  const smelt_tensor *t[SMELT__BT_ROLES] = {[SMELT__BT_X] = T->in.x,       [SMELT__BT_V] = T->in.v,
+                                            [SMELT__BT_CODES] = T->in.codes, [SMELT__BT_U] = T->in.u,
+                                            [SMELT__BT_SCALES] = T->in.scales, [SMELT__BT_DY] = dy,
+                                            [SMELT__BT_DX] = g->dx,          [SMELT__BT_DV] = g->dv,
+                                            [SMELT__BT_DU] = g->du,          [SMELT__BT_DCODES] = g->dcodes};
+  if (!s) s = smelt__bem_compose_plan(plan, t);
+  if (!s) s = smelt__bem_compose_run(plan, t);
+  smelt_plan_destroy(plan);
+  return s;
+}
+
+static void backward_case(smelt_ctx *ctx, const bem_case *c, int composed) {
   bem_tensors T;
   make_inputs(ctx, c, &T);
   const int64_t ys[2] = {c->M, c->dout};
@@ -300,19 +319,22 @@ static void backward_case(const bem_case *c) {
   static const char *const names[4] = {"dx", "dv", "du", "dcodes"};
   for (int i = 0; i < 4; i++) tens_new(&g[i], ctx, c->dt, like[i]->v.ndim, like[i]->v.shape, NULL, 0, 0, 0);
   const smelt_bem_grads grads = {&g[0].t, &g[1].t, &g[2].t, &g[3].t};
-  const smelt_bem_desc d = case_desc(c);
-  CHECK_OK(smelt_bem_backward(ctx, &d, &T.in, &dy.t, &grads));
+  CHECK_OK(backward_on(ctx, c, &T, &dy.t, &grads, composed));
+  /* The composition keeps 16-bit intermediates: the CUDA backward's bound. */
+  const int cuda_bound = composed || smelt_ctx_device(ctx) == SMELT_DEVICE_CUDA;
   double *params[4] = {T.x.val, T.v.val, T.u.val, T.codes.val};
   for (int i = 0; i < 4; i++) {
     const int64_t n = like[i]->v.numel;
     double *got = (double *)calloc((size_t)n + 1, sizeof *got), *fd = (double *)calloc((size_t)n + 1, sizeof *fd);
-    char what[120];
-    snprintf(what, sizeof what, "bem backward %s A=%d r=%lld %s", smelt_dtype_name(c->dt), c->A, (long long)c->r,
+    char what[160];
+    snprintf(what, sizeof what, "bem backward %s%s %s M=%lld r=%lld A=%d %s", dev_name(ctx),
+             composed ? " composed" : "", smelt_dtype_name(c->dt), (long long)c->M, (long long)c->r, c->A,
              names[i]);
     th_check_output(what, names[i], &g[i].v, &g[i].b, c->dt, got);
     fd_grad(c, &T, dy.val, params[i], n, fd);
-    const smelt__bound_query q = {.family = "bem", .metric = SMELT__METRIC_REL_L2, .device = SMELT_DEVICE_CPU,
-                                  .dtype = c->dt, .output = 1};
+    const smelt__bound_query q = {.family = "bem", .metric = SMELT__METRIC_REL_L2,
+                                  .device = cuda_bound ? SMELT_DEVICE_CUDA : SMELT_DEVICE_CPU, .dtype = c->dt,
+                                  .output = 1};
     if (!th_compare(what, got, fd, n, smelt__error_bound(&q), 0)) th_fail(__FILE__, __LINE__, "%s", what);
     free(got);
     free(fd);
@@ -326,14 +348,29 @@ static void test_backward(void) {
   static const int64_t o[] = {1, 4, 4, 6};
   for (int d = 0; d < 3; d++) {
     const bem_case one = {.M = 7, .din = 6, .dout = 5, .r = 3, .dt = dts[d], .u_transposed = 1, .scale = 0.75};
-    backward_case(&one);
+    backward_case(th_cpu(), &one, 0);
     const bem_case segs = {.M = 7, .din = 5, .dout = 4, .r = 2, .A = 3, .offs = o, .dt = dts[d],
                            .offs_dt = SMELT_DTYPE_I32, .v_transposed = 1, .padded = 1, .scales = 1, .scale = 2};
-    backward_case(&segs);
+    backward_case(th_cpu(), &segs, 0);
   }
   const bem_case r1 = {.M = 4, .din = 3, .dout = 3, .r = 1, .dt = SMELT_DTYPE_F32, .scale = 1};
-  backward_case(&r1);
+  backward_case(th_cpu(), &r1, 0);
 }
+
+/* Shapes of the backward on CUDA (and of its composition on the CPU):
+ * odd rows, ranks 1, 5 and 16, every layout, per-adapter scales. */
+static void backward_shapes(smelt_ctx *ctx, int composed) {
+  static const int64_t shapes[][4] = {{29, 16, 12, 16}, {9, 7, 5, 1}, {21, 16, 13, 5}};
+  for (int d = 0; d < 3; d++)
+    for (int i = 0; i < 3; i++) {
+      const int64_t *sh = shapes[i];
+      const bem_case c = {.M = sh[0], .din = sh[1], .dout = sh[2], .r = sh[3], .dt = dts[d], .u_transposed = i == 1,
+                          .v_transposed = i == 2, .padded = i == 2, .scales = i == 0, .scale = 1.5};
+      backward_case(ctx, &c, composed);
+    }
+}
+
+static void test_backward_composed(void) { backward_shapes(th_cpu(), 1); }
 
 /* ---------------------------------------------------------------- errors */
 
@@ -535,18 +572,31 @@ static void test_gpu_validate(void) {
   check_benchmark(th_cuda(), &b);
 }
 
+static void test_gpu_backward(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  backward_shapes(th_cuda(), 0);
+}
+
 static void test_gpu_unsupported(void) {
   if (!th_cuda()) SKIP("no CUDA device");
+  /* The backward with segments. */
+  static const int64_t o[] = {0, 3, 6};
+  const bem_case sc = {.M = 6, .din = 5, .dout = 4, .r = 3, .A = 2, .offs = o, .dt = SMELT_DTYPE_F16,
+                       .offs_dt = SMELT_DTYPE_I64, .scale = 1};
+  bem_tensors S;
+  make_inputs(th_cuda(), &sc, &S);
+  tens dx;
+  tens_new(&dx, th_cuda(), sc.dt, 2, S.x.v.shape, NULL, 0, 0, 0);
+  const smelt_bem_grads g = {.dx = &dx.t};
+  smelt_bem_desc d = smelt_bem_desc_default();
+  CHECK_STATUS(smelt_bem_backward(th_cuda(), &d, &S.in, &S.y.t, &g), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("backward with segments (offsets) is not supported on CUDA");
+  check_untouched(&dx, "backward with segments on CUDA");
+  tens_free(&dx);
+  free_inputs(&sc, &S);
   const bem_case c = {.M = 6, .din = 5, .dout = 4, .r = 3, .dt = SMELT_DTYPE_F16, .scale = 1};
   bem_tensors T;
   make_inputs(th_cuda(), &c, &T);
-  tens dx;
-  tens_new(&dx, th_cuda(), c.dt, 2, T.x.v.shape, NULL, 0, 0, 0);
-  const smelt_bem_grads g = {.dx = &dx.t};
-  smelt_bem_desc d = smelt_bem_desc_default();
-  CHECK_STATUS(smelt_bem_backward(th_cuda(), &d, &T.in, &T.y.t, &g), SMELT_STATUS_UNSUPPORTED);
-  CHECK_MSG("backward is not supported on CUDA");
-  check_untouched(&dx, "backward on CUDA");
   /* x's columns must have unit stride on CUDA: every other column of a wider x. */
   smelt_tensor xs = T.x.t;
   xs.shape[1] = 2;
@@ -559,7 +609,6 @@ static void test_gpu_unsupported(void) {
   CHECK_STATUS(smelt_bem(th_cuda(), &d, &in, &T.y.t), SMELT_STATUS_BAD_LAYOUT);
   CHECK_MSG("x.strides[1]=2 must be 1 on CUDA");
   check_untouched(&T.y, "x with strided columns on CUDA");
-  tens_free(&dx);
   free_inputs(&c, &T);
 }
 
@@ -567,12 +616,14 @@ const th_test th_tests_bem[] = {
     {"forward", test_forward},
     {"segments", test_segments},
     {"backward", test_backward},
+    {"backward_composed", test_backward_composed},
     {"bad_inputs", test_bad_inputs},
     {"validate", test_validate},
     {"benchmark", test_benchmark},
     {"gpu_forward", test_gpu_forward},
     {"gpu_segments", test_gpu_segments},
     {"gpu_validate", test_gpu_validate},
+    {"gpu_backward", test_gpu_backward},
     {"gpu_unsupported", test_gpu_unsupported},
     {0, 0},
 };

@@ -36,8 +36,11 @@
  * rounded once (after the addition with accumulate). The CPU reference
  * accumulates in double and rounds once.
  *
- * CUDA limits: the backward is not supported on CUDA yet (planning fails
- * with UNSUPPORTED); the CPU backend runs it. */
+ * CUDA limits: the backward of one adapter is composed of five GEMMs and
+ * three Hadamard passes (its [M, r] intermediates in the input type, as
+ * an autograd engine keeps them), not fused; with segments it is not
+ * supported on CUDA yet (planning fails with UNSUPPORTED; the CPU backend
+ * runs it). */
 #ifndef SMELT_BEM_H
 #define SMELT_BEM_H
 

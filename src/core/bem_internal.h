@@ -28,4 +28,10 @@ typedef struct smelt__bem_state {
  * offsets' dtype and strides): o[0..A], each in [0, M], non-decreasing. */
 void smelt__bem_bounds(const smelt_tensor *offsets, int64_t A, int64_t M, int64_t *o);
 
+/* The backward composed from public ops (src/core/bem_compose.c), for a
+ * plan of one adapter: plan attaches the sub-plans as plan->backend, run
+ * runs them on the role-indexed tensors. */
+smelt_status smelt__bem_compose_plan(smelt_plan *plan, const smelt_tensor *const *t);
+smelt_status smelt__bem_compose_run(smelt_plan *plan, const smelt_tensor *const *t);
+
 #endif /* SMELT_BEM_INTERNAL_H */

@@ -3,8 +3,10 @@
  * point (bem_update_mma on tensor cores for f16 and bf16, bem_update_fma
  * for f32); each run decides the 16-byte paths from its own pointers and
  * strides, so a run with less aligned data than the planned one still
- * runs. The backward is not on CUDA yet: planning it fails with
- * UNSUPPORTED rather than falling back to the CPU behind the caller. */
+ * runs. The backward of one adapter is composed from GEMMs and Hadamard
+ * passes (src/core/bem_compose.c); with segments it is not on CUDA yet:
+ * planning it fails with UNSUPPORTED rather than falling back to the CPU
+ * behind the caller. */
 #include "../core/bem_internal.h"
 #include "cuda_internal.h"
 
@@ -65,9 +67,11 @@ static smelt_status unit_columns(const smelt_tensor *t, const char *name) {
 static smelt_status plan_bem(smelt_plan *plan, const void *args) {
   const smelt_tensor *const *t = (const smelt_tensor *const *)args;
   const smelt__bem_state *st = (const smelt__bem_state *)plan->opdata;
-  if (st->backward)
+  if (st->backward && t[SMELT__BT_OFFSETS])
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                        OP "_backward: the backward is not supported on CUDA yet (the CPU backend runs it)");
+                        OP "_backward: the backward with segments (offsets) is not supported on CUDA yet (the CPU "
+                           "backend runs it)");
+  if (st->backward) return smelt__bem_compose_plan(plan, t);
   smelt_status s;
   if ((s = unit_columns(t[SMELT__BT_X], "x")) || (s = unit_columns(t[SMELT__BT_CODES], "codes")) ||
       (s = unit_columns(t[SMELT__BT_Y], "y")))
@@ -170,6 +174,7 @@ static void fill_params(const smelt__bem_state *st, const smelt_tensor *const *t
 static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt_tensor *const *t = (const smelt_tensor *const *)args;
   const smelt__bem_state *st = (const smelt__bem_state *)plan->opdata;
+  if (st->backward) return smelt__bem_compose_run(plan, t);
   if (st->M == 0 || st->dout == 0) return SMELT_OK;
   bem_params P;
   fill_params(st, t, &P);
