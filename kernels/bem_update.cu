@@ -116,6 +116,7 @@ static __device__ __forceinline__ float bem_scale(const bem_params &P, int a) {
 #define BK SMELT_BK
 #define STAGES SMELT_STAGES
 #define BN SMELT_BN
+#define TB SMELT_TB /* phase 2's ring of U (and old-y) tiles */
 #define XP (BK + 8)     /* x and V stage pitch (elements): 16-byte rows, conflict-free fragment reads */
 #define UP (SMELT_RP + 8) /* U tile pitch */
 #define WP (BN + 8)     /* f32 staging pitch: 64-bit stores of a half-warp hit distinct banks */
@@ -352,22 +353,26 @@ extern "C" __global__ void __launch_bounds__(NT, SMELT_RP <= 64 ? 2 : 1) bem_upd
     }
   }
 
-  /* ΔY tile by tile over d_out. */
-  /* Phase 2's memory: two U tiles of UB, the warps' f32 staging [16][WP]
-   * each, two old-y tiles [BM][WP] (src/cuda/op_bem.c sizes it). */
+  /* ΔY tile by tile over d_out, U (and the old y) through a ring of TB
+   * buffers like phase 1's. Phase 2's memory: TB U tiles of UB, the
+   * warps' f32 staging [16][WP] each, TB old-y tiles [BM][WP] when
+   * accumulating (src/cuda/op_bem.c sizes it). */
   smelt_h16 *us = sm;
-  float *ws = (float *)(bem_smem + 2 * UB * 2) + warp * 16 * WP;
-  smelt_h16 *yo = (smelt_h16 *)(bem_smem + 2 * UB * 2 + (NT / 32) * 16 * WP * 4);
+  float *ws = (float *)(bem_smem + TB * UB * 2) + warp * 16 * WP;
+  smelt_h16 *yo = (smelt_h16 *)(bem_smem + TB * UB * 2 + (NT / 32) * 16 * WP * 4);
   const int nn = (int)((P.dout + BN - 1) / BN);
-  bem_load_tile(P, u, r0, r1, 0, us, yo);
-  cp_async_commit();
-  for (int nt = 0; nt < nn; nt++) {
-    const int nb = (nt + 1) & 1;
-    if (nt + 1 < nn) bem_load_tile(P, u, r0, r1, (i64)(nt + 1) * BN, us + nb * UB, yo + nb * SMELT_BM * WP);
+#pragma unroll
+  for (int b = 0; b < TB - 1; b++) {
+    if (b < nn) bem_load_tile(P, u, r0, r1, (i64)b * BN, us + b * UB, yo + b * SMELT_BM * WP);
     cp_async_commit();
-    CP_ASYNC_WAIT(1);
-    __syncthreads();
-    const smelt_h16 *ut = us + (nt & 1) * UB;
+  }
+  for (int nt = 0; nt < nn; nt++) {
+    CP_ASYNC_WAIT(TB - 2);
+    __syncthreads(); /* tile nt is in; every warp is done with step nt - 1's buffers and its staging */
+    const int pf = nt + TB - 1;
+    if (pf < nn) bem_load_tile(P, u, r0, r1, (i64)pf * BN, us + (pf % TB) * UB, yo + (pf % TB) * SMELT_BM * WP);
+    cp_async_commit();
+    const smelt_h16 *ut = us + (nt % TB) * UB;
     float acc[BN / 8][4];
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -387,8 +392,7 @@ extern "C" __global__ void __launch_bounds__(NT, SMELT_RP <= 64 ? 2 : 1) bem_upd
       *(float2 *)(ws + (g + 8) * WP + j * 8 + 2 * t) = make_float2(acc[j][2], acc[j][3]);
     }
     __syncwarp();
-    bem_store_rows(P, r0 + warp * 16, r1, (i64)nt * BN, ws, yo + (nt & 1) * SMELT_BM * WP + warp * 16 * WP);
-    __syncthreads(); /* every warp is done with this step's buffers (refilled next step) and its staging */
+    bem_store_rows(P, r0 + warp * 16, r1, (i64)nt * BN, ws, yo + (nt % TB) * SMELT_BM * WP + warp * 16 * WP);
   }
 }
 

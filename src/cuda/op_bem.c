@@ -20,19 +20,22 @@ enum { NRANKS = (int)(sizeof ranks / sizeof *ranks) };
 static const smelt_dtype bem_dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 
 /* The tile config the kernel's prelude gets: rows per CTA, the d_in stage
- * width, the ring depth, the d_out tile (tensor-core kernel). */
-enum { MMA_BM = 128, MMA_BK = 64, MMA_STAGES = 4, MMA_BN = 64, MMA_WARPS = 8, FMA_BM = 32, THREADS = 256 };
+ * width, the ring depth, the d_out tile and its ring depth (tensor-core
+ * kernel). */
+enum { MMA_BM = 128, MMA_BK = 64, MMA_STAGES = 4, MMA_BN = 64, MMA_TB = 3, MMA_WARPS = 8, FMA_BM = 32, THREADS = 256 };
 
 static unsigned umax(unsigned a, unsigned b) { return a > b ? a : b; }
 
 /* Dynamic shared memory of bem_update_mma, as it lays it out: phase 1 a
  * ring of stages of x [BM][BK + 8] and V [RP][BK + 8] (or [BK][RP + 8]);
- * phase 2 (the same memory) two U tiles [BN][RP + 8] (or [RP][BN + 8]),
- * one f32 staging [16][BN + 8] per warp and two old-y tiles [BM][BN + 8]. */
-static unsigned mma_smem(unsigned rp) {
+ * phase 2 (the same memory) a ring of MMA_TB U tiles [BN][RP + 8] (or
+ * [RP][BN + 8]), one f32 staging [16][BN + 8] per warp and, when
+ * accumulating, a ring of old-y tiles [BM][BN + 8]. */
+static unsigned mma_smem(unsigned rp, int accumulate) {
   const unsigned v = umax(rp * (MMA_BK + 8), MMA_BK * (rp + 8)), u = umax(MMA_BN * (rp + 8), rp * (MMA_BN + 8));
   const unsigned p1 = MMA_STAGES * (MMA_BM * (MMA_BK + 8) + v) * 2;
-  const unsigned p2 = 2 * u * 2 + MMA_WARPS * 16 * (MMA_BN + 8) * 4 + 2 * MMA_BM * (MMA_BN + 8) * 2;
+  const unsigned p2 = MMA_TB * u * 2 + MMA_WARPS * 16 * (MMA_BN + 8) * 4 +
+                      (accumulate ? MMA_TB * MMA_BM * (MMA_BN + 8) * 2 : 0);
   return p1 > p2 ? p1 : p2;
 }
 
@@ -47,6 +50,7 @@ static void make_src(smelt_dtype dt, int rb, smelt__kernel_src *src) {
   smelt__prelude_define(src, "SMELT_BK", MMA_BK);
   smelt__prelude_define(src, "SMELT_STAGES", MMA_STAGES);
   smelt__prelude_define(src, "SMELT_BN", MMA_BN);
+  smelt__prelude_define(src, "SMELT_TB", MMA_TB);
 }
 
 int smelt__bem_variants(smelt__kernel_src *out, int max) {
@@ -84,10 +88,10 @@ static smelt_status plan_bem(smelt_plan *plan, const void *args) {
   int rb = 0;
   while (ranks[rb] < st->r) rb++;
   const int optin = plan->ctx->cuda->info.smem_per_block_optin;
-  if (dt != SMELT_DTYPE_F32 && optin > 0 && mma_smem((unsigned)ranks[rb]) > (unsigned)optin)
+  if (dt != SMELT_DTYPE_F32 && optin > 0 && mma_smem((unsigned)ranks[rb], st->desc.accumulate) > (unsigned)optin)
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
                         OP ": rank %lld needs %u bytes of shared memory a CTA; this device allows %d", (long long)st->r,
-                        mma_smem((unsigned)ranks[rb]), optin);
+                        mma_smem((unsigned)ranks[rb], st->desc.accumulate), optin);
   smelt__kernel_src src;
   make_src(dt, rb, &src);
   const char *entry = dt == SMELT_DTYPE_F32 ? "bem_update_fma" : "bem_update_mma";
@@ -183,7 +187,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   void *params[] = {&P};
   smelt__nvtx_push(OP);
   smelt_status s = smelt__cuda_launch(plan->ctx, OP, (CUfunction)plan->func[0], (unsigned)grid, 1, 1, THREADS,
-                                      f32 ? 0 : mma_smem((unsigned)ranks[plan->variant]), params);
+                                      f32 ? 0 : mma_smem((unsigned)ranks[plan->variant], st->desc.accumulate), params);
   smelt__nvtx_pop();
   return s;
 }
