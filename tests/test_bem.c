@@ -245,11 +245,15 @@ static void forward_cases(smelt_ctx *ctx, int big) {
 static void segment_cases(smelt_ctx *ctx, int64_t din, int64_t dout) {
   static const int64_t o1[] = {0, 5, 5, 13}, o2[] = {2, 6, 6, 10}, o3[] = {0, 9, 4, 40}, o4[] = {-3, 0, 13};
   static const int64_t o5[] = {0, 130, 131, 200, 300}, o6[] = {0, 0, 0, 0, 0};
+  /* 50 adapters (the kernels scan offsets 32 at a time): small, empty and
+   * decreasing segments, the last ones past M. */
+  int64_t o7[51];
+  for (int a = 0; a <= 50; a++) o7[a] = a == 0 ? 5 : a % 7 == 3 ? o7[a - 1] - 20 : o7[a - 1] + (a * 13) % 17;
   const struct {
     const int64_t *o;
     int A;
     int64_t M;
-  } segs[] = {{o1, 3, 13}, {o2, 3, 13}, {o3, 3, 13}, {o4, 2, 13}, {o5, 4, 300}, {o6, 4, 20}};
+  } segs[] = {{o1, 3, 13}, {o2, 3, 13}, {o3, 3, 13}, {o4, 2, 13}, {o5, 4, 300}, {o6, 4, 20}, {o7, 50, 330}};
   for (int d = 0; d < 3; d++)
     for (size_t i = 0; i < sizeof segs / sizeof *segs; i++) {
       bem_case c = {.M = segs[i].M, .din = din, .dout = dout, .r = 8, .A = segs[i].A, .offs = segs[i].o,
