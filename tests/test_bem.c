@@ -528,7 +528,8 @@ static void check_benchmark(smelt_ctx *ctx, const bem_case *c) {
   const smelt_bem_desc d = case_desc(c);
   smelt_bem_timing tm;
   CHECK_OK(smelt_bem_benchmark(ctx, &d, &T.in, &T.y.t, 1, 3, &tm));
-  CHECK(tm.fused_ms > 0 && tm.unfused_ms > 0 && tm.fused_gbps > 0);
+  CHECK(tm.fused_ms > 0 && tm.unfused_ms > 0 && tm.fused_gbps > 0 && tm.base_ms > 0);
+  CHECK(fabs(tm.overhead_pct - 100 * tm.fused_ms / tm.base_ms) < 1e-9 * tm.overhead_pct);
   CHECK(fabs(tm.speedup - tm.unfused_ms / tm.fused_ms) < 1e-9 * tm.speedup);
   free_inputs(c, &T);
 }

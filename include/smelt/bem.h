@@ -116,13 +116,15 @@ typedef struct smelt_bem_timing {
   double unfused_ms; /* median of the unfused execution: A = x·V (GEMM), H = s·A∘codes, y = H·Uᵀ (GEMM; with
                         beta 1 when accumulating), three launches with A and H in memory, as torch eager runs it */
   double speedup;    /* unfused_ms / fused_ms */
+  double base_ms;    /* median of the frozen base layer x·Wᵀ (a GEMM into y, with a W [d_out, d_in] of its own) */
+  double overhead_pct; /* 100 · fused_ms / base_ms: what the update adds to the base layer run before it */
   double fused_gbps; /* bytes of x, codes, v, u and y (read and written when accumulating) / fused time */
 } smelt_bem_timing;
 
-/* Times both on ctx (warmup untimed runs, then the median of iters) with
- * the caller's tensors; y is overwritten. One adapter only (the unfused
- * form has no segments): offsets must be NULL. On the CPU backend the
- * times are the reference's and the GEMM reference's. */
+/* Times the three on ctx (warmup untimed runs, then the median of iters)
+ * with the caller's tensors; y is overwritten. One adapter only (the
+ * unfused form has no segments): offsets must be NULL. On the CPU backend
+ * the times are the references'. */
 SMELT_API smelt_status smelt_bem_benchmark(smelt_ctx *ctx, const smelt_bem_desc *desc, const smelt_bem_inputs *in,
                                            const smelt_tensor *y, int warmup, int iters, smelt_bem_timing *out);
 

@@ -4,7 +4,8 @@
  * checks the caller's own layouts. The benchmark's unfused execution is
  * built from smelt's own pieces the way torch eager runs the update: a
  * GEMM to A, the Hadamard product to H (a BEM call with identity V and U:
- * an elementwise pass over A and codes), a GEMM to y. */
+ * an elementwise pass over A and codes), a GEMM to y. The frozen base
+ * layer it is quoted against is a GEMM y = x·Wᵀ with a W of its own. */
 #include "bem_internal.h"
 #include "checked.h"
 #include "error_bound.h"
@@ -122,13 +123,38 @@ smelt_status smelt_bem_validate(smelt_ctx *ctx, const smelt_bem_desc *desc, cons
 
 /* ---------------------------------------------------------------- benchmark */
 
-/* The unfused execution's plans and scratch. */
+/* The unfused execution's plans and scratch, and the frozen base layer's. */
 typedef struct unfused {
-  smelt_plan *gemm1, *hadamard, *gemm2;
-  void *mem; /* A [M, r], H [M, r], the identity [r, r] */
-  smelt_tensor a, h, eye, ut;
+  smelt_plan *gemm1, *hadamard, *gemm2, *base;
+  void *mem;  /* A [M, r], H [M, r], the identity [r, r] */
+  void *wmem; /* the base's W [d_out, d_in] */
+  smelt_tensor a, h, eye, ut, wt;
   smelt_bem_inputs hin;
 } unfused;
+
+/* The base layer y = x·Wᵀ with a W [d_out, d_in] of small seeded values. */
+static smelt_status base_plan(smelt_ctx *ctx, const smelt_bem_inputs *in, const smelt_tensor *y, unfused *u) {
+  const int64_t din = in->x->shape[1], dout = y->shape[1], n = din * dout;
+  const smelt_dtype dt = in->x->dtype;
+  size_t bytes = 0;
+  smelt_status s = smelt__bytes(n, smelt_dtype_size(dt), &bytes, BOP, "the base layer's W");
+  if (s || (s = smelt_alloc(ctx, bytes + 16, &u->wmem))) return s;
+  unsigned char *w = (unsigned char *)malloc(bytes + 16);
+  if (!w) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, BOP ": out of host memory");
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int64_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    smelt__store_f64(w, dt, i, ((double)(x >> 11) * 0x1.0p-53 - 0.5) * 0.1);
+  }
+  s = smelt_memcpy_h2d(ctx, u->wmem, w, bytes);
+  free(w);
+  const int64_t wshape[2] = {din, dout};
+  u->wt = smelt_tensor_make(u->wmem, dt, ctx->device, ctx->device_index, 2, wshape);
+  u->wt.strides[0] = 1; /* Wᵀ: W [d_out, d_in] read by columns */
+  u->wt.strides[1] = din;
+  smelt_gemm_desc g = smelt_gemm_desc_default();
+  return s ? s : smelt_gemm_plan(ctx, &g, in->x, &u->wt, NULL, y, NULL, &u->base);
+}
 
 static smelt_status unfused_plan(smelt_ctx *ctx, const smelt_bem_desc *desc, const smelt_bem_inputs *in,
                                  const smelt_tensor *y, unfused *u) {
@@ -163,6 +189,9 @@ static smelt_status unfused_plan(smelt_ctx *ctx, const smelt_bem_desc *desc, con
   return s;
 }
 
+/* What is timed: the fused op, the unfused execution, the base layer. */
+enum { FORM_FUSED, FORM_UNFUSED, FORM_BASE };
+
 static smelt_status unfused_run(unfused *u, const smelt_bem_inputs *in, const smelt_tensor *y, int accumulate) {
   smelt_status s = smelt_gemm_run(u->gemm1, in->x, in->v, NULL, &u->a, NULL);
   if (!s) s = smelt_bem_run(u->hadamard, &u->hin, &u->h);
@@ -174,7 +203,9 @@ static void unfused_free(smelt_ctx *ctx, unfused *u) {
   smelt_plan_destroy(u->gemm1);
   smelt_plan_destroy(u->hadamard);
   smelt_plan_destroy(u->gemm2);
+  smelt_plan_destroy(u->base);
   if (u->mem) smelt_free(ctx, u->mem);
+  if (u->wmem) smelt_free(ctx, u->wmem);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -182,8 +213,8 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The median time of iters runs of one form (0 fused, 1 unfused) after
- * warmup untimed ones; times holds iters doubles. */
+/* The median time of iters runs of one form (FORM_*) after warmup untimed
+ * ones; times holds iters doubles. */
 static smelt_status time_runs(smelt_ctx *ctx, smelt_plan *fused, unfused *u, int form, const smelt_bem_inputs *in,
                               const smelt_tensor *y, int accumulate, int warmup, int iters, double *times,
                               double *median) {
@@ -192,7 +223,9 @@ static smelt_status time_runs(smelt_ctx *ctx, smelt_plan *fused, unfused *u, int
   if (!s) s = smelt_event_create(ctx, &e1);
   for (int i = 0; i < warmup + iters && !s; i++) {
     if ((s = smelt_event_record(e0))) break;
-    s = form ? unfused_run(u, in, y, accumulate) : smelt_bem_run(fused, in, y);
+    s = form == FORM_FUSED     ? smelt_bem_run(fused, in, y)
+        : form == FORM_UNFUSED ? unfused_run(u, in, y, accumulate)
+                               : smelt_gemm_run(u->base, in->x, &u->wt, NULL, y, NULL);
     float ms = 0;
     if (!s && !(s = smelt_event_record(e1)) && !(s = smelt_event_elapsed_ms(e0, e1, &ms)) && i >= warmup)
       times[i - warmup] = ms;
@@ -232,11 +265,15 @@ smelt_status smelt_bem_benchmark(smelt_ctx *ctx, const smelt_bem_desc *desc, con
   double *times = (double *)malloc((size_t)iters * sizeof *times);
   if (!times) s = smelt__error(SMELT_STATUS_OUT_OF_MEMORY, BOP ": out of host memory");
   if (!s) s = unfused_plan(ctx, desc, in, y, &u);
-  if (!s) s = time_runs(ctx, fused, &u, 0, in, y, desc->accumulate, warmup, iters, times, &out->fused_ms);
-  if (!s) s = time_runs(ctx, fused, &u, 1, in, y, desc->accumulate, warmup, iters, times, &out->unfused_ms);
+  if (!s) s = base_plan(ctx, in, y, &u);
+  if (!s) s = time_runs(ctx, fused, &u, FORM_FUSED, in, y, desc->accumulate, warmup, iters, times, &out->fused_ms);
+  if (!s)
+    s = time_runs(ctx, fused, &u, FORM_UNFUSED, in, y, desc->accumulate, warmup, iters, times, &out->unfused_ms);
+  if (!s) s = time_runs(ctx, fused, &u, FORM_BASE, in, y, desc->accumulate, warmup, iters, times, &out->base_ms);
   if (!s) {
     out->speedup = out->fused_ms > 0 ? out->unfused_ms / out->fused_ms : 0;
     out->fused_gbps = out->fused_ms > 0 ? fused_bytes(in, y, desc->accumulate) / (out->fused_ms * 1e6) : 0;
+    out->overhead_pct = out->base_ms > 0 ? 100.0 * out->fused_ms / out->base_ms : 0;
   }
   free(times);
   unfused_free(ctx, &u);
