@@ -68,6 +68,28 @@ static smelt_status unit_columns(const smelt_tensor *t, const char *name) {
                       (long long)t->strides[1]);
 }
 
+/* What the forward kernel cannot take: strided columns of x, codes or y,
+ * a grid beyond 2^31 - 1 CTAs, more shared memory than the device allows
+ * a CTA. rb: the rank bucket. */
+static smelt_status check_forward(const smelt_plan *plan, const smelt_tensor *const *t, int rb) {
+  const smelt__bem_state *st = (const smelt__bem_state *)plan->opdata;
+  smelt_status s;
+  if ((s = unit_columns(t[SMELT__BT_X], "x")) || (s = unit_columns(t[SMELT__BT_CODES], "codes")) ||
+      (s = unit_columns(t[SMELT__BT_Y], "y")))
+    return s;
+  const int f32 = t[SMELT__BT_X]->dtype == SMELT_DTYPE_F32;
+  if (smelt__ceil_div(st->M, f32 ? FMA_BM : MMA_BM) + (t[SMELT__BT_OFFSETS] ? st->A + 2 : 0) > 0x7fffffff)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": M=%lld with %lld adapters needs more than 2^31 - 1 CTAs",
+                        (long long)st->M, (long long)st->A);
+  const int optin = plan->ctx->cuda->info.smem_per_block_optin;
+  const unsigned smem = mma_smem((unsigned)ranks[rb], st->desc.accumulate);
+  if (!f32 && optin > 0 && smem > (unsigned)optin)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": rank %lld needs %u bytes of shared memory a CTA; this device allows %d", (long long)st->r,
+                        smem, optin);
+  return SMELT_OK;
+}
+
 static smelt_status plan_bem(smelt_plan *plan, const void *args) {
   const smelt_tensor *const *t = (const smelt_tensor *const *)args;
   const smelt__bem_state *st = (const smelt__bem_state *)plan->opdata;
@@ -76,22 +98,11 @@ static smelt_status plan_bem(smelt_plan *plan, const void *args) {
                         OP "_backward: the backward with segments (offsets) is not supported on CUDA yet (the CPU "
                            "backend runs it)");
   if (st->backward) return smelt__bem_compose_plan(plan, t);
-  smelt_status s;
-  if ((s = unit_columns(t[SMELT__BT_X], "x")) || (s = unit_columns(t[SMELT__BT_CODES], "codes")) ||
-      (s = unit_columns(t[SMELT__BT_Y], "y")))
-    return s;
-  const smelt_dtype dt = t[SMELT__BT_X]->dtype;
-  const int bm = dt == SMELT_DTYPE_F32 ? FMA_BM : MMA_BM;
-  if (smelt__ceil_div(st->M, bm) + (t[SMELT__BT_OFFSETS] ? st->A + 2 : 0) > 0x7fffffff)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": M=%lld with %lld adapters needs more than 2^31 - 1 CTAs",
-                        (long long)st->M, (long long)st->A);
   int rb = 0;
   while (ranks[rb] < st->r) rb++;
-  const int optin = plan->ctx->cuda->info.smem_per_block_optin;
-  if (dt != SMELT_DTYPE_F32 && optin > 0 && mma_smem((unsigned)ranks[rb], st->desc.accumulate) > (unsigned)optin)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                        OP ": rank %lld needs %u bytes of shared memory a CTA; this device allows %d", (long long)st->r,
-                        mma_smem((unsigned)ranks[rb], st->desc.accumulate), optin);
+  smelt_status s = check_forward(plan, t, rb);
+  if (s) return s;
+  const smelt_dtype dt = t[SMELT__BT_X]->dtype;
   smelt__kernel_src src;
   make_src(dt, rb, &src);
   const char *entry = dt == SMELT_DTYPE_F32 ? "bem_update_fma" : "bem_update_mma";
@@ -101,7 +112,7 @@ static smelt_status plan_bem(smelt_plan *plan, const void *args) {
   plan->variant = rb;
   plan->block = THREADS;
   snprintf(plan->describe, sizeof plan->describe, "%.40s.%s (bem_update.cu, %d rows a CTA, rank padded to %d)",
-           src.name, entry, bm, ranks[rb]);
+           src.name, entry, dt == SMELT_DTYPE_F32 ? FMA_BM : MMA_BM, ranks[rb]);
   return SMELT_OK;
 }
 
