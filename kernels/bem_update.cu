@@ -117,6 +117,9 @@ static __device__ __forceinline__ float bem_scale(const bem_params &P, int a) {
 #define STAGES SMELT_STAGES
 #define BN SMELT_BN
 #define TB SMELT_TB /* phase 2's ring of U (and old-y) tiles */
+#if SMELT_BM != 16 * (NT / 32) || BK % 16 || BN % 16 || SMELT_RP % 16 || STAGES < 2 || TB < 2
+#error "bem_update_mma: each warp owns 16 rows, tiles are whole mma steps, rings hold two or more"
+#endif
 #define XP (BK + 8)     /* x and V stage pitch (elements): 16-byte rows, conflict-free fragment reads */
 #define UP (SMELT_RP + 8) /* U tile pitch */
 #define WP (BN + 8)     /* f32 staging pitch: 64-bit stores of a half-warp hit distinct banks */
