@@ -357,6 +357,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/attention.h"
 #include "smelt/peer.h"
 #include "smelt/moe.h"
+#include "smelt/bem.h"
 
 #ifdef __cplusplus
 }

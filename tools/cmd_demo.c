@@ -44,7 +44,9 @@ static const cli_doc doc = {
     "              backward causal) against naive attention\n"
     "  peer        PEER over a million experts in the expert store (host tables,\n"
     "              an HBM cache): routing and the cache warming up\n"
-    "On the CPU backend the gemm, conv2d, attention and peer problems are scaled down\n"
+    "  bem         the rank-16 BEM update of a [d_model, d_model] layer: validated,\n"
+    "              and timed against the unfused form and the base layer\n"
+    "On the CPU backend the gemm, conv2d, attention, peer and bem problems are scaled down\n"
     "(each says so): the reference is naive loops.\n",
 };
 
