@@ -1163,6 +1163,22 @@ static double cpu_key(const mp *p, const double *logits, int64_t t, int64_t e) {
   return s + (p->sp.bias ? p->eb.v[e] : 0.0);
 }
 
+/* Counts [E] (cdt) and offsets [E+1] (odt) read back from the GPU are
+ * those of the histogram of its ids, and dropped the rest; returns the kept
+ * assignments. */
+static int64_t check_counts(const mp *p, const int64_t *hist, const void *counts, smelt_dtype cdt, const void *offs,
+                            smelt_dtype odt, int64_t dropped) {
+  int64_t at = 0;
+  for (int64_t e = 0; e < p->E; e++) {
+    CHECK_EQ_INT(th_get(counts, cdt, e), hist[e]);
+    CHECK_EQ_INT(th_get(offs, odt, e), at);
+    at += hist[e];
+  }
+  CHECK_EQ_INT(th_get(offs, odt, p->E), at);
+  CHECK_EQ_INT(dropped, p->R - at);
+  return at;
+}
+
 /* The router on CUDA against the CPU reference: logits to 1e-5, ids equal
  * but at near-ties (keys within 1e-4; drops must agree), weights of the
  * tokens routed alike to 1e-5, counts, offsets and dropped those of the
@@ -1224,14 +1240,7 @@ static void gpu_route_case(const spec *sp_in, const char *what) {
     }
   }
   if (ties) fprintf(stderr, "    %s: %lld near-tie choices differ\n", what, (long long)ties);
-  int64_t at = 0;
-  for (int64_t e = 0; e < p.E; e++) {
-    CHECK_EQ_INT(gc[e], hist[e]);
-    CHECK_EQ_INT(go[e], at);
-    at += hist[e];
-  }
-  CHECK_EQ_INT(go[p.E], at);
-  CHECK_EQ_INT(gd[0], p.R - at);
+  const int64_t at = check_counts(&p, hist, gc, SMELT_DTYPE_I32, go, SMELT_DTYPE_I64, gd[0]);
   smelt_moe_stats st;
   CHECK_OK(smelt_moe_stats_get(gplan, &cn.t, &dr.t, &st));
   CHECK_EQ_INT(st.kept, at);
@@ -1435,6 +1444,10 @@ static double cuda_bound(smelt_dtype dt) {
   return smelt__error_bound(&q);
 }
 
+static void devs_free(dev *all, size_t n) {
+  for (size_t i = 0; i < n; i++) th_buf_free(&all[i].b);
+}
+
 /* A contiguous [a, b, c] device copy of host data. */
 static dev dev3_new(smelt_dtype dt, int64_t a, int64_t b, int64_t c, const void *host) {
   dev d = dev_new(dt, 2, a * b, c, host);
@@ -1494,14 +1507,11 @@ static void gpu_ffn_case(const spec *sp, int one_expert, smelt_dtype odt, smelt_
   if (!th_all_ff(hy + (size_t)(kept * p.d) * ys, (size_t)((p.R - kept) * p.d) * ys))
     th_fail(__FILE__, __LINE__, "%s: yp rows past offsets[E] written", what);
   free(hy), free(got), free(ref);
-  dev all[] = {gxp, gof, gyp};
-  for (size_t i = 0; i < sizeof all / sizeof *all; i++) th_buf_free(&all[i].b);
-  th_buf_free(&cxp), th_buf_free(&crm), th_buf_free(&cyp);
-  dev_weights_free(&g);
-  fwd_free(&r.f);
-  smelt_plan_destroy(cplan);
   smelt_plan_destroy(gplan);
-  mp_free(&p);
+  smelt_plan_destroy(cplan);
+  devs_free((dev[]){gxp, gof, gyp}, 3);
+  th_buf_free(&cxp), th_buf_free(&crm), th_buf_free(&cyp);
+  dev_weights_free(&g), fwd_free(&r.f), mp_free(&p);
 }
 
 static void test_moe_gpu_ffn(void) {
@@ -1561,16 +1571,10 @@ static void gpu_layer_case(const spec *sp, int one_expert, int64_t pad, int with
   float *gw = dev_read(&wt);
   int64_t *gc = dev_read(&cn), *go = dev_read(&of);
   /* The CPU parts over the GPU's routing. */
-  int64_t hist[1024] = {0}, at = 0;
+  int64_t hist[1024] = {0};
   for (int64_t a = 0; a < p.R; a++)
     if (gi[a] >= 0) hist[gi[a]]++;
-  for (int64_t e = 0; e < p.E; e++) {
-    CHECK_EQ_INT(gc[e], hist[e]);
-    CHECK_EQ_INT(go[e], at);
-    at += hist[e];
-  }
-  CHECK_EQ_INT(go[p.E], at);
-  CHECK_EQ_INT(gd[0], p.R - at);
+  const int64_t at = check_counts(&p, hist, gc, SMELT_DTYPE_I64, go, SMELT_DTYPE_I64, gd[0]);
   CHECK_EQ_INT(st.kept, at);
   CHECK_EQ_INT(st.dropped, p.R - at);
   if (one_expert) CHECK_EQ_INT(hist[3], p.T * p.k);
@@ -1593,13 +1597,11 @@ static void gpu_layer_case(const spec *sp, int one_expert, int64_t pad, int with
   }
   CHECK(th_compare(what, got, ref, p.T * p.d, cuda_bound(p.xdt), 1e-6));
   free(hy), free(gi), free(gd), free(gw), free(gc), free(go), free(got), free(ref);
-  dev all[] = {lg, id, wt, cn, of, dr, gy, gy2};
-  for (size_t i = 0; i < sizeof all / sizeof *all; i++) th_buf_free(&all[i].b);
-  th_buf_free(&cxp), th_buf_free(&crm), th_buf_free(&cyp), th_buf_free(&cy);
-  dev_weights_free(&g);
-  smelt_plan_destroy(cplan);
   smelt_plan_destroy(gplan);
-  mp_free(&p);
+  smelt_plan_destroy(cplan);
+  devs_free((dev[]){lg, id, wt, cn, of, dr, gy, gy2}, 8);
+  th_buf_free(&cxp), th_buf_free(&crm), th_buf_free(&cyp), th_buf_free(&cy);
+  dev_weights_free(&g), mp_free(&p);
 }
 
 static void test_moe_gpu_layer(void) {
