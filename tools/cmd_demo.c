@@ -44,7 +44,9 @@ static const cli_doc doc = {
     "              backward causal) against naive attention\n"
     "  peer        PEER over a million experts in the expert store (host tables,\n"
     "              an HBM cache): routing and the cache warming up\n"
-    "On the CPU backend the gemm, conv2d, attention and peer problems are scaled down\n"
+    "  moe         a MoE layer (num-experts SwiGLU experts of width d_model,\n"
+    "              softmax top-k): routing and load-balance statistics, timings\n"
+    "On the CPU backend the gemm, conv2d, attention, peer and moe problems are scaled down\n"
     "(each says so): the reference is naive loops.\n",
 };
 
