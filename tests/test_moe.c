@@ -1650,6 +1650,12 @@ static void test_moe_gpu_unsupported(void) {
   CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &plan));
   CHECK_STATUS(smelt_moe_forward_run(plan, &g.w, &g.x.t, &y.t, NULL, NULL), SMELT_STATUS_UNSUPPORTED);
   CHECK_MSG("no CUDA kernel yet");
+  dev dx = dev_new(p.xdt, 2, p.T, p.d, NULL);
+  const smelt_moe_grads gr = {.dx = &dx.t};
+  CHECK_STATUS(smelt_moe_backward_run(plan, &g.w, &g.x.t, &y.t, &gr), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("the layer's backward");
+  CHECK(th_buf_untouched(&dx.b));
+  th_buf_free(&dx.b);
   dev lg = dev_new(SMELT_DTYPE_F32, 2, p.T, p.E, NULL), id = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL),
       wt = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, NULL), cn = dev_new(SMELT_DTYPE_I32, 1, p.E, 0, NULL),
       of = dev_new(SMELT_DTYPE_I32, 1, p.E + 1, 0, NULL);
