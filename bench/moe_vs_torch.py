@@ -224,27 +224,30 @@ def list_cases():
 def dry_run(cases, opts):
     """What a run would do, without running anything."""
     for c in cases:
-        print(f"# {c['name']}: {c['title']}, bf16, softmax top-{c['top_k']} renormalized, SwiGLU")
-        print(smelt_command(opts, smelt_args(c, opts)))
-        print(f"torch grouped_mm layer: route, argsort permute (groups padded to {ALIGN} rows), "
-              f"_grouped_mm(xp [<= {c['tokens'] * c['top_k'] + c['experts'] * (ALIGN - 1)}, {c['d']}], "
-              f"W13 [{c['experts']}, {c['d']}, {2 * c['ffn']}]), silu*mul, _grouped_mm(., W2 [{c['experts']}, "
-              f"{c['ffn']}, {c['d']}]), weighted index_add")
-        print(f"torch eager loop: {c['experts']} experts, x[tok] @ W13[e], silu*mul, @ W2[e], weighted index_add; "
-              f"{opts.warmup} warm-up + {opts.iters} timed runs\n")
+        E, d, ff, rows = c["experts"], c["d"], c["ffn"], c["tokens"] * c["top_k"] + c["experts"] * (ALIGN - 1)
+        steps = [f"# {c['name']}: {c['title']}, bf16, softmax top-{c['top_k']} renormalized, SwiGLU",
+                 smelt_command(opts, smelt_args(c, opts)),
+                 f"torch grouped_mm layer: route, argsort permute (groups padded to {ALIGN} rows), _grouped_mm(xp "
+                 f"[<= {rows}, {d}], W13 [{E}, {d}, {2 * ff}]), silu*mul, _grouped_mm(., W2 [{E}, {ff}, {d}]), "
+                 f"weighted index_add",
+                 f"torch eager loop: {E} experts, x[tok] @ W13[e], silu*mul, @ W2[e], weighted index_add; "
+                 f"{opts.warmup} warm-up + {opts.iters} timed runs"]
+        print("\n".join(steps), end="\n\n")
     return 0
 
 
 def main():
     ap = bench.case_parser(__doc__, CASES, "E8 and E64 prefill, decode T = 1", "all")
-    bench.add_common_args(ap, warmup=5, iters=20)
     ap.add_argument("--dry-run", action="store_true", help="print the commands and torch layers of the cases and exit")
+    bench.add_common_args(ap, warmup=5, iters=20)
     opts = ap.parse_args()
-    if opts.list:
-        list_cases()
-        return 0
-    default = lambda c: c["quick"] or not opts.quick  # noqa: E731
-    if opts.dry_run:
+
+    def default(c):
+        return c["quick"] or not opts.quick
+
+    if opts.list or opts.dry_run:  # neither needs a GPU, torch or the smelt binary
+        if opts.list:
+            return list_cases() or 0
         if opts.iters < 20:
             ap.error("--iters must be at least 20 (the acceptance asks for a median of >= 20 runs)")
         return dry_run(bench.select_cases(ap, opts, CASES, default), opts)
