@@ -1523,8 +1523,8 @@ static void test_moe_gpu_ffn(void) {
   gpu_ffn_case(&s, 0, i32, f, "ffn T37 bf16, i32 offsets, yp f32");
   s = (spec){.T = 1, .d = 32, .E = 8, .k = 2, .F = 48, .xdt = h, .wdt = h};
   gpu_ffn_case(&s, 0, i32, h, "ffn T1 f16");
-  s = (spec){.T = 23, .d = 40, .E = 5, .k = 2, .F = 36, .xdt = bf, .wdt = bf};
-  gpu_ffn_case(&s, 0, i64, bf, "ffn bf16 F36: rows of 72 bytes, a SwiGLU tail past the 16-byte units");
+  s = (spec){.T = 23, .d = 40, .E = 5, .k = 2, .F = 35, .xdt = bf, .wdt = bf};
+  gpu_ffn_case(&s, 0, i64, bf, "ffn bf16 F35: rows of 70 bytes, 46 rows end mid 16-byte unit (a SwiGLU tail)");
   s = (spec){.T = 50, .d = 20, .E = 4, .k = 4, .F = 12, .ffn = SMELT_MOE_FFN_MLP, .act = SMELT_ACT_GELU, .b1 = 1};
   gpu_ffn_case(&s, 0, i64, f, "ffn k = E = 4 f32 d20 F12, mlp gelu + b1");
   s = (spec){.T = 29, .d = 64, .E = 6, .k = 1, .F = 40, .xdt = bf, .wdt = bf, .bias = 1};
