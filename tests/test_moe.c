@@ -8,9 +8,10 @@
  * (with the aux losses), the FFN (SwiGLU and MLP) and the whole layer;
  * batch invariance (a token's row bit for bit across batches); the parts
  * chained equal to the layer; bad inputs that write nothing; and, with a
- * GPU, the CUDA router, permute and unpermute against the CPU reference
- * (odd sizes, drops, row strides, every copy width) and the clear refusal
- * of what CUDA does not run yet.
+ * GPU, the CUDA router, permute, unpermute, expert FFN and layer forward
+ * against the CPU reference (odd sizes, drops, row strides, every copy
+ * width, experts with no token, one expert for all, k = E, T = 1) and the
+ * clear refusal of what CUDA does not run yet.
  *
  * Inputs are fresh seeded random data (ties have probability ~0). Outputs
  * are guarded, poisoned buffers. */
@@ -1129,7 +1130,7 @@ static void *dev_read(const dev *d) {
 
 /* p's x and weights on the device. */
 typedef struct dev_weights {
-  dev x, wr, eb, wn, w1, w3, w2;
+  dev x, wr, eb, wn, w1, w3, w2, b1;
   smelt_moe_weights w;
 } dev_weights;
 
@@ -1143,7 +1144,7 @@ static void dev_weights_new(const mp *p, dev_weights *g) {
 }
 
 static void dev_weights_free(dev_weights *g) {
-  dev *all[] = {&g->x, &g->wr, &g->eb, &g->wn};
+  dev *all[] = {&g->x, &g->wr, &g->eb, &g->wn, &g->w1, &g->w3, &g->w2, &g->b1};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++)
     if (all[i]->b.base) th_buf_free(&all[i]->b);
 }
@@ -1160,6 +1161,22 @@ static double cpu_key(const mp *p, const double *logits, int64_t t, int64_t e) {
     s = exp(l[e] - m) / sum;
   }
   return s + (p->sp.bias ? p->eb.v[e] : 0.0);
+}
+
+/* Counts [E] (cdt) and offsets [E+1] (odt) read back from the GPU are
+ * those of the histogram of its ids, and dropped the rest; returns the kept
+ * assignments. */
+static int64_t check_counts(const mp *p, const int64_t *hist, const void *counts, smelt_dtype cdt, const void *offs,
+                            smelt_dtype odt, int64_t dropped) {
+  int64_t at = 0;
+  for (int64_t e = 0; e < p->E; e++) {
+    CHECK_EQ_INT(th_get(counts, cdt, e), hist[e]);
+    CHECK_EQ_INT(th_get(offs, odt, e), at);
+    at += hist[e];
+  }
+  CHECK_EQ_INT(th_get(offs, odt, p->E), at);
+  CHECK_EQ_INT(dropped, p->R - at);
+  return at;
 }
 
 /* The router on CUDA against the CPU reference: logits to 1e-5, ids equal
@@ -1223,14 +1240,7 @@ static void gpu_route_case(const spec *sp_in, const char *what) {
     }
   }
   if (ties) fprintf(stderr, "    %s: %lld near-tie choices differ\n", what, (long long)ties);
-  int64_t at = 0;
-  for (int64_t e = 0; e < p.E; e++) {
-    CHECK_EQ_INT(gc[e], hist[e]);
-    CHECK_EQ_INT(go[e], at);
-    at += hist[e];
-  }
-  CHECK_EQ_INT(go[p.E], at);
-  CHECK_EQ_INT(gd[0], p.R - at);
+  const int64_t at = check_counts(&p, hist, gc, SMELT_DTYPE_I32, go, SMELT_DTYPE_I64, gd[0]);
   smelt_moe_stats st;
   CHECK_OK(smelt_moe_stats_get(gplan, &cn.t, &dr.t, &st));
   CHECK_EQ_INT(st.kept, at);
@@ -1427,6 +1437,197 @@ static void test_moe_gpu_unpermute(void) {
   }
 }
 
+/* ---------------------------------------------------------------- CUDA: the expert FFN and the layer */
+
+static double cuda_bound(smelt_dtype dt) {
+  smelt__bound_query q = {.family = "moe", .metric = SMELT__METRIC_REL_L2, .device = SMELT_DEVICE_CUDA, .dtype = dt};
+  return smelt__error_bound(&q);
+}
+
+static void devs_free(dev *all, size_t n) {
+  for (size_t i = 0; i < n; i++) th_buf_free(&all[i].b);
+}
+
+/* A contiguous [a, b, c] device copy of host data. */
+static dev dev3_new(smelt_dtype dt, int64_t a, int64_t b, int64_t c, const void *host) {
+  dev d = dev_new(dt, 2, a * b, c, host);
+  const int64_t shape[3] = {a, b, c};
+  d.t = smelt_tensor_make(d.b.data, dt, SMELT_DEVICE_CUDA, smelt_ctx_device_index(th_cuda()), 3, shape);
+  return d;
+}
+
+/* p's x and all its weights on the device. */
+static void dev_all_new(const mp *p, dev_weights *g) {
+  dev_weights_new(p, g);
+  g->w1 = dev3_new(p->wdt, p->E, p->d, p->F, p->w1.h);
+  g->w2 = dev3_new(p->wdt, p->E, p->F, p->d, p->w2.h);
+  g->w.w1 = &g->w1.t, g->w.w2 = &g->w2.t;
+  if (p->sp.ffn == SMELT_MOE_FFN_SWIGLU) g->w3 = dev3_new(p->wdt, p->E, p->d, p->F, p->w3.h), g->w.w3 = &g->w3.t;
+  else if (p->sp.b1) g->b1 = dev_new(p->wdt, 2, p->E, p->F, p->b1.h), g->w.b1 = &g->b1.t;
+}
+
+/* A bias that sends every token to expert 3 and none to expert 0 (E > 3). */
+static void all_to_three(mp *p) {
+  for (int64_t e = 0; e < p->E; e++) arr_set(&p->eb, e, e == 3 ? 100.0 : e == 0 ? -100.0 : 0.0);
+}
+
+/* The expert FFN on CUDA against the CPU's over the CPU's routing
+ * (offsets of dtype odt, yp of dtype ydt): the kept rows within the CUDA
+ * bound, the rows past offsets[E] untouched. */
+static void gpu_ffn_case(const spec *sp, int one_expert, smelt_dtype odt, smelt_dtype ydt, const char *what) {
+  mp p;
+  mp_init(&p, sp);
+  if (one_expert) all_to_three(&p);
+  const size_t es = smelt_dtype_size(p.xdt), ys = smelt_dtype_size(ydt);
+  smelt_plan *cplan = NULL, *gplan = NULL;
+  CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
+  cpu_routing r;
+  cpu_routing_new(&p, cplan, &r);
+  th_buf cxp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * es), crm = th_buf_new(th_cpu(), (size_t)p.R * 4),
+         cyp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * 4);
+  smelt_tensor txp = host_tensor(cxp.data, p.xdt, 2, p.R, p.d, 0), trm = host_tensor(crm.data, SMELT_DTYPE_I32, 2, p.T, p.k, 0),
+               typ = host_tensor(cyp.data, SMELT_DTYPE_F32, 2, p.R, p.d, 0);
+  CHECK_OK(smelt_moe_permute_run(cplan, &p.tx, &r.f.t[F_IDS], &r.f.t[F_OFFSETS], &txp, &trm));
+  CHECK_OK(smelt_moe_ffn_run(cplan, &p.w, &txp, &r.f.t[F_OFFSETS], &typ));
+  const int64_t kept = (int64_t)r.f.v[F_OFFSETS][p.E];
+  if (one_expert) CHECK_EQ_INT(r.f.v[F_OFFSETS][4] - r.f.v[F_OFFSETS][3], kept);
+  int64_t oh[1025];
+  for (int64_t e = 0; e <= p.E; e++) th_set(oh, odt, e, r.f.v[F_OFFSETS][e]);
+  dev_weights g;
+  dev_all_new(&p, &g);
+  dev gxp = dev_new(p.xdt, 2, p.R, p.d, cxp.data), gof = dev_new(odt, 1, p.E + 1, 0, oh),
+      gyp = dev_new(ydt, 2, p.R, p.d, NULL);
+  CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &gplan));
+  CHECK_OK(smelt_moe_ffn_run(gplan, &g.w, &gxp.t, &gof.t, &gyp.t));
+  CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+  char *hy = dev_read(&gyp);
+  double *got = calloc((size_t)(kept * p.d + 1), 8), *ref = calloc((size_t)(kept * p.d + 1), 8);
+  for (int64_t i = 0; i < kept * p.d; i++) got[i] = th_get(hy, ydt, i), ref[i] = th_get(cyp.data, SMELT_DTYPE_F32, i);
+  CHECK(th_compare(what, got, ref, kept * p.d, cuda_bound(p.xdt), 1e-6));
+  if (!th_all_ff(hy + (size_t)(kept * p.d) * ys, (size_t)((p.R - kept) * p.d) * ys))
+    th_fail(__FILE__, __LINE__, "%s: yp rows past offsets[E] written", what);
+  free(hy), free(got), free(ref);
+  smelt_plan_destroy(gplan);
+  smelt_plan_destroy(cplan);
+  devs_free((dev[]){gxp, gof, gyp}, 3);
+  th_buf_free(&cxp), th_buf_free(&crm), th_buf_free(&cyp);
+  dev_weights_free(&g), fwd_free(&r.f), mp_free(&p);
+}
+
+static void test_moe_gpu_ffn(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  const smelt_dtype bf = SMELT_DTYPE_BF16, h = SMELT_DTYPE_F16, f = SMELT_DTYPE_F32, i32 = SMELT_DTYPE_I32,
+                    i64 = SMELT_DTYPE_I64;
+  spec s = {.T = 37, .d = 64, .E = 8, .k = 2, .F = 96, .xdt = bf, .wdt = bf};
+  gpu_ffn_case(&s, 0, i64, bf, "ffn T37 d64 F96 E8 top2 bf16, i64 offsets");
+  gpu_ffn_case(&s, 0, i32, f, "ffn T37 bf16, i32 offsets, yp f32");
+  s = (spec){.T = 1, .d = 32, .E = 8, .k = 2, .F = 48, .xdt = h, .wdt = h};
+  gpu_ffn_case(&s, 0, i32, h, "ffn T1 f16");
+  s = (spec){.T = 23, .d = 40, .E = 5, .k = 2, .F = 35, .xdt = bf, .wdt = bf};
+  gpu_ffn_case(&s, 0, i64, bf, "ffn bf16 F35: rows of 70 bytes, 46 rows end mid 16-byte unit (a SwiGLU tail)");
+  s = (spec){.T = 50, .d = 20, .E = 4, .k = 4, .F = 12, .ffn = SMELT_MOE_FFN_MLP, .act = SMELT_ACT_GELU, .b1 = 1};
+  gpu_ffn_case(&s, 0, i64, f, "ffn k = E = 4 f32 d20 F12, mlp gelu + b1");
+  s = (spec){.T = 29, .d = 64, .E = 6, .k = 1, .F = 40, .xdt = bf, .wdt = bf, .bias = 1};
+  gpu_ffn_case(&s, 1, i32, bf, "ffn all tokens on expert 3, bf16");
+  s = (spec){.T = 101, .d = 32, .E = 8, .k = 2, .F = 64, .xdt = bf, .wdt = bf, .cap = 0.8,
+             .drop = SMELT_MOE_DROP_POSITION, .ffn = SMELT_MOE_FFN_MLP, .act = SMELT_ACT_RELU};
+  gpu_ffn_case(&s, 0, i64, bf, "ffn capacity 0.8 position, mlp relu bf16");
+}
+
+/* The layer's forward on CUDA against the CPU parts chained over the GPU's
+ * own routing (so near-ties routed otherwise do not matter; the router's
+ * own cases compare the routing): y within the CUDA bound, y's row padding
+ * untouched (rows pad elements apart), counts and offsets those of the
+ * GPU's ids, the statistics those of its counts. With_routing: the
+ * caller's routing tensors (i64 counts and offsets); else the layer's
+ * own, read back through a second run with them. */
+static void gpu_layer_case(const spec *sp, int one_expert, int64_t pad, int with_routing, const char *what) {
+  mp p;
+  mp_init(&p, sp);
+  if (one_expert) all_to_three(&p);
+  const size_t es = smelt_dtype_size(p.xdt);
+  const int64_t ys = p.d + pad;
+  dev_weights g;
+  dev_all_new(&p, &g);
+  dev lg = dev_new(SMELT_DTYPE_F32, 2, p.T, p.E, NULL), id = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL),
+      wt = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, NULL), cn = dev_new(SMELT_DTYPE_I64, 1, p.E, 0, NULL),
+      of = dev_new(SMELT_DTYPE_I64, 1, p.E + 1, 0, NULL), dr = dev_new(SMELT_DTYPE_I32, 1, 1, 0, NULL),
+      gy = dev_new(p.xdt, 2, p.T, ys, NULL), gy2 = dev_new(p.xdt, 2, p.T, p.d, NULL);
+  smelt_tensor yv = gy.t;
+  yv.shape[1] = p.d;
+  smelt_moe_routing rg = {&lg.t, &id.t, &wt.t, &cn.t, &of.t, &dr.t, NULL};
+  smelt_plan *gplan = NULL, *cplan = NULL;
+  smelt_moe_stats st, st2;
+  CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &gplan));
+  if (with_routing) {
+    CHECK_OK(smelt_moe_forward_run(gplan, &g.w, &g.x.t, &yv, &rg, &st));
+  } else {
+    /* The layer's own routing; then the same layer with the caller's, for the reference. */
+    CHECK_OK(smelt_moe_forward_run(gplan, &g.w, &g.x.t, &yv, NULL, &st));
+    CHECK_OK(smelt_moe_forward_run(gplan, &g.w, &g.x.t, &gy2.t, &rg, &st2));
+    CHECK_EQ_INT(st2.kept, st.kept);
+  }
+  CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+  char *hy = dev_read(&gy);
+  int32_t *gi = dev_read(&id), *gd = dev_read(&dr);
+  float *gw = dev_read(&wt);
+  int64_t *gc = dev_read(&cn), *go = dev_read(&of);
+  /* The CPU parts over the GPU's routing. */
+  int64_t hist[1024] = {0};
+  for (int64_t a = 0; a < p.R; a++)
+    if (gi[a] >= 0) hist[gi[a]]++;
+  const int64_t at = check_counts(&p, hist, gc, SMELT_DTYPE_I64, go, SMELT_DTYPE_I64, gd[0]);
+  CHECK_EQ_INT(st.kept, at);
+  CHECK_EQ_INT(st.dropped, p.R - at);
+  if (one_expert) CHECK_EQ_INT(hist[3], p.T * p.k);
+  CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
+  th_buf cxp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * es), crm = th_buf_new(th_cpu(), (size_t)p.R * 4),
+         cyp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * 4), cy = th_buf_new(th_cpu(), (size_t)(p.T * p.d) * es);
+  smelt_tensor tid = host_tensor(gi, SMELT_DTYPE_I32, 2, p.T, p.k, 0), tof = host_tensor(go, SMELT_DTYPE_I64, 1, p.E + 1, 0, 0),
+               twt = host_tensor(gw, SMELT_DTYPE_F32, 2, p.T, p.k, 0),
+               txp = host_tensor(cxp.data, p.xdt, 2, p.R, p.d, 0), trm = host_tensor(crm.data, SMELT_DTYPE_I32, 2, p.T, p.k, 0),
+               typ = host_tensor(cyp.data, SMELT_DTYPE_F32, 2, p.R, p.d, 0), ty = host_tensor(cy.data, p.xdt, 2, p.T, p.d, 0);
+  CHECK_OK(smelt_moe_permute_run(cplan, &p.tx, &tid, &tof, &txp, &trm));
+  CHECK_OK(smelt_moe_ffn_run(cplan, &p.w, &txp, &tof, &typ));
+  CHECK_OK(smelt_moe_unpermute_run(cplan, &typ, &trm, &twt, &ty));
+  double *got = calloc((size_t)(p.T * p.d + 1), 8), *ref = calloc((size_t)(p.T * p.d + 1), 8);
+  for (int64_t t = 0; t < p.T; t++) {
+    for (int64_t j = 0; j < p.d; j++)
+      got[t * p.d + j] = th_get(hy, p.xdt, t * ys + j), ref[t * p.d + j] = th_get(cy.data, p.xdt, t * p.d + j);
+    if (pad && !th_all_ff(hy + (size_t)(t * ys + p.d) * es, (size_t)pad * es))
+      th_fail(__FILE__, __LINE__, "%s: y's padding of row %lld written", what, (long long)t);
+  }
+  CHECK(th_compare(what, got, ref, p.T * p.d, cuda_bound(p.xdt), 1e-6));
+  free(hy), free(gi), free(gd), free(gw), free(gc), free(go), free(got), free(ref);
+  smelt_plan_destroy(gplan);
+  smelt_plan_destroy(cplan);
+  devs_free((dev[]){lg, id, wt, cn, of, dr, gy, gy2}, 8);
+  th_buf_free(&cxp), th_buf_free(&crm), th_buf_free(&cyp), th_buf_free(&cy);
+  dev_weights_free(&g), mp_free(&p);
+}
+
+static void test_moe_gpu_layer(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  const smelt_dtype bf = SMELT_DTYPE_BF16, h = SMELT_DTYPE_F16;
+  spec s = {.T = 37, .d = 64, .E = 8, .k = 2, .F = 96, .xdt = bf, .wdt = bf};
+  gpu_layer_case(&s, 0, 8, 1, "layer T37 d64 F96 E8 top2 bf16, y rows 72 apart");
+  gpu_layer_case(&s, 0, 0, 0, "layer T37 bf16, the layer's own routing");
+  s = (spec){.T = 1, .d = 64, .E = 8, .k = 2, .F = 64, .xdt = bf, .wdt = bf};
+  gpu_layer_case(&s, 0, 0, 0, "layer T1 bf16");
+  s = (spec){.T = 3, .d = 32, .E = 16, .k = 2, .F = 48, .xdt = h, .wdt = h};
+  gpu_layer_case(&s, 0, 0, 1, "layer T3 E16 f16: experts with no token");
+  s = (spec){.T = 29, .d = 24, .E = 4, .k = 4, .F = 40};
+  gpu_layer_case(&s, 0, 3, 1, "layer k = E = 4 f32 d24, y rows 27 apart");
+  s = (spec){.T = 33, .d = 64, .E = 8, .k = 1, .F = 64, .xdt = bf, .wdt = bf, .bias = 1};
+  gpu_layer_case(&s, 1, 0, 1, "layer all tokens on expert 3, bf16");
+  s = (spec){.T = 101, .d = 64, .E = 8, .k = 2, .F = 96, .xdt = bf, .wdt = bf, .cap = 0.8,
+             .drop = SMELT_MOE_DROP_POSITION, .bias = 1};
+  gpu_layer_case(&s, 0, 0, 1, "layer T101 capacity 0.8 position bf16");
+  s = (spec){.T = 45, .d = 32, .E = 6, .k = 2, .F = 40, .xdt = bf, .wdt = bf, .ffn = SMELT_MOE_FFN_MLP,
+             .act = SMELT_ACT_SILU, .b1 = 1, .score = SMELT_MOE_SCORE_SIGMOID};
+  gpu_layer_case(&s, 0, 0, 1, "layer mlp silu + b1, sigmoid, bf16");
+}
+
 /* What CUDA does not run yet is refused with a clear error and nothing
  * written, never run on the CPU behind the caller's back. */
 static void test_moe_gpu_unsupported(void) {
@@ -1451,6 +1652,12 @@ static void test_moe_gpu_unsupported(void) {
   CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &plan));
   CHECK_STATUS(smelt_moe_forward_run(plan, &g.w, &g.x.t, &y.t, NULL, NULL), SMELT_STATUS_UNSUPPORTED);
   CHECK_MSG("no CUDA kernel yet");
+  dev dx = dev_new(p.xdt, 2, p.T, p.d, NULL);
+  const smelt_moe_grads gr = {.dx = &dx.t};
+  CHECK_STATUS(smelt_moe_backward_run(plan, &g.w, &g.x.t, &y.t, &gr), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("the layer's backward");
+  CHECK(th_buf_untouched(&dx.b));
+  th_buf_free(&dx.b);
   dev lg = dev_new(SMELT_DTYPE_F32, 2, p.T, p.E, NULL), id = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL),
       wt = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, NULL), cn = dev_new(SMELT_DTYPE_I32, 1, p.E, 0, NULL),
       of = dev_new(SMELT_DTYPE_I32, 1, p.E + 1, 0, NULL);
@@ -1487,6 +1694,8 @@ const th_test th_tests_moe[] = {
     {"gpu_route", test_moe_gpu_route},
     {"gpu_permute", test_moe_gpu_permute},
     {"gpu_unpermute", test_moe_gpu_unpermute},
+    {"gpu_ffn", test_moe_gpu_ffn},
+    {"gpu_layer", test_moe_gpu_layer},
     {"gpu_unsupported", test_moe_gpu_unsupported},
     {0, 0},
 };

@@ -23,6 +23,11 @@ typedef struct cli_bench_case {
   char check_text[192];
   char check_json[256];
   int check_failed;
+  /* What else the op measured in setup (MoE's routing statistics): a line
+   * of text under note_label, and the same as JSON members. Empty: none. */
+  const char *note_label;
+  char note_text[256];
+  char note_json[384];
 } cli_bench_case;
 
 typedef struct cli_bench_op {

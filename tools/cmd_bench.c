@@ -162,11 +162,12 @@ static void print_text(const cli_bench_op *op, const cli_bench_case *c, const cl
     printf("  %8.2f GFLOP/s", 1e3 * tflops(c->flops, t));
   printf("\n");
   if (c->check_text[0]) printf("%-10s %s\n", "check", c->check_text);
+  if (c->note_text[0]) printf("%-10s %s\n", c->note_label, c->note_text);
 }
 
 /* One object per line, keys in a fixed order; the copy_* keys are absent
  * when the op is the copy itself, flops and tflops when the op counts no
- * arithmetic, the check_* keys when no check ran. */
+ * arithmetic, the check_* keys when no check ran, and the op's notes last. */
 static void print_json(const cli_bench_op *op, const cli_bench_case *c, const cli_device_desc *dev,
                        int sets, const cli_timing *ceil, const cli_timing *t) {
   printf("{\"op\":");
@@ -200,6 +201,7 @@ static void print_json(const cli_bench_op *op, const cli_bench_case *c, const cl
     cli_json_number(stdout, cg > 0 ? 100.0 * gbps(c->traffic_bytes, t) / cg : NAN);
   }
   if (c->check_json[0]) printf(",%s", c->check_json);
+  if (c->note_json[0]) printf(",%s", c->note_json);
   printf("}\n");
 }
 

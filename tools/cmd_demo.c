@@ -44,9 +44,11 @@ static const cli_doc doc = {
     "              backward causal) against naive attention\n"
     "  peer        PEER over a million experts in the expert store (host tables,\n"
     "              an HBM cache): routing and the cache warming up\n"
+    "  moe         a MoE layer (num-experts SwiGLU experts of width d_model,\n"
+    "              softmax top-k): routing and load-balance statistics, timings\n"
     "  bem         the rank-16 BEM update of a [d_model, d_model] layer: validated,\n"
     "              and timed against the unfused form and the base layer\n"
-    "On the CPU backend the gemm, conv2d, attention, peer and bem problems are scaled down\n"
+    "On the CPU backend the gemm, conv2d, attention, peer, moe and bem problems are scaled down\n"
     "(each says so): the reference is naive loops.\n",
 };
 

@@ -61,11 +61,13 @@
  *
  * CUDA (no host synchronization anywhere): the router (logits by the GEMM
  * engine, then one warp per token; counts, offsets and the aux losses'
- * values on the device), permute and unpermute. Planning needs E <= 1024,
- * top_k <= 32, num_groups <= 32 and no f64 (else UNSUPPORTED); the
- * router's run refuses the drop policy probs, unpermute f64 yp, and every
- * other run (the backward parts, the FFN, the layer) fails
- * with UNSUPPORTED naming the part: nothing falls back to the CPU.
+ * values on the device), permute, unpermute, the expert FFN (grouped GEMMs
+ * by the device offsets, planned with the plan; intermediates of x's
+ * dtype) and the layer's forward. Planning needs E <= 1024, top_k <= 32,
+ * num_groups <= 32 and no f64 (else UNSUPPORTED); the router's run (and
+ * so the layer's) refuses the drop policy probs, unpermute and the FFN f64
+ * yp, and every other run (the backward parts and the layer's backward)
+ * fails with UNSUPPORTED naming the part: nothing falls back to the CPU.
  * Index tensors are not read by the host there: ids outside [0, E) and rows
  * outside [0, T·k) count as dropped instead of being refused.
  */

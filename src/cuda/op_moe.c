@@ -1,11 +1,11 @@
 /* smelt_moe on CUDA: the router (its GEMMs through the GEMM engine, then
  * kernels/moe_route.cu), permute and unpermute (kernels/moe_permute.cu),
- * all stream-ordered with no host synchronization. The other parts and the
- * layer have no kernels yet: their runs fail with UNSUPPORTED, and so does
+ * the expert FFN (src/cuda/moe_ffn.c) and the layer's forward chaining
+ * them, all stream-ordered with no host synchronization. The backward
+ * parts have no kernels yet: their runs fail with UNSUPPORTED, and so does
  * the router with a capacity by probs, rather than running the CPU
  * reference behind the caller's back. */
-#include "../core/moe_internal.h"
-#include "cuda_internal.h"
+#include "moe_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +18,14 @@ static const int route_items[] = {8, 32};
 
 typedef struct moe_cuda {
   CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
+  smelt__moe_ffn_cuda ffn; /* planned when the plan has the expert weights */
 } moe_cuda;
+
+static void moe_cuda_free(void *p) {
+  moe_cuda *mc = (moe_cuda *)p;
+  if (mc) smelt__moe_ffn_free(&mc->ffn);
+  free(mc);
+}
 
 /* The one place a variant's source is made (plan and enumerator):
  * variant 0, 1: the router for route_items[v]; 2: dispatch and combine. */
@@ -36,7 +43,7 @@ static void make_src(int v, smelt__kernel_src *src) {
 
 int smelt__moe_variants(smelt__kernel_src *out, int max) {
   for (int v = 0; v < 3 && v < max; v++) make_src(v, &out[v]);
-  return 3;
+  return 3 + smelt__moe_ffn_variants(out + (max < 3 ? max : 3), max < 3 ? 0 : max - 3);
 }
 
 /* What the CUDA kernels take; the rest is refused at planning. */
@@ -58,7 +65,7 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
   moe_cuda *mc = (moe_cuda *)calloc(1, sizeof *mc);
   if (!mc) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP ": out of host memory");
   ms->cuda = mc;
-  ms->cuda_free = free;
+  ms->cuda_free = moe_cuda_free;
   const int v = ms->E <= 32 * route_items[0] ? 0 : 1;
   smelt__kernel_src route, perm;
   make_src(v, &route);
@@ -74,8 +81,11 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_drop", &mc->drop)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute", &mc->unpermute)))
     return s;
-  snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%s + moe_permute)", (int)ms->E,
-           (int)ms->k, (int)ms->d, (int)ms->F, route.name);
+  const int ffn = ms->t[SMELT__MT_W1].ndim >= 0;
+  if (ffn && (s = smelt__moe_ffn_plan(plan->ctx, ms, &mc->ffn))) return s;
+  snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%.32s + moe_permute%s)", (int)ms->E,
+           (int)ms->k, (int)ms->d, (int)ms->F, route.name,
+           !ffn ? "" : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? " + grouped GEMMs + moe_swiglu" : " + grouped GEMMs");
   return SMELT_OK;
 }
 
@@ -291,26 +301,87 @@ static smelt_status stats(smelt_plan *plan, const smelt__moe_state *ms, const sm
   return s;
 }
 
+/* ---------------------------------------------------------------- the layer */
+
+/* Bytes of n elements of es bytes, whole 256-byte blocks (the pool's alignment). */
+static size_t block_bytes(int64_t n, size_t es) { return ((size_t)n * es + 255) & ~(size_t)255; }
+
+/* The layer's forward: router, permute, expert FFN and unpermute, each as
+ * its run does it, into the caller's routing tensors where given and one
+ * workspace for the rest (indices i32, routing f32, xp and yp of x's
+ * dtype). Only the statistics, when asked, wait for the stream. */
+static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, moe_cuda *mc, const smelt__moe_args *a) {
+  smelt_ctx *ctx = plan->ctx;
+  const int64_t T = ms->T, E = ms->E, k = ms->k, R = ms->rows, d = ms->d;
+  const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype, f32 = SMELT_DTYPE_F32, i32 = SMELT_DTYPE_I32;
+  const struct {
+    int role;
+    smelt_dtype dt;
+    int64_t rows, cols; /* cols 0: 1-D */
+  } inner[] = {{SMELT__MT_LOGITS, f32, T, E},   {SMELT__MT_IDS, i32, T, k},     {SMELT__MT_WEIGHTS, f32, T, k},
+               {SMELT__MT_COUNTS, i32, E, 0},   {SMELT__MT_OFFSETS, i32, E + 1, 0}, {SMELT__MT_XP, xdt, R, d},
+               {SMELT__MT_ROW_MAP, i32, T, k},  {SMELT__MT_YP, xdt, R, d}};
+  enum { N_INNER = sizeof inner / sizeof *inner };
+  const smelt_tensor *u[SMELT__MT_ROLES];
+  memcpy(u, a->t, sizeof u);
+  size_t bytes = 0;
+  for (int i = 0; i < N_INNER; i++)
+    if (!u[inner[i].role])
+      bytes += block_bytes(inner[i].rows * (inner[i].cols ? inner[i].cols : 1), smelt_dtype_size(inner[i].dt));
+  char *ws = NULL;
+  smelt_status s = smelt__cuda_alloc(ctx, bytes, (void **)&ws);
+  if (s) return s;
+  smelt_tensor own[N_INNER];
+  size_t at = 0;
+  for (int i = 0; i < N_INNER; i++) {
+    if (u[inner[i].role]) continue;
+    const int64_t shape[2] = {inner[i].rows, inner[i].cols};
+    own[i] = smelt_tensor_make(ws + at, inner[i].dt, SMELT_DEVICE_CUDA, ctx->device_index, inner[i].cols ? 2 : 1,
+                               shape);
+    u[inner[i].role] = &own[i];
+    at += block_bytes(inner[i].rows * (inner[i].cols ? inner[i].cols : 1), smelt_dtype_size(inner[i].dt));
+  }
+  u[SMELT__MT_IDS_IN] = u[SMELT__MT_IDS];
+  u[SMELT__MT_OFFSETS_IN] = u[SMELT__MT_OFFSETS];
+  u[SMELT__MT_WEIGHTS_IN] = u[SMELT__MT_WEIGHTS];
+  u[SMELT__MT_ROW_MAP_IN] = u[SMELT__MT_ROW_MAP];
+  u[SMELT__MT_YP_IN] = u[SMELT__MT_YP];
+  if (!(s = route(plan, ms, mc, u)) && !(s = permute(plan, ms, mc, u)) &&
+      !(s = smelt__moe_ffn_run(ctx, ms, &mc->ffn, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_YP])))
+    s = unpermute(plan, ms, mc, u);
+  if (!s && a->stats) {
+    smelt__moe_args sa = {.mode = SMELT__MOE_STATS, .stats = a->stats};
+    sa.t[SMELT__MT_COUNTS_IN] = u[SMELT__MT_COUNTS];
+    sa.t[SMELT__MT_DROPPED_IN] = u[SMELT__MT_DROPPED];
+    s = stats(plan, ms, &sa);
+  }
+  smelt_status f = smelt__cuda_free(ctx, ws);
+  return s ? s : f;
+}
+
 static const char *const part_names[SMELT__MOE_MODES] = {
     [SMELT__MOE_AUX] = "the aux losses",          [SMELT__MOE_ROUTE_BWD] = "the router's backward",
     [SMELT__MOE_PERMUTE_BWD] = "permute's backward", [SMELT__MOE_UNPERMUTE_BWD] = "unpermute's backward",
-    [SMELT__MOE_FFN] = "the expert FFN",          [SMELT__MOE_FFN_BWD] = "the expert FFN's backward",
-    [SMELT__MOE_FORWARD] = "the layer's forward",  [SMELT__MOE_BACKWARD] = "the layer's backward",
+    [SMELT__MOE_FFN_BWD] = "the expert FFN's backward", [SMELT__MOE_BACKWARD] = "the layer's backward",
 };
 
 static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt__moe_args *a = (const smelt__moe_args *)args;
   const smelt__moe_state *ms = (const smelt__moe_state *)plan->opdata;
-  const moe_cuda *mc = (const moe_cuda *)ms->cuda;
+  moe_cuda *mc = (moe_cuda *)ms->cuda;
   switch (a->mode) {
     case SMELT__MOE_ROUTE: return route(plan, ms, mc, a->t);
     case SMELT__MOE_PERMUTE: return permute(plan, ms, mc, a->t);
     case SMELT__MOE_UNPERMUTE: return unpermute(plan, ms, mc, a->t);
+    case SMELT__MOE_FFN:
+      return smelt__moe_ffn_run(plan->ctx, ms, &mc->ffn, a->t, a->t[SMELT__MT_XP_IN], a->t[SMELT__MT_OFFSETS_IN],
+                                a->t[SMELT__MT_YP]);
+    case SMELT__MOE_FORWARD: return forward(plan, ms, mc, a);
     case SMELT__MOE_STATS: return stats(plan, ms, a);
     default:
       return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                          MOE_OP ": %s has no CUDA kernel yet (CUDA runs the router, permute and unpermute); use a "
-                                 "CPU context",
+                          MOE_OP ": %s has no CUDA kernel yet (CUDA runs the router, permute, unpermute, the expert "
+                                 "FFN and the layer's forward); use a CPU context",
                           part_names[a->mode] ? part_names[a->mode] : "this run");
   }
 }
