@@ -809,12 +809,16 @@ static void test_values_fwd_persistent(void) {
       {2, 300, 500, 40, 8, 128, 0, -1, -1, 0, 0, NSEQ0, NSEQ0, LAY_HEADMAJOR},
       {5, 0, 0, 16, 2, 64, 1, -1, -1, 0, 1, {600, 1, 0, 333, 257}, {600, 5, 3, 0, 300}, LAY_PADDED},
   };
+  /* The small cases in both dtypes on every schedule; the larger ones,
+   * whose CPU reference dominates the suite's time, on the two persistent
+   * schedules only (every other test runs the tile-per-CTA one), in one
+   * dtype each. */
   for (int sc = 0; sc < 3; sc++) {
     fwd_schedule = scheds[sc];
     for (size_t i = 0; i < sizeof small_cases / sizeof *small_cases; i++)
       for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &small_cases[i], 0);
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-      for (int t = 0; t < 2; t++) run_case(ctx, dts[t], &cases[i], 0);
+    if (sc == 0) continue;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(ctx, dts[sc - 1], &cases[i], 0);
   }
   fwd_schedule = SMELT_ATTENTION_SCHEDULE_AUTO;
 }
