@@ -356,6 +356,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/conv2d.h"
 #include "smelt/attention.h"
 #include "smelt/peer.h"
+#include "smelt/quant.h"
 
 #ifdef __cplusplus
 }
