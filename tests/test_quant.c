@@ -5,7 +5,7 @@
  * within each format's error bound, through strided views; bad arguments
  * fail naming the tensor and write nothing. With a GPU, the same random
  * cases (and NaN/inf/zero blocks) are compared bit for bit with the CPU
- * reference, outputs poisoned and guarded. */
+ * reference, quantized and dequantized, outputs poisoned and guarded. */
 #include "harness.h"
 
 #include "../kernels/quant_math.cuh"
@@ -111,20 +111,37 @@ static smelt_status quantize_on(smelt_ctx *ctx, const qcase *c, const float *x, 
   return st;
 }
 
-/* Dequantizes o (as quantize_on left it) to dtype ydt on the CPU: y row-major. */
-static void dequantize_cpu(const qcase *c, const qout *o, smelt_dtype ydt, float *y) {
-  smelt_ctx *ctx = th_cpu();
+/* Dequantizes o (as quantize_on left it) to dtype ydt on ctx into y
+ * (row-major floats), through a y of row stride cols + 3, whose gaps must
+ * stay poisoned. */
+static void dequantize_on(smelt_ctx *ctx, const qcase *c, const qout *o, smelt_dtype ydt, float *y) {
   const int64_t qshape2[2] = {c->rows, o->s.qcols}, sshape[2] = {o->s.sr, o->s.sc}, one[1] = {1};
-  const int64_t yshape[2] = {c->rows, c->cols};
-  smelt_tensor tq = smelt_tensor_make(o->q, q_dtype(c), SMELT_DEVICE_CPU, 0, 2, qshape2);
-  smelt_tensor ts = smelt_tensor_make(o->scale, o->s.sdt, SMELT_DEVICE_CPU, 0, 2, sshape);
-  float tsv = o->ts;
-  smelt_tensor tt = smelt_tensor_make(&tsv, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, one);
-  void *hy = malloc((size_t)(c->rows * c->cols) * 4 + 4);
-  smelt_tensor ty = smelt_tensor_make(hy, ydt, SMELT_DEVICE_CPU, 0, 2, yshape);
+  const int64_t yshape[2] = {c->rows, c->cols}, ystrides[2] = {c->cols + 3, 1}, ones[1] = {1};
+  const int64_t qstrides[2] = {o->s.qcols, 1}, sstrides[2] = {o->s.sc, 1};
+  const size_t qb = (size_t)(c->rows * o->s.qcols), sb = (size_t)(o->s.sr * o->s.sc) * smelt_dtype_size(o->s.sdt);
+  th_view qv = th_view_make(2, qshape2, qstrides, 0), sv = th_view_make(2, sshape, sstrides, 0);
+  th_view tv = th_view_make(1, one, ones, 0), yv = th_view_make(2, yshape, ystrides, 0);
+  th_buf bq = th_buf_new(ctx, qb + 1), bs = th_buf_new(ctx, sb), bt = th_buf_new(ctx, 4);
+  th_buf by = th_buf_new(ctx, (size_t)yv.storage * smelt_dtype_size(ydt));
+  th_buf_upload(&bq, o->q, qb);
+  th_buf_upload(&bs, o->scale, sb);
+  th_buf_upload(&bt, &o->ts, 4);
+  smelt_tensor tq = th_view_tensor(&qv, &bq, q_dtype(c)), ts = th_view_tensor(&sv, &bs, o->s.sdt);
+  smelt_tensor tt = th_view_tensor(&tv, &bt, SMELT_DTYPE_F32), ty = th_view_tensor(&yv, &by, ydt);
   CHECK_OK(smelt_dequantize(ctx, c->f, &tq, &ts, c->f == SMELT_QUANT_NVFP4 ? &tt : NULL, &ty));
-  for (int64_t i = 0; i < c->rows * c->cols; i++) y[i] = (float)th_get(hy, ydt, i);
-  free(hy);
+  CHECK_OK(smelt_ctx_synchronize(ctx));
+  double *got = malloc((size_t)(c->rows * c->cols) * sizeof(double));
+  th_check_output("dequantize", "y", &yv, &by, ydt, got);
+  for (int64_t i = 0; i < c->rows * c->cols; i++) y[i] = (float)got[i];
+  free(got);
+  th_buf_free(&bq);
+  th_buf_free(&bs);
+  th_buf_free(&bt);
+  th_buf_free(&by);
+}
+
+static void dequantize_cpu(const qcase *c, const qout *o, smelt_dtype ydt, float *y) {
+  dequantize_on(th_cpu(), c, o, ydt, y);
 }
 
 static float bits_f(uint32_t u) { return smelt_q_u2f(u); }
@@ -491,8 +508,29 @@ static void test_quant_bad_inputs(void) {
 
 /* ---------------------------------------------------------------- GPU against the CPU reference */
 
+/* The GPU's dequantization of o against the CPU's, in f32 and bf16: the
+ * same bits, any NaN for NaN. */
+static void compare_dequant(smelt_ctx *gpu, const qcase *c, const qout *o) {
+  const int64_t n = c->rows * c->cols;
+  float *yg = malloc((size_t)n * 4), *yc = malloc((size_t)n * 4);
+  for (int d = 0; d < 2; d++) {
+    const smelt_dtype ydt = d ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F32;
+    dequantize_on(gpu, c, o, ydt, yg);
+    dequantize_cpu(c, o, ydt, yc);
+    for (int64_t i = 0; i < n; i++)
+      if (f_bits(yg[i]) != f_bits(yc[i]) && !(isnan(yg[i]) && isnan(yc[i]))) {
+        th_fail(__FILE__, __LINE__, "%s y %s [%lld]: gpu %a cpu %a", smelt_quant_format_name(c->f),
+                smelt_dtype_name(ydt), (long long)i, yg[i], yc[i]);
+        break;
+      }
+  }
+  free(yg);
+  free(yc);
+}
+
 /* Random cases plus blocks of zeros, NaN and inf, quantized on the GPU and
- * on the CPU: the same bits in q, the scales and the tensor scale. */
+ * on the CPU: the same bits in q, the scales and the tensor scale; then the
+ * CPU's q and scales dequantized on both. */
 static void test_quant_gpu_bit_exact(void) {
   smelt_ctx *gpu = th_cuda();
   if (!gpu) SKIP("no CUDA device");
@@ -528,6 +566,7 @@ static void test_quant_gpu_bit_exact(void) {
         }
       CHECK(!memcmp(og.scale, oc.scale, (size_t)(og.s.sr * og.s.sc) * smelt_dtype_size(og.s.sdt)));
       if (c->f == SMELT_QUANT_NVFP4) CHECK_EQ_INT(f_bits(og.ts), f_bits(oc.ts));
+      compare_dequant(gpu, c, &oc);
     }
     qout_free(&og);
     qout_free(&oc);
