@@ -88,13 +88,8 @@ SMELT_API smelt_status smelt_quantize(smelt_ctx *ctx, smelt_quant_format format,
                                       const smelt_tensor *tensor_scale);
 
 /* q, scale, tensor_scale as smelt_quantize writes them -> y [rows, cols]
- * f32|bf16 (rows and cols are read from y). */
-SMELT_API smelt_status smelt_dequantize_plan(smelt_ctx *ctx, smelt_quant_format format, const smelt_tensor *q,
-                                             const smelt_tensor *scale, const smelt_tensor *tensor_scale,
-                                             const smelt_tensor *y, smelt_plan **out);
-/* The plan's tensors again (new data pointers, the planned layouts). */
-SMELT_API smelt_status smelt_dequantize_run(smelt_plan *plan, const smelt_tensor *q, const smelt_tensor *scale,
-                                            const smelt_tensor *tensor_scale, const smelt_tensor *y);
+ * f32|bf16 (rows and cols are read from y). One call, without a plan of
+ * its own: it is there to check quantized data, not for speed. */
 SMELT_API smelt_status smelt_dequantize(smelt_ctx *ctx, smelt_quant_format format, const smelt_tensor *q,
                                         const smelt_tensor *scale, const smelt_tensor *tensor_scale,
                                         const smelt_tensor *y);

@@ -192,21 +192,9 @@ smelt_status smelt_quantize(smelt_ctx *ctx, smelt_quant_format format, const sme
                   smelt_quantize_run(plan, x, q, scale, tensor_scale));
 }
 
-smelt_status smelt_dequantize_plan(smelt_ctx *ctx, smelt_quant_format format, const smelt_tensor *q,
-                                   const smelt_tensor *scale, const smelt_tensor *tensor_scale, const smelt_tensor *y,
-                                   smelt_plan **out) {
-  const smelt_tensor *t[] = {q, scale, tensor_scale, y};
-  return smelt__family_plan(&smelt__family_dequant, ctx, &format, t, out);
-}
-
-smelt_status smelt_dequantize_run(smelt_plan *plan, const smelt_tensor *q, const smelt_tensor *scale,
-                                  const smelt_tensor *tensor_scale, const smelt_tensor *y) {
-  const smelt_tensor *t[] = {q, scale, tensor_scale, y};
-  return smelt__family_run(&smelt__family_dequant, plan, t);
-}
-
 smelt_status smelt_dequantize(smelt_ctx *ctx, smelt_quant_format format, const smelt_tensor *q,
                               const smelt_tensor *scale, const smelt_tensor *tensor_scale, const smelt_tensor *y) {
-  SMELT__ONE_SHOT(smelt_dequantize_plan(ctx, format, q, scale, tensor_scale, y, &plan),
-                  smelt_dequantize_run(plan, q, scale, tensor_scale, y));
+  const smelt_tensor *t[] = {q, scale, tensor_scale, y};
+  SMELT__ONE_SHOT(smelt__family_plan(&smelt__family_dequant, ctx, &format, t, &plan),
+                  smelt__family_run(&smelt__family_dequant, plan, t));
 }
