@@ -52,6 +52,16 @@
   const elem_t *__restrict__ x, i64 rows, i64 cols, i64 xrs, i64 xcs, int xvec, unsigned char *__restrict__ q, \
       i64 qrs, int qvec, void *scale, i64 srs, i64 scs, float *slot
 
+/* An element as f32, keeping a NaN's sign (it picks the sign of the NaN
+ * code) as the CPU reference's conversion does, whatever cvt does with it. */
+static __device__ __forceinline__ float load_x(elem_t h) {
+  const float f = load_elem(h);
+#if SMELT_DT == SMELT_DT_F16
+  if (smelt_q_isnan(f)) return __uint_as_float(0x7fc00000u | ((u32)h & 0x8000u) << 16);
+#endif
+  return f;
+}
+
 /* Lane's 16 elements of row r from column c0 (0 past the row's end). */
 static __device__ __forceinline__ void load16(const elem_t *x, i64 r, i64 c0, i64 cols, i64 xrs, i64 xcs, int xvec,
                                               float v[EPL]) {
@@ -74,15 +84,15 @@ static __device__ __forceinline__ void load16(const elem_t *x, i64 r, i64 c0, i6
       const u32 w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int j = 0; j < 4; j++) {
-        v[8 * i + 2 * j] = load_elem((elem_t)(w[j] & 0xffffu));
-        v[8 * i + 2 * j + 1] = load_elem((elem_t)(w[j] >> 16));
+        v[8 * i + 2 * j] = load_x((elem_t)(w[j] & 0xffffu));
+        v[8 * i + 2 * j + 1] = load_x((elem_t)(w[j] >> 16));
       }
     }
 #endif
     return;
   }
 #pragma unroll
-  for (int i = 0; i < EPL; i++) v[i] = c0 + i < cols ? load_elem(row[(c0 + i) * xcs]) : 0.0f;
+  for (int i = 0; i < EPL; i++) v[i] = c0 + i < cols ? load_x(row[(c0 + i) * xcs]) : 0.0f;
 }
 
 /* Lane's codes stored from column c0 (nothing past the row's end; NVFP4's
