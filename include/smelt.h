@@ -358,6 +358,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/peer.h"
 #include "smelt/moe.h"
 #include "smelt/bem.h"
+#include "smelt/quant.h"
 
 #ifdef __cplusplus
 }

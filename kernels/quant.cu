@@ -1,0 +1,298 @@
+/* The quantizers (include/smelt/quant.h) on the GPU, bit-identical to the
+ * CPU reference because both run kernels/quant_math.cuh's definitions.
+ *
+ * One module per (SMELT_DT x dtype, SMELT_QFMT element format, SMELT_QKIND
+ * smelt_quant_format). A lane owns 16 consecutive elements of a row: two or
+ * four 16-byte loads where x's rows are contiguous and aligned, one 16-byte
+ * store of fp8 codes (8 bytes of NVFP4 pairs) where q allows it, element by
+ * element otherwise (strided x, ragged K). The block maximum is an exact
+ * operation, so its order (warp shuffles, shared memory, atomics on the
+ * bits of non-negative floats) cannot change a bit. Entry points:
+ *   quant_seg     blocks of 16, 32 or 128 along K in one row (NVFP4, MXFP8,
+ *                 1x128) and the per-tensor scale: a warp per 512 columns
+ *                 of a row, a block's amax over its 1, 2 or 8 lanes.
+ *   quant_row     per-row scales: a warp per row, amax over the row, then
+ *                 the row again (from L2) to quantize it.
+ *   quant_tile    128x128 scales: a CTA of 256 threads per block, amax
+ *                 over its 128 rows, then the block again to quantize it.
+ *   quant_amax    the tensor's amax into one f32 (per-tensor FP8, NVFP4's
+ *                 tensor scale): a warp's maximum, one atomicMax per warp.
+ *   quant_scalar  mode 0 zeroes that f32 before quant_amax; mode 1 turns
+ *                 the amax into the scale in place.
+ *   dequant       the way back, for checking: a thread per element. */
+#include "smelt_device.cuh"
+#include "quant_math.cuh"
+
+#if !defined(SMELT_DT) || !defined(SMELT_QFMT) || !defined(SMELT_QKIND)
+#error "quant.cu needs SMELT_DT, SMELT_QFMT and SMELT_QKIND"
+#endif
+
+/* The values of smelt_quant_format. */
+#define QK_TENSOR 0
+#define QK_ROW 1
+#define QK_1X128 2
+#define QK_128X128 3
+#define QK_MXFP8 4
+#define QK_NVFP4 5
+
+#define EPL 16        /* elements per lane */
+#define SEG (32 * EPL) /* columns per warp in quant_seg */
+#define BLOCK 256
+
+#if SMELT_QKIND == QK_NVFP4
+#define BK 16
+#elif SMELT_QKIND == QK_MXFP8
+#define BK 32
+#else
+#define BK 128
+#endif
+#define GROUP (BK / EPL) /* lanes per scale block in quant_seg */
+
+#define QUANT_PARAMS                                                                                   \
+  const elem_t *__restrict__ x, i64 rows, i64 cols, i64 xrs, i64 xcs, int xvec, unsigned char *__restrict__ q, \
+      i64 qrs, int qvec, void *scale, i64 srs, i64 scs, float *slot
+
+/* An element as f32, keeping a NaN's sign (it picks the sign of the NaN
+ * code) as the CPU reference's conversion does, whatever cvt does with it. */
+static __device__ __forceinline__ float load_x(elem_t h) {
+  const float f = load_elem(h);
+#if SMELT_DT == SMELT_DT_F16
+  if (smelt_q_isnan(f)) return __uint_as_float(0x7fc00000u | ((u32)h & 0x8000u) << 16);
+#endif
+  return f;
+}
+
+/* Lane's 16 elements of row r from column c0 (0 past the row's end). */
+static __device__ __forceinline__ void load16(const elem_t *x, i64 r, i64 c0, i64 cols, i64 xrs, i64 xcs, int xvec,
+                                              float v[EPL]) {
+  const elem_t *row = x + r * xrs;
+  if (xvec && c0 + EPL <= cols) {
+    const uint4 *p = (const uint4 *)(row + c0);
+#if SMELT_DT == SMELT_DT_F32
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint4 u = p[i];
+      v[4 * i] = __uint_as_float(u.x);
+      v[4 * i + 1] = __uint_as_float(u.y);
+      v[4 * i + 2] = __uint_as_float(u.z);
+      v[4 * i + 3] = __uint_as_float(u.w);
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const uint4 u = p[i];
+      const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        v[8 * i + 2 * j] = load_x((elem_t)(w[j] & 0xffffu));
+        v[8 * i + 2 * j + 1] = load_x((elem_t)(w[j] >> 16));
+      }
+    }
+#endif
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < EPL; i++) v[i] = c0 + i < cols ? load_x(row[(c0 + i) * xcs]) : 0.0f;
+}
+
+/* Lane's codes stored from column c0 (nothing past the row's end; NVFP4's
+ * odd tail gets a high nibble of 0, the code of the 0 loaded there). */
+static __device__ __forceinline__ void store16(unsigned char *q, i64 r, i64 c0, i64 cols, i64 qrs, int qvec,
+                                               const u32 code[EPL]) {
+#if SMELT_QKIND == QK_NVFP4
+  unsigned char *row = q + r * qrs + c0 / 2;
+  u32 w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < EPL; i++) w[i / 8] |= code[i] << (4 * (i % 8));
+  if (qvec && c0 + EPL <= cols) {
+    *(uint2 *)row = make_uint2(w[0], w[1]);
+    return;
+  }
+  const i64 bytes = ((cols - c0 < EPL ? cols - c0 : EPL) + 1) / 2;
+#pragma unroll
+  for (int b = 0; b < EPL / 2; b++) /* unrolled: w and code stay in registers */
+    if (b < bytes) row[b] = (unsigned char)(w[b / 4] >> (8 * (b % 4)));
+#else
+  unsigned char *row = q + r * qrs + c0;
+  u32 w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < EPL; i++) w[i / 4] |= code[i] << (8 * (i % 4));
+  if (qvec && c0 + EPL <= cols) {
+    *(uint4 *)row = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < EPL; i++)
+    if (c0 + i < cols) row[i] = (unsigned char)code[i];
+#endif
+}
+
+static __device__ __forceinline__ float amax16(float m, const float v[EPL]) {
+#pragma unroll
+  for (int i = 0; i < EPL; i++) m = smelt_q_amax(m, v[i]);
+  return m;
+}
+
+/* The maximum over `lanes` neighbouring lanes (a power of two). */
+static __device__ __forceinline__ float amax_lanes(float m, int lanes) {
+  for (int o = 1; o < lanes; o <<= 1) m = smelt_q_amax(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+/* The codes of 16 elements under one block's factor: the f32 scale (FP8),
+ * the E8M0 byte (MXFP8) or the divisor (NVFP4). */
+static __device__ __forceinline__ void encode16(const float v[EPL], float s, u32 byte, u32 code[EPL]) {
+#pragma unroll
+  for (int i = 0; i < EPL; i++) {
+#if SMELT_QKIND == QK_MXFP8
+    code[i] = smelt_q_mx_elem(v[i], byte, SMELT_QFMT);
+#elif SMELT_QKIND == QK_NVFP4
+    code[i] = smelt_q_e2m1(v[i], s);
+#else
+    code[i] = smelt_q_fp8_elem(v[i], s, SMELT_QFMT);
+#endif
+  }
+}
+
+static __device__ __forceinline__ i64 warp_id() { return (i64)blockIdx.x * (BLOCK / 32) + threadIdx.x / 32; }
+static __device__ __forceinline__ i64 warp_count() { return (i64)gridDim.x * (BLOCK / 32); }
+
+extern "C" __global__ void __launch_bounds__(BLOCK) quant_seg(QUANT_PARAMS) {
+  const int lane = threadIdx.x & 31;
+  const i64 nseg = (cols + SEG - 1) / SEG, tasks = rows * nseg;
+  for (i64 t = warp_id(); t < tasks; t += warp_count()) {
+    const i64 r = t / nseg, c0 = (t % nseg) * SEG + (i64)lane * EPL;
+    float v[EPL];
+    u32 code[EPL];
+    load16(x, r, c0, cols, xrs, xcs, xvec, v);
+    float s = 0.0f;
+    u32 byte = 0u;
+#if SMELT_QKIND == QK_TENSOR
+    s = *slot;
+#else
+    const float m = amax_lanes(amax16(0.0f, v), GROUP);
+    const int writer = lane % GROUP == 0 && c0 < cols;
+    const i64 so = r * srs + (c0 / BK) * scs;
+#if SMELT_QKIND == QK_MXFP8
+    byte = smelt_q_e8m0(m, SMELT_QFMT);
+    if (writer) ((unsigned char *)scale)[so] = (unsigned char)byte;
+#elif SMELT_QKIND == QK_NVFP4
+    byte = smelt_q_nvfp4_block_scale(m, *slot);
+    s = smelt_q_nvfp4_divisor(byte, *slot);
+    if (writer) ((unsigned char *)scale)[so] = (unsigned char)byte;
+#else
+    s = smelt_q_fp8_scale(m, SMELT_QFMT);
+    if (writer) ((float *)scale)[so] = s;
+#endif
+#endif
+    if (c0 >= cols) continue;
+    encode16(v, s, byte, code);
+    store16(q, r, c0, cols, qrs, qvec, code);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) quant_row(QUANT_PARAMS) {
+  const int lane = threadIdx.x & 31;
+  for (i64 r = warp_id(); r < rows; r += warp_count()) {
+    float v[EPL], m = 0.0f;
+    u32 code[EPL];
+    for (i64 c0 = (i64)lane * EPL; c0 < cols; c0 += SEG) {
+      load16(x, r, c0, cols, xrs, xcs, xvec, v);
+      m = amax16(m, v);
+    }
+    const float s = smelt_q_fp8_scale(amax_lanes(m, 32), SMELT_QFMT);
+    if (lane == 0) ((float *)scale)[r * srs] = s;
+    for (i64 c0 = (i64)lane * EPL; c0 < cols; c0 += SEG) {
+      load16(x, r, c0, cols, xrs, xcs, xvec, v);
+      encode16(v, s, 0u, code);
+      store16(q, r, c0, cols, qrs, qvec, code);
+    }
+  }
+}
+
+/* quant_tile: 4 rows of a 128-wide block per warp pass, 8 lanes a row. */
+extern "C" __global__ void __launch_bounds__(BLOCK) quant_tile(QUANT_PARAMS) {
+  __shared__ float red[BLOCK / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const i64 sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+  for (i64 b = blockIdx.x; b < sr * sc; b += gridDim.x) {
+    const i64 r0 = (b / sc) * 128, c0 = (b % sc) * 128 + (lane % 8) * EPL;
+    float v[EPL], m = 0.0f;
+    u32 code[EPL];
+    for (int rr = warp * 4 + lane / 8; rr < 128; rr += 32) {
+      if (r0 + rr >= rows) break;
+      load16(x, r0 + rr, c0, cols, xrs, xcs, xvec, v);
+      m = amax16(m, v);
+    }
+    m = amax_lanes(m, 32);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = 0.0f;
+#pragma unroll
+    for (int w = 0; w < BLOCK / 32; w++) m = smelt_q_amax(m, red[w]);
+    __syncthreads(); /* red is refilled by the next block */
+    const float s = smelt_q_fp8_scale(m, SMELT_QFMT);
+    if (threadIdx.x == 0) ((float *)scale)[(b / sc) * srs + (b % sc) * scs] = s;
+    for (int rr = warp * 4 + lane / 8; rr < 128; rr += 32) {
+      if (r0 + rr >= rows || c0 >= cols) break;
+      load16(x, r0 + rr, c0, cols, xrs, xcs, xvec, v);
+      encode16(v, s, 0u, code);
+      store16(q, r0 + rr, c0, cols, qrs, qvec, code);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) quant_amax(QUANT_PARAMS) {
+  const int lane = threadIdx.x & 31;
+  const i64 nseg = (cols + SEG - 1) / SEG, tasks = rows * nseg;
+  float v[EPL], m = 0.0f;
+  for (i64 t = warp_id(); t < tasks; t += warp_count()) {
+    load16(x, t / nseg, (t % nseg) * SEG + (i64)lane * EPL, cols, xrs, xcs, xvec, v);
+    m = amax16(m, v);
+  }
+  m = amax_lanes(m, 32);
+  if (lane == 0 && m > 0.0f) atomicMax((unsigned int *)slot, __float_as_uint(m));
+}
+
+extern "C" __global__ void quant_scalar(float *slot, int mode) {
+  if (mode == 0) *slot = 0.0f;
+#if SMELT_QKIND == QK_NVFP4
+  else *slot = smelt_q_nvfp4_tensor_scale(*slot);
+#else
+  else *slot = smelt_q_fp8_scale(*slot, SMELT_QFMT);
+#endif
+}
+
+/* The dequantizer, element by element over any strides of y: y = decode(q)
+ * times the block's factor, rounded once to f32 or (ybf16) bf16. */
+#if SMELT_QKIND == QK_TENSOR
+#define DQ_BLOCK(r, c) 0
+#elif SMELT_QKIND == QK_ROW
+#define DQ_BLOCK(r, c) ((r) * srs)
+#elif SMELT_QKIND == QK_128X128
+#define DQ_BLOCK(r, c) (((r) / 128) * srs + ((c) / 128) * scs)
+#else
+#define DQ_BLOCK(r, c) ((r) * srs + ((c) / BK) * scs)
+#endif
+
+extern "C" __global__ void __launch_bounds__(BLOCK) dequant(const unsigned char *q, i64 rows, i64 cols, i64 qrs,
+                                                          const void *scale, i64 srs, i64 scs, const float *tslot,
+                                                          void *y, i64 yrs, i64 ycs, int ybf16) {
+  const i64 n = rows * cols;
+  for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK) {
+    const i64 r = i / cols, c = i % cols;
+#if SMELT_QKIND == QK_NVFP4
+    const u32 code = (q[r * qrs + c / 2] >> ((c & 1) * 4)) & 0xfu;
+    const float f = smelt_q_nvfp4_divisor(((const unsigned char *)scale)[DQ_BLOCK(r, c)], *tslot);
+#elif SMELT_QKIND == QK_MXFP8
+    const u32 code = q[r * qrs + c];
+    const float f = smelt_q_e8m0_value(((const unsigned char *)scale)[DQ_BLOCK(r, c)]);
+#else
+    const u32 code = q[r * qrs + c];
+    const float f = ((const float *)scale)[DQ_BLOCK(r, c)];
+#endif
+    const float v = SMELT_Q_MUL(smelt_q_decode(code, SMELT_QFMT), f);
+    if (ybf16) ((smelt_h16 *)y)[r * yrs + c * ycs] = smelt_f32_to_bf16(v);
+    else ((float *)y)[r * yrs + c * ycs] = v;
+  }
+}

@@ -1,0 +1,29 @@
+/* What the quantizer families share between the core, the CPU reference and
+ * the CUDA backend: a format's block geometry and the reading of its scale
+ * tensors' strides. */
+#ifndef SMELT_QUANT_INTERNAL_H
+#define SMELT_QUANT_INTERNAL_H
+
+#include "internal.h"
+
+/* A format's blocks over a [rows, cols] matrix: br x bk elements share one
+ * scale (the last block of a row or column may be short); the scale grid
+ * is [sr, sc]; q has qcols columns of dtype elem (SMELT_DTYPE_COUNT: e4m3
+ * or e5m2, the caller's pick); the scale's dtype is scale_dtype. */
+typedef struct smelt__quant_geom {
+  int64_t rows, cols, br, bk, sr, sc, qcols;
+  smelt_dtype elem, scale_dtype;
+} smelt__quant_geom;
+
+static inline int64_t smelt__ceil_div64(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+void smelt__quant_geometry(smelt_quant_format f, int64_t rows, int64_t cols, smelt__quant_geom *g);
+/* A validated scale tensor's strides as [sr, sc] ([n] and [1] views give
+ * a column stride of 0). */
+void smelt__quant_scale_strides(const smelt_tensor *s, int64_t *rs, int64_t *cs);
+/* The plan's format (kept in opdata by both families). */
+static inline smelt_quant_format smelt__quant_format_of(const smelt_plan *plan) {
+  return *(const smelt_quant_format *)plan->opdata;
+}
+
+#endif /* SMELT_QUANT_INTERNAL_H */
