@@ -52,11 +52,9 @@ typedef struct prep_params {
   int form;      /* PREP_* */
   int small_part; /* PREP_SPLIT: the part (0 or 1) that holds the small values */
   int mn_unit;   /* 1: s_r is the unit stride (read along rows) */
-  int vec;       /* 1: f32, K the unit stride, rows and src 16-byte aligned (16-byte units straight through) */
-  int pad;
 } prep_params;
 
-static_assert(sizeof(prep_params) == 96, "prep_params must match smelt__gemm_prep_params");
+static_assert(sizeof(prep_params) == 88, "prep_params must match smelt__gemm_prep_params");
 
 /* Round to the nearest tf32, ties away from zero, low 13 bits cleared;
  * adding half a tf32 unit to the magnitude bits carries into the exponent
@@ -99,66 +97,6 @@ static __device__ __forceinline__ void store16(char *p, const u32 *w) {
   *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* One 16-byte unit of the workspace (4 f32 or 16 fp8 elements) from its
- * words w, in the pass's form. */
-static __device__ __forceinline__ void put_unit(const prep_params &P, char *dst, u32 *w) {
-  if (P.form == PREP_COPY) {
-    store16(dst, w);
-  } else if (P.form == PREP_TF32) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) w[j] = tf32_rna(w[j]);
-    store16(dst, w);
-  } else {
-    u32 big[4], small[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      big[j] = tf32_rna(w[j]);
-      small[j] = tf32_small(w[j], big[j]);
-    }
-    /* Chosen element by element, so that both stay in registers. */
-#pragma unroll
-    for (int part = 0; part < 3; part++) {
-      u32 o[4];
-#pragma unroll
-      for (int j = 0; j < 4; j++) o[j] = part == P.small_part ? small[j] : big[j];
-      store16(dst + part * P.kp * 4, o);
-    }
-  }
-}
-
-/* P.vec: the tile's 16-byte units straight from global memory (16-byte
- * loads, all of a thread's in flight before its first store), without the
- * shared-memory tile a transpose needs: a K-major f32 operand (the common
- * tf32 and 3xtf32 case) moves at close to copy bandwidth. Elements past
- * the rows or K read as zeros; a unit cut by K is read element by element. */
-static __device__ __forceinline__ void prep_vec(const prep_params &P, i64 r0, i64 k0) {
-  constexpr int UNITS = TK / 4, PER = TR * UNITS / NT;
-  uint4 x[PER];
-#pragma unroll
-  for (int j = 0; j < PER; j++) {
-    const int i = threadIdx.x + j * NT;
-    const i64 gr = r0 + i / UNITS, gk = k0 + (i64)(i % UNITS) * 4;
-    x[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (gr >= P.rows || gk >= P.k) continue;
-    const u32 *src = (const u32 *)P.src + gr * P.s_r + gk;
-    if (gk + 4 <= P.k) {
-      x[j] = __ldg((const uint4 *)src);
-    } else {
-      x[j].x = __ldg(src);
-      if (gk + 1 < P.k) x[j].y = __ldg(src + 1);
-      if (gk + 2 < P.k) x[j].z = __ldg(src + 2);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < PER; j++) {
-    const int i = threadIdx.x + j * NT;
-    const i64 gr = r0 + i / UNITS, gk = k0 + (i64)(i % UNITS) * 4;
-    if (gr >= P.rows || gk >= P.kp) continue;
-    u32 w[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
-    put_unit(P, (char *)P.dst + (gr * P.ld + gk) * 4, w);
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(NT) gemm_prep(const prep_params P) {
   /* TR rows of TK elements, each row one word longer than its data. */
   __shared__ __align__(16) u32 tile[TR * (TK + 1)];
@@ -166,10 +104,6 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_prep(const prep_params P) 
   unsigned char *tb = (unsigned char *)tile;
   const i64 t = blockIdx.x;
   const i64 r0 = t / P.tiles_k * TR, k0 = t % P.tiles_k * TK;
-  if (P.vec) {
-    prep_vec(P, r0, k0);
-    return;
-  }
   /* A thread's EPT elements are loaded before any is stored, so all its
    * loads are in flight at once (enough bytes in flight per SM to reach
    * the memory's bandwidth). */
@@ -192,7 +126,29 @@ extern "C" __global__ void __launch_bounds__(NT) gemm_prep(const prep_params P) 
     u32 w[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) w[j] = tile[r * rsw + 4 * c + j];
-    put_unit(P, (char *)P.dst + (gr * P.ld + gk) * P.es, w);
+    char *dst = (char *)P.dst + (gr * P.ld + gk) * P.es;
+    if (P.form == PREP_COPY) {
+      store16(dst, w);
+    } else if (P.form == PREP_TF32) {
+#pragma unroll
+      for (int j = 0; j < 4; j++) w[j] = tf32_rna(w[j]);
+      store16(dst, w);
+    } else {
+      u32 big[4], small[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        big[j] = tf32_rna(w[j]);
+        small[j] = tf32_small(w[j], big[j]);
+      }
+      /* Chosen element by element, so that both stay in registers. */
+#pragma unroll
+      for (int part = 0; part < 3; part++) {
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = part == P.small_part ? small[j] : big[j];
+        store16(dst + part * P.kp * 4, o);
+      }
+    }
   }
 }
 

@@ -495,8 +495,7 @@ static const char *layout(const pcase *c) {
  * the selector picks (mma.sync at these sizes) and, on Hopper, through the
  * rounding pre-pass and wgmma (the wide tile asked for), with odd leading
  * dimensions that only the pre-pass takes, and with leading dimensions of
- * whole 16-byte units (K-major operands take the pre-pass's 16-byte path,
- * rows ending in a unit cut by K). */
+ * whole 16-byte units (rows ending in a unit cut by K). */
 static void test_gpu_tf32(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");

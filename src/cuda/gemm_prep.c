@@ -11,10 +11,10 @@ enum { TILE = 64, THREADS = 256 };
 typedef struct smelt__gemm_prep_params {
   uint64_t src, dst;
   int64_t rows, k, s_r, s_k, kp, ld, tiles_k;
-  int es, form, small_part, mn_unit, vec, pad;
+  int es, form, small_part, mn_unit;
 } smelt__gemm_prep_params;
 
-_Static_assert(sizeof(smelt__gemm_prep_params) == 96, "smelt__gemm_prep_params must match prep_params");
+_Static_assert(sizeof(smelt__gemm_prep_params) == 88, "smelt__gemm_prep_params must match prep_params");
 
 int64_t smelt__gemm_prep_kp(int64_t k, smelt_dtype dt) {
   const int64_t unit = 16 / (int64_t)smelt_dtype_size(dt);
@@ -86,9 +86,6 @@ static smelt_status run_form(smelt_ctx *ctx, CUfunction f, smelt__gemm_prep prep
   p.form = (int)prep;
   p.small_part = which; /* A: [small | big | big]; B: [big | small | big] */
   p.mn_unit = rows > 1 && s_r == 1 && !(k > 1 && s_k == 1);
-  /* f32 with K the unit stride and 16-byte rows: no transpose, so 16-byte
-   * units go straight through (prep_vec). */
-  p.vec = p.es == 4 && !p.mn_unit && (k <= 1 || s_k == 1) && p.s_r % 4 == 0 && (uintptr_t)src % 16 == 0;
   const int64_t blocks = smelt__ceil_div(rows, TILE) * p.tiles_k;
   if (blocks == 0) return SMELT_OK;
   if (blocks > 0x7fffffff)
