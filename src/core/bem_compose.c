@@ -40,15 +40,6 @@ typedef struct views {
   smelt_tensor s[S_COUNT], eye, xt, vt, dyt;
 } views;
 
-static smelt_tensor swapped(const smelt_tensor *t) {
-  smelt_tensor r = *t;
-  r.shape[0] = t->shape[1];
-  r.shape[1] = t->shape[0];
-  r.strides[0] = t->strides[1];
-  r.strides[1] = t->strides[0];
-  return r;
-}
-
 static void make_views(const smelt__bem_state *st, const smelt_ctx *ctx, const smelt_tensor *const *t, void *mem,
                        void *eye, views *w) {
   const smelt_dtype dt = t[SMELT__BT_X]->dtype;
@@ -57,9 +48,9 @@ static void make_views(const smelt__bem_state *st, const smelt_ctx *ctx, const s
   for (int i = 0; i < S_COUNT; i++)
     w->s[i] = smelt_tensor_make(mem ? (char *)mem + i * bytes : NULL, dt, ctx->device, ctx->device_index, 2, mr);
   w->eye = smelt_tensor_make(eye, dt, ctx->device, ctx->device_index, 2, rr);
-  w->xt = swapped(t[SMELT__BT_X]);
-  w->vt = swapped(t[SMELT__BT_V]);
-  w->dyt = swapped(t[SMELT__BT_DY]);
+  w->xt = smelt__tensor_swap_axes(t[SMELT__BT_X], 0, 1);
+  w->vt = smelt__tensor_swap_axes(t[SMELT__BT_V], 0, 1);
+  w->dyt = smelt__tensor_swap_axes(t[SMELT__BT_DY], 0, 1);
 }
 
 /* The Hadamard steps' inputs: x·I ∘ codes · I. */

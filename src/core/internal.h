@@ -73,6 +73,8 @@ const char *smelt__shape_str(const smelt_tensor *t, char *buf, size_t n);
 
 /* Offset in elements of the element with linear (row-major) index i. */
 int64_t smelt__tensor_offset(const smelt_tensor *t, int64_t i);
+/* The view of t with axes i and j exchanged (a transpose: no data moves). */
+smelt_tensor smelt__tensor_swap_axes(const smelt_tensor *t, int i, int j);
 
 /* ---- dtype element access for the CPU backend (any float/int dtype as double) */
 double smelt__load_f64(const void *base, smelt_dtype dt, int64_t off);

@@ -229,3 +229,12 @@ int64_t smelt__tensor_offset(const smelt_tensor *t, int64_t i) {
   }
   return off;
 }
+
+smelt_tensor smelt__tensor_swap_axes(const smelt_tensor *t, int i, int j) {
+  smelt_tensor r = *t;
+  r.shape[i] = t->shape[j];
+  r.shape[j] = t->shape[i];
+  r.strides[i] = t->strides[j];
+  r.strides[j] = t->strides[i];
+  return r;
+}

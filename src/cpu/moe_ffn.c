@@ -20,16 +20,6 @@ static smelt_tensor ends_view(const smelt_tensor *offsets, int64_t E) {
   return v;
 }
 
-/* Weights [E, a, b] as the [E, b, a] view of their transposes. */
-static smelt_tensor transposed(const smelt_tensor *w) {
-  smelt_tensor v = *w;
-  v.shape[1] = w->shape[2];
-  v.shape[2] = w->shape[1];
-  v.strides[1] = w->strides[2];
-  v.strides[2] = w->strides[1];
-  return v;
-}
-
 /* Rows [r0, r0 + n) of a contiguous [R, cols] tensor, or their transpose
  * [cols, n] (strides 1 and cols). */
 static smelt_tensor rows_of(const smelt_tensor *t, int64_t r0, int64_t n, int transpose) {
@@ -182,10 +172,10 @@ static void bias_grad(const smelt__moe_state *ms, const int64_t *start, const sm
 /* dxp = g1·W1ᵀ (+ g3·W3ᵀ). */
 static smelt_status input_grad(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt_tensor *const *t,
                                const smelt_tensor *ends, smelt_tensor *m) {
-  const smelt_tensor w1t = transposed(t[SMELT__MT_W1]);
+  const smelt_tensor w1t = smelt__tensor_swap_axes(t[SMELT__MT_W1], 1, 2);
   if (ms->cfg.ffn != SMELT_MOE_FFN_SWIGLU)
     return gemm_offs(ctx, &m[0], &w1t, NULL, t[SMELT__MT_DXP], NULL, SMELT_ACT_IDENTITY, ends);
-  const smelt_tensor w3t = transposed(t[SMELT__MT_W3]);
+  const smelt_tensor w3t = smelt__tensor_swap_axes(t[SMELT__MT_W3], 1, 2);
   smelt_tensor part;
   smelt_status s = smelt__moe_scratch(&part, ms->route_dt, ms->rows, ms->d, "the FFN's input gradient");
   if (!s) s = gemm_offs(ctx, &m[0], &w1t, NULL, &part, NULL, SMELT_ACT_IDENTITY, ends);
@@ -196,7 +186,8 @@ static smelt_status input_grad(smelt_ctx *ctx, const smelt__moe_state *ms, const
 
 static smelt_status ffn_bwd(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt_tensor *const *t,
                             const int64_t *start, smelt_tensor *m) {
-  const smelt_tensor ends = ends_view(t[SMELT__MT_OFFSETS_IN], ms->E), w2t = transposed(t[SMELT__MT_W2]);
+  const smelt_tensor ends = ends_view(t[SMELT__MT_OFFSETS_IN], ms->E);
+  const smelt_tensor w2t = smelt__tensor_swap_axes(t[SMELT__MT_W2], 1, 2);
   smelt_status s = up_proj(ctx, ms, t, &ends, &m[0], &m[1], SMELT_ACT_IDENTITY);
   if (!s) s = gemm_offs(ctx, t[SMELT__MT_DYP_IN], &w2t, NULL, &m[2], NULL, SMELT_ACT_IDENTITY, &ends);
   if (s) return s;
