@@ -487,8 +487,10 @@ static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int
  * ceil(tail x S / W) / S, plus 0.02 of a wave and 0.03 for each slot the
  * last chunk reads (128 KB at the ~100 GB/s one SM draws from L2, against
  * the ~60 us a wave of 128 x 256 tiles takes at K = 5000); taken when
- * that saves over 0.15 of a wave (4096^3 on 132 SMs, 512 tiles, would
- * save none). At least 2 K steps a chunk. SMELT_GEMM_STREAMK=on takes the
+ * that saves over 0.15 of a wave and over 5% of the time (4096^3 on 132
+ * SMs, 512 tiles, would save none; on H100 a predicted 1.6-1.8% at 8192^3
+ * and 14336 x 4096 x 4096 came to +0.4% and -0.2%, against +6% at 5000^3,
+ * which saves 9%). At least 2 K steps a chunk. SMELT_GEMM_STREAMK=on takes the
  * best split whatever it saves, =off never splits (debugging).
  * Cooperative tiles without clusters only. The workspace: S - 1 slots of
  * partial sums a tail tile, then the tiles' flags (zeroed here). */
@@ -512,7 +514,7 @@ static smelt_status streamk_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, cons
         best_s = sc;
       }
     }
-  if (!best_s || (!on && whole - best <= 0.15)) return SMELT_OK;
+  if (!best_s || (!on && (whole - best <= 0.15 || whole - best <= 0.05 * whole))) return SMELT_OK;
   kq->sk_tiles = (int)best_tail;
   kq->sk_chunks = (int)best_s;
   const size_t slots = (size_t)(best_tail * (best_s - 1)) * (size_t)k->bm * (size_t)k->bn * 4,
