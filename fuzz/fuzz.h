@@ -5,7 +5,8 @@
  * error nothing in the arena changed and the message is not empty; on
  * success only bytes of the declared outputs' elements changed. Each op
  * family's entry points live in their own file (fuzz_ops.c, fuzz_gemm.c,
- * fuzz_attention.c, fuzz_peer.c, fuzz_conv2d.c). */
+ * fuzz_attention.c, fuzz_peer.c, fuzz_conv2d.c, fuzz_moe.c, fuzz_bem.c,
+ * fuzz_quant.c). */
 #ifndef SMELT_FUZZ_H
 #define SMELT_FUZZ_H
 
@@ -160,5 +161,8 @@ void fz_attention_varlen(fz *f);
 void fz_peer(fz *f);
 void fz_peer_store(fz *f);
 void fz_conv2d(fz *f);
+void fz_moe(fz *f);
+void fz_bem(fz *f);
+void fz_quant(fz *f);
 
 #endif

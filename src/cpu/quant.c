@@ -117,6 +117,7 @@ static smelt_status run_dequant(smelt_plan *plan, const void *args) {
   const smelt_quant_format f = smelt__quant_format_of(plan);
   smelt__quant_geom g;
   smelt__quant_geometry(f, y->shape[0], y->shape[1], &g);
+  if (g.rows == 0 || g.cols == 0) return SMELT_OK;
   scales sc = {t[1], 0, 0};
   smelt__quant_scale_strides(t[1], &sc.rs, &sc.cs);
   const int fmt = elem_fmt(f, q->dtype);
