@@ -29,7 +29,15 @@ static smelt_moe_config draw_config(fz *f, const int64_t *dims) {
   uint8_t which = fz_u8(f);
   if (which & 1) c.score = (smelt_moe_score)fz_enum(f, SMELT_MOE_SCORE_COUNT), c.renormalize = fz_u8(f) % 3;
   if (which & 2) c.scaling_factor = fz_double(f);
-  if (which & 4) c.num_groups = fz_size(f, 4), c.topk_groups = fz_size(f, 4);
+  if (which & 4) {
+    /* Groups that divide E and a topk_groups within them, mostly. */
+    c.num_groups = fz_size(f, 4), c.topk_groups = fz_size(f, 4);
+    if (c.num_groups > 0 && c.num_groups <= 4 && c.num_experts > 0 && !fz_one_in(f, 4)) {
+      if (c.num_experts % c.num_groups) c.num_groups = 1;
+      c.topk_groups = 1 + c.topk_groups % c.num_groups;
+      if (c.top_k > 0 && c.topk_groups > c.top_k) c.topk_groups = c.top_k;
+    }
+  }
   if (which & 8) c.noise_seed = fz_u64(f), c.noise_token_offset = fz_size(f, 100);
   if (which & 16) {
     c.drop_policy = (smelt_moe_drop)fz_enum(f, SMELT_MOE_DROP_COUNT);
@@ -68,7 +76,7 @@ static smelt_dtype index_dtype(fz *f) {
   return fz_one_in(f, 16) ? (smelt_dtype)fz_enum(f, SMELT_DTYPE_COUNT) : fz_u8(f) & 1 ? SMELT_DTYPE_I64 : SMELT_DTYPE_I32;
 }
 
-static smelt_dtype float_or_f64(fz *f) { return fz_one_in(f, 8) ? SMELT_DTYPE_F64 : fz_float_dtype(f); }
+static smelt_dtype float_or_f64(fz *f) { return fz_one_in(f, 6) ? SMELT_DTYPE_F64 : fz_float_dtype(f); }
 
 static smelt_tensor index_view(fz *f, smelt_dtype dt, int nd, const int64_t *shape) {
   return fz_one_in(f, 8) ? fz_view(f, dt, nd, shape, 0) : fz_view_plain(f, dt, nd, shape, 0);
@@ -124,10 +132,14 @@ void fz_moe(fz *f) {
   const int64_t E = dims[0], k = dims[1], d = dims[2], F = dims[3], T = dims[4];
   smelt_moe_config cfg = draw_config(f, dims);
   const smelt_moe_config *cp = fz_one_in(f, 16) ? NULL : &cfg;
-  smelt_dtype wdt[6];
-  for (int i = 0; i < 6; i++) wdt[i] = float_or_f64(f);
+  /* f64 pairs only with f64: the weights follow x there, mostly. */
   const smelt_dtype xdt = float_or_f64(f), ypdt = float_or_f64(f), idt = index_dtype(f);
+  smelt_dtype wdt[6];
+  for (int i = 0; i < 6; i++) wdt[i] = xdt == SMELT_DTYPE_F64 && !fz_one_in(f, 16) ? xdt : float_or_f64(f);
   const uint8_t present = fz_u8(f); /* the optional weights and gradients */
+  /* w3 with SwiGLU and b1 (optional) with the MLP, mostly: the other way is refused. */
+  const int swiglu = cfg.ffn == SMELT_MOE_FFN_SWIGLU, with_w3 = swiglu != fz_one_in(f, 16),
+            with_b1 = (!swiglu && present & 8) || fz_one_in(f, 16);
   const int op = fz_u8(f) % NOPS, mode = op <= BWD ? fz_mode(f) : 1 + fz_u8(f) % 2;
   unsigned nulls = fz_nulls(f, 12);
   smelt_tensor t[NT];
@@ -146,11 +158,11 @@ void fz_moe(fz *f) {
      * wnoise only with an f64 x. */
     const int noisy = present & 2 && (op != BWD || xdt == SMELT_DTYPE_F64);
     smelt_moe_weights w = {p[WR], present & 1 ? &t[EB] : NULL, noisy ? &t[WN] : NULL,
-                           p[W1], present & 4 ? &t[W3] : NULL, p[W2], present & 8 ? &t[B1] : NULL};
+                           p[W1], with_w3 ? &t[W3] : NULL, p[W2], with_b1 ? &t[B1] : NULL};
     smelt_moe_routing ro = {p[LOGITS], p[IDS], p[WTS], p[COUNTS], p[OFFS], present & 16 ? &t[DROPPED] : NULL,
                             present & 32 ? &t[AUX] : NULL};
     smelt_moe_grads g = {present & 64 ? &t[DX] : NULL, present & 128 ? &t[DWR] : NULL, noisy ? &t[DWN] : NULL,
-                         &t[DW1], present & 4 ? &t[DW3] : NULL, &t[DW2], present & 8 ? &t[DB1] : NULL};
+                         &t[DW1], with_w3 ? &t[DW3] : NULL, &t[DW2], with_b1 ? &t[DB1] : NULL};
     smelt_moe_grads fg = {&t[DXP], NULL, NULL, g.dw1, g.dw3, g.dw2, g.db1};
     smelt_moe_stats stats;
     smelt_moe_stats *sp = fz_one_in(f, 16) ? NULL : &stats;

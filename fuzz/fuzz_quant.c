@@ -7,6 +7,7 @@
  * cols stays under a few thousand. */
 #include "fuzz.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #define WORK_CAP 4096
@@ -17,7 +18,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 && a <= INT64_MAX 
 static int64_t near(fz *f, int64_t want) {
   uint8_t b = fz_u8(f);
   if (b < 232) return want;
-  return b < 244 ? want + 1 : fz_size(f, 4);
+  return b < 244 && want < INT64_MAX ? want + 1 : fz_size(f, 4);
 }
 
 enum { X, Q, SCALE, TSCALE, Y, NT };
