@@ -44,7 +44,7 @@ void smelt__quant_geometry(smelt_quant_format f, int64_t rows, int64_t cols, sme
   g->sc = smelt__ceil_div64(cols, g->bk);
   if (f == SMELT_QUANT_FP8_TENSOR) g->sr = g->sc = 1;
   if (f == SMELT_QUANT_FP8_ROW) g->sc = 1;
-  g->qcols = f == SMELT_QUANT_NVFP4 ? (cols + 1) / 2 : cols;
+  g->qcols = f == SMELT_QUANT_NVFP4 ? smelt__ceil_div64(cols, 2) : cols;
   g->elem = f == SMELT_QUANT_NVFP4 ? SMELT_DTYPE_U8 : SMELT_DTYPE_COUNT; /* COUNT: e4m3 or e5m2 */
   g->scale_dtype = f == SMELT_QUANT_MXFP8 ? SMELT_DTYPE_U8 : f == SMELT_QUANT_NVFP4 ? SMELT_DTYPE_E4M3 : SMELT_DTYPE_F32;
 }
