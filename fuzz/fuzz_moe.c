@@ -151,12 +151,7 @@ void fz_moe(fz *f) {
     fill_routing(f, t, T, E, k);
     const smelt_tensor *p[NT];
     for (int i = 0; i < NT; i++) p[i] = fz_maybe_null(nulls, t, i);
-    /* Open: the CPU layer backward's noise path (src/cpu/moe.c, noise_grads)
-     * keeps its scratch z and dz in f64 whatever x's dtype, so with wnoise
-     * and an x other than f64 its GEMMs fail with DTYPE_MISMATCH after dw1
-     * and dw2 are written. Until it is fixed the layer's backward draws
-     * wnoise only with an f64 x. */
-    const int noisy = present & 2 && (op != BWD || xdt == SMELT_DTYPE_F64);
+    const int noisy = present & 2;
     smelt_moe_weights w = {p[WR], present & 1 ? &t[EB] : NULL, noisy ? &t[WN] : NULL,
                            p[W1], with_w3 ? &t[W3] : NULL, p[W2], with_b1 ? &t[B1] : NULL};
     smelt_moe_routing ro = {p[LOGITS], p[IDS], p[WTS], p[COUNTS], p[OFFS], present & 16 ? &t[DROPPED] : NULL,

@@ -960,6 +960,49 @@ static void test_moe_parts(void) {
   mp_free(&p);
 }
 
+/* The layer's backward through the noise's scale with x not f64 (the
+ * noise's z and dz in the routing dtype, paired with x in the GEMMs): f32
+ * and bf16 x with Wnoise, dx and dwnoise asked for, against the same
+ * values in f64 (a fuzz finding: z and dz in f64 made the f32 backward
+ * fail after it had written dw1). */
+static void test_moe_noise_backward_dtypes(void) {
+  smelt_ctx *cpu = th_cpu();
+  const int64_t T = 5, E = 4, k = 2, d = 8, F = 8;
+  static const int64_t dims[11][3] = {{T, d, 0}, {d, E, 0}, {d, E, 0}, {E, d, F}, {E, d, F}, {E, F, d},
+                                      {T, d, 0}, {E, d, F}, {E, d, F}, {E, F, d}, {d, E, 0}};
+  smelt_moe_config c = smelt_moe_config_default();
+  c.num_experts = E, c.top_k = k, c.d_model = d, c.ffn_dim = F;
+  c.noise_seed = 7;
+  double got[2][2][64], ref[2][64]; /* [dtype][dx, dwnoise][...] */
+  static const smelt_dtype dts[3] = {SMELT_DTYPE_F64, SMELT_DTYPE_F32, SMELT_DTYPE_BF16};
+  for (int di = 0; di < 3; di++) {
+    const smelt_dtype dt = dts[di];
+    uint8_t *mem[11];
+    smelt_tensor t[11];
+    for (int i = 0; i < 11; i++) {
+      const int nd = dims[i][2] ? 3 : 2;
+      const int64_t n = dims[i][0] * dims[i][1] * (nd == 3 ? dims[i][2] : 1);
+      mem[i] = (uint8_t *)calloc((size_t)n, 8);
+      for (int64_t j = 0; j < n; j++) th_set(mem[i], dt, j, (double)((j * 7 + i) % 13) / 16.0 - 0.375);
+      t[i] = smelt_tensor_make(mem[i], dt, SMELT_DEVICE_CPU, 0, nd, dims[i]);
+    }
+    smelt_moe_weights w = {&t[1], NULL, &t[2], &t[3], &t[4], &t[5], NULL};
+    smelt_moe_grads g = {&t[0], NULL, &t[10], &t[7], &t[8], &t[9], NULL};
+    uint8_t *dx = (uint8_t *)calloc((size_t)(T * d), 8);
+    smelt_tensor tdx = smelt_tensor_make(dx, dt, SMELT_DEVICE_CPU, 0, 2, dims[0]);
+    g.dx = &tdx;
+    CHECK_OK(smelt_moe_backward(cpu, &c, &w, &t[0], &t[6], &g));
+    for (int64_t j = 0; j < T * d; j++) (di ? got[di - 1][0] : ref[0])[j] = th_get(dx, dt, j);
+    for (int64_t j = 0; j < d * E; j++) (di ? got[di - 1][1] : ref[1])[j] = th_get(mem[10], dt, j);
+    free(dx);
+    for (int i = 0; i < 11; i++) free(mem[i]);
+  }
+  th_compare("noise backward f32 dx", got[0][0], ref[0], T * d, 1e-5, 0);
+  th_compare("noise backward f32 dwnoise", got[0][1], ref[1], d * E, 1e-5, 0);
+  th_compare("noise backward bf16 dx", got[1][0], ref[0], T * d, 3e-2, 0);
+  th_compare("noise backward bf16 dwnoise", got[1][1], ref[1], d * E, 3e-2, 0);
+}
+
 /* ---------------------------------------------------------------- bad inputs */
 
 static void test_moe_bad_config(void) {
@@ -1689,6 +1732,7 @@ const th_test th_tests_moe[] = {
     {"gradcheck_layer", test_moe_gradcheck_layer},
     {"batch_invariance", test_moe_batch_invariance},
     {"parts", test_moe_parts},
+    {"noise_backward_dtypes", test_moe_noise_backward_dtypes},
     {"bad_config", test_moe_bad_config},
     {"bad_runs", test_moe_bad_runs},
     {"gpu_route", test_moe_gpu_route},

@@ -93,14 +93,16 @@ static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, cons
   const smelt_tensor *x = L->u[SMELT__MT_X], *wn = L->u[SMELT__MT_WNOISE], *dl = L->u[SMELT__MT_DLOGITS];
   smelt_tensor z = {0}, dz = {0};
   smelt_gemm_desc desc = smelt_gemm_desc_default();
-  smelt_status s = smelt__moe_scratch(&z, SMELT_DTYPE_F64, ms->T, ms->E, "the noise's scale");
-  if (!s) s = smelt__moe_scratch(&dz, SMELT_DTYPE_F64, ms->T, ms->E, "the noise's gradient");
+  /* z and dz in the routing dtype (f32, or f64 with f64 x), which the
+   * GEMMs pair with x and Wnoise as they pair dlogits in the router's. */
+  smelt_status s = smelt__moe_scratch(&z, ms->route_dt, ms->T, ms->E, "the noise's scale");
+  if (!s) s = smelt__moe_scratch(&dz, ms->route_dt, ms->T, ms->E, "the noise's gradient");
   if (!s) s = smelt_gemm(ctx, &desc, x, wn, NULL, &z, NULL);
   for (int64_t t = 0; !s && t < ms->T; t++)
     for (int64_t e = 0; e < ms->E; e++) {
       const int64_t i = t * ms->E + e;
       const double n = smelt__moe_normal(ms->cfg.noise_seed, ms->cfg.noise_token_offset + t, e);
-      ((double *)dz.data)[i] = smelt__moe_get(dl, i) * n / (1.0 + exp(-((const double *)z.data)[i]));
+      smelt__moe_set(&dz, i, smelt__moe_get(dl, i) * n / (1.0 + exp(-smelt__moe_get(&z, i))));
     }
   const smelt_tensor xt = transposed(x), wt = transposed(wn);
   if (!s && L->u[SMELT__MT_DWNOISE]) s = smelt_gemm(ctx, &desc, &xt, &dz, NULL, L->u[SMELT__MT_DWNOISE], NULL);
