@@ -649,8 +649,7 @@ static __device__ __forceinline__ int offs_advance(const gemm_params &P, int t, 
  * the last unit. */
 static __device__ __forceinline__ int sk_locate(const gemm_params &P, sm90_tile *w, int *t) {
   const int dp = P.tiles_m * P.tiles_n - P.sk_tiles;
-  w->sk = 0;
-  if (*t < dp) return 1;
+  if (*t < dp) return 1; /* a whole tile (sm90_locate cleared w->sk) */
   const int v = *t - dp, chunk = v / P.sk_tiles, tile = v % P.sk_tiles;
   if (chunk >= P.sk_chunks) return 0;
   const int kt = w->ktiles, k0 = (int)((i64)chunk * kt / P.sk_chunks), k1 = (int)((i64)(chunk + 1) * kt / P.sk_chunks);

@@ -1314,7 +1314,7 @@ static void test_gpu_sm90(void) {
  * (small problems with many tiles: the CPU reference is the test's cost):
  * 143 tiles of 9 K steps (4 chunks) with bias + GELU, 306 tiles (2 chunks)
  * into f32 D, odd N (thread stores), C (the general epilogue); on 128 x 256
- * tiles, 143 of them with bias + GELU; forced (SMELT_GEMM_STREAMK=on) where
+ * tiles, 143 of them with bias + GELU; forced (SMELT_GEMM_SPLIT_TAIL=on) where
  * it saves too little to be chosen: 222 narrow tiles, a tail of 90 in 4
  * chunks (360 units: CTAs with chunks of several tiles). Each result twice,
  * bitwise equal (the chunks add in a fixed order). */
@@ -1338,7 +1338,7 @@ static void test_gpu_sm90_split_tail(void) {
     s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
     s.has_bias = cases[i].act;
     s.desc.epilogue.act = cases[i].act ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
-    if (cases[i].force) setenv("SMELT_GEMM_STREAMK", "on", 1);
+    if (cases[i].force) setenv("SMELT_GEMM_SPLIT_TAIL", "on", 1);
     int ok = check(&s, 0, "sm90 split tail");
     if (ok) {
       ginputs in;
@@ -1352,7 +1352,7 @@ static void test_gpu_sm90_split_tail(void) {
       free(g2);
       inputs_free(&in);
     }
-    unsetenv("SMELT_GEMM_STREAMK");
+    unsetenv("SMELT_GEMM_SPLIT_TAIL");
     if (!ok) return;
   }
 }

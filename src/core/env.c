@@ -19,7 +19,7 @@ static const env_var vars[] = {
     {"SMELT_LOG", {"off", "warn", "warning", "info", "debug", NULL}},
     {"SMELT_JIT", {"on", "off", NULL}},
     {"SMELT_GEMM_TUNE", {"on", "off", NULL}},
-    {"SMELT_GEMM_STREAMK", {"on", "off", NULL}},
+    {"SMELT_GEMM_SPLIT_TAIL", {"on", "off", NULL}},
     {"SMELT_DUMP_SOURCE", {"0", "1", NULL}},
     {"SMELT_NVTX", {"0", "1", NULL}},
 };

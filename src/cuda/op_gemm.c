@@ -490,16 +490,15 @@ static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int
  * that saves over 0.15 of a wave and over 5% of the time (4096^3 on 132
  * SMs, 512 tiles, would save none; on H100 a predicted 1.6-1.8% at 8192^3
  * and 14336 x 4096 x 4096 came to +0.4% and -0.2%, against +6% at 5000^3,
- * which saves 9%). At least 2 K steps a chunk. SMELT_GEMM_STREAMK=on takes the
- * best split whatever it saves, =off never splits (debugging).
+ * which saves 9%). At least 2 K steps a chunk. SMELT_GEMM_SPLIT_TAIL=on takes
+ * the best split whatever it saves, =off never splits (debugging; read only
+ * when a split is possible, so plain runs do not pay for it).
  * Cooperative tiles without clusters only. The workspace: S - 1 slots of
  * partial sums a tail tile, then the tiles' flags (zeroed here). */
-static smelt_status streamk_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, const smelt__gemm_prob *p, int64_t tiles,
-                               smelt__gemm_kparams *kq, void **ws) {
+static smelt_status split_tail_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, const smelt__gemm_prob *p,
+                                  int64_t tiles, smelt__gemm_kparams *kq, void **ws) {
   const int64_t W = ctx->cuda->info.sm_count, steps = smelt__ceil_div(p->k, k->bk);
-  const char *env = smelt__getenv("SMELT_GEMM_STREAMK");
-  const int on = env && !strcmp(env, "on"), off = env && !strcmp(env, "off");
-  if (off || k->pingpong || k->cluster_m * k->cluster_n > 1 || tiles % W == 0 || tiles > 0x7fffffff / 4 || steps < 4)
+  if (k->pingpong || k->cluster_m * k->cluster_n > 1 || tiles % W == 0 || tiles > 0x7fffffff / 4 || steps < 4)
     return SMELT_OK;
   const double whole = (double)smelt__ceil_div(tiles, W);
   double best = whole;
@@ -514,7 +513,10 @@ static smelt_status streamk_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, cons
         best_s = sc;
       }
     }
-  if (!best_s || (!on && (whole - best <= 0.15 || whole - best <= 0.05 * whole))) return SMELT_OK;
+  if (!best_s) return SMELT_OK;
+  const char *env = smelt__getenv("SMELT_GEMM_SPLIT_TAIL");
+  const int on = env && !strcmp(env, "on"), off = env && !strcmp(env, "off");
+  if (off || (!on && (whole - best <= 0.15 || whole - best <= 0.05 * whole))) return SMELT_OK;
   kq->sk_tiles = (int)best_tail;
   kq->sk_chunks = (int)best_s;
   const size_t slots = (size_t)(best_tail * (best_s - 1)) * (size_t)k->bm * (size_t)k->bn * 4,
@@ -573,7 +575,7 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   const void *gmaps = NULL; /* grouped runs only */
   void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps};
   void *ws = NULL;
-  if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = streamk_of(ctx, k, p, tiles, &kq, &ws))) return s;
+  if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = split_tail_of(ctx, k, p, tiles, &kq, &ws))) return s;
   s = sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
   if (ws) {
     smelt_status s2 = smelt__cuda_free(ctx, ws);
