@@ -133,7 +133,8 @@ static __device__ __forceinline__ float bem_scale(const bem_params &P, int a) {
 #define UB MAXI(BN * UP, SMELT_RP * WP)
 #define STAGE_ELEMS (SMELT_BM * XP + VB)
 
-static __device__ __forceinline__ u32 lds32(const smelt_h16 *p) { return *(const u32 *)p; }
+/* Two 16-bit elements (one mma fragment register) from shared memory. */
+static __device__ __forceinline__ u32 ld_pair(const smelt_h16 *p) { return *(const u32 *)p; }
 
 /* The mma and the pair packing of the input type. */
 #if SMELT_DT == SMELT_DT_F16
@@ -148,8 +149,8 @@ static __device__ __forceinline__ u32 lds32(const smelt_h16 *p) { return *(const
  * tile stored [n][k] (pitch elements a row), or [k][n] when trans. */
 static __device__ __forceinline__ void bem_bfrag(const smelt_h16 *s, int trans, int pitch, int n, int k, u32 *b) {
   if (!trans) {
-    b[0] = lds32(s + n * pitch + k);
-    b[1] = lds32(s + n * pitch + k + 8);
+    b[0] = ld_pair(s + n * pitch + k);
+    b[1] = ld_pair(s + n * pitch + k + 8);
   } else {
     const smelt_h16 *p = s + k * pitch + n;
     b[0] = (u32)p[0] | ((u32)p[pitch] << 16);
@@ -256,10 +257,10 @@ static __device__ __forceinline__ void bem_xv(const bem_params &P, const smelt_h
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       u32 a[4];
-      a[0] = lds32(xs + g * XP + kk + 2 * t);
-      a[1] = lds32(xs + (g + 8) * XP + kk + 2 * t);
-      a[2] = lds32(xs + g * XP + kk + 2 * t + 8);
-      a[3] = lds32(xs + (g + 8) * XP + kk + 2 * t + 8);
+      a[0] = ld_pair(xs + g * XP + kk + 2 * t);
+      a[1] = ld_pair(xs + (g + 8) * XP + kk + 2 * t);
+      a[2] = ld_pair(xs + g * XP + kk + 2 * t + 8);
+      a[3] = ld_pair(xs + (g + 8) * XP + kk + 2 * t + 8);
 #pragma unroll
       for (int j = 0; j < NR; j++) {
         u32 b[2];

@@ -87,16 +87,6 @@ static __device__ float normal(u64 seed, i64 token, int e) {
   return (float)(sqrt(-2.0 * log(u0)) * cos(6.283185307179586 * u1));
 }
 
-static __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
-  return v;
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-  return v;
-}
-
 /* The groups a token may choose from (group-limited routing): a group's
  * score is the sum of its `per` largest keys; the tg best groups win.
  * Returns the mask of this lane's experts in them. G <= 32. */
@@ -160,7 +150,7 @@ extern "C" __global__ void moe_route(float *logits, const float *zpre, const flo
     }
   }
   if (lse) { /* for the aux losses: in double, as the CPU's */
-    const float ml = warp_max(m);
+    const float ml = smelt_warp_max(m);
     double sum = 0.0;
 #pragma unroll
     for (int j = 0; j < MOE_ITEMS; j++)
@@ -169,11 +159,11 @@ extern "C" __global__ void moe_route(float *logits, const float *zpre, const flo
     if (lane == 0) lse[t] = ml == NEG_INF ? (double)NEG_INF : (double)ml + log(sum);
   }
   if (!sigmoid) {
-    m = warp_max(m);
+    m = smelt_warp_max(m);
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < MOE_ITEMS; j++) sum += s[j] = ((valid >> j) & 1u) && m != NEG_INF ? expf(l[j] - m) : 0.f;
-    sum = warp_sum(sum);
+    sum = smelt_warp_sum(sum);
 #pragma unroll
     for (int j = 0; j < MOE_ITEMS; j++) s[j] = sum > 0.f ? s[j] / sum : 0.f;
   } else {

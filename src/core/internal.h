@@ -71,8 +71,14 @@ smelt_status smelt__check_output(const char *op, const char *name, const smelt_t
 /* Formats "[2, 3, 4]" into buf. */
 const char *smelt__shape_str(const smelt_tensor *t, char *buf, size_t n);
 
+/* ceil(a / b) for a >= 0, b > 0 (tiles of b covering a), without the
+ * overflow of a + b - 1 near INT64_MAX. */
+static inline int64_t smelt__ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
 /* Offset in elements of the element with linear (row-major) index i. */
 int64_t smelt__tensor_offset(const smelt_tensor *t, int64_t i);
+/* d/dx of smelt_act_apply(a, x, slope) (src/core/op_activation.c). */
+double smelt__act_grad(smelt_act a, double x, double slope);
 /* The view of t with axes i and j exchanged (a transpose: no data moves). */
 smelt_tensor smelt__tensor_swap_axes(const smelt_tensor *t, int i, int j);
 

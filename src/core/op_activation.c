@@ -51,6 +51,26 @@ double smelt_act_apply(smelt_act a, double x, double slope) {
   }
 }
 
+/* The derivative of smelt_act_apply(a, x, slope) in x (the CPU references'
+ * backward passes). */
+double smelt__act_grad(smelt_act a, double x, double slope) {
+  const double sg = 1.0 / (1.0 + exp(-x));
+  switch (a) {
+    case SMELT_ACT_RELU: return x > 0 ? 1.0 : 0.0;
+    case SMELT_ACT_LEAKY_RELU: return x >= 0 ? 1.0 : slope;
+    case SMELT_ACT_TANH: return 1.0 - tanh(x) * tanh(x);
+    case SMELT_ACT_SIGMOID: return sg * (1.0 - sg);
+    case SMELT_ACT_SILU: return sg * (1.0 + x * (1.0 - sg));
+    case SMELT_ACT_HARDSWISH: return x < -3 ? 0.0 : x > 3 ? 1.0 : (2.0 * x + 3.0) / 6.0;
+    case SMELT_ACT_GELU: return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * 3.14159265358979323846);
+    case SMELT_ACT_GELU_TANH: {
+      const double c = 0.7978845608, u = c * (x + 0.044715 * x * x * x), th = tanh(u);
+      return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * 0.044715 * x * x);
+    }
+    default: return 1.0;
+  }
+}
+
 /* ---- smelt_activation */
 
 static const smelt_dtype float_types[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};

@@ -40,11 +40,11 @@ void smelt__quant_geometry(smelt_quant_format f, int64_t rows, int64_t cols, sme
   g->cols = cols;
   g->br = block_rows[f] ? block_rows[f] : (rows > 0 ? rows : 1);
   g->bk = block_cols[f] ? block_cols[f] : (cols > 0 ? cols : 1);
-  g->sr = smelt__ceil_div64(rows, g->br);
-  g->sc = smelt__ceil_div64(cols, g->bk);
+  g->sr = smelt__ceil_div(rows, g->br);
+  g->sc = smelt__ceil_div(cols, g->bk);
   if (f == SMELT_QUANT_FP8_TENSOR) g->sr = g->sc = 1;
   if (f == SMELT_QUANT_FP8_ROW) g->sc = 1;
-  g->qcols = f == SMELT_QUANT_NVFP4 ? smelt__ceil_div64(cols, 2) : cols;
+  g->qcols = f == SMELT_QUANT_NVFP4 ? smelt__ceil_div(cols, 2) : cols;
   g->elem = f == SMELT_QUANT_NVFP4 ? SMELT_DTYPE_U8 : SMELT_DTYPE_COUNT; /* COUNT: e4m3 or e5m2 */
   g->scale_dtype = f == SMELT_QUANT_MXFP8 ? SMELT_DTYPE_U8 : f == SMELT_QUANT_NVFP4 ? SMELT_DTYPE_E4M3 : SMELT_DTYPE_F32;
 }

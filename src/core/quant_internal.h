@@ -15,7 +15,13 @@ typedef struct smelt__quant_geom {
   smelt_dtype elem, scale_dtype;
 } smelt__quant_geom;
 
-static inline int64_t smelt__ceil_div64(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+#include "../../kernels/quant_math.cuh"
+
+/* quant_math.cuh's element format (SMELT_Q_*) of a format and q dtype. */
+static inline int smelt__quant_elem_fmt(smelt_quant_format f, smelt_dtype q) {
+  if (f == SMELT_QUANT_NVFP4) return SMELT_Q_E2M1;
+  return q == SMELT_DTYPE_E5M2 ? SMELT_Q_E5M2 : SMELT_Q_E4M3;
+}
 
 void smelt__quant_geometry(smelt_quant_format f, int64_t rows, int64_t cols, smelt__quant_geom *g);
 /* A validated scale tensor's strides as [sr, sc] ([n] and [1] views give

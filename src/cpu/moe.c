@@ -66,17 +66,10 @@ static smelt_status forward(smelt_ctx *ctx, const smelt__moe_state *ms, const sm
   return s;
 }
 
-/* The [n, m] view of an [m, n] matrix. */
-static smelt_tensor transposed(const smelt_tensor *t) {
-  smelt_tensor v = *t;
-  v.shape[0] = t->shape[1], v.shape[1] = t->shape[0];
-  v.strides[0] = t->strides[1], v.strides[1] = t->strides[0];
-  return v;
-}
-
 /* dwr = xᵀ·dlogits; dx = dlogits·Wrᵀ + the rest (dx_rest: the FFN's and the noise's parts). */
 static smelt_status router_input_grads(smelt_ctx *ctx, const layer *L, const smelt_tensor *dx_rest) {
-  const smelt_tensor xt = transposed(L->u[SMELT__MT_X]), wt = transposed(L->u[SMELT__MT_WR]);
+  const smelt_tensor xt = smelt__tensor_swap_axes(L->u[SMELT__MT_X], 0, 1);
+  const smelt_tensor wt = smelt__tensor_swap_axes(L->u[SMELT__MT_WR], 0, 1);
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   smelt_status s = SMELT_OK;
   if (L->u[SMELT__MT_DWR]) s = smelt_gemm(ctx, &desc, &xt, L->u[SMELT__MT_DLOGITS], NULL, L->u[SMELT__MT_DWR], NULL);
@@ -104,7 +97,7 @@ static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, cons
       const double n = smelt__moe_normal(ms->cfg.noise_seed, ms->cfg.noise_token_offset + t, e);
       smelt__moe_set(&dz, i, smelt__moe_get(dl, i) * n / (1.0 + exp(-smelt__moe_get(&z, i))));
     }
-  const smelt_tensor xt = transposed(x), wt = transposed(wn);
+  const smelt_tensor xt = smelt__tensor_swap_axes(x, 0, 1), wt = smelt__tensor_swap_axes(wn, 0, 1);
   if (!s && L->u[SMELT__MT_DWNOISE]) s = smelt_gemm(ctx, &desc, &xt, &dz, NULL, L->u[SMELT__MT_DWNOISE], NULL);
   desc.epilogue.beta = 1.0;
   if (!s && dx_rest) s = smelt_gemm(ctx, &desc, &dz, &wt, dx_rest, dx_rest, NULL);

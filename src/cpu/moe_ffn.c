@@ -58,25 +58,6 @@ static smelt_status gemm_offs(smelt_ctx *ctx, const smelt_tensor *a, const smelt
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
-/* The activation's derivative, for the MLP's backward. */
-static double act_grad(smelt_act act, double x) {
-  const double slope = 0.01;
-  switch (act) {
-    case SMELT_ACT_RELU: return x > 0 ? 1.0 : 0.0;
-    case SMELT_ACT_LEAKY_RELU: return x >= 0 ? 1.0 : slope;
-    case SMELT_ACT_TANH: return 1.0 - tanh(x) * tanh(x);
-    case SMELT_ACT_SIGMOID: return sigmoid(x) * (1.0 - sigmoid(x));
-    case SMELT_ACT_SILU: return sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x)));
-    case SMELT_ACT_HARDSWISH: return x < -3 ? 0.0 : x > 3 ? 1.0 : (2.0 * x + 3.0) / 6.0;
-    case SMELT_ACT_GELU: return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
-    case SMELT_ACT_GELU_TANH: {
-      const double c = 0.7978845608, u = c * (x + 0.044715 * x * x * x), th = tanh(u);
-      return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * c * (1.0 + 3.0 * 0.044715 * x * x);
-    }
-    default: return 1.0;
-  }
-}
-
 /* Scratch [T·k, F] matrices, n of them (m's data NULL before). */
 static smelt_status scratch_rf(const smelt__moe_state *ms, smelt_tensor *m, int n) {
   smelt_status s = SMELT_OK;
@@ -136,7 +117,7 @@ static void hidden_grads(const smelt__moe_state *ms, int64_t total, smelt_tensor
       smelt__moe_set(h1, i, g * up * sg * (1.0 + x * (1.0 - sg)));
     } else {
       smelt__moe_set(a, i, smelt_act_apply(ms->cfg.activation, x, 0.01));
-      smelt__moe_set(h1, i, g * act_grad(ms->cfg.activation, x));
+      smelt__moe_set(h1, i, g * smelt__act_grad(ms->cfg.activation, x, 0.01));
     }
   }
 }

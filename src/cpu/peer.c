@@ -237,10 +237,6 @@ static void gates(smelt_peer_gate gate, const double *s, int64_t k, double *g) {
 }
 
 static double act(smelt_act a, double z) { return smelt_act_apply(a, z, 0.0); }
-static double act_grad(smelt_act a, double z) {
-  if (a == SMELT_ACT_RELU) return z > 0 ? 1.0 : 0.0;
-  return 0.5 * (1.0 + erf(z / sqrt(2.0))) + z * exp(-0.5 * z * z) / sqrt(2.0 * 3.14159265358979323846);
-}
 
 static double u_at(const ref *r, int64_t e, int64_t i, int64_t j) {
   return smelt__load_f64(r->u, r->wdt, (e * r->ps->din + i) * r->ps->he + j);
@@ -476,7 +472,7 @@ static smelt_status backward(const smelt__peer_state *ps, const smelt_peer_weigh
           const double av = act(a_fn, z[jj]);
           dg[j] += da * av;
           ua[u * he + jj] = g[j] * av;
-          udz[u * he + jj] = da * g[j] * act_grad(a_fn, z[jj]);
+          udz[u * he + jj] = da * g[j] * smelt__act_grad(a_fn, z[jj], 0.0);
         }
         for (int64_t i = 0; i < ps->din; i++)
           for (int64_t jj = 0; jj < he; jj++) dxt[i] += udz[u * he + jj] * u_at(&r, e, i, jj);

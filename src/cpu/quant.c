@@ -5,14 +5,6 @@
  * unit column stride (checked by the core). */
 #include "../core/quant_internal.h"
 
-#include "../../kernels/quant_math.cuh"
-
-/* The element format's index in quant_math.cuh for q's dtype. */
-static int elem_fmt(smelt_quant_format f, smelt_dtype q) {
-  if (f == SMELT_QUANT_NVFP4) return SMELT_Q_E2M1;
-  return q == SMELT_DTYPE_E5M2 ? SMELT_Q_E5M2 : SMELT_Q_E4M3;
-}
-
 static float load_x(const smelt_tensor *x, int64_t r, int64_t c) {
   return (float)smelt__load_f64(x->data, x->dtype, r * x->strides[0] + c * x->strides[1]);
 }
@@ -89,7 +81,7 @@ static smelt_status run_quant(smelt_plan *plan, const void *args) {
   if (g.rows == 0 || g.cols == 0) return SMELT_OK;
   scales sc = {t[2], 0, 0};
   smelt__quant_scale_strides(t[2], &sc.rs, &sc.cs);
-  const int fmt = elem_fmt(f, q->dtype);
+  const int fmt = smelt__quant_elem_fmt(f, q->dtype);
   float tensor_scale = 0.0f;
   if (ts) {
     tensor_scale = smelt_q_nvfp4_tensor_scale(block_amax(x, 0, g.rows, 0, g.cols));
@@ -120,7 +112,7 @@ static smelt_status run_dequant(smelt_plan *plan, const void *args) {
   if (g.rows == 0 || g.cols == 0) return SMELT_OK;
   scales sc = {t[1], 0, 0};
   smelt__quant_scale_strides(t[1], &sc.rs, &sc.cs);
-  const int fmt = elem_fmt(f, q->dtype);
+  const int fmt = smelt__quant_elem_fmt(f, q->dtype);
   const float tensor_scale = ts ? *(const float *)ts->data : 0.0f;
   for (int64_t r = 0; r < g.rows; r++)
     for (int64_t c = 0; c < g.cols; c++) {

@@ -76,8 +76,6 @@ enum {
   SMELT__TMA_OOB_FILL_NONE = 0
 };
 
-/* ceil(a / b) for b > 0: tiles of b covering a. */
-static inline int64_t smelt__ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* CUlaunchAttribute with the one value we set, the cluster shape
  * (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), and CUlaunchConfig, in the CUDA

@@ -17,11 +17,6 @@ enum { F_MAIN, F_AMAX, F_SCALAR, F_COUNT };
 
 static const smelt_dtype x_dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 
-/* quant_math.cuh's element format of a format and q dtype. */
-static int elem_fmt(smelt_quant_format f, smelt_dtype q) {
-  if (f == SMELT_QUANT_NVFP4) return 2;
-  return q == SMELT_DTYPE_E5M2 ? 1 : 0;
-}
 
 /* The one place a variant's source is made (plans and the enumerator). */
 static void make_src(smelt_dtype dt, int fmt, smelt_quant_format f, smelt__kernel_src *src) {
@@ -64,7 +59,7 @@ static smelt_status plan_quant(smelt_plan *plan, const void *args) {
   (void)args;
   const smelt_quant_format f = smelt__quant_format_of(plan);
   smelt__kernel_src src;
-  make_src(plan->t[0].dtype, elem_fmt(f, plan->t[1].dtype), f, &src);
+  make_src(plan->t[0].dtype, smelt__quant_elem_fmt(f, plan->t[1].dtype), f, &src);
   const char *entry[F_COUNT] = {main_entry(f), "quant_amax", "quant_scalar"};
   for (int i = 0; i < (needs_amax(f) ? F_COUNT : 1); i++) {
     CUfunction fn;
@@ -142,7 +137,7 @@ static smelt_status plan_dequant(smelt_plan *plan, const void *args) {
   (void)args;
   const smelt_quant_format f = smelt__quant_format_of(plan);
   smelt__kernel_src src;
-  make_src(SMELT_DTYPE_F32, elem_fmt(f, plan->t[0].dtype), f, &src);
+  make_src(SMELT_DTYPE_F32, smelt__quant_elem_fmt(f, plan->t[0].dtype), f, &src);
   CUfunction fn;
   smelt_status s = smelt__cuda_function(plan->ctx, &src, "dequant", &fn);
   if (s) return s;
