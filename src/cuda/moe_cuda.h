@@ -28,4 +28,11 @@ smelt_status smelt__moe_ffn_run(smelt_ctx *ctx, const smelt__moe_state *ms, smel
 /* The FFN's kernel variants (one a dtype), for the enumerator. */
 int smelt__moe_ffn_variants(smelt__kernel_src *out, int max);
 
+/* A contiguous [rows, cols] tensor of dtype dt on the context's device at p. */
+static inline smelt_tensor smelt__moe_device_mat(const smelt_ctx *ctx, void *p, smelt_dtype dt, int64_t rows,
+                                                 int64_t cols) {
+  const int64_t shape[2] = {rows, cols};
+  return smelt_tensor_make(p, dt, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
+}
+
 #endif /* SMELT_MOE_CUDA_H */

@@ -36,12 +36,6 @@ int smelt__moe_ffn_variants(smelt__kernel_src *out, int max) {
   return n;
 }
 
-/* A contiguous [rows, cols] tensor on the context's device at p. */
-static smelt_tensor mat(const smelt_ctx *ctx, void *p, smelt_dtype dt, int64_t rows, int64_t cols) {
-  const int64_t shape[2] = {rows, cols};
-  return smelt_tensor_make(p, dt, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
-}
-
 /* The offsets GEMM's group ends [E]: offsets [E+1] past its leading 0. */
 static smelt_tensor row_ends(const smelt_ctx *ctx, const smelt_tensor *offsets, int64_t E) {
   const int64_t shape[1] = {E};
@@ -99,7 +93,7 @@ smelt_status smelt__moe_ffn_plan(smelt_ctx *ctx, const smelt__moe_state *ms, sme
   const int64_t cols[4] = {d, F, F, d};
   for (int i = 0; i < 4; i++) {
     at = round_up(at);
-    t[i] = mat(ctx, (void *)at, xdt, R, cols[i]);
+    t[i] = smelt__moe_device_mat(ctx, (void *)at, xdt, R, cols[i]);
     at += (uintptr_t)(R * cols[i] * es);
   }
   const int64_t one[1] = {E + 1};
@@ -141,7 +135,8 @@ smelt_status smelt__moe_ffn_run(smelt_ctx *ctx, const smelt__moe_state *ms, smel
   char *ws = NULL;
   smelt_status s = smelt__cuda_alloc(ctx, swiglu_ffn ? 2 * hb : hb, (void **)&ws);
   if (s) return s;
-  const smelt_tensor h1 = mat(ctx, ws, hdt, ms->rows, ms->F), h3 = mat(ctx, ws + hb, hdt, ms->rows, ms->F),
+  const smelt_tensor h1 = smelt__moe_device_mat(ctx, ws, hdt, ms->rows, ms->F),
+                     h3 = smelt__moe_device_mat(ctx, ws + hb, hdt, ms->rows, ms->F),
                      ends = row_ends(ctx, offsets, ms->E);
   const int o64 = offsets->dtype == SMELT_DTYPE_I64;
   if (!(s = plan_for(ctx, ms, fc, xp, &h1, &h3, yp, &ends)))

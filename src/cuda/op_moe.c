@@ -93,12 +93,6 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
 
 static unsigned grid_of(int64_t n, int64_t per) { return (unsigned)smelt__ceil_div(n, per); }
 
-/* A [rows, cols] f32 tensor on the context's device at p. */
-static smelt_tensor device_f32(const smelt_ctx *ctx, void *p, int64_t rows, int64_t cols) {
-  const int64_t shape[2] = {rows, cols};
-  return smelt_tensor_make(p, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, ctx->device_index, 2, shape);
-}
-
 /* rows [T, k] = each assignment's row in expert-major stable order: from
  * offsets (i32 or i64), or, with offsets NULL, its position among its
  * expert's assignments (moe_chunk_counts, moe_chunk_bases, moe_rank). */
@@ -157,7 +151,7 @@ static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, con
   int64_t T = ms->T;
   smelt_status s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL, t[SMELT__MT_LOGITS], NULL);
   if (!s && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(T * ms->E) * 4, &z))) {
-    const smelt_tensor zt = device_f32(ctx, z, T, ms->E);
+    const smelt_tensor zt = smelt__moe_device_mat(ctx, z, SMELT_DTYPE_F32, T, ms->E);
     s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WNOISE], NULL, &zt, NULL);
   }
   if (!s) {
