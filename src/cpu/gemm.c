@@ -62,8 +62,10 @@ typedef struct {
 } scratch;
 
 static int64_t scratch_elems(const smelt__gemm_prob *p) {
-  int64_t e;
-  if (__builtin_mul_overflow(p->k, p->n, &e) || __builtin_add_overflow(e, p->k + p->n, &e)) return -1;
+  int64_t e, kn;
+  if (__builtin_mul_overflow(p->k, p->n, &e) || __builtin_add_overflow(p->k, p->n, &kn) ||
+      __builtin_add_overflow(e, kn, &e))
+    return -1;
   return e;
 }
 
