@@ -402,7 +402,7 @@ static void test_bad_inputs(void) {
       {4, 1, 3, SMELT_STATUS_SHAPE_MISMATCH, "y.shape=[6, 3] must be [M, d_out]"},
       {2, 1, 0, SMELT_STATUS_UNSUPPORTED, "rank codes.shape[1]=0 must be in [1, 128]"},
       {1, -1, 0, SMELT_STATUS_DTYPE_MISMATCH, "v.dtype=f16 must equal x.dtype=f32"},
-      {0, 1, 6, SMELT_STATUS_SHAPE_MISMATCH, "v.shape=[5, 3] must be [d_in, r] = [6, 3]"},
+      {0, 1, 6, SMELT_STATUS_SHAPE_MISMATCH, "v.shape=[5, 3] must be [d_in, r]=[6, 3]"},
   };
   smelt_tensor bad;
   for (size_t i = 0; i < sizeof muts / sizeof *muts; i++) {
@@ -427,7 +427,7 @@ static void test_bad_inputs(void) {
   in = T.in;
   in.scales = &sc;
   CHECK_STATUS(smelt_bem(ctx, &d, &in, &T.y.t), SMELT_STATUS_SHAPE_MISMATCH);
-  CHECK_MSG("scales.shape=[2] must be [A] = [1]");
+  CHECK_MSG("scales.shape=[2] must be [A]=[1]");
   offs.dtype = SMELT_DTYPE_F32;
   in = T.in;
   in.offsets = &offs;

@@ -70,6 +70,10 @@ int smelt__tensors_overlap(const smelt_tensor *a, const smelt_tensor *b);
 smelt_status smelt__check_output(const char *op, const char *name, const smelt_tensor *t);
 /* Formats "[2, 3, 4]" into buf. */
 const char *smelt__shape_str(const smelt_tensor *t, char *buf, size_t n);
+/* t has exactly the n dims given, else SHAPE_MISMATCH naming op, the role
+ * and what (the expected shape in words, e.g. "[T, d_model]"). */
+smelt_status smelt__check_dims(const char *op, const char *name, const smelt_tensor *t, int n, const int64_t *dims,
+                               const char *what);
 
 /* ceil(a / b) for a >= 0, b > 0 (tiles of b covering a), without the
  * overflow of a + b - 1 near INT64_MAX. */

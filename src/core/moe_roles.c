@@ -126,20 +126,6 @@ static shape_rule rule_of(const smelt__moe_state *ms, int r) {
   }
 }
 
-static smelt_status check_dims(const char *name, const smelt_tensor *t, int n, const int64_t *dims,
-                               const char *what) {
-  int same = t->ndim == n;
-  for (int i = 0; same && i < n; i++) same = t->shape[i] == dims[i];
-  if (same) return SMELT_OK;
-  smelt_tensor want;
-  memset(&want, 0, sizeof want);
-  want.ndim = n;
-  for (int i = 0; i < n; i++) want.shape[i] = dims[i];
-  char a[160], b[160];
-  return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, MOE_OP ": %s.shape=%s must be %s=%s", name,
-                      smelt__shape_str(t, a, sizeof a), what, smelt__shape_str(&want, b, sizeof b));
-}
-
 smelt_status smelt__moe_check_shape(const smelt__moe_state *ms, int r, const smelt_tensor *t, smelt_dtype xdt) {
   const char *name = smelt__moe_roles[r].name;
   shape_rule rule = rule_of(ms, r);
@@ -151,7 +137,7 @@ smelt_status smelt__moe_check_shape(const smelt__moe_state *ms, int r, const sme
                           smelt__moe_roles[like].name);
     rule = rule_of(ms, like);
   }
-  smelt_status s = check_dims(name, t, rule.n, rule.dims, rule.what);
+  smelt_status s = smelt__check_dims(MOE_OP, name, t, rule.n, rule.dims, rule.what);
   if (s) return s;
   if (rule.x_dtype && t->dtype != xdt)
     return smelt__error(SMELT_STATUS_DTYPE_MISMATCH, MOE_OP ": %s.dtype=%s must equal x.dtype=%s", name,

@@ -81,16 +81,8 @@ const smelt__family smelt__family_bem = {
 
 /* ---------------------------------------------------------------- shapes */
 
-/* t is n-D with exactly dims (what: the expected shape in words). */
 static smelt_status check_shape(const smelt_tensor *const *t, int r, int n, const int64_t *dims, const char *what) {
-  int same = t[r]->ndim == n;
-  for (int d = 0; same && d < n; d++) same = t[r]->shape[d] == dims[d];
-  if (same) return SMELT_OK;
-  char got[160], want[160];
-  smelt_tensor w = {.ndim = n};
-  for (int d = 0; d < n; d++) w.shape[d] = dims[d];
-  return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, OP ": %s.shape=%s must be %s = %s", roles[r].name,
-                      smelt__shape_str(t[r], got, sizeof got), what, smelt__shape_str(&w, want, sizeof want));
+  return smelt__check_dims(OP, roles[r].name, t[r], n, dims, what);
 }
 
 /* M, d_in, r and A from x, codes and v (with offsets: v's first dim). */

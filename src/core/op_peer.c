@@ -214,18 +214,7 @@ const smelt__family smelt__family_peer = {
 /* t has exactly the n dims given. */
 static smelt_status check_shape(const char *name, const smelt_tensor *t, int n, const int64_t *dims,
                                 const char *what) {
-  int same = t->ndim == n;
-  for (int d = 0; same && d < n; d++) same = t->shape[d] == dims[d];
-  if (!same) {
-    smelt_tensor want;
-    memset(&want, 0, sizeof want);
-    want.ndim = n;
-    for (int d = 0; d < n; d++) want.shape[d] = dims[d];
-    char a[160], b[160];
-    return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, OP ": %s.shape=%s must be %s=%s", name,
-                        smelt__shape_str(t, a, sizeof a), what, smelt__shape_str(&want, b, sizeof b));
-  }
-  return SMELT_OK;
+  return smelt__check_dims(OP, name, t, n, dims, what);
 }
 
 static smelt_status check_contiguous(const char *name, const smelt_tensor *t) {

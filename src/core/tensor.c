@@ -65,6 +65,18 @@ const char *smelt__shape_str(const smelt_tensor *t, char *buf, size_t n) {
   return buf;
 }
 
+smelt_status smelt__check_dims(const char *op, const char *name, const smelt_tensor *t, int n, const int64_t *dims,
+                               const char *what) {
+  int same = t->ndim == n;
+  for (int d = 0; same && d < n; d++) same = t->shape[d] == dims[d];
+  if (same) return SMELT_OK;
+  smelt_tensor want = {.ndim = n};
+  for (int d = 0; d < n; d++) want.shape[d] = dims[d];
+  char a[160], b[160];
+  return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: %s.shape=%s must be %s=%s", op, name,
+                      smelt__shape_str(t, a, sizeof a), what, smelt__shape_str(&want, b, sizeof b));
+}
+
 smelt_status smelt__check_tensor(const char *op, const char *name, const smelt_tensor *t) {
   if (!t) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: %s is NULL", op, name);
   if (t->ndim < 0 || t->ndim > SMELT_MAX_DIMS)
