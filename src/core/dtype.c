@@ -4,6 +4,7 @@
  * rules cannot drift apart; bf16 uses the usual bit trick. */
 #include "internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -134,6 +135,18 @@ double smelt__load_f64(const void *base, smelt_dtype dt, int64_t off) {
     case SMELT_DTYPE_BOOL: return ((const uint8_t *)p)[off] != 0;
     default: return NAN;
   }
+}
+
+double smelt__clamp_finite(smelt_dtype dt, double v) {
+  double m;
+  switch (dt) {
+    case SMELT_DTYPE_F32: m = FLT_MAX; break;
+    case SMELT_DTYPE_F16: m = 65504.0; break;
+    case SMELT_DTYPE_BF16: m = 3.3895313892515355e38; break;
+    default: return v;
+  }
+  const double f = (float)v;
+  return f > m ? m : f < -m ? -m : f;
 }
 
 void smelt__store_f64(void *base, smelt_dtype dt, int64_t off, double v) {

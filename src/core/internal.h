@@ -89,6 +89,10 @@ smelt_tensor smelt__tensor_swap_axes(const smelt_tensor *t, int i, int j);
 /* ---- dtype element access for the CPU backend (any float/int dtype as double) */
 double smelt__load_f64(const void *base, smelt_dtype dt, int64_t off);
 void smelt__store_f64(void *base, smelt_dtype dt, int64_t off, double v);
+/* The epilogue's clamp (smelt/gemm.h) for D of type dt: v rounded to f32
+ * first, as a kernel's f32 epilogue value is, then held to dt's finite
+ * range when dt is f32, f16 or bf16; other types as they are. */
+double smelt__clamp_finite(smelt_dtype dt, double v);
 
 /* ---- context */
 struct smelt__cuda_ctx;

@@ -80,11 +80,6 @@ static double wgrad(const conv *cv, int64_t k, int64_t r, int64_t s, int64_t c) 
   return acc;
 }
 
-/* Largest finite value of D's type, for clamp. */
-static double float_max(smelt_dtype dt) {
-  return dt == SMELT_DTYPE_F32 ? FLT_MAX : dt == SMELT_DTYPE_F16 ? 65504.0 : 3.3895313892515355e38;
-}
-
 static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt_tensor *const *t = (const smelt_tensor *const *)args;
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
@@ -102,10 +97,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
           if (st->has_c) v += e->beta * at(c, i0, i1, i2, i3);
           if (st->has_bias) v += smelt__load_f64(bias->data, bias->dtype, i3 * bias->strides[0]);
           v = smelt_act_apply(e->act, v, e->slope) * (double)e->scale_d;
-          if (e->clamp) { /* rounded to f32 first, as a kernel's f32 epilogue value is */
-            const double m = float_max(d->dtype), f = (float)v;
-            v = f > m ? m : f < -m ? -m : f;
-          }
+          if (e->clamp) v = smelt__clamp_finite(d->dtype, v);
           smelt__store_f64(d->data, d->dtype, smelt__conv2d_off(d, i0, i1, i2, i3), v);
         }
   return SMELT_OK;

@@ -20,16 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Largest finite value of a float output type (clamp). */
-static double float_max(smelt_dtype dt) {
-  switch (dt) {
-    case SMELT_DTYPE_F32: return FLT_MAX;
-    case SMELT_DTYPE_F16: return 65504.0;
-    case SMELT_DTYPE_BF16: return 3.3895313892515355e38;
-    default: return INFINITY;
-  }
-}
-
 /* Round to nearest even, saturate to [lo, hi]; NaN becomes 0. */
 static double to_int(double v, double lo, double hi) {
   if (isnan(v)) return 0;
@@ -39,11 +29,7 @@ static double to_int(double v, double lo, double hi) {
 
 /* Stores v into D with the conversion rules of smelt/gemm.h. */
 static void store(void *base, smelt_dtype dt, int64_t off, double v, int clamp) {
-  if (clamp && (dt == SMELT_DTYPE_F32 || dt == SMELT_DTYPE_F16 || dt == SMELT_DTYPE_BF16)) {
-    /* Rounded to f32 first, as a kernel's f32 epilogue value is. */
-    double m = float_max(dt), f = (float)v;
-    v = f > m ? m : f < -m ? -m : f;
-  }
+  if (clamp) v = smelt__clamp_finite(dt, v);
   switch (dt) {
     case SMELT_DTYPE_I8: ((int8_t *)base)[off] = (int8_t)to_int(v, -128, 127); break;
     case SMELT_DTYPE_I32: ((int32_t *)base)[off] = (int32_t)to_int(v, -2147483648.0, 2147483647.0); break;
