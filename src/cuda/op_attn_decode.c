@@ -6,9 +6,10 @@
  * keys for up to 16 rows, two and two up to 32, four warps of rows past
  * that), the shared memory, and the split count. Splits follow
  * FlashAttention's heuristic on the CTAs the device holds at once (SMs ×
- * CTAs per SM by shared memory, at most 3 by registers): the fewest splits
- * whose last wave is at least 85% as full as the best count's, with at
- * least two key tiles per split of the longest sequence the block table
+ * CTAs per SM by shared memory, at most 2 by registers: about 200 a
+ * thread at D 128), counting only the splits that get tiles: the fewest
+ * splits whose last wave is at least 85% as full as the best count's, with
+ * at least two key tiles per split of the longest sequence the block table
  * can hold (the host never reads cache_seqlens, which live on the
  * device). One split writes O and LSE directly; more write partial rows to
  * a pool workspace that dec_combine merges. */
@@ -76,18 +77,22 @@ static int dec_smem(int d, int rw) {
   return main > merge ? main : merge;
 }
 
+/* Splits that share tiles tiles out ceil(tiles / s) each use only
+ * ceil(tiles / that) CTAs: the count that actually runs. */
+static int64_t used_splits(int64_t tiles, int64_t s) { return smelt__ceil_div(tiles, smelt__ceil_div(tiles, s)); }
+
 static int64_t dec_splits(int64_t ctas, int64_t tiles, int sms, int occ) {
   int64_t cap = tiles / 2 < DEC_MAX_SPLITS ? tiles / 2 : DEC_MAX_SPLITS;
-  if (cap < 1) cap = 1;
+  if (cap < 1) return 1;
   const double slots = (double)sms * occ;
   double eff[DEC_MAX_SPLITS + 1], best = 0.0;
   for (int64_t s = 1; s <= cap; s++) {
-    const double waves = (double)(ctas * s) / slots;
+    const double waves = (double)(ctas * used_splits(tiles, s)) / slots;
     eff[s] = waves / (double)(int64_t)(waves + 0.999999);
     if (eff[s] > best) best = eff[s];
   }
   for (int64_t s = 1; s <= cap; s++)
-    if (eff[s] >= 0.85 * best) return s;
+    if (eff[s] >= 0.85 * best) return used_splits(tiles, s);
   return 1;
 }
 
@@ -148,7 +153,7 @@ static smelt_status configure(const smelt_plan *plan, const smelt_device_info *d
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: the D=%lld kernel needs %d bytes of shared memory per block; %s offers %d",
                         op, (long long)g.D, cfg->smem, dev->name, dev->smem_per_block_optin);
   int occ = (dev->smem_per_block_optin + 1024) / (cfg->smem + 1024);
-  occ = occ < 1 ? 1 : occ > 3 ? 3 : occ;
+  occ = occ < 1 ? 1 : occ > 2 ? 2 : occ;
   const int64_t ctas = g.B * g.Hk * cfg->row_blocks, tiles = smelt__ceil_div(g.max_pages * g.page_size, DEC_BN);
   cfg->splits = (int)dec_splits(ctas, tiles, dev->sm_count, occ);
   if (smelt__ceil_div(g.B * g.Hk * M, DEC_THREADS / 32) > INT32_MAX)
