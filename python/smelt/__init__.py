@@ -390,17 +390,25 @@ def _window(window, op):
     return tuple(_int(w, "window[%d]" % i, op, -1, what=" (-1 = unbounded)") for i, w in enumerate(window))
 
 
-def _attention_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, return_lse, out, lse, ctx, stream,
-                    lse_shape):
-    """The forward call of attention and attention_varlen: numpy outputs made
-    here (lse of lse_shape()), the rest in C."""
-    want = bool(return_lse) or lse is not None
+def _numpy_out_lse(q, out, lse, want, lse_shape):
+    """The outputs of an attention call on numpy arrays, made here when not
+    given: o like q, lse of lse_shape() in f32 when wanted. Other frameworks'
+    outputs are made in C."""
     if type(q).__module__ == "numpy":
         np = _sys.modules["numpy"]
         if out is None:
             out = np.empty(q.shape, dtype=q.dtype)
         if lse is None and want:
             lse = np.empty(lse_shape(), dtype=np.float32)
+    return out, lse
+
+
+def _attention_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, return_lse, out, lse, ctx, stream,
+                    lse_shape):
+    """The forward call of attention and attention_varlen: numpy outputs made
+    here (lse of lse_shape()), the rest in C."""
+    want = bool(return_lse) or lse is not None
+    out, lse = _numpy_out_lse(q, out, lse, want, lse_shape)
     r = _c_attention(q, k, v, out, lse, want, cu_q, cu_k, 0.0 if scale is None else float(scale), bool(causal),
                      window[0], window[1], max_q, max_k, ctx, stream)
     return r if return_lse or not want else r[0]
@@ -448,12 +456,7 @@ def attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=
     Returns o, or (o, lse) when return_lse is true.
     """
     want = bool(return_lse) or lse is not None
-    if type(q).__module__ == "numpy":
-        np = _sys.modules["numpy"]
-        if out is None:
-            out = np.empty(q.shape, dtype=q.dtype)
-        if lse is None and want:
-            lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
+    out, lse = _numpy_out_lse(q, out, lse, want, lambda: (q.shape[0], q.shape[2], q.shape[1]))
     r = _c_attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, out, lse, want,
                             0.0 if scale is None else float(scale), bool(causal), ctx, stream)
     return r if return_lse or not want else r[0]
