@@ -31,6 +31,9 @@
  * -inf and weight 0). A row that saw no key at all gets O = 0, LSE = +inf.
  *
  * dec_combine: one warp per (sequence, kv head, row), each lane 4 columns.
+ * On sm_90 it is launched as dec_fwd's programmatic dependent: dec_fwd lets
+ * it start once all its CTAs run, and it waits in griddepcontrol.wait for
+ * dec_fwd's end and memory, which saves the launch gap between the two.
  */
 #include "attn_common.cuh"
 
@@ -120,6 +123,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) dec_fwd(const dec_params P) 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int rw = warp / KW, kw = warp % KW;
   const int len = dec_seqlen(P, b);
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 
   /* This CTA's key tiles: the split's share of those its rows see. */
   const int r_last = (r0 + BM < P.M ? r0 + BM : P.M) - 1;
@@ -272,6 +278,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) dec_fwd(const dec_params P) 
 /* The splits of each row merged by their LSE: O = Σ e^(lse_s - m) O_s /
  * Σ e^(lse_s - m), LSE = m + log Σ e^(lse_s - m). */
 extern "C" __global__ void __launch_bounds__(NT) dec_combine(const dec_params P) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   const i64 rows = (i64)P.B * P.Hk * P.M;
   const i64 w = (i64)blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
   if (w >= rows) return;

@@ -12,7 +12,8 @@
  * at least two key tiles per split of the longest sequence the block table
  * can hold (the host never reads cache_seqlens, which live on the
  * device). One split writes O and LSE directly; more write partial rows to
- * a pool workspace that dec_combine merges. */
+ * a pool workspace that dec_combine merges (on sm_90 launched as dec_fwd's
+ * programmatic dependent). */
 #include "../core/attn_decode_internal.h"
 #include "cuda_internal.h"
 
@@ -241,10 +242,14 @@ static smelt_status run(smelt_plan *plan, const smelt_tensor *const *t) {
   kp.lse_part = kp.o_part + opart;
   s = smelt__cuda_launch(ctx, op, (CUfunction)plan->func[F_FWD], gx, (unsigned)kp.Hk, (unsigned)kp.B, DEC_THREADS,
                          (unsigned)cfg->smem, params);
-  const int64_t wrows = (int64_t)kp.B * kp.Hk * kp.M;
-  if (!s)
-    s = smelt__cuda_launch(ctx, op, (CUfunction)plan->func[F_COMBINE], (unsigned)smelt__ceil_div(wrows, DEC_THREADS / 32),
-                           1, 1, DEC_THREADS, 0, params);
+  /* The combine as dec_fwd's programmatic dependent on sm_90 (the kernel
+   * file says how they meet), a plain launch before. */
+  const unsigned cgrid = (unsigned)smelt__ceil_div((int64_t)kp.B * kp.Hk * kp.M, DEC_THREADS / 32);
+  CUfunction combine = (CUfunction)plan->func[F_COMBINE];
+  if (!s && ctx->cuda->info.cc_major >= 9)
+    s = smelt__cuda_launch_dependent(ctx, op, combine, cgrid, DEC_THREADS, 0, params);
+  else if (!s)
+    s = smelt__cuda_launch(ctx, op, combine, cgrid, 1, 1, DEC_THREADS, 0, params);
   smelt_status s2 = smelt__cuda_free(ctx, ws);
   return s ? s : s2;
 }
