@@ -154,9 +154,18 @@ static void teardown(dsetup *s) {
   free(s->q), free(s->k), free(s->v), free(s->table), free(s->len), free(s->qh), free(s->kh), free(s->vh);
 }
 
+/* Row (position p, kv head hk) of sequence b in a dense cache; the zero
+ * row for a page id outside the cache (what CUDA reads there). */
+static const double *row_of(const dcase *c, const dsetup *s, const double *cache, int64_t b, int64_t p, int64_t hk) {
+  static const double zeros[256];
+  const int64_t page = s->table[b * s->max_pages + p / c->ps];
+  if (page < 0 || page >= s->pages) return zeros;
+  return cache + ((page * c->ps + p % c->ps) * c->Hk + hk) * c->D;
+}
+
 /* The reference: o [B][Sq][H][D], lse [B][H][Sq]. */
 static void reference(const dcase *c, const dsetup *s, double *o, double *lse) {
-  const int64_t H = c->H, D = c->D, G = c->H / c->Hk, Hk = c->Hk;
+  const int64_t H = c->H, D = c->D, G = c->H / c->Hk;
   const double scale = c->scale != 0 ? (double)c->scale : 1.0 / sqrt((double)D);
   double *sc = (double *)malloc((size_t)(s->max_pages * c->ps + 1) * sizeof(double));
   for (int64_t b = 0; b < c->B; b++)
@@ -167,16 +176,14 @@ static void reference(const dcase *c, const dsetup *s, double *o, double *lse) {
         double *orow = o + ((b * c->Sq + i) * H + h) * D, m = -INFINITY, l = 0;
         for (int64_t d = 0; d < D; d++) orow[d] = 0;
         for (int64_t p = 0; p <= last; p++) {
-          const int64_t page = s->table[b * s->max_pages + p / c->ps];
-          const double *kr = s->k + ((page * c->ps + p % c->ps) * Hk + h / G) * D;
+          const double *kr = row_of(c, s, s->k, b, p, h / G);
           double dot = 0;
           for (int64_t d = 0; d < D; d++) dot += qr[d] * kr[d];
           sc[p] = scale * dot;
           if (sc[p] > m) m = sc[p];
         }
         for (int64_t p = 0; p <= last; p++) {
-          const int64_t page = s->table[b * s->max_pages + p / c->ps];
-          const double *vr = s->v + ((page * c->ps + p % c->ps) * Hk + h / G) * D, e = exp(sc[p] - m);
+          const double *vr = row_of(c, s, s->v, b, p, h / G), e = exp(sc[p] - m);
           l += e;
           for (int64_t d = 0; d < D; d++) orow[d] += e * vr[d];
         }
@@ -279,6 +286,30 @@ static void test_gpu_decode(void) {
     run_case(ctx, SMELT_DTYPE_BF16, &cases[i]);
     run_case(ctx, SMELT_DTYPE_F16, &cases[i]);
   }
+}
+
+/* A page id outside the cache reads as zeros on CUDA: keys with score 0
+ * and zero values, no access outside the cache (guards intact). */
+static void test_gpu_decode_bad_page(void) {
+  smelt_ctx *ctx = th_cuda();
+  if (!ctx) SKIP("no CUDA device");
+  const dcase c = {2, 1, 8, 2, 128, 16, {40, 100}, 1, 0, 0, 0};
+  dsetup s;
+  setup(ctx, SMELT_DTYPE_BF16, &c, &s);
+  s.table[1 * s.max_pages + 2] = (int32_t)(s.pages + 5);
+  s.table[0] = -2;
+  th_buf_free(&s.tb);
+  s.tb = upload_i32(ctx, &s.ltab, s.table, &s.tt);
+  const int64_t nq = s.lq.numel;
+  double *oref = (double *)malloc((size_t)(nq + 1) * 8), *lref = (double *)malloc((size_t)(s.ll.numel + 1) * 8);
+  double *got = (double *)malloc((size_t)(nq + 1) * 8);
+  reference(&c, &s, oref, lref);
+  CHECK_OK(smelt_attention_decode(ctx, NULL, &s.qt, &s.kt, &s.vt, &s.tt, &s.st, &s.ot, &s.lt));
+  th_check_output("decode with bad page ids", "o", &s.lo, &s.ob, SMELT_DTYPE_BF16, got);
+  CHECK(th_compare("decode with bad page ids", got, oref, nq, bound_of(ctx, SMELT_DTYPE_BF16, 0), 0));
+  CHECK(th_buf_guards_ok(&s.kb) && th_buf_guards_ok(&s.vb));
+  free(oref), free(lref), free(got);
+  teardown(&s);
 }
 
 static void test_gpu_decode_unsupported(void) {
@@ -492,6 +523,7 @@ const th_test th_tests_attention_decode[] = {
     {"cpu_bad_table", test_cpu_decode_bad_table},
     {"bad_shapes", test_decode_bad_shapes},
     {"gpu_decode", test_gpu_decode},
+    {"gpu_bad_page", test_gpu_decode_bad_page},
     {"gpu_unsupported", test_gpu_decode_unsupported},
     {0, 0},
 };
