@@ -84,7 +84,7 @@ static int64_t used_splits(int64_t tiles, int64_t s) { return smelt__ceil_div(ti
 
 static int64_t dec_splits(int64_t ctas, int64_t tiles, int sms, int occ) {
   int64_t cap = tiles / 2 < DEC_MAX_SPLITS ? tiles / 2 : DEC_MAX_SPLITS;
-  if (cap < 1) return 1;
+  if (cap < 1 || ctas < 1) return 1;
   const double slots = (double)sms * occ;
   double eff[DEC_MAX_SPLITS + 1], best = 0.0;
   for (int64_t s = 1; s <= cap; s++) {
