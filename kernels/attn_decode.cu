@@ -4,7 +4,8 @@
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D, the head dim (64, 128);
  * DEC_RW, the warps along query rows (1, 2 or 4; the other 4 / DEC_RW
- * split each key tile between them).
+ * split each key tile between them); DEC_MAX_SPLITS, the most splits the
+ * host asks for (a multiple of 32).
  *
  * The rows of a CTA are the queries of one kv head of one sequence: the
  * group's query heads times Sq (row r is query r / group of head
@@ -37,8 +38,8 @@
  */
 #include "attn_common.cuh"
 
-#if !defined(ATTN_D) || !defined(DEC_RW)
-#error "attn_decode.cu needs ATTN_D and DEC_RW"
+#if !defined(ATTN_D) || !defined(DEC_RW) || !defined(DEC_MAX_SPLITS)
+#error "attn_decode.cu needs ATTN_D, DEC_RW and DEC_MAX_SPLITS"
 #endif
 
 #define D ATTN_D
@@ -59,6 +60,7 @@
 
 static_assert(D == 64 || D == 128, "attn_decode.cu supports head dims 64 and 128");
 static_assert(RW == 1 || RW == 2 || RW == 4, "DEC_RW is 1, 2 or 4");
+static_assert(DEC_MAX_SPLITS % 32 == 0, "DEC_MAX_SPLITS is a multiple of 32");
 static_assert(NT % CH == 0 && BNW % 16 == 0, "tile shapes");
 
 /* Mirrored byte for byte by smelt__dec_kparams in src/cuda/op_attn_decode.c.
@@ -276,7 +278,12 @@ extern "C" __global__ void __launch_bounds__(NT, 2) dec_fwd(const dec_params P) 
 }
 
 /* The splits of each row merged by their LSE: O = Σ e^(lse_s - m) O_s /
- * Σ e^(lse_s - m), LSE = m + log Σ e^(lse_s - m). */
+ * Σ e^(lse_s - m), LSE = m + log Σ e^(lse_s - m). Lane t holds the LSE and
+ * weight of splits t, t + 32, ... (DEC_MAX_SPLITS at most), so the row's
+ * LSE values are read at once and reduced by shuffles; the O rows are then
+ * read 8 splits at a time, each weight shuffled from its lane. */
+#define SPL (DEC_MAX_SPLITS / 32)
+
 extern "C" __global__ void __launch_bounds__(NT) dec_combine(const dec_params P) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -286,40 +293,57 @@ extern "C" __global__ void __launch_bounds__(NT) dec_combine(const dec_params P)
   if (w >= rows) return;
   const int lane = threadIdx.x & 31;
   const float *lp = (const float *)P.lse_part + w;
-  float m = ATTN_NEG_INF;
-  for (int s = 0; s < P.splits; s++) m = fmaxf(m, lp[(i64)s * rows]);
+  float wt[SPL], m = ATTN_NEG_INF;
+#pragma unroll
+  for (int j = 0; j < SPL; j++) {
+    const int sp = lane + 32 * j;
+    wt[j] = sp < P.splits ? lp[(i64)sp * rows] : ATTN_NEG_INF;
+    m = fmaxf(m, wt[j]);
+  }
+#pragma unroll
+  for (int x = 16; x > 0; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
   float l = 0.f;
+#pragma unroll
+  for (int j = 0; j < SPL; j++) {
+    wt[j] = m == ATTN_NEG_INF || wt[j] == ATTN_NEG_INF ? 0.f : __expf(wt[j] - m);
+    l += wt[j];
+  }
+#pragma unroll
+  for (int x = 16; x > 0; x >>= 1) l += __shfl_xor_sync(0xffffffffu, l, x);
+
   float4 acc[(D + 127) / 128];
 #pragma unroll
-  for (int j = 0; j < (D + 127) / 128; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (m != ATTN_NEG_INF)
-    for (int s = 0; s < P.splits; s++) {
-      const float ls = lp[(i64)s * rows];
-      if (ls == ATTN_NEG_INF) continue;
-      const float f = __expf(ls - m);
-      l += f;
-      const float *src = (const float *)P.o_part + ((i64)s * rows + w) * D;
+  for (int k = 0; k < (D + 127) / 128; k++) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float *src = (const float *)P.o_part + w * D;
 #pragma unroll
-      for (int j = 0; j < (D + 127) / 128; j++) {
-        const int d = lane * 4 + 128 * j;
+  for (int j = 0; j < SPL; j++) {
+    const int n = P.splits - 32 * j < 32 ? P.splits - 32 * j : 32;
+#pragma unroll 8
+    for (int t = 0; t < n; t++) {
+      const float f = __shfl_sync(0xffffffffu, wt[j], t);
+      const int sp = 32 * j + t;
+#pragma unroll
+      for (int k = 0; k < (D + 127) / 128; k++) {
+        const int d = lane * 4 + 128 * k;
         if (d < D) {
-          const float4 v = *(const float4 *)(src + d);
-          acc[j].x += f * v.x;
-          acc[j].y += f * v.y;
-          acc[j].z += f * v.z;
-          acc[j].w += f * v.w;
+          const float4 v = *(const float4 *)(src + (i64)sp * rows * D + d);
+          acc[k].x += f * v.x;
+          acc[k].y += f * v.y;
+          acc[k].z += f * v.z;
+          acc[k].w += f * v.w;
         }
       }
     }
+  }
   const float inv = l > 0.f ? 1.f / l : 0.f;
   const int r = (int)(w % P.M), hk = (int)(w / P.M % P.Hk), b = (int)(w / P.M / P.Hk);
   const int i = r / P.group, h = hk * P.group + r % P.group;
   elem_t *O = (elem_t *)P.o + (i64)b * P.o_bs + (i64)i * P.o_rs + (i64)h * P.o_hs;
 #pragma unroll
-  for (int j = 0; j < (D + 127) / 128; j++) {
-    const int d = lane * 4 + 128 * j;
+  for (int k = 0; k < (D + 127) / 128; k++) {
+    const int d = lane * 4 + 128 * k;
     if (d < D)
-      *(uint2 *)(O + d) = make_uint2(ATTN_PACK(acc[j].x * inv, acc[j].y * inv), ATTN_PACK(acc[j].z * inv, acc[j].w * inv));
+      *(uint2 *)(O + d) = make_uint2(ATTN_PACK(acc[k].x * inv, acc[k].y * inv), ATTN_PACK(acc[k].z * inv, acc[k].w * inv));
   }
   if (P.lse && lane == 0)
     ((float *)P.lse)[(i64)b * P.lse_bs + (i64)h * P.lse_hs + (i64)i * P.lse_rs] =

@@ -40,7 +40,7 @@ _Static_assert(sizeof(smelt__dec_kparams) == 272, "smelt__dec_kparams must match
 
 #define DEC_BN 64      /* keys per tile (BN in the kernel) */
 #define DEC_THREADS 128
-#define DEC_MAX_SPLITS 128
+#define DEC_MAX_SPLITS 128 /* the kernel's prelude gets it too: dec_combine's lanes hold 4 splits each */
 
 static const smelt_dtype dec_dtypes[] = {SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 static const int dec_dims[] = {64, 128};
@@ -59,6 +59,7 @@ static void make_src(smelt_dtype dt, int d, int rw, smelt__kernel_src *src) {
   smelt__prelude_define(src, "SMELT_DT", dt);
   smelt__prelude_define(src, "ATTN_D", d);
   smelt__prelude_define(src, "DEC_RW", rw);
+  smelt__prelude_define(src, "DEC_MAX_SPLITS", DEC_MAX_SPLITS);
 }
 
 int smelt__attention_decode_variants(smelt__kernel_src *out, int max) {
