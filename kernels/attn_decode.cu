@@ -124,6 +124,17 @@ extern "C" __global__ void __launch_bounds__(NT, 2) dec_fwd(const dec_params P) 
   const int hk = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int rw = warp / KW, kw = warp % KW;
+  const u32 sQ = smem_u32(smem), sKV = sQ + BM * RB; /* stage s: K at sKV + 2 s BN RB, V after it */
+  /* Q's rows (query i of head hk * group + hg, zeros past M), issued before
+   * anything waits on the length, as a group of their own (the waits below
+   * cover it; an uncommitted copy no wait would). */
+  for (int c = tid; c < BM * CH; c += NT) {
+    const int r = r0 + c / CH, ch = c % CH, i = r / P.group, h = hk * P.group + r % P.group;
+    const bool ok = r < P.M;
+    const elem_t *src = (const elem_t *)P.q + (ok ? (i64)b * P.q_bs + (i64)i * P.q_rs + (i64)h * P.q_hs + ch * 8 : 0);
+    cp_async16(attn_sw(sQ, RB, c / CH, ch), src, ok ? 16 : 0);
+  }
+  cp_async_commit();
   const int len = dec_seqlen(P, b);
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -148,20 +159,12 @@ extern "C" __global__ void __launch_bounds__(NT, 2) dec_fwd(const dec_params P) 
     R.hi[e] = r < P.M ? dec_hi(P, len, r / P.group) : -1;
   }
 
-  const u32 sQ = smem_u32(smem), sKV = sQ + BM * RB; /* stage s: K at sKV + 2 s BN RB, V after it */
   float o[NO][4];
 #pragma unroll
   for (int i = 0; i < NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.f, 0.f};
 
   if (t0 < t1) {
-    /* Q's rows: query i of head hk * group + hg, zeros past M. */
-    for (int c = tid; c < BM * CH; c += NT) {
-      const int r = r0 + c / CH, ch = c % CH, i = r / P.group, h = hk * P.group + r % P.group;
-      const bool ok = r < P.M;
-      const elem_t *src = (const elem_t *)P.q + (ok ? (i64)b * P.q_bs + (i64)i * P.q_rs + (i64)h * P.q_hs + ch * 8 : 0);
-      cp_async16(attn_sw(sQ, RB, c / CH, ch), src, ok ? 16 : 0);
-    }
     int pg[LR];
     dec_pages(P, b, t0, len, tid, pg);
     dec_load(P, hk, t0, pg, sKV, sKV + BN * RB, tid);
