@@ -355,6 +355,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/gemm.h"
 #include "smelt/conv2d.h"
 #include "smelt/attention.h"
+#include "smelt/attention_decode.h"
 #include "smelt/peer.h"
 #include "smelt/moe.h"
 #include "smelt/bem.h"

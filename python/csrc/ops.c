@@ -8,6 +8,7 @@
  * release the DLPack imports. */
 #include "smelt_py.h"
 #include "smelt/attention.h"
+#include "smelt/attention_decode.h"
 #include "smelt/conv2d.h"
 #include "smelt/gemm.h"
 
@@ -27,7 +28,9 @@ enum {
   OP_ATTN_VARLEN_FWD,
   OP_ATTN_BWD,
   OP_ATTN_VARLEN_BWD,
-  OP_CONV2D
+  OP_CONV2D,
+  OP_ATTN_DECODE,
+  OP_KV_APPEND
 };
 
 typedef struct op_args {
@@ -43,7 +46,9 @@ typedef struct op_args {
    *   gemm by offsets: a, b, c, d, bias, offs, scale_a, scale_b
    *   conv2d:         a, b, c, d, bias (A and B as the kind takes them: smelt/conv2d.h)
    *   attention fwd:  q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
-   *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k */
+   *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k
+   *   attention decode: q, k_cache, v_cache, block_table, cache_seqlens, o, lse (attn: scale, causal)
+   *   kv cache append:  k_new, v_new, block_table, cache_seqlens, k_cache, v_cache */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
 } op_args;
 
@@ -77,6 +82,12 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
       return smelt_attention_varlen_bwd_plan(ctx, &o->attn, o->t[0], o->t[1], o->t[2], o->t[9], o->t[10], o->t[3],
                                              o->t[4], o->t[5], o->t[6], o->t[7], o->t[8], plan);
     case OP_CONV2D: return smelt_conv2d_plan(ctx, &o->conv, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
+    case OP_ATTN_DECODE: {
+      const smelt_attention_decode_desc d = {o->attn.scale, o->attn.causal};
+      return smelt_attention_decode_plan(ctx, &d, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6], plan);
+    }
+    case OP_KV_APPEND:
+      return smelt_kv_cache_append_plan(ctx, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], plan);
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -102,6 +113,9 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
       return smelt_attention_varlen_bwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[9], o->t[10], o->t[3], o->t[4],
                                             o->t[5], o->t[6], o->t[7], o->t[8]);
     case OP_CONV2D: return smelt_conv2d_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
+    case OP_ATTN_DECODE:
+      return smelt_attention_decode_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6]);
+    case OP_KV_APPEND: return smelt_kv_cache_append_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5]);
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -686,6 +700,57 @@ done:
   return result;
 }
 
+static PyObject *py_attention_decode(PyObject *self, PyObject *args) {
+  /* q, k_cache, v_cache, block_table, cache_seqlens, out, lse, want_lse, scale, causal, ctx, stream */
+  static const char *names[5] = {"q", "k_cache", "v_cache", "block_table", "cache_seqlens"};
+  PyObject *a[12];
+  op_args o;
+  if (op_begin(args, "attention_decode", 12, a, &o, OP_ATTN_DECODE, 7) < 0) return NULL;
+  const int want_lse = PyObject_IsTrue(a[7]), causal = PyObject_IsTrue(a[9]);
+  const double scale = PyFloat_AsDouble(a[8]);
+  if (want_lse < 0 || causal < 0 || (scale == -1.0 && PyErr_Occurred())) return NULL;
+  o.attn.scale = (float)scale;
+  o.attn.causal = causal;
+  smpy_call call;
+  smelt_tensor *t;
+  if (smpy_call_begin(&call, "smelt.attention_decode", a[10], a[11]) < 0) return NULL;
+  for (int i = 0; i < 5; i++) {
+    if (smpy_call_import(&call, a[i], names[i], 0, &t) < 0) goto fail;
+    o.t[i] = t;
+  }
+  if (o.t[0]->ndim != 4) {
+    smpy_raise(SMELT_STATUS_SHAPE_MISMATCH, "smelt.attention_decode: q must be 4-D [B, Sq, H, D], got %d dims",
+               o.t[0]->ndim);
+    goto fail;
+  }
+  const int64_t ls[3] = {o.t[0]->shape[0], o.t[0]->shape[2], o.t[0]->shape[1]};
+  return end_out_lse(&call, &o, 5, a[5], a[6], want_lse, o.t[0], 3, ls);
+fail:
+  smpy_call_end(&call);
+  return NULL;
+}
+
+static PyObject *py_kv_cache_append(PyObject *self, PyObject *args) {
+  /* k_new, v_new, block_table, cache_seqlens, k_cache, v_cache, ctx, stream */
+  static const char *names[6] = {"k_new", "v_new", "block_table", "cache_seqlens", "k_cache", "v_cache"};
+  PyObject *a[8], *result = NULL;
+  op_args o;
+  if (op_begin(args, "kv_cache_append", 8, a, &o, OP_KV_APPEND, 6) < 0) return NULL;
+  smpy_call call;
+  smelt_tensor *t;
+  if (smpy_call_begin(&call, "smelt.kv_cache_append", a[6], a[7]) < 0) return NULL;
+  for (int i = 0; i < 6; i++) {
+    if (smpy_call_import(&call, a[i], names[i], i >= 4, &t) < 0) goto done;
+    o.t[i] = t;
+  }
+  if (execute(&call, &o) < 0) goto done;
+  Py_INCREF(Py_None);
+  result = Py_None;
+done:
+  smpy_call_end(&call);
+  return result;
+}
+
 PyMethodDef smpy_op_methods[] = {
     {"activation", py_activation, METH_VARARGS, "activation(x, out, act, slope, ctx, stream) -> out"},
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
@@ -703,6 +768,11 @@ PyMethodDef smpy_op_methods[] = {
     {"attention_backward", py_attention_backward, METH_VARARGS,
      "attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, "
      "window_right, max_seqlen_q, max_seqlen_k, ctx, stream) -> (dq, dk, dv)"},
+    {"attention_decode", py_attention_decode, METH_VARARGS,
+     "attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, out, lse, want_lse, scale, causal, ctx, "
+     "stream) -> out or (out, lse)"},
+    {"kv_cache_append", py_kv_cache_append, METH_VARARGS,
+     "kv_cache_append(k_new, v_new, block_table, cache_seqlens, k_cache, v_cache, ctx, stream) -> None"},
     {NULL, NULL, 0, NULL}};
 
 int smpy_ops_init(PyObject *module) {

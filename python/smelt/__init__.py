@@ -60,9 +60,10 @@ from ._smelt import (  # noqa: F401,E402
 __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
-    "PeerStore", "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_varlen",
+    "PeerStore", "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_decode",
+    "attention_varlen",
     "conv2d", "conv2d_dgrad", "conv2d_wgrad", "default_context", "empty", "gemm", "gemm_grouped", "info", "peer",
-    "peer_backward", "peer_retrieve", "softmax", "topk",
+    "kv_cache_append", "peer_backward", "peer_retrieve", "softmax", "topk",
 ]
 
 _c_activation = _C.activation
@@ -72,6 +73,8 @@ _c_gemm = _C.gemm
 _c_gemm_grouped = _C.gemm_grouped
 _c_attention = _C.attention
 _c_attention_backward = _C.attention_backward
+_c_attention_decode = _C.attention_decode
+_c_kv_cache_append = _C.kv_cache_append
 _c_conv2d = _C.conv2d
 _c_peer = _C.peer
 
@@ -387,17 +390,25 @@ def _window(window, op):
     return tuple(_int(w, "window[%d]" % i, op, -1, what=" (-1 = unbounded)") for i, w in enumerate(window))
 
 
-def _attention_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, return_lse, out, lse, ctx, stream,
-                    lse_shape):
-    """The forward call of attention and attention_varlen: numpy outputs made
-    here (lse of lse_shape()), the rest in C."""
-    want = bool(return_lse) or lse is not None
+def _numpy_out_lse(q, out, lse, want, lse_shape):
+    """The outputs of an attention call on numpy arrays, made here when not
+    given: o like q, lse of lse_shape() in f32 when wanted. Other frameworks'
+    outputs are made in C."""
     if type(q).__module__ == "numpy":
         np = _sys.modules["numpy"]
         if out is None:
             out = np.empty(q.shape, dtype=q.dtype)
         if lse is None and want:
             lse = np.empty(lse_shape(), dtype=np.float32)
+    return out, lse
+
+
+def _attention_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, return_lse, out, lse, ctx, stream,
+                    lse_shape):
+    """The forward call of attention and attention_varlen: numpy outputs made
+    here (lse of lse_shape()), the rest in C."""
+    want = bool(return_lse) or lse is not None
+    out, lse = _numpy_out_lse(q, out, lse, want, lse_shape)
     r = _c_attention(q, k, v, out, lse, want, cu_q, cu_k, 0.0 if scale is None else float(scale), bool(causal),
                      window[0], window[1], max_q, max_k, ctx, stream)
     return r if return_lse or not want else r[0]
@@ -425,6 +436,38 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), return_lse=
                                      out=out, lse=lse)
     return _attention_call(q, k, v, None, None, 0, 0, causal, scale, (wl, wr), return_lse, out, lse, ctx, stream,
                            lambda: (q.shape[0], q.shape[2], q.shape[1]))
+
+
+def attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=True, scale=None, return_lse=False,
+                     out=None, lse=None, ctx=None, stream=None):
+    """Attention of a few new queries per sequence over a paged KV cache
+    (decode and chunked prefill; smelt/attention_decode.h).
+
+    Shapes:  q [B, Sq, H, D] (Sq 1..64, the same for every sequence);
+             k_cache, v_cache [num_pages, page_size, Hk, D] (H a multiple of Hk);
+             block_table int32 [B, max_pages]: the pages of each sequence in order;
+             cache_seqlens int32 [B]: tokens in the cache, the Sq new ones included
+             (block_table and cache_seqlens on the tensors' device)
+             ->  o [B, Sq, H, D], lse [B, H, Sq] (f32, natural log)
+    causal:  query i sees positions <= cache_seqlens[b] - Sq + i (else all below cache_seqlens[b]).
+    scale:   softmax scale; None = 1/sqrt(D).
+    Dtypes:  f16, bf16 (CUDA: head dims 64, 128, any page size); f32, f64 too on the CPU.
+    A query that sees nothing gets o = 0 and lse = +inf.
+    Returns o, or (o, lse) when return_lse is true.
+    """
+    want = bool(return_lse) or lse is not None
+    out, lse = _numpy_out_lse(q, out, lse, want, lambda: (q.shape[0], q.shape[2], q.shape[1]))
+    r = _c_attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, out, lse, want,
+                            0.0 if scale is None else float(scale), bool(causal), ctx, stream)
+    return r if return_lse or not want else r[0]
+
+
+def kv_cache_append(k_new, v_new, block_table, cache_seqlens, k_cache, v_cache, *, ctx=None, stream=None):
+    """Writes k_new and v_new [B, Snew, Hk, D] into their cache pages, in place:
+    row j of sequence b goes to position cache_seqlens[b] + j (cache_seqlens:
+    the lengths before the append; it is not changed). Layouts as
+    smelt.attention_decode; any dtype (CUDA: rows of whole 16-byte chunks)."""
+    _c_kv_cache_append(k_new, v_new, block_table, cache_seqlens, k_cache, v_cache, ctx, stream)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
