@@ -93,7 +93,6 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
 
 /* ---------------------------------------------------------------- runs */
 
-
 /* rows [T, k] = each assignment's row in expert-major stable order: from
  * offsets (i32 or i64), or, with offsets NULL, its position among its
  * expert's assignments (moe_chunk_counts, moe_chunk_bases, moe_rank). */
