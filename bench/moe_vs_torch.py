@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""smelt's MoE layer against torch on one GPU, in one run: issue 22's acceptance table (the forward).
+"""smelt's MoE layer against torch on one GPU, in one run: issue 22's acceptance table (forward, and
+forward + backward at the prefill shapes).
 
 For each case, `smelt bench moe ... --json` runs in a subprocess (its own
 CUDA context, device events, x rotated past L2, median of the timed runs;
@@ -18,7 +19,13 @@ random bf16 data of their own, timed with CUDA events over x rotated past
   eager       the per-expert loop: for each expert, its tokens' rows through
               x·W1, x·W3, silu·mul, ·W2, weighted index_add (a host round trip
               per expert, as such loops have).
-TFLOP/s are the expert FFN's, 2·T·k·d·F·3, on every side. Decode cases
+Forward + backward (prefill cases): smelt's forward plus `smelt bench moe
+--bwd` (the layer's backward, which recomputes the forward from x: dx, dWr,
+dW1, dW3, dW2), against the grouped_mm layer's forward and autograd backward
+(x, Wr, W13 and W2 requiring gradients, the gradients set to None before
+each step, dy random), timed the same way.
+TFLOP/s are the expert FFN's, 2·T·k·d·F·3, on every side (three times that
+for forward + backward). Decode cases
 (T = 1, 8, 64) also print microseconds and the GB/s of the distinct experts'
 weights each side read (3·d·F·2 bytes an expert), against the copy bandwidth
 smelt's run measured for the same bytes.
@@ -26,8 +33,8 @@ smelt's run measured for the same bytes.
 Bars (issue 22, forward): >= 1.3x the grouped_mm layer at T4096 d4096 F14336
 E8 top2; >= 1.5x it and >= 8x the eager loop at T8192 d2048 F1408 E64 top6;
 at T = 1, >= 2x it; at decode sizes, the experts' weights read at >= 80% of
-the copy bandwidth. The backward (fwd+bwd >= 1.2x) is not compared here:
-`smelt bench moe --bwd` says whether the device runs it.
+the copy bandwidth; forward + backward >= 1.2x the grouped_mm layer at both
+prefill shapes.
 
 Usage (from the repository root, after building build/smelt):
     python3 bench/moe_vs_torch.py                  # every case
@@ -54,8 +61,9 @@ def case(name, tokens, d, ffn, experts, top_k, bars, quick=False):
 
 # bars: speedup over each torch layer, and (decode) the weights' share of copy bandwidth in %.
 CASES = [
-    case("prefill_e8", 4096, 4096, 14336, 8, 2, {"grouped_mm": 1.3}, quick=True),
-    case("prefill_e64", 8192, 2048, 1408, 64, 6, {"grouped_mm": 1.5, "eager": 8.0}, quick=True),
+    case("prefill_e8", 4096, 4096, 14336, 8, 2, {"grouped_mm": 1.3, "grouped_mm_fb": 1.2}, quick=True),
+    case("prefill_e64", 8192, 2048, 1408, 64, 6, {"grouped_mm": 1.5, "eager": 8.0, "grouped_mm_fb": 1.2},
+         quick=True),
     case("decode_t1", 1, 4096, 14336, 8, 2, {"grouped_mm": 2.0, "pct_of_copy": 80.0}, quick=True),
     case("decode_t8", 8, 4096, 14336, 8, 2, {"pct_of_copy": 80.0}),
     case("decode_t64", 64, 4096, 14336, 8, 2, {"pct_of_copy": 80.0}),
@@ -79,6 +87,11 @@ def smelt_args(c, opts):
             "--iters", str(opts.iters)]
 
 
+def fwd_bwd(c):
+    """Whether the case also times forward + backward (the prefill ones)."""
+    return "grouped_mm_fb" in c["bars"]
+
+
 def smelt_command(opts, args):
     """The command bench.run_smelt runs, as text (for --dry-run)."""
     return " ".join([opts.smelt, "bench", "moe", *args, "--device", opts.device, "--json"])
@@ -87,9 +100,10 @@ def smelt_command(opts, args):
 # ---------------------------------------------------------------- torch
 
 
-def torch_layers(torch, c):
+def torch_layers(torch, c, train=False):
     """The two torch layers as functions of x, and what they share: the
-    weights (random, scaled like a trained layer's) and the routing."""
+    weights (random, scaled like a trained layer's; leaves that require
+    gradients with train, listed as the fourth result) and the routing."""
     F = torch.nn.functional
     T, d, ff, E, k = c["tokens"], c["d"], c["ffn"], c["experts"], c["top_k"]
     g = torch.Generator(device="cuda")
@@ -98,9 +112,12 @@ def torch_layers(torch, c):
     def uni(shape, a):
         return ((torch.rand(shape, generator=g, device="cuda") * 2 - 1) * a).to(torch.bfloat16)
 
-    wr = uni((d, E), d ** -0.5)
-    w13 = uni((E, 2 * ff, d), d ** -0.5).transpose(-2, -1)  # [E, d, 2F], K-major per expert
-    w2 = uni((E, d, ff), ff ** -0.5).transpose(-2, -1)      # [E, F, d], K-major per expert
+    leaves = [uni((d, E), d ** -0.5), uni((E, 2 * ff, d), d ** -0.5), uni((E, d, ff), ff ** -0.5)]
+    if train:
+        leaves = [t.requires_grad_() for t in leaves]
+    wr = leaves[0]
+    w13 = leaves[1].transpose(-2, -1)  # [E, d, 2F], K-major per expert
+    w2 = leaves[2].transpose(-2, -1)   # [E, F, d], K-major per expert
     rows = T * k + E * (ALIGN - 1)                          # the padded permuted rows, a bound known on the host
 
     def route(x):
@@ -141,7 +158,7 @@ def torch_layers(torch, c):
     def distinct(x):
         return int(route(x)[1].unique().numel())
 
-    return grouped, eager, distinct
+    return grouped, eager, distinct, leaves if train else []
 
 
 def run_torch(torch, c, opts, out):
@@ -151,7 +168,7 @@ def run_torch(torch, c, opts, out):
     g = torch.Generator(device="cuda")
     g.manual_seed(2201)
     data = [((torch.rand((T, d), generator=g, device="cuda") * 2 - 1).to(torch.bfloat16)) for _ in range(sets)]
-    grouped, eager, distinct = torch_layers(torch, c)
+    grouped, eager, distinct, _ = torch_layers(torch, c)
     out["torch_distinct"] = distinct(data[0])
     for name, fn in (("grouped_mm", grouped), ("eager", eager)):
         try:
@@ -161,6 +178,36 @@ def run_torch(torch, c, opts, out):
         except Exception as e:  # noqa: BLE001 - report and go on
             out["errors"].append(f"torch {name}: {type(e).__name__}: {e}")
     del data
+    torch.cuda.empty_cache()
+    if fwd_bwd(c):
+        run_torch_train(torch, c, opts, out)
+
+
+def run_torch_train(torch, c, opts, out):
+    """Times the grouped_mm layer's forward + autograd backward; fills out."""
+    T, d = c["tokens"], c["d"]
+    sets = bench.rotation_sets(torch, 4 * T * d * 2, 0.1, 64)  # x, dy, y, dx
+    g = torch.Generator(device="cuda")
+    g.manual_seed(2202)
+
+    def rand():
+        return ((torch.rand((T, d), generator=g, device="cuda") * 2 - 1).to(torch.bfloat16))
+
+    data = [(rand().requires_grad_(), rand()) for _ in range(sets)]
+    grouped, _, _, leaves = torch_layers(torch, c, train=True)
+
+    def step(xd):
+        x, dy = xd
+        for t in leaves + [x]:
+            t.grad = None
+        grouped(x).backward(dy)
+
+    try:
+        ms, _ = bench.time_rotated(torch, step, data, opts)
+        out["grouped_mm_fb_ms"] = ms[len(ms) // 2]
+    except Exception as e:  # noqa: BLE001 - report and go on
+        out["errors"].append(f"torch grouped_mm forward + backward: {type(e).__name__}: {e}")
+    del data, leaves
     torch.cuda.empty_cache()
 
 
@@ -178,9 +225,20 @@ def run_case(torch, c, opts):
             r["errors"].append(f"smelt exited {s['rc']}: {s.get('stderr', '')[-300:]}")
     except RuntimeError as e:
         r["errors"].append(f"smelt: {e}")
+    if fwd_bwd(c):
+        try:
+            b = bench.run_smelt(opts, "moe", smelt_args(c, opts) + ["--bwd"])
+            if b.get("rc"):
+                r["errors"].append(f"smelt --bwd exited {b['rc']}: {b.get('stderr', '')[-300:]}")
+            elif b.get("median_ms") and r.get("smelt_ms"):
+                r["smelt_bwd_ms"], r["smelt_bwd"] = b["median_ms"], b
+                r["smelt_fb_ms"] = r["smelt_ms"] + b["median_ms"]  # a step: the forward, then the backward
+        except RuntimeError as e:
+            r["errors"].append(f"smelt --bwd: {e}")
     run_torch(torch, c, opts, r)
     for peer in ("grouped_mm", "eager"):
         r[f"vs_{peer}"] = bench.ratio_of(r.get("smelt_ms"), r.get(f"{peer}_ms"), "ms")
+    r["vs_grouped_mm_fb"] = bench.ratio_of(r.get("smelt_fb_ms"), r.get("grouped_mm_fb_ms"), "ms")
     if c["decode"]:
         for side in ("smelt", "torch"):
             ms, n = r.get("smelt_ms" if side == "smelt" else "grouped_mm_ms"), r.get(f"{side}_distinct")
@@ -202,6 +260,13 @@ def report_case(record, c, r):
               f"weights at {fmt(r.get('smelt_weights_gbps'), '.1f')} GB/s = {fmt(r.get('pct_of_copy'), '.1f')}% of "
               f"copy ({fmt(r.get('copy_gbps'), '.1f')} GB/s); grouped_mm {fmt((r.get('grouped_mm_ms') or 0) * 1e3, '.1f')}"
               f" us, {r.get('torch_distinct')} experts at {fmt(r.get('torch_weights_gbps'), '.1f')} GB/s", flush=True)
+    if fwd_bwd(c):
+        fb = {k: 3 * ffn_flops(c) / (r[k] * 1e-3) / 1e12 if r.get(k) else None for k in ("smelt_fb_ms", "grouped_mm_fb_ms")}
+        print(f"{'  fwd+bwd':32s} smelt {fmt(r.get('smelt_fb_ms'), '9.3f', 9)} ms {fmt(fb['smelt_fb_ms'], '7.1f', 7)} "
+              f"TF/s (bwd {fmt(r.get('smelt_bwd_ms'), '.3f')} ms) | grouped_mm {fmt(r.get('grouped_mm_fb_ms'), '9.3f', 9)}"
+              f" ms {fmt(fb['grouped_mm_fb_ms'], '7.1f', 7)} TF/s ({fmt(r.get('vs_grouped_mm_fb'), '.2f')}x)", flush=True)
+        record("moe", f"fwd+bwd {c['title']}", "bf16", r.get("smelt_fb_ms"), "torch._grouped_mm layer (autograd)",
+               r.get("grouped_mm_fb_ms"), "ms")
     for e in r["errors"]:
         print(f"{'':32s} error: {e}", flush=True)
     record("moe", f"fwd {c['title']}", "bf16", r.get("smelt_ms"), "torch._grouped_mm layer", r.get("grouped_mm_ms"),
@@ -232,6 +297,10 @@ def dry_run(cases, opts):
                  f"weighted index_add",
                  f"torch eager loop: {E} experts, x[tok] @ W13[e], silu*mul, @ W2[e], weighted index_add; "
                  f"{opts.warmup} warm-up + {opts.iters} timed runs"]
+        if fwd_bwd(c):
+            steps += [smelt_command(opts, smelt_args(c, opts) + ["--bwd"]) + "   (+ the forward: one step)",
+                      "torch grouped_mm layer forward + autograd backward (x, Wr, W13, W2 require gradients; dy "
+                      "random)"]
         print("\n".join(steps), end="\n\n")
     return 0
 
@@ -261,7 +330,7 @@ def main():
     record = bench.Recorder(opts, torch.cuda.get_device_name(0))
     date = bench.utc_now()
     print(f"smelt MoE layer vs torch {torch.__version__} (CUDA {torch.version.cuda}) on {record.gpu}; smelt "
-          f"{record.commit}; {date}\nbf16 forward, median of {opts.iters} timed runs after {opts.warmup} warm-up runs "
+          f"{record.commit}; {date}\nbf16 forward (and forward + backward), median of {opts.iters} timed runs after {opts.warmup} warm-up runs "
           f"on every side, random data, x rotated past 2x L2\n")
     results = []
     for c in cases:

@@ -18,13 +18,28 @@
  * them, the GPU cannot without a host read, so it keeps every access in
  * bounds instead.
  *
- * moe_drop: the router's capacity by position, from moe_rank's positions
- * (chunk bases from 0 rather than the offsets).
+ * moe_drop: the router's capacity, dropping the assignments whose place in
+ * their expert's order is at or past it: by position, the places from
+ * moe_rank (chunk bases from 0 rather than the offsets); by probs, from
+ * moe_probs_list (each expert's assignments gathered into its segment of
+ * the offsets, in any order: a per-expert cursor, integer atomics) and
+ * moe_probs_rank (a block per expert counts, for each of its assignments,
+ * those that rank before it: larger weight, NaN first, equal weights by
+ * lower assignment index, so the place is a function of the set alone and
+ * the result repeats though the gathering order does not).
  *
  * unpermute: a warp per token, y[t] = Σ_i w[t, i] · yp[row_map[t, i]] in
  * slot order in f32, over the rows that are not -1; yp and y in any of f32,
  * f16, bf16 (dtype codes of smelt_dtype, read at run time), 8 columns a
- * lane (16-byte accesses) where the layout allows. */
+ * lane (16-byte accesses) where the layout allows. Without weights (NULL)
+ * it is permute's backward: dx[t] = Σ_i dxp[row_map[t, i]].
+ *
+ * moe_unpermute_bwd: a warp per token; for each kept slot in slot order,
+ * dyp[row] = w · dy[t] and dweights[t, i] = dy[t] · yp[row] (lanes over
+ * columns, then a butterfly sum: a fixed order, the same bits every run).
+ *
+ * moe_add: out = a + b over the kept rows (the FFN's two input-gradient
+ * products, f32, summed into dxp of any float type). */
 #include "smelt_device.cuh"
 
 #define FULL 0xffffffffu
@@ -124,14 +139,58 @@ extern "C" __global__ void moe_copy_rows(const char *x, i64 x_stride, const int 
     copy_row(xp + (i64)r * row_bytes, x + (a / k) * x_stride, row_bytes, unit, threadIdx.x & 31);
 }
 
-/* Capacity by position: an assignment at or past position cap among its
- * expert's (pos from moe_rank without offsets) is dropped: id -1, weight 0. */
+/* Capacity: an assignment at or past place cap among its expert's (pos from
+ * moe_rank without offsets, or from moe_probs_rank) is dropped: id -1, weight 0. */
 extern "C" __global__ void moe_drop(int *ids, float *weights, const int *pos, i64 n, int cap) {
   for (i64 a = (i64)blockIdx.x * blockDim.x + threadIdx.x; a < n; a += (i64)gridDim.x * blockDim.x)
     if (pos[a] >= cap) {
       ids[a] = -1;
       weights[a] = 0.f;
     }
+}
+
+/* list [n]: expert e's assignments in [offs[e], offs[e+1]), placed by the
+ * cursor [E] (a copy of offs, advanced here). */
+extern "C" __global__ void moe_probs_list(const int *ids, i64 n, int E, int *cursor, int *list) {
+  for (i64 a = (i64)blockIdx.x * blockDim.x + threadIdx.x; a < n; a += (i64)gridDim.x * blockDim.x) {
+    const int e = ids[a];
+    if (e >= 0 && e < E) list[atomicAdd(&cursor[e], 1)] = (int)a;
+  }
+}
+
+/* Whether assignment a (weight wa) ranks before b (weight wb). */
+static __device__ __forceinline__ bool ranks_before(float wa, int a, float wb, int b) {
+  const bool an = wa != wa, bn = wb != wb;
+  if (an != bn) return an;
+  if (!an && wa != wb) return wa > wb;
+  return a < b;
+}
+
+#define PROBS_TILE 256 /* moe_probs_rank's block and shared tile */
+
+/* pos[a] = the place of each of expert e's assignments (block e) in the
+ * probs order among them: how many of the segment rank before it. */
+extern "C" __global__ void moe_probs_rank(const int *list, const int *offs, const float *w, int *pos) {
+  __shared__ float tw[PROBS_TILE];
+  __shared__ int ta[PROBS_TILE];
+  const int lo = offs[blockIdx.x], n = offs[blockIdx.x + 1] - lo;
+  for (int base = 0; base < n; base += PROBS_TILE) { /* the same trip counts in every thread: the barriers */
+    const int j = base + threadIdx.x;
+    const int a = j < n ? list[lo + j] : -1;
+    const float wa = a >= 0 ? w[a] : 0.f;
+    int place = 0;
+    for (int t0 = 0; t0 < n; t0 += PROBS_TILE) {
+      __syncthreads();
+      if (t0 + threadIdx.x < n) {
+        ta[threadIdx.x] = list[lo + t0 + threadIdx.x];
+        tw[threadIdx.x] = w[ta[threadIdx.x]];
+      }
+      __syncthreads();
+      const int m = n - t0 < PROBS_TILE ? n - t0 : PROBS_TILE;
+      for (int i = 0; a >= 0 && i < m; i++) place += ranks_before(tw[i], ta[i], wa, a);
+    }
+    if (a >= 0) pos[a] = place;
+  }
 }
 
 static __device__ __forceinline__ float load_any(const void *p, int dt, i64 i) {
@@ -179,14 +238,14 @@ static __device__ __forceinline__ void store8(void *p, int dt, i64 i, const floa
   *(uint4 *)((smelt_h16 *)p + i) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* yp [T·k, d] contiguous; row_map, w [T, k]; y rows of y_stride elements. */
+/* yp [T·k, d] contiguous; row_map, w [T, k] (w NULL: 1); y rows of y_stride elements. */
 extern "C" __global__ void moe_unpermute(const void *yp, int yp_dt, const int *row_map, const float *w, void *y,
                                          int y_dt, i64 T, int k, int d, i64 y_stride, int vec) {
   const int lane = threadIdx.x & 31;
   const i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= T) return;
   const int my_row = lane < k ? row_map[t * k + lane] : -1;
-  const float my_w = lane < k ? w[t * k + lane] : 0.f;
+  const float my_w = lane < k ? (w ? w[t * k + lane] : 1.f) : 0.f;
   if (vec) { /* d, y_stride multiples of 8, yp and y 16-byte aligned */
     for (int c0 = 0; c0 < d; c0 += 32 * 8) { /* the same trip count in every lane: the shuffles */
       const int c = c0 + lane * 8;
@@ -213,4 +272,50 @@ extern "C" __global__ void moe_unpermute(const void *yp, int yp_dt, const int *r
     }
     if (c < d) store_any(y, y_dt, t * y_stride + c, acc);
   }
+}
+
+/* dy rows of dy_stride elements, yp [T·k, d] contiguous, row_map and w
+ * [T, k]; dyp [T·k, d] out (the kept rows), dweights [T, k] f32 out or NULL
+ * (0 where dropped). vec: d and dy_stride multiples of 8, dy, yp, dyp
+ * 16-byte aligned. */
+extern "C" __global__ void moe_unpermute_bwd(const void *dy, int dy_dt, i64 dy_stride, const void *yp, int yp_dt,
+                                             const int *row_map, const float *w, void *dyp, int dyp_dt,
+                                             float *dweights, i64 T, int k, int d, int vec) {
+  const int lane = threadIdx.x & 31;
+  const i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  for (int i = 0; i < k; i++) {
+    int r = row_map[t * k + i];
+    r = r >= 0 && r < T * k ? r : -1;
+    const float wi = w[t * k + i];
+    float dot = 0.f;
+    if (r >= 0 && vec) {
+      float g[8], v[8];
+      for (int c = lane * 8; c < d; c += 32 * 8) {
+        load8(dy, dy_dt, t * dy_stride + c, g);
+        load8(yp, yp_dt, (i64)r * d + c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) dot += g[j] * v[j], g[j] *= wi;
+        store8(dyp, dyp_dt, (i64)r * d + c, g);
+      }
+    } else if (r >= 0) {
+      for (int c = lane; c < d; c += 32) {
+        const float g = load_any(dy, dy_dt, t * dy_stride + c);
+        dot += g * load_any(yp, yp_dt, (i64)r * d + c);
+        store_any(dyp, dyp_dt, (i64)r * d + c, wi * g);
+      }
+    }
+    dot = smelt_warp_sum(dot);
+    if (dweights && lane == 0) dweights[t * k + i] = r >= 0 ? dot : 0.f;
+  }
+}
+
+/* out (dtype code out_dt) = a + b over the first offsets[E] rows of d
+ * columns (clamped to rows); a, b f32 [rows, d] contiguous. */
+extern "C" __global__ void moe_add(const float *a, const float *b, void *out, int out_dt, const void *offsets,
+                                   int offsets64, int E, i64 rows, i64 d) {
+  i64 kept = offsets64 ? ((const i64 *)offsets)[E] : (i64)((const int *)offsets)[E];
+  kept = kept < 0 ? 0 : kept > rows ? rows : kept;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < kept * d; i += (i64)gridDim.x * blockDim.x)
+    store_any(out, out_dt, i, a[i] + b[i]);
 }

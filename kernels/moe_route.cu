@@ -6,6 +6,12 @@
  * order, so they repeat bit for bit). Nothing waits for the host: the
  * counts never leave the device.
  *
+ * The backward (moe_route_bwd, one warp per token): d logits from the
+ * routing weights' gradient through scaling, renormalization and the score
+ * function, the selection a constant (the forward's, before drops, given),
+ * plus the aux losses' gradients; moe_noise_grad: the gradient of the
+ * noise's scale projection, n · sigmoid(x·Wnoise) · d logits.
+ *
  * Order (smelt/moe.h, as the CPU reference's): larger key first, NaN above
  * everything, equal keys by lower expert id. Lane l holds experts
  * l + 32 j, j < MOE_ITEMS, in registers; a round of selection is one
@@ -256,4 +262,109 @@ extern "C" __global__ void moe_aux_final(const int *count, const double *P, cons
   const double Td = (double)T;
   aux[0] = T && c_lb != 0.0 ? (float)(c_lb * (double)E / ((double)k * Td * Td) * lb) : 0.f;
   aux[1] = T && c_z != 0.0 ? (float)(c_z / Td * part[0]) : 0.f;
+}
+
+/* Token t's dlogits [E] (f32): sel [T, k] the selected experts before drops,
+ * ids [T, k] the same after them (-1: dropped, its dw ignored), dw [T, k]
+ * the weights' gradient (NULL: only the aux losses'); counts [E] the
+ * selections before drops (NULL when c_lb is 0); c_lb = the load-balance
+ * coefficient · E/(k·T²), c_z = the z-loss coefficient / T. Scores are
+ * recomputed as moe_route computes them, so z repeats its bits. */
+extern "C" __global__ void moe_route_bwd(const float *logits, const int *sel, const int *ids, const float *dw,
+                                         const int *counts, float *dlogits, i64 T, int E, int k, int sigmoid,
+                                         int renorm, float scaling, double c_lb, double c_z) {
+  const int lane = threadIdx.x & 31;
+  const i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  float l[MOE_ITEMS], s[MOE_ITEMS], ds[MOE_ITEMS];
+  float m = NEG_INF;
+#pragma unroll
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    const int e = lane + 32 * j;
+    l[j] = e < E ? logits[t * E + e] : NEG_INF;
+    m = fmaxf(m, l[j]);
+    ds[j] = 0.f;
+  }
+  m = smelt_warp_max(m);
+  float sum = 0.f;
+  if (!sigmoid) {
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++) sum += lane + 32 * j < E && m != NEG_INF ? expf(l[j] - m) : 0.f;
+    sum = smelt_warp_sum(sum);
+  }
+  /* Lane i < k: slot i's expert, score and weight gradient. */
+  int my_e = -1;
+  float my_s = 0.f, my_g = 0.f;
+  if (lane < k) {
+    my_e = sel[t * k + lane];
+    if (my_e >= 0 && my_e < E) {
+      const float le = logits[t * E + my_e];
+      my_s = sigmoid ? 1.f / (1.f + expf(-le)) : (sum > 0.f && m != NEG_INF ? expf(le - m) / sum : 0.f);
+    } else {
+      my_e = -1;
+    }
+    my_g = dw && ids[t * k + lane] >= 0 ? dw[t * k + lane] : 0.f;
+  }
+  float z = sigmoid ? 1e-20f : 0.f, gu = 0.f;
+  for (int i = 0; i < k; i++) { /* slot order, as moe_route sums z */
+    z += __shfl_sync(FULL, my_s, i);
+    gu += __shfl_sync(FULL, my_g, i) * __shfl_sync(FULL, my_s, i);
+  }
+  const bool norm = sigmoid ? k > 1 : renorm != 0;
+  const float mine = norm ? scaling * (my_g / z - gu / (z * z)) : scaling * my_g;
+  for (int i = 0; i < k; i++) {
+    const int e = __shfl_sync(FULL, my_e, i);
+    const float c = __shfl_sync(FULL, mine, i);
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++)
+      if (e == lane + 32 * j) ds[j] = c;
+  }
+  float dot = 0.f;
+#pragma unroll
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    s[j] = lane + 32 * j >= E ? 0.f
+           : sigmoid          ? 1.f / (1.f + expf(-l[j]))
+           : sum > 0.f && m != NEG_INF ? expf(l[j] - m) / sum
+                                       : 0.f;
+    dot += ds[j] * s[j];
+  }
+  dot = smelt_warp_sum(dot);
+  /* The aux losses: p the full softmax in double, through lse as moe_route's. */
+  double lse = (double)NEG_INF, cdot = 0.0, psum = 0.0;
+  if (c_lb != 0.0 || c_z != 0.0) {
+#pragma unroll
+    for (int j = 0; j < MOE_ITEMS; j++)
+      if (lane + 32 * j < E && m != NEG_INF) psum += exp((double)l[j] - (double)m);
+    for (int o = 16; o > 0; o >>= 1) psum += __shfl_xor_sync(FULL, psum, o);
+    if (m != NEG_INF) lse = (double)m + log(psum);
+    if (c_lb != 0.0) {
+#pragma unroll
+      for (int j = 0; j < MOE_ITEMS; j++)
+        if (lane + 32 * j < E && m != NEG_INF) cdot += (double)counts[lane + 32 * j] * exp((double)l[j] - lse);
+      for (int o = 16; o > 0; o >>= 1) cdot += __shfl_xor_sync(FULL, cdot, o);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < MOE_ITEMS; j++) {
+    const int e = lane + 32 * j;
+    if (e >= E) continue;
+    double g = sigmoid ? (double)(ds[j] * s[j] * (1.f - s[j])) : (double)(s[j] * (ds[j] - dot));
+    if (m != NEG_INF && (c_lb != 0.0 || c_z != 0.0)) {
+      const double p = exp((double)l[j] - lse);
+      if (c_lb != 0.0) g += c_lb * p * ((double)counts[e] - cdot);
+      if (c_z != 0.0) g += 2.0 * c_z * lse * p;
+    }
+    dlogits[t * E + e] = (float)g;
+  }
+}
+
+/* dz [T, E] = dl · n(seed, token0 + t, e) · sigmoid(z): the gradient of
+ * z = x·Wnoise through softplus (f32 all). */
+extern "C" __global__ void moe_noise_grad(const float *dl, const float *z, float *dz, i64 T, int E, u64 seed,
+                                          i64 token0) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < T * E; i += (i64)gridDim.x * blockDim.x) {
+    const i64 t = i / E;
+    const int e = (int)(i - t * E);
+    dz[i] = dl[i] * normal(seed, token0 + t, e) / (1.f + expf(-z[i]));
+  }
 }

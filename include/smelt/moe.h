@@ -59,17 +59,21 @@
  * refused (BAD_LAYOUT). Weights: Wr [d, E], Wnoise [d, E], W1 and W3 [E, d, F],
  * W2 [E, F, d], b1 [E, F].
  *
- * CUDA (no host synchronization anywhere): the router (logits by the GEMM
- * engine, then one warp per token; counts, offsets and the aux losses'
- * values on the device), permute, unpermute, the expert FFN (grouped GEMMs
- * by the device offsets, planned with the plan; intermediates of x's
- * dtype) and the layer's forward. Planning needs E <= 1024, top_k <= 32,
- * num_groups <= 32 and no f64 (else UNSUPPORTED); the router's run (and
- * so the layer's) refuses the drop policy probs, unpermute and the FFN f64
- * yp, and every other run (the backward parts and the layer's backward)
- * fails with UNSUPPORTED naming the part: nothing falls back to the CPU.
- * Index tensors are not read by the host there: ids outside [0, E) and rows
- * outside [0, T·k) count as dropped instead of being refused.
+ * CUDA: every run. The router (logits by the GEMM engine, then one warp
+ * per token; counts, offsets and the aux losses' values on the device;
+ * capacity by either policy), permute, unpermute, the expert FFN (grouped
+ * GEMMs by the device offsets; intermediates of x's dtype) and the layer's
+ * forward never wait for the host. The backward runs (each part's and the
+ * layer's) do the same except the expert FFN's weight gradients, whose
+ * per-expert row ranges are read on the host (one wait for the stream per
+ * FFN or layer backward: the grouped-by-offsets GEMM groups rows, not the
+ * K of dW = Xᵀ·dY). Every gradient is summed in a fixed order without
+ * float atomics: runs repeat bit for bit. Planning needs E <= 1024,
+ * top_k <= 32, num_groups <= 32 and no f64 (else UNSUPPORTED); f64
+ * routing tensors and permuted tensors are UNSUPPORTED there, naming the
+ * tensor: nothing falls back to the CPU. Index tensors are not read by the
+ * host there: ids outside [0, E) and rows outside [0, T·k) count as
+ * dropped instead of being refused.
  */
 #ifndef SMELT_MOE_H
 #define SMELT_MOE_H

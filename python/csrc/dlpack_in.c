@@ -635,3 +635,20 @@ PyObject *smpy_call_alloc(smpy_call *call, smelt_dtype dt, int ndim, const int64
   }
   return smpy_tensor_new(call->ctx, call->stream, dt, ndim, shape);
 }
+
+int smpy_out_arg(smpy_call *call, PyObject *given, const char *name, smelt_dtype dt, int ndim, const int64_t *shape,
+                 PyObject **slot, smelt_tensor **t) {
+  *t = NULL;
+  if (given == Py_None) {
+    Py_INCREF(Py_None);
+    *slot = Py_None;
+    return 0;
+  }
+  if (given == Py_True) {
+    if (!(*slot = smpy_call_alloc(call, dt, ndim, shape))) return -1;
+  } else {
+    Py_INCREF(given);
+    *slot = given;
+  }
+  return smpy_call_import(call, *slot, name, 1, t);
+}

@@ -164,26 +164,6 @@ static int tuple_of(PyObject *o, Py_ssize_t n, const char *what) {
   return 0;
 }
 
-/* Makes or imports output i: None stays absent, True is allocated (dt,
- * shape), anything else is imported writable. *slot owns the new
- * reference that goes into the result. */
-static int out_arg(smpy_call *call, PyObject *given, const char *name, smelt_dtype dt, int ndim, const int64_t *shape,
-                   PyObject **slot, smelt_tensor **t) {
-  *t = NULL;
-  if (given == Py_None) {
-    Py_INCREF(Py_None);
-    *slot = Py_None;
-    return 0;
-  }
-  if (given == Py_True) {
-    if (!(*slot = smpy_call_alloc(call, dt, ndim, shape))) return -1;
-  } else {
-    Py_INCREF(given);
-    *slot = given;
-  }
-  return smpy_call_import(call, *slot, name, 1, t);
-}
-
 static smelt_status run(smpy_call *call, int mode, const smelt_peer_config *cfg, const smelt_peer_weights *w,
                         const smelt_tensor *x, smelt_tensor *const *o, const smelt_tensor *ids, const smelt_tensor *dy,
                         const smelt_peer_grads *g) {
@@ -250,11 +230,11 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
       const int k = mode == 0 ? i + 1 : i; /* 0 y, 1 ids, 2 scores */
       static const char *const names[3] = {"out", "ids", "scores"}; /* the Python arguments */
       const smelt_dtype dt = k == 0 ? x->dtype : k == 1 ? SMELT_DTYPE_I64 : SMELT_DTYPE_F32;
-      r = out_arg(&call, given, names[k], dt, k ? 3 : 2, k ? sel : yshape, &slots[i], &o[i]);
+      r = smpy_out_arg(&call, given, names[k], dt, k ? 3 : 2, k ? sel : yshape, &slots[i], &o[i]);
     } else {
       const smelt_tensor *like = i == G_DX ? x : g_like[i] < 0 ? NULL : wts[g_like[i]];
       if (i >= G_DUR && store) { /* the rows' dtype is the store's */
-        r = out_arg(&call, given, g_names[i], store->opts.dtype, 3, i == G_DUR ? urows : vrows, &slots[i], &o[i]);
+        r = smpy_out_arg(&call, given, g_names[i], store->opts.dtype, 3, i == G_DUR ? urows : vrows, &slots[i], &o[i]);
         if (r < 0) goto done;
         continue;
       }
@@ -264,10 +244,10 @@ static PyObject *py_peer(PyObject *self, PyObject *args) {
         goto done;
       }
       if (i < G_IDS)
-        r = out_arg(&call, given, g_names[i], like ? like->dtype : SMELT_DTYPE_F32, like ? like->ndim : 0,
+        r = smpy_out_arg(&call, given, g_names[i], like ? like->dtype : SMELT_DTYPE_F32, like ? like->ndim : 0,
                     like ? like->shape : NULL, &slots[i], &o[i]);
       else /* one entry or row per use of an expert (smelt/peer.h) */
-        r = out_arg(&call, given, g_names[i], like ? like->dtype : SMELT_DTYPE_I64, i < G_DUR ? 1 : 3,
+        r = smpy_out_arg(&call, given, g_names[i], like ? like->dtype : SMELT_DTYPE_I64, i < G_DUR ? 1 : 3,
                     i == G_IDS ? &nuse : i == G_CNT ? &one : i == G_DUR ? urows : vrows, &slots[i], &o[i]);
     }
     if (r < 0) goto done;

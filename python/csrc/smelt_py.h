@@ -176,6 +176,11 @@ void smpy_call_end(smpy_call *call);
 /* A new output on the call's device: through the first tensor's framework when it
  * publishes an exchange API (a torch tensor for torch inputs), else a smelt.Tensor. */
 PyObject *smpy_call_alloc(smpy_call *call, smelt_dtype dt, int ndim, const int64_t *shape);
+/* An op's output: None stays absent (*t NULL), True is allocated (dt,
+ * shape), anything else is imported writable. *slot owns the new reference
+ * that goes into the op's result. Returns 0 or -1 with an exception. */
+int smpy_out_arg(smpy_call *call, PyObject *given, const char *name, smelt_dtype dt, int ndim, const int64_t *shape,
+                 PyObject **slot, smelt_tensor **t);
 /* The DLPack dtype of a smelt dtype. */
 smpy_dl_dtype smpy_dl_dtype_of(smelt_dtype dt);
 extern PyMethodDef smpy_dlpack_methods[];
@@ -187,6 +192,7 @@ PyObject *smpy_dlpack_stream_int(void *stream);
 /* ---- ops (ops.c) */
 extern PyMethodDef smpy_op_methods[];
 extern PyMethodDef smpy_peer_methods[]; /* peer.c */
+extern PyMethodDef smpy_moe_methods[];  /* moe.c */
 int smpy_ops_init(PyObject *module);
 
 #if defined(__GNUC__)

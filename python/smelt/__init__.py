@@ -61,9 +61,8 @@ __version__ = _C.__version__
 __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
     "PeerStore", "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_decode",
-    "attention_varlen",
-    "conv2d", "conv2d_dgrad", "conv2d_wgrad", "default_context", "empty", "gemm", "gemm_grouped", "info", "peer",
-    "kv_cache_append", "peer_backward", "peer_retrieve", "softmax", "topk",
+    "attention_varlen", "conv2d", "conv2d_dgrad", "conv2d_wgrad", "default_context", "empty", "gemm", "gemm_grouped",
+    "info", "kv_cache_append", "moe", "moe_backward", "peer", "peer_backward", "peer_retrieve", "softmax", "topk",
 ]
 
 _c_activation = _C.activation
@@ -77,6 +76,7 @@ _c_attention_decode = _C.attention_decode
 _c_kv_cache_append = _C.kv_cache_append
 _c_conv2d = _C.conv2d
 _c_peer = _C.peer
+_c_moe = _C.moe
 
 
 def _probe_torch():
@@ -997,6 +997,133 @@ def peer_backward(x, ids, dy, wq, sub_keys, u=None, v=None, *, k=16, bq=None, no
         grads.update((n, t if untrimmed else t[:m]) for n, t in zip(_PEER_SPARSE, r[11:])
                      if t is not None and (untrimmed or n != "grad_count"))
     return grads
+
+
+_MOE_SCORES = ("softmax", "sigmoid")
+_MOE_DROPS = ("none", "probs", "position")
+_MOE_FFNS = ("swiglu", "mlp")
+_MOE_ROUTING = ("logits", "ids", "weights", "counts", "offsets", "dropped", "aux")
+_MOE_GRADS = ("dx", "dwr", "dwnoise", "dw1", "dw3", "dw2", "db1")
+
+
+def _moe_choice(v, name, names, op):
+    if v not in names:
+        raise ArgumentError("%s: %s=%r is not one of %s" % (op, name, v, ", ".join(repr(n) for n in names)))
+    return names.index(v)
+
+
+def _moe_cfg(x, wr, w1, w3, top_k, opts, op):
+    """The smelt_moe_config tuple _smelt.moe takes: the sizes from the
+    shapes (x [T, d], wr [d, E], w1 [E, d, F]), the rest from opts (the
+    keyword arguments of smelt.moe)."""
+    xs, rs, s1 = _shape(x, "x", op), _shape(wr, "wr", op), _shape(w1, "w1", op)
+    if len(xs) != 2 or len(rs) != 2 or len(s1) != 3:
+        raise ArgumentError("%s: x must be [T, d], wr [d, E] and w1 [E, d, F], got %d-D, %d-D and %d-D"
+                            % (op, len(xs), len(rs), len(s1)))
+    E = int(rs[1])
+    ffn = opts.get("ffn") or ("swiglu" if w3 is not None else "mlp")
+    return (E, _int(top_k, "top_k", op, 1, E, " (top_k <= num_experts)"), int(rs[0]), int(s1[2]),
+            _moe_choice(opts.get("score", "softmax"), "score", _MOE_SCORES, op), bool(opts.get("renormalize", True)),
+            float(opts.get("scaling_factor", 1.0)), int(opts.get("num_groups", 0)), int(opts.get("topk_groups", 0)),
+            int(opts.get("noise_seed", 0)), int(opts.get("noise_token_offset", 0)),
+            float(opts.get("capacity_factor", 0.0)), _moe_choice(opts.get("drop_policy", "none"), "drop_policy",
+                                                                 _MOE_DROPS, op),
+            float(opts.get("aux_loss_coeff", 0.0)), float(opts.get("z_loss_coeff", 0.0)),
+            _moe_choice(ffn, "ffn", _MOE_FFNS, op), _moe_choice(opts.get("activation", "gelu"), "activation",
+                                                                ACTIVATIONS, op))
+
+
+_MOE_OPTS = ("score", "renormalize", "scaling_factor", "num_groups", "topk_groups", "noise_seed",
+             "noise_token_offset", "capacity_factor", "drop_policy", "aux_loss_coeff", "z_loss_coeff", "ffn",
+             "activation")
+
+
+def _moe_opts(opts, op):
+    for n in opts:
+        if n not in _MOE_OPTS:
+            raise ArgumentError("%s: no option named %r (known: %s)" % (op, n, ", ".join(_MOE_OPTS)))
+    return opts
+
+
+def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None, return_routing=False, out=None,
+        ctx=None, stream=None, **opts):
+    """A Mixture-of-Experts layer (Megatron-LM / Mixtral conventions,
+    smelt/moe.h): route each token to top_k experts, run their FFNs and sum
+    the outputs weighted by the router.
+
+        y[t] = Σ_i w_i · FFN_{e_i}(x[t]),  FFN_e = (silu(x·W1ₑ) ∘ (x·W3ₑ))·W2ₑ  (SwiGLU, w3 given)
+                                                  or act(x·W1ₑ + b1ₑ)·W2ₑ      (MLP)
+
+    Shapes:  x [T, d] (unit column stride); wr [d, E]; w1 and w3 [E, d, F];
+             w2 [E, F, d]; b1 [E, F] (MLP); expert_bias [E] f32 (selection
+             only); wnoise [d, E] (noisy top-k). Sizes come from the shapes.
+    Dtypes:  f32, f16, bf16 (f64 too on the CPU); routing in f32.
+    Options (keywords, smelt_moe_config's fields): score 'softmax' or
+             'sigmoid'; renormalize (True); scaling_factor (1.0); num_groups
+             and topk_groups (group-limited routing, 0: off); noise_seed and
+             noise_token_offset; capacity_factor (0: none) with drop_policy
+             'probs' or 'position'; aux_loss_coeff and z_loss_coeff; ffn
+             'swiglu' or 'mlp' (default: swiglu when w3 is given); activation
+             (the MLP's, one of smelt.ACTIVATIONS; 'gelu').
+    return_routing: also return the routing, a dict of logits [T, E] f32,
+             ids [T, k] int32 (-1: dropped), weights [T, k] f32, counts [E]
+             and offsets [E+1] int64, dropped [1] int64 and aux [2] f32 (the
+             load-balance and z losses).
+    Returns y [T, d] (x's dtype), or (y, routing).
+    """
+    op = "smelt.moe"
+    if _is_compiling():
+        return _torch_impl.moe(x, wr, w1, w2, w3, top_k=top_k, b1=b1, expert_bias=expert_bias, wnoise=wnoise,
+                               return_routing=return_routing, **opts)
+    cfg = _moe_cfg(x, wr, w1, w3, top_k, _moe_opts(opts, op), op)
+    outs = [True if out is None else out] + [bool(return_routing)] * 7
+    if _is_numpy(x):
+        np = _sys.modules["numpy"]
+        T, E, k = x.shape[0], cfg[0], cfg[1]
+        made = [(x.shape, x.dtype), ((T, E), np.float32), ((T, k), np.int32), ((T, k), np.float32), ((E,), np.int64),
+                ((E + 1,), np.int64), ((1,), np.int64), ((2,), np.float32)]
+        outs = [np.empty(*made[i]) if o is True else o for i, o in enumerate(outs)]
+    outs = [None if o is False else o for o in outs]
+    r = _c_moe(0, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (), tuple(outs), ctx, stream)
+    return (r[0], dict(zip(_MOE_ROUTING, r[1:]))) if return_routing else r[0]
+
+
+def moe_backward(dy, x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None, needs=None,
+                 out=None, ctx=None, stream=None, **opts):
+    """Gradients of sum(y ∘ dy) + L_lb + L_z for smelt.moe with the same
+    arguments (the aux losses' gradients are always part of it, Megatron's
+    convention). The forward is recomputed from x; dropped assignments
+    contribute zero. Deterministic: every sum has a fixed order.
+
+    dy:      [T, d], dL/dy.
+    needs:   which gradients, among 'dx', 'dwr', 'dwnoise', 'dw1', 'dw3',
+             'dw2', 'db1'; None = every one whose parameter is given.
+    out:     dict of the same names to tensors to write.
+    Returns a dict name -> gradient (each shaped like what it differentiates).
+    """
+    op = "smelt.moe_backward"
+    cfg = _moe_cfg(x, wr, w1, w3, top_k, _moe_opts(opts, op), op)
+    like = dict(zip(_MOE_GRADS, (x, wr, wnoise, w1, w3, w2, b1)))
+    if needs is None:
+        needs = [n for n in _MOE_GRADS if like[n] is not None]
+    out = dict(out or {})
+    for n in list(needs) + list(out):
+        if n not in like:
+            raise ArgumentError("%s: no gradient named %r (known: %s)" % (op, n, ", ".join(_MOE_GRADS)))
+    npy = _is_numpy(x)
+
+    def slot(n):
+        if out.get(n) is not None:
+            return out[n]
+        if n not in needs:
+            return None
+        if like[n] is None:
+            raise ArgumentError("%s: %s is asked for but its parameter is absent" % (op, n))
+        return _sys.modules["numpy"].empty(like[n].shape, like[n].dtype) if npy else True
+
+    r = _c_moe(1, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (dy,), tuple(slot(n) for n in _MOE_GRADS),
+               ctx, stream)
+    return {n: t for n, t in zip(_MOE_GRADS, r) if t is not None}
 
 
 def __getattr__(name):

@@ -37,9 +37,15 @@ already imported, or on first use of a smelt op after torch is) registers:
                          (one needs entry per output; empty tensors where it is false; the sparse
                          expert gradients untrimmed, [T·h·k, ...], du_rows and dv_rows zero from
                          row grad_count on, as the kernels write them)
+    smelt::moe(Tensor x, Tensor wr, Tensor? expert_bias, Tensor? wnoise, Tensor w1, Tensor? w3, Tensor w2,
+               Tensor? b1, int[] icfg, float[] fcfg) -> (Tensor y, Tensor aux, Tensor counts)
+               (icfg, fcfg: smelt.moe's options as smelt.torch._moe_cfg_split packs them; aux [2] f32 the
+               load-balance and z losses, counts [E] int64 the tokens each expert kept)
+    smelt::moe_backward(Tensor x, Tensor dy, <the weights and cfg of smelt::moe>, bool[] needs)
+                        -> (dx, dwr, dwnoise, dw1, dw3, dw2, db1)   (empty tensors where needs is false)
 
-and the module smelt.torch.PEER, whose parameters train through smelt's
-PEER backward kernels.
+and the modules smelt.torch.PEER and smelt.torch.MoE, whose parameters
+train through smelt's backward kernels.
 
 Each has a fake (meta) implementation, so torch.compile and torch.export
 trace it without graph breaks, and the functional ones have autograd
@@ -70,8 +76,8 @@ import torch
 import smelt as _smelt
 from smelt import _smelt as _C
 
-__all__ = ["PEER", "activation", "attention", "attention_varlen", "conv2d", "conv2d_dgrad", "conv2d_wgrad", "gemm",
-           "gemm_grouped", "peer", "softmax", "topk"]
+__all__ = ["MoE", "PEER", "activation", "attention", "attention_varlen", "conv2d", "conv2d_dgrad", "conv2d_wgrad",
+           "gemm", "gemm_grouped", "moe", "peer", "softmax", "topk"]
 
 Tensor = torch.Tensor
 _ACTS = frozenset(_smelt.ACTIVATIONS)
@@ -758,6 +764,161 @@ class PEER(torch.nn.Module):
                                               else ""))
 
 
+# ---- MoE
+
+# Positions in smelt's cfg tuple (smelt._moe_cfg) of its int and float fields.
+_MOE_ICFG = (0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 12, 15, 16)
+_MOE_FCFG = (6, 11, 13, 14)
+
+
+def _moe_cfg_split(cfg):
+    """smelt's cfg tuple as the (int list, float list) the ops' schemas take
+    (noise_seed as the int64 of the same 64 bits)."""
+    ints = [int(cfg[i]) for i in _MOE_ICFG]
+    ints[8] = ints[8] - (1 << 64) if ints[8] >= 1 << 63 else ints[8]
+    return ints, [float(cfg[i]) for i in _MOE_FCFG]
+
+
+def _moe_cfg_join(icfg, fcfg):
+    cfg = [0] * 17
+    for i, v in zip(_MOE_ICFG, icfg):
+        cfg[i] = int(v)
+    for i, v in zip(_MOE_FCFG, fcfg):
+        cfg[i] = float(v)
+    cfg[5] = bool(cfg[5])
+    cfg[9] &= (1 << 64) - 1
+    return tuple(cfg)
+
+
+@torch.library.custom_op("smelt::moe", mutates_args=())
+def _moe(x: Tensor, wr: Tensor, expert_bias: Optional[Tensor], wnoise: Optional[Tensor], w1: Tensor,
+         w3: Optional[Tensor], w2: Tensor, b1: Optional[Tensor], icfg: list[int],
+         fcfg: list[float]) -> tuple[Tensor, Tensor, Tensor]:
+    T, E, k = x.shape[0], wr.shape[1], icfg[1]
+    f32, i64 = torch.float32, torch.int64
+    y, aux = x.new_empty((T, x.shape[1])), x.new_empty(2, dtype=f32)
+    counts, offsets = x.new_empty(E, dtype=i64), x.new_empty(E + 1, dtype=i64)
+    routing = (x.new_empty((T, E), dtype=f32), x.new_empty((T, k), dtype=torch.int32), x.new_empty((T, k), dtype=f32))
+    _C.moe(0, _moe_cfg_join(icfg, fcfg), x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (),
+           (y,) + routing + (counts, offsets, None, aux), None, None)
+    return y, aux, counts
+
+
+@_moe.register_fake
+def _moe_fake(x, wr, expert_bias, wnoise, w1, w3, w2, b1, icfg, fcfg):
+    torch._check(x.dim() == 2, lambda: "smelt.moe: x must be 2-D [T, d_model]")
+    return (x.new_empty((x.shape[0], x.shape[1])), x.new_empty(2, dtype=torch.float32),
+            x.new_empty(wr.shape[1], dtype=torch.int64))
+
+
+# The smelt::moe input each gradient of smelt::moe_backward belongs to
+# (dx, dwr, dwnoise, dw1, dw3, dw2, db1; expert_bias, selection only, has none).
+_MOE_GRAD_INPUTS = (0, 1, 3, 4, 5, 6, 7)
+
+
+def _moe_backward_outs(x, wr, wnoise, w1, w3, w2, b1, needs):
+    torch._check(len(needs) == 7, lambda: "smelt.moe_backward: needs must have one entry per output (7)")
+    like = (x, wr, wnoise, w1, w3, w2, b1)
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None else None
+            for t, need in zip(like, needs)]
+
+
+@torch.library.custom_op("smelt::moe_backward", mutates_args=())
+def _moe_backward_op(x: Tensor, dy: Tensor, wr: Tensor, expert_bias: Optional[Tensor], wnoise: Optional[Tensor],
+                     w1: Tensor, w3: Optional[Tensor], w2: Tensor, b1: Optional[Tensor], icfg: list[int],
+                     fcfg: list[float], needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                   Tensor]:
+    outs = _moe_backward_outs(x, wr, wnoise, w1, w3, w2, b1, needs)
+    _C.moe(1, _moe_cfg_join(icfg, fcfg), x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (dy,), tuple(outs), None,
+           None)
+    return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+
+@_moe_backward_op.register_fake
+def _moe_backward_fake(x, dy, wr, expert_bias, wnoise, w1, w3, w2, b1, icfg, fcfg, needs):
+    outs = _moe_backward_outs(x, wr, wnoise, w1, w3, w2, b1, needs)
+    return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+
+def _moe_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8])
+    ctx.cfg = (inputs[8], inputs[9])
+
+
+def _moe_backward(ctx, dy, daux, dcounts):
+    # The aux losses' gradient is always part of it (Megatron's convention),
+    # whatever became of the aux output: daux is not read.
+    saved = ctx.saved_tensors
+    x, wr, eb, wn, w1, w3, w2, b1 = saved
+    needs = [bool(ctx.needs_input_grad[i]) and saved[i] is not None for i in _MOE_GRAD_INPUTS]
+    grads = [None] * 10
+    if not any(needs):
+        return tuple(grads)
+    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+    got = torch.ops.smelt.moe_backward(x, dy, wr, eb, wn, w1, w3, w2, b1, *ctx.cfg, needs)
+    for j, i in enumerate(_MOE_GRAD_INPUTS):
+        if needs[j]:
+            grads[i] = got[j]
+    return tuple(grads)
+
+
+_moe.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+class MoE(torch.nn.Module):
+    """A Mixture-of-Experts layer (Megatron-LM / Mixtral conventions) on
+    smelt's kernels: a router wr [d_model, E] picks top_k experts per token,
+    each a SwiGLU FFN (w1, w3 [E, d_model, ffn_dim], w2 [E, ffn_dim,
+    d_model]) or, with ffn='mlp', act(x·w1 + b1)·w2. Every parameter trains
+    through smelt's backward (deterministic); the aux losses' gradients
+    (aux_loss_coeff, z_loss_coeff) are always added, and forward(x,
+    return_aux=True) also returns their values (aux [2] f32) and the tokens
+    each expert kept (counts [E]). expert_bias (selection only) is a buffer.
+    Other keywords: smelt.moe's options (score, renormalize,
+    scaling_factor, num_groups, topk_groups, capacity_factor, drop_policy,
+    activation, noise_seed with noisy=True)."""
+
+    def __init__(self, d_model, ffn_dim, num_experts, top_k=2, ffn="swiglu", bias=False, noisy=False,
+                 expert_bias=False, device=None, dtype=None, **opts):
+        super().__init__()
+        f = {"device": device, "dtype": dtype}
+        self.top_k, self.ffn = int(top_k), ffn
+        self.opts = _smelt._moe_opts(dict(opts, ffn=ffn), "smelt.torch.MoE")
+        self.wr = torch.nn.Parameter(torch.empty(d_model, num_experts, **f))
+        self.wnoise = torch.nn.Parameter(torch.empty(d_model, num_experts, **f)) if noisy else None
+        self.w1 = torch.nn.Parameter(torch.empty(num_experts, d_model, ffn_dim, **f))
+        self.w3 = torch.nn.Parameter(torch.empty(num_experts, d_model, ffn_dim, **f)) if ffn == "swiglu" else None
+        self.w2 = torch.nn.Parameter(torch.empty(num_experts, ffn_dim, d_model, **f))
+        self.b1 = torch.nn.Parameter(torch.empty(num_experts, ffn_dim, **f)) if bias and ffn == "mlp" else None
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts, device=device, dtype=torch.float32))
+        else:
+            self.expert_bias = None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The router and the up projections ~ N(0, 1/d_model), the down
+        projection ~ N(0, 1/ffn_dim), b1 zero."""
+        d, F = self.w1.shape[1], self.w1.shape[2]
+        for t in (self.wr, self.wnoise, self.w1, self.w3):
+            if t is not None:
+                torch.nn.init.normal_(t, std=1.0 / math.sqrt(d))
+        torch.nn.init.normal_(self.w2, std=1.0 / math.sqrt(F))
+        if self.b1 is not None:
+            torch.nn.init.zeros_(self.b1)
+
+    def forward(self, x, return_aux=False):
+        lead = x.shape[:-1]
+        y, aux, counts = moe(x.reshape(-1, x.shape[-1]), self.wr, self.w1, self.w2, self.w3, top_k=self.top_k,
+                             b1=self.b1, expert_bias=self.expert_bias, wnoise=self.wnoise, _stats=True, **self.opts)
+        y = y.reshape(*lead, y.shape[-1])
+        return (y, aux, counts) if return_aux else y
+
+    def extra_repr(self):
+        E, d, F = self.w1.shape
+        return "d_model=%d, ffn_dim=%d, num_experts=%d, top_k=%d, ffn=%s" % (d, F, E, self.top_k, self.ffn)
+
+
 # ---- the Python-facing functions (what smelt.* routes to under torch.compile)
 
 
@@ -920,6 +1081,19 @@ def peer(x, wq, sub_keys, u, v, k=16, bq=None, norm_weight=None, norm_bias=None,
                                    bool(key_l2_norm), gate, bool(sparse_grad))
     y, i, s = _into(y, out), _into(i, ids), _into(s, scores)
     return (y, i, s) if return_ids else y
+
+
+def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None, return_routing=False, _stats=False,
+        **opts):
+    """torch.ops.smelt.moe, differentiable in x, wr, wnoise, w1, w3, w2 and
+    b1 (the aux losses' gradients always included). return_routing gives
+    (y, {'aux': aux, 'counts': counts}) here, not smelt.moe's full routing.
+    See smelt.moe."""
+    cfg = _smelt._moe_cfg(x, wr, w1, w3, top_k, _smelt._moe_opts(opts, "smelt.moe"), "smelt.moe")
+    y, aux, counts = torch.ops.smelt.moe(x, wr, expert_bias, wnoise, w1, w3, w2, b1, *_moe_cfg_split(cfg))
+    if _stats:
+        return y, aux, counts
+    return (y, {"aux": aux, "counts": counts}) if return_routing else y
 
 
 # Route smelt.* through these ops while torch.compile traces.

@@ -69,4 +69,10 @@ smelt_status smelt__moe_check_shape(const smelt__moe_state *ms, int r, const sme
 void smelt__moe_stats_of(const smelt__moe_state *ms, const smelt_tensor *counts, const smelt_tensor *dropped,
                          smelt_moe_stats *st);
 
+/* dw [E, a, b] (contiguous): dw[e] = lhs_eᵀ · rhs_e over the rows
+ * [start[e], start[e+1]) of lhs [rows, a] and rhs [rows, b] (contiguous),
+ * start [E+1] on the host (src/core/op_moe_wgrad.c). */
+smelt_status smelt__moe_weight_grad(smelt_ctx *ctx, const smelt__moe_state *ms, const int64_t *start,
+                                    const smelt_tensor *lhs, const smelt_tensor *rhs, const smelt_tensor *dw);
+
 #endif /* SMELT_MOE_INTERNAL_H */

@@ -1,10 +1,8 @@
 /* The expert FFN on the CPU: the GEMM engine's grouped-by-offsets GEMM
  * (smelt_gemm_grouped_offs) for the products over permuted rows, and an
  * elementwise step between them (SwiGLU's silu(h1)·h3; the MLP's bias and
- * activation ride in the first GEMM's epilogue). The weight gradients sum
- * over each expert's rows, a reduction along K that the offsets GEMM does
- * not group, so they take the host-scheduled grouped GEMM
- * (smelt_gemm_grouped) over views of each expert's rows. Intermediates
+ * activation ride in the first GEMM's epilogue). The weight gradients are
+ * smelt__moe_weight_grad's (src/core/op_moe_wgrad.c). Intermediates
  * [T·k, F] are f32 (f64 for f64 inputs) host scratch. */
 #include "moe_cpu.h"
 
@@ -17,31 +15,6 @@ static smelt_tensor ends_view(const smelt_tensor *offsets, int64_t E) {
   smelt_tensor v = *offsets;
   v.data = (char *)offsets->data + smelt_dtype_size(offsets->dtype);
   v.shape[0] = E;
-  return v;
-}
-
-/* Rows [r0, r0 + n) of a contiguous [R, cols] tensor, or their transpose
- * [cols, n] (strides 1 and cols). */
-static smelt_tensor rows_of(const smelt_tensor *t, int64_t r0, int64_t n, int transpose) {
-  smelt_tensor v = *t;
-  const int64_t cols = t->shape[1];
-  v.data = (char *)t->data + (size_t)(r0 * cols) * smelt_dtype_size(t->dtype);
-  v.shape[0] = transpose ? cols : n;
-  v.shape[1] = transpose ? n : cols;
-  v.strides[0] = transpose ? 1 : cols;
-  v.strides[1] = transpose ? cols : 1;
-  return v;
-}
-
-/* Expert e's matrix of weights [E, a, b]. */
-static smelt_tensor expert_of(const smelt_tensor *w, int64_t e) {
-  smelt_tensor v = *w;
-  v.data = (char *)w->data + (size_t)(e * w->strides[0]) * smelt_dtype_size(w->dtype);
-  v.ndim = w->ndim - 1;
-  for (int i = 0; i < v.ndim; i++) {
-    v.shape[i] = w->shape[i + 1];
-    v.strides[i] = w->strides[i + 1];
-  }
   return v;
 }
 
@@ -122,24 +95,6 @@ static void hidden_grads(const smelt__moe_state *ms, int64_t total, smelt_tensor
   }
 }
 
-/* dW[e] = lhs_eᵀ · rhs_e over each expert's rows: one grouped GEMM. */
-static smelt_status weight_grad(smelt_ctx *ctx, const smelt__moe_state *ms, const int64_t *start,
-                                const smelt_tensor *lhs, const smelt_tensor *rhs, const smelt_tensor *dw) {
-  const int64_t E = ms->E;
-  smelt_tensor *v = (smelt_tensor *)malloc((size_t)(3 * E) * sizeof *v);
-  if (!v) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP ": no host memory for the weight gradients");
-  for (int64_t e = 0; e < E; e++) {
-    v[e] = rows_of(lhs, start[e], start[e + 1] - start[e], 1);
-    v[E + e] = rows_of(rhs, start[e], start[e + 1] - start[e], 0);
-    v[2 * E + e] = expert_of(dw, e);
-  }
-  smelt_gemm_desc desc = smelt_gemm_desc_default();
-  desc.mode = SMELT_GEMM_MODE_GROUPED;
-  smelt_status s = smelt_gemm_grouped(ctx, &desc, E, v, v + E, NULL, v + 2 * E, NULL);
-  free(v);
-  return s;
-}
-
 static void bias_grad(const smelt__moe_state *ms, const int64_t *start, const smelt_tensor *g1,
                       const smelt_tensor *db1) {
   for (int64_t e = 0; e < ms->E; e++)
@@ -173,9 +128,9 @@ static smelt_status ffn_bwd(smelt_ctx *ctx, const smelt__moe_state *ms, const sm
   if (!s) s = gemm_offs(ctx, t[SMELT__MT_DYP_IN], &w2t, NULL, &m[2], NULL, SMELT_ACT_IDENTITY, &ends);
   if (s) return s;
   hidden_grads(ms, start[ms->E], m);
-  if (t[SMELT__MT_DW2] && (s = weight_grad(ctx, ms, start, &m[3], t[SMELT__MT_DYP_IN], t[SMELT__MT_DW2]))) return s;
-  if (t[SMELT__MT_DW1] && (s = weight_grad(ctx, ms, start, t[SMELT__MT_XP_IN], &m[0], t[SMELT__MT_DW1]))) return s;
-  if (t[SMELT__MT_DW3] && (s = weight_grad(ctx, ms, start, t[SMELT__MT_XP_IN], &m[4], t[SMELT__MT_DW3]))) return s;
+  if (t[SMELT__MT_DW2] && (s = smelt__moe_weight_grad(ctx, ms, start, &m[3], t[SMELT__MT_DYP_IN], t[SMELT__MT_DW2]))) return s;
+  if (t[SMELT__MT_DW1] && (s = smelt__moe_weight_grad(ctx, ms, start, t[SMELT__MT_XP_IN], &m[0], t[SMELT__MT_DW1]))) return s;
+  if (t[SMELT__MT_DW3] && (s = smelt__moe_weight_grad(ctx, ms, start, t[SMELT__MT_XP_IN], &m[4], t[SMELT__MT_DW3]))) return s;
   if (t[SMELT__MT_DB1]) bias_grad(ms, start, &m[0], t[SMELT__MT_DB1]);
   return t[SMELT__MT_DXP] ? input_grad(ctx, ms, t, &ends, m) : SMELT_OK;
 }

@@ -1,6 +1,8 @@
-/* The MoE CUDA backend's expert FFN (src/cuda/moe_ffn.c), shared with the
- * layer's forward in src/cuda/op_moe.c: its grouped GEMM plans, made once
- * per MoE plan, and its run over permuted rows. */
+/* The MoE CUDA backend's pieces shared by its files: the expert FFN
+ * (src/cuda/moe_ffn.c: its grouped GEMM plans, made once per MoE plan, and
+ * its run over permuted rows), the FFN's backward (src/cuda/moe_ffn_bwd.c),
+ * the backend's state, and the forward's runs the backward's (src/cuda/
+ * moe_bwd.c) chain again. */
 #ifndef SMELT_MOE_CUDA_H
 #define SMELT_MOE_CUDA_H
 
@@ -25,8 +27,118 @@ void smelt__moe_ffn_free(smelt__moe_ffn_cuda *fc);
 smelt_status smelt__moe_ffn_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_ffn_cuda *fc,
                                 const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
                                 const smelt_tensor *yp);
+/* The grouped-by-offsets GEMM plan d = act(a·b + bias) over the row ends. */
+smelt_status smelt__moe_plan_offs_gemm(smelt_ctx *ctx, const smelt_tensor *a, const smelt_tensor *b,
+                                       const smelt_tensor *d, const smelt_tensor *bias, smelt_act act,
+                                       const smelt_tensor *ends, smelt_plan **out);
+/* The offsets GEMM's group ends [E]: offsets [E+1] past its leading 0. */
+smelt_tensor smelt__moe_row_ends(const smelt_ctx *ctx, const smelt_tensor *offsets, int64_t E);
+/* v rounded up to the pool's 256-byte blocks. */
+uintptr_t smelt__moe_round_up(uintptr_t v);
+/* The grid of the elementwise kernels over [rows, F] (grid-stride loops). */
+unsigned smelt__moe_elementwise_grid(const smelt_ctx *ctx, const smelt__moe_state *ms);
+/* out = silu(h1)·h3 over the kept rows (their count read on the device); out may be h1. */
+smelt_status smelt__moe_swiglu(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_cuda *fc, void *out,
+                               void *h1, void *h3, const smelt_tensor *offsets);
 /* The FFN's kernel variants (one a dtype), for the enumerator. */
 int smelt__moe_ffn_variants(smelt__kernel_src *out, int max);
+
+/* The FFN backward's GEMM plans, made on its first run for the offsets'
+ * dtype (0: i32, 1: i64) and the dtype of dyp (its smelt_dtype value):
+ * the up projections without an activation (the MLP's + b1), the down
+ * projection into yp of x's dtype (the layer's), dA = dyp·W2ᵀ, and dxp's
+ * products g1·W1ᵀ and g3·W3ᵀ (f32). */
+typedef struct smelt__moe_ffn_bwd_cuda {
+  smelt_plan *up1[2], *up3[2], *down[2], *da[2][4], *dx1[2], *dx3[2];
+  CUfunction swiglu_bwd, act, act_bwd, bias_grad;
+} smelt__moe_ffn_bwd_cuda;
+
+/* The backend's state (smelt__moe_state.cuda). */
+typedef struct smelt__moe_cuda {
+  CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
+  CUfunction probs_list, probs_rank, unpermute_bwd, add, route_bwd, noise_grad;
+  smelt__moe_ffn_cuda ffn;     /* planned when the plan has the expert weights */
+  smelt__moe_ffn_bwd_cuda bwd; /* its functions loaded with ffn, its plans on the first backward */
+} smelt__moe_cuda;
+
+/* ---------------------------------------------------------------- the FFN's backward (moe_ffn_bwd.c) */
+
+/* Loads the backward's kernels (the FFN's module, x's dtype). */
+smelt_status smelt__moe_ffn_bwd_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_ffn_bwd_cuda *bc);
+void smelt__moe_ffn_bwd_free(smelt__moe_ffn_bwd_cuda *bc);
+/* The FFN's intermediates over permuted rows, [rows, F] each of x's dtype:
+ * h1 (the up projection before the activation: + b1 for the MLP), h3
+ * (SwiGLU's second) and a (the activation; the backward's dA and then a
+ * again). */
+typedef struct smelt__moe_ffn_inter {
+  smelt_tensor h1, h3, a;
+} smelt__moe_ffn_inter;
+/* fi's three [rows, F] tensors in one workspace at *ws (free it). */
+smelt_status smelt__moe_ffn_inter_alloc(smelt_ctx *ctx, const smelt__moe_state *ms, char **ws,
+                                        smelt__moe_ffn_inter *fi);
+/* yp = FFN_e(xp), keeping the intermediates in fi (the layer's backward,
+ * which needs both). */
+smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
+                                         const smelt_tensor *const *t, const smelt_tensor *xp,
+                                         const smelt_tensor *offsets, const smelt__moe_ffn_inter *fi,
+                                         const smelt_tensor *yp);
+/* The FFN's gradients from dyp over fi (h1 and h3 as the forward left
+ * them; a is overwritten): t[DW1], t[DW3], t[DW2], t[DB1] where present,
+ * dxp (f32 [rows, d], or NULL) = its input gradient. Reads the offsets on
+ * the host for the weight gradients (smelt_gemm_grouped), so it waits for
+ * the stream once. */
+smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
+                                     const smelt_tensor *const *t, const smelt_tensor *xp,
+                                     const smelt_tensor *offsets, const smelt_tensor *dyp,
+                                     const smelt__moe_ffn_inter *fi, const smelt_tensor *dxp);
+/* The FFN's backward run (smelt_moe_ffn_backward_run): the forward's
+ * intermediates recomputed from xp, then smelt__moe_ffn_backward. */
+smelt_status smelt__moe_ffn_backward_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
+                                         const smelt_tensor *const *t);
+
+/* ---------------------------------------------------------------- the forward's runs (op_moe.c) */
+
+/* The router's run into t's routing roles; sel (or NULL) [T, k] i32 gets
+ * the selections before capacity drops and sel_counts (or NULL) [E] i32
+ * their counts, followed by E+1 ints of scratch. */
+smelt_status smelt__moe_cuda_route(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                   const smelt_tensor *const *t, int *sel, int *sel_counts);
+/* Ids [T, k] i32 with capacity: dropped assignments get id -1 and weight 0
+ * (the config's policy; w [T, k] f32). */
+smelt_status smelt__moe_cuda_drop(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc, void *ids,
+                                  void *w);
+/* counts [E], offsets [E+1] (i32 or i64 each) and dropped (or NULL) of ids [T·k]. */
+smelt_status smelt__moe_cuda_count(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                   const void *ids, void *counts, int c64, void *offs, int o64, void *dropped,
+                                   int d64);
+/* xp and row_map of x, ids and offsets by role (permute's run). */
+smelt_status smelt__moe_cuda_permute(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                     const smelt_tensor *const *t);
+/* y [T, d] (any row stride) = Σ_i w[t, i] · (yp [T·k, d])[row_map[t, i]], w f32 [T, k] or NULL (1). */
+smelt_status smelt__moe_cuda_combine(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                     const char *op, const smelt_tensor *yp, const void *row_map, const void *w,
+                                     const smelt_tensor *y);
+/* The backward's runs (moe_bwd.c): route backward, aux, unpermute and
+ * permute backward, the FFN's and the layer's backward. */
+smelt_status smelt__moe_cuda_backward_part(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc,
+                                           const smelt__moe_args *a);
+
+/* Zeros in the weight gradients t[DWR ... DB1] present (runs without rows). */
+smelt_status smelt__moe_zero_grads(smelt_ctx *ctx, const smelt_tensor *const *t);
+/* The router's top-k of logits [T, E] f32 (with z = x·Wnoise [T, E] or
+ * NULL: the noise added to logits in place) into ids and w [T, k]; lse [T]
+ * (or NULL) each token's logsumexp in double. T > 0. */
+smelt_status smelt__moe_cuda_select(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                    void *logits, void *z, const smelt_tensor *bias, void *ids, void *w, double *lse);
+/* aux [2] f32 = {L_lb, L_z} of logits [T, E] f32, ids before drops [T, k]
+ * and lse [T], through a workspace of E doubles and 2E+1 ints. */
+smelt_status smelt__moe_cuda_aux_values(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                        const void *logits, const void *ids, void *aux, double *lse, char *ws);
+
+static inline unsigned smelt__moe_grid(int64_t n, int64_t per) { return (unsigned)smelt__ceil_div(n, per); }
+
+/* Bytes of n elements of es bytes, whole 256-byte blocks (the pool's alignment). */
+static inline size_t smelt__moe_block_bytes(int64_t n, size_t es) { return ((size_t)n * es + 255) & ~(size_t)255; }
 
 /* A contiguous [rows, cols] tensor of dtype dt on the context's device at p. */
 static inline smelt_tensor smelt__moe_device_mat(const smelt_ctx *ctx, void *p, smelt_dtype dt, int64_t rows,

@@ -36,15 +36,15 @@ int smelt__moe_ffn_variants(smelt__kernel_src *out, int max) {
   return n;
 }
 
-/* The offsets GEMM's group ends [E]: offsets [E+1] past its leading 0. */
-static smelt_tensor row_ends(const smelt_ctx *ctx, const smelt_tensor *offsets, int64_t E) {
+smelt_tensor smelt__moe_row_ends(const smelt_ctx *ctx, const smelt_tensor *offsets, int64_t E) {
   const int64_t shape[1] = {E};
   char *p = (char *)offsets->data + smelt_dtype_size(offsets->dtype);
   return smelt_tensor_make(p, offsets->dtype, SMELT_DEVICE_CUDA, ctx->device_index, 1, shape);
 }
 
-static smelt_status plan_gemm(smelt_ctx *ctx, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *d,
-                              const smelt_tensor *bias, smelt_act act, const smelt_tensor *ends, smelt_plan **out) {
+smelt_status smelt__moe_plan_offs_gemm(smelt_ctx *ctx, const smelt_tensor *a, const smelt_tensor *b,
+                                       const smelt_tensor *d, const smelt_tensor *bias, smelt_act act,
+                                       const smelt_tensor *ends, smelt_plan **out) {
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.mode = SMELT_GEMM_MODE_GROUPED_OFFS;
   desc.epilogue.act = act;
@@ -60,12 +60,12 @@ static smelt_status plan_for(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__
   const smelt_tensor *b1 = ms->t[SMELT__MT_B1].ndim >= 0 ? &ms->t[SMELT__MT_B1] : NULL;
   smelt_status s = SMELT_OK;
   if (!fc->up1[o64])
-    s = plan_gemm(ctx, xp, &ms->t[SMELT__MT_W1], h1, b1, swiglu ? SMELT_ACT_IDENTITY : ms->cfg.activation, ends,
+    s = smelt__moe_plan_offs_gemm(ctx, xp, &ms->t[SMELT__MT_W1], h1, b1, swiglu ? SMELT_ACT_IDENTITY : ms->cfg.activation, ends,
                   &fc->up1[o64]);
   if (!s && swiglu && !fc->up3[o64])
-    s = plan_gemm(ctx, xp, &ms->t[SMELT__MT_W3], h3, NULL, SMELT_ACT_IDENTITY, ends, &fc->up3[o64]);
+    s = smelt__moe_plan_offs_gemm(ctx, xp, &ms->t[SMELT__MT_W3], h3, NULL, SMELT_ACT_IDENTITY, ends, &fc->up3[o64]);
   if (!s && !fc->down[o64][yp->dtype])
-    s = plan_gemm(ctx, h1, &ms->t[SMELT__MT_W2], yp, NULL, SMELT_ACT_IDENTITY, ends, &fc->down[o64][yp->dtype]);
+    s = smelt__moe_plan_offs_gemm(ctx, h1, &ms->t[SMELT__MT_W2], yp, NULL, SMELT_ACT_IDENTITY, ends, &fc->down[o64][yp->dtype]);
   return s;
 }
 
@@ -73,7 +73,7 @@ static uintptr_t end_of(const smelt_tensor *t) {
   return t->ndim < 0 ? 0 : (uintptr_t)t->data + (uintptr_t)smelt_tensor_numel(t) * smelt_dtype_size(t->dtype);
 }
 
-static uintptr_t round_up(uintptr_t v) { return (v + 255) & ~(uintptr_t)255; }
+uintptr_t smelt__moe_round_up(uintptr_t v) { return (v + 255) & ~(uintptr_t)255; }
 
 smelt_status smelt__moe_ffn_plan(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_ffn_cuda *fc) {
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
@@ -92,14 +92,26 @@ smelt_status smelt__moe_ffn_plan(smelt_ctx *ctx, const smelt__moe_state *ms, sme
   smelt_tensor t[5];
   const int64_t cols[4] = {d, F, F, d};
   for (int i = 0; i < 4; i++) {
-    at = round_up(at);
+    at = smelt__moe_round_up(at);
     t[i] = smelt__moe_device_mat(ctx, (void *)at, xdt, R, cols[i]);
     at += (uintptr_t)(R * cols[i] * es);
   }
   const int64_t one[1] = {E + 1};
-  t[4] = smelt_tensor_make((void *)round_up(at), SMELT_DTYPE_I32, SMELT_DEVICE_CUDA, ctx->device_index, 1, one);
-  const smelt_tensor ends = row_ends(ctx, &t[4], E);
+  t[4] = smelt_tensor_make((void *)smelt__moe_round_up(at), SMELT_DTYPE_I32, SMELT_DEVICE_CUDA, ctx->device_index, 1, one);
+  const smelt_tensor ends = smelt__moe_row_ends(ctx, &t[4], E);
   return plan_for(ctx, ms, fc, &t[0], &t[1], &t[2], &t[3], &ends);
+}
+
+smelt_status smelt__moe_ffn_bwd_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_ffn_bwd_cuda *bc) {
+  smelt__kernel_src src;
+  make_src(ms->t[SMELT__MT_X].dtype, &src);
+  smelt_status s;
+  if ((s = smelt__cuda_function(ctx, &src, "moe_act", &bc->act)) ||
+      (s = smelt__cuda_function(ctx, &src, "moe_act_bwd", &bc->act_bwd)) ||
+      (s = smelt__cuda_function(ctx, &src, "moe_bias_grad", &bc->bias_grad)))
+    return s;
+  return ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? smelt__cuda_function(ctx, &src, "moe_swiglu_bwd", &bc->swiglu_bwd)
+                                             : SMELT_OK;
 }
 
 void smelt__moe_ffn_free(smelt__moe_ffn_cuda *fc) {
@@ -110,16 +122,19 @@ void smelt__moe_ffn_free(smelt__moe_ffn_cuda *fc) {
   }
 }
 
-/* h1 = silu(h1)·h3 over the kept rows (their count read on the device). */
-static smelt_status swiglu(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_cuda *fc, void *h1,
-                           void *h3, const smelt_tensor *offsets) {
+unsigned smelt__moe_elementwise_grid(const smelt_ctx *ctx, const smelt__moe_state *ms) {
   const int64_t unit = 16 / (int64_t)smelt_dtype_size(ms->t[SMELT__MT_X].dtype);
   const int64_t blocks = smelt__ceil_div(ms->rows * ms->F / unit + 1, 256), cap = 16 * (int64_t)ctx->cuda->info.sm_count;
+  return (unsigned)(blocks < cap ? blocks : cap);
+}
+
+smelt_status smelt__moe_swiglu(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_cuda *fc, void *out,
+                               void *h1, void *h3, const smelt_tensor *offsets) {
   const void *od = offsets->data;
   int o64 = offsets->dtype == SMELT_DTYPE_I64, E = (int)ms->E;
   int64_t rows = ms->rows, F = ms->F;
-  void *params[] = {&h1, &h3, &od, &o64, &E, &rows, &F};
-  return smelt__cuda_launch(ctx, MOE_OP "_ffn_run", fc->swiglu, (unsigned)(blocks < cap ? blocks : cap), 1, 1, 256, 0,
+  void *params[] = {&out, &h1, &h3, &od, &o64, &E, &rows, &F};
+  return smelt__cuda_launch(ctx, MOE_OP "_ffn_run", fc->swiglu, smelt__moe_elementwise_grid(ctx, ms), 1, 1, 256, 0,
                             params);
 }
 
@@ -131,18 +146,18 @@ smelt_status smelt__moe_ffn_run(smelt_ctx *ctx, const smelt__moe_state *ms, smel
   if (ms->rows == 0) return SMELT_OK;
   const smelt_dtype hdt = xp->dtype;
   const int swiglu_ffn = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU;
-  const size_t hb = (size_t)round_up((uintptr_t)(ms->rows * ms->F) * smelt_dtype_size(hdt));
+  const size_t hb = (size_t)smelt__moe_round_up((uintptr_t)(ms->rows * ms->F) * smelt_dtype_size(hdt));
   char *ws = NULL;
   smelt_status s = smelt__cuda_alloc(ctx, swiglu_ffn ? 2 * hb : hb, (void **)&ws);
   if (s) return s;
   const smelt_tensor h1 = smelt__moe_device_mat(ctx, ws, hdt, ms->rows, ms->F),
                      h3 = smelt__moe_device_mat(ctx, ws + hb, hdt, ms->rows, ms->F),
-                     ends = row_ends(ctx, offsets, ms->E);
+                     ends = smelt__moe_row_ends(ctx, offsets, ms->E);
   const int o64 = offsets->dtype == SMELT_DTYPE_I64;
   if (!(s = plan_for(ctx, ms, fc, xp, &h1, &h3, yp, &ends)))
     s = smelt_gemm_grouped_offs_run(fc->up1[o64], xp, t[SMELT__MT_W1], NULL, &h1, t[SMELT__MT_B1], &ends);
   if (!s && swiglu_ffn && !(s = smelt_gemm_grouped_offs_run(fc->up3[o64], xp, t[SMELT__MT_W3], NULL, &h3, NULL, &ends)))
-    s = swiglu(ctx, ms, fc, h1.data, h3.data, offsets);
+    s = smelt__moe_swiglu(ctx, ms, fc, h1.data, h1.data, h3.data, offsets);
   if (!s) s = smelt_gemm_grouped_offs_run(fc->down[o64][yp->dtype], &h1, t[SMELT__MT_W2], NULL, yp, NULL, &ends);
   smelt_status f = smelt__cuda_free(ctx, ws);
   return s ? s : f;

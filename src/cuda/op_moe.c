@@ -1,10 +1,8 @@
 /* smelt_moe on CUDA: the router (its GEMMs through the GEMM engine, then
  * kernels/moe_route.cu), permute and unpermute (kernels/moe_permute.cu),
  * the expert FFN (src/cuda/moe_ffn.c) and the layer's forward chaining
- * them, all stream-ordered with no host synchronization. The backward
- * parts have no kernels yet: their runs fail with UNSUPPORTED, and so does
- * the router with a capacity by probs, rather than running the CPU
- * reference behind the caller's back. */
+ * them, all stream-ordered with no host synchronization; the backward runs
+ * are in src/cuda/moe_bwd.c. */
 #include "moe_cuda.h"
 
 #include <stdio.h>
@@ -16,13 +14,9 @@ static const int route_items[] = {8, 32};
 #define MAX_E (32 * 32)
 #define CHUNK 128 /* MOE_CHUNK of kernels/moe_permute.cu */
 
-typedef struct moe_cuda {
-  CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
-  smelt__moe_ffn_cuda ffn; /* planned when the plan has the expert weights */
-} moe_cuda;
-
 static void moe_cuda_free(void *p) {
-  moe_cuda *mc = (moe_cuda *)p;
+  smelt__moe_cuda *mc = (smelt__moe_cuda *)p;
+  if (mc) smelt__moe_ffn_bwd_free(&mc->bwd);
   if (mc) smelt__moe_ffn_free(&mc->ffn);
   free(mc);
 }
@@ -62,7 +56,7 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
   smelt__moe_state *ms = (smelt__moe_state *)plan->opdata;
   smelt_status s = check_plan(ms);
   if (s) return s;
-  moe_cuda *mc = (moe_cuda *)calloc(1, sizeof *mc);
+  smelt__moe_cuda *mc = (smelt__moe_cuda *)calloc(1, sizeof *mc);
   if (!mc) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP ": out of host memory");
   ms->cuda = mc;
   ms->cuda_free = moe_cuda_free;
@@ -79,10 +73,18 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_rank", &mc->rank)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_copy_rows", &mc->copy_rows)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_drop", &mc->drop)) ||
-      (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute", &mc->unpermute)))
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute", &mc->unpermute)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_probs_list", &mc->probs_list)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_probs_rank", &mc->probs_rank)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute_bwd", &mc->unpermute_bwd)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_add", &mc->add)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_route_bwd", &mc->route_bwd)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_noise_grad", &mc->noise_grad)))
     return s;
   const int ffn = ms->t[SMELT__MT_W1].ndim >= 0;
-  if (ffn && (s = smelt__moe_ffn_plan(plan->ctx, ms, &mc->ffn))) return s;
+  if (ffn && ((s = smelt__moe_ffn_plan(plan->ctx, ms, &mc->ffn)) ||
+              (s = smelt__moe_ffn_bwd_load(plan->ctx, ms, &mc->bwd))))
+    return s;
   snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%.32s + moe_permute%s)", (int)ms->E,
            (int)ms->k, (int)ms->d, (int)ms->F, route.name,
            !ffn ? "" : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? " + grouped GEMMs + moe_swiglu" : " + grouped GEMMs");
@@ -91,12 +93,10 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
 
 /* ---------------------------------------------------------------- runs */
 
-static unsigned grid_of(int64_t n, int64_t per) { return (unsigned)smelt__ceil_div(n, per); }
-
 /* rows [T, k] = each assignment's row in expert-major stable order: from
  * offsets (i32 or i64), or, with offsets NULL, its position among its
  * expert's assignments (moe_chunk_counts, moe_chunk_bases, moe_rank). */
-static smelt_status rank_rows(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc, const char *op,
+static smelt_status rank_rows(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc, const char *op,
                               const void *ids, const smelt_tensor *offsets, void *rows) {
   int64_t T = ms->T, chunks = smelt__ceil_div(T, CHUNK);
   void *cc = NULL;
@@ -115,57 +115,86 @@ static smelt_status rank_rows(smelt_ctx *ctx, const smelt__moe_state *ms, const 
   return s ? s : f;
 }
 
-/* Capacity by position: each expert keeps its first `capacity` tokens
- * (their positions by rank_rows), the rest get id -1 and weight 0. */
-static smelt_status drop_by_position(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
-                                     const smelt_tensor *const *t) {
+/* pos [T·k] = each assignment's place in its expert's probs order
+ * (moe_probs_list gathers each expert's into its segment, moe_probs_rank
+ * counts those before each), in a workspace of counts [E], two copies of
+ * the offsets [E+1] and the list [T·k]. */
+static smelt_status rank_by_probs(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                  const void *ids, const void *w, void *pos) {
   const char *op = MOE_OP "_route_run";
-  void *pos = NULL, *ids = t[SMELT__MT_IDS]->data, *w = t[SMELT__MT_WEIGHTS]->data;
+  int *ws = NULL;
+  int64_t n = ms->rows;
+  int E = (int)ms->E;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)(3 * E + 2 + n) * 4, (void **)&ws);
+  if (s) return s;
+  int *offs = ws + E, *cursor = offs + E + 1, *list = cursor + E + 1;
+  void *p_list[] = {&ids, &n, &E, &cursor, &list};
+  void *p_rank[] = {&list, &offs, &w, &pos};
+  const unsigned blocks = smelt__moe_grid(n, 256) < 4096 ? smelt__moe_grid(n, 256) : 4096;
+  if (!(s = smelt__moe_cuda_count(ctx, ms, mc, ids, ws, 0, offs, 0, NULL, 0)) &&
+      !(s = smelt__moe_cuda_count(ctx, ms, mc, ids, ws, 0, cursor, 0, NULL, 0)) &&
+      !(s = smelt__cuda_launch(ctx, op, mc->probs_list, blocks, 1, 1, 256, 0, p_list)))
+    s = smelt__cuda_launch(ctx, op, mc->probs_rank, (unsigned)E, 1, 1, 256, 0, p_rank);
+  smelt_status f = smelt__cuda_free(ctx, ws);
+  return s ? s : f;
+}
+
+/* Capacity: each expert keeps the first `capacity` of its tokens in the
+ * policy's order (their places by rank_rows or rank_by_probs), the rest
+ * get id -1 and weight 0. */
+smelt_status smelt__moe_cuda_drop(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc, void *ids,
+                                  void *w) {
+  const char *op = MOE_OP "_route_run";
+  void *pos = NULL;
   smelt_status s = smelt__cuda_alloc(ctx, (size_t)ms->rows * 4, &pos);
   if (s) return s;
   int64_t n = ms->rows;
   int cap = (int)ms->capacity;
   void *params[] = {&ids, &w, &pos, &n, &cap};
-  if (!(s = rank_rows(ctx, ms, mc, op, ids, NULL, pos)))
-    s = smelt__cuda_launch(ctx, op, mc->drop, grid_of(n, 256) < 4096 ? grid_of(n, 256) : 4096, 1, 1, 256, 0, params);
+  const unsigned blocks = smelt__moe_grid(n, 256) < 4096 ? smelt__moe_grid(n, 256) : 4096;
+  if (ms->cfg.drop_policy == SMELT_MOE_DROP_PROBS) s = rank_by_probs(ctx, ms, mc, ids, w, pos);
+  else s = rank_rows(ctx, ms, mc, op, ids, NULL, pos);
+  if (!s) s = smelt__cuda_launch(ctx, op, mc->drop, blocks, 1, 1, 256, 0, params);
   smelt_status f = smelt__cuda_free(ctx, pos);
   return s ? s : f;
 }
 
-static smelt_status route_checks(const smelt__moe_state *ms, const smelt_tensor *const *t) {
-  if (ms->cfg.drop_policy == SMELT_MOE_DROP_PROBS)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                        MOE_OP "_route_run: capacity with drop policy probs has no CUDA kernel yet (position has)");
+static smelt_status route_checks(const smelt_tensor *const *t) {
   if (t[SMELT__MT_LOGITS]->dtype != SMELT_DTYPE_F32 || t[SMELT__MT_WEIGHTS]->dtype != SMELT_DTYPE_F32 ||
       (t[SMELT__MT_AUX] && t[SMELT__MT_AUX]->dtype != SMELT_DTYPE_F32))
     return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_route_run: logits, weights and aux must be f32 on CUDA");
   return SMELT_OK;
 }
 
+smelt_status smelt__moe_cuda_select(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                    void *logits, void *z, const smelt_tensor *bias_t, void *ids, void *w,
+                                    double *lse) {
+  const void *bias = bias_t ? bias_t->data : NULL;
+  int64_t T = ms->T;
+  int E = (int)ms->E, k = (int)ms->k, sig = ms->cfg.score == SMELT_MOE_SCORE_SIGMOID, renorm = ms->cfg.renormalize;
+  int groups = (int)ms->cfg.num_groups, tg = (int)ms->cfg.topk_groups;
+  float scaling = (float)ms->cfg.scaling_factor;
+  uint64_t seed = ms->cfg.noise_seed;
+  int64_t token0 = ms->cfg.noise_token_offset;
+  void *params[] = {&logits, &z,       &bias,   &ids, &w,    &T,      &E,  &k,
+                    &sig,    &renorm, &scaling, &groups, &tg, &seed, &token0, &lse};
+  return smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->route, smelt__moe_grid(T, 4), 1, 1, 128, 0, params);
+}
+
 /* logits = x·Wr (+ n · softplus(x·Wnoise)), ids and weights; lse (or NULL)
  * each token's logsumexp. T > 0. */
-static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
+static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
                                  const smelt_tensor *const *t, double *lse) {
   const smelt_gemm_desc desc = smelt_gemm_desc_default();
   void *z = NULL;
-  int64_t T = ms->T;
   smelt_status s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL, t[SMELT__MT_LOGITS], NULL);
-  if (!s && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(T * ms->E) * 4, &z))) {
-    const smelt_tensor zt = smelt__moe_device_mat(ctx, z, SMELT_DTYPE_F32, T, ms->E);
+  if (!s && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(ms->T * ms->E) * 4, &z))) {
+    const smelt_tensor zt = smelt__moe_device_mat(ctx, z, SMELT_DTYPE_F32, ms->T, ms->E);
     s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WNOISE], NULL, &zt, NULL);
   }
-  if (!s) {
-    void *logits = t[SMELT__MT_LOGITS]->data, *ids = t[SMELT__MT_IDS]->data, *w = t[SMELT__MT_WEIGHTS]->data;
-    const void *bias = t[SMELT__MT_BIAS] ? t[SMELT__MT_BIAS]->data : NULL;
-    int E = (int)ms->E, k = (int)ms->k, sig = ms->cfg.score == SMELT_MOE_SCORE_SIGMOID, renorm = ms->cfg.renormalize;
-    int groups = (int)ms->cfg.num_groups, tg = (int)ms->cfg.topk_groups;
-    float scaling = (float)ms->cfg.scaling_factor;
-    uint64_t seed = ms->cfg.noise_seed;
-    int64_t token0 = ms->cfg.noise_token_offset;
-    void *params[] = {&logits, &z,      &bias,   &ids, &w,    &T,      &E,  &k,
-                      &sig,    &renorm, &scaling, &groups, &tg, &seed, &token0, &lse};
-    s = smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->route, grid_of(T, 4), 1, 1, 128, 0, params);
-  }
+  if (!s)
+    s = smelt__moe_cuda_select(ctx, ms, mc, t[SMELT__MT_LOGITS]->data, z, t[SMELT__MT_BIAS], t[SMELT__MT_IDS]->data,
+                               t[SMELT__MT_WEIGHTS]->data, lse);
   if (z) {
     smelt_status f = smelt__cuda_free(ctx, z);
     if (!s) s = f;
@@ -173,40 +202,37 @@ static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, con
   return s;
 }
 
-/* counts [E], offsets [E+1] (i32 or i64 each) and dropped (or NULL) of ids [T·k]. */
-static smelt_status count(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc, const void *ids,
-                          void *counts, int c64, void *offs, int o64, void *dropped, int d64) {
+smelt_status smelt__moe_cuda_count(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                   const void *ids, void *counts, int c64, void *offs, int o64, void *dropped,
+                                   int d64) {
   int64_t n = ms->rows;
   int E = (int)ms->E;
   void *params[] = {&ids, &n, &E, &counts, &c64, &offs, &o64, &dropped, &d64};
   return smelt__cuda_launch(ctx, MOE_OP "_route_run", mc->counts, 1, 1, 1, 1024, (unsigned)(E * 4), params);
 }
 
-/* aux = {L_lb, L_z} from the logits, lse and the selections (before drops),
- * in a workspace laid out as P [E] doubles, then counts [E] and offsets
- * [E+1] ints. */
-static smelt_status aux_losses(smelt_ctx *ctx, const smelt__moe_state *ms, const moe_cuda *mc,
-                               const smelt_tensor *const *t, double *lse, char *ws) {
+/* The workspace: P [E] doubles (the softmax's column sums), then counts
+ * [E] and offsets [E+1] ints. */
+smelt_status smelt__moe_cuda_aux_values(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                        const void *logits, const void *ids, void *aux, double *lse, char *ws) {
   double *P = (double *)ws;
   int *cnt = (int *)(ws + ms->E * 8), *offs = cnt + ms->E;
   const char *op = MOE_OP "_route_run";
-  const void *logits = t[SMELT__MT_LOGITS]->data;
-  void *aux = t[SMELT__MT_AUX]->data;
   int64_t T = ms->T;
   int E = (int)ms->E, k = (int)ms->k;
   double c_lb = ms->cfg.aux_loss_coeff, c_z = ms->cfg.z_loss_coeff;
   void *p_cols[] = {&logits, &lse, &T, &E, &P};
   void *p_final[] = {&cnt, &P, &lse, &T, &E, &k, &c_lb, &c_z, &aux};
-  smelt_status s = count(ctx, ms, mc, t[SMELT__MT_IDS]->data, cnt, 0, offs, 0, NULL, 0);
+  smelt_status s = smelt__moe_cuda_count(ctx, ms, mc, ids, cnt, 0, offs, 0, NULL, 0);
   if (!s) s = smelt__cuda_launch(ctx, op, mc->aux_columns, (unsigned)E, 1, 1, 256, 0, p_cols);
   if (!s) s = smelt__cuda_launch(ctx, op, mc->aux_final, 1, 1, 1, 256, 0, p_final);
   return s;
 }
 
 /* The router: tokens, aux losses (before drops), capacity, counts. */
-static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
-                          const smelt_tensor *const *t) {
-  smelt_status s = route_checks(ms, t);
+smelt_status smelt__moe_cuda_route(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                   const smelt_tensor *const *t, int *sel, int *sel_counts) {
+  smelt_status s = route_checks(t);
   if (s) return s;
   smelt_ctx *ctx = plan->ctx;
   const int64_t T = ms->T, E = ms->E;
@@ -215,18 +241,23 @@ static smelt_status route(smelt_plan *plan, const smelt__moe_state *ms, const mo
     return s;
   double *lse = ws ? (double *)ws : NULL;
   if (T > 0) s = route_tokens(ctx, ms, mc, t, lse);
-  if (!s && ws) s = aux_losses(ctx, ms, mc, t, lse, ws + T * 8);
+  if (!s && ws)
+    s = smelt__moe_cuda_aux_values(ctx, ms, mc, t[SMELT__MT_LOGITS]->data, t[SMELT__MT_IDS]->data,
+                                   t[SMELT__MT_AUX]->data, lse, ws + T * 8);
   if (ws) {
     smelt_status f = smelt__cuda_free(ctx, ws);
     if (!s) s = f;
   }
-  if (!s && T > 0 && ms->capacity >= 0) s = drop_by_position(ctx, ms, mc, t);
+  const void *ids = t[SMELT__MT_IDS]->data;
+  if (!s && sel && T > 0) s = smelt_memcpy_d2d(ctx, sel, ids, (size_t)ms->rows * 4);
+  if (!s && sel_counts) s = smelt__moe_cuda_count(ctx, ms, mc, ids, sel_counts, 0, sel_counts + E, 0, NULL, 0);
+  if (!s && T > 0 && ms->capacity >= 0) s = smelt__moe_cuda_drop(ctx, ms, mc, (void *)ids, t[SMELT__MT_WEIGHTS]->data);
   if (s) return s;
   const smelt_tensor *dr = t[SMELT__MT_DROPPED];
-  return count(ctx, ms, mc, t[SMELT__MT_IDS]->data, t[SMELT__MT_COUNTS]->data,
-               t[SMELT__MT_COUNTS]->dtype == SMELT_DTYPE_I64, t[SMELT__MT_OFFSETS]->data,
-               t[SMELT__MT_OFFSETS]->dtype == SMELT_DTYPE_I64, dr ? dr->data : NULL,
-               dr && dr->dtype == SMELT_DTYPE_I64);
+  return smelt__moe_cuda_count(ctx, ms, mc, ids, t[SMELT__MT_COUNTS]->data,
+                               t[SMELT__MT_COUNTS]->dtype == SMELT_DTYPE_I64, t[SMELT__MT_OFFSETS]->data,
+                               t[SMELT__MT_OFFSETS]->dtype == SMELT_DTYPE_I64, dr ? dr->data : NULL,
+                               dr && dr->dtype == SMELT_DTYPE_I64);
 }
 
 /* The widest copy unit (16, 8, 4 or 2 bytes) of rows of row_bytes at x
@@ -239,8 +270,8 @@ static int copy_unit(const void *x, int64_t x_stride, const void *xp, int64_t ro
   return unit;
 }
 
-static smelt_status permute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
-                            const smelt_tensor *const *t) {
+smelt_status smelt__moe_cuda_permute(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                     const smelt_tensor *const *t) {
   const char *op = MOE_OP "_permute_run";
   int64_t T = ms->T;
   if (T == 0) return SMELT_OK;
@@ -254,24 +285,31 @@ static smelt_status permute(smelt_plan *plan, const smelt__moe_state *ms, const 
   int64_t x_stride = x->strides[0] * es, row_bytes = ms->d * es;
   int unit = copy_unit(xd, x_stride, xpd, row_bytes);
   void *p_copy[] = {&xd, &x_stride, &rm, &T, &k, &xpd, &row_bytes, &unit};
-  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, grid_of(ms->rows, 8), 1, 1, 256, 0, p_copy);
+  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, smelt__moe_grid(ms->rows, 8), 1, 1, 256, 0, p_copy);
 }
 
-static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, const moe_cuda *mc,
-                              const smelt_tensor *const *t) {
-  const smelt_tensor *yp = t[SMELT__MT_YP_IN], *y = t[SMELT__MT_Y], *w = t[SMELT__MT_WEIGHTS_IN];
-  if (yp->dtype == SMELT_DTYPE_F64 || w->dtype != SMELT_DTYPE_F32)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_unpermute_run: yp f64 or weights other than f32 on CUDA");
+smelt_status smelt__moe_cuda_combine(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                     const char *op, const smelt_tensor *yp, const void *rm, const void *wd,
+                                     const smelt_tensor *y) {
   int64_t T = ms->T, ys = y->strides[0];
   if (T == 0) return SMELT_OK;
-  const void *ypd = yp->data, *rm = t[SMELT__MT_ROW_MAP_IN]->data, *wd = w->data;
+  const void *ypd = yp->data;
   void *yd = y->data;
   /* The kernels' dtype codes (SMELT_DT_F32 1, F16 2, BF16 3) are smelt_dtype's values. */
   int ypdt = (int)yp->dtype, ydt = (int)y->dtype, k = (int)ms->k, d = (int)ms->d;
   /* 8 columns a lane: rows of whole 16-byte units of both, both 16-byte aligned. */
   int vec = d % 8 == 0 && ys % 8 == 0 && (uintptr_t)ypd % 16 == 0 && (uintptr_t)yd % 16 == 0;
   void *params[] = {&ypd, &ypdt, &rm, &wd, &yd, &ydt, &T, &k, &d, &ys, &vec};
-  return smelt__cuda_launch(plan->ctx, MOE_OP "_unpermute_run", mc->unpermute, grid_of(T, 8), 1, 1, 256, 0, params);
+  return smelt__cuda_launch(ctx, op, mc->unpermute, smelt__moe_grid(T, 8), 1, 1, 256, 0, params);
+}
+
+static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                              const smelt_tensor *const *t) {
+  const smelt_tensor *yp = t[SMELT__MT_YP_IN], *w = t[SMELT__MT_WEIGHTS_IN];
+  if (yp->dtype == SMELT_DTYPE_F64 || w->dtype != SMELT_DTYPE_F32)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_unpermute_run: yp f64 or weights other than f32 on CUDA");
+  return smelt__moe_cuda_combine(plan->ctx, ms, mc, MOE_OP "_unpermute_run", yp, t[SMELT__MT_ROW_MAP_IN]->data,
+                                 w->data, t[SMELT__MT_Y]);
 }
 
 /* The statistics: counts and dropped copied to the host (which waits for
@@ -297,14 +335,11 @@ static smelt_status stats(smelt_plan *plan, const smelt__moe_state *ms, const sm
 
 /* ---------------------------------------------------------------- the layer */
 
-/* Bytes of n elements of es bytes, whole 256-byte blocks (the pool's alignment). */
-static size_t block_bytes(int64_t n, size_t es) { return ((size_t)n * es + 255) & ~(size_t)255; }
-
 /* The layer's forward: router, permute, expert FFN and unpermute, each as
  * its run does it, into the caller's routing tensors where given and one
  * workspace for the rest (indices i32, routing f32, xp and yp of x's
  * dtype). Only the statistics, when asked, wait for the stream. */
-static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, moe_cuda *mc, const smelt__moe_args *a) {
+static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc, const smelt__moe_args *a) {
   smelt_ctx *ctx = plan->ctx;
   const int64_t T = ms->T, E = ms->E, k = ms->k, R = ms->rows, d = ms->d;
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype, f32 = SMELT_DTYPE_F32, i32 = SMELT_DTYPE_I32;
@@ -321,7 +356,7 @@ static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, moe_cu
   size_t bytes = 0;
   for (int i = 0; i < N_INNER; i++)
     if (!u[inner[i].role])
-      bytes += block_bytes(inner[i].rows * (inner[i].cols ? inner[i].cols : 1), smelt_dtype_size(inner[i].dt));
+      bytes += smelt__moe_block_bytes(inner[i].rows * (inner[i].cols ? inner[i].cols : 1), smelt_dtype_size(inner[i].dt));
   char *ws = NULL;
   smelt_status s = smelt__cuda_alloc(ctx, bytes, (void **)&ws);
   if (s) return s;
@@ -333,14 +368,14 @@ static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, moe_cu
     own[i] = smelt_tensor_make(ws + at, inner[i].dt, SMELT_DEVICE_CUDA, ctx->device_index, inner[i].cols ? 2 : 1,
                                shape);
     u[inner[i].role] = &own[i];
-    at += block_bytes(inner[i].rows * (inner[i].cols ? inner[i].cols : 1), smelt_dtype_size(inner[i].dt));
+    at += smelt__moe_block_bytes(inner[i].rows * (inner[i].cols ? inner[i].cols : 1), smelt_dtype_size(inner[i].dt));
   }
   u[SMELT__MT_IDS_IN] = u[SMELT__MT_IDS];
   u[SMELT__MT_OFFSETS_IN] = u[SMELT__MT_OFFSETS];
   u[SMELT__MT_WEIGHTS_IN] = u[SMELT__MT_WEIGHTS];
   u[SMELT__MT_ROW_MAP_IN] = u[SMELT__MT_ROW_MAP];
   u[SMELT__MT_YP_IN] = u[SMELT__MT_YP];
-  if (!(s = route(plan, ms, mc, u)) && !(s = permute(plan, ms, mc, u)) &&
+  if (!(s = smelt__moe_cuda_route(plan, ms, mc, u, NULL, NULL)) && !(s = smelt__moe_cuda_permute(plan, ms, mc, u)) &&
       !(s = smelt__moe_ffn_run(ctx, ms, &mc->ffn, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_YP])))
     s = unpermute(plan, ms, mc, u);
   if (!s && a->stats) {
@@ -353,30 +388,20 @@ static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, moe_cu
   return s ? s : f;
 }
 
-static const char *const part_names[SMELT__MOE_MODES] = {
-    [SMELT__MOE_AUX] = "the aux losses",          [SMELT__MOE_ROUTE_BWD] = "the router's backward",
-    [SMELT__MOE_PERMUTE_BWD] = "permute's backward", [SMELT__MOE_UNPERMUTE_BWD] = "unpermute's backward",
-    [SMELT__MOE_FFN_BWD] = "the expert FFN's backward", [SMELT__MOE_BACKWARD] = "the layer's backward",
-};
-
 static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt__moe_args *a = (const smelt__moe_args *)args;
   const smelt__moe_state *ms = (const smelt__moe_state *)plan->opdata;
-  moe_cuda *mc = (moe_cuda *)ms->cuda;
+  smelt__moe_cuda *mc = (smelt__moe_cuda *)ms->cuda;
   switch (a->mode) {
-    case SMELT__MOE_ROUTE: return route(plan, ms, mc, a->t);
-    case SMELT__MOE_PERMUTE: return permute(plan, ms, mc, a->t);
+    case SMELT__MOE_ROUTE: return smelt__moe_cuda_route(plan, ms, mc, a->t, NULL, NULL);
+    case SMELT__MOE_PERMUTE: return smelt__moe_cuda_permute(plan, ms, mc, a->t);
     case SMELT__MOE_UNPERMUTE: return unpermute(plan, ms, mc, a->t);
     case SMELT__MOE_FFN:
       return smelt__moe_ffn_run(plan->ctx, ms, &mc->ffn, a->t, a->t[SMELT__MT_XP_IN], a->t[SMELT__MT_OFFSETS_IN],
                                 a->t[SMELT__MT_YP]);
     case SMELT__MOE_FORWARD: return forward(plan, ms, mc, a);
     case SMELT__MOE_STATS: return stats(plan, ms, a);
-    default:
-      return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                          MOE_OP ": %s has no CUDA kernel yet (CUDA runs the router, permute, unpermute, the expert "
-                                 "FFN and the layer's forward); use a CPU context",
-                          part_names[a->mode] ? part_names[a->mode] : "this run");
+    default: return smelt__moe_cuda_backward_part(plan, ms, mc, a);
   }
 }
 

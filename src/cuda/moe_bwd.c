@@ -1,0 +1,315 @@
+/* smelt_moe's backward on CUDA: the router's backward and the aux losses'
+ * gradients (kernels/moe_route.cu), unpermute's and permute's backward
+ * (kernels/moe_permute.cu), the expert FFN's (src/cuda/moe_ffn_bwd.c), and
+ * the layer's, which recomputes the forward from x (router, permute, the
+ * FFN keeping its intermediates) and chains the parts' backward:
+ *   dyp, dweights   = unpermute's backward of dy
+ *   dW1, dW3, dW2, db1, dxp = the FFN's backward of dyp
+ *   dlogits         = the router's backward of dweights + the aux losses'
+ *   dx              = permute's backward of dxp (+ the noise's part)
+ *                     + dlogits·Wrᵀ;  dWr = xᵀ·dlogits (the GEMM engine)
+ * The routing is recomputed from the same x by the same kernels, so the
+ * backward sees the forward's selection and drops exactly. Every sum has a
+ * fixed order and no gradient uses float atomics: a run repeats bit for
+ * bit. The one wait for the stream is the FFN's (its weight gradients'
+ * row ranges). */
+#include "moe_cuda.h"
+
+#include <string.h>
+
+smelt_status smelt__moe_zero_grads(smelt_ctx *ctx, const smelt_tensor *const *t) {
+  for (int r = SMELT__MT_DWR; r <= SMELT__MT_DB1; r++) {
+    const size_t bytes = t[r] ? (size_t)smelt_tensor_numel(t[r]) * smelt_dtype_size(t[r]->dtype) : 0;
+    if (!bytes) continue;
+    CUresult e = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)t[r]->data, 0, bytes, ctx->cuda->stream);
+    if (e) return smelt__cu_error(e, MOE_OP "_backward_run", "zeroing the weight gradients of no rows");
+  }
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- the router */
+
+/* A device workspace of consecutive 256-byte aligned pieces. */
+typedef struct carve {
+  char *base;
+  size_t at;
+} carve;
+
+static void *piece(carve *c, int64_t n, size_t es) {
+  void *p = c->base + c->at;
+  c->at += smelt__moe_block_bytes(n, es);
+  return p;
+}
+
+/* dlogits [T, E] f32 from logits (with the noise), the selections before
+ * drops (sel) and after them (ids), dw (NULL: the aux losses' gradients
+ * only) and sel_counts (the selections' counts, read when c_lb != 0). */
+static smelt_status route_grad(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                               const void *logits, const int *sel, const int *ids, const void *dw,
+                               const int *sel_counts, void *dlogits) {
+  int64_t T = ms->T;
+  if (T == 0) return SMELT_OK;
+  int E = (int)ms->E, k = (int)ms->k, sig = ms->cfg.score == SMELT_MOE_SCORE_SIGMOID, renorm = ms->cfg.renormalize;
+  float scaling = (float)ms->cfg.scaling_factor;
+  const double Td = (double)T;
+  double c_lb = ms->cfg.aux_loss_coeff * (double)E / ((double)k * Td * Td), c_z = ms->cfg.z_loss_coeff / Td;
+  void *params[] = {&logits, &sel, &ids, &dw, &sel_counts, &dlogits, &T, &E, &k, &sig, &renorm, &scaling, &c_lb, &c_z};
+  return smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->route_bwd, smelt__moe_grid(T, 4), 1, 1, 128, 0, params);
+}
+
+/* The routing of logits again (no noise: the logits hold it): sel, its
+ * counts, and ids and w after the capacity's drops; lse (or NULL). */
+static smelt_status reroute(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                            const smelt_tensor *const *t, const void *logits, int *sel, int *counts, int *ids, void *w,
+                            double *lse) {
+  smelt_status s = ms->T ? smelt__moe_cuda_select(ctx, ms, mc, (void *)logits, NULL, t[SMELT__MT_BIAS], sel, w, lse)
+                         : SMELT_OK;
+  if (!s) s = smelt__moe_cuda_count(ctx, ms, mc, sel, counts, 0, counts + ms->E, 0, NULL, 0);
+  if (!s && ms->T) s = smelt_memcpy_d2d(ctx, ids, sel, (size_t)ms->rows * 4);
+  if (!s && ms->T && ms->capacity >= 0) s = smelt__moe_cuda_drop(ctx, ms, mc, ids, w);
+  return s;
+}
+
+static smelt_status f32_only(const char *op, const smelt_tensor *const *t, const int *roles, int n) {
+  for (int i = 0; i < n; i++)
+    if (t[roles[i]] && t[roles[i]]->dtype != SMELT_DTYPE_F32)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: %s must be f32 on CUDA (f64 is for the CPU backend)", op,
+                          smelt__moe_roles[roles[i]].name);
+  return SMELT_OK;
+}
+
+/* The router's backward (dweights given) or the aux losses' run (values
+ * and, with dlogits, their gradient). */
+static smelt_status router_part(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                const smelt_tensor *const *t, int aux_run) {
+  static const int roles[] = {SMELT__MT_LOGITS_IN, SMELT__MT_DWEIGHTS_IN, SMELT__MT_DLOGITS, SMELT__MT_AUX};
+  smelt_status s = f32_only(aux_run ? MOE_OP "_aux_losses_run" : MOE_OP "_route_backward_run", t, roles, 4);
+  if (s) return s;
+  const int64_t T = ms->T, E = ms->E, R = ms->rows;
+  const size_t bytes = 3 * smelt__moe_block_bytes(R, 4) + smelt__moe_block_bytes(2 * E + 1, 4) +
+                       smelt__moe_block_bytes(T, 8) + smelt__moe_block_bytes(E * 2 + 2 * E + 1, 8);
+  carve c = {NULL, 0};
+  if ((s = smelt__cuda_alloc(ctx, bytes, (void **)&c.base))) return s;
+  int *sel = piece(&c, R, 4), *ids = piece(&c, R, 4), *counts = piece(&c, 2 * E + 1, 4);
+  void *w = piece(&c, R, 4);
+  double *lse = piece(&c, T, 8);
+  char *aux_ws = piece(&c, E * 2 + 2 * E + 1, 8);
+  const void *logits = t[SMELT__MT_LOGITS_IN]->data;
+  s = reroute(ctx, ms, mc, t, logits, sel, counts, ids, w, aux_run ? lse : NULL);
+  if (!s && aux_run && t[SMELT__MT_AUX])
+    s = smelt__moe_cuda_aux_values(ctx, ms, mc, logits, sel, t[SMELT__MT_AUX]->data, lse, aux_ws);
+  if (!s && t[SMELT__MT_DLOGITS]) {
+    const void *dw = aux_run ? NULL : t[SMELT__MT_DWEIGHTS_IN]->data;
+    s = route_grad(ctx, ms, mc, logits, sel, ids, dw, counts, t[SMELT__MT_DLOGITS]->data);
+  }
+  smelt_status f = smelt__cuda_free(ctx, c.base);
+  return s ? s : f;
+}
+
+/* ---------------------------------------------------------------- dispatch and combine */
+
+static smelt_status unpermute_bwd(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                  const smelt_tensor *dy, const smelt_tensor *yp, const void *rm, const void *w,
+                                  const smelt_tensor *dyp, void *dweights) {
+  int64_t T = ms->T, dys = dy->strides[0];
+  if (T == 0) return SMELT_OK;
+  const void *dyd = dy->data, *ypd = yp->data;
+  void *dypd = dyp->data;
+  int dydt = (int)dy->dtype, ypdt = (int)yp->dtype, dypdt = (int)dyp->dtype, k = (int)ms->k, d = (int)ms->d;
+  int vec = d % 8 == 0 && dys % 8 == 0 && (uintptr_t)dyd % 16 == 0 && (uintptr_t)ypd % 16 == 0 &&
+            (uintptr_t)dypd % 16 == 0;
+  void *params[] = {&dyd, &dydt, &dys, &ypd, &ypdt, &rm, &w, &dypd, &dypdt, &dweights, &T, &k, &d, &vec};
+  return smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->unpermute_bwd, smelt__moe_grid(T, 8), 1, 1, 256, 0,
+                            params);
+}
+
+static smelt_status no_f64(const char *op, const smelt_tensor *const *t, const int *roles, int n) {
+  for (int i = 0; i < n; i++)
+    if (t[roles[i]] && t[roles[i]]->dtype == SMELT_DTYPE_F64)
+      return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: %s f64 is for the CPU backend", op,
+                          smelt__moe_roles[roles[i]].name);
+  return SMELT_OK;
+}
+
+static smelt_status unpermute_bwd_part(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                       const smelt_tensor *const *t) {
+  const char *op = MOE_OP "_unpermute_backward_run";
+  static const int f32[] = {SMELT__MT_WEIGHTS_IN, SMELT__MT_DWEIGHTS}, nof64[] = {SMELT__MT_YP_IN, SMELT__MT_DYP};
+  smelt_status s = f32_only(op, t, f32, 2);
+  if (!s) s = no_f64(op, t, nof64, 2);
+  if (s) return s;
+  return unpermute_bwd(ctx, ms, mc, t[SMELT__MT_DY_IN], t[SMELT__MT_YP_IN], t[SMELT__MT_ROW_MAP_IN]->data,
+                       t[SMELT__MT_WEIGHTS_IN]->data, t[SMELT__MT_DYP],
+                       t[SMELT__MT_DWEIGHTS] ? t[SMELT__MT_DWEIGHTS]->data : NULL);
+}
+
+static smelt_status permute_bwd_part(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                     const smelt_tensor *const *t) {
+  static const int nof64[] = {SMELT__MT_DXP_IN};
+  smelt_status s = no_f64(MOE_OP "_permute_backward_run", t, nof64, 1);
+  return s ? s
+           : smelt__moe_cuda_combine(ctx, ms, mc, MOE_OP "_permute_backward_run", t[SMELT__MT_DXP_IN],
+                                     t[SMELT__MT_ROW_MAP_IN]->data, NULL, t[SMELT__MT_DX]);
+}
+
+/* ---------------------------------------------------------------- the layer */
+
+/* The layer's tensors: the caller's by role, and its own in one workspace. */
+typedef struct layer {
+  const smelt_tensor *u[SMELT__MT_ROLES];
+  smelt_tensor own[10];
+  int *sel, *sel_counts;
+  smelt__moe_ffn_inter fi;
+  carve c;
+  char *ffn_ws;
+} layer;
+
+/* Role r's tensor: a new piece [rows, cols] (cols 0: 1-D) of the workspace. */
+static void own(smelt_ctx *ctx, layer *L, int i, int r, smelt_dtype dt, int64_t rows, int64_t cols) {
+  const int64_t shape[2] = {rows, cols};
+  void *p = piece(&L->c, rows * (cols ? cols : 1), smelt_dtype_size(dt));
+  L->own[i] = smelt_tensor_make(p, dt, SMELT_DEVICE_CUDA, ctx->device_index, cols ? 2 : 1, shape);
+  L->u[r] = &L->own[i];
+}
+
+/* The workspace's layout: the routing, xp, row_map, yp, dyp, dweights, dxp,
+ * dlogits, dx's f32 part, sel and its counts (run with base NULL to size it). */
+static void layer_layout(smelt_ctx *ctx, const smelt__moe_state *ms, layer *L) {
+  const int64_t T = ms->T, E = ms->E, k = ms->k, R = ms->rows, d = ms->d;
+  const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype, f32 = SMELT_DTYPE_F32, i32 = SMELT_DTYPE_I32;
+  L->c.at = 0;
+  own(ctx, L, 0, SMELT__MT_LOGITS, f32, T, E);
+  own(ctx, L, 1, SMELT__MT_IDS, i32, T, k);
+  own(ctx, L, 2, SMELT__MT_WEIGHTS, f32, T, k);
+  own(ctx, L, 3, SMELT__MT_COUNTS, i32, E, 0);
+  own(ctx, L, 4, SMELT__MT_OFFSETS, i32, E + 1, 0);
+  own(ctx, L, 5, SMELT__MT_XP, xdt, R, d);
+  own(ctx, L, 6, SMELT__MT_ROW_MAP, i32, T, k);
+  own(ctx, L, 7, SMELT__MT_YP, xdt, R, d);
+  own(ctx, L, 8, SMELT__MT_DYP, xdt, R, d);
+  own(ctx, L, 9, SMELT__MT_DWEIGHTS, f32, T, k);
+  L->sel = piece(&L->c, R, 4);
+  L->sel_counts = piece(&L->c, 2 * E + 1, 4);
+}
+
+/* dxp [R, d], dlogits [T, E] and dx's part [T, d], f32, after the layout. */
+static smelt_tensor f32_piece(smelt_ctx *ctx, layer *L, int64_t rows, int64_t cols) {
+  return smelt__moe_device_mat(ctx, piece(&L->c, rows * cols, 4), SMELT_DTYPE_F32, rows, cols);
+}
+
+/* Through the noise's scale: z = x·Wnoise, dz = dlogits ∘ n ∘ sigmoid(z);
+ * dwnoise = xᵀ·dz and dx_part += dz·Wnoiseᵀ (dx_part NULL: not wanted). */
+static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                const smelt_tensor *const *u, const smelt_tensor *dl, const smelt_tensor *dx_part) {
+  const smelt_tensor *x = u[SMELT__MT_X], *wn = u[SMELT__MT_WNOISE];
+  int64_t T = ms->T;
+  char *ws = NULL;
+  const size_t zb = smelt__moe_block_bytes(T * ms->E, 4);
+  smelt_status s = smelt__cuda_alloc(ctx, 2 * zb, (void **)&ws);
+  if (s) return s;
+  const smelt_tensor z = smelt__moe_device_mat(ctx, ws, SMELT_DTYPE_F32, T, ms->E),
+                     dz = smelt__moe_device_mat(ctx, ws + zb, SMELT_DTYPE_F32, T, ms->E),
+                     xt = smelt__tensor_swap_axes(x, 0, 1), wt = smelt__tensor_swap_axes(wn, 0, 1);
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  s = smelt_gemm(ctx, &desc, x, wn, NULL, &z, NULL);
+  if (!s) {
+    const void *dld = dl->data, *zd = z.data;
+    void *dzd = dz.data;
+    int E = (int)ms->E;
+    uint64_t seed = ms->cfg.noise_seed;
+    int64_t token0 = ms->cfg.noise_token_offset;
+    void *params[] = {&dld, &zd, &dzd, &T, &E, &seed, &token0};
+    const unsigned blocks = smelt__moe_grid(T * E, 256) < 4096 ? smelt__moe_grid(T * E, 256) : 4096;
+    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->noise_grad, blocks, 1, 1, 256, 0, params);
+  }
+  if (!s && u[SMELT__MT_DWNOISE]) s = smelt_gemm(ctx, &desc, &xt, &dz, NULL, u[SMELT__MT_DWNOISE], NULL);
+  desc.epilogue.beta = 1.0;
+  if (!s && dx_part) s = smelt_gemm(ctx, &desc, &dz, &wt, dx_part, dx_part, NULL);
+  smelt_status f = smelt__cuda_free(ctx, ws);
+  return s ? s : f;
+}
+
+/* dwr = xᵀ·dlogits; dx = dlogits·Wrᵀ + dx_part. */
+static smelt_status router_input_grads(smelt_ctx *ctx, const smelt_tensor *const *u, const smelt_tensor *dl,
+                                       const smelt_tensor *dx_part) {
+  const smelt_tensor xt = smelt__tensor_swap_axes(u[SMELT__MT_X], 0, 1),
+                     wt = smelt__tensor_swap_axes(u[SMELT__MT_WR], 0, 1);
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  smelt_status s = SMELT_OK;
+  if (u[SMELT__MT_DWR]) s = smelt_gemm(ctx, &desc, &xt, dl, NULL, u[SMELT__MT_DWR], NULL);
+  desc.epilogue.beta = 1.0;
+  if (!s && u[SMELT__MT_DX]) s = smelt_gemm(ctx, &desc, dl, &wt, dx_part, u[SMELT__MT_DX], NULL);
+  return s;
+}
+
+/* Forward again to yp, keeping what the backward needs. */
+static smelt_status layer_forward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc, layer *L) {
+  smelt_ctx *ctx = plan->ctx;
+  const smelt_tensor **u = L->u;
+  const int lb = ms->cfg.aux_loss_coeff != 0.0;
+  smelt_status s = smelt__moe_cuda_route(plan, ms, mc, u, L->sel, lb ? L->sel_counts : NULL);
+  u[SMELT__MT_IDS_IN] = u[SMELT__MT_IDS];
+  u[SMELT__MT_OFFSETS_IN] = u[SMELT__MT_OFFSETS];
+  if (!s) s = smelt__moe_cuda_permute(plan, ms, mc, u);
+  if (!s) s = smelt__moe_ffn_inter_alloc(ctx, ms, &L->ffn_ws, &L->fi);
+  if (!s)
+    s = smelt__moe_ffn_forward_keep(ctx, ms, mc, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], &L->fi, u[SMELT__MT_YP]);
+  return s;
+}
+
+static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc, layer *L) {
+  smelt_ctx *ctx = plan->ctx;
+  const smelt_tensor **u = L->u;
+  const int want_dx = u[SMELT__MT_DX] != NULL, want_route = want_dx || u[SMELT__MT_DWR] || u[SMELT__MT_DWNOISE];
+  const smelt_tensor dxp = f32_piece(ctx, L, ms->rows, ms->d), dl = f32_piece(ctx, L, ms->T, ms->E),
+                     dx_part = f32_piece(ctx, L, ms->T, ms->d);
+  const void *rm = u[SMELT__MT_ROW_MAP]->data;
+  smelt_status s = unpermute_bwd(ctx, ms, mc, u[SMELT__MT_DY_IN], u[SMELT__MT_YP], rm, u[SMELT__MT_WEIGHTS]->data,
+                                 u[SMELT__MT_DYP], u[SMELT__MT_DWEIGHTS]->data);
+  if (!s)
+    s = smelt__moe_ffn_backward(ctx, ms, mc, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_DYP], &L->fi,
+                                want_dx ? &dxp : NULL);
+  if (s || !want_route) return s;
+  s = route_grad(ctx, ms, mc, u[SMELT__MT_LOGITS]->data, L->sel, u[SMELT__MT_IDS]->data,
+                 u[SMELT__MT_DWEIGHTS]->data, L->sel_counts, dl.data);
+  if (!s && want_dx) s = smelt__moe_cuda_combine(ctx, ms, mc, MOE_OP "_backward_run", &dxp, rm, NULL, &dx_part);
+  if (!s && u[SMELT__MT_WNOISE]) s = noise_grads(ctx, ms, mc, u, &dl, want_dx ? &dx_part : NULL);
+  return s ? s : router_input_grads(ctx, u, &dl, &dx_part);
+}
+
+static smelt_status backward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc,
+                             const smelt__moe_args *a) {
+  smelt_ctx *ctx = plan->ctx;
+  static const int nof64[] = {SMELT__MT_DY_IN, SMELT__MT_DX};
+  smelt_status s = no_f64(MOE_OP "_backward_run", a->t, nof64, 2);
+  if (s) return s;
+  if (ms->T == 0) return smelt__moe_zero_grads(ctx, a->t);
+  layer L;
+  memset(&L, 0, sizeof L);
+  memcpy(L.u, a->t, sizeof L.u);
+  layer_layout(ctx, ms, &L);
+  const size_t bytes = L.c.at + smelt__moe_block_bytes(ms->rows * ms->d + ms->T * ms->E + ms->T * ms->d, 4) + 3 * 256;
+  if ((s = smelt__cuda_alloc(ctx, bytes, (void **)&L.c.base))) return s;
+  layer_layout(ctx, ms, &L);
+  s = layer_forward(plan, ms, mc, &L);
+  if (!s) s = layer_backward(plan, ms, mc, &L);
+  smelt_status f = L.ffn_ws ? smelt__cuda_free(ctx, L.ffn_ws) : SMELT_OK;
+  smelt_status g = smelt__cuda_free(ctx, L.c.base);
+  return s ? s : f ? f : g;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+smelt_status smelt__moe_cuda_backward_part(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc,
+                                           const smelt__moe_args *a) {
+  smelt_ctx *ctx = plan->ctx;
+  switch (a->mode) {
+    case SMELT__MOE_AUX: return router_part(ctx, ms, mc, a->t, 1);
+    case SMELT__MOE_ROUTE_BWD: return router_part(ctx, ms, mc, a->t, 0);
+    case SMELT__MOE_UNPERMUTE_BWD: return unpermute_bwd_part(ctx, ms, mc, a->t);
+    case SMELT__MOE_PERMUTE_BWD: return permute_bwd_part(ctx, ms, mc, a->t);
+    case SMELT__MOE_FFN_BWD: return smelt__moe_ffn_backward_run(ctx, ms, mc, a->t);
+    case SMELT__MOE_BACKWARD: return backward(plan, ms, mc, a);
+    default: return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": unknown run mode %d", (int)a->mode);
+  }
+}
