@@ -23,6 +23,7 @@
  *
  * Prelude: MOE_ITEMS (experts per lane: E <= 32 MOE_ITEMS). */
 #include "smelt_device.cuh"
+#include "philox.cuh"
 
 #if !defined(MOE_ITEMS)
 #error "moe_route.cu needs MOE_ITEMS"
@@ -69,28 +70,8 @@ static __device__ __forceinline__ cand lane_best(const float *key, const float *
   return c;
 }
 
-static __device__ __forceinline__ void philox(u32 *c, u32 k0, u32 k1) {
-#pragma unroll
-  for (int r = 0; r < 10; r++) {
-    if (r) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const u32 hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
-    const u32 hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
-    const u32 c1 = c[1], c3 = c[3];
-    c[0] = hi1 ^ c1 ^ k0;
-    c[1] = lo1;
-    c[2] = hi0 ^ c3 ^ k1;
-    c[3] = lo0;
-  }
-}
-
 static __device__ float normal(u64 seed, i64 token, int e) {
-  u32 c[4] = {(u32)e, (u32)(u64)token, (u32)((u64)token >> 32), 0u};
-  philox(c, (u32)seed, (u32)(seed >> 32));
-  const double u0 = ((double)c[0] + 1.0) * 2.3283064365386963e-10, u1 = (double)c[1] * 2.3283064365386963e-10;
-  return (float)(sqrt(-2.0 * log(u0)) * cos(6.283185307179586 * u1));
+  return (float)smelt_philox_normal(seed, (u64)token, (u32)e);
 }
 
 /* The groups a token may choose from (group-limited routing): a group's
