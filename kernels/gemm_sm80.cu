@@ -200,6 +200,12 @@ static __device__ __forceinline__ void copy_mnmajor(u32 s, const char *X, i64 ld
   }
 }
 
+#if defined(GEMM_CONV)
+#include "conv2d_igemm.cuh" /* conv2d as implicit GEMM: the gathered operand's loads */
+#else
+#define GEMM_CONV_PARAM
+#endif
+
 /* Byte offset of element (k, x) of an MN-major tf32 tile `cols` wide. */
 static __device__ __forceinline__ u32 mn32_off(int k, int x, int cols) {
   return (u32)(k * cols * 4 + (((x >> 2) ^ (k & 7)) << 4) + ((x & 3) << 2));
@@ -328,7 +334,7 @@ static __device__ __forceinline__ void mma_step(accv_t (*acc)[NI][4], u32 (*af)[
 
 /* ---------------------------------------------------------------- the kernel */
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_params P) {
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_params P GEMM_CONV_PARAM) {
   extern __shared__ __align__(128) unsigned char smem[];
   gemm_work w;
   gemm_locate(P, BM, BN, w);
@@ -351,14 +357,33 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_
 #pragma unroll
       for (int i = 0; i < 4; i++) acc[mi][ni][i] = (accv_t)0;
 
-  /* Stage s: A at s0 + s * STAGE_BYTES, B after it. */
+  /* Stage s: A at s0 + s * STAGE_BYTES, B after it. A conv's gathered
+   * operand takes its own loads (conv2d_igemm.cuh). */
+#if GEMM_CONV == 1 || GEMM_CONV == 2
+  conv_arows ra;
+  conv_arows_init(G, m0, p.m, tid, ra);
+#define LOAD_A(sa_, kt) conv_load_a(sa_, G, ra, (kt), w.k1, tid)
+#elif GEMM_A_KMAJOR
+#define LOAD_A(sa_, kt) copy_kmajor(sa_, A, lda, m0, mval, (kt), w.k1, BM, tid)
+#else
+#define LOAD_A(sa_, kt) copy_mnmajor(sa_, A, lda, m0, mval, (kt), w.k1, BM, tid)
+#endif
+#if GEMM_CONV == 2
+#define LOAD_B(sb_, kt) conv_load_b(sb_, G, n0, nval, (kt), w.k1, tid)
+#elif GEMM_CONV == 3
+  conv_bcol cb;
+  conv_bcol_init(G, n0, nval, tid, cb);
+#define LOAD_B(sb_, kt) conv_load_b(sb_, G, cb, (kt), w.k1, tid)
+#elif GEMM_B_KMAJOR
+#define LOAD_B(sb_, kt) copy_kmajor(sb_, B, ldb, n0, nval, (kt), w.k1, BN, tid)
+#else
+#define LOAD_B(sb_, kt) copy_mnmajor(sb_, B, ldb, n0, nval, (kt), w.k1, BN, tid)
+#endif
 #define LOAD_STAGE(stage, kt)                                                                      \
   do {                                                                                             \
-    const u32 sa_ = s0 + (stage) * STAGE_BYTES, sb_ = sa_ + BM * 64;                               \
-    if (GEMM_A_KMAJOR) copy_kmajor(sa_, A, lda, m0, mval, (kt), w.k1, BM, tid);                     \
-    else copy_mnmajor(sa_, A, lda, m0, mval, (kt), w.k1, BM, tid);                                  \
-    if (GEMM_B_KMAJOR) copy_kmajor(sb_, B, ldb, n0, nval, (kt), w.k1, BN, tid);                     \
-    else copy_mnmajor(sb_, B, ldb, n0, nval, (kt), w.k1, BN, tid);                                  \
+    const u32 sa_ = s0 + (stage) * STAGE_BYTES;                                                    \
+    LOAD_A(sa_, kt);                                                                               \
+    LOAD_B(sa_ + BM * 64, kt);                                                                     \
   } while (0)
 
 #pragma unroll
@@ -391,6 +416,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_
     }
   }
 #undef LOAD_STAGE
+#undef LOAD_A
+#undef LOAD_B
   CP_ASYNC_WAIT(0);
 
   /* The stages are free once every warp is past its last mma. Fragment

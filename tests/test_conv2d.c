@@ -36,7 +36,8 @@ typedef struct ccase {
   smelt_dtype in, out;
   int tf32;
   int epi;
-  int gap; /* spare elements after every row of every 4-D view (strided, not contiguous) */
+  int gap;   /* spare elements after every row of every 4-D view (strided, not contiguous) */
+  int split; /* split-K slices asked for: > 0 serial, < 0 parallel, 0 smelt's choice */
 } ccase;
 
 #define F32 SMELT_DTYPE_F32
@@ -47,58 +48,72 @@ typedef struct ccase {
 #define WGRAD SMELT_CONV2D_WGRAD
 
 static const ccase cases[] = {
-    {"fprop 3x3 pad 1", FPROP, 2, 9, 11, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop 3x3 pad 0 N=1", FPROP, 1, 7, 6, 4, 3, 3, 3, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop 3x3 stride 2 odd", FPROP, 2, 13, 9, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop 3x3 dilation 2", FPROP, 1, 12, 10, 3, 4, 3, 3, 2, 2, 2, 2, 1, 2, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop 7x7 stride 2 pad 3 C=3", FPROP, 2, 17, 15, 3, 8, 7, 7, 3, 3, 3, 3, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop 1x1", FPROP, 2, 5, 7, 16, 9, 1, 1, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop 1x1 stride 2", FPROP, 1, 8, 7, 6, 5, 1, 1, 0, 0, 0, 0, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop uneven pads 3x2", FPROP, 2, 6, 8, 5, 3, 3, 2, 0, 2, 1, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop pad 3 > filter", FPROP, 1, 4, 5, 2, 3, 2, 3, 3, 3, 3, 3, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop filter as large as input", FPROP, 2, 5, 4, 3, 2, 5, 4, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop stride 3 dilation 2 pad 3", FPROP, 1, 19, 17, 3, 4, 3, 3, 3, 1, 3, 2, 3, 2, F32, F32, 0, EPI_PLAIN, 0},
-    {"fprop strided views", FPROP, 2, 7, 9, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 3},
-    {"fprop f16", FPROP, 2, 9, 9, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_PLAIN, 0},
-    {"fprop bf16 stride 2", FPROP, 2, 10, 9, 4, 6, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_PLAIN, 0},
-    {"fprop bf16 -> f32", FPROP, 1, 8, 8, 7, 5, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0},
-    {"fprop tf32", FPROP, 2, 9, 8, 12, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 1, EPI_PLAIN, 0},
-    {"fprop alpha beta", FPROP, 2, 7, 8, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_ALPHA_BETA, 0},
-    {"fprop bias relu", FPROP, 2, 7, 8, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_BIAS_RELU, 0},
-    {"fprop bf16 everything", FPROP, 2, 9, 7, 6, 10, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_ALL, 1},
-    {"fprop f16 clamp silu", FPROP, 1, 6, 6, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_CLAMP, 0},
-    {"fprop in place", FPROP, 2, 6, 7, 4, 5, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_IN_PLACE, 0},
-    {"dgrad 3x3 pad 1", DGRAD, 2, 9, 11, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"dgrad 3x3 stride 2 odd", DGRAD, 2, 13, 9, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"dgrad stride 2 even H (rows no tap reads)", DGRAD, 1, 10, 8, 3, 4, 1, 1, 0, 0, 0, 0, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"dgrad dilation 2 pad 0", DGRAD, 1, 12, 10, 3, 4, 3, 3, 0, 0, 0, 0, 1, 2, F32, F32, 0, EPI_PLAIN, 0},
-    {"dgrad 7x7 stride 2 pad 3", DGRAD, 1, 15, 13, 3, 6, 7, 7, 3, 3, 3, 3, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"dgrad uneven pads", DGRAD, 2, 6, 8, 5, 3, 3, 2, 0, 2, 1, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"dgrad stride 3 dilation 2", DGRAD, 1, 19, 17, 3, 4, 3, 3, 3, 1, 3, 2, 3, 2, F32, F32, 0, EPI_PLAIN, 0},
-    {"dgrad bf16 strided views", DGRAD, 2, 9, 8, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_PLAIN, 2},
-    {"dgrad f16 alpha beta", DGRAD, 2, 7, 7, 4, 6, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_ALPHA_BETA, 0},
-    {"dgrad tf32 in place", DGRAD, 1, 8, 9, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 1, EPI_IN_PLACE, 0},
-    {"wgrad 3x3 pad 1", WGRAD, 2, 9, 11, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"wgrad 3x3 stride 2 odd", WGRAD, 2, 13, 9, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"wgrad dilation 2 pad 0", WGRAD, 1, 12, 10, 3, 4, 3, 3, 0, 0, 0, 0, 1, 2, F32, F32, 0, EPI_PLAIN, 0},
-    {"wgrad 7x7 stride 2 pad 3 C=3", WGRAD, 2, 17, 15, 3, 8, 7, 7, 3, 3, 3, 3, 2, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"wgrad 1x1", WGRAD, 2, 5, 7, 16, 9, 1, 1, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"wgrad uneven pads", WGRAD, 2, 6, 8, 5, 3, 3, 2, 0, 2, 1, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"wgrad bf16 -> f32 strided views", WGRAD, 3, 8, 9, 4, 6, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 1},
-    {"wgrad f16 accumulate into C", WGRAD, 2, 7, 7, 4, 6, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0},
-    {"wgrad tf32 alpha beta", WGRAD, 2, 8, 8, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 1, EPI_ALPHA_BETA, 0},
+    {"fprop 3x3 pad 1", FPROP, 2, 9, 11, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop 3x3 pad 0 N=1", FPROP, 1, 7, 6, 4, 3, 3, 3, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop 3x3 stride 2 odd", FPROP, 2, 13, 9, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop 3x3 dilation 2", FPROP, 1, 12, 10, 3, 4, 3, 3, 2, 2, 2, 2, 1, 2, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop 7x7 stride 2 pad 3 C=3", FPROP, 2, 17, 15, 3, 8, 7, 7, 3, 3, 3, 3, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop 1x1", FPROP, 2, 5, 7, 16, 9, 1, 1, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop 1x1 stride 2", FPROP, 1, 8, 7, 6, 5, 1, 1, 0, 0, 0, 0, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop uneven pads 3x2", FPROP, 2, 6, 8, 5, 3, 3, 2, 0, 2, 1, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop pad 3 > filter", FPROP, 1, 4, 5, 2, 3, 2, 3, 3, 3, 3, 3, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop filter as large as input", FPROP, 2, 5, 4, 3, 2, 5, 4, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop stride 3 dilation 2 pad 3", FPROP, 1, 19, 17, 3, 4, 3, 3, 3, 1, 3, 2, 3, 2, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop strided views", FPROP, 2, 7, 9, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 3, 0},
+    {"fprop f16", FPROP, 2, 9, 9, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_PLAIN, 0, 0},
+    {"fprop bf16 stride 2", FPROP, 2, 10, 9, 4, 6, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
+    {"fprop bf16 -> f32", FPROP, 1, 8, 8, 7, 5, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
+    {"fprop tf32", FPROP, 2, 9, 8, 12, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 1, EPI_PLAIN, 0, 0},
+    {"fprop alpha beta", FPROP, 2, 7, 8, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_ALPHA_BETA, 0, 0},
+    {"fprop bias relu", FPROP, 2, 7, 8, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_BIAS_RELU, 0, 0},
+    {"fprop bf16 everything", FPROP, 2, 9, 7, 6, 10, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_ALL, 1, 0},
+    {"fprop f16 clamp silu", FPROP, 1, 6, 6, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_CLAMP, 0, 0},
+    {"fprop in place", FPROP, 2, 6, 7, 4, 5, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_IN_PLACE, 0, 0},
+    {"dgrad 3x3 pad 1", DGRAD, 2, 9, 11, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"dgrad 3x3 stride 2 odd", DGRAD, 2, 13, 9, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"dgrad stride 2 even H (rows no tap reads)", DGRAD, 1, 10, 8, 3, 4, 1, 1, 0, 0, 0, 0, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"dgrad dilation 2 pad 0", DGRAD, 1, 12, 10, 3, 4, 3, 3, 0, 0, 0, 0, 1, 2, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"dgrad 7x7 stride 2 pad 3", DGRAD, 1, 15, 13, 3, 6, 7, 7, 3, 3, 3, 3, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"dgrad uneven pads", DGRAD, 2, 6, 8, 5, 3, 3, 2, 0, 2, 1, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"dgrad stride 3 dilation 2", DGRAD, 1, 19, 17, 3, 4, 3, 3, 3, 1, 3, 2, 3, 2, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"dgrad bf16 strided views", DGRAD, 2, 9, 8, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_PLAIN, 2, 0},
+    {"dgrad f16 alpha beta", DGRAD, 2, 7, 7, 4, 6, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_ALPHA_BETA, 0, 0},
+    {"dgrad tf32 in place", DGRAD, 1, 8, 9, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 1, EPI_IN_PLACE, 0, 0},
+    {"wgrad 3x3 pad 1", WGRAD, 2, 9, 11, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"wgrad 3x3 stride 2 odd", WGRAD, 2, 13, 9, 6, 5, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"wgrad dilation 2 pad 0", WGRAD, 1, 12, 10, 3, 4, 3, 3, 0, 0, 0, 0, 1, 2, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"wgrad 7x7 stride 2 pad 3 C=3", WGRAD, 2, 17, 15, 3, 8, 7, 7, 3, 3, 3, 3, 2, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"wgrad 1x1", WGRAD, 2, 5, 7, 16, 9, 1, 1, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"wgrad uneven pads", WGRAD, 2, 6, 8, 5, 3, 3, 2, 0, 2, 1, 0, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"wgrad bf16 -> f32 strided views", WGRAD, 3, 8, 9, 4, 6, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 1, 0},
+    {"wgrad f16 accumulate into C", WGRAD, 2, 7, 7, 4, 6, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
+    {"wgrad tf32 alpha beta", WGRAD, 2, 8, 8, 6, 5, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 1, EPI_ALPHA_BETA, 0, 0},
     /* Sizes that span many GPU blocks, odd everywhere; long wgrad sums
      * (N·P·Q in the thousands). */
-    {"fprop bf16 3x3 s2 odd", FPROP, 3, 29, 31, 19, 33, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_ALL, 0},
-    {"fprop f16 7x7 s2 C=3", FPROP, 2, 45, 43, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F16, 0, EPI_BIAS_RELU, 0},
-    {"fprop f32 1x1 K=65", FPROP, 2, 13, 11, 40, 65, 1, 1, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_ALPHA_BETA, 1},
-    {"fprop tf32 dilation 2", FPROP, 2, 21, 19, 12, 10, 3, 3, 2, 2, 2, 2, 1, 2, F32, F32, 1, EPI_PLAIN, 0},
-    {"dgrad f32 s2 alpha beta", DGRAD, 2, 30, 29, 17, 24, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_ALPHA_BETA, 0},
-    {"dgrad bf16 dilation 2", DGRAD, 2, 23, 21, 9, 14, 3, 3, 2, 1, 2, 1, 1, 2, BF16, BF16, 0, EPI_PLAIN, 2},
-    {"dgrad f16 7x7 s2 pad 3", DGRAD, 1, 31, 29, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0},
-    {"wgrad f32 long sums", WGRAD, 4, 33, 35, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0},
-    {"wgrad tf32 s2", WGRAD, 2, 20, 21, 8, 16, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 1, EPI_IN_PLACE, 0},
-    {"wgrad bf16 -> f32 7x7", WGRAD, 2, 25, 23, 3, 8, 7, 7, 3, 3, 3, 3, 2, 1, BF16, F32, 0, EPI_ALPHA_BETA, 1},
+    {"fprop bf16 3x3 s2 odd", FPROP, 3, 29, 31, 19, 33, 3, 3, 1, 1, 1, 1, 2, 1, BF16, BF16, 0, EPI_ALL, 0, 0},
+    {"fprop f16 7x7 s2 C=3", FPROP, 2, 45, 43, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F16, 0, EPI_BIAS_RELU, 0, 0},
+    {"fprop f32 1x1 K=65", FPROP, 2, 13, 11, 40, 65, 1, 1, 0, 0, 0, 0, 1, 1, F32, F32, 0, EPI_ALPHA_BETA, 1, 0},
+    {"fprop tf32 dilation 2", FPROP, 2, 21, 19, 12, 10, 3, 3, 2, 2, 2, 2, 1, 2, F32, F32, 1, EPI_PLAIN, 0, 0},
+    {"dgrad f32 s2 alpha beta", DGRAD, 2, 30, 29, 17, 24, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 0, EPI_ALPHA_BETA, 0, 0},
+    {"dgrad bf16 dilation 2", DGRAD, 2, 23, 21, 9, 14, 3, 3, 2, 1, 2, 1, 1, 2, BF16, BF16, 0, EPI_PLAIN, 2, 0},
+    {"dgrad f16 7x7 s2 pad 3", DGRAD, 1, 31, 29, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
+    {"wgrad f32 long sums", WGRAD, 4, 33, 35, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, F32, F32, 0, EPI_PLAIN, 0, 0},
+    {"wgrad tf32 s2", WGRAD, 2, 20, 21, 8, 16, 3, 3, 1, 1, 1, 1, 2, 1, F32, F32, 1, EPI_IN_PLACE, 0, 0},
+    {"wgrad bf16 -> f32 7x7", WGRAD, 2, 25, 23, 3, 8, 7, 7, 3, 3, 3, 3, 2, 1, BF16, F32, 0, EPI_ALPHA_BETA, 1, 0},
+    /* The implicit GEMM's problems on CUDA (16-bit, channels a multiple of
+     * 8, C and D dense): several tiles each way, partial edge tiles, every
+     * epilogue, the split-K modes; a strided view (gap) falls back. */
+    {"igemm fprop bf16 3x3", FPROP, 2, 17, 19, 24, 40, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_ALL, 0, 0},
+    {"igemm fprop f16 s2 d2 pads", FPROP, 3, 21, 18, 16, 24, 3, 3, 2, 1, 2, 1, 2, 2, F16, F16, 0, EPI_BIAS_RELU, 0, 0},
+    {"igemm fprop bf16 1x1 -> f32", FPROP, 2, 15, 13, 64, 136, 1, 1, 0, 0, 0, 0, 1, 1, BF16, F32, 0, EPI_ALPHA_BETA, 0, 0},
+    {"igemm fprop bf16 serial x3", FPROP, 1, 14, 15, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 3},
+    {"igemm fprop f16 strided views", FPROP, 2, 9, 10, 16, 8, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_PLAIN, 8, 0},
+    {"igemm dgrad bf16 3x3", DGRAD, 2, 17, 15, 24, 32, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
+    {"igemm dgrad f16 7x7 s2", DGRAD, 2, 23, 21, 8, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F32, 0, EPI_ALPHA_BETA, 0, 0},
+    {"igemm dgrad bf16 s2 d2 in place", DGRAD, 1, 25, 22, 16, 8, 3, 3, 2, 2, 2, 2, 2, 2, BF16, BF16, 0, EPI_IN_PLACE, 0, 0},
+    {"igemm wgrad bf16 long sums", WGRAD, 4, 29, 31, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
+    {"igemm wgrad f16 s2 into C", WGRAD, 2, 27, 25, 8, 16, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
+    {"igemm wgrad bf16 parallel x5", WGRAD, 2, 19, 17, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_ALPHA_BETA, 0, -5},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -113,6 +128,10 @@ static smelt_conv2d_desc case_desc(const ccase *cs) {
   d.stride_h = d.stride_w = cs->stride ? cs->stride : 1;
   d.dilation_h = d.dilation_w = cs->dil ? cs->dil : 1;
   d.math = cs->tf32 ? SMELT_GEMM_MATH_TF32 : SMELT_GEMM_MATH_DEFAULT;
+  if (cs->split) {
+    d.split_k_mode = cs->split > 0 ? SMELT_CONV2D_SPLIT_K_SERIAL : SMELT_CONV2D_SPLIT_K_PARALLEL;
+    d.split_k_slices = cs->split > 0 ? cs->split : -cs->split;
+  }
   smelt_gemm_epilogue *e = &d.epilogue;
   switch (cs->epi) {
     case EPI_ALPHA_BETA: e->alpha = 0.5, e->beta = -0.75; break;
@@ -785,6 +804,50 @@ static void test_gpu_plan(void) {
   case_ops_free(&o);
 }
 
+/* The case named `name` of the table. */
+static const ccase *case_named(const char *name) {
+  for (int i = 0; i < NCASES; i++)
+    if (!strcmp(cases[i].name, name)) return &cases[i];
+  th_fail(__FILE__, __LINE__, "no case %s", name);
+  return &cases[0];
+}
+
+/* Which kernel the implicit GEMM's problems plan to: the right layout per
+ * kind, smelt's own split for wgrad's long sums, the asked-for split kept,
+ * the reference kernel for a strided view it cannot fold. */
+static void test_gpu_igemm_plan(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  static const struct {
+    const char *name, *want;
+  } rows[] = {
+      {"igemm fprop bf16 3x3", "implicit GEMM gemm_sm80_bf16_RC_64x64x32_s4_w2x2_conv_fprop, no split x1"},
+      {"igemm dgrad bf16 3x3", "implicit GEMM gemm_sm80_bf16_RR_64x64x32_s4_w2x2_conv_dgrad"},
+      {"igemm wgrad bf16 long sums", "implicit GEMM gemm_sm80_bf16_CR_64x64x32_s4_w2x2_conv_wgrad, serial x"},
+      {"igemm fprop bf16 serial x3", ", serial x3"},
+      {"igemm wgrad bf16 parallel x5", ", parallel x"},
+      {"igemm fprop f16 strided views", "conv2d_direct_fprop_f16 (analytic reference)"},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    const ccase *cs = case_named(rows[i].name);
+    case_ops o, dev;
+    case_ops_new(&o, cs);
+    case_ops_clone(&dev, &o, cu);
+    const smelt_conv2d_desc d = case_desc(cs);
+    const smelt_tensor ta = opnd_tensor(cs->kind == FPROP ? &dev.x : &dev.dy),
+                       tb = opnd_tensor(cs->kind == WGRAD ? &dev.x : &dev.w), tc = opnd_tensor(&dev.c),
+                       td = opnd_tensor(&dev.out);
+    smelt_plan *plan = NULL;
+    CHECK_OK(smelt_conv2d_plan(cu, &d, &ta, &tb, d.epilogue.beta != 0 ? &tc : NULL, &td, NULL, &plan));
+    if (plan && !strstr(smelt_plan_describe(plan), rows[i].want))
+      th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks \"%s\"", cs->name, smelt_plan_describe(plan),
+              rows[i].want);
+    smelt_plan_destroy(plan);
+    case_ops_free(&dev);
+    case_ops_free(&o);
+  }
+}
+
 const th_test th_tests_conv2d[] = {
     {"cpu_cases", test_cpu_cases},
     {"adjoint", test_adjoint},
@@ -796,6 +859,7 @@ const th_test th_tests_conv2d[] = {
     {"plan_run", test_plan_run},
     {"gpu_cases", test_gpu_cases},
     {"gpu_plan", test_gpu_plan},
+    {"gpu_igemm_plan", test_gpu_igemm_plan},
     {"gpu_choices_same_bits", test_gpu_choices_same_bits},
     {0, 0},
 };

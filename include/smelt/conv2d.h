@@ -54,9 +54,17 @@
  * of the f32 sums, and the CPU reference, which computes the sums directly
  * in f64, gives bit-identical results for every choice. Their
  * preconditions are checked on every backend, so a description that plans
- * on the CPU plans the same way on a GPU. Today CUDA serves every
- * description with its analytic reference kernel (one thread per output
- * element, f32 sums: correct, not fast); smelt_plan_describe names it.
+ * on the CPU plans the same way on a GPU. On CUDA, f16 and bf16 problems
+ * run as implicit GEMM on the GEMM engine's mma.sync kernel when the
+ * gathered tensors' channels (fprop and wgrad: C; dgrad: K and C) are a
+ * multiple of 8 with unit stride, their other strides multiples of 8
+ * elements, C and D fold into the GEMM's [M, N] matrix, the iterator is
+ * AUTO, ANALYTIC or OPTIMIZED, and the run's A and B pointers are 16-byte
+ * aligned; its split-K (smelt's choice when slices is 0 and the mode AUTO:
+ * serial, for few output tiles and a long K) changes the order of the f32
+ * sums, so results differ between split choices by rounding. Everything
+ * else runs the analytic reference kernel (one thread per output element,
+ * f32 sums: correct, not fast). smelt_plan_describe names the kernel.
  */
 #ifndef SMELT_CONV2D_H
 #define SMELT_CONV2D_H

@@ -17,6 +17,7 @@ typedef struct smelt__conv2d_state {
   int64_t n, h, w, c, k, r, s; /* the problem */
   int64_t p, q;                /* the output's extents (smelt/conv2d.h) */
   int has_c, has_bias;         /* C is read (beta != 0); a bias is added (fprop) */
+  int auto_split;              /* the caller left split-K to smelt (slices 0, mode AUTO) */
 } smelt__conv2d_state;
 
 /* Offset in elements of element (i0, i1, i2, i3) of a 4-D view. */

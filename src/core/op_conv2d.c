@@ -283,13 +283,15 @@ static smelt_status resolve_iterator(smelt__conv2d_state *st, smelt_dtype dt) {
   return SMELT_OK;
 }
 
-/* Both backends sum each output element whole (the CPU reference and the
- * CUDA reference kernel), so a choice left to smelt is one slice. */
+/* The CPU reference and the CUDA reference kernel sum each output element
+ * whole, so a choice left to smelt is one slice there; the CUDA implicit
+ * GEMM picks its own split when auto_split says the choice is its. */
 static void resolve_modes(smelt__conv2d_state *st) {
   smelt_conv2d_desc *d = &st->desc;
   if (d->stride_support == SMELT_CONV2D_STRIDE_AUTO)
     d->stride_support =
         d->stride_h == 1 && d->stride_w == 1 ? SMELT_CONV2D_STRIDE_UNITY : SMELT_CONV2D_STRIDE_STRIDED;
+  st->auto_split = d->split_k_slices == 0 && d->split_k_mode == SMELT_CONV2D_SPLIT_K_AUTO;
   if (d->split_k_slices == 0) d->split_k_slices = 1;
   if (d->split_k_mode == SMELT_CONV2D_SPLIT_K_AUTO)
     d->split_k_mode = d->split_k_slices > 1 ? SMELT_CONV2D_SPLIT_K_PARALLEL : SMELT_CONV2D_SPLIT_K_SERIAL;

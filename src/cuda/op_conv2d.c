@@ -1,12 +1,12 @@
-/* smelt_conv2d on CUDA: kernels/conv2d_direct.cu, the analytic reference
- * path (one thread per output element, f32 sums), one module per (kind,
- * A's dtype, tf32). It serves every description the core accepts: the
- * iterator, stride support and split-K are checked there and do not change
- * what this kernel computes (each element is summed whole, in one thread),
- * so the plan says which kernel runs rather than pretending to specialize.
- * The implicit-GEMM kernels on the GEMM engine are to take the fast paths. */
-#include "../core/conv2d_internal.h"
-#include "cuda_internal.h"
+/* smelt_conv2d on CUDA. The implicit GEMM on the GEMM engine
+ * (conv2d_igemm.c) takes the problems its preconditions allow; the rest
+ * run kernels/conv2d_direct.cu, the analytic reference path (one thread per
+ * output element, f32 sums), one module per (kind, A's dtype, tf32), which
+ * serves every description the core accepts: the iterator, stride support
+ * and split-K are checked there and do not change what this kernel
+ * computes (each element is summed whole, in one thread), so the plan says
+ * which kernel runs rather than pretending to specialize. */
+#include "conv2d_cuda.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -42,7 +42,7 @@ static void make_src(smelt_conv2d_kind kind, smelt_dtype dt, int tf32, smelt__ke
 }
 
 int smelt__conv2d_variants(smelt__kernel_src *out, int max) {
-  int n = 0;
+  int n = smelt__conv2d_igemm_variants(out, max);
   for (int kind = 0; kind < SMELT_CONV2D_KIND_COUNT; kind++) {
     for (size_t d = 0; d < sizeof cv_dtypes / sizeof *cv_dtypes; d++, n++)
       if (n < max) make_src((smelt_conv2d_kind)kind, cv_dtypes[d], 0, &out[n]);
@@ -59,8 +59,10 @@ static smelt_status plan_conv2d(smelt_plan *plan, const void *args) {
   CUfunction f;
   smelt_status s = smelt__cuda_function(plan->ctx, &src, "conv2d_direct", &f);
   if (s) return s;
-  plan->func[0] = f;
+  plan->func[SMELT__CONV_F_DIRECT] = f;
   plan->block = BLOCK;
+  int taken;
+  if ((s = smelt__conv2d_igemm_plan(plan, plan->t, &taken)) || taken) return s;
   char core[sizeof plan->describe];
   snprintf(core, sizeof core, "%s", plan->describe);
   snprintf(plan->describe, sizeof plan->describe, "%.32s (analytic reference): %.100s", src.name, core);
@@ -79,6 +81,13 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt_conv2d_desc *d = &st->desc;
   const smelt_gemm_epilogue *e = &d->epilogue;
   const smelt_tensor *c = t[SMELT__CONV2D_C], *dd = t[SMELT__CONV2D_D], *bias = t[SMELT__CONV2D_BIAS];
+  if (plan->backend) {
+    int ran;
+    smelt__nvtx_push("smelt_conv2d");
+    smelt_status s = smelt__conv2d_igemm_run(plan, t, &ran);
+    smelt__nvtx_pop();
+    if (s || ran) return s;
+  }
   conv_kparams P;
   memset(&P, 0, sizeof P);
   P.a = ptr(t[SMELT__CONV2D_A]);
@@ -112,7 +121,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const unsigned grid = (unsigned)(blocks > 0x7fffffff ? 0x7fffffff : blocks);
   void *params[] = {&P};
   smelt__nvtx_push("smelt_conv2d");
-  smelt_status s = smelt__cuda_launch(plan->ctx, "smelt_conv2d", (CUfunction)plan->func[0], grid, 1, 1, BLOCK, 0,
+  smelt_status s = smelt__cuda_launch(plan->ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_DIRECT], grid, 1, 1, BLOCK, 0,
                                       params);
   smelt__nvtx_pop();
   return s;
