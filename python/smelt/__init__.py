@@ -956,6 +956,21 @@ def peer_backward(x, ids, dy, wq, sub_keys, u=None, v=None, *, k=16, bq=None, no
     return grads
 
 
+from ._norm import (  # noqa: E402
+    add_layer_norm,
+    add_rms_norm,
+    layer_norm,
+    norm_backward,
+    residual_add,
+    rms_norm,
+    rotary,
+    rotary_tables,
+)
+from ._norm import __all__ as _norm_all  # noqa: E402
+
+__all__ += _norm_all
+
+
 def __getattr__(name):
     # `smelt.torch` without an explicit import (imports torch).
     if name == "torch":

@@ -924,5 +924,7 @@ def peer(x, wq, sub_keys, u, v, k=16, bq=None, norm_weight=None, norm_bias=None,
 
 # Route smelt.* through these ops while torch.compile traces.
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+from . import torch_norm  # noqa: E402,F401  (smelt::norm, norm_backward, residual_add, rotary)
+
 _smelt._torch_impl = sys.modules[__name__]
 _smelt._is_compiling = _is_compiling
