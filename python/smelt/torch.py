@@ -38,8 +38,10 @@ already imported, or on first use of a smelt op after torch is) registers:
                          expert gradients untrimmed, [T·h·k, ...], du_rows and dv_rows zero from
                          row grad_count on, as the kernels write them)
 
-and the module smelt.torch.PEER, whose parameters train through smelt's
-PEER backward kernels.
+the norms, the residual add and rotary of smelt.torch_norm (smelt::norm,
+norm_backward, residual_add, rotary; see that module), and the module
+smelt.torch.PEER, whose parameters train through smelt's PEER backward
+kernels.
 
 Each has a fake (meta) implementation, so torch.compile and torch.export
 trace it without graph breaks, and the functional ones have autograd
