@@ -193,17 +193,20 @@ static nprob make_prob(const width_set *ws, int64_t C, smelt_norm_kind kind, int
   return p;
 }
 
-static void test_fwd_values(void) {
+/* Every width of the table, both kinds, on every backend. */
+static void for_each_width(void (*run_case)(smelt_ctx *, const nprob *)) {
   FOR_EACH_BACKEND(ctx) {
     int k = 0;
     for (size_t s = 0; s < sizeof widths / sizeof *widths; s++)
       for (int c = 0; c < 10 && widths[s].C[c]; c++)
         for (int kind = 0; kind < 2; kind++, k++) {
           const nprob p = make_prob(&widths[s], widths[s].C[c], (smelt_norm_kind)kind, k);
-          fwd_case(ctx, &p);
+          run_case(ctx, &p);
         }
   }
 }
+
+static void test_fwd_values(void) { for_each_width(fwd_case); }
 
 /* y over x and h_out over the residual: the fused form in place. */
 static void test_fwd_in_place(void) {
@@ -323,17 +326,9 @@ static void bwd_case(smelt_ctx *ctx, const nprob *p, double *dw_out) {
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) tb_free(all[i]);
 }
 
-static void test_bwd_values(void) {
-  FOR_EACH_BACKEND(ctx) {
-    int k = 0;
-    for (size_t s = 0; s < sizeof widths / sizeof *widths; s++)
-      for (int c = 0; c < 10 && widths[s].C[c]; c++)
-        for (int kind = 0; kind < 2; kind++, k++) {
-          const nprob p = make_prob(&widths[s], widths[s].C[c], (smelt_norm_kind)kind, k);
-          bwd_case(ctx, &p, NULL);
-        }
-  }
-}
+static void bwd_values_case(smelt_ctx *ctx, const nprob *p) { bwd_case(ctx, p, NULL); }
+
+static void test_bwd_values(void) { for_each_width(bwd_values_case); }
 
 /* Many rows over a fixed grid: every CTA has several rows and the
  * partial sums many rows; the same inputs give the same bits twice. */

@@ -8,6 +8,8 @@ ops of smelt.torch_norm.
 
 import sys as _sys
 
+import smelt as _pkg  # the package, partly initialized: read at call time only
+
 from . import _smelt as _C
 
 __all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "norm_backward", "residual_add", "rms_norm", "rotary",
@@ -17,12 +19,14 @@ _KINDS = {"rms": 0, "layer": 1}
 _LAYOUTS = {"neox": 0, "gptj": 1}
 
 
-def _smelt():
-    return _sys.modules["smelt"]
-
-
 def _compiling():
-    return _smelt()._is_compiling()
+    return _pkg._is_compiling()
+
+
+def _traced():
+    """smelt.torch_norm, what the functions route to inside torch.compile
+    (reached through smelt.torch, which imported it)."""
+    return _pkg._torch_impl.torch_norm
 
 
 def _numpy_of(x):
@@ -39,8 +43,7 @@ def _enum(table, name, what):
 
 def _norm(kind, x, weight, bias, eps, residual, out, residual_out, return_stats, ctx, stream):
     if _compiling():
-        from . import torch_norm
-        return torch_norm.norm(kind, x, weight, bias, eps, residual, out, residual_out, return_stats)
+        return _traced().norm(kind, x, weight, bias, eps, residual, out, residual_out, return_stats)
     np = _numpy_of(x)
     mean = rstd = None
     if np is not None:
@@ -109,8 +112,7 @@ def norm_backward(kind, dy, x, rstd, weight=None, mean=None, *, dh=None, need_dw
     k = _enum(_KINDS, kind, "norm_backward: kind")
     need_dweight = weight is not None if need_dweight is None else bool(need_dweight)
     if _compiling():
-        from . import torch_norm
-        return torch_norm.norm_backward(kind, dy, x, rstd, weight, mean, dh, need_dweight, need_dbias)
+        return _traced().norm_backward(kind, dy, x, rstd, weight, mean, dh, need_dweight, need_dbias)
     np = _numpy_of(dy)
     if np is not None:
         dx = np.empty_like(dy) if dx is None else dx
@@ -127,8 +129,7 @@ def residual_add(x, residual, out=None, *, ctx=None, stream=None):
     """y = x + residual, elementwise (same shape and dtype, any strides);
     out may be residual itself (the residual stream updated in place)."""
     if _compiling():
-        from . import torch_norm
-        return torch_norm.residual_add(x, residual, out)
+        return _traced().residual_add(x, residual, out)
     np = _numpy_of(x)
     if np is not None and out is None:
         out = np.empty_like(x)
@@ -148,8 +149,7 @@ def rotary(x, cos, sin, positions=None, *, layout="neox", inverse=False, out=Non
     """
     lay = _enum(_LAYOUTS, layout, "rotary: layout")
     if _compiling():
-        from . import torch_norm
-        return torch_norm.rotary(x, cos, sin, positions, layout, inverse, out)
+        return _traced().rotary(x, cos, sin, positions, layout, inverse, out)
     np = _numpy_of(x)
     if np is not None and out is None:
         out = np.empty_like(x)

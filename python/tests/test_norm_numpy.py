@@ -6,6 +6,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 import smelt  # noqa: E402
+from norm_common import ref_rotary  # noqa: E402
 
 TOL = {np.float32: 2e-5, np.float16: 2e-3}
 
@@ -101,23 +102,6 @@ def test_residual_add(rng):
     assert np.array_equal(smelt.residual_add(x, r), want)
     smelt.residual_add(x, r, out=r)
     assert np.array_equal(r, want)
-
-
-def ref_rotary(x, cos, sin, pos, layout, inverse):
-    x = x.astype(np.float64)
-    B, S, H, D = x.shape
-    half = cos.shape[1]
-    p = np.broadcast_to(np.arange(S), (B, S)) if pos is None else np.clip(pos, 0, cos.shape[0] - 1)
-    c = cos[p][:, :, None, :].astype(np.float64)
-    s = sin[p][:, :, None, :].astype(np.float64) * (-1 if inverse else 1)
-    y = x.copy()
-    if layout == "neox":
-        x1, x2 = x[..., :half], x[..., half:2 * half]
-        y[..., :half], y[..., half:2 * half] = x1 * c - x2 * s, x2 * c + x1 * s
-    else:
-        x1, x2 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
-        y[..., 0:2 * half:2], y[..., 1:2 * half:2] = x1 * c - x2 * s, x2 * c + x1 * s
-    return y
 
 
 @pytest.mark.parametrize("layout", ["neox", "gptj"])

@@ -1,9 +1,8 @@
 /* smelt_residual_add on CUDA: kernels/residual.cu, one module per dtype;
  * each run takes add_vec when all three tensors are contiguous and 16-byte
  * aligned, add_gen otherwise. */
-#include "cuda_internal.h"
+#include "dtype_module.h"
 
-#include <stdio.h>
 #include <string.h>
 
 enum { F_VEC, F_GEN, F_COUNT };
@@ -11,35 +10,14 @@ static const char *const entry[F_COUNT] = {"add_vec", "add_gen"};
 #define BLOCK 256
 #define BLOCKS_PER_SM 16
 
-static const smelt_dtype add_dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
+static const smelt__dtype_module module = {"residual.cu", "residual_add", entry, F_COUNT};
 
-static void make_src(smelt_dtype dt, smelt__kernel_src *src) {
-  memset(src, 0, sizeof *src);
-  snprintf(src->name, sizeof src->name, "residual_add_%s", smelt_dtype_name(dt));
-  src->body = "residual.cu";
-  smelt__prelude_define(src, "SMELT_DT", dt);
-}
-
-int smelt__residual_variants(smelt__kernel_src *out, int max) {
-  int n = 0;
-  for (size_t d = 0; d < sizeof add_dtypes / sizeof *add_dtypes; d++, n++)
-    if (n < max) make_src(add_dtypes[d], &out[n]);
-  return n;
-}
+int smelt__residual_variants(smelt__kernel_src *out, int max) { return smelt__dtype_module_variants(&module, out, max); }
 
 static smelt_status plan_add(smelt_plan *plan, const void *args) {
   (void)args;
-  smelt__kernel_src src;
-  make_src(plan->t[0].dtype, &src);
-  for (int i = 0; i < F_COUNT; i++) {
-    CUfunction f;
-    smelt_status s = smelt__cuda_function(plan->ctx, &src, entry[i], &f);
-    if (s) return s;
-    plan->func[i] = f;
-  }
   plan->block = BLOCK;
-  snprintf(plan->describe, sizeof plan->describe, "%s (residual.cu, vec/gen by layout)", src.name);
-  return SMELT_OK;
+  return smelt__dtype_module_plan(&module, plan);
 }
 
 static smelt_status run(smelt_plan *plan, const void *args) {

@@ -3,16 +3,13 @@
  * when every head's start, D and the rotated part's vectors are 16-byte
  * aligned, rotary_unit otherwise, and sizes the threads per head to its
  * units of work. */
-#include "cuda_internal.h"
+#include "dtype_module.h"
 
-#include <stdio.h>
 #include <string.h>
 
 enum { F_VEC, F_UNIT, F_COUNT };
 static const char *const entry[F_COUNT] = {"rotary_vec", "rotary_unit"};
 #define BLOCK 256
-
-static const smelt_dtype rot_dtypes[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 
 /* The kernel's argument, field for field as rot_args in kernels/rotary.cu. */
 typedef struct rot_args {
@@ -26,33 +23,14 @@ typedef struct rot_args {
   int64_t xs0, xs1, xs2, ys0, ys1, ys2, cs0, ss0, ps0, ps1;
 } rot_args;
 
-static void make_src(smelt_dtype dt, smelt__kernel_src *src) {
-  memset(src, 0, sizeof *src);
-  snprintf(src->name, sizeof src->name, "rotary_%s", smelt_dtype_name(dt));
-  src->body = "rotary.cu";
-  smelt__prelude_define(src, "SMELT_DT", dt);
-}
+static const smelt__dtype_module module = {"rotary.cu", "rotary", entry, F_COUNT};
 
-int smelt__rotary_variants(smelt__kernel_src *out, int max) {
-  int n = 0;
-  for (size_t d = 0; d < sizeof rot_dtypes / sizeof *rot_dtypes; d++, n++)
-    if (n < max) make_src(rot_dtypes[d], &out[n]);
-  return n;
-}
+int smelt__rotary_variants(smelt__kernel_src *out, int max) { return smelt__dtype_module_variants(&module, out, max); }
 
 static smelt_status plan_rotary(smelt_plan *plan, const void *args) {
   (void)args;
-  smelt__kernel_src src;
-  make_src(plan->t[0].dtype, &src);
-  for (int i = 0; i < F_COUNT; i++) {
-    CUfunction f;
-    smelt_status s = smelt__cuda_function(plan->ctx, &src, entry[i], &f);
-    if (s) return s;
-    plan->func[i] = f;
-  }
   plan->block = BLOCK;
-  snprintf(plan->describe, sizeof plan->describe, "%s (rotary.cu, vec/unit by layout)", src.name);
-  return SMELT_OK;
+  return smelt__dtype_module_plan(&module, plan);
 }
 
 /* 16-byte units fit: D and the rotated vectors are whole vectors of vw
