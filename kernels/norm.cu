@@ -10,6 +10,10 @@
  *   SMELT_LOOP 0: a row (at most GROUP*ITEMS elements) is one tile held in
  *     registers: every tensor is read once and written once, the op's
  *     bandwidth floor. The kind is a run-time argument: one branch per row.
+ *     The grid holds the CTAs that fit at once, each walking rows; the
+ *     forward fetches a group's next row (raw 16-bit data, half the
+ *     registers of floats) before reducing this one, so loads stay in
+ *     flight through the reductions and stores.
  *   SMELT_LOOP 1: longer rows in tiles, each pass reading the row again
  *     (from L2 while the rows in flight fit there).
  * Entry points by layout (the host picks per run): *_vec when every row
@@ -75,28 +79,47 @@ union wvec16 {
   welem_t e[VW];
 };
 
-/* A tile of a row as floats; columns past C read as 0 (nothing to a sum). */
-static __device__ __forceinline__ void load_tile(const elem_t *row, i64 C, i64 base, int lane, int mode, float *v) {
+/* A tile as loaded, before conversion: CHUNKS 16-byte vectors (for bf16
+ * and f16 half the registers of the floats), so that the next row can be
+ * in flight while this one is reduced. */
+typedef struct raw_tile {
+  vec16 c[CHUNKS];
+} raw_tile;
+
+/* The tile at base of a row; columns past C read as 0 (nothing to a sum). */
+static __device__ __forceinline__ void fetch_tile(const elem_t *row, i64 C, i64 base, int lane, int mode,
+                                                  raw_tile &t) {
 #pragma unroll
   for (int c = 0; c < CHUNKS; c++) {
     const i64 j = col(base, c * VW, lane, mode);
     if (mode == MODE_VEC) {
-      vec16 w;
       if (j < C) {
-        w.u = *(const uint4 *)(row + j);
+        t.c[c].u = *(const uint4 *)(row + j);
       } else {
-        w.u.x = w.u.y = w.u.z = w.u.w = 0u;
+        t.c[c].u.x = t.c[c].u.y = t.c[c].u.z = t.c[c].u.w = 0u;
       }
-#pragma unroll
-      for (int e = 0; e < VW; e++) v[c * VW + e] = load_elem(w.e[e]);
     } else {
 #pragma unroll
       for (int e = 0; e < VW; e++) {
         const i64 k = col(base, c * VW + e, lane, mode);
-        v[c * VW + e] = k < C ? load_elem(row[k]) : 0.f;
+        t.c[c].e[e] = k < C ? row[k] : (elem_t)0;
       }
     }
   }
+}
+
+static __device__ __forceinline__ void unpack_tile(const raw_tile &t, float *v) {
+#pragma unroll
+  for (int c = 0; c < CHUNKS; c++)
+#pragma unroll
+    for (int e = 0; e < VW; e++) v[c * VW + e] = load_elem(t.c[c].e[e]);
+}
+
+/* A tile of a row as floats. */
+static __device__ __forceinline__ void load_tile(const elem_t *row, i64 C, i64 base, int lane, int mode, float *v) {
+  raw_tile t;
+  fetch_tile(row, C, base, lane, mode, t);
+  unpack_tile(t, v);
 }
 
 static __device__ __forceinline__ void store_tile(elem_t *row, i64 C, i64 base, int lane, int mode, const float *v) {
@@ -220,11 +243,19 @@ static __device__ __forceinline__ void store_y(const fwd_args &a, elem_t *yr, i6
 }
 
 #if SMELT_LOOP == 0
-static __device__ __forceinline__ void fwd_row(const fwd_args &a, const elem_t *xr, const elem_t *rr, elem_t *yr,
+/* One row from its fetched tiles (rc is read only with a residual). */
+static __device__ __forceinline__ void fwd_row(const fwd_args &a, const raw_tile &xc, const raw_tile &rc, elem_t *yr,
                                                elem_t *hr, float *mean_out, float *rstd_out, int lane, float *red,
                                                int mode) {
   float h[SMELT_ITEMS];
-  load_h(a, xr, rr, hr, 0, lane, mode, false, h);
+  unpack_tile(xc, h);
+  if (a.res) {
+    float t[SMELT_ITEMS];
+    unpack_tile(rc, t);
+#pragma unroll
+    for (int i = 0; i < SMELT_ITEMS; i++) h[i] = load_elem(store_elem(h[i] + t[i]));
+    if (hr) store_tile(hr, a.C, 0, lane, mode, h);
+  }
   float s = 0.f, unused = 0.f, mean = 0.f;
   if (a.kind == KIND_LAYER) {
 #pragma unroll
@@ -245,6 +276,33 @@ static __device__ __forceinline__ void fwd_row(const fwd_args &a, const elem_t *
   if (lane == 0) {
     if (mean_out) *mean_out = mean;
     if (rstd_out) *rstd_out = rstd;
+  }
+}
+
+/* Each group walks rows r = its first, + the grid's rows per step, with
+ * the next row's x and residual fetched before this row is reduced, so a
+ * group's loads stay in flight through its reductions and stores (the
+ * grid is a few CTAs per SM). `red` alternates halves between rows. */
+static __device__ __forceinline__ void fwd_rows(const fwd_args &a, const smelt_kshape &xs, const smelt_kshape &rs,
+                                                const smelt_kshape &ys, const smelt_kshape &hs,
+                                                const smelt_kshape &ms, const smelt_kshape &ss, int mode) {
+  __shared__ float red[2][128];
+  const int lane = threadIdx.x % SMELT_GROUP, group = threadIdx.x / SMELT_GROUP;
+  const i64 step = (i64)gridDim.x * RPC;
+  i64 r = (i64)blockIdx.x * RPC + group;
+  raw_tile xn, rn = {};
+  if (r < a.rows) {
+    fetch_tile(a.x + row_offset(xs, r), a.C, 0, lane, mode, xn);
+    if (a.res) fetch_tile(a.res + row_offset(rs, r), a.C, 0, lane, mode, rn);
+  }
+  for (int parity = 0; r < a.rows; r += step, parity ^= 1) {
+    const raw_tile xc = xn, rc = rn;
+    if (r + step < a.rows) {
+      fetch_tile(a.x + row_offset(xs, r + step), a.C, 0, lane, mode, xn);
+      if (a.res) fetch_tile(a.res + row_offset(rs, r + step), a.C, 0, lane, mode, rn);
+    }
+    fwd_row(a, xc, rc, a.y + row_offset(ys, r), a.h ? a.h + row_offset(hs, r) : 0,
+            a.mean ? a.mean + row_offset(ms, r) : 0, a.rstd ? a.rstd + row_offset(ss, r) : 0, lane, red[parity], mode);
   }
 }
 #else
@@ -292,7 +350,6 @@ static __device__ __forceinline__ void fwd_row(const fwd_args &a, const elem_t *
     if (rstd_out) *rstd_out = rstd;
   }
 }
-#endif
 
 /* Each group walks rows r = its first, + the grid's rows per step; `red`
  * alternates halves between a group's successive rows. */
@@ -307,6 +364,7 @@ static __device__ __forceinline__ void fwd_rows(const fwd_args &a, const smelt_k
             a.h ? a.h + row_offset(hs, r) : 0, a.mean ? a.mean + row_offset(ms, r) : 0,
             a.rstd ? a.rstd + row_offset(ss, r) : 0, lane, red[parity], mode);
 }
+#endif
 
 #define FWD_ENTRY(name, mode)                                                                                         \
   extern "C" __global__ void __launch_bounds__(SMELT_BLOCK)                                                           \
@@ -334,7 +392,7 @@ typedef struct bwd_args {
   int kind;
 } bwd_args;
 
-/* One tile's xhat and g = dy * w (dy and x in, xhat out in x's place). */
+/* One tile's dy, xhat and g = dy * w. */
 static __device__ __forceinline__ void load_grad_tile(const bwd_args &a, const elem_t *dyr, const elem_t *xr, i64 base,
                                                       int lane, int mode, float mean, float rstd, float *dy, float *xh,
                                                       float *g) {

@@ -5,11 +5,11 @@
  * kernel for longer rows. Each run picks the entry point by layout
  * (*_vec: 16-byte accesses; *_unit: any row alignment).
  *
- * The forward launches one group per row. The backward runs a fixed grid
- * (a few CTAs per SM) whose row groups each leave one partial row of the
- * dweight and dbias sums in pool scratch; norm_bwd_reduce adds those rows
- * in order. The grid depends only on the shape and the device, so the
- * results repeat bit for bit. */
+ * Both directions run a fixed grid (the CTAs that fit at once), each row
+ * group walking its share of the rows. The backward's groups each leave
+ * one partial row of the dweight and dbias sums in pool scratch;
+ * norm_bwd_reduce adds those rows in order. The grid depends only on the
+ * shape and the device, so the results repeat bit for bit. */
 #include "../core/checked.h"
 #include "cuda_internal.h"
 
@@ -139,6 +139,20 @@ static smelt__kshape rows_of(const smelt_tensor *t, int nd) {
 
 static const void *data_of(const smelt_tensor *t) { return t ? t->data : NULL; }
 
+/* The grid of both directions: as many CTAs as fit on the device at once
+ * (the kernels take about 64 registers a thread, so 1024 threads per SM),
+ * each walking its share of the rows. The forward fetches a group's next
+ * row while it reduces this one; the backward keeps one partial row of
+ * the weight sums per group, so fewer groups also mean less of that
+ * traffic. */
+static int64_t row_grid(const smelt_plan *plan, int64_t rows) {
+  const bucket *bk = &buckets[plan->variant];
+  const int64_t per_sm = bk->block >= 1024 ? 1 : 1024 / bk->block;
+  const int64_t cap = per_sm * (int64_t)plan->ctx->cuda->info.sm_count;
+  const int64_t need = smelt__ceil_div(rows, bk->block / bk->group);
+  return need < 1 ? 1 : need < cap ? need : cap;
+}
+
 /* Roles: x, residual, weight, bias, y, h_out, mean, rstd. */
 static smelt_status run_fwd(smelt_plan *plan, const void *args) {
   const smelt_tensor *const *t = (const smelt_tensor *const *)args;
@@ -156,8 +170,7 @@ static smelt_status run_fwd(smelt_plan *plan, const void *args) {
   const void *yp = t[4]->data, *hp = data_of(t[5]), *mp = data_of(t[6]), *sp = data_of(t[7]);
   float eps = d->eps;
   int kind = (int)d->kind;
-  const int64_t g = smelt__ceil_div(rows, bk->block / bk->group);
-  const unsigned grid = (unsigned)(g > 0x7fffffff ? 0x7fffffff : g);
+  const unsigned grid = (unsigned)row_grid(plan, rows);
   void *params[] = {&xp, &rp, &wp, &bp, &yp, &hp, &mp, &sp, &rows, &C, &eps, &kind, &xs, &rs, &ys, &hs, &ms, &ss};
   smelt__nvtx_push("smelt_norm");
   smelt_status s = smelt__cuda_launch(plan->ctx, "smelt_norm", (CUfunction)plan->func[f], grid, 1, 1,
@@ -167,16 +180,6 @@ static smelt_status run_fwd(smelt_plan *plan, const void *args) {
 }
 
 const smelt__backend smelt__cuda_norm = {.plan = plan_fwd, .run = run_fwd};
-
-/* CTAs per SM of the backward's fixed grid: enough to keep loads in flight,
- * few enough that the partial rows stay a small fraction of the traffic. */
-static int64_t bwd_grid(const smelt_plan *plan, int64_t rows) {
-  const bucket *bk = &buckets[plan->variant];
-  const int64_t per_sm = bk->block >= 1024 ? 1 : 1024 / bk->block;
-  const int64_t cap = per_sm * (int64_t)plan->ctx->cuda->info.sm_count;
-  const int64_t need = smelt__ceil_div(rows, bk->block / bk->group);
-  return need < 1 ? 1 : need < cap ? need : cap;
-}
 
 /* Roles: dy, x, weight, mean, rstd, dh, dx, dweight, dbias. */
 static smelt_status run_bwd(smelt_plan *plan, const void *args) {
@@ -189,7 +192,7 @@ static smelt_status run_bwd(smelt_plan *plan, const void *args) {
   const int want_sums = t[7] || t[8];
   if (rows == 0 && !want_sums) return SMELT_OK;
   const bucket *bk = &buckets[plan->variant];
-  int64_t grid = bwd_grid(plan, rows), parts = grid * (bk->block / bk->group), half = 0, cols = 0;
+  int64_t grid = row_grid(plan, rows), parts = grid * (bk->block / bk->group), half = 0, cols = 0;
   smelt_status s;
   if (want_sums && ((s = smelt__mul_i64(parts, C, &half, op, "the partial sums")) ||
                     (s = smelt__mul_i64(half, 8, &cols, op, "the partial sums' bytes"))))
