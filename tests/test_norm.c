@@ -91,6 +91,7 @@ typedef struct nprob {
   smelt_norm_kind kind;
   int64_t lead[2], C;
   int pad, off, residual, h_out, weight, bias, stats_step;
+  int specials; /* a NaN in row 1 and +inf in row 2 of x */
 } nprob;
 
 static const char *prob_text(smelt_ctx *ctx, const nprob *p, const char *op, char *buf, size_t n) {
@@ -131,6 +132,11 @@ static void fwd_case(smelt_ctx *ctx, const nprob *p) {
   tb w = tb_new(ctx, vec_view(C), p->wdt, 1, 0.5, 1.5), b = tb_new(ctx, vec_view(C), p->wdt, 1, -0.5, 0.5);
   tb y = tb_new(ctx, rv, p->dt, 0, 0, 0), h = tb_new(ctx, rv, p->dt, 0, 0, 0);
   tb mean = tb_new(ctx, sv, SMELT_DTYPE_F32, 0, 0, 0), rstd = tb_new(ctx, sv, SMELT_DTYPE_F32, 0, 0, 0);
+  if (p->specials) {
+    th_set(x.host, p->dt, x.v.offset + th_view_off(&x.v, C + C / 2), NAN);
+    th_set(x.host, p->dt, x.v.offset + th_view_off(&x.v, 2 * C), INFINITY);
+    th_buf_upload(&x.b, x.host, (size_t)x.v.storage * smelt_dtype_size(p->dt));
+  }
   const int layer = p->kind == SMELT_NORM_LAYER;
   const smelt_norm_desc desc = {p->kind, eps};
   CHECK_OK(smelt_norm(ctx, &desc, &x.t, p->residual ? &res.t : NULL, p->weight ? &w.t : NULL, p->bias ? &b.t : NULL,
@@ -181,7 +187,7 @@ static const width_set widths[] = {
 
 /* The k-th case of a width: the optional parts and layouts vary with k. */
 static nprob make_prob(const width_set *ws, int64_t C, smelt_norm_kind kind, int k) {
-  nprob p = {ws->dt, ws->wdt, kind, {2, 3}, C, 0, 0, 0, 0, 0, 0, 1};
+  nprob p = {ws->dt, ws->wdt, kind, {2, 3}, C, 0, 0, 0, 0, 0, 0, 1, 0};
   if (C <= 300) p.lead[0] = 5, p.lead[1] = 7;
   p.residual = k % 2 == 0;
   p.h_out = p.residual && k % 4 != 2;
@@ -207,6 +213,19 @@ static void for_each_width(void (*run_case)(smelt_ctx *, const nprob *)) {
 }
 
 static void test_fwd_values(void) { for_each_width(fwd_case); }
+
+/* A NaN makes its row NaN (y and the statistics); +inf makes a LayerNorm
+ * row NaN and gives an RMSNorm row rstd 0 (y = bias, NaN at the inf). */
+static void test_fwd_nan_inf(void) {
+  FOR_EACH_BACKEND(ctx) {
+    for (int k = 0; k < 4; k++) {
+      const width_set *ws = &widths[k % 2 ? 0 : 2];
+      nprob p = make_prob(ws, k < 2 ? 1000 : 9000, (smelt_norm_kind)(k % 2), k);
+      p.specials = 1;
+      fwd_case(ctx, &p);
+    }
+  }
+}
 
 /* y over x and h_out over the residual: the fused form in place. */
 static void test_fwd_in_place(void) {
@@ -608,6 +627,7 @@ static void test_residual_bad_inputs(void) {
 
 const th_test th_tests_norm[] = {
     {"fwd_values", test_fwd_values},
+    {"fwd_nan_inf", test_fwd_nan_inf},
     {"fwd_in_place", test_fwd_in_place},
     {"bad_inputs", test_bad_inputs},
     {0, 0},
