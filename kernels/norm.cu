@@ -242,6 +242,28 @@ static __device__ __forceinline__ void store_y(const fwd_args &a, elem_t *yr, i6
   store_tile(yr, a.C, base, lane, mode, h);
 }
 
+/* The row's mean from this thread's sum (the group's sum over C). */
+static __device__ __forceinline__ float row_mean(const fwd_args &a, float s, float *red) {
+  float unused = 0.f;
+  group_sum2(&s, &unused, red);
+  return s / (float)a.C;
+}
+
+/* rstd from this thread's sum of squared deviations, in red's other half. */
+static __device__ __forceinline__ float row_rstd(const fwd_args &a, float sq, float *red) {
+  float unused = 0.f;
+  group_sum2(&sq, &unused, red + 64);
+  return rsqrtf(sq / (float)a.C + a.eps);
+}
+
+/* The statistics, written by the group's first thread. */
+static __device__ __forceinline__ void write_stats(float *mean_out, float *rstd_out, int lane, float mean, float rstd) {
+  if (lane == 0) {
+    if (mean_out) *mean_out = mean;
+    if (rstd_out) *rstd_out = rstd;
+  }
+}
+
 #if SMELT_LOOP == 0
 /* One row from its fetched tiles (rc is read only with a residual). */
 static __device__ __forceinline__ void fwd_row(const fwd_args &a, const raw_tile &xc, const raw_tile &rc, elem_t *yr,
@@ -256,12 +278,11 @@ static __device__ __forceinline__ void fwd_row(const fwd_args &a, const raw_tile
     for (int i = 0; i < SMELT_ITEMS; i++) h[i] = load_elem(store_elem(h[i] + t[i]));
     if (hr) store_tile(hr, a.C, 0, lane, mode, h);
   }
-  float s = 0.f, unused = 0.f, mean = 0.f;
+  float s = 0.f, mean = 0.f;
   if (a.kind == KIND_LAYER) {
 #pragma unroll
     for (int i = 0; i < SMELT_ITEMS; i++) s += h[i];
-    group_sum2(&s, &unused, red);
-    mean = s / (float)a.C;
+    mean = row_mean(a, s, red);
   }
   float sq = 0.f;
 #pragma unroll
@@ -269,14 +290,9 @@ static __device__ __forceinline__ void fwd_row(const fwd_args &a, const raw_tile
     const float d = valid(0, i, lane, mode, a.C) ? h[i] - mean : 0.f;
     sq += d * d;
   }
-  unused = 0.f;
-  group_sum2(&sq, &unused, red + 64);
-  const float rstd = rsqrtf(sq / (float)a.C + a.eps);
+  const float rstd = row_rstd(a, sq, red);
   store_y(a, yr, 0, lane, mode, mean, rstd, h);
-  if (lane == 0) {
-    if (mean_out) *mean_out = mean;
-    if (rstd_out) *rstd_out = rstd;
-  }
+  write_stats(mean_out, rstd_out, lane, mean, rstd);
 }
 
 /* Each group walks rows r = its first, + the grid's rows per step, with
@@ -322,9 +338,7 @@ static __device__ __forceinline__ void fwd_row(const fwd_args &a, const elem_t *
     }
   }
   if (layer) {
-    float unused = 0.f;
-    group_sum2(&s, &unused, red);
-    mean = s / (float)a.C;
+    mean = row_mean(a, s, red);
     /* The deviations from the mean, in a second pass: no cancellation. */
     sq = 0.f;
     for (i64 base = 0; base < a.C; base += tile) {
@@ -337,18 +351,13 @@ static __device__ __forceinline__ void fwd_row(const fwd_args &a, const elem_t *
       }
     }
   }
-  float unused = 0.f;
-  group_sum2(&sq, &unused, red + 64);
-  const float rstd = rsqrtf(sq / (float)a.C + a.eps);
+  const float rstd = row_rstd(a, sq, red);
   for (i64 base = 0; base < a.C; base += tile) {
     float h[SMELT_ITEMS];
     load_h(a, xr, rr, hr, base, lane, mode, true, h);
     store_y(a, yr, base, lane, mode, mean, rstd, h);
   }
-  if (lane == 0) {
-    if (mean_out) *mean_out = mean;
-    if (rstd_out) *rstd_out = rstd;
-  }
+  write_stats(mean_out, rstd_out, lane, mean, rstd);
 }
 
 /* Each group walks rows r = its first, + the grid's rows per step; `red`
