@@ -227,11 +227,28 @@ static void test_fwd_nan_inf(void) {
   }
 }
 
-/* y over x and h_out over the residual: the fused form in place. */
+/* More rows than the GPU's fixed grid has groups (up to 8 CTAs of 128
+ * threads per SM), so every group walks several rows and fetches each next
+ * one ahead: warp groups (C 100) and whole-CTA groups (C 4096). */
+static void test_fwd_many_rows(void) {
+  FOR_EACH_BACKEND(ctx) {
+    for (int c = 0; c < 2; c++) {
+      nprob p = make_prob(&widths[c ? 0 : 2], c ? 4096 : 100, (smelt_norm_kind)c, 0);
+      p.lead[0] = c ? 20 : 50, p.lead[1] = c ? 30 : 100;
+      p.residual = p.h_out = p.weight = p.bias = 1;
+      fwd_case(ctx, &p);
+    }
+  }
+}
+
+/* y over x and h_out over the residual: the fused form in place, with
+ * many rows per group on the GPU (the next row is fetched while this one
+ * is written). */
 static void test_fwd_in_place(void) {
   FOR_EACH_BACKEND(ctx) {
     for (int c = 0; c < 3; c++) {
-      const int64_t C = c == 0 ? 96 : c == 1 ? 3000 : 9000, lead[2] = {2, 3}, rows = 6, n = rows * C;
+      const int64_t C = c == 0 ? 96 : c == 1 ? 3000 : 9000, lead[2] = {c == 0 ? 50 : c == 1 ? 20 : 2, c == 0 ? 100 : c == 1 ? 30 : 3};
+      const int64_t rows = lead[0] * lead[1], n = rows * C;
       const smelt_dtype dt = SMELT_DTYPE_BF16;
       const th_view rv = rows_view(lead, C, 0, 0);
       tb x = tb_new(ctx, rv, dt, 1, -1.0, 1.0), res = tb_new(ctx, rv, dt, 1, -1.0, 1.0);
@@ -628,6 +645,7 @@ static void test_residual_bad_inputs(void) {
 const th_test th_tests_norm[] = {
     {"fwd_values", test_fwd_values},
     {"fwd_nan_inf", test_fwd_nan_inf},
+    {"fwd_many_rows", test_fwd_many_rows},
     {"fwd_in_place", test_fwd_in_place},
     {"bad_inputs", test_bad_inputs},
     {0, 0},
