@@ -30,7 +30,11 @@ enum {
   OP_ATTN_VARLEN_BWD,
   OP_CONV2D,
   OP_ATTN_DECODE,
-  OP_KV_APPEND
+  OP_KV_APPEND,
+  OP_NORM,
+  OP_NORM_BWD,
+  OP_RESIDUAL_ADD,
+  OP_ROTARY
 };
 
 typedef struct op_args {
@@ -41,6 +45,8 @@ typedef struct op_args {
   smelt_gemm_desc gemm;
   smelt_attention_desc attn;
   smelt_conv2d_desc conv;
+  smelt_norm_desc norm;
+  smelt_rotary_desc rot;
   /* Op-specific order; NULL = absent.
    *   gemm:           a, b, c, d, bias, -, scale_a, scale_b
    *   gemm by offsets: a, b, c, d, bias, offs, scale_a, scale_b
@@ -49,6 +55,10 @@ typedef struct op_args {
    *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k
    *   attention decode: q, k_cache, v_cache, block_table, cache_seqlens, o, lse (attn: scale, causal)
    *   kv cache append:  k_new, v_new, block_table, cache_seqlens, k_cache, v_cache */
+   *   norm:           x, residual, weight, bias, y, h_out, mean, rstd
+   *   norm backward:  dy, x, weight, mean, rstd, dh, dx, dweight, dbias
+   *   residual add:   x, residual, y
+   *   rotary:         x, cos, sin, positions, y */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
 } op_args;
 
@@ -88,6 +98,14 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
     }
     case OP_KV_APPEND:
       return smelt_kv_cache_append_plan(ctx, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], plan);
+    case OP_NORM:
+      return smelt_norm_plan(ctx, &o->norm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6], o->t[7],
+                             plan);
+    case OP_NORM_BWD:
+      return smelt_norm_bwd_plan(ctx, &o->norm, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6],
+                                 o->t[7], o->t[8], plan);
+    case OP_RESIDUAL_ADD: return smelt_residual_add_plan(ctx, o->t[0], o->t[1], o->t[2], plan);
+    case OP_ROTARY: return smelt_rotary_plan(ctx, &o->rot, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -116,6 +134,13 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
     case OP_ATTN_DECODE:
       return smelt_attention_decode_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6]);
     case OP_KV_APPEND: return smelt_kv_cache_append_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5]);
+    case OP_NORM:
+      return smelt_norm_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6], o->t[7]);
+    case OP_NORM_BWD:
+      return smelt_norm_bwd_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6], o->t[7],
+                                o->t[8]);
+    case OP_RESIDUAL_ADD: return smelt_residual_add_run(plan, o->t[0], o->t[1], o->t[2]);
+    case OP_ROTARY: return smelt_rotary_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -155,6 +180,10 @@ static int execute(smpy_call *call, const op_args *o) {
     key.i[0] = (int64_t)o->gemm.math.op;
   } else if (o->op == OP_CONV2D) {
     conv2d_key(&o->conv, &key);
+  } else if (o->op >= OP_NORM) {
+    key.f[0] = o->norm.eps;
+    key.i[0] = o->op == OP_ROTARY ? (int64_t)o->rot.layout : (int64_t)o->norm.kind;
+    key.i[1] = o->rot.inverse;
   } else if (o->op >= OP_ATTN_FWD) {
     key.f[0] = o->attn.scale;
     key.i[0] = o->attn.causal;
@@ -748,6 +777,147 @@ static PyObject *py_kv_cache_append(PyObject *self, PyObject *args) {
   result = Py_None;
 done:
   smpy_call_end(&call);
+/* ---- norms, the residual add, rotary */
+
+/* Imports obj (None: absent) into slot of o. */
+static int import_opt(smpy_call *call, op_args *o, int slot, PyObject *obj, const char *name, int writable) {
+  smelt_tensor *t = NULL;
+  if (obj != Py_None && smpy_call_import(call, obj, name, writable, &t) < 0) return -1;
+  o->t[slot] = t;
+  return 0;
+}
+
+/* An int argument (an enum's value, range checked by smelt). */
+static int parse_int(PyObject *obj, int *out) {
+  long v = PyLong_AsLong(obj);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+/* out (None: made as dt with the given shape, when `want`) imported into slot. */
+static int out_slot(smpy_call *call, op_args *o, int slot, PyObject **out, PyObject **made, const char *name, int want,
+                    smelt_dtype dt, int ndim, const int64_t *shape) {
+  if (*out == Py_None && want && !(*out = *made = smpy_call_alloc(call, dt, ndim, shape))) return -1;
+  return import_opt(call, o, slot, *out, name, 1);
+}
+
+/* A tuple of the objects, None where absent. */
+static PyObject *tuple_of(PyObject **objs, int n) {
+  PyObject *t = PyTuple_New(n);
+  for (int i = 0; t && i < n; i++) {
+    PyObject *v = objs[i] ? objs[i] : Py_None;
+    Py_INCREF(v);
+    PyTuple_SetItem(t, i, v); /* steals v */
+  }
+  return t;
+}
+
+static PyObject *py_norm(PyObject *self, PyObject *args) {
+  /* x, residual, weight, bias, out, h_out, mean, rstd, kind, eps, want_stats, ctx, stream */
+  PyObject *a[13];
+  op_args o;
+  int kind;
+  if (op_begin(args, "norm", 13, a, &o, OP_NORM, 8) < 0 || parse_int(a[8], &kind) < 0) return NULL;
+  double eps = PyFloat_AsDouble(a[9]);
+  int want = PyObject_IsTrue(a[10]);
+  if ((eps == -1.0 && PyErr_Occurred()) || want < 0) return NULL;
+  o.norm.kind = (smelt_norm_kind)kind;
+  o.norm.eps = (float)eps;
+  static const char *const names[8] = {"x", "residual", "weight", "bias", "out", "h_out", "mean", "rstd"};
+  PyObject *outs[4] = {a[4], a[5], a[6], a[7]}, *made[4] = {NULL, NULL, NULL, NULL}, *result = NULL;
+  smpy_call call;
+  if (smpy_call_begin(&call, "smelt.norm", a[11], a[12]) < 0) return NULL;
+  for (int i = 0; i < 4; i++)
+    if (import_opt(&call, &o, i, a[i], names[i], 0) < 0) goto done;
+  const smelt_tensor *x = o.t[0];
+  if (x->ndim < 1) {
+    smpy_raise(SMELT_STATUS_SHAPE_MISMATCH, "smelt.norm: x must have at least 1 dim, got a scalar");
+    goto done;
+  }
+  for (int i = 0; i < 4; i++) {
+    const int rows = i < 2, wanted = i == 0 || (i == 1 && o.t[1]) || (i == 2 && want && kind == SMELT_NORM_LAYER) ||
+                                      (i == 3 && want);
+    if (out_slot(&call, &o, 4 + i, &outs[i], &made[i], names[4 + i], wanted, rows ? x->dtype : SMELT_DTYPE_F32,
+                 rows ? x->ndim : x->ndim - 1, x->shape) < 0)
+      goto done;
+  }
+  if (execute(&call, &o) < 0) goto done;
+  result = tuple_of(outs, 4);
+done:
+  smpy_call_end(&call);
+  for (int i = 0; i < 4; i++) Py_XDECREF(made[i]);
+  return result;
+}
+
+static PyObject *py_norm_backward(PyObject *self, PyObject *args) {
+  /* dy, x, weight, mean, rstd, dh, dx, dweight, dbias, kind, want_dweight, want_dbias, ctx, stream */
+  PyObject *a[14];
+  op_args o;
+  int kind;
+  if (op_begin(args, "norm_backward", 14, a, &o, OP_NORM_BWD, 9) < 0 || parse_int(a[9], &kind) < 0) return NULL;
+  int want_w = PyObject_IsTrue(a[10]), want_b = PyObject_IsTrue(a[11]);
+  if (want_w < 0 || want_b < 0) return NULL;
+  o.norm.kind = (smelt_norm_kind)kind;
+  static const char *const names[9] = {"dy", "x", "weight", "mean", "rstd", "dh", "dx", "dweight", "dbias"};
+  PyObject *outs[3] = {a[6], a[7], a[8]}, *made[3] = {NULL, NULL, NULL}, *result = NULL;
+  smpy_call call;
+  if (smpy_call_begin(&call, "smelt.norm_backward", a[12], a[13]) < 0) return NULL;
+  for (int i = 0; i < 6; i++)
+    if (import_opt(&call, &o, i, a[i], names[i], 0) < 0) goto done;
+  const smelt_tensor *dy = o.t[0], *w = o.t[2];
+  if (dy->ndim < 1) {
+    smpy_raise(SMELT_STATUS_SHAPE_MISMATCH, "smelt.norm_backward: dy must have at least 1 dim, got a scalar");
+    goto done;
+  }
+  const int64_t *C = dy->shape + dy->ndim - 1;
+  const smelt_dtype wdt = w ? w->dtype : dy->dtype;
+  if (out_slot(&call, &o, 6, &outs[0], &made[0], "dx", 1, dy->dtype, dy->ndim, dy->shape) < 0 ||
+      out_slot(&call, &o, 7, &outs[1], &made[1], "dweight", want_w, wdt, 1, C) < 0 ||
+      out_slot(&call, &o, 8, &outs[2], &made[2], "dbias", want_b, wdt, 1, C) < 0 || execute(&call, &o) < 0)
+    goto done;
+  result = tuple_of(outs, 3);
+done:
+  smpy_call_end(&call);
+  for (int i = 0; i < 3; i++) Py_XDECREF(made[i]);
+  return result;
+}
+
+static PyObject *py_residual_add(PyObject *self, PyObject *args) {
+  PyObject *a[5]; /* x, residual, out, ctx, stream */
+  op_args o;
+  if (op_begin(args, "residual_add", 5, a, &o, OP_RESIDUAL_ADD, 3) < 0) return NULL;
+  smpy_call call;
+  PyObject *out = a[2], *made = NULL, *result = NULL;
+  if (smpy_call_begin(&call, "smelt.residual_add", a[3], a[4]) < 0) return NULL;
+  if (import_opt(&call, &o, 0, a[0], "x", 0) < 0 || import_opt(&call, &o, 1, a[1], "residual", 0) < 0) goto done;
+  if (out == Py_None && !(out = made = smpy_call_alloc(&call, o.t[0]->dtype, o.t[0]->ndim, o.t[0]->shape))) goto done;
+  result = run_out(&call, &o, 2, out);
+done:
+  smpy_call_end(&call);
+  Py_XDECREF(made);
+  return result;
+}
+
+static PyObject *py_rotary(PyObject *self, PyObject *args) {
+  PyObject *a[9]; /* x, cos, sin, positions, out, layout, inverse, ctx, stream */
+  op_args o;
+  int layout;
+  if (op_begin(args, "rotary", 9, a, &o, OP_ROTARY, 5) < 0 || parse_int(a[5], &layout) < 0 ||
+      parse_int(a[6], &o.rot.inverse) < 0)
+    return NULL;
+  o.rot.layout = (smelt_rotary_layout)layout;
+  static const char *const names[4] = {"x", "cos", "sin", "positions"};
+  smpy_call call;
+  PyObject *out = a[4], *made = NULL, *result = NULL;
+  if (smpy_call_begin(&call, "smelt.rotary", a[7], a[8]) < 0) return NULL;
+  for (int i = 0; i < 4; i++)
+    if (import_opt(&call, &o, i, a[i], names[i], 0) < 0) goto done;
+  if (out == Py_None && !(out = made = smpy_call_alloc(&call, o.t[0]->dtype, o.t[0]->ndim, o.t[0]->shape))) goto done;
+  result = run_out(&call, &o, 4, out);
+done:
+  smpy_call_end(&call);
+  Py_XDECREF(made);
   return result;
 }
 
@@ -773,6 +943,14 @@ PyMethodDef smpy_op_methods[] = {
      "stream) -> out or (out, lse)"},
     {"kv_cache_append", py_kv_cache_append, METH_VARARGS,
      "kv_cache_append(k_new, v_new, block_table, cache_seqlens, k_cache, v_cache, ctx, stream) -> None"},
+    {"norm", py_norm, METH_VARARGS,
+     "norm(x, residual, weight, bias, out, h_out, mean, rstd, kind, eps, want_stats, ctx, stream) "
+     "-> (out, h_out, mean, rstd)"},
+    {"norm_backward", py_norm_backward, METH_VARARGS,
+     "norm_backward(dy, x, weight, mean, rstd, dh, dx, dweight, dbias, kind, want_dweight, want_dbias, ctx, stream) "
+     "-> (dx, dweight, dbias)"},
+    {"residual_add", py_residual_add, METH_VARARGS, "residual_add(x, residual, out, ctx, stream) -> out"},
+    {"rotary", py_rotary, METH_VARARGS, "rotary(x, cos, sin, positions, out, layout, inverse, ctx, stream) -> out"},
     {NULL, NULL, 0, NULL}};
 
 int smpy_ops_init(PyObject *module) {

@@ -1124,6 +1124,19 @@ def moe_backward(dy, x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None
     r = _c_moe(1, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (dy,), tuple(slot(n) for n in _MOE_GRADS),
                ctx, stream)
     return {n: t for n, t in zip(_MOE_GRADS, r) if t is not None}
+from ._norm import (  # noqa: E402
+    add_layer_norm,
+    add_rms_norm,
+    layer_norm,
+    norm_backward,
+    residual_add,
+    rms_norm,
+    rotary,
+    rotary_tables,
+)
+from ._norm import __all__ as _norm_all  # noqa: E402
+
+__all__ += _norm_all
 
 
 def __getattr__(name):

@@ -44,8 +44,10 @@ already imported, or on first use of a smelt op after torch is) registers:
     smelt::moe_backward(Tensor x, Tensor dy, <the weights and cfg of smelt::moe>, bool[] needs)
                         -> (dx, dwr, dwnoise, dw1, dw3, dw2, db1)   (empty tensors where needs is false)
 
-and the modules smelt.torch.PEER and smelt.torch.MoE, whose parameters
-train through smelt's backward kernels.
+the norms, the residual add and rotary of smelt.torch_norm (smelt::norm,
+norm_backward, residual_add, rotary; see that module), and the modules
+smelt.torch.PEER and smelt.torch.MoE, whose parameters train through
+smelt's backward kernels.
 
 Each has a fake (meta) implementation, so torch.compile and torch.export
 trace it without graph breaks, and the functional ones have autograd
@@ -1098,5 +1100,7 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
 
 # Route smelt.* through these ops while torch.compile traces.
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+from . import torch_norm  # noqa: E402,F401  (smelt::norm, norm_backward, residual_add, rotary)
+
 _smelt._torch_impl = sys.modules[__name__]
 _smelt._is_compiling = _is_compiling

@@ -133,3 +133,13 @@ double smelt__bound_moe(const smelt__bound_query *q) {
     default: return 8e-3;
   }
 }
+
+/* Norms, their backward and rotary compute in f32 after sums over a row
+ * (or, for dweight and dbias, over the rows), then round once: an f32 sum's
+ * error over the lengths the tests and models use, about one rounding of a
+ * 16-bit output. Output 1 is an f32 row statistic (mean, rstd). */
+double smelt__bound_norm(const smelt__bound_query *q) {
+  if (q->metric == SMELT__METRIC_MAX_REL) return max_rel(q->output ? SMELT_DTYPE_F32 : q->dtype);
+  if (q->output || q->dtype == SMELT_DTYPE_F32) return 1e-5;
+  return q->dtype == SMELT_DTYPE_F16 ? 1e-3 : 8e-3;
+}

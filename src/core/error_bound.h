@@ -40,5 +40,6 @@ double smelt__bound_gemm(const smelt__bound_query *q);
 double smelt__bound_attention(const smelt__bound_query *q);
 double smelt__bound_peer(const smelt__bound_query *q);
 double smelt__bound_moe(const smelt__bound_query *q);
+double smelt__bound_norm(const smelt__bound_query *q); /* norm, norm_bwd, residual, rotary */
 
 #endif /* SMELT_ERROR_BOUND_H */

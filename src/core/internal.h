@@ -104,7 +104,7 @@ struct smelt_ctx {
 };
 
 /* ---- plans */
-#define SMELT__PLAN_MAX_TENSORS 8
+#define SMELT__PLAN_MAX_TENSORS 10
 #define SMELT__PLAN_MAX_FUNCS 4
 
 struct smelt__family;
