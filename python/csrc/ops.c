@@ -54,7 +54,7 @@ typedef struct op_args {
    *   attention fwd:  q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
    *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k
    *   attention decode: q, k_cache, v_cache, block_table, cache_seqlens, o, lse (attn: scale, causal)
-   *   kv cache append:  k_new, v_new, block_table, cache_seqlens, k_cache, v_cache */
+   *   kv cache append:  k_new, v_new, block_table, cache_seqlens, k_cache, v_cache
    *   norm:           x, residual, weight, bias, y, h_out, mean, rstd
    *   norm backward:  dy, x, weight, mean, rstd, dh, dx, dweight, dbias
    *   residual add:   x, residual, y
@@ -777,6 +777,9 @@ static PyObject *py_kv_cache_append(PyObject *self, PyObject *args) {
   result = Py_None;
 done:
   smpy_call_end(&call);
+  return result;
+}
+
 /* ---- norms, the residual add, rotary */
 
 /* Imports obj (None: absent) into slot of o. */
