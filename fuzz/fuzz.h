@@ -6,7 +6,7 @@
  * success only bytes of the declared outputs' elements changed. Each op
  * family's entry points live in their own file (fuzz_ops.c, fuzz_gemm.c,
  * fuzz_attention.c, fuzz_peer.c, fuzz_conv2d.c, fuzz_moe.c, fuzz_bem.c,
- * fuzz_quant.c). */
+ * fuzz_quant.c, fuzz_layers.c, fuzz_decode.c). */
 #ifndef SMELT_FUZZ_H
 #define SMELT_FUZZ_H
 
@@ -158,6 +158,10 @@ void fz_gemm_grouped(fz *f);
 void fz_gemm_grouped_offs(fz *f);
 void fz_attention(fz *f);
 void fz_attention_varlen(fz *f);
+void fz_attention_decode(fz *f);
+void fz_norm(fz *f);
+void fz_residual_add(fz *f);
+void fz_rotary(fz *f);
 void fz_peer(fz *f);
 void fz_peer_store(fz *f);
 void fz_conv2d(fz *f);

@@ -328,7 +328,9 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-static counter counters[128];
+/* One per entry-point name (one-shot, _plan and _run of every op). */
+#define FZ_MAX_COUNTERS 256
+static counter counters[FZ_MAX_COUNTERS];
 static int n_counters;
 static uint64_t total_calls;
 
@@ -336,7 +338,7 @@ static counter *count(const char *name) {
   total_calls++;
   for (int i = 0; i < n_counters; i++)
     if (counters[i].name == name || !strcmp(counters[i].name, name)) return &counters[i];
-  if (n_counters == 128) abort();
+  if (n_counters == FZ_MAX_COUNTERS) abort();
   counters[n_counters].name = name;
   return &counters[n_counters++];
 }
@@ -516,7 +518,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 typedef void (*entry)(fz *);
 static const entry entries[] = {fz_activation, fz_softmax, fz_topk, fz_helpers, fz_gemm, fz_gemm_array,
                                 fz_gemm_grouped, fz_gemm_grouped_offs, fz_attention, fz_attention_varlen,
-                                fz_peer, fz_peer_store, fz_conv2d, fz_moe, fz_bem, fz_quant};
+                                fz_peer, fz_peer_store, fz_conv2d, fz_moe, fz_bem, fz_quant,
+                                fz_attention_decode, fz_norm, fz_residual_add, fz_rotary};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(fz_arena, pristine, FZ_ARENA_BYTES);

@@ -21,6 +21,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt_rotary_desc *d = (const smelt_rotary_desc *)plan->opdata;
   const int64_t B = x->shape[0], S = x->shape[1], H = x->shape[2], D = x->shape[3], half = ct->shape[1];
   const double sign = d->inverse ? -1.0 : 1.0;
+  if (smelt_tensor_numel(x) == 0) return SMELT_OK; /* B may be huge with S or H 0: nothing to loop over */
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < S; s++) {
       const int64_t p = position(t[3], b, s, ct->shape[0]);
