@@ -210,6 +210,17 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   /* Skinny M (<= 16): the GEMV kernel, 16-bit types. Appended last, as the
    * entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, gemv(tc));
+  /* Block-scaled fp8 (GEMM_BLOCK_SCALE), every fp8 pair: 128 x 128 tiles,
+   * whose B scale is one value a k block, and twice the accumulators (the
+   * promoted sums), with the six 32 KiB stages that fit. Appended last, as
+   * the entries above. */
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++) {
+      smelt__gemm_kernel k =
+          fp8(sm90(SMELT__TC_FP8, (tile){.bm = 128, .bn = 128, .bk = 128, .stages = 6, .wm = 2}), f8[a], f8[b]);
+      k.blk = 1;
+      add(out, &n, k);
+    }
   return n;
 }
 
@@ -238,9 +249,10 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (clustered(k)) snprintf(cl, sizeof cl, "_c%dx%d", k->cluster_m, k->cluster_n);
       snprintf(src->name, sizeof src->name, "gemm_sm90_%s_%c%c_%dx%dx%d_s%d%s%s", kind, k->a_kmajor ? 'R' : 'C',
                k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, pingpong(k) ? "_pp" : "", cl);
-      if (k->promote) {
+      if (k->promote || k->blk) {
         const size_t len = strlen(src->name);
-        snprintf(src->name + len, sizeof src->name - len, "_pr%d", k->promote);
+        if (k->promote) snprintf(src->name + len, sizeof src->name - len, "_pr%d", k->promote);
+        else snprintf(src->name + len, sizeof src->name - len, "_blk");
       }
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
@@ -260,6 +272,7 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (k->wm != 2) smelt__prelude_define(src, "GEMM_CONSUMERS", k->wm);
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
       if (k->promote) smelt__prelude_define(src, "GEMM_PROMOTE", k->promote);
+      if (k->blk) smelt__prelude_define(src, "GEMM_BLOCK_SCALE", 1);
       if (!k->a_kmajor) smelt__prelude_define(src, "GEMM_A_MN", 1);
       if (!k->b_kmajor) smelt__prelude_define(src, "GEMM_B_MN", 1);
       if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
@@ -389,6 +402,9 @@ static int tc_kind(const smelt__gemm_state *st) {
 }
 
 int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, const smelt__gemm_facts *f) {
+  /* Block scales take the block-scaled kernels, and only they do; with K =
+   * 0 there is nothing to scale, and any kernel writes the epilogue. */
+  if (k->blk != (st->blk && f->k > 0)) return 0;
   switch (k->fam) {
     case SMELT__GK_SIMT: return k->acc == st->acc;
     case SMELT__GK_REDUCE: return 0;
@@ -430,8 +446,9 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
         return 0;
       }
       /* fp8 wgmma accumulates with fewer bits than f32 (gemm_sm90.cu): only
-       * for outputs whose own rounding is larger. */
-      if (k->tc == SMELT__TC_FP8 && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
+       * for outputs whose own rounding is larger, or with the block-scaled
+       * kernel's promotion every 128 of K. */
+      if (k->tc == SMELT__TC_FP8 && !k->blk && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
           st->dt_d != SMELT_DTYPE_E4M3 && st->dt_d != SMELT_DTYPE_E5M2)
         return 0;
       /* 3xtf32 split operands take the kernel that promotes its sums, and
@@ -552,6 +569,13 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
       return SMELT_OK;
     }
   }
+  if (st->blk && f->k > 0)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "smelt_gemm: block scales run on Hopper (sm_90a) only, in the tile 128x128x128 stages 6, with "
+                        "A row-major and B column-major (K-major) 16-byte aligned, and batched only into a 16-bit or "
+                        "f32 row-major D of rows of whole 16-byte units without C (device %s; A K-major %s, B K-major "
+                        "%s)",
+                        dev->arch, f->a_k ? "ok" : "no", f->b_k ? "ok" : "no");
   if (want_tc) {
     /* The large tile unless it leaves SMs without work. */
     const int64_t big_tiles = smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * (f->batch > 0 ? f->batch : 1);
@@ -704,7 +728,7 @@ int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_prob 
   prep[0] = prep[1] = SMELT__PREP_NONE;
   if (dev->cc_major != 9 || dev->cc_minor != 0 ||
       (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED) || st->split_k > 1 || f->k < 1 ||
-      st->desc.math.opclass == SMELT_GEMM_OPCLASS_SIMT)
+      st->desc.math.opclass == SMELT_GEMM_OPCLASS_SIMT || st->blk)
     return 0;
   switch (tc_kind(st)) {
     case SMELT__TC_TF32: prep[0] = prep[1] = SMELT__PREP_TF32; break;
