@@ -221,7 +221,7 @@
 #if PROMOTE && (PINGPONG || CLUSTER > 1 || GEMM_BN > 128)
 #error "gemm_sm90.cu: GEMM_PROMOTE needs the cooperative schedule, no cluster, GEMM_BN <= 128"
 #endif
-/* GEMM_BLOCK_SCALE 1 (fp8, cooperative, no cluster, BN 128 or 64): the
+/* GEMM_BLOCK_SCALE 1 (fp8, cooperative, BN 128 or 64): the
  * block scales of smelt/gemm.h (DeepGEMM's form), one k block a stage (BK
  * is 128 fp8 elements), each stage's sum promoted into f32 registers with
  * its scales (blk_main). The scales come as the kernel's last parameter
@@ -230,8 +230,8 @@
 #define GEMM_BLOCK_SCALE 0
 #endif
 #define BLOCK_SCALE GEMM_BLOCK_SCALE
-#if BLOCK_SCALE && (AB_SIZE != 1 || PINGPONG || CLUSTER > 1 || PROMOTE || GEMM_BN > 128)
-#error "gemm_sm90.cu: GEMM_BLOCK_SCALE needs fp8, the cooperative schedule, no cluster or GEMM_PROMOTE, GEMM_BN <= 128"
+#if BLOCK_SCALE && (AB_SIZE != 1 || PINGPONG || PROMOTE || GEMM_BN > 128)
+#error "gemm_sm90.cu: GEMM_BLOCK_SCALE needs fp8, the cooperative schedule, no GEMM_PROMOTE, GEMM_BN <= 128"
 #endif
 /* MN-major operands (wgmma transposes 16-bit types only), cooperative
  * schedule without clusters. */
@@ -954,8 +954,9 @@ static_assert(sizeof(sm90_blk) == 64, "sm90_blk must match smelt__gemm_kblk");
  * i on the second when bit 1 of i is set), so a block needs two A scales
  * and the tile's one B scale, loaded while its wgmmas run (after the
  * first block mostly from L1: a row's scales are contiguous in the
- * quantizer's layout). Rows past M read row M - 1's scales (their sums
- * are zeros and never stored). Leaves the tile's sum in d and the ring's
+ * quantizer's layout). Rows past M read row M - 1's scales and a
+ * cluster's tile past N the last column block's (their sums are zeros and
+ * never stored). Leaves the tile's sum in d and the ring's
  * position in *stage and *phase. */
 static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, const gemm_params &P, const sm90_tile &w,
                                                 int ktiles, i64 m0, i64 n0, int c, int warp, int lane, u32 base, u32 full,
@@ -963,7 +964,8 @@ static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, con
   const i64 e = P.mode == MODE_BATCHED ? w.slice : 0, r = m0 + 16 * warp + (lane >> 2), last = w.m - 1;
   const float *sa_lo = (const float *)B.sa + e * B.sa_bs + (r < last ? r : last) * B.sa_rs + (i64)w.kt0 * B.sa_ks;
   const float *sa_hi = (const float *)B.sa + e * B.sa_bs + (r + 8 < last ? r + 8 : last) * B.sa_rs + (i64)w.kt0 * B.sa_ks;
-  const float *sb = (const float *)B.sb + e * B.sb_bs + (n0 / 128) * B.sb_rs + (i64)w.kt0 * B.sb_ks;
+  const i64 nb = (n0 < w.n ? n0 : w.n - 1) / 128;
+  const float *sb = (const float *)B.sb + e * B.sb_bs + nb * B.sb_rs + (i64)w.kt0 * B.sb_ks;
   float sum[ACCS];
 #pragma unroll
   for (int i = 0; i < ACCS; i++) sum[i] = 0.f;
