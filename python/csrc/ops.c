@@ -139,6 +139,7 @@ static int execute(smpy_call *call, const op_args *o) {
     key.act = (int32_t)o->gemm.epilogue.act;
     key.slope = o->gemm.epilogue.slope;
     key.i[0] = (int64_t)o->gemm.math.op;
+    key.i[1] = (int64_t)o->gemm.scales;
   } else if (o->op == OP_CONV2D) {
     conv2d_key(&o->conv, &key);
   } else if (o->op >= OP_ATTN_FWD) {
@@ -447,9 +448,13 @@ static int import_gemm_operands(smpy_call *call, op_args *o, PyObject *const *in
 }
 
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
-  PyObject *a[15]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b */
+  PyObject *a[16]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b,
+                      scales (a smelt_gemm_scale_kind) */
   op_args o;
-  if (op_begin(args, "gemm", 15, a, &o, OP_GEMM, 8) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
+  if (op_begin(args, "gemm", 16, a, &o, OP_GEMM, 8) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
+  const long kind = PyLong_AsLong(a[15]);
+  if (kind == -1 && PyErr_Occurred()) return NULL;
+  o.gemm.scales = (smelt_gemm_scale_kind)kind; /* range checked by smelt */
 
   smpy_call call;
   PyObject *out = a[4], *made = NULL, *result = NULL;
@@ -691,7 +696,7 @@ PyMethodDef smpy_op_methods[] = {
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
     {"topk", py_topk, METH_VARARGS, "topk(x, k, values, indices, index_dtype, ctx, stream) -> (values, indices)"},
     {"gemm", py_gemm, METH_VARARGS,
-     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b) -> out"},
+     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b, scales) -> out"},
     {"gemm_grouped", py_gemm_grouped, METH_VARARGS,
      "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b) -> out"},
     {"conv2d", py_conv2d, METH_VARARGS,

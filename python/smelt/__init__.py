@@ -271,8 +271,11 @@ def _norm_dtype(d):
     return s  # the C layer names what it accepts
 
 
+_SCALE_FORMATS = {None: 0, "fp8-block": 1}
+
+
 def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity", slope=0.01,
-         math="default", out_dtype=None, scale_a=None, scale_b=None, ctx=None, stream=None):
+         math="default", out_dtype=None, scale_a=None, scale_b=None, format=None, ctx=None, stream=None):
     """D = act(alpha · scale_a[m] · scale_b[n] · (a @ b)[m, n] + beta · c + bias).
 
     Shapes:  a [M, K], b [K, N], c [M, N], bias [N]  ->  D [M, N]
@@ -291,9 +294,17 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
              column scales of b ([N] or [1, N]), torch._scaled_mm's row-wise
              form (shared by every batch entry); they scale the product
              only, before c and bias are added. Not under torch.compile.
+    format:  None (the row and column scales above) or 'fp8-block', DeepGEMM's
+             block-scaled fp8 as smelt.quantize writes it: a e4m3/e5m2 [M, K]
+             with scale_a [M, ceil(K/128)] ('fp8-1x128'), b the [K, N] view of a
+             [N, K] tensor with scale_b [ceil(N/128), ceil(K/128)]
+             ('fp8-128x128'); each 128 of K is summed apart and scaled by its
+             blocks' scales (batched: scales [L, ...]). CUDA: Hopper only.
     out:     where to write D (any non-negative strides; may be c exactly, for in place).
     Returns D.
     """
+    if format not in _SCALE_FORMATS:
+        raise ArgumentError("smelt.gemm: format=%r is not one of %s" % (format, ", ".join(map(repr, _SCALE_FORMATS))))
     if beta is None:
         beta = 0.0 if c is None else 1.0
     if (scale_a is not None or scale_b is not None) and _is_compiling():
@@ -309,7 +320,7 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
     if out is None and type(a).__module__ == "numpy":
         out = _numpy_empty(a.shape[:-1] + b.shape[-1:], a.dtype if out_dtype is None else out_dtype, "smelt.gemm")
     return _c_gemm(a, b, c, bias, out, float(alpha), float(beta), activation, float(slope), math, out_dtype, ctx,
-                   stream, scale_a, scale_b)
+                   stream, scale_a, scale_b, _SCALE_FORMATS[format])
 
 
 def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity",

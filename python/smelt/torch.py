@@ -245,7 +245,7 @@ def _out_dtype_name(dt):
 def _gemm(a: Tensor, b: Tensor, c: Optional[Tensor], bias: Optional[Tensor], alpha: float, beta: float,
           activation: str, slope: float, math: str, out_dtype: Optional[torch.dtype]) -> Tensor:
     d = a.new_empty(tuple(a.shape[:-1]) + tuple(b.shape[-1:]), dtype=out_dtype or a.dtype)
-    _C.gemm(a, b, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None, None)
+    _C.gemm(a, b, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None, None, 0)
     return d
 
 
