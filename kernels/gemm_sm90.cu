@@ -221,11 +221,11 @@
 #if PROMOTE && (PINGPONG || CLUSTER > 1 || GEMM_BN > 128)
 #error "gemm_sm90.cu: GEMM_PROMOTE needs the cooperative schedule, no cluster, GEMM_BN <= 128"
 #endif
-/* GEMM_BLOCK_SCALE 1 (fp8, cooperative, BN 128 or 64): the
- * block scales of smelt/gemm.h (DeepGEMM's form), one k block a stage (BK
- * is 128 fp8 elements), each stage's sum promoted into f32 registers with
- * its scales (blk_main). The scales come as the kernel's last parameter
- * (sm90_blk); the epilogue's row and column vectors are absent. */
+/* GEMM_BLOCK_SCALE 1 (fp8, cooperative, BN 128 or 64): the block scales
+ * of smelt/gemm.h (DeepGEMM's form), one k block a stage (BK is 128 fp8
+ * elements), each stage's sum promoted into f32 registers with its scales
+ * (blk_main). The scales come as the kernel's last parameter (sm90_blk);
+ * the epilogue's row and column vectors are absent. */
 #if !defined(GEMM_BLOCK_SCALE)
 #define GEMM_BLOCK_SCALE 0
 #endif
@@ -949,21 +949,20 @@ static_assert(sizeof(sm90_blk) == 64, "sm90_blk must match smelt__gemm_kblk");
  * after their wait the sum is scaled by sa[row, kb] sb[n0 / 128, kb] and
  * added into f32 registers (DeepGEMM's promotion: the tensor cores keep
  * about 14 bits of an fp8 sum, so their sums stay 128 products long and
- * the long one is f32). A thread's
- * accumulators lie on two rows, 16 warp + lane/4 and 8 below (accumulator
- * i on the second when bit 1 of i is set), so a block needs two A scales
- * and the tile's one B scale, loaded while its wgmmas run (after the
- * first block mostly from L1: a row's scales are contiguous in the
- * quantizer's layout). Rows past M read row M - 1's scales and a
- * cluster's tile past N the last column block's (their sums are zeros and
- * never stored). Leaves the tile's sum in d and the ring's
- * position in *stage and *phase. */
+ * the long one is f32). A thread's accumulators lie on two rows, 16 warp +
+ * lane/4 and 8 below (accumulator i on the second when bit 1 of i is
+ * set), so a block needs two A scales and the tile's one B scale, loaded
+ * while its wgmmas run (after the first block mostly from L1: a row's
+ * scales are contiguous in the quantizer's layout). Rows past M read row
+ * M - 1's scales and a cluster's tile past N the last column block's
+ * (their sums are zeros and never stored). Leaves the tile's sum in d and
+ * the ring's position in *stage and *phase. */
 static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, const gemm_params &P, const sm90_tile &w,
-                                                int ktiles, i64 m0, i64 n0, int c, int warp, int lane, u32 base, u32 full,
-                                                u32 empty, int *stage, u32 *phase) {
+                                                int ktiles, i64 m0, i64 n0, int c, int warp, int lane, u32 base,
+                                                u32 full, u32 empty, int *stage, u32 *phase) {
   const i64 e = P.mode == MODE_BATCHED ? w.slice : 0, r = m0 + 16 * warp + (lane >> 2), last = w.m - 1;
-  const float *sa_lo = (const float *)B.sa + e * B.sa_bs + (r < last ? r : last) * B.sa_rs + (i64)w.kt0 * B.sa_ks;
-  const float *sa_hi = (const float *)B.sa + e * B.sa_bs + (r + 8 < last ? r + 8 : last) * B.sa_rs + (i64)w.kt0 * B.sa_ks;
+  const float *sa = (const float *)B.sa + e * B.sa_bs + (i64)w.kt0 * B.sa_ks;
+  const float *sa_lo = sa + (r < last ? r : last) * B.sa_rs, *sa_hi = sa + (r + 8 < last ? r + 8 : last) * B.sa_rs;
   const i64 nb = (n0 < w.n ? n0 : w.n - 1) / 128;
   const float *sb = (const float *)B.sb + e * B.sb_bs + nb * B.sb_rs + (i64)w.kt0 * B.sb_ks;
   float sum[ACCS];

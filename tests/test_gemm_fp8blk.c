@@ -11,7 +11,7 @@
  * smelt_quantize's output feeds the GEMM as it is (test_quantized). Bad
  * scales fail with a clear message and leave D untouched. */
 #include "core/error_bound.h"
-#include "harness.h"
+#include "gemm_scaled_case.h"
 
 /* ---------------------------------------------------------------- a case */
 
@@ -23,6 +23,7 @@ typedef struct bcase {
   int kmajor_scales; /* scale views K-major: [rows, KB] with strides [1, rows] (DeepGEMM's layout) */
   int shared_b;      /* batched: one [NB, KB] of B scales for every entry (batch stride 0) */
   int exps;          /* block scales 2^e x [0.5, 1), e uniform in [-exps, exps] */
+  const char *kernel; /* with CUDA and K > 0: a substring of the plan's description ("_blk" if NULL) */
   smelt_gemm_desc desc;
 } bcase;
 
@@ -61,17 +62,7 @@ static th_view scale_view(int64_t batch, int64_t rows, int64_t kb, int kmajor, i
   return th_view_make(2, shape, strides, 0);
 }
 
-typedef struct binputs {
-  th_view va, vb, vc, vd, vbias, vsa, vsb;
-  void *a, *b, *c, *bias;
-  float *sa, *sb;
-} binputs;
-
-static void *filled(const th_view *v, smelt_dtype dt, double lo, double hi) {
-  void *p = malloc((size_t)(v->storage + 1) * smelt_dtype_size(dt));
-  th_fill_uniform(p, dt, v->storage + 1, lo, hi);
-  return p;
-}
+static int fp8(smelt_dtype d) { return d == SMELT_DTYPE_E4M3 || d == SMELT_DTYPE_E5M2; }
 
 /* Positive scales (amax / fmax is) over 2 exps + 1 binades. */
 static float *scales_filled(const th_view *v, int exps) {
@@ -81,118 +72,63 @@ static float *scales_filled(const th_view *v, int exps) {
   return p;
 }
 
-static void inputs_new(const bcase *s, binputs *in) {
-  in->va = mat_view(s->batch, s->m, s->k, up16(s->k), 0);
-  in->vb = mat_view(s->batch, s->n, s->k, up16(s->k), 1);
-  in->vc = mat_view(s->batch, s->m, s->n, up16(s->n), 0);
-  in->vd = mat_view(s->batch, s->m, s->n, up16(s->n), 0);
+/* The views and random host storage of case s. */
+static void inputs_new(const bcase *s, tgs_case *c) {
+  memset(c, 0, sizeof *c);
+  const smelt_dtype dts[TGS_N] = {s->a, s->b, s->d, s->d, SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32};
+  memcpy(c->dt, dts, sizeof dts);
+  c->v[TGS_A] = mat_view(s->batch, s->m, s->k, up16(s->k), 0);
+  c->v[TGS_B] = mat_view(s->batch, s->n, s->k, up16(s->k), 1);
+  c->v[TGS_C] = mat_view(s->batch, s->m, s->n, up16(s->n), 0);
+  c->v[TGS_D] = mat_view(s->batch, s->m, s->n, up16(s->n), 0);
   const int64_t one[1] = {s->n}, unit[1] = {1};
-  in->vbias = th_view_make(1, one, unit, 0);
-  in->vsa = scale_view(s->batch, s->m, kblocks(s), s->kmajor_scales, 0);
-  in->vsb = scale_view(s->batch, nblocks(s), kblocks(s), s->kmajor_scales, s->shared_b);
-  in->a = filled(&in->va, s->a, -2, 2);
-  in->b = filled(&in->vb, s->b, -2, 2);
-  in->c = filled(&in->vc, s->d, -1, 1);
-  in->bias = filled(&in->vbias, SMELT_DTYPE_F32, -1, 1);
-  in->sa = scales_filled(&in->vsa, s->exps);
-  in->sb = scales_filled(&in->vsb, s->exps);
+  c->v[TGS_BIAS] = th_view_make(1, one, unit, 0);
+  c->v[TGS_SA] = scale_view(s->batch, s->m, kblocks(s), s->kmajor_scales, 0);
+  c->v[TGS_SB] = scale_view(s->batch, nblocks(s), kblocks(s), s->kmajor_scales, s->shared_b);
+  c->host[TGS_A] = tgs_filled(&c->v[TGS_A], s->a, -2, 2);
+  c->host[TGS_B] = tgs_filled(&c->v[TGS_B], s->b, -2, 2);
+  c->host[TGS_C] = tgs_filled(&c->v[TGS_C], s->d, -1, 1);
+  c->host[TGS_BIAS] = tgs_filled(&c->v[TGS_BIAS], SMELT_DTYPE_F32, -1, 1);
+  c->host[TGS_SA] = scales_filled(&c->v[TGS_SA], s->exps);
+  c->host[TGS_SB] = scales_filled(&c->v[TGS_SB], s->exps);
+  c->has[TGS_C] = s->has_c;
+  c->has[TGS_BIAS] = s->has_bias;
+  c->has[TGS_SA] = c->has[TGS_SB] = 1;
+  c->desc = s->desc;
+  /* On CUDA with K > 0 the plan must run a block-scaled kernel. */
+  c->kernel = s->k == 0 ? NULL : s->kernel ? s->kernel : "_blk";
 }
 
-static void inputs_free(binputs *in) {
-  free(in->a);
-  free(in->b);
-  free(in->c);
-  free(in->bias);
-  free(in->sa);
-  free(in->sb);
-}
+/* The naive loop's inputs: the case, its data, and whether every block
+ * takes block 0's scales (what a kernel without per-block scaling would
+ * compute). */
+typedef struct naive_in {
+  const bcase *s;
+  const tgs_case *c;
+  int one_scale;
+} naive_in;
 
-/* Element (l, r, c) of a view's host storage (2-D or 3-D). */
-static double at(const void *p, smelt_dtype dt, const th_view *v, int64_t l, int64_t r, int64_t c) {
-  const int o = v->ndim - 2;
-  return th_get(p, dt, v->offset + (o ? l * v->strides[0] : 0) + r * v->strides[o] + c * v->strides[o + 1]);
-}
-
-static double act_ref(smelt_act a, double x) {
-  switch (a) {
-    case SMELT_ACT_RELU: return x > 0 ? x : 0;
-    case SMELT_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
-    default: return x;
+/* Element (l, i, j) of the block-scaled product: each 128-deep block of
+ * K summed apart, times its scales. */
+static double product(const void *user, int64_t l, int64_t i, int64_t j) {
+  const naive_in *u = (const naive_in *)user;
+  const bcase *s = u->s;
+  const tgs_case *c = u->c;
+  double acc = 0;
+  for (int64_t kb = 0; kb < kblocks(s); kb++) {
+    double part = 0;
+    for (int64_t k = 128 * kb; k < 128 * kb + 128 && k < s->k; k++)
+      part += tgs_at(c->host[TGS_A], s->a, &c->v[TGS_A], l, i, k) * tgs_at(c->host[TGS_B], s->b, &c->v[TGS_B], l, k, j);
+    const int64_t sk = u->one_scale ? 0 : kb;
+    acc += tgs_at(c->host[TGS_SA], SMELT_DTYPE_F32, &c->v[TGS_SA], l, i, sk) *
+           tgs_at(c->host[TGS_SB], SMELT_DTYPE_F32, &c->v[TGS_SB], l, j / 128, sk) * part;
   }
-}
-
-static double stored(double v, smelt_dtype dt) {
-  uint8_t tmp[8];
-  th_set(tmp, dt, 0, (float)v);
-  return th_get(tmp, dt, 0);
+  return acc;
 }
 
 /* The expected D [L][m][n]: smelt/gemm.h's block-scaled sum and epilogue
- * in double. With `one_scale`, every block takes block 0's scales instead
- * (what a kernel without per-block scaling would compute). */
-static void naive(const bcase *s, const binputs *in, int one_scale, double *out) {
-  const smelt_gemm_epilogue *e = &s->desc.epilogue;
-  const int64_t L = s->batch > 0 ? s->batch : 1;
-  for (int64_t l = 0; l < L; l++)
-    for (int64_t i = 0; i < s->m; i++)
-      for (int64_t j = 0; j < s->n; j++) {
-        double acc = 0;
-        for (int64_t kb = 0; kb < kblocks(s); kb++) {
-          double part = 0;
-          for (int64_t k = 128 * kb; k < 128 * kb + 128 && k < s->k; k++)
-            part += at(in->a, s->a, &in->va, l, i, k) * at(in->b, s->b, &in->vb, l, k, j);
-          const int64_t sk = one_scale ? 0 : kb;
-          acc += at(in->sa, SMELT_DTYPE_F32, &in->vsa, l, i, sk) * at(in->sb, SMELT_DTYPE_F32, &in->vsb, l, j / 128, sk) *
-                 part;
-        }
-        double v = e->alpha * e->scale_a * e->scale_b * acc;
-        if (s->has_c) v += e->beta * at(in->c, s->d, &in->vc, l, i, j);
-        if (s->has_bias) v += ((const float *)in->bias)[j];
-        out[(l * s->m + i) * s->n + j] = stored(act_ref(e->act, v) * e->scale_d, s->d);
-      }
-}
-
-/* ---------------------------------------------------------------- running a case */
-
-static th_buf upload(smelt_ctx *ctx, const th_view *v, const void *host, smelt_dtype dt) {
-  th_buf b = th_buf_new(ctx, (size_t)(v->storage + 1) * smelt_dtype_size(dt));
-  th_buf_upload(&b, host, b.bytes);
-  return b;
-}
-
-/* Runs s on ctx (D decoded into out, every element written and nothing
- * else); on CUDA with K > 0 the plan must run a block-scaled kernel. */
-static smelt_status run_case(smelt_ctx *ctx, const bcase *s, const binputs *in, double *out, const char *what) {
-  th_buf A = upload(ctx, &in->va, in->a, s->a), B = upload(ctx, &in->vb, in->b, s->b),
-         C = upload(ctx, &in->vc, in->c, s->d), Bias = upload(ctx, &in->vbias, in->bias, SMELT_DTYPE_F32),
-         SA = upload(ctx, &in->vsa, in->sa, SMELT_DTYPE_F32), SB = upload(ctx, &in->vsb, in->sb, SMELT_DTYPE_F32),
-         D = th_buf_new(ctx, (size_t)(in->vd.storage + 1) * smelt_dtype_size(s->d));
-  const smelt_tensor ta = th_view_tensor(&in->va, &A, s->a), tb = th_view_tensor(&in->vb, &B, s->b),
-                     tc = th_view_tensor(&in->vc, &C, s->d), td = th_view_tensor(&in->vd, &D, s->d),
-                     tbias = th_view_tensor(&in->vbias, &Bias, SMELT_DTYPE_F32),
-                     tsa = th_view_tensor(&in->vsa, &SA, SMELT_DTYPE_F32),
-                     tsb = th_view_tensor(&in->vsb, &SB, SMELT_DTYPE_F32);
-  const smelt_gemm_scales sc = {&tsa, &tsb};
-  smelt_plan *plan = NULL;
-  smelt_status st = smelt_gemm_scaled_plan(ctx, &s->desc, &ta, &tb, s->has_c ? &tc : NULL, &td,
-                                           s->has_bias ? &tbias : NULL, &sc, &plan);
-  if (st == SMELT_OK && s->k > 0 && smelt_ctx_device(ctx) == SMELT_DEVICE_CUDA &&
-      !strstr(smelt_plan_describe(plan), "_blk"))
-    th_fail(__FILE__, __LINE__, "%s: the plan runs %s, want a block-scaled kernel", what, smelt_plan_describe(plan));
-  if (st == SMELT_OK)
-    st = smelt_gemm_scaled_run(plan, &ta, &tb, s->has_c ? &tc : NULL, &td, s->has_bias ? &tbias : NULL, &sc);
-  if (st == SMELT_OK) st = smelt_ctx_synchronize(ctx);
-  smelt_plan_destroy(plan);
-  if (st == SMELT_OK) th_check_output(what, "D", &in->vd, &D, s->d, out);
-  th_buf_free(&A);
-  th_buf_free(&B);
-  th_buf_free(&C);
-  th_buf_free(&Bias);
-  th_buf_free(&SA);
-  th_buf_free(&SB);
-  th_buf_free(&D);
-  return st;
-}
+ * in double. */
+static void naive(const void *user, double *out) { tgs_naive(((const naive_in *)user)->c, product, user, out); }
 
 /* The bound against the CPU reference: the output's rounding, and at
  * least 2e-3 for the tensor cores' fp8 block sums (about 14 bits kept at
@@ -204,8 +140,6 @@ static double bound_of(const bcase *s) {
   return b > 2e-3 ? b : 2e-3;
 }
 
-static int fp8(smelt_dtype d) { return d == SMELT_DTYPE_E4M3 || d == SMELT_DTYPE_E5M2; }
-
 #define NAIVE_MACS ((int64_t)1 << 22)
 
 /* The CPU reference against the naive loop (small cases) and, with a
@@ -216,33 +150,13 @@ static int check(const bcase *s, const char *what) {
            smelt_dtype_name(s->b), smelt_dtype_name(s->d), (long long)s->m, (long long)s->n, (long long)s->k,
            (long long)s->batch, s->kmajor_scales ? " kmajor-scales" : "", s->shared_b ? " shared-sb" : "",
            s->has_c ? " +C" : "", s->has_bias ? " +bias" : "", (int)s->desc.epilogue.act);
-  binputs in;
-  inputs_new(s, &in);
-  const int64_t n = (s->batch > 0 ? s->batch : 1) * s->m * s->n;
-  double *ref = (double *)malloc(sizeof(double) * (size_t)(n + 1)),
-         *cpu = (double *)malloc(sizeof(double) * (size_t)(n + 1)),
-         *dev = (double *)malloc(sizeof(double) * (size_t)(n + 1));
-  const int fails = th_failed_now;
-  smelt_status st = run_case(th_cpu(), s, &in, cpu, label);
-  if (st != SMELT_OK) {
-    th_fail(__FILE__, __LINE__, "%s: cpu: %s (%s)", label, smelt_status_name(st), smelt_last_error());
-  } else if (s->m * s->n * s->k <= NAIVE_MACS) {
-    naive(s, &in, 0, ref);
-    const double rb = s->d == SMELT_DTYPE_F32 ? 1e-6 : bound_of(s);
-    if (!th_compare(label, cpu, ref, n, rb, fp8(s->d) ? 0.51 : 0)) th_fail(__FILE__, __LINE__, "%s: cpu vs naive", label);
-  }
-  if (th_failed_now == fails && th_cuda_sm90()) {
-    st = run_case(th_cuda(), s, &in, dev, label);
-    if (st != SMELT_OK) th_fail(__FILE__, __LINE__, "%s: cuda: %s (%s)", label, smelt_status_name(st), smelt_last_error());
-    else if (!th_compare(label, dev, cpu, n, bound_of(s), fp8(s->d) ? 0.51 : 0))
-      th_fail(__FILE__, __LINE__, "%s: cuda vs cpu", label);
-  }
-  const int ok = th_failed_now == fails;
-  if (!ok) th_fail(__FILE__, __LINE__, "case failed: %s", label);
-  free(ref);
-  free(cpu);
-  free(dev);
-  inputs_free(&in);
+  tgs_case c;
+  inputs_new(s, &c);
+  const naive_in user = {s, &c, 0};
+  const int ok = tgs_check(&c, label, s->m * s->n * s->k <= NAIVE_MACS ? naive : NULL, &user,
+                           s->d == SMELT_DTYPE_F32 ? 1e-6 : bound_of(s), th_cuda_sm90() ? th_cuda() : NULL,
+                           bound_of(s), fp8(s->d) ? 0.51 : 0);
+  tgs_free(&c);
   return ok;
 }
 
@@ -252,6 +166,13 @@ static smelt_tensor mk(smelt_ctx *ctx, void *data, smelt_dtype dt, int nd, const
   smelt_tensor t = smelt_tensor_make(data, dt, smelt_ctx_device(ctx), smelt_ctx_device_index(ctx), nd, shape);
   for (int i = 0; i < nd; i++) t.strides[i] = strides[i];
   return t;
+}
+
+/* A 2-D tensor on ctx's device, rows x cols, strides rs and cs. */
+static smelt_tensor mat2(smelt_ctx *ctx, void *data, smelt_dtype dt, int64_t rows, int64_t cols, int64_t rs,
+                         int64_t cs) {
+  const int64_t shape[2] = {rows, cols}, strides[2] = {rs, cs};
+  return mk(ctx, data, dt, 2, shape, strides);
 }
 
 /* ---------------------------------------------------------------- cases */
@@ -318,12 +239,13 @@ static void test_empty_k(void) {
 static void test_scales_matter(void) {
   bcase s = make(SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_F32, 33, 40, 512);
   s.exps = 12;
-  binputs in;
-  inputs_new(&s, &in);
+  tgs_case c;
+  inputs_new(&s, &c);
   const int64_t n = s.m * s.n;
   double *good = (double *)malloc(sizeof(double) * (size_t)n), *wrong = (double *)malloc(sizeof(double) * (size_t)n);
-  naive(&s, &in, 0, good);
-  naive(&s, &in, 1, wrong);
+  const naive_in per_block = {&s, &c, 0}, one = {&s, &c, 1};
+  naive(&per_block, good);
+  naive(&one, wrong);
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; i++) {
     num += (wrong[i] - good[i]) * (wrong[i] - good[i]);
@@ -332,7 +254,7 @@ static void test_scales_matter(void) {
   CHECK(sqrt(num / den) > 0.1);
   free(good);
   free(wrong);
-  inputs_free(&in);
+  tgs_free(&c);
   check(&s, "scales matter");
 }
 
@@ -349,16 +271,11 @@ static void test_quantized(void) {
   uint8_t *qx = (uint8_t *)malloc((size_t)(M * K)), *qw = (uint8_t *)malloc((size_t)(N * K));
   float *sx = (float *)malloc(sizeof(float) * (size_t)(M * KB)), *sw = (float *)malloc(sizeof(float) * (size_t)(NB * KB)),
         *d = (float *)malloc(sizeof(float) * (size_t)(M * N));
-  const int64_t xs[2] = {M, K}, xst[2] = {K, 1}, ws[2] = {N, K}, bsh[2] = {K, N}, bst[2] = {1, K};
-  const int64_t sxs[2] = {M, KB}, sxst[2] = {KB, 1}, sws[2] = {NB, KB}, ds[2] = {M, N}, dst[2] = {N, 1};
-  const smelt_tensor tx = mk(ctx, x, SMELT_DTYPE_F32, 2, xs, xst),
-                     tqx = mk(ctx, qx, SMELT_DTYPE_E4M3, 2, xs, xst),
-                     tsx = mk(ctx, sx, SMELT_DTYPE_F32, 2, sxs, sxst),
-                     tw = mk(ctx, w, SMELT_DTYPE_F32, 2, ws, xst),
-                     tqw = mk(ctx, qw, SMELT_DTYPE_E4M3, 2, ws, xst),
-                     tsw = mk(ctx, sw, SMELT_DTYPE_F32, 2, sws, sxst),
-                     tb = mk(ctx, qw, SMELT_DTYPE_E4M3, 2, bsh, bst),
-                     td = mk(ctx, d, SMELT_DTYPE_F32, 2, ds, dst);
+  /* B is the [K, N] view of q(w) [N, K]. */
+  const smelt_tensor tx = mat2(ctx, x, SMELT_DTYPE_F32, M, K, K, 1), tqx = mat2(ctx, qx, SMELT_DTYPE_E4M3, M, K, K, 1),
+                     tsx = mat2(ctx, sx, SMELT_DTYPE_F32, M, KB, KB, 1), tw = mat2(ctx, w, SMELT_DTYPE_F32, N, K, K, 1),
+                     tqw = mat2(ctx, qw, SMELT_DTYPE_E4M3, N, K, K, 1), tb = mat2(ctx, qw, SMELT_DTYPE_E4M3, K, N, 1, K),
+                     tsw = mat2(ctx, sw, SMELT_DTYPE_F32, NB, KB, KB, 1), td = mat2(ctx, d, SMELT_DTYPE_F32, M, N, N, 1);
   CHECK_OK(smelt_quantize(ctx, SMELT_QUANT_FP8_1X128, &tx, &tqx, &tsx, NULL));
   CHECK_OK(smelt_quantize(ctx, SMELT_QUANT_FP8_128X128, &tw, &tqw, &tsw, NULL));
   smelt_gemm_desc desc = smelt_gemm_desc_default();
@@ -415,6 +332,7 @@ static void test_gpu_cluster(void) {
   if (!th_cuda_sm90()) SKIP("no Hopper GPU");
   bcase s = make(SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, 300, 264, 384);
   s.desc.tile.cluster_m = 2;
+  s.kernel = "_c2x1_blk";
   s.has_bias = 1;
   check(&s, "cluster 2x1");
 }

@@ -696,7 +696,8 @@ PyMethodDef smpy_op_methods[] = {
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
     {"topk", py_topk, METH_VARARGS, "topk(x, k, values, indices, index_dtype, ctx, stream) -> (values, indices)"},
     {"gemm", py_gemm, METH_VARARGS,
-     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b, scales) -> out"},
+     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b, scales) "
+     "-> out"},
     {"gemm_grouped", py_gemm_grouped, METH_VARARGS,
      "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b) -> out"},
     {"conv2d", py_conv2d, METH_VARARGS,

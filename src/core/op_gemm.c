@@ -271,7 +271,8 @@ static smelt_status resolve_scales(const char *op, const smelt_ctx *ctx, const s
 static smelt_status resolve_block_scales(const char *op, const smelt_ctx *ctx, const smelt_gemm_scales *sc,
                                          const smelt_tensor *d, int64_t batch, smelt_dtype da, smelt_dtype db,
                                          smelt__gemm_prob *p) {
-  const int f8a = da == SMELT_DTYPE_E4M3 || da == SMELT_DTYPE_E5M2, f8b = db == SMELT_DTYPE_E4M3 || db == SMELT_DTYPE_E5M2;
+  const int f8a = da == SMELT_DTYPE_E4M3 || da == SMELT_DTYPE_E5M2;
+  const int f8b = db == SMELT_DTYPE_E4M3 || db == SMELT_DTYPE_E5M2;
   if (!f8a || !f8b)
     return smelt__error(SMELT_STATUS_DTYPE_MISMATCH,
                         "%s: block scales need fp8 A and B (e4m3 or e5m2; got A.dtype=%s, B.dtype=%s)", op,
