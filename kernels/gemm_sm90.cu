@@ -953,9 +953,11 @@ static_assert(sizeof(sm90_blk) == 64, "sm90_blk must match smelt__gemm_kblk");
  * lane/4 and 8 below (accumulator i on the second when bit 1 of i is
  * set), so a block needs two A scales and the tile's one B scale, loaded
  * while its wgmmas run (after the first block mostly from L1: a row's
- * scales are contiguous in the quantizer's layout). Rows past M read row
- * M - 1's scales and a cluster's tile past N the last column block's
- * (their sums are zeros and never stored). Leaves the tile's sum in d and
+ * scales are contiguous in the quantizer's layout). Batched, both scales
+ * are the entry's; grouped by offsets, A's rows are the stacked A's and
+ * B's scales the group's. Rows past M (or the group's end) read the last
+ * row's scales and a cluster's tile past N the last column block's (their
+ * sums are zeros, or the next group's rows, and never stored). Leaves the tile's sum in d and
  * the ring's position in *stage and *phase. */
 static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, const gemm_params &P, const sm90_tile &w,
                                                 int ktiles, i64 m0, i64 n0, int c, int warp, int lane, u32 base,
@@ -963,8 +965,8 @@ static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, con
   const i64 e = P.mode == MODE_BATCHED ? w.slice : 0, r = m0 + 16 * warp + (lane >> 2), last = w.m - 1;
   const float *sa = (const float *)B.sa + e * B.sa_bs + (i64)w.kt0 * B.sa_ks;
   const float *sa_lo = sa + (r < last ? r : last) * B.sa_rs, *sa_hi = sa + (r + 8 < last ? r + 8 : last) * B.sa_rs;
-  const i64 nb = (n0 < w.n ? n0 : w.n - 1) / 128;
-  const float *sb = (const float *)B.sb + e * B.sb_bs + nb * B.sb_rs + (i64)w.kt0 * B.sb_ks;
+  const i64 nb = (n0 < w.n ? n0 : w.n - 1) / 128, g = P.mode == MODE_GROUPED_OFFS ? w.bz : e;
+  const float *sb = (const float *)B.sb + g * B.sb_bs + nb * B.sb_rs + (i64)w.kt0 * B.sb_ks;
   float sum[ACCS];
 #pragma unroll
   for (int i = 0; i < ACCS; i++) sum[i] = 0.f;

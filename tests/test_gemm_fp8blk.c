@@ -304,6 +304,88 @@ static void test_quantized(void) {
   free(ref);
 }
 
+/* Grouped by offsets (the MoE form): A [T, K] stacked, B [G, K, N] as the
+ * view of [G, N, K], sa [T, KB] per row, sb [G, NB, KB] per group; an
+ * empty group and rows past the last end, which stay untouched. CPU
+ * against a naive loop, and with a Hopper GPU CUDA against the CPU. */
+static void test_offs(void) {
+  const int64_t T = 300, N = 264, K = 384, G = 3, KB = 3, NB = 3;
+  /* As large as tgs_upload() reads: the view's storage and one more. */
+  const int64_t ends[4] = {100, 100, 290, 0};
+  const smelt_dtype f8 = SMELT_DTYPE_E4M3, bf = SMELT_DTYPE_BF16, f32 = SMELT_DTYPE_F32;
+  const int64_t a_sh[2] = {T, K}, a_st[2] = {K, 1}, b_sh[3] = {G, K, N}, b_st[3] = {N * K, 1, K}, d_sh[2] = {T, N},
+                d_st[2] = {N, 1}, sa_sh[2] = {T, KB}, sa_st[2] = {KB, 1}, sb_sh[3] = {G, NB, KB},
+                sb_st[3] = {NB * KB, KB, 1}, o_sh[1] = {G}, o_st[1] = {1};
+  const th_view va = th_view_make(2, a_sh, a_st, 0), vb = th_view_make(3, b_sh, b_st, 0),
+                vd = th_view_make(2, d_sh, d_st, 0), vsa = th_view_make(2, sa_sh, sa_st, 0),
+                vsb = th_view_make(3, sb_sh, sb_st, 0), vo = th_view_make(1, o_sh, o_st, 0);
+  void *a = tgs_filled(&va, f8, -2, 2), *b = tgs_filled(&vb, f8, -2, 2);
+  float *sa = scales_filled(&vsa, 8), *sb = scales_filled(&vsb, 8);
+  double *ref = (double *)malloc(sizeof(double) * (size_t)(T * N)), *got[2] = {NULL, NULL};
+  for (int64_t g = 0, r0 = 0; g < G; r0 = ends[g], g++)
+    for (int64_t r = r0; r < ends[g]; r++)
+      for (int64_t j = 0; j < N; j++) {
+        double acc = 0;
+        for (int64_t kb = 0; kb < KB; kb++) {
+          double part = 0;
+          for (int64_t k = 128 * kb; k < 128 * kb + 128; k++)
+            part += th_get(a, f8, r * K + k) * th_get(b, f8, g * N * K + j * K + k);
+          acc += (double)sa[r * KB + kb] * sb[g * NB * KB + (j / 128) * KB + kb] * part;
+        }
+        ref[r * N + j] = tgs_stored(acc, bf);
+      }
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  desc.scales = SMELT_GEMM_SCALES_BLOCK;
+  smelt_ctx *ctxs[2] = {th_cpu(), th_cuda_sm90() ? th_cuda() : NULL};
+  for (int ci = 0; ci < 2 && ctxs[ci]; ci++) {
+    smelt_ctx *ctx = ctxs[ci];
+    got[ci] = (double *)malloc(sizeof(double) * (size_t)(T * N));
+    th_buf A = tgs_upload(ctx, &va, a, f8), B = tgs_upload(ctx, &vb, b, f8), SA = tgs_upload(ctx, &vsa, sa, f32),
+           SB = tgs_upload(ctx, &vsb, sb, f32), O = tgs_upload(ctx, &vo, ends, SMELT_DTYPE_I64),
+           D = th_buf_new(ctx, (size_t)(T * N) * 2);
+    const smelt_tensor ta = th_view_tensor(&va, &A, f8), tb = th_view_tensor(&vb, &B, f8),
+                       td = th_view_tensor(&vd, &D, bf), tsa = th_view_tensor(&vsa, &SA, f32),
+                       tsb = th_view_tensor(&vsb, &SB, f32), to = th_view_tensor(&vo, &O, SMELT_DTYPE_I64);
+    const smelt_gemm_scales sc = {&tsa, &tsb};
+    smelt_plan *plan = NULL;
+    smelt_status st = smelt_gemm_grouped_offs_scaled_plan(ctx, &desc, &ta, &tb, NULL, &td, NULL, &to, &sc, &plan);
+    if (st == SMELT_OK && ci == 1 && !strstr(smelt_plan_describe(plan), "_blk"))
+      th_fail(__FILE__, __LINE__, "grouped offs: the plan runs %s, want a block-scaled kernel",
+              smelt_plan_describe(plan));
+    if (st == SMELT_OK) st = smelt_gemm_grouped_offs_scaled_run(plan, &ta, &tb, NULL, &td, NULL, &to, &sc);
+    if (st == SMELT_OK) st = smelt_ctx_synchronize(ctx);
+    smelt_plan_destroy(plan);
+    if (st != SMELT_OK) {
+      th_fail(__FILE__, __LINE__, "grouped offs %s: %s (%s)", ci ? "cuda" : "cpu", smelt_status_name(st),
+              smelt_last_error());
+    } else {
+      /* Rows before the last end are D's; those after keep the poison. */
+      uint8_t *host = (uint8_t *)malloc(D.bytes);
+      th_buf_download(&D, host, D.bytes);
+      CHECK(th_buf_guards_ok(&D));
+      CHECK(th_all_ff(host + ends[G - 1] * N * 2, (size_t)((T - ends[G - 1]) * N) * 2));
+      for (int64_t i = 0; i < ends[G - 1] * N; i++) got[ci][i] = th_get(host, bf, i);
+      free(host);
+      const char *what = ci ? "block-scaled grouped offs cuda vs cpu" : "block-scaled grouped offs cpu vs naive";
+      if (!th_compare(what, got[ci], ci ? got[0] : ref, ends[G - 1] * N, 1.1e-2, 0))
+        th_fail(__FILE__, __LINE__, "%s", what);
+    }
+    th_buf_free(&A);
+    th_buf_free(&B);
+    th_buf_free(&SA);
+    th_buf_free(&SB);
+    th_buf_free(&O);
+    th_buf_free(&D);
+  }
+  free(got[0]);
+  free(got[1]);
+  free(ref);
+  free(a);
+  free(b);
+  free(sa);
+  free(sb);
+}
+
 /* ---------------------------------------------------------------- GPU only */
 
 /* More tiles than SMs (each CTA walks several, the ring's phases wrap
@@ -413,7 +495,7 @@ static void test_errors(void) {
     CHECK(th_all_ff(d, sizeof d));
   }
   const smelt_gemm_scales good = {&tsa, &tsb};
-  /* No split-K, no grouped-by-offsets form, and a valid kind. */
+  /* No split-K or host-grouped form, grouped by offsets b [G, NB, KB], and a valid kind. */
   smelt_gemm_desc split = desc;
   split.mode = SMELT_GEMM_MODE_SPLIT_K_SERIAL;
   split.split_k = 2;
@@ -428,8 +510,10 @@ static void test_errors(void) {
   const smelt_tensor tb3 = mk(ctx, b, SMELT_DTYPE_E4M3, 3, b3, b3s),
                      to = mk(ctx, offs, SMELT_DTYPE_I32, 1, offs_sh, one);
   CHECK_STATUS(smelt_gemm_grouped_offs_scaled(ctx, &desc, &ta, &tb3, NULL, &td, NULL, &to, &good),
-               SMELT_STATUS_UNSUPPORTED);
-  CHECK_MSG("desc.scales=BLOCK serves plain and batched GEMMs");
+               SMELT_STATUS_SHAPE_MISMATCH);
+  CHECK_MSG("scales->b.ndim=2 must be 3");
+  CHECK_STATUS(smelt_gemm_grouped(ctx, &desc, 1, &ta, &tb, NULL, &td, NULL), SMELT_STATUS_UNSUPPORTED);
+  CHECK_MSG("desc.scales=BLOCK serves plain, batched and grouped-by-offsets GEMMs");
   /* Without scales the block form has nothing to scale by. */
   CHECK_STATUS(smelt_gemm(ctx, &desc, &ta, &tb, NULL, &td, NULL), SMELT_STATUS_NULL_POINTER);
   CHECK(th_all_ff(d, sizeof d));
@@ -444,6 +528,7 @@ const th_test th_tests_gemm_fp8blk[] = {
     {"empty_k", test_empty_k},
     {"scales_matter", test_scales_matter},
     {"quantized", test_quantized},
+    {"offs", test_offs},
     {"gpu_many_tiles", test_gpu_many_tiles},
     {"gpu_split_tail", test_gpu_split_tail},
     {"gpu_cluster", test_gpu_cluster},

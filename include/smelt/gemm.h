@@ -197,8 +197,10 @@ typedef struct smelt_gemm_scales {
  * Block kb is K's columns [128 kb, 128 kb + 128); the last one may be
  * short (any K, as the quantizer's ragged last block). Both tensors are
  * required, any non-negative strides. Batched: a [L, M, KB] and b [L, NB,
- * KB] (batch stride 0 shares one). Plain and batched GEMMs only (no
- * split-K: desc.split_k 0 or 1). The accumulation follows DeepGEMM: each
+ * KB] (batch stride 0 shares one). Grouped by offsets
+ * (smelt_gemm_grouped_offs_scaled): a [T, KB] per row of the stacked A, b
+ * [G, NB, KB] per group's B. Plain, batched and grouped-by-offsets GEMMs
+ * (no split-K: desc.split_k 0 or 1). The accumulation follows DeepGEMM: each
  * block's products are summed apart (in the tensor cores on Hopper, with
  * about 14 bits kept) and then scaled and added into an f32 sum, so the
  * blocks' scales may differ by orders of magnitude. CUDA: Hopper (sm_90a)

@@ -426,13 +426,14 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
         if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !tma) return 0;
       } else if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) {
-        /* Grouped by offsets: 16-bit types, the fast epilogue (D as
+        /* Grouped by offsets: 16-bit types or block-scaled fp8, the fast epilogue (D as
          * smelt__gemm_sm90_fast_d wants it, T and N below 2^31, no C), K >=
          * 1 and B's groups at a positive batch stride (one 3-D map; its
          * 16-byte alignment is in f->b_k or f->b_mn); K-major A (the groups'
          * rows stacked), B either way; not on the ping-pong or cluster
          * kernels, whose schedules need the tile count. */
-        if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16) || !k->a_kmajor || pingpong(k) || clustered(k) ||
+        if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16 && !k->blk) || !k->a_kmajor || pingpong(k) ||
+            clustered(k) ||
             !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !tma)
           return 0;
       } else if (st->mode == SMELT_GEMM_MODE_BATCHED) {
@@ -579,9 +580,9 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
   if (st->blk && f->k > 0)
     return smelt__error(SMELT_STATUS_UNSUPPORTED,
                         "smelt_gemm: block scales run on Hopper (sm_90a) only, in the tile 128x128x128 stages 6, with "
-                        "A row-major and B column-major (K-major) 16-byte aligned, and batched only into a 16-bit or "
-                        "f32 row-major D of rows of whole 16-byte units without C (device %s; A K-major %s, B K-major "
-                        "%s)",
+                        "A row-major and B column-major (K-major) 16-byte aligned, and batched or grouped only into a "
+                        "16-bit or f32 row-major D of rows of whole 16-byte units without C (device %s; A K-major %s, "
+                        "B K-major %s)",
                         dev->arch, f->a_k ? "ok" : "no", f->b_k ? "ok" : "no");
   if (want_tc) {
     /* The large tile unless it leaves SMs without work. */

@@ -404,6 +404,14 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   return s;
 }
 
+/* The block scales of problem p (zeros without them); batched, sb_bs steps
+ * from entry to entry, grouped by offsets from group to group. */
+static smelt__gemm_kblk blk_of(const smelt__gemm_prob *p) {
+  return (smelt__gemm_kblk){.sa = (uint64_t)(uintptr_t)p->sa, .sb = (uint64_t)(uintptr_t)p->sb, .sa_rs = p->sa_s,
+                            .sa_ks = p->sa_ks, .sa_bs = p->sa_bs, .sb_rs = p->sb_s, .sb_ks = p->sb_ks,
+                            .sb_bs = p->sb_bs};
+}
+
 /* Grouped by offsets on Hopper (the fast epilogue only, no clusters): A
  * and D as maps over all T rows, B as a 3-D map (K, N, G) whose box is in
  * one group; one persistent CTA per SM, each walking the tiles of all
@@ -429,7 +437,8 @@ static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, c
     return s;
   int fast = 1;
   const void *gmaps = NULL;
-  void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps};
+  const smelt__gemm_kblk blk = blk_of(p); /* the block-scaled kernels' last parameter (run_sm90) */
+  void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps, (void *)&blk};
   return sm90_launch(ctx, "smelt_gemm_grouped_offs", k, f, bound, params);
 }
 
@@ -527,13 +536,6 @@ static smelt_status split_tail_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, c
   kq->semaphores = kq->workspace + slots;
   CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kq->semaphores, 0, flags, ctx->cuda->stream);
   return r ? smelt__cu_error(r, "smelt_gemm", "clearing the split tail's flags") : SMELT_OK;
-}
-
-/* The block scales of problem p (zeros without them). */
-static smelt__gemm_kblk blk_of(const smelt__gemm_prob *p) {
-  return (smelt__gemm_kblk){.sa = (uint64_t)(uintptr_t)p->sa, .sb = (uint64_t)(uintptr_t)p->sb, .sa_rs = p->sa_s,
-                            .sa_ks = p->sa_ks, .sa_bs = p->sa_bs, .sb_rs = p->sb_s, .sb_ks = p->sb_ks,
-                            .sb_bs = p->sb_bs};
 }
 
 /* Hopper: persistent CTAs (sm90_launch). A multicast operand's map has
