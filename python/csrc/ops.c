@@ -429,6 +429,14 @@ static int gemm_desc_from(PyObject *const *a, smelt_gemm_desc *d) {
   return 0;
 }
 
+/* desc.scales from an int (a smelt_gemm_scale_kind; range checked by smelt). */
+static int gemm_scale_kind(PyObject *v, smelt_gemm_desc *d) {
+  const long kind = PyLong_AsLong(v);
+  if (kind == -1 && PyErr_Occurred()) return -1;
+  d->scales = (smelt_gemm_scale_kind)kind;
+  return 0;
+}
+
 /* Imports the GEMM operands a, b, offs (with_offs only), c and bias, in that
  * order from consecutive arguments in, and the row and column scales from
  * scales[0] and [1], into o's slots; c, bias and the scales may be None. */
@@ -451,10 +459,9 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
   PyObject *a[16]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b,
                       scales (a smelt_gemm_scale_kind) */
   op_args o;
-  if (op_begin(args, "gemm", 16, a, &o, OP_GEMM, 8) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
-  const long kind = PyLong_AsLong(a[15]);
-  if (kind == -1 && PyErr_Occurred()) return NULL;
-  o.gemm.scales = (smelt_gemm_scale_kind)kind; /* range checked by smelt */
+  if (op_begin(args, "gemm", 16, a, &o, OP_GEMM, 8) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0 ||
+      gemm_scale_kind(a[15], &o.gemm) < 0)
+    return NULL;
 
   smpy_call call;
   PyObject *out = a[4], *made = NULL, *result = NULL;
@@ -489,9 +496,11 @@ done:
  * tensor's shape and strides and offs' dtype, as a run needs; the offsets'
  * values are read on the device and are not part of it. */
 static PyObject *py_gemm_grouped(PyObject *self, PyObject *args) {
-  PyObject *a[15]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b */
+  PyObject *a[16]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b,
+                      scales */
   op_args o;
-  if (op_begin(args, "gemm_grouped", 15, a, &o, OP_GEMM_OFFS, 8) < 0 || gemm_desc_from(a + 6, &o.gemm) < 0)
+  if (op_begin(args, "gemm_grouped", 16, a, &o, OP_GEMM_OFFS, 8) < 0 || gemm_desc_from(a + 6, &o.gemm) < 0 ||
+      gemm_scale_kind(a[15], &o.gemm) < 0)
     return NULL;
 
   smpy_call call;
@@ -699,7 +708,8 @@ PyMethodDef smpy_op_methods[] = {
      "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b, scales) "
      "-> out"},
     {"gemm_grouped", py_gemm_grouped, METH_VARARGS,
-     "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b) -> out"},
+     "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b, scales) "
+     "-> out"},
     {"conv2d", py_conv2d, METH_VARARGS,
      "conv2d(kind, a, b, c, bias, out, out_shape, geometry, alpha, beta, act, slope, math, out_dtype, ctx, stream) "
      "-> out"},

@@ -295,7 +295,7 @@ def _gemm_grouped(a: Tensor, b: Tensor, offs: Tensor, c: Optional[Tensor], bias:
                   beta: float, activation: str, slope: float, math: str) -> Tensor:
     # Zero-filled: rows at or past offs[-1] are not written by the kernel.
     d = a.new_zeros((a.shape[0], b.shape[-1]))
-    _C.gemm_grouped(a, b, offs, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None)
+    _C.gemm_grouped(a, b, offs, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None, 0)
     return d
 
 

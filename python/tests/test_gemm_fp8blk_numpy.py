@@ -2,7 +2,8 @@
 scales of a, 128 x 128 scales of b given as the [K, N] view of a [N, K]
 tensor) on the CPU with numpy and ml_dtypes, quantized here as smelt's
 quantizers do (scale = amax / 448), against the float64 product of the
-dequantized operands; bad formats and scale shapes raise."""
+dequantized operands, plain and grouped by offsets; bad formats and scale
+shapes raise."""
 
 import pytest
 
@@ -58,3 +59,22 @@ def test_gemm_fp8_block_errors(rng):
         smelt.gemm(q, q.T, scale_a=np.ones((4, 3), np.float32), scale_b=sb, format="fp8-block", out_dtype="f32")
     with pytest.raises(smelt.DTypeError, match="block scales need fp8"):
         smelt.gemm(q.astype(np.float32), q.T.astype(np.float32), scale_a=sa, scale_b=sb, format="fp8-block")
+
+
+def test_gemm_grouped_fp8_block(rng):
+    t, n, k, g = 40, 20, 200, 3
+    offs = np.array([10, 10, 33], np.int64)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    w = rng.standard_normal((g, n, k)).astype(np.float32)
+    qa, sa = quantize(x, 1)
+    qw = np.empty((g, n, k), E4M3)
+    sw = np.empty((g, 1, 2), np.float32)
+    for i in range(g):
+        qw[i], sw[i] = quantize(w[i], 128)
+    d = np.zeros((t, n), np.float32)
+    smelt.gemm_grouped(qa, np.transpose(qw, (0, 2, 1)), offs, out=d, scale_a=sa, scale_b=sw, format="fp8-block")
+    da = dequantized(qa, sa, 1)
+    want = np.zeros((t, n))
+    for i, (r0, r1) in enumerate(zip([0, 10, 10], offs)):
+        want[r0:r1] = da[r0:r1] @ dequantized(qw[i], sw[i], 128).T
+    assert np.linalg.norm(d.astype(np.float64) - want) <= 1e-6 * np.linalg.norm(want)
