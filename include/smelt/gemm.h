@@ -10,7 +10,8 @@
  *            say row- or column-major; alignment is derived from the data
  *            pointer and the strides (unaligned operands take a slower path);
  *   epilogue alpha, beta, bias, activation, output clamp, fp8 scales (per
- *            tensor, or per row of A and per column of B);
+ *            tensor, or per row of A and per column of B, or per block:
+ *            desc.scales, smelt_gemm_scales);
  *   mode     plain, split-K (serial or parallel), batched, array, grouped
  *            (host scheduling), grouped by offsets (device scheduling).
  *

@@ -30,6 +30,10 @@
  *   at least half the SMs idle; 64 x 128 tiles when asked for; its 128 x 128
  *   ping-pong schedule only when the description asks for that tile, and
  *   its cluster variants (TMA multicast) only when it asks for a cluster;
+ *   block-scaled fp8 (desc.scales BLOCK) only on Hopper's block-scaled
+ *   kernel (128 x 128 tiles; its 2 x 1 cluster when asked for), in plain,
+ *   batched and grouped-by-offsets GEMMs with K-major A and B, else
+ *   UNSUPPORTED (K = 0 has nothing to scale: any kernel);
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
  *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
  *   newer, and A and B are 16-byte aligned with a unit stride along K or
