@@ -84,6 +84,43 @@ smelt_status tgs_run(smelt_ctx *ctx, const tgs_case *c, double *out, const char 
   return st;
 }
 
+smelt_status tgs_run_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const th_view *v, void *const *host,
+                          const smelt_dtype *dt, const th_view *vd, smelt_dtype dt_d, int64_t last, const char *kernel,
+                          double *got) {
+  th_buf buf[TGS_ON];
+  smelt_tensor t[TGS_ON];
+  for (int i = 0; i < TGS_ON; i++) {
+    buf[i] = tgs_upload(ctx, &v[i], host[i], dt[i]);
+    t[i] = th_view_tensor(&v[i], &buf[i], dt[i]);
+  }
+  const int64_t rows = vd->shape[0], n = vd->shape[1], es = (int64_t)smelt_dtype_size(dt_d);
+  th_buf D = th_buf_new(ctx, (size_t)(rows * n * es));
+  const smelt_tensor td = th_view_tensor(vd, &D, dt_d);
+  const smelt_gemm_scales sc = {&t[TGS_OSA], &t[TGS_OSB]};
+  smelt_plan *plan = NULL;
+  smelt_status st = smelt_gemm_grouped_offs_scaled_plan(ctx, desc, &t[TGS_OA], &t[TGS_OB], NULL, &td, NULL,
+                                                        &t[TGS_OFFS], &sc, &plan);
+  if (st == SMELT_OK && kernel && smelt_ctx_device(ctx) == SMELT_DEVICE_CUDA &&
+      !strstr(smelt_plan_describe(plan), kernel))
+    th_fail(__FILE__, __LINE__, "grouped offs: the plan runs %s, want %s", smelt_plan_describe(plan), kernel);
+  if (st == SMELT_OK)
+    st = smelt_gemm_grouped_offs_scaled_run(plan, &t[TGS_OA], &t[TGS_OB], NULL, &td, NULL, &t[TGS_OFFS], &sc);
+  if (st == SMELT_OK) st = smelt_ctx_synchronize(ctx);
+  smelt_plan_destroy(plan);
+  if (st == SMELT_OK) {
+    /* Rows before the last end are D's; those after keep the poison. */
+    uint8_t *h = (uint8_t *)malloc(D.bytes);
+    th_buf_download(&D, h, D.bytes);
+    CHECK(th_buf_guards_ok(&D));
+    CHECK(th_all_ff(h + last * n * es, (size_t)((rows - last) * n * es)));
+    for (int64_t i = 0; i < last * n; i++) got[i] = th_get(h, dt_d, i);
+    free(h);
+  }
+  for (int i = 0; i < TGS_ON; i++) th_buf_free(&buf[i]);
+  th_buf_free(&D);
+  return st;
+}
+
 int tgs_check(const tgs_case *c, const char *label, void (*naive)(const void *user, double *out), const void *user,
               double naive_bound, smelt_ctx *gpu, double gpu_bound, double abs_bound) {
   const int64_t n = c->v[TGS_D].numel;
@@ -100,8 +137,10 @@ int tgs_check(const tgs_case *c, const char *label, void (*naive)(const void *us
   }
   if (th_failed_now == fails && gpu) {
     st = tgs_run(gpu, c, dev, label);
-    if (st != SMELT_OK) th_fail(__FILE__, __LINE__, "%s: cuda: %s (%s)", label, smelt_status_name(st), smelt_last_error());
-    else if (!th_compare(label, dev, cpu, n, gpu_bound, abs_bound)) th_fail(__FILE__, __LINE__, "%s: cuda vs cpu", label);
+    if (st != SMELT_OK)
+      th_fail(__FILE__, __LINE__, "%s: cuda: %s (%s)", label, smelt_status_name(st), smelt_last_error());
+    else if (!th_compare(label, dev, cpu, n, gpu_bound, abs_bound))
+      th_fail(__FILE__, __LINE__, "%s: cuda vs cpu", label);
   }
   const int ok = th_failed_now == fails;
   if (!ok) th_fail(__FILE__, __LINE__, "case failed: %s", label);

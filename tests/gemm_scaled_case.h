@@ -38,6 +38,18 @@ void tgs_naive(const tgs_case *c, double (*acc)(const void *user, int64_t l, int
 th_buf tgs_upload(smelt_ctx *ctx, const th_view *v, const void *host, smelt_dtype dt);
 /* Runs c on ctx; D decoded into out (numel of D). Returns the status. */
 smelt_status tgs_run(smelt_ctx *ctx, const tgs_case *c, double *out, const char *what);
+/* The operands of a grouped-by-offsets run, in tgs_run_offs's order. */
+enum { TGS_OA, TGS_OB, TGS_OSA, TGS_OSB, TGS_OFFS, TGS_ON };
+
+/* smelt_gemm_grouped_offs_scaled on ctx: A, B, the scales and the offsets
+ * from the host storage of their views (dtypes dt), D [T, N] row-major of
+ * dtype dt_d (view vd). With CUDA the plan must run a kernel whose
+ * description holds `kernel` (NULL: any). Rows of D before `last` (the
+ * last group's end) are decoded into got; every row after must keep the
+ * poison. Returns the status. */
+smelt_status tgs_run_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const th_view *v, void *const *host,
+                          const smelt_dtype *dt, const th_view *vd, smelt_dtype dt_d, int64_t last, const char *kernel,
+                          double *got);
 /* The CPU reference against naive(user, out) when naive is not NULL
  * (relative bound naive_bound), then on gpu (NULL: none) CUDA against the
  * CPU reference (relative bound gpu_bound, or max abs error abs_bound). Returns 0 on a

@@ -11,6 +11,7 @@
  * smelt_quantize's output feeds the GEMM as it is (test_quantized). Bad
  * scales fail with a clear message and leave D untouched. */
 #include "core/error_bound.h"
+#include "gemm_offs.h"
 #include "gemm_scaled_case.h"
 
 /* ---------------------------------------------------------------- a case */
@@ -269,25 +270,27 @@ static void test_quantized(void) {
   for (int64_t i = 0; i < M * K; i++) x[i] = (float)ldexp(th_rand_normal(), (int)((i / 128 + i / K) % 9) - 4);
   for (int64_t i = 0; i < N * K; i++) w[i] = (float)ldexp(th_rand_normal(), (int)((i % K) / 128) * 3 - 3);
   uint8_t *qx = (uint8_t *)malloc((size_t)(M * K)), *qw = (uint8_t *)malloc((size_t)(N * K));
-  float *sx = (float *)malloc(sizeof(float) * (size_t)(M * KB)), *sw = (float *)malloc(sizeof(float) * (size_t)(NB * KB)),
-        *d = (float *)malloc(sizeof(float) * (size_t)(M * N));
+  float *sx = (float *)malloc(sizeof(float) * (size_t)(M * KB)),
+        *sw = (float *)malloc(sizeof(float) * (size_t)(NB * KB)), *d = (float *)malloc(sizeof(float) * (size_t)(M * N));
   /* B is the [K, N] view of q(w) [N, K]. */
-  const smelt_tensor tx = mat2(ctx, x, SMELT_DTYPE_F32, M, K, K, 1), tqx = mat2(ctx, qx, SMELT_DTYPE_E4M3, M, K, K, 1),
-                     tsx = mat2(ctx, sx, SMELT_DTYPE_F32, M, KB, KB, 1), tw = mat2(ctx, w, SMELT_DTYPE_F32, N, K, K, 1),
-                     tqw = mat2(ctx, qw, SMELT_DTYPE_E4M3, N, K, K, 1), tb = mat2(ctx, qw, SMELT_DTYPE_E4M3, K, N, 1, K),
-                     tsw = mat2(ctx, sw, SMELT_DTYPE_F32, NB, KB, KB, 1), td = mat2(ctx, d, SMELT_DTYPE_F32, M, N, N, 1);
+  const smelt_dtype f8 = SMELT_DTYPE_E4M3, f32 = SMELT_DTYPE_F32;
+  const smelt_tensor tx = mat2(ctx, x, f32, M, K, K, 1), tqx = mat2(ctx, qx, f8, M, K, K, 1),
+                     tsx = mat2(ctx, sx, f32, M, KB, KB, 1), tw = mat2(ctx, w, f32, N, K, K, 1),
+                     tqw = mat2(ctx, qw, f8, N, K, K, 1), tb = mat2(ctx, qw, f8, K, N, 1, K),
+                     tsw = mat2(ctx, sw, f32, NB, KB, KB, 1), td = mat2(ctx, d, f32, M, N, N, 1);
   CHECK_OK(smelt_quantize(ctx, SMELT_QUANT_FP8_1X128, &tx, &tqx, &tsx, NULL));
   CHECK_OK(smelt_quantize(ctx, SMELT_QUANT_FP8_128X128, &tw, &tqw, &tsw, NULL));
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.scales = SMELT_GEMM_SCALES_BLOCK;
   const smelt_gemm_scales sc = {&tsx, &tsw};
   CHECK_OK(smelt_gemm_scaled(ctx, &desc, &tqx, &tb, NULL, &td, NULL, &sc));
-  double *got = (double *)malloc(sizeof(double) * (size_t)(M * N)), *ref = (double *)malloc(sizeof(double) * (size_t)(M * N));
+  double *got = (double *)malloc(sizeof(double) * (size_t)(M * N)),
+         *ref = (double *)malloc(sizeof(double) * (size_t)(M * N));
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < N; j++) {
       double acc = 0;
       for (int64_t k = 0; k < K; k++)
-        acc += th_get(qx, SMELT_DTYPE_E4M3, i * K + k) * sx[i * KB + k / 128] * th_get(qw, SMELT_DTYPE_E4M3, j * K + k) *
+        acc += th_get(qx, f8, i * K + k) * sx[i * KB + k / 128] * th_get(qw, f8, j * K + k) *
                sw[(j / 128) * KB + k / 128];
       ref[i * N + j] = acc;
       got[i * N + j] = d[i * N + j];
@@ -337,45 +340,17 @@ static void test_offs(void) {
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.scales = SMELT_GEMM_SCALES_BLOCK;
   smelt_ctx *ctxs[2] = {th_cpu(), th_cuda_sm90() ? th_cuda() : NULL};
+  const th_view views[TGS_ON] = {va, vb, vsa, vsb, vo};
+  void *const host[TGS_ON] = {a, b, sa, sb, (void *)ends};
+  const smelt_dtype dts[TGS_ON] = {f8, f8, f32, f32, SMELT_DTYPE_I64};
   for (int ci = 0; ci < 2 && ctxs[ci]; ci++) {
-    smelt_ctx *ctx = ctxs[ci];
     got[ci] = (double *)malloc(sizeof(double) * (size_t)(T * N));
-    th_buf A = tgs_upload(ctx, &va, a, f8), B = tgs_upload(ctx, &vb, b, f8), SA = tgs_upload(ctx, &vsa, sa, f32),
-           SB = tgs_upload(ctx, &vsb, sb, f32), O = tgs_upload(ctx, &vo, ends, SMELT_DTYPE_I64),
-           D = th_buf_new(ctx, (size_t)(T * N) * 2);
-    const smelt_tensor ta = th_view_tensor(&va, &A, f8), tb = th_view_tensor(&vb, &B, f8),
-                       td = th_view_tensor(&vd, &D, bf), tsa = th_view_tensor(&vsa, &SA, f32),
-                       tsb = th_view_tensor(&vsb, &SB, f32), to = th_view_tensor(&vo, &O, SMELT_DTYPE_I64);
-    const smelt_gemm_scales sc = {&tsa, &tsb};
-    smelt_plan *plan = NULL;
-    smelt_status st = smelt_gemm_grouped_offs_scaled_plan(ctx, &desc, &ta, &tb, NULL, &td, NULL, &to, &sc, &plan);
-    if (st == SMELT_OK && ci == 1 && !strstr(smelt_plan_describe(plan), "_blk"))
-      th_fail(__FILE__, __LINE__, "grouped offs: the plan runs %s, want a block-scaled kernel",
-              smelt_plan_describe(plan));
-    if (st == SMELT_OK) st = smelt_gemm_grouped_offs_scaled_run(plan, &ta, &tb, NULL, &td, NULL, &to, &sc);
-    if (st == SMELT_OK) st = smelt_ctx_synchronize(ctx);
-    smelt_plan_destroy(plan);
-    if (st != SMELT_OK) {
-      th_fail(__FILE__, __LINE__, "grouped offs %s: %s (%s)", ci ? "cuda" : "cpu", smelt_status_name(st),
-              smelt_last_error());
-    } else {
-      /* Rows before the last end are D's; those after keep the poison. */
-      uint8_t *host = (uint8_t *)malloc(D.bytes);
-      th_buf_download(&D, host, D.bytes);
-      CHECK(th_buf_guards_ok(&D));
-      CHECK(th_all_ff(host + ends[G - 1] * N * 2, (size_t)((T - ends[G - 1]) * N) * 2));
-      for (int64_t i = 0; i < ends[G - 1] * N; i++) got[ci][i] = th_get(host, bf, i);
-      free(host);
-      const char *what = ci ? "block-scaled grouped offs cuda vs cpu" : "block-scaled grouped offs cpu vs naive";
-      if (!th_compare(what, got[ci], ci ? got[0] : ref, ends[G - 1] * N, 1.1e-2, 0))
-        th_fail(__FILE__, __LINE__, "%s", what);
-    }
-    th_buf_free(&A);
-    th_buf_free(&B);
-    th_buf_free(&SA);
-    th_buf_free(&SB);
-    th_buf_free(&O);
-    th_buf_free(&D);
+    const smelt_status st = tgs_run_offs(ctxs[ci], &desc, views, host, dts, &vd, bf, ends[G - 1], "_blk", got[ci]);
+    const char *what = ci ? "block-scaled grouped offs cuda vs cpu" : "block-scaled grouped offs cpu vs naive";
+    if (st != SMELT_OK)
+      th_fail(__FILE__, __LINE__, "%s: %s (%s)", what, smelt_status_name(st), smelt_last_error());
+    else if (!th_compare(what, got[ci], ci ? got[0] : ref, ends[G - 1] * N, 1.1e-2, 0))
+      th_fail(__FILE__, __LINE__, "%s", what);
   }
   free(got[0]);
   free(got[1]);
@@ -384,6 +359,56 @@ static void test_offs(void) {
   free(b);
   free(sa);
   free(sb);
+}
+
+/* The selector on faked devices: block scales take the block-scaled
+ * kernel on Hopper (plain, batched, grouped by offsets; its cluster when
+ * asked), fail with UNSUPPORTED elsewhere or for operands it cannot read,
+ * and with K = 0 take any kernel (nothing to scale). */
+static void test_select(void) {
+  static const struct {
+    smelt_gemm_mode mode;
+    int cc, a_k, cluster_m, sm90_d;
+    int64_t k;
+    smelt_dtype b, d;
+    const char *want; /* "" : UNSUPPORTED */
+  } cases[] = {
+      {SMELT_GEMM_MODE_PLAIN, 9, 1, 0, 1, 8192, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16,
+       "gemm_sm90_e4m3xe4m3_RC_128x128x128_s6_blk"},
+      {SMELT_GEMM_MODE_PLAIN, 9, 1, 0, 0, 300, SMELT_DTYPE_E5M2, SMELT_DTYPE_F32,
+       "gemm_sm90_e4m3xe5m2_RC_128x128x128_s6_blk"},
+      {SMELT_GEMM_MODE_PLAIN, 9, 1, 2, 1, 8192, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16,
+       "gemm_sm90_e4m3xe4m3_RC_128x128x128_s6_c2x1_blk"},
+      {SMELT_GEMM_MODE_BATCHED, 9, 1, 0, 1, 1024, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16,
+       "gemm_sm90_e4m3xe4m3_RC_128x128x128_s6_blk"},
+      {SMELT_GEMM_MODE_GROUPED_OFFS, 9, 1, 0, 1, 4096, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16,
+       "gemm_sm90_e4m3xe4m3_RC_128x128x128_s6_blk"},
+      {SMELT_GEMM_MODE_BATCHED, 9, 1, 0, 0, 1024, SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, ""},
+      {SMELT_GEMM_MODE_PLAIN, 9, 0, 0, 1, 8192, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, ""},
+      {SMELT_GEMM_MODE_PLAIN, 8, 1, 0, 1, 8192, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, ""},
+      {SMELT_GEMM_MODE_PLAIN, 9, 1, 0, 1, 0, SMELT_DTYPE_E4M3, SMELT_DTYPE_F32,
+       "gemm_sm80_e4m3xe4m3_RC_128x128x64_s4_w2x4"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    smelt__gemm_state st = bf16_state(cases[i].mode, 1);
+    st.dt_a = SMELT_DTYPE_E4M3;
+    st.dt_b = cases[i].b;
+    st.dt_d = cases[i].d;
+    st.blk = st.has_sa = st.has_sb = 1;
+    st.desc.scales = SMELT_GEMM_SCALES_BLOCK;
+    st.desc.tile.cluster_m = cases[i].cluster_m;
+    const int64_t k = cases[i].k;
+    const smelt__gemm_facts f = {.a_k = cases[i].a_k, .a_mn = 1, .b_k = 1, .b_mn = 1, .tma_a = {1, 1},
+                                 .tma_b = {1, 1}, .m = 4096, .n = 4096, .k = k, .batch = 8,
+                                 .sm90_d = cases[i].sm90_d, .k_min = k, .batch_d16 = 1};
+    smelt_status s;
+    const char *got = pick_name(&st, &f, cases[i].cc, 0, &s);
+    if (strcmp(got, cases[i].want) || (!cases[i].want[0] && s != SMELT_STATUS_UNSUPPORTED))
+      th_fail(__FILE__, __LINE__, "case %zu: picked \"%s\" (%s), want \"%s\"", i, got, smelt_status_name(s),
+              cases[i].want);
+    if (!cases[i].want[0] && !strstr(smelt_last_error(), "block scales run on Hopper"))
+      th_fail(__FILE__, __LINE__, "case %zu: message \"%s\"", i, smelt_last_error());
+  }
 }
 
 /* ---------------------------------------------------------------- GPU only */
@@ -529,6 +554,7 @@ const th_test th_tests_gemm_fp8blk[] = {
     {"scales_matter", test_scales_matter},
     {"quantized", test_quantized},
     {"offs", test_offs},
+    {"select", test_select},
     {"gpu_many_tiles", test_gpu_many_tiles},
     {"gpu_split_tail", test_gpu_split_tail},
     {"gpu_cluster", test_gpu_cluster},

@@ -315,7 +315,8 @@ static void offs_case(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t 
                 vd = th_view_make(2, d_shape, d_str, 0), vsa = th_view_make(2, sa_shape, sa_str, 0),
                 vsb = th_view_make(2, sb_shape, sb_str, 0), vo = th_view_make(1, o_shape, o_str, 0);
   void *a = tgs_filled(&va, dt, -1, 1), *b = tgs_filled(&vb, dt, -1, 1);
-  float *sa = (float *)tgs_filled(&vsa, SMELT_DTYPE_F32, -3, 3), *sb = (float *)tgs_filled(&vsb, SMELT_DTYPE_F32, 0.1, 2);
+  float *sa = (float *)tgs_filled(&vsa, SMELT_DTYPE_F32, -3, 3),
+        *sb = (float *)tgs_filled(&vsb, SMELT_DTYPE_F32, 0.1, 2);
   /* As large as tgs_upload() reads: the view's storage and one more. */
   int64_t *o = (int64_t *)calloc((size_t)(vo.storage + 1), sizeof(int64_t));
   memcpy(o, offs, sizeof(int64_t) * (size_t)g);
@@ -336,44 +337,17 @@ static void offs_case(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t 
   }
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.tile.n = tile_n;
+  const th_view views[TGS_ON] = {va, vb, vsa, vsb, vo};
+  void *const host[TGS_ON] = {a, b, sa, sb, o};
+  const smelt_dtype dts[TGS_ON] = {dt, dt, SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_I64};
   for (int ci = 0; ci < 2 && ctxs[ci]; ci++) {
-    smelt_ctx *ctx = ctxs[ci];
-    th_buf A = tgs_upload(ctx, &va, a, dt), B = tgs_upload(ctx, &vb, b, dt), SA = tgs_upload(ctx, &vsa, sa, SMELT_DTYPE_F32),
-           SB = tgs_upload(ctx, &vsb, sb, SMELT_DTYPE_F32), O = tgs_upload(ctx, &vo, o, SMELT_DTYPE_I64),
-           D = th_buf_new(ctx, (size_t)(t * n) * 2);
-    const smelt_tensor ta = th_view_tensor(&va, &A, dt), tb = th_view_tensor(&vb, &B, dt),
-                       td = th_view_tensor(&vd, &D, dt), tsa = th_view_tensor(&vsa, &SA, SMELT_DTYPE_F32),
-                       tsb = th_view_tensor(&vsb, &SB, SMELT_DTYPE_F32), to = th_view_tensor(&vo, &O, SMELT_DTYPE_I64);
-    const smelt_gemm_scales sc = {&tsa, &tsb};
-    smelt_plan *plan = NULL;
-    smelt_status st = smelt_gemm_grouped_offs_scaled_plan(ctx, &desc, &ta, &tb, NULL, &td, NULL, &to, &sc, &plan);
-    if (st == SMELT_OK && ci == 1 && kernel && !strstr(smelt_plan_describe(plan), kernel))
-      th_fail(__FILE__, __LINE__, "grouped offs: the plan runs %s, want %s", smelt_plan_describe(plan), kernel);
-    if (st == SMELT_OK) st = smelt_gemm_grouped_offs_scaled_run(plan, &ta, &tb, NULL, &td, NULL, &to, &sc);
-    if (st == SMELT_OK) st = smelt_ctx_synchronize(ctx);
-    smelt_plan_destroy(plan);
-    if (st != SMELT_OK) {
-      th_fail(__FILE__, __LINE__, "grouped offs %s: %s (%s)", ci ? "cuda" : "cpu", smelt_status_name(st),
-              smelt_last_error());
-    } else {
-      /* Rows before the last end are D's; those after keep the poison. */
-      uint8_t *host = (uint8_t *)malloc(D.bytes);
-      th_buf_download(&D, host, D.bytes);
-      CHECK(th_buf_guards_ok(&D));
-      CHECK(th_all_ff(host + last * n * 2, (size_t)((t - last) * n) * 2));
-      for (int64_t i = 0; i < last * n; i++) got[ci][i] = th_get(host, dt, i);
-      free(host);
-      const smelt__bound_query q = {.family = "gemm", .dtype = dt, .dt_a = dt, .gemm = &desc};
-      const char *what = ci ? "grouped offs cuda vs cpu" : "grouped offs cpu vs naive";
-      if (!th_compare(what, got[ci], ci ? got[0] : ref, last * n, smelt__error_bound(&q), 0))
-        th_fail(__FILE__, __LINE__, "%s", what);
-    }
-    th_buf_free(&A);
-    th_buf_free(&B);
-    th_buf_free(&SA);
-    th_buf_free(&SB);
-    th_buf_free(&O);
-    th_buf_free(&D);
+    const smelt_status st = tgs_run_offs(ctxs[ci], &desc, views, host, dts, &vd, dt, last, kernel, got[ci]);
+    const smelt__bound_query q = {.family = "gemm", .dtype = dt, .dt_a = dt, .gemm = &desc};
+    const char *what = ci ? "grouped offs cuda vs cpu" : "grouped offs cpu vs naive";
+    if (st != SMELT_OK)
+      th_fail(__FILE__, __LINE__, "%s: %s (%s)", what, smelt_status_name(st), smelt_last_error());
+    else if (!th_compare(what, got[ci], ci ? got[0] : ref, last * n, smelt__error_bound(&q), 0))
+      th_fail(__FILE__, __LINE__, "%s", what);
   }
   free(a);
   free(b);
