@@ -99,7 +99,7 @@ static smelt_status scratch_new(const smelt__gemm_state *st, const smelt__gemm_a
   return SMELT_OK;
 }
 
-/* Block scales (smelt_gemm_scales kind BLOCK): row i of A (a, K values)
+/* Block scales (desc.scales BLOCK): row i of A (a, K values)
  * times column j of B (b, stride n), each 128-deep block of K summed
  * apart and weighted by sa[i, kb] sb[j / 128, kb], k ascending. */
 static double block_dot(const smelt__gemm_prob *p, const double *a, const double *b, int64_t n, int64_t i, int64_t j) {

@@ -430,15 +430,14 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
         if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !tma) return 0;
       } else if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) {
-        /* Grouped by offsets: 16-bit types or block-scaled fp8, the fast epilogue (D as
-         * smelt__gemm_sm90_fast_d wants it, T and N below 2^31, no C), K >=
-         * 1 and B's groups at a positive batch stride (one 3-D map; its
-         * 16-byte alignment is in f->b_k or f->b_mn); K-major A (the groups'
-         * rows stacked), B either way; not on the ping-pong or cluster
-         * kernels, whose schedules need the tile count. */
+        /* Grouped by offsets: 16-bit types or block-scaled fp8, the fast
+         * epilogue (D as smelt__gemm_sm90_fast_d wants it, T and N below
+         * 2^31, no C), K >= 1 and B's groups at a positive batch stride (one
+         * 3-D map; its 16-byte alignment is in f->b_k or f->b_mn); K-major A
+         * (the groups' rows stacked), B either way; not on the ping-pong or
+         * cluster kernels, whose schedules need the tile count. */
         if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16 && !k->blk) || !k->a_kmajor || pingpong(k) ||
-            clustered(k) ||
-            !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !tma)
+            clustered(k) || !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !tma)
           return 0;
       } else if (st->mode == SMELT_GEMM_MODE_BATCHED) {
         /* Batched: the fast epilogue through a 3-D map of D, below 2^31

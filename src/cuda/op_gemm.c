@@ -129,9 +129,11 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   int ki;
   s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
   if (s) return s;
-  /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and split. */
+  /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and
+   * split; grouped by offsets is not tuned (as host-scheduled grouped runs
+   * are not), nor are block scales (one kernel). */
   const int tuned_split = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS || st->blk
-                              ? 0 /* not tuned (as host-scheduled grouped runs are not; block scales have one kernel) */
+                              ? 0
                               : smelt__gemm_tune_choice(st, &f, dev, table, n, &ki, why, sizeof why);
   const smelt__gemm_kernel *k = &table[ki];
   const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
