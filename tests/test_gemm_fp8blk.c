@@ -413,11 +413,11 @@ static void test_select(void) {
 
 /* ---------------------------------------------------------------- GPU only */
 
-/* More tiles than SMs (each CTA walks several, the ring's phases wrap
- * across tiles). The CPU reference is the oracle (no naive loop). */
+/* More tiles than SMs (140 on 132: some CTAs walk two, their second tile
+ * starting mid-ring). The CPU reference is the oracle (no naive loop). */
 static void test_gpu_many_tiles(void) {
   if (!th_cuda_sm90()) SKIP("no Hopper GPU");
-  bcase s = make(SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, 1920, 1160, 256);
+  bcase s = make(SMELT_DTYPE_E4M3, SMELT_DTYPE_E4M3, SMELT_DTYPE_BF16, 1700, 1160, 200);
   s.has_bias = 1;
   check(&s, "many tiles");
 }
