@@ -5,7 +5,10 @@
  * with its own and with shared scales, K-major scale views, every fp8
  * pair, bias, C, activation); with a Hopper GPU the same cases run on the
  * block-scaled wgmma kernel and are compared with the CPU reference, every
- * D poisoned and guarded. Scales span orders of magnitude from block to
+ * D poisoned and guarded, and so do GPU-only ones (more tiles than SMs,
+ * the split tail, the 2 x 1 cluster). Grouped by offsets: an empty group,
+ * rows past the last end untouched. The selector is checked on faked
+ * devices. Scales span orders of magnitude from block to
  * block, so a kernel that applied one block's scale to another's sum, or
  * one scale to the whole K, fails (test_scales_matter shows by how much).
  * smelt_quantize's output feeds the GEMM as it is (test_quantized). Bad
