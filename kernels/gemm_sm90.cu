@@ -221,6 +221,18 @@
 #if PROMOTE && (PINGPONG || CLUSTER > 1 || GEMM_BN > 128)
 #error "gemm_sm90.cu: GEMM_PROMOTE needs the cooperative schedule, no cluster, GEMM_BN <= 128"
 #endif
+/* GEMM_BLOCK_SCALE 1 (fp8, cooperative, BN 128 or 64): the block scales
+ * of smelt/gemm.h (DeepGEMM's form), one k block a stage (BK is 128 fp8
+ * elements), each stage's sum promoted into f32 registers with its scales
+ * (blk_main). The scales come as the kernel's last parameter (sm90_blk);
+ * the epilogue's row and column vectors are absent. */
+#if !defined(GEMM_BLOCK_SCALE)
+#define GEMM_BLOCK_SCALE 0
+#endif
+#define BLOCK_SCALE GEMM_BLOCK_SCALE
+#if BLOCK_SCALE && (AB_SIZE != 1 || PINGPONG || PROMOTE || GEMM_BN > 128)
+#error "gemm_sm90.cu: GEMM_BLOCK_SCALE needs fp8, the cooperative schedule, no GEMM_PROMOTE, GEMM_BN <= 128"
+#endif
 /* MN-major operands (wgmma transposes 16-bit types only), cooperative
  * schedule without clusters. */
 #if (A_MN || B_MN) && (AB_SIZE != 2 || PINGPONG || CLUSTER > 1)
@@ -921,9 +933,70 @@ static __device__ __forceinline__ int sk_fixup(const gemm_params &P, const sm90_
 }
 #endif
 
+#if BLOCK_SCALE
+/* The block scales (mirrored by smelt__gemm_kblk in src/cuda/gemm_cuda.h):
+ * sa [M, KB] and sb [NB, KB] f32, strides in elements. */
+typedef struct sm90_blk {
+  u64 sa, sb;
+  i64 sa_rs, sa_ks, sa_bs;
+  i64 sb_rs, sb_ks, sb_bs;
+} sm90_blk;
+static_assert(sizeof(sm90_blk) == 64, "sm90_blk must match smelt__gemm_kblk");
+
+/* The block-scaled main loop of consumer c over tile w (its rows from m0,
+ * the tile's columns from n0, its ktiles k blocks from w.kt0 on): each
+ * stage is one 128-deep k block, whose wgmmas start a fresh sum in d;
+ * after their wait the sum is scaled by sa[row, kb] sb[n0 / 128, kb] and
+ * added into f32 registers (DeepGEMM's promotion: the tensor cores keep
+ * about 14 bits of an fp8 sum, so their sums stay 128 products long and
+ * the long one is f32). A thread's accumulators lie on two rows, 16 warp +
+ * lane/4 and 8 below (accumulator i on the second when bit 1 of i is
+ * set), so a block needs two A scales and the tile's one B scale, loaded
+ * while its wgmmas run (after the first block mostly from L1: a row's
+ * scales are contiguous in the quantizer's layout). Batched, both scales
+ * are the entry's; grouped by offsets, A's rows are the stacked A's and
+ * B's scales the group's. Rows past M (or the group's end) read the last
+ * row's scales and a cluster's tile past N the last column block's (their
+ * sums are zeros, or the next group's rows, and never stored). Leaves the tile's sum in d and
+ * the ring's position in *stage and *phase. */
+static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, const gemm_params &P, const sm90_tile &w,
+                                                int ktiles, i64 m0, i64 n0, int c, int warp, int lane, u32 base,
+                                                u32 full, u32 empty, int *stage, u32 *phase) {
+  const i64 e = P.mode == MODE_BATCHED ? w.slice : 0, r = m0 + 16 * warp + (lane >> 2), last = w.m - 1;
+  const float *sa = (const float *)B.sa + e * B.sa_bs + (i64)w.kt0 * B.sa_ks;
+  const float *sa_lo = sa + (r < last ? r : last) * B.sa_rs, *sa_hi = sa + (r + 8 < last ? r + 8 : last) * B.sa_rs;
+  const i64 nb = (n0 < w.n ? n0 : w.n - 1) / 128, g = P.mode == MODE_GROUPED_OFFS ? w.bz : e;
+  const float *sb = (const float *)B.sb + g * B.sb_bs + nb * B.sb_rs + (i64)w.kt0 * B.sb_ks;
+  float sum[ACCS];
+#pragma unroll
+  for (int i = 0; i < ACCS; i++) sum[i] = 0.f;
+  for (int kt = 0; kt < ktiles; kt++) {
+    mbar_wait(full + 8 * *stage, *phase);
+    mma_stage(d, base + *stage * STAGE_BYTES, c, 1);
+    const float s_b = __ldg(sb + kt * B.sb_ks);
+    const float lo = __ldg(sa_lo + kt * B.sa_ks) * s_b, hi = __ldg(sa_hi + kt * B.sa_ks) * s_b;
+    WGMMA_WAIT(0);
+    fence_f32(d, ACCS);
+    release(empty + 8 * *stage, lane);
+#pragma unroll
+    for (int i = 0; i < ACCS; i++) sum[i] = fmaf(d[i], i & 2 ? hi : lo, sum[i]);
+    if (++*stage == GEMM_STAGES) {
+      *stage = 0;
+      *phase ^= 1;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < ACCS; i++) d[i] = sum[i];
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b,
-              const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps) {
+              const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps
+#if BLOCK_SCALE
+              , const sm90_blk B
+#endif
+    ) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Stage s: A at base + s * STAGE_BYTES, B A_BYTES later, all 1024-aligned;
@@ -1050,6 +1123,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if PINGPONG
     if (j > 0) pp_wait(c);
 #endif
+#if BLOCK_SCALE
+    blk_main(d, B, P, w, ktiles, m0, n0, c, warp, lane, base, full, empty, &stage, &phase);
+#else
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
@@ -1106,6 +1182,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     fence_f32(d, ACCS);
 #pragma unroll
     for (int i = 0; i < ACCS; i++) d[i] += sum[i];
+#endif
 #endif
 #if !PINGPONG && CLUSTER == 1
     if (w.sk && sk_fixup(P, w, d, c, tid)) continue;

@@ -9,7 +9,7 @@
  * each element must be written and nothing else. Bad vectors fail with a
  * clear message and leave D untouched. */
 #include "core/error_bound.h"
-#include "harness.h"
+#include "gemm_scaled_case.h"
 
 /* ---------------------------------------------------------------- a case */
 
@@ -64,133 +64,60 @@ static th_view vec_view(int64_t n, int how, int row) {
   return th_view_make(1, shape, strides, 0);
 }
 
-/* Host inputs: whole storage of each view, random. */
-typedef struct sinputs {
-  th_view va, vb, vc, vd, vbias, vsa, vsb;
-  void *a, *b, *c, *bias;
-  float *sa, *sb;
-} sinputs;
-
-static void *filled(const th_view *v, smelt_dtype dt, double lo, double hi) {
-  void *p = malloc((size_t)(v->storage + 1) * smelt_dtype_size(dt));
-  if (dt == SMELT_DTYPE_I8)
-    for (int64_t i = 0; i <= v->storage; i++) th_set(p, dt, i, (double)(int)th_rand_uniform(-128, 128));
-  else th_fill_uniform(p, dt, v->storage + 1, lo, hi);
-  return p;
-}
-
 static int fp8(smelt_dtype d) { return d == SMELT_DTYPE_E4M3 || d == SMELT_DTYPE_E5M2; }
 
-static void inputs_new(const scase *s, sinputs *in) {
-  in->va = mat_view(s->batch, s->m, s->k, s->a_col, s->ld16);
-  in->vb = mat_view(s->batch, s->k, s->n, s->b_col, s->ld16);
-  in->vc = mat_view(s->batch, s->m, s->n, 0, s->ld16);
-  in->vd = mat_view(s->batch, s->m, s->n, 0, s->ld16);
+/* The views and random host storage of case s. */
+static void inputs_new(const scase *s, tgs_case *c) {
+  memset(c, 0, sizeof *c);
+  const smelt_dtype dts[TGS_N] = {s->a, s->b, s->d, s->d, SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_F32};
+  memcpy(c->dt, dts, sizeof dts);
+  c->v[TGS_A] = mat_view(s->batch, s->m, s->k, s->a_col, s->ld16);
+  c->v[TGS_B] = mat_view(s->batch, s->k, s->n, s->b_col, s->ld16);
+  c->v[TGS_C] = mat_view(s->batch, s->m, s->n, 0, s->ld16);
+  c->v[TGS_D] = mat_view(s->batch, s->m, s->n, 0, s->ld16);
   const int64_t one[1] = {s->n}, unit[1] = {1};
-  in->vbias = th_view_make(1, one, unit, 0);
-  in->vsa = vec_view(s->m, s->sa, 1);
-  in->vsb = vec_view(s->n, s->sb, 0);
-  in->a = filled(&in->va, s->a, fp8(s->a) ? -2 : -1, fp8(s->a) ? 2 : 1);
-  in->b = filled(&in->vb, s->b, fp8(s->b) ? -2 : -1, fp8(s->b) ? 2 : 1);
-  in->c = filled(&in->vc, s->d, -1, 1);
-  in->bias = filled(&in->vbias, SMELT_DTYPE_F32, -1, 1);
+  c->v[TGS_BIAS] = th_view_make(1, one, unit, 0);
+  c->v[TGS_SA] = vec_view(s->m, s->sa, 1);
+  c->v[TGS_SB] = vec_view(s->n, s->sb, 0);
+  c->host[TGS_A] = tgs_filled(&c->v[TGS_A], s->a, fp8(s->a) ? -2 : -1, fp8(s->a) ? 2 : 1);
+  c->host[TGS_B] = tgs_filled(&c->v[TGS_B], s->b, fp8(s->b) ? -2 : -1, fp8(s->b) ? 2 : 1);
+  c->host[TGS_C] = tgs_filled(&c->v[TGS_C], s->d, -1, 1);
+  c->host[TGS_BIAS] = tgs_filled(&c->v[TGS_BIAS], SMELT_DTYPE_F32, -1, 1);
   /* Scales of both signs and a wide range, as per-token amax scales are. */
-  in->sa = (float *)filled(&in->vsa, SMELT_DTYPE_F32, -4, 4);
-  in->sb = (float *)filled(&in->vsb, SMELT_DTYPE_F32, 0.01, 3);
+  c->host[TGS_SA] = tgs_filled(&c->v[TGS_SA], SMELT_DTYPE_F32, -4, 4);
+  c->host[TGS_SB] = tgs_filled(&c->v[TGS_SB], SMELT_DTYPE_F32, 0.01, 3);
+  c->has[TGS_C] = s->has_c;
+  c->has[TGS_BIAS] = s->has_bias;
+  c->has[TGS_SA] = s->sa != 0;
+  c->has[TGS_SB] = s->sb != 0;
+  c->desc = s->desc;
+  c->kernel = s->kernel;
 }
 
-static void inputs_free(sinputs *in) {
-  free(in->a);
-  free(in->b);
-  free(in->c);
-  free(in->bias);
-  free(in->sa);
-  free(in->sb);
+static double vec_at(const void *p, const th_view *v, int64_t i) {
+  return ((const float *)p)[v->offset + th_view_off(v, i)];
 }
 
-/* Element (l, r, c) of a matrix view's host storage. */
-static double at(const void *p, smelt_dtype dt, const th_view *v, int64_t l, int64_t r, int64_t c) {
-  const int o = v->ndim - 2;
-  return th_get(p, dt, v->offset + (o ? l * v->strides[0] : 0) + r * v->strides[o] + c * v->strides[o + 1]);
-}
+/* The naive loop's inputs: the case and its data. */
+typedef struct naive_in {
+  const scase *s;
+  const tgs_case *c;
+} naive_in;
 
-static double vec_at(const float *p, const th_view *v, int64_t i) { return p[v->offset + th_view_off(v, i)]; }
-
-static double act_ref(smelt_act a, double x) {
-  switch (a) {
-    case SMELT_ACT_RELU: return x > 0 ? x : 0;
-    case SMELT_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
-    default: return x;
-  }
-}
-
-/* What D holds after storing v (float outputs through f32, fp8 saturating). */
-static double stored(double v, smelt_dtype dt) {
-  if (dt == SMELT_DTYPE_F64) return v;
-  uint8_t tmp[8];
-  th_set(tmp, dt, 0, (float)v);
-  return th_get(tmp, dt, 0);
+/* Element (l, i, j) of the product, scaled by the case's vectors. */
+static double product(const void *user, int64_t l, int64_t i, int64_t j) {
+  const scase *s = ((const naive_in *)user)->s;
+  const tgs_case *c = ((const naive_in *)user)->c;
+  double acc = 0;
+  for (int64_t k = 0; k < s->k; k++)
+    acc += tgs_at(c->host[TGS_A], s->a, &c->v[TGS_A], l, i, k) * tgs_at(c->host[TGS_B], s->b, &c->v[TGS_B], l, k, j);
+  if (s->sa) acc *= vec_at(c->host[TGS_SA], &c->v[TGS_SA], i);
+  if (s->sb) acc *= vec_at(c->host[TGS_SB], &c->v[TGS_SB], j);
+  return acc;
 }
 
 /* The expected D [L][m][n], decoded: smelt/gemm.h's epilogue in double. */
-static void naive(const scase *s, const sinputs *in, double *out) {
-  const smelt_gemm_epilogue *e = &s->desc.epilogue;
-  const int64_t L = s->batch > 0 ? s->batch : 1;
-  for (int64_t l = 0; l < L; l++)
-    for (int64_t i = 0; i < s->m; i++)
-      for (int64_t j = 0; j < s->n; j++) {
-        double acc = 0;
-        for (int64_t k = 0; k < s->k; k++) acc += at(in->a, s->a, &in->va, l, i, k) * at(in->b, s->b, &in->vb, l, k, j);
-        double v = e->alpha * e->scale_a * e->scale_b * acc;
-        if (s->sa) v *= vec_at(in->sa, &in->vsa, i);
-        if (s->sb) v *= vec_at(in->sb, &in->vsb, j);
-        if (s->has_c) v += e->beta * at(in->c, s->d, &in->vc, l, i, j);
-        if (s->has_bias) v += ((const float *)in->bias)[j];
-        out[(l * s->m + i) * s->n + j] = stored(act_ref(e->act, v) * e->scale_d, s->d);
-      }
-}
-
-/* ---------------------------------------------------------------- running a case */
-
-static th_buf upload(smelt_ctx *ctx, const th_view *v, const void *host, smelt_dtype dt) {
-  th_buf b = th_buf_new(ctx, (size_t)(v->storage + 1) * smelt_dtype_size(dt));
-  th_buf_upload(&b, host, b.bytes);
-  return b;
-}
-
-/* Runs s on ctx (D decoded into out, every element written and nothing
- * else); returns the status. */
-static smelt_status run_case(smelt_ctx *ctx, const scase *s, const sinputs *in, double *out, const char *what) {
-  th_buf A = upload(ctx, &in->va, in->a, s->a), B = upload(ctx, &in->vb, in->b, s->b),
-         C = upload(ctx, &in->vc, in->c, s->d), Bias = upload(ctx, &in->vbias, in->bias, SMELT_DTYPE_F32),
-         SA = upload(ctx, &in->vsa, in->sa, SMELT_DTYPE_F32), SB = upload(ctx, &in->vsb, in->sb, SMELT_DTYPE_F32),
-         D = th_buf_new(ctx, (size_t)(in->vd.storage + 1) * smelt_dtype_size(s->d));
-  const smelt_tensor ta = th_view_tensor(&in->va, &A, s->a), tb = th_view_tensor(&in->vb, &B, s->b),
-                     tc = th_view_tensor(&in->vc, &C, s->d), td = th_view_tensor(&in->vd, &D, s->d),
-                     tbias = th_view_tensor(&in->vbias, &Bias, SMELT_DTYPE_F32),
-                     tsa = th_view_tensor(&in->vsa, &SA, SMELT_DTYPE_F32),
-                     tsb = th_view_tensor(&in->vsb, &SB, SMELT_DTYPE_F32);
-  const smelt_gemm_scales sc = {s->sa ? &tsa : NULL, s->sb ? &tsb : NULL};
-  smelt_plan *plan = NULL;
-  smelt_status st = smelt_gemm_scaled_plan(ctx, &s->desc, &ta, &tb, s->has_c ? &tc : NULL, &td,
-                                           s->has_bias ? &tbias : NULL, &sc, &plan);
-  if (st == SMELT_OK && s->kernel && smelt_ctx_device(ctx) == SMELT_DEVICE_CUDA &&
-      !strstr(smelt_plan_describe(plan), s->kernel))
-    th_fail(__FILE__, __LINE__, "%s: the plan runs %s, want %s", what, smelt_plan_describe(plan), s->kernel);
-  if (st == SMELT_OK)
-    st = smelt_gemm_scaled_run(plan, &ta, &tb, s->has_c ? &tc : NULL, &td, s->has_bias ? &tbias : NULL, &sc);
-  if (st == SMELT_OK) st = smelt_ctx_synchronize(ctx);
-  smelt_plan_destroy(plan);
-  if (st == SMELT_OK) th_check_output(what, "D", &in->vd, &D, s->d, out);
-  th_buf_free(&A);
-  th_buf_free(&B);
-  th_buf_free(&C);
-  th_buf_free(&Bias);
-  th_buf_free(&SA);
-  th_buf_free(&SB);
-  th_buf_free(&D);
-  return st;
-}
+static void naive(const void *user, double *out) { tgs_naive(((const naive_in *)user)->c, product, user, out); }
 
 static double bound_of(const scase *s) {
   const smelt__bound_query q = {.family = "gemm", .dtype = s->d, .dt_a = s->a, .gemm = &s->desc, .has_c = s->has_c};
@@ -209,34 +136,13 @@ static int check(const scase *s, int gpu, const char *what) {
            smelt_dtype_name(s->a), smelt_dtype_name(s->b), smelt_dtype_name(s->d), s->a_col ? 'C' : 'R',
            s->b_col ? 'C' : 'R', (long long)s->m, (long long)s->n, (long long)s->k, (long long)s->batch, s->sa, s->sb,
            s->has_c ? " +C" : "", s->has_bias ? " +bias" : "", (int)s->desc.epilogue.act);
-  sinputs in;
-  inputs_new(s, &in);
-  const int64_t n = (s->batch > 0 ? s->batch : 1) * s->m * s->n;
-  double *ref = (double *)malloc(sizeof(double) * (size_t)(n + 1)),
-         *cpu = (double *)malloc(sizeof(double) * (size_t)(n + 1)),
-         *dev = (double *)malloc(sizeof(double) * (size_t)(n + 1));
-  const int fails = th_failed_now;
-  smelt_status st = run_case(th_cpu(), s, &in, cpu, label);
-  if (st != SMELT_OK) {
-    th_fail(__FILE__, __LINE__, "%s: cpu: %s (%s)", label, smelt_status_name(st), smelt_last_error());
-  } else if (s->m * s->n * s->k <= NAIVE_MACS) {
-    naive(s, &in, ref);
-    const double rb = s->d == SMELT_DTYPE_F64 ? 1e-12 : s->d == SMELT_DTYPE_F32 ? 1e-6 : bound_of(s);
-    if (!th_compare(label, cpu, ref, n, rb, 0)) th_fail(__FILE__, __LINE__, "%s: cpu vs naive", label);
-  }
-  smelt_ctx *cu = th_cuda();
-  if (th_failed_now == fails && gpu && cu) {
-    st = run_case(cu, s, &in, dev, label);
-    if (st != SMELT_OK) th_fail(__FILE__, __LINE__, "%s: cuda: %s (%s)", label, smelt_status_name(st), smelt_last_error());
-    else if (!th_compare(label, dev, cpu, n, bound_of(s), fp8(s->d) ? 0.51 : 0))
-      th_fail(__FILE__, __LINE__, "%s: cuda vs cpu", label);
-  }
-  const int ok = th_failed_now == fails;
-  if (!ok) th_fail(__FILE__, __LINE__, "case failed: %s", label);
-  free(ref);
-  free(cpu);
-  free(dev);
-  inputs_free(&in);
+  tgs_case c;
+  inputs_new(s, &c);
+  const naive_in user = {s, &c};
+  const double rb = s->d == SMELT_DTYPE_F64 ? 1e-12 : s->d == SMELT_DTYPE_F32 ? 1e-6 : bound_of(s);
+  const int ok = tgs_check(&c, label, s->m * s->n * s->k <= NAIVE_MACS ? naive : NULL, &user, rb,
+                           gpu ? th_cuda() : NULL, bound_of(s), fp8(s->d) ? 0.51 : 0);
+  tgs_free(&c);
   return ok;
 }
 
@@ -408,9 +314,10 @@ static void offs_case(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t 
   const th_view va = th_view_make(2, a_shape, a_str, 0), vb = th_view_make(3, b_shape, b_str, 0),
                 vd = th_view_make(2, d_shape, d_str, 0), vsa = th_view_make(2, sa_shape, sa_str, 0),
                 vsb = th_view_make(2, sb_shape, sb_str, 0), vo = th_view_make(1, o_shape, o_str, 0);
-  void *a = filled(&va, dt, -1, 1), *b = filled(&vb, dt, -1, 1);
-  float *sa = (float *)filled(&vsa, SMELT_DTYPE_F32, -3, 3), *sb = (float *)filled(&vsb, SMELT_DTYPE_F32, 0.1, 2);
-  /* As large as upload() reads: the view's storage and one more. */
+  void *a = tgs_filled(&va, dt, -1, 1), *b = tgs_filled(&vb, dt, -1, 1);
+  float *sa = (float *)tgs_filled(&vsa, SMELT_DTYPE_F32, -3, 3),
+        *sb = (float *)tgs_filled(&vsb, SMELT_DTYPE_F32, 0.1, 2);
+  /* As large as tgs_upload() reads: the view's storage and one more. */
   int64_t *o = (int64_t *)calloc((size_t)(vo.storage + 1), sizeof(int64_t));
   memcpy(o, offs, sizeof(int64_t) * (size_t)g);
   double *ref = (double *)malloc(sizeof(double) * (size_t)(t * n + 1)),
@@ -424,50 +331,23 @@ static void offs_case(int64_t t, int64_t n, int64_t k, int64_t g, const int64_t 
         double acc = 0;
         for (int64_t kk = 0; kk < k; kk++)
           acc += th_get(a, dt, r * k + kk) * th_get(b, dt, gi * n * k + j * k + kk);
-        ref[r * n + j] = stored(acc * sa[r] * sb[gi * (n + sb_ld_pad) + j], dt);
+        ref[r * n + j] = tgs_stored(acc * sa[r] * sb[gi * (n + sb_ld_pad) + j], dt);
       }
     prev = last = end;
   }
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   desc.tile.n = tile_n;
+  const th_view views[TGS_ON] = {va, vb, vsa, vsb, vo};
+  void *const host[TGS_ON] = {a, b, sa, sb, o};
+  const smelt_dtype dts[TGS_ON] = {dt, dt, SMELT_DTYPE_F32, SMELT_DTYPE_F32, SMELT_DTYPE_I64};
   for (int ci = 0; ci < 2 && ctxs[ci]; ci++) {
-    smelt_ctx *ctx = ctxs[ci];
-    th_buf A = upload(ctx, &va, a, dt), B = upload(ctx, &vb, b, dt), SA = upload(ctx, &vsa, sa, SMELT_DTYPE_F32),
-           SB = upload(ctx, &vsb, sb, SMELT_DTYPE_F32), O = upload(ctx, &vo, o, SMELT_DTYPE_I64),
-           D = th_buf_new(ctx, (size_t)(t * n) * 2);
-    const smelt_tensor ta = th_view_tensor(&va, &A, dt), tb = th_view_tensor(&vb, &B, dt),
-                       td = th_view_tensor(&vd, &D, dt), tsa = th_view_tensor(&vsa, &SA, SMELT_DTYPE_F32),
-                       tsb = th_view_tensor(&vsb, &SB, SMELT_DTYPE_F32), to = th_view_tensor(&vo, &O, SMELT_DTYPE_I64);
-    const smelt_gemm_scales sc = {&tsa, &tsb};
-    smelt_plan *plan = NULL;
-    smelt_status st = smelt_gemm_grouped_offs_scaled_plan(ctx, &desc, &ta, &tb, NULL, &td, NULL, &to, &sc, &plan);
-    if (st == SMELT_OK && ci == 1 && kernel && !strstr(smelt_plan_describe(plan), kernel))
-      th_fail(__FILE__, __LINE__, "grouped offs: the plan runs %s, want %s", smelt_plan_describe(plan), kernel);
-    if (st == SMELT_OK) st = smelt_gemm_grouped_offs_scaled_run(plan, &ta, &tb, NULL, &td, NULL, &to, &sc);
-    if (st == SMELT_OK) st = smelt_ctx_synchronize(ctx);
-    smelt_plan_destroy(plan);
-    if (st != SMELT_OK) {
-      th_fail(__FILE__, __LINE__, "grouped offs %s: %s (%s)", ci ? "cuda" : "cpu", smelt_status_name(st),
-              smelt_last_error());
-    } else {
-      /* Rows before the last end are D's; those after keep the poison. */
-      uint8_t *host = (uint8_t *)malloc(D.bytes);
-      th_buf_download(&D, host, D.bytes);
-      CHECK(th_buf_guards_ok(&D));
-      CHECK(th_all_ff(host + last * n * 2, (size_t)((t - last) * n) * 2));
-      for (int64_t i = 0; i < last * n; i++) got[ci][i] = th_get(host, dt, i);
-      free(host);
-      const smelt__bound_query q = {.family = "gemm", .dtype = dt, .dt_a = dt, .gemm = &desc};
-      const char *what = ci ? "grouped offs cuda vs cpu" : "grouped offs cpu vs naive";
-      if (!th_compare(what, got[ci], ci ? got[0] : ref, last * n, smelt__error_bound(&q), 0))
-        th_fail(__FILE__, __LINE__, "%s", what);
-    }
-    th_buf_free(&A);
-    th_buf_free(&B);
-    th_buf_free(&SA);
-    th_buf_free(&SB);
-    th_buf_free(&O);
-    th_buf_free(&D);
+    const smelt_status st = tgs_run_offs(ctxs[ci], &desc, views, host, dts, &vd, dt, last, kernel, got[ci]);
+    const smelt__bound_query q = {.family = "gemm", .dtype = dt, .dt_a = dt, .gemm = &desc};
+    const char *what = ci ? "grouped offs cuda vs cpu" : "grouped offs cpu vs naive";
+    if (st != SMELT_OK)
+      th_fail(__FILE__, __LINE__, "%s: %s (%s)", what, smelt_status_name(st), smelt_last_error());
+    else if (!th_compare(what, got[ci], ci ? got[0] : ref, last * n, smelt__error_bound(&q), 0))
+      th_fail(__FILE__, __LINE__, "%s", what);
   }
   free(a);
   free(b);

@@ -10,7 +10,8 @@
  *            say row- or column-major; alignment is derived from the data
  *            pointer and the strides (unaligned operands take a slower path);
  *   epilogue alpha, beta, bias, activation, output clamp, fp8 scales (per
- *            tensor, or per row of A and per column of B);
+ *            tensor, or per row of A and per column of B, or per block:
+ *            desc.scales, smelt_gemm_scales);
  *   mode     plain, split-K (serial or parallel), batched, array, grouped
  *            (host scheduling), grouped by offsets (device scheduling).
  *
@@ -127,6 +128,13 @@ typedef enum smelt_gemm_mode {
 
 #define SMELT_GEMM_MAX_SPLIT_K 64
 
+/* What the tensors of smelt_gemm_scales are (see there). */
+typedef enum smelt_gemm_scale_kind {
+  SMELT_GEMM_SCALES_VECTOR = 0, /* row scales of A [M], column scales of B [N] */
+  SMELT_GEMM_SCALES_BLOCK,      /* DeepGEMM's 1 x 128 scales of A and 128 x 128 scales of B */
+  SMELT_GEMM_SCALES_COUNT
+} smelt_gemm_scale_kind;
+
 typedef struct smelt_gemm_desc {
   smelt_gemm_math math;
   smelt_gemm_tile tile;
@@ -136,6 +144,7 @@ typedef struct smelt_gemm_desc {
                   and the split modes; none in the others). Both split modes give the result
                   of the plain GEMM up to the order of the accumulator sums, and both are
                   deterministic (a fixed summation order, no atomics). */
+  smelt_gemm_scale_kind scales; /* the form of smelt_gemm_scaled's scales (VECTOR by default) */
 } smelt_gemm_desc;
 
 /* Everything chosen automatically, alpha = 1, beta = 0, identity activation,
@@ -176,6 +185,28 @@ typedef struct smelt_gemm_scales {
   const smelt_tensor *a; /* row scales of A, or NULL */
   const smelt_tensor *b; /* column scales of B, or NULL */
 } smelt_gemm_scales;
+
+/* Block scales (desc.scales = SMELT_GEMM_SCALES_BLOCK, the DeepGEMM form): A and B
+ * fp8 (e4m3 or e5m2) as smelt_quantize writes them, A in FP8_1X128 and B
+ * (as [N, K], which the [K, N] operand B is a view of) in FP8_128X128,
+ * with KB = ceil(K / 128) and NB = ceil(N / 128):
+ *   a  [M, KB] f32    one scale per row of A and 128 of K
+ *   b  [NB, KB] f32   one scale per 128 columns of B (rows of B's [N, K]) and 128 of K
+ *   D[m,n] = epilogue(alpha · scale_a · scale_b ·
+ *            sum_kb sa[m,kb] · sb[n/128,kb] · sum_{k in block kb} A[m,k] B[k,n]
+ *            + beta · C[m,n] + bias[n])
+ * Block kb is K's columns [128 kb, 128 kb + 128); the last one may be
+ * short (any K, as the quantizer's ragged last block). Both tensors are
+ * required, any non-negative strides. Batched: a [L, M, KB] and b [L, NB,
+ * KB] (batch stride 0 shares one). Grouped by offsets
+ * (smelt_gemm_grouped_offs_scaled): a [T, KB] per row of the stacked A, b
+ * [G, NB, KB] per group's B. Plain, batched and grouped-by-offsets GEMMs
+ * (no split-K: desc.split_k 0 or 1). The accumulation follows DeepGEMM: each
+ * block's products are summed apart (in the tensor cores on Hopper, with
+ * about 14 bits kept) and then scaled and added into an f32 sum, so the
+ * blocks' scales may differ by orders of magnitude. CUDA: Hopper (sm_90a)
+ * only, A row-major and B column-major (K-major), 16-byte aligned; others
+ * fail with UNSUPPORTED. */
 
 /* smelt_gemm_plan/run/smelt_gemm with row and column scales (scales may be
  * NULL: none). A plan made with a vector must be run with one of the same

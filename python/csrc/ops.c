@@ -178,6 +178,7 @@ static int execute(smpy_call *call, const op_args *o) {
     key.act = (int32_t)o->gemm.epilogue.act;
     key.slope = o->gemm.epilogue.slope;
     key.i[0] = (int64_t)o->gemm.math.op;
+    key.i[1] = (int64_t)o->gemm.scales;
   } else if (o->op == OP_CONV2D) {
     conv2d_key(&o->conv, &key);
   } else if (o->op >= OP_NORM) {
@@ -471,6 +472,14 @@ static int gemm_desc_from(PyObject *const *a, smelt_gemm_desc *d) {
   return 0;
 }
 
+/* desc.scales from an int (a smelt_gemm_scale_kind; range checked by smelt). */
+static int gemm_scale_kind(PyObject *v, smelt_gemm_desc *d) {
+  const long kind = PyLong_AsLong(v);
+  if (kind == -1 && PyErr_Occurred()) return -1;
+  d->scales = (smelt_gemm_scale_kind)kind;
+  return 0;
+}
+
 /* Imports the GEMM operands a, b, offs (with_offs only), c and bias, in that
  * order from consecutive arguments in, and the row and column scales from
  * scales[0] and [1], into o's slots; c, bias and the scales may be None. */
@@ -490,9 +499,12 @@ static int import_gemm_operands(smpy_call *call, op_args *o, PyObject *const *in
 }
 
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
-  PyObject *a[15]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b */
+  PyObject *a[16]; /* a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b,
+                      scales (a smelt_gemm_scale_kind) */
   op_args o;
-  if (op_begin(args, "gemm", 15, a, &o, OP_GEMM, 8) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0) return NULL;
+  if (op_begin(args, "gemm", 16, a, &o, OP_GEMM, 8) < 0 || gemm_desc_from(a + 5, &o.gemm) < 0 ||
+      gemm_scale_kind(a[15], &o.gemm) < 0)
+    return NULL;
 
   smpy_call call;
   PyObject *out = a[4], *made = NULL, *result = NULL;
@@ -527,9 +539,11 @@ done:
  * tensor's shape and strides and offs' dtype, as a run needs; the offsets'
  * values are read on the device and are not part of it. */
 static PyObject *py_gemm_grouped(PyObject *self, PyObject *args) {
-  PyObject *a[15]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b */
+  PyObject *a[16]; /* a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b,
+                      scales */
   op_args o;
-  if (op_begin(args, "gemm_grouped", 15, a, &o, OP_GEMM_OFFS, 8) < 0 || gemm_desc_from(a + 6, &o.gemm) < 0)
+  if (op_begin(args, "gemm_grouped", 16, a, &o, OP_GEMM_OFFS, 8) < 0 || gemm_desc_from(a + 6, &o.gemm) < 0 ||
+      gemm_scale_kind(a[15], &o.gemm) < 0)
     return NULL;
 
   smpy_call call;
@@ -929,9 +943,11 @@ PyMethodDef smpy_op_methods[] = {
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
     {"topk", py_topk, METH_VARARGS, "topk(x, k, values, indices, index_dtype, ctx, stream) -> (values, indices)"},
     {"gemm", py_gemm, METH_VARARGS,
-     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b) -> out"},
+     "gemm(a, b, c, bias, out, alpha, beta, act, slope, math, out_dtype, ctx, stream, scale_a, scale_b, scales) "
+     "-> out"},
     {"gemm_grouped", py_gemm_grouped, METH_VARARGS,
-     "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b) -> out"},
+     "gemm_grouped(a, b, offs, c, bias, out, alpha, beta, act, slope, math, ctx, stream, scale_a, scale_b, scales) "
+     "-> out"},
     {"conv2d", py_conv2d, METH_VARARGS,
      "conv2d(kind, a, b, c, bias, out, out_shape, geometry, alpha, beta, act, slope, math, out_dtype, ctx, stream) "
      "-> out"},

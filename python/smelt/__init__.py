@@ -274,8 +274,11 @@ def _norm_dtype(d):
     return s  # the C layer names what it accepts
 
 
+_SCALE_FORMATS = {None: 0, "fp8-block": 1}
+
+
 def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity", slope=0.01,
-         math="default", out_dtype=None, scale_a=None, scale_b=None, ctx=None, stream=None):
+         math="default", out_dtype=None, scale_a=None, scale_b=None, format=None, ctx=None, stream=None):
     """D = act(alpha · scale_a[m] · scale_b[n] · (a @ b)[m, n] + beta · c + bias).
 
     Shapes:  a [M, K], b [K, N], c [M, N], bias [N]  ->  D [M, N]
@@ -294,9 +297,17 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
              column scales of b ([N] or [1, N]), torch._scaled_mm's row-wise
              form (shared by every batch entry); they scale the product
              only, before c and bias are added. Not under torch.compile.
+    format:  None (the row and column scales above) or 'fp8-block', DeepGEMM's
+             block-scaled fp8 as smelt.quantize writes it: a e4m3/e5m2 [M, K]
+             with scale_a [M, ceil(K/128)] ('fp8-1x128'), b the [K, N] view of a
+             [N, K] tensor with scale_b [ceil(N/128), ceil(K/128)]
+             ('fp8-128x128'); each 128 of K is summed apart and scaled by its
+             blocks' scales (batched: scales [L, ...]). CUDA: Hopper only.
     out:     where to write D (any non-negative strides; may be c exactly, for in place).
     Returns D.
     """
+    if format not in _SCALE_FORMATS:
+        raise ArgumentError("smelt.gemm: format=%r is not one of %s" % (format, ", ".join(map(repr, _SCALE_FORMATS))))
     if beta is None:
         beta = 0.0 if c is None else 1.0
     if (scale_a is not None or scale_b is not None) and _is_compiling():
@@ -312,11 +323,11 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
     if out is None and type(a).__module__ == "numpy":
         out = _numpy_empty(a.shape[:-1] + b.shape[-1:], a.dtype if out_dtype is None else out_dtype, "smelt.gemm")
     return _c_gemm(a, b, c, bias, out, float(alpha), float(beta), activation, float(slope), math, out_dtype, ctx,
-                   stream, scale_a, scale_b)
+                   stream, scale_a, scale_b, _SCALE_FORMATS[format])
 
 
 def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity",
-                 slope=0.01, math="default", scale_a=None, scale_b=None, ctx=None, stream=None):
+                 slope=0.01, math="default", scale_a=None, scale_b=None, format=None, ctx=None, stream=None):
     """Grouped GEMM by device offsets (the MoE form, torch._grouped_mm's).
 
     Group g owns rows [offs[g-1], offs[g]) of a (offs[-1] = 0) and computes
@@ -337,6 +348,9 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
              [T, 1]) and column scales of each group's b ([G, N]): D[r] =
              act(alpha · scale_a[r] · scale_b[g] · (a[r] @ b[g]) + ...). Not
              under torch.compile.
+    format:  None (the scales above) or 'fp8-block' (as smelt.gemm's): a
+             e4m3/e5m2 [T, K] with scale_a [T, ceil(K/128)], b the [G, K, N]
+             view of [G, N, K] with scale_b [G, ceil(N/128), ceil(K/128)].
     out:     where to write D (may be c exactly, for in place). Rows at or
              past offs[-1] are not written: a new D (out=None) is
              zero-filled, so they read 0; a given out keeps its values there.
@@ -344,6 +358,9 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
              with stream=: pass out).
     Returns D.
     """
+    if format not in _SCALE_FORMATS:
+        raise ArgumentError("smelt.gemm_grouped: format=%r is not one of %s"
+                            % (format, ", ".join(map(repr, _SCALE_FORMATS))))
     if beta is None:
         beta = 0.0 if c is None else 1.0
     if (scale_a is not None or scale_b is not None) and _is_compiling():
@@ -370,7 +387,7 @@ def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=Non
             raise ArgumentError("smelt.gemm_grouped: out=None makes D only for numpy or torch inputs; pass out= "
                                 "(a [T, N] tensor; rows at or past offs[-1] are not written)")
     return _c_gemm_grouped(a, b, offs, c, bias, out, float(alpha), float(beta), activation, float(slope), math, ctx,
-                           stream, scale_a, scale_b)
+                           stream, scale_a, scale_b, _SCALE_FORMATS[format])
 
 
 def _int(v, name, op, lo, hi=None, what=""):

@@ -253,7 +253,7 @@ def _out_dtype_name(dt):
 def _gemm(a: Tensor, b: Tensor, c: Optional[Tensor], bias: Optional[Tensor], alpha: float, beta: float,
           activation: str, slope: float, math: str, out_dtype: Optional[torch.dtype]) -> Tensor:
     d = a.new_empty(tuple(a.shape[:-1]) + tuple(b.shape[-1:]), dtype=out_dtype or a.dtype)
-    _C.gemm(a, b, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None, None)
+    _C.gemm(a, b, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None, None, 0)
     return d
 
 
@@ -303,7 +303,7 @@ def _gemm_grouped(a: Tensor, b: Tensor, offs: Tensor, c: Optional[Tensor], bias:
                   beta: float, activation: str, slope: float, math: str) -> Tensor:
     # Zero-filled: rows at or past offs[-1] are not written by the kernel.
     d = a.new_zeros((a.shape[0], b.shape[-1]))
-    _C.gemm_grouped(a, b, offs, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None)
+    _C.gemm_grouped(a, b, offs, c, bias, d, alpha, beta, activation, slope, math, None, None, None, None, 0)
     return d
 
 

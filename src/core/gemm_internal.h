@@ -24,6 +24,11 @@ typedef struct smelt__gemm_prob {
   const float *sb;  /* column scales of B [n], NULL when absent */
   int64_t sa_s, sb_s; /* their strides */
   int64_t sb_gs;    /* grouped by offsets: stride between the groups' sb rows */
+  /* Block scales (desc.scales BLOCK): sa [m, kb] at sa_s per row and sa_ks
+   * per k block, sb [nb, kb] at sb_s per 128 columns and sb_ks per k block;
+   * batched, sa_bs and sb_bs per entry (grouped by offsets, sb_bs and sb_gs
+   * per group). */
+  int64_t sa_ks, sb_ks, sa_bs, sb_bs;
 } smelt__gemm_prob;
 
 /* The plan's resolved description (plan->opdata). */
@@ -36,6 +41,7 @@ typedef struct smelt__gemm_state {
   smelt_dtype dt_offs;   /* grouped by offsets: i32 or i64 */
   int has_c, has_bias;   /* C is read (beta != 0); a bias is added */
   int has_sa, has_sb;    /* row scales of A, column scales of B (smelt_gemm_scales) */
+  int blk;               /* has_sa and has_sb are block scales (desc.scales BLOCK): 1 x 128 of A, 128 x 128 of B */
   int64_t count;         /* batched L, array count, groups (as planned) */
   smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped; when
                             grouped by offsets, all T rows: b.bs and bias_gs step from group to group) */

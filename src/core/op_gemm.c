@@ -52,6 +52,7 @@ static smelt_status check_desc(const smelt_gemm_desc *d) {
       (s = check_range("math.acc", (int)d->math.acc, 0, SMELT_GEMM_ACC_COUNT - 1, "a smelt_gemm_acc")) ||
       (s = check_range("mode", (int)d->mode, 0, SMELT_GEMM_MODE_COUNT - 1, "a smelt_gemm_mode")) ||
       (s = check_range("split_k", d->split_k, 0, SMELT_GEMM_MAX_SPLIT_K, "a slice count")) ||
+      (s = check_range("scales", (int)d->scales, 0, SMELT_GEMM_SCALES_COUNT - 1, "a smelt_gemm_scale_kind")) ||
       (s = check_range("tile.m", t->m, 0, 1024, "a tile size")) ||
       (s = check_range("tile.n", t->n, 0, 1024, "a tile size")) ||
       (s = check_range("tile.k", t->k, 0, 1024, "a tile size")) ||
@@ -264,6 +265,44 @@ static smelt_status resolve_scales(const char *op, const smelt_ctx *ctx, const s
   return SMELT_OK;
 }
 
+/* Block scales (desc.scales BLOCK) for problem p of A and B types da, db:
+ * a [M, KB] and b [NB, KB], with a leading batch dim of its size where
+ * a_batch, b_batch >= 0 (batched: both L; grouped by offsets: a [T, KB]
+ * per row of the stacked A, b [G, NB, KB]); both required, checked and
+ * resolved into p (b's batch stride also as sb_gs, the groups' stride). */
+static smelt_status resolve_block_scales(const char *op, const smelt_ctx *ctx, const smelt_gemm_scales *sc,
+                                         const smelt_tensor *d, int64_t a_batch, int64_t b_batch, smelt_dtype da,
+                                         smelt_dtype db, smelt__gemm_prob *p) {
+  const int f8a = da == SMELT_DTYPE_E4M3 || da == SMELT_DTYPE_E5M2;
+  const int f8b = db == SMELT_DTYPE_E4M3 || db == SMELT_DTYPE_E5M2;
+  if (!f8a || !f8b)
+    return smelt__error(SMELT_STATUS_DTYPE_MISMATCH,
+                        "%s: block scales need fp8 A and B (e4m3 or e5m2; got A.dtype=%s, B.dtype=%s)", op,
+                        smelt_dtype_name(da), smelt_dtype_name(db));
+  if (!sc->a || !sc->b)
+    return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: block scales need both scales->a and scales->b (%s is NULL)",
+                        op, !sc->a ? "scales->a" : "scales->b");
+  const int64_t kb = smelt__ceil_div(p->k, 128), nb = smelt__ceil_div(p->n, 128);
+  smelt__gemm_mat ma, mb;
+  smelt_status s;
+  if ((s = check_one(op, R_SA, NULL, sc->a, ctx)) || (s = check_one(op, R_SB, NULL, sc->b, ctx)) ||
+      (s = to_mat(op, "scales->a", sc->a, a_batch, p->m, kb, b_batch >= 0 && a_batch < 0 ? "T" : "M", "ceil(K/128)",
+                  &ma)) ||
+      (s = to_mat(op, "scales->b", sc->b, b_batch, nb, kb, "ceil(N/128)", "ceil(K/128)", &mb)) ||
+      (s = smelt__check_disjoint(op, "D", d, "scales->a", sc->a, 0)) ||
+      (s = smelt__check_disjoint(op, "D", d, "scales->b", sc->b, 0)))
+    return s;
+  p->sa = (const float *)ma.data;
+  p->sa_s = ma.rs;
+  p->sa_ks = ma.cs;
+  p->sa_bs = ma.bs;
+  p->sb = (const float *)mb.data;
+  p->sb_s = mb.rs;
+  p->sb_ks = mb.cs;
+  p->sb_bs = p->sb_gs = mb.bs;
+  return SMELT_OK;
+}
+
 /* ---------------------------------------------------------------- plans */
 
 static void state_free(void *p) { free(p); }
@@ -290,6 +329,10 @@ static smelt_status begin_family(const char *op, smelt_ctx *ctx, const smelt_gem
   if (d->split_k > 1)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.split_k=%d: split-K serves plain GEMMs only", op,
                         d->split_k);
+  if (d->scales == SMELT_GEMM_SCALES_BLOCK && mode != SMELT_GEMM_MODE_GROUPED_OFFS)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "%s: desc.scales=BLOCK serves plain, batched and grouped-by-offsets GEMMs (the scaled calls)",
+                        op);
   return SMELT_OK;
 }
 
@@ -371,20 +414,30 @@ smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc,
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         OP ": desc.split_k=%d needs mode SPLIT_K_SERIAL, SPLIT_K_PARALLEL or AUTO (mode is %s)",
                         dd.split_k, mode_names[mode]);
+  const int blk = dd.scales == SMELT_GEMM_SCALES_BLOCK;
+  if (blk && split)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        OP ": block scales serve plain and batched GEMMs (mode is %s, split_k %d)", mode_names[mode],
+                        dd.split_k);
+  const smelt_gemm_scales block_sc = scales ? *scales : (smelt_gemm_scales){NULL, NULL};
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);
   const int has_c = dd.epilogue.beta != 0.0;
   if ((s = resolve_prob(OP, ctx, batched ? a->shape[0] : -1, a, b, c, d, bias, has_c, 0, &args.prob)) ||
-      (s = resolve_scales(OP, ctx, scales, d, -1, &args.prob)))
+      (s = blk ? resolve_block_scales(OP, ctx, &block_sc, d, batched ? a->shape[0] : -1, batched ? a->shape[0] : -1,
+                                      a->dtype, b->dtype, &args.prob)
+               : resolve_scales(OP, ctx, scales, d, -1, &args.prob)))
     return s;
   args.count = batched ? a->shape[0] : 1;
   smelt__gemm_state *st;
   if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
   st->has_sa = args.prob.sa != NULL;
   st->has_sb = args.prob.sb != NULL;
+  st->blk = blk;
   st->mode = mode;
-  /* 0 slices in AUTO (no explicit split) or a split mode: the backend chooses. */
-  st->split_k = dd.split_k ? dd.split_k : (split || dd.mode == SMELT_GEMM_MODE_AUTO) && !batched ? 0 : 1;
+  /* 0 slices in AUTO (no explicit split) or a split mode: the backend
+   * chooses; block scales never split. */
+  st->split_k = dd.split_k ? dd.split_k : (split || dd.mode == SMELT_GEMM_MODE_AUTO) && !batched && !blk ? 0 : 1;
   if (ctx->device == SMELT_DEVICE_CPU && st->split_k == 0) st->split_k = 1;
   st->count = args.count;
   st->prob = args.prob;
@@ -764,8 +817,11 @@ smelt_status smelt_gemm_grouped_offs_scaled_plan(smelt_ctx *ctx, const smelt_gem
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);
   int64_t groups = 0;
+  const int blk = dd.scales == SMELT_GEMM_SCALES_BLOCK;
+  const smelt_gemm_scales block_sc = scales ? *scales : (smelt_gemm_scales){NULL, NULL};
   if ((s = resolve_offs(op, ctx, a, b, c, d, bias, offs, has_c, &args.prob, &groups)) ||
-      (s = resolve_scales(op, ctx, scales, d, groups, &args.prob)))
+      (s = blk ? resolve_block_scales(op, ctx, &block_sc, d, -1, groups, a->dtype, b->dtype, &args.prob)
+               : resolve_scales(op, ctx, scales, d, groups, &args.prob)))
     return s;
   args.count = groups;
   args.offs = offs->data;
@@ -773,6 +829,7 @@ smelt_status smelt_gemm_grouped_offs_scaled_plan(smelt_ctx *ctx, const smelt_gem
   if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
   st->has_sa = args.prob.sa != NULL;
   st->has_sb = args.prob.sb != NULL;
+  st->blk = blk;
   st->mode = SMELT_GEMM_MODE_GROUPED_OFFS;
   st->split_k = 1;
   st->count = groups;

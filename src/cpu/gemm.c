@@ -5,6 +5,8 @@
  * order, and i8 x i8 accumulates exactly in int64. The epilogue follows
  * smelt/gemm.h step by step in double:
  *   v = alpha · scale_a · scale_b · sa[m] · sb[n] · acc + beta · C + bias;
+ * (with block scales, acc sums each 128-deep block of K apart, weighted
+ * by its scales, and sa, sb are not applied again);
  *   v = act(v);
  *   D = convert(scale_d · v)
  * Every mode reduces to a list of single problems (grouped by offsets: one
@@ -83,6 +85,19 @@ static smelt_status scratch_new(const smelt__gemm_state *st, const smelt__gemm_a
   return SMELT_OK;
 }
 
+/* Block scales (desc.scales BLOCK): row i of A (a, K values)
+ * times column j of B (b, stride n), each 128-deep block of K summed
+ * apart and weighted by sa[i, kb] sb[j / 128, kb], k ascending. */
+static double block_dot(const smelt__gemm_prob *p, const double *a, const double *b, int64_t n, int64_t i, int64_t j) {
+  double sum = 0;
+  for (int64_t k0 = 0, kb = 0; k0 < p->k; k0 += 128, kb++) {
+    double part = 0;
+    for (int64_t k = k0; k < k0 + 128 && k < p->k; k++) part += a[k] * b[k * n];
+    sum += (double)p->sa[i * p->sa_s + kb * p->sa_ks] * (double)p->sb[(j / 128) * p->sb_s + kb * p->sb_ks] * part;
+  }
+  return sum;
+}
+
 /* One problem. Shapes: A [m,k], B [k,n], C and D [m,n], bias, sb [n], sa [m]. */
 static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, const scratch *sc) {
   const int64_t M = p->m, N = p->n, K = p->k;
@@ -111,15 +126,17 @@ static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, con
         int64_t s = 0;
         for (int64_t k = 0; k < K; k++) s += ai[k] * bi[k * N + j];
         acci[j] = s;
+      } else if (st->blk) {
+        acc[j] = block_dot(p, ad, bd + j, N, i, j);
       } else {
         double s = 0;
         for (int64_t k = 0; k < K; k++) s += ad[k] * bd[k * N + j];
         acc[j] = s;
       }
     }
-    const double abi = p->sa ? ab * (double)p->sa[i * p->sa_s] : ab;
+    const double abi = p->sa && !st->blk ? ab * (double)p->sa[i * p->sa_s] : ab;
     for (int64_t j = 0; j < N; j++) {
-      const double s = p->sb ? abi * (double)p->sb[j * p->sb_s] : abi;
+      const double s = p->sb && !st->blk ? abi * (double)p->sb[j * p->sb_s] : abi;
       double v = s * (ints ? (double)acci[j] : acc[j]);
       if (st->has_c) v += e->beta * smelt__load_f64(p->c.data, st->dt_c, i * p->c.rs + j * p->c.cs);
       if (st->has_bias) v += smelt__load_f64(p->bias, st->dt_bias, j * p->bias_s);
@@ -207,6 +224,10 @@ static void gemm_list(const smelt__gemm_state *st, const smelt__gemm_args *args,
         p.b.data = p.k ? at(p.b.data, st->dt_b, l * p.b.bs) : NULL;
         p.c.data = at(p.c.data, st->dt_c, l * p.c.bs);
         p.d.data = at(p.d.data, st->dt_d, l * p.d.bs);
+        if (st->blk && p.k) {
+          p.sa += l * p.sa_bs;
+          p.sb += l * p.sb_bs;
+        }
         break;
     }
     gemm_one(st, &p, sc);

@@ -30,6 +30,7 @@ typedef struct smelt__gemm_kernel {
   int cluster_m, cluster_n; /* sm90: CTAs per cluster along M (sharing B) or N (sharing A), else 1 */
   int promote;              /* sm90 tf32: stages per accumulator promotion (GEMM_PROMOTE), else 0 */
   int pingpong;             /* sm90: the ping-pong schedule (GEMM_PINGPONG; its tile 128 x 128) */
+  int blk;                  /* sm90 fp8: block scales, promoted every 128 of K (GEMM_BLOCK_SCALE) */
 } smelt__gemm_kernel;
 
 /* Every kernel the selector can pick, in a fixed order; returns the count. */
@@ -148,5 +149,16 @@ typedef struct smelt__gemm_kparams {
 
 _Static_assert(sizeof(smelt__gemm_kprob) == 168, "smelt__gemm_kprob must match gemm_prob");
 _Static_assert(sizeof(smelt__gemm_kparams) == 408, "smelt__gemm_kparams must match gemm_params");
+
+/* The block scales of gemm_sm90's block-scaled variants (GEMM_BLOCK_SCALE),
+ * their last kernel parameter: the host twin of sm90_blk in
+ * kernels/gemm_sm90.cu (sizes asserted on both sides). */
+typedef struct smelt__gemm_kblk {
+  uint64_t sa, sb;              /* f32 [M, KB] and [NB, KB] (batched: entry at sa_bs, sb_bs) */
+  int64_t sa_rs, sa_ks, sa_bs;  /* per row, per k block, per entry */
+  int64_t sb_rs, sb_ks, sb_bs;  /* per 128 columns, per k block, per entry */
+} smelt__gemm_kblk;
+
+_Static_assert(sizeof(smelt__gemm_kblk) == 64, "smelt__gemm_kblk must match sm90_blk");
 
 #endif /* SMELT_GEMM_CUDA_H */

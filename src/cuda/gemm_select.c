@@ -30,6 +30,10 @@
  *   at least half the SMs idle; 64 x 128 tiles when asked for; its 128 x 128
  *   ping-pong schedule only when the description asks for that tile, and
  *   its cluster variants (TMA multicast) only when it asks for a cluster;
+ *   block-scaled fp8 (desc.scales BLOCK) only on Hopper's block-scaled
+ *   kernel (128 x 128 tiles; its 2 x 1 cluster when asked for), in plain,
+ *   batched and grouped-by-offsets GEMMs with K-major A and B, else
+ *   UNSUPPORTED (K = 0 has nothing to scale: any kernel);
  *   an mma.sync kernel when the dtypes have one (f16, bf16, fp8 with an f32
  *   accumulator; f32 with math TF32 or 3XTF32; i8), the device is sm_80 or
  *   newer, and A and B are 16-byte aligned with a unit stride along K or
@@ -110,6 +114,12 @@ static smelt__gemm_kernel gemv(int tc) {
 static smelt__gemm_kernel fp8(smelt__gemm_kernel k, smelt_dtype a, smelt_dtype b) {
   k.fp8_a = a;
   k.fp8_b = b;
+  return k;
+}
+
+/* k with block scales (GEMM_BLOCK_SCALE). */
+static smelt__gemm_kernel block_scaled(smelt__gemm_kernel k) {
+  k.blk = 1;
   return k;
 }
 
@@ -210,6 +220,18 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   /* Skinny M (<= 16): the GEMV kernel, 16-bit types. Appended last, as the
    * entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) add(out, &n, gemv(tc));
+  /* Block-scaled fp8 (GEMM_BLOCK_SCALE), every fp8 pair: 128 x 128 tiles,
+   * whose B scale is one value a k block, and twice the accumulators (the
+   * promoted sums), with the six 32 KiB stages that fit; e4m3 x e4m3 also
+   * in 2 x 1 clusters sharing B (a quarter less from L2, which a 128 x 128
+   * fp8 tile at full rate draws near its limit), taken when asked for.
+   * Appended last, as the entries above. */
+  const tile blk = {.bm = 128, .bn = 128, .bk = 128, .stages = 6, .wm = 2};
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++) add(out, &n, block_scaled(fp8(sm90(SMELT__TC_FP8, blk), f8[a], f8[b])));
+  tile pair = blk;
+  pair.cluster_m = 2;
+  add(out, &n, block_scaled(fp8(sm90(SMELT__TC_FP8, pair), f8[0], f8[0])));
   return n;
 }
 
@@ -238,9 +260,10 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (clustered(k)) snprintf(cl, sizeof cl, "_c%dx%d", k->cluster_m, k->cluster_n);
       snprintf(src->name, sizeof src->name, "gemm_sm90_%s_%c%c_%dx%dx%d_s%d%s%s", kind, k->a_kmajor ? 'R' : 'C',
                k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, pingpong(k) ? "_pp" : "", cl);
-      if (k->promote) {
+      if (k->promote || k->blk) {
         const size_t len = strlen(src->name);
-        snprintf(src->name + len, sizeof src->name - len, "_pr%d", k->promote);
+        if (k->promote) snprintf(src->name + len, sizeof src->name - len, "_pr%d", k->promote);
+        else snprintf(src->name + len, sizeof src->name - len, "_blk");
       }
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
@@ -260,6 +283,7 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (k->wm != 2) smelt__prelude_define(src, "GEMM_CONSUMERS", k->wm);
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
       if (k->promote) smelt__prelude_define(src, "GEMM_PROMOTE", k->promote);
+      if (k->blk) smelt__prelude_define(src, "GEMM_BLOCK_SCALE", 1);
       if (!k->a_kmajor) smelt__prelude_define(src, "GEMM_A_MN", 1);
       if (!k->b_kmajor) smelt__prelude_define(src, "GEMM_B_MN", 1);
       if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
@@ -389,6 +413,9 @@ static int tc_kind(const smelt__gemm_state *st) {
 }
 
 int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, const smelt__gemm_facts *f) {
+  /* Block scales take the block-scaled kernels, and only they do; with K =
+   * 0 there is nothing to scale, and any kernel writes the epilogue. */
+  if (k->blk != (st->blk && f->k > 0)) return 0;
   switch (k->fam) {
     case SMELT__GK_SIMT: return k->acc == st->acc;
     case SMELT__GK_REDUCE: return 0;
@@ -403,14 +430,14 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
       if (st->mode == SMELT_GEMM_MODE_GROUPED) {
         if (!f->sm90_d || f->k_min < 1 || f->k_min == INT64_MAX || !tma) return 0;
       } else if (st->mode == SMELT_GEMM_MODE_GROUPED_OFFS) {
-        /* Grouped by offsets: 16-bit types, the fast epilogue (D as
-         * smelt__gemm_sm90_fast_d wants it, T and N below 2^31, no C), K >=
-         * 1 and B's groups at a positive batch stride (one 3-D map; its
-         * 16-byte alignment is in f->b_k or f->b_mn); K-major A (the groups'
-         * rows stacked), B either way; not on the ping-pong or cluster
-         * kernels, whose schedules need the tile count. */
-        if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16) || !k->a_kmajor || pingpong(k) || clustered(k) ||
-            !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !tma)
+        /* Grouped by offsets: 16-bit types or block-scaled fp8, the fast
+         * epilogue (D as smelt__gemm_sm90_fast_d wants it, T and N below
+         * 2^31, no C), K >= 1 and B's groups at a positive batch stride (one
+         * 3-D map; its 16-byte alignment is in f->b_k or f->b_mn); K-major A
+         * (the groups' rows stacked), B either way; not on the ping-pong or
+         * cluster kernels, whose schedules need the tile count. */
+        if ((k->tc != SMELT__TC_F16 && k->tc != SMELT__TC_BF16 && !k->blk) || !k->a_kmajor || pingpong(k) ||
+            clustered(k) || !f->sm90_d || f->k < 1 || f->k >= ((int64_t)1 << 31) || !tma)
           return 0;
       } else if (st->mode == SMELT_GEMM_MODE_BATCHED) {
         /* Batched: the fast epilogue through a 3-D map of D, below 2^31
@@ -430,8 +457,9 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
         return 0;
       }
       /* fp8 wgmma accumulates with fewer bits than f32 (gemm_sm90.cu): only
-       * for outputs whose own rounding is larger. */
-      if (k->tc == SMELT__TC_FP8 && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
+       * for outputs whose own rounding is larger, or with the block-scaled
+       * kernel's promotion every 128 of K. */
+      if (k->tc == SMELT__TC_FP8 && !k->blk && st->dt_d != SMELT_DTYPE_F16 && st->dt_d != SMELT_DTYPE_BF16 &&
           st->dt_d != SMELT_DTYPE_E4M3 && st->dt_d != SMELT_DTYPE_E5M2)
         return 0;
       /* 3xtf32 split operands take the kernel that promotes its sums, and
@@ -552,6 +580,13 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
       return SMELT_OK;
     }
   }
+  if (st->blk && f->k > 0)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "smelt_gemm: block scales run on Hopper (sm_90a) only, in the tile 128x128x128 stages 6, with "
+                        "A row-major and B column-major (K-major) 16-byte aligned, and batched or grouped only into a "
+                        "16-bit or f32 row-major D of rows of whole 16-byte units without C (device %s; A K-major %s, "
+                        "B K-major %s)",
+                        dev->arch, f->a_k ? "ok" : "no", f->b_k ? "ok" : "no");
   if (want_tc) {
     /* The large tile unless it leaves SMs without work. */
     const int64_t big_tiles = smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * (f->batch > 0 ? f->batch : 1);
@@ -704,7 +739,7 @@ int smelt__gemm_prep_choose(const smelt__gemm_state *st, const smelt__gemm_prob 
   prep[0] = prep[1] = SMELT__PREP_NONE;
   if (dev->cc_major != 9 || dev->cc_minor != 0 ||
       (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED) || st->split_k > 1 || f->k < 1 ||
-      st->desc.math.opclass == SMELT_GEMM_OPCLASS_SIMT)
+      st->desc.math.opclass == SMELT_GEMM_OPCLASS_SIMT || st->blk)
     return 0;
   switch (tc_kind(st)) {
     case SMELT__TC_TF32: prep[0] = prep[1] = SMELT__PREP_TF32; break;

@@ -129,9 +129,11 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   int ki;
   s = smelt__gemm_select(st, &f, dev, table, n, &ki, why, sizeof why);
   if (s) return s;
-  /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and split. */
-  const int tuned_split = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS
-                              ? 0 /* not tuned (as host-scheduled grouped runs are not) */
+  /* A tuning record (src/cuda/gemm_tune.c) may name a faster kernel and
+   * split; grouped by offsets is not tuned (as host-scheduled grouped runs
+   * are not), nor are block scales (one kernel). */
+  const int tuned_split = st->mode == SMELT_GEMM_MODE_GROUPED_OFFS || st->blk
+                              ? 0
                               : smelt__gemm_tune_choice(st, &f, dev, table, n, &ki, why, sizeof why);
   const smelt__gemm_kernel *k = &table[ki];
   const int split_mode = st->mode == SMELT_GEMM_MODE_SPLIT_K_SERIAL || st->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
@@ -404,6 +406,14 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
   return s;
 }
 
+/* The block scales of problem p (zeros without them); batched, sb_bs steps
+ * from entry to entry, grouped by offsets from group to group. */
+static smelt__gemm_kblk blk_of(const smelt__gemm_prob *p) {
+  return (smelt__gemm_kblk){.sa = (uint64_t)(uintptr_t)p->sa, .sb = (uint64_t)(uintptr_t)p->sb, .sa_rs = p->sa_s,
+                            .sa_ks = p->sa_ks, .sa_bs = p->sa_bs, .sb_rs = p->sb_s, .sb_ks = p->sb_ks,
+                            .sb_bs = p->sb_bs};
+}
+
 /* Grouped by offsets on Hopper (the fast epilogue only, no clusters): A
  * and D as maps over all T rows, B as a 3-D map (K, N, G) whose box is in
  * one group; one persistent CTA per SM, each walking the tiles of all
@@ -429,7 +439,8 @@ static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, c
     return s;
   int fast = 1;
   const void *gmaps = NULL;
-  void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps};
+  const smelt__gemm_kblk blk = blk_of(p); /* the block-scaled kernels' last parameter (run_sm90) */
+  void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps, (void *)&blk};
   return sm90_launch(ctx, "smelt_gemm_grouped_offs", k, f, bound, params);
 }
 
@@ -573,7 +584,10 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     if (fast != 1) td = ta;
   }
   const void *gmaps = NULL; /* grouped runs only */
-  void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps};
+  /* The block scales, the block-scaled kernels' last parameter (the
+   * driver reads as many parameters as the kernel has: others skip it). */
+  const smelt__gemm_kblk blk = blk_of(p);
+  void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps, (void *)&blk};
   void *ws = NULL;
   if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = split_tail_of(ctx, k, p, tiles, &kq, &ws))) return s;
   s = sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
@@ -670,8 +684,9 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   kp.clamp = e->clamp != 0;
   kp.has_c = st->has_c;
   kp.has_bias = st->has_bias;
-  kp.has_sa = st->has_sa;
-  kp.has_sb = st->has_sb;
+  /* Block scales reach the kernel apart (blk_of); the epilogue has no vectors. */
+  kp.has_sa = st->has_sa && !st->blk;
+  kp.has_sb = st->has_sb && !st->blk;
   kp.swizzle = st->desc.tile.swizzle ? st->desc.tile.swizzle : 8;
   kp.splits = 1;
   switch (cp->mode) {
