@@ -360,6 +360,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/moe.h"
 #include "smelt/bem.h"
 #include "smelt/quant.h"
+#include "smelt/qgemm.h"
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,6 @@
 #ifndef SMELT_FAMILIES_H
 #define SMELT_FAMILIES_H
 
-#define SMELT__FAMILY_LIST(F) F(activation) F(softmax) F(topk) F(gemm) F(conv2d) F(attention) F(attention_decode) F(kv_cache_append) F(peer) F(moe) F(bem) F(quant) F(dequant)
+#define SMELT__FAMILY_LIST(F) F(activation) F(softmax) F(topk) F(gemm) F(conv2d) F(attention) F(attention_decode) F(kv_cache_append) F(peer) F(moe) F(bem) F(quant) F(dequant) F(qgemm)
 
 #endif /* SMELT_FAMILIES_H */
