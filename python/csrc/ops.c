@@ -11,6 +11,8 @@
 #include "smelt/attention_decode.h"
 #include "smelt/conv2d.h"
 #include "smelt/gemm.h"
+#include "smelt/quant.h"
+#include "smelt/qgemm.h"
 
 #include <limits.h>
 #include <string.h>
@@ -30,7 +32,8 @@ enum {
   OP_ATTN_VARLEN_BWD,
   OP_CONV2D,
   OP_ATTN_DECODE,
-  OP_KV_APPEND
+  OP_KV_APPEND,
+  OP_QGEMM
 };
 
 typedef struct op_args {
@@ -41,6 +44,8 @@ typedef struct op_args {
   smelt_gemm_desc gemm;
   smelt_attention_desc attn;
   smelt_conv2d_desc conv;
+  smelt_qgemm_desc qgemm;
+  smelt_quant_format format;
   /* Op-specific order; NULL = absent.
    *   gemm:           a, b, c, d, bias, -, scale_a, scale_b
    *   gemm by offsets: a, b, c, d, bias, offs, scale_a, scale_b
@@ -48,7 +53,8 @@ typedef struct op_args {
    *   attention fwd:  q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
    *   attention bwd:  q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k
    *   attention decode: q, k_cache, v_cache, block_table, cache_seqlens, o, lse (attn: scale, causal)
-   *   kv cache append:  k_new, v_new, block_table, cache_seqlens, k_cache, v_cache */
+   *   kv cache append:  k_new, v_new, block_table, cache_seqlens, k_cache, v_cache
+   *   qgemm:          x, w.q, w.scale, w.tensor_scale, bias, d (format, qgemm) */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
 } op_args;
 
@@ -88,6 +94,10 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
     }
     case OP_KV_APPEND:
       return smelt_kv_cache_append_plan(ctx, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], plan);
+    case OP_QGEMM: {
+      const smelt_qgemm_weights w = {o->format, o->t[1], o->t[2], o->t[3]};
+      return smelt_qgemm_plan(ctx, &o->qgemm, o->t[0], &w, o->t[4], o->t[5], plan);
+    }
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -116,6 +126,10 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
     case OP_ATTN_DECODE:
       return smelt_attention_decode_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5], o->t[6]);
     case OP_KV_APPEND: return smelt_kv_cache_append_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], o->t[5]);
+    case OP_QGEMM: {
+      const smelt_qgemm_weights w = {o->format, o->t[1], o->t[2], o->t[3]};
+      return smelt_qgemm_run(plan, o->t[0], &w, o->t[4], o->t[5]);
+    }
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -155,7 +169,12 @@ static int execute(smpy_call *call, const op_args *o) {
     key.i[0] = (int64_t)o->gemm.math.op;
   } else if (o->op == OP_CONV2D) {
     conv2d_key(&o->conv, &key);
-  } else if (o->op >= OP_ATTN_FWD) {
+  } else if (o->op == OP_QGEMM) {
+    key.f[0] = o->qgemm.alpha;
+    key.act = (int32_t)o->qgemm.act;
+    key.slope = o->qgemm.slope;
+    key.i[0] = (int64_t)o->format;
+  } else if (o->op >= OP_ATTN_FWD && o->op != OP_QGEMM) {
     key.f[0] = o->attn.scale;
     key.i[0] = o->attn.causal;
     key.i[1] = o->attn.window_left;
@@ -751,6 +770,61 @@ done:
   return result;
 }
 
+/* ---- the quantized GEMM */
+
+/* A smelt_quant_format by its name ('nvfp4', 'mxfp8', 'fp8-1x128', ...). */
+static int parse_format(PyObject *o, smelt_quant_format *f) {
+  for (int i = 0; i < SMELT_QUANT_FORMAT_COUNT && PyUnicode_Check(o); i++)
+    if (!PyUnicode_CompareWithASCIIString(o, smelt_quant_format_name((smelt_quant_format)i))) {
+      *f = (smelt_quant_format)i;
+      return 0;
+    }
+  return raise_repr(SMELT_STATUS_INVALID_ARGUMENT,
+                    "smelt.qgemm: format=%s is not one of 'fp8-tensor', 'fp8-row', 'fp8-1x128', 'fp8-128x128', "
+                    "'mxfp8', 'nvfp4'",
+                    o);
+}
+
+static PyObject *py_qgemm(PyObject *self, PyObject *args) {
+  PyObject *a[13]; /* x, w_q, w_scales, w_tensor_scale, bias, out, format, alpha, act, slope, out_dtype, ctx, stream */
+  static const char *names[5] = {"x", "w_q", "w_scales", "w_tensor_scale", "bias"};
+  op_args o;
+  if (op_begin(args, "qgemm", 13, a, &o, OP_QGEMM, 6) < 0 || parse_format(a[6], &o.format) < 0) return NULL;
+  o.qgemm = smelt_qgemm_desc_default();
+  o.qgemm.alpha = PyFloat_AsDouble(a[7]);
+  const double slope = PyFloat_AsDouble(a[9]);
+  if (PyErr_Occurred() || parse_act(a[8], &o.qgemm.act) < 0) return NULL;
+  o.qgemm.slope = (float)slope;
+  smpy_call call;
+  PyObject *out = a[5], *made = NULL, *result = NULL;
+  if (smpy_call_begin(&call, "smelt.qgemm", a[11], a[12]) < 0) return NULL;
+  for (int i = 0; i < 5; i++) {
+    smelt_tensor *t;
+    if ((i == 3 || i == 4) && a[i] == Py_None) continue;
+    if (smpy_call_import(&call, a[i], names[i], 0, &t) < 0) goto done;
+    /* numpy has no e4m3: scale bytes may come as uint8. */
+    if (i == 2 && t->dtype == SMELT_DTYPE_U8 && o.format == SMELT_QUANT_NVFP4) t->dtype = SMELT_DTYPE_E4M3;
+    o.t[i] = t;
+  }
+  if (out == Py_None) {
+    const smelt_tensor *x = o.t[0], *q = o.t[1];
+    smelt_dtype dt = x->dtype;
+    if (parse_dtype_name(a[10], "smelt.qgemm: out_dtype", &dt) < 0) goto done;
+    if (x->ndim != 2 || q->ndim != 2) {
+      smpy_raise(SMELT_STATUS_SHAPE_MISMATCH,
+                 "smelt.qgemm: x and w_q must be 2-D ([M, K] and [N, K/2]), got %d-D and %d-D", x->ndim, q->ndim);
+      goto done;
+    }
+    const int64_t shape[2] = {x->shape[0], q->shape[0]};
+    if (!(out = made = smpy_call_alloc(&call, dt, 2, shape))) goto done;
+  }
+  result = run_out(&call, &o, 5, out);
+done:
+  smpy_call_end(&call);
+  Py_XDECREF(made);
+  return result;
+}
+
 PyMethodDef smpy_op_methods[] = {
     {"activation", py_activation, METH_VARARGS, "activation(x, out, act, slope, ctx, stream) -> out"},
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
@@ -773,6 +847,8 @@ PyMethodDef smpy_op_methods[] = {
      "stream) -> out or (out, lse)"},
     {"kv_cache_append", py_kv_cache_append, METH_VARARGS,
      "kv_cache_append(k_new, v_new, block_table, cache_seqlens, k_cache, v_cache, ctx, stream) -> None"},
+    {"qgemm", py_qgemm, METH_VARARGS,
+     "qgemm(x, w_q, w_scales, w_tensor_scale, bias, out, format, alpha, act, slope, out_dtype, ctx, stream) -> out"},
     {NULL, NULL, 0, NULL}};
 
 int smpy_ops_init(PyObject *module) {
