@@ -165,11 +165,14 @@ static __device__ __forceinline__ uint4 ld_codes_tail(const unsigned char *row, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* The two scale bytes of the 32 codes at k (low byte: codes 0..15), zero
- * past `end`. */
-static __device__ __forceinline__ u32 ld_scales_tail(const unsigned char *row, i64 cs, i64 k, i64 end) {
-  const u32 lo = k < end ? row[(k / 16) * cs] : 0u, hi = k + 16 < end ? row[(k / 16 + 1) * cs] : 0u;
-  return lo | hi << 8;
+/* The scale bytes of the `n` blocks of 16 codes from k on (byte i of the
+ * result: block i), zero past `end`. */
+static __device__ __forceinline__ uint2 ld_scales_tail(const unsigned char *row, i64 cs, i64 k, i64 end, int n) {
+  u32 w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    if (i < n && k + 16 * i < end) w[i >> 2] |= (u32)row[(k / 16 + i) * cs] << (8 * (i & 3));
+  return make_uint2(w[0], w[1]);
 }
 
 /* ---------------------------------------------------------------- the GEMV */
@@ -264,16 +267,22 @@ static __device__ __forceinline__ void finish(const qg_params &P, const float (*
 
 /* One chunk's products: for each of the lane's J 16-byte pieces of its two
  * rows, 4 words of codes, each decoded into 4 pair words (x the block
- * scale) that are two mma steps with the matching words of x. */
-static __device__ __forceinline__ void chunk_mma(float (*acc)[4], const uint4 (*wq)[2], const u32 (*sp)[2],
-                                                 const uint4 (*xs)[XU], const u32 *stab, int g, int t, int two) {
+ * scale) that are two mma steps with the matching words of x. Lane t holds
+ * the 8 scale bytes of piece j = t of its rows (sraw); piece j's two bytes
+ * for lane t are bytes 2t, 2t + 1 of lane j's. */
+static __device__ __forceinline__ void chunk_mma(float (*acc)[4], const uint4 (*wq)[2], const uint2 *sraw,
+                                                 const uint4 (*xs)[XU], const u32 *stab, int lane, int two) {
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < J; j++) {
     u32 sc[2][2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      sc[h][0] = stab[sp[j][h] & 0xffu];
-      sc[h][1] = stab[(sp[j][h] >> 8) & 0xffu];
+      const int src = (lane & ~3) | j;
+      const u32 lo = __shfl_sync(0xffffffffu, sraw[h].x, src), hi = __shfl_sync(0xffffffffu, sraw[h].y, src);
+      const u32 pair = ((t & 2) ? hi : lo) >> (16 * (t & 1));
+      sc[h][0] = stab[pair & 0xffu];
+      sc[h][1] = stab[(pair >> 8) & 0xffu];
     }
 #pragma unroll
     for (int q = 0; q < 4; q++) {
@@ -324,41 +333,20 @@ extern "C" __global__ void __launch_bounds__(NT, 3) qgemm_w4_gemv(const qg_param
   for (i64 kc = k0; kc < k1; kc += CHUNK) {
     const int full = P.vec && kc + CHUNK <= k1;
     uint4 wq[J][2];
-    u32 sp[J][2];
-    uint2 sraw[2];
-    if (full) {
+    uint2 sraw[2]; /* the scales of piece j = t: 8 blocks of 16 from kc + 128 t */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
 #pragma unroll
       for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) wq[j][h] = ld_stream(wrow[h] + kc / 2 + 64 * j + 16 * t);
-#pragma unroll
-      for (int h = 0; h < 2; h++) sraw[h] = *(const uint2 *)(srow[h] + kc / 16 + 8 * t);
-    } else {
-#pragma unroll
-      for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const i64 k = kc + 128 * j + 32 * t;
-          wq[j][h] = ld_codes_tail(wrow[h], k, k1);
-          sp[j][h] = ld_scales_tail(srow[h], P.s_cs, k, k1);
-        }
+        wq[j][h] = full ? ld_stream(wrow[h] + kc / 2 + 64 * j + 16 * t)
+                        : ld_codes_tail(wrow[h], kc + 128 * j + 32 * t, k1);
+      sraw[h] = full ? *(const uint2 *)(srow[h] + kc / 16 + 8 * t)
+                     : ld_scales_tail(srow[h], P.s_cs, kc + 128 * t, k1, 8);
     }
     __syncthreads(); /* the previous chunk's x is used up (and the table is written) */
     stage_x(P, xs, kc, k1, full, two ? 16 : 8);
-    if (full) {
-      /* Lane t loaded the scales of piece j = t of its rows; piece j's
-       * bytes for lane t are bytes 2t, 2t + 1 of lane j's 8. */
-#pragma unroll
-      for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const int src = (lane & ~3) | j;
-          const u32 lo = __shfl_sync(0xffffffffu, sraw[h].x, src), hi = __shfl_sync(0xffffffffu, sraw[h].y, src);
-          sp[j][h] = ((t & 2) ? hi : lo) >> (16 * (t & 1)) & 0xffffu;
-        }
-    }
     __syncthreads();
-    chunk_mma(acc, wq, sp, xs, stab, g, t, two);
+    chunk_mma(acc, wq, sraw, xs, stab, lane, two);
   }
   finish(P, acc, n0, g, t, &last);
 }
@@ -377,7 +365,7 @@ extern "C" __global__ void __launch_bounds__(NT) qgemm_w4_dequant(const qg_param
     const unsigned char *qr = (const unsigned char *)P.q + n * P.q_rs;
     const int whole = k + 32 <= P.k;
     const uint4 w = whole && P.vec ? ld_stream(qr + k / 2) : ld_codes_tail(qr, k, P.k);
-    const u32 sp = ld_scales_tail((const unsigned char *)P.scale + n * P.s_rs, P.s_cs, k, P.k);
+    const u32 sp = ld_scales_tail((const unsigned char *)P.scale + n * P.s_rs, P.s_cs, k, P.k, 2).x;
     uint4 *out = (uint4 *)((smelt_h16 *)P.d + n * P.d_rs + k);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
