@@ -78,6 +78,8 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   c->set_bytes = bytes_q() + bytes_scale() + 4 + (uint64_t)(opt_m * opt_k + opt_m * opt_n + opt_n) * es;
   c->traffic_bytes = bytes_q() + bytes_scale() + (uint64_t)(opt_m * opt_k + opt_m * opt_n) * es;
   c->flops = 2.0 * (double)opt_m * (double)opt_n * (double)opt_k;
+  /* The CPU reference decodes each weight and sums in f64: about 2e7 FLOP/s. */
+  c->cpu_bytes_per_s = (double)c->traffic_bytes / (c->flops * (1.0 / 2e7 - 1.0 / 1e9));
 }
 
 /* Random codes; scale bytes with exponents 4..10 (2^-3 .. 2^3). */
