@@ -225,10 +225,12 @@ static smelt_status run_gemm(smelt_plan *plan, const smelt_tensor *const *t) {
   params_of(plan, t, &p);
   p.vec = q_vec(&p);
   void *w = NULL;
-  smelt_status s = SMELT_OK;
+  /* At least one pool block, so that B has a real pointer also when K = 0. */
+  const size_t bytes = (size_t)(p.n * p.k) * 2;
+  smelt_status s = smelt__cuda_alloc(ctx, bytes > 256 ? bytes : 256, &w);
+  if (s) return s;
   const int64_t pieces = p.n * smelt__ceil_div(p.k, 32);
   if (pieces > 0) {
-    if ((s = smelt__cuda_alloc(ctx, (size_t)(p.n * p.k) * 2, &w))) return s;
     p.d = (uint64_t)(uintptr_t)w;
     p.d_rs = p.k;
     int64_t blocks = smelt__ceil_div(pieces, NT), cap = (int64_t)ctx->cuda->info.sm_count * 8;
@@ -241,11 +243,8 @@ static smelt_status run_gemm(smelt_plan *plan, const smelt_tensor *const *t) {
   if (!s)
     s = smelt_gemm_scaled_run(((qg_cuda *)plan->backend)->gemm, t[SMELT__QG_X], &b, NULL, t[SMELT__QG_D],
                               t[SMELT__QG_BIAS], &scales);
-  if (w) {
-    smelt_status f = smelt__cuda_free(ctx, w);
-    if (!s) s = f;
-  }
-  return s;
+  smelt_status f = smelt__cuda_free(ctx, w);
+  return s ? s : f;
 }
 
 static smelt_status run_qgemm(smelt_plan *plan, const void *args) {
