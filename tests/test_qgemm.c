@@ -172,6 +172,13 @@ static void args_make(const qg_case *c, const qg_bufs *B, qg_args *a) {
   a->desc.act = c->act;
 }
 
+/* Random inputs for c, on ctx, and the call's tensors over them. */
+static void setup(smelt_ctx *ctx, const qg_case *c, qg_data *dd, qg_bufs *B, qg_args *a) {
+  make_data(c, dd);
+  bufs_make(ctx, c, dd, B);
+  args_make(c, B, a);
+}
+
 /* Runs c on ctx; got [M, N] (every element written, padding untouched). */
 static void run_on(smelt_ctx *ctx, const qg_case *c, const qg_data *dd, double *got) {
   qg_bufs B;
@@ -261,11 +268,9 @@ static void test_qgemm_bad_inputs(void) {
                      0, 0, 0, 0, 0, 0};
   smelt_ctx *ctx = th_cpu();
   qg_data dd;
-  make_data(&c, &dd);
   qg_bufs B;
   qg_args a;
-  bufs_make(ctx, &c, &dd, &B);
-  args_make(&c, &B, &a);
+  setup(ctx, &c, &dd, &B, &a);
   smelt_qgemm_weights w = a.w;
   w.format = SMELT_QUANT_FP8_1X128;
   CHECK_STATUS(smelt_qgemm(ctx, NULL, &a.x, &w, NULL, &a.d), SMELT_STATUS_UNSUPPORTED);
@@ -429,11 +434,9 @@ static void test_qgemm_gpu_deterministic(void) {
   const qg_case c = {7, 190, 8192, SMELT_DTYPE_BF16, SMELT_DTYPE_F32, SMELT_DTYPE_COUNT, SMELT_ACT_IDENTITY, 1.0,
                      0, 0, 0, 0, 0, 0};
   qg_data dd;
-  make_data(&c, &dd);
   qg_bufs B;
   qg_args a;
-  bufs_make(gpu, &c, &dd, &B);
-  args_make(&c, &B, &a);
+  setup(gpu, &c, &dd, &B, &a);
   smelt_plan *plan = NULL;
   CHECK_OK(smelt_qgemm_plan(gpu, &a.desc, &a.x, &a.w, NULL, &a.d, &plan));
   const size_t bytes = (size_t)B.dv.storage * 4;
