@@ -362,6 +362,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/quant.h"
 #include "smelt/norm.h"
 #include "smelt/rotary.h"
+#include "smelt/qgemm.h"
 
 #ifdef __cplusplus
 }

@@ -55,15 +55,6 @@
 
 static_assert(BM == 16 && BN == 32 && CHUNK == 128, "the table's tile (src/cuda/gemm_select.c, gemv)");
 
-/* 16 bytes of W, read once: no L1 allocation, the 256 bytes around it into L2. */
-static __device__ __forceinline__ uint4 ld_stream(const smelt_h16 *p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 /* 16 bytes of x (which every block reads) into this lane's slot of shared
  * memory, through L1. */
 static __device__ __forceinline__ void cp_async_ca16(u32 dst, const smelt_h16 *src) {

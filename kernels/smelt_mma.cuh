@@ -1,6 +1,6 @@
 /* PTX wrappers for the tensor-core kernels (GEMM, attention, PEER): shared
- * memory addresses and stores, cp.async, ldmatrix, the m16n8k16 mma.sync,
- * mbarriers, proxy fences, named barriers, setmaxnreg, TMA loads and
+ * memory addresses and stores, cp.async, streaming loads, ldmatrix, the
+ * m16n8k16 mma.sync, mbarriers, proxy fences, named barriers, setmaxnreg, TMA loads and
  * stores, the cluster, the wgmma fences and accumulator lists. Written
  * once so that every kernel issues the same text with the same clobbers.
  * Only what does not depend on a kernel's prelude lives here; each kernel
@@ -60,6 +60,18 @@ static __device__ __forceinline__ void cp_async4(u32 dst, const void *src, int b
 }
 static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 #define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
+
+/* ---------------------------------------------------------------- streaming loads */
+
+/* 16 bytes of a stream read once (a GEMV's weights): no L1 allocation,
+ * the 256 bytes around it into L2. */
+static __device__ __forceinline__ uint4 ld_stream(const void *p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 /* ---------------------------------------------------------------- ldmatrix */
 

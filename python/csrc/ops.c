@@ -11,6 +11,8 @@
 #include "smelt/attention_decode.h"
 #include "smelt/conv2d.h"
 #include "smelt/gemm.h"
+#include "smelt/quant.h"
+#include "smelt/qgemm.h"
 
 #include <limits.h>
 #include <string.h>
@@ -34,7 +36,8 @@ enum {
   OP_NORM,
   OP_NORM_BWD,
   OP_RESIDUAL_ADD,
-  OP_ROTARY
+  OP_ROTARY,
+  OP_QGEMM
 };
 
 typedef struct op_args {
@@ -47,6 +50,8 @@ typedef struct op_args {
   smelt_conv2d_desc conv;
   smelt_norm_desc norm;
   smelt_rotary_desc rot;
+  smelt_qgemm_desc qgemm;
+  smelt_quant_format format;
   /* Op-specific order; NULL = absent.
    *   gemm:           a, b, c, d, bias, -, scale_a, scale_b
    *   gemm by offsets: a, b, c, d, bias, offs, scale_a, scale_b
@@ -58,7 +63,9 @@ typedef struct op_args {
    *   norm:           x, residual, weight, bias, y, h_out, mean, rstd
    *   norm backward:  dy, x, weight, mean, rstd, dh, dx, dweight, dbias
    *   residual add:   x, residual, y
-   *   rotary:         x, cos, sin, positions, y */
+   *   rotary:         x, cos, sin, positions, y
+
+   *   qgemm:          x, w.q, w.scale, w.tensor_scale, bias, d (format, qgemm) */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
 } op_args;
 
@@ -106,6 +113,10 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
                                  o->t[7], o->t[8], plan);
     case OP_RESIDUAL_ADD: return smelt_residual_add_plan(ctx, o->t[0], o->t[1], o->t[2], plan);
     case OP_ROTARY: return smelt_rotary_plan(ctx, &o->rot, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4], plan);
+    case OP_QGEMM: {
+      const smelt_qgemm_weights w = {o->format, o->t[1], o->t[2], o->t[3]};
+      return smelt_qgemm_plan(ctx, &o->qgemm, o->t[0], &w, o->t[4], o->t[5], plan);
+    }
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -141,6 +152,10 @@ static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
                                 o->t[8]);
     case OP_RESIDUAL_ADD: return smelt_residual_add_run(plan, o->t[0], o->t[1], o->t[2]);
     case OP_ROTARY: return smelt_rotary_run(plan, o->t[0], o->t[1], o->t[2], o->t[3], o->t[4]);
+    case OP_QGEMM: {
+      const smelt_qgemm_weights w = {o->format, o->t[1], o->t[2], o->t[3]};
+      return smelt_qgemm_run(plan, o->t[0], &w, o->t[4], o->t[5]);
+    }
     default: return SMELT_STATUS_INTERNAL;
   }
 }
@@ -181,6 +196,11 @@ static int execute(smpy_call *call, const op_args *o) {
     key.i[1] = (int64_t)o->gemm.scales;
   } else if (o->op == OP_CONV2D) {
     conv2d_key(&o->conv, &key);
+  } else if (o->op == OP_QGEMM) {
+    key.f[0] = o->qgemm.alpha;
+    key.act = (int32_t)o->qgemm.act;
+    key.slope = o->qgemm.slope;
+    key.i[0] = (int64_t)o->format;
   } else if (o->op >= OP_NORM) {
     key.f[0] = o->norm.eps;
     key.i[0] = o->op == OP_ROTARY ? (int64_t)o->rot.layout : (int64_t)o->norm.kind;
@@ -938,6 +958,61 @@ done:
   return result;
 }
 
+/* ---- the quantized GEMM */
+
+/* A smelt_quant_format by its name ('nvfp4', 'mxfp8', 'fp8-1x128', ...). */
+static int parse_format(PyObject *o, smelt_quant_format *f) {
+  for (int i = 0; i < SMELT_QUANT_FORMAT_COUNT && PyUnicode_Check(o); i++)
+    if (!PyUnicode_CompareWithASCIIString(o, smelt_quant_format_name((smelt_quant_format)i))) {
+      *f = (smelt_quant_format)i;
+      return 0;
+    }
+  return raise_repr(SMELT_STATUS_INVALID_ARGUMENT,
+                    "smelt.qgemm: format=%s is not one of 'fp8-tensor', 'fp8-row', 'fp8-1x128', 'fp8-128x128', "
+                    "'mxfp8', 'nvfp4'",
+                    o);
+}
+
+static PyObject *py_qgemm(PyObject *self, PyObject *args) {
+  PyObject *a[13]; /* x, w_q, w_scales, w_tensor_scale, bias, out, format, alpha, act, slope, out_dtype, ctx, stream */
+  static const char *names[5] = {"x", "w_q", "w_scales", "w_tensor_scale", "bias"};
+  op_args o;
+  if (op_begin(args, "qgemm", 13, a, &o, OP_QGEMM, 6) < 0 || parse_format(a[6], &o.format) < 0) return NULL;
+  o.qgemm = smelt_qgemm_desc_default();
+  o.qgemm.alpha = PyFloat_AsDouble(a[7]);
+  const double slope = PyFloat_AsDouble(a[9]);
+  if (PyErr_Occurred() || parse_act(a[8], &o.qgemm.act) < 0) return NULL;
+  o.qgemm.slope = (float)slope;
+  smpy_call call;
+  PyObject *out = a[5], *made = NULL, *result = NULL;
+  if (smpy_call_begin(&call, "smelt.qgemm", a[11], a[12]) < 0) return NULL;
+  for (int i = 0; i < 5; i++) {
+    smelt_tensor *t;
+    if ((i == 3 || i == 4) && a[i] == Py_None) continue;
+    if (smpy_call_import(&call, a[i], names[i], 0, &t) < 0) goto done;
+    /* numpy has no e4m3: scale bytes may come as uint8. */
+    if (i == 2 && t->dtype == SMELT_DTYPE_U8 && o.format == SMELT_QUANT_NVFP4) t->dtype = SMELT_DTYPE_E4M3;
+    o.t[i] = t;
+  }
+  if (out == Py_None) {
+    const smelt_tensor *x = o.t[0], *q = o.t[1];
+    smelt_dtype dt = x->dtype;
+    if (parse_dtype_name(a[10], "smelt.qgemm: out_dtype", &dt) < 0) goto done;
+    if (x->ndim != 2 || q->ndim != 2) {
+      smpy_raise(SMELT_STATUS_SHAPE_MISMATCH,
+                 "smelt.qgemm: x and w_q must be 2-D ([M, K] and [N, K/2]), got %d-D and %d-D", x->ndim, q->ndim);
+      goto done;
+    }
+    const int64_t shape[2] = {x->shape[0], q->shape[0]};
+    if (!(out = made = smpy_call_alloc(&call, dt, 2, shape))) goto done;
+  }
+  result = run_out(&call, &o, 5, out);
+done:
+  smpy_call_end(&call);
+  Py_XDECREF(made);
+  return result;
+}
+
 PyMethodDef smpy_op_methods[] = {
     {"activation", py_activation, METH_VARARGS, "activation(x, out, act, slope, ctx, stream) -> out"},
     {"softmax", py_softmax, METH_VARARGS, "softmax(x, out, lse, want_lse, ctx, stream) -> out or (out, lse)"},
@@ -970,6 +1045,8 @@ PyMethodDef smpy_op_methods[] = {
      "-> (dx, dweight, dbias)"},
     {"residual_add", py_residual_add, METH_VARARGS, "residual_add(x, residual, out, ctx, stream) -> out"},
     {"rotary", py_rotary, METH_VARARGS, "rotary(x, cos, sin, positions, out, layout, inverse, ctx, stream) -> out"},
+    {"qgemm", py_qgemm, METH_VARARGS,
+     "qgemm(x, w_q, w_scales, w_tensor_scale, bias, out, format, alpha, act, slope, out_dtype, ctx, stream) -> out"},
     {NULL, NULL, 0, NULL}};
 
 int smpy_ops_init(PyObject *module) {

@@ -62,7 +62,8 @@ __all__ = [
     "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
     "PeerStore", "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_decode",
     "attention_varlen", "conv2d", "conv2d_dgrad", "conv2d_wgrad", "default_context", "empty", "gemm", "gemm_grouped",
-    "info", "kv_cache_append", "moe", "moe_backward", "peer", "peer_backward", "peer_retrieve", "softmax", "topk",
+    "info", "kv_cache_append", "moe", "moe_backward", "peer", "peer_backward", "peer_retrieve", "qgemm", "softmax",
+    "topk",
 ]
 
 _c_activation = _C.activation
@@ -70,6 +71,7 @@ _c_softmax = _C.softmax
 _c_topk = _C.topk
 _c_gemm = _C.gemm
 _c_gemm_grouped = _C.gemm_grouped
+_c_qgemm = _C.qgemm
 _c_attention = _C.attention
 _c_attention_backward = _C.attention_backward
 _c_attention_decode = _C.attention_decode
@@ -324,6 +326,32 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
         out = _numpy_empty(a.shape[:-1] + b.shape[-1:], a.dtype if out_dtype is None else out_dtype, "smelt.gemm")
     return _c_gemm(a, b, c, bias, out, float(alpha), float(beta), activation, float(slope), math, out_dtype, ctx,
                    stream, scale_a, scale_b, _SCALE_FORMATS[format])
+
+
+def qgemm(x, w_q, w_scales, w_tensor_scale, bias=None, out=None, *, format="nvfp4", alpha=1.0,
+          activation="identity", slope=0.01, out_dtype=None, ctx=None, stream=None):
+    """D = act(alpha · x @ dequant(W)ᵀ + bias), W given quantized (W4A16).
+
+    The quantized GEMM manager: the weights' format name picks the kernel.
+    Shapes:  x [M, K]; W [N, K] as an nn.Linear's weight [out, in] stores it,
+             quantized as smelt's quantizer writes it (format 'nvfp4'):
+             w_q [N, K/2] uint8 (E2M1 pairs, element 2j in the low nibble),
+             w_scales [N, K/16] e4m3 (float8_e4m3fn, or its bytes as uint8),
+             w_tensor_scale [1] f32; bias [N]  ->  D [M, N].
+             K must be a multiple of 16.
+    dequant: W[n, k] = e2m1(w_q) · e4m3(w_scales[n, k // 16]) · w_tensor_scale,
+             exactly. x bf16 or f16 (the implemented pair: nvfp4 weights with
+             16-bit activations; other formats raise UnsupportedError).
+    D has x's dtype unless out_dtype ('f32', 'f16', 'bf16') or out says
+    otherwise. activation: one of smelt.ACTIVATIONS, applied last.
+    Returns D.
+    """
+    if out_dtype is not None:
+        out_dtype = _norm_dtype(out_dtype)
+    if out is None and type(x).__module__ == "numpy":
+        out = _numpy_empty((x.shape[0], w_q.shape[0]), x.dtype if out_dtype is None else out_dtype, "smelt.qgemm")
+    return _c_qgemm(x, w_q, w_scales, w_tensor_scale, bias, out, format, float(alpha), activation, float(slope),
+                    out_dtype, ctx, stream)
 
 
 def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity",

@@ -10,6 +10,6 @@
 
 #define SMELT__FAMILY_LIST(F)                                                                                    \
   F(activation) F(softmax) F(topk) F(gemm) F(conv2d) F(attention) F(attention_decode) F(kv_cache_append) F(peer)  \
-  F(moe) F(bem) F(quant) F(dequant) F(norm) F(norm_bwd) F(residual) F(rotary)
+  F(moe) F(bem) F(quant) F(dequant) F(norm) F(norm_bwd) F(residual) F(rotary) F(qgemm)
 
 #endif /* SMELT_FAMILIES_H */

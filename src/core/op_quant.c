@@ -79,8 +79,7 @@ static smelt_status check_dtype_is(const char *op, const char *name, const smelt
                       smelt_dtype_name(t->dtype), smelt_dtype_name(want), smelt_quant_format_name(f));
 }
 
-/* The format's tensors around a [rows, cols] matrix: q, scale, tensor_scale. */
-static smelt_status check_format(const char *op, smelt_quant_format f, int64_t rows, int64_t cols,
+smelt_status smelt__quant_check_format(const char *op, smelt_quant_format f, int64_t rows, int64_t cols,
                                  const smelt_tensor *q, const smelt_tensor *scale, const smelt_tensor *ts) {
   if ((unsigned)f >= SMELT_QUANT_FORMAT_COUNT)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
@@ -125,7 +124,8 @@ static smelt_status check_quant(smelt_plan *plan, const void *params, const smel
   const char *op = smelt__family_quant.op;
   smelt_quant_format f = *(const smelt_quant_format *)params;
   smelt_status s;
-  if ((s = check_matrix(op, "x", t[0])) || (s = check_format(op, f, t[0]->shape[0], t[0]->shape[1], t[1], t[2], t[3])))
+  if ((s = check_matrix(op, "x", t[0])) ||
+      (s = smelt__quant_check_format(op, f, t[0]->shape[0], t[0]->shape[1], t[1], t[2], t[3])))
     return s;
   describe(plan, "quantize", f, t[0], t[1]);
   return SMELT_OK;
@@ -135,7 +135,8 @@ static smelt_status check_dequant(smelt_plan *plan, const void *params, const sm
   const char *op = smelt__family_dequant.op;
   smelt_quant_format f = *(const smelt_quant_format *)params;
   smelt_status s;
-  if ((s = check_matrix(op, "y", t[3])) || (s = check_format(op, f, t[3]->shape[0], t[3]->shape[1], t[0], t[1], t[2])))
+  if ((s = check_matrix(op, "y", t[3])) ||
+      (s = smelt__quant_check_format(op, f, t[3]->shape[0], t[3]->shape[1], t[0], t[1], t[2])))
     return s;
   describe(plan, "dequantize", f, t[3], t[0]);
   return SMELT_OK;

@@ -24,6 +24,12 @@ static inline int smelt__quant_elem_fmt(smelt_quant_format f, smelt_dtype q) {
 }
 
 void smelt__quant_geometry(smelt_quant_format f, int64_t rows, int64_t cols, smelt__quant_geom *g);
+/* The format's tensors around a [rows, cols] matrix (q, scale and
+ * tensor_scale, which may be NULL): dtypes, shapes, q's unit column
+ * stride, the tensor scale present exactly for NVFP4; messages start with
+ * op. */
+smelt_status smelt__quant_check_format(const char *op, smelt_quant_format f, int64_t rows, int64_t cols,
+                                       const smelt_tensor *q, const smelt_tensor *scale, const smelt_tensor *ts);
 /* A validated scale tensor's strides as [sr, sc] ([n] and [1] views give
  * a column stride of 0). */
 void smelt__quant_scale_strides(const smelt_tensor *s, int64_t *rs, int64_t *cs);
