@@ -162,6 +162,7 @@ void fz_attention_decode(fz *f);
 void fz_norm(fz *f);
 void fz_residual_add(fz *f);
 void fz_rotary(fz *f);
+void fz_qgemm(fz *f);
 void fz_peer(fz *f);
 void fz_peer_store(fz *f);
 void fz_conv2d(fz *f);

@@ -75,3 +75,48 @@ void fz_quant(fz *f) {
   }
   smelt_plan_destroy(plan);
 }
+
+/* smelt_qgemm (the quantized GEMM manager): x [M, K] times a weight W
+ * [N, K] in a format's tensors (NVFP4 mostly, whose K must be a multiple of
+ * 16; another format now and then, which must be refused), bias and the
+ * epilogue's alpha and activation now and then, shapes off by one now and
+ * then. M·N·K stays under a few thousand for the CPU reference. */
+enum { G_X, G_Q, G_SCALE, G_TS, G_BIAS, G_D, GNT };
+
+void fz_qgemm(fz *f) {
+  int64_t d3[3] = {fz_size(f, 9), fz_size(f, 12), 16 * fz_small(f, 5)};
+  fz_cap_work(d3, 2, 256);
+  const int64_t m = d3[0], n = d3[1], k = fz_one_in(f, 8) ? fz_size(f, 40) : d3[2];
+  const smelt_quant_format fmt =
+      fz_one_in(f, 8) ? (smelt_quant_format)fz_enum(f, SMELT_QUANT_FORMAT_COUNT) : SMELT_QUANT_NVFP4;
+  int64_t xs[2] = {m, near(f, k)}, qs[2] = {near(f, n), near(f, ceil_div(k, 2))},
+          ss[2] = {near(f, n), near(f, ceil_div(k, 16))}, ds[2] = {m, near(f, n)}, one = 1;
+  smelt_qgemm_desc desc = smelt_qgemm_desc_default();
+  if (fz_u8(f) & 1) desc.alpha = fz_double(f);
+  if (fz_u8(f) & 1) desc.act = (smelt_act)fz_enum(f, SMELT_ACT_COUNT);
+  const smelt_qgemm_desc *dp = fz_one_in(f, 16) ? NULL : &desc;
+  const smelt_dtype xdt = fz_one_in(f, 8) ? fz_float_dtype(f) : fz_u8(f) & 1 ? SMELT_DTYPE_BF16 : SMELT_DTYPE_F16;
+  const smelt_dtype ddt = fz_float_dtype(f), bdt = fz_float_dtype(f);
+  const int with_bias = fz_u8(f) & 1, mode = fz_mode(f);
+  unsigned nulls = fz_nulls(f, 4);
+  smelt_tensor t[GNT];
+  memset(t, 0, sizeof t);
+  smelt_plan *plan = NULL;
+  smelt_status s;
+  for (int r = 0; fz_round(r, mode); r++) {
+    t[G_X] = fz_view(f, xdt, 2, xs, 0);
+    t[G_Q] = fz_view(f, fz_one_in(f, 16) ? (smelt_dtype)fz_enum(f, SMELT_DTYPE_COUNT) : SMELT_DTYPE_U8, 2, qs, 0);
+    t[G_SCALE] = fz_view(f, SMELT_DTYPE_E4M3, 2, ss, 0);
+    t[G_TS] = fz_view(f, SMELT_DTYPE_F32, 1, &one, 0);
+    t[G_BIAS] = fz_view(f, bdt, 1, &n, 0);
+    t[G_D] = fz_view(f, ddt, 2, ds, 1);
+    smelt_qgemm_weights w = {fmt, fz_maybe_null(nulls, t, G_Q), fz_maybe_null(nulls >> 1, t, G_SCALE),
+                             fz_maybe_null(nulls >> 2, t, G_TS)};
+    const smelt_qgemm_weights *wp = fz_one_in(f, 32) ? NULL : &w, w_saved = w;
+    const smelt_tensor *x = fz_maybe_null(nulls >> 3, t, G_X), *bias = with_bias ? &t[G_BIAS] : NULL;
+    FZ_ROUND(s, r, mode, plan, t, "smelt_qgemm", smelt_qgemm(f->ctx, dp, x, wp, bias, &t[G_D]),
+             smelt_qgemm_plan(f->ctx, dp, x, wp, bias, &t[G_D], &plan), smelt_qgemm_run(plan, x, wp, bias, &t[G_D]));
+    fz_same("smelt_qgemm", &w_saved, &w, sizeof w);
+  }
+  smelt_plan_destroy(plan);
+}
