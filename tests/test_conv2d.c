@@ -108,6 +108,7 @@ static const ccase cases[] = {
     {"igemm fprop bf16 1x1 -> f32", FPROP, 2, 15, 13, 64, 136, 1, 1, 0, 0, 0, 0, 1, 1, BF16, F32, 0, EPI_ALPHA_BETA, 0, 0},
     {"igemm fprop bf16 serial x3", FPROP, 1, 14, 15, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 3},
     {"igemm fprop f16 strided views", FPROP, 2, 9, 10, 16, 8, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_PLAIN, 8, 0},
+    {"igemm fprop f16 C=8 (auto: fixed channels)", FPROP, 2, 19, 17, 8, 24, 3, 3, 1, 1, 1, 1, 2, 1, F16, F16, 0, EPI_BIAS_RELU, 0, 0},
     {"igemm dgrad bf16 3x3", DGRAD, 2, 17, 15, 24, 32, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
     {"igemm dgrad f16 7x7 s2", DGRAD, 2, 23, 21, 8, 16, 7, 7, 3, 3, 3, 3, 2, 1, F16, F32, 0, EPI_ALPHA_BETA, 0, 0},
     {"igemm dgrad bf16 s2 d2 in place", DGRAD, 1, 25, 22, 16, 8, 3, 3, 2, 2, 2, 2, 2, 2, BF16, BF16, 0, EPI_IN_PLACE, 0, 0},
@@ -814,7 +815,8 @@ static const ccase *case_named(const char *name) {
 
 /* Which kernel the implicit GEMM's problems plan to: the right layout per
  * kind, smelt's own split for wgrad's long sums, the asked-for split kept,
- * the reference kernel for a strided view it cannot fold. */
+ * any iterator (AUTO's fixed channels for C = 8), the reference kernel for
+ * a strided view it cannot fold. */
 static void test_gpu_igemm_plan(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
@@ -827,6 +829,7 @@ static void test_gpu_igemm_plan(void) {
       {"igemm fprop bf16 serial x3", ", serial x3"},
       {"igemm wgrad bf16 parallel x5", ", parallel x"},
       {"igemm fprop f16 strided views", "conv2d_direct_fprop_f16 (analytic reference)"},
+      {"igemm fprop f16 C=8 (auto: fixed channels)", "implicit GEMM gemm_sm80_f16_RC_64x64x32_s4_w2x2_conv_fprop"},
   };
   for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
     const ccase *cs = case_named(rows[i].name);

@@ -58,9 +58,8 @@
  * run as implicit GEMM on the GEMM engine's mma.sync kernel when the
  * gathered tensors' channels (fprop and wgrad: C; dgrad: K and C) are a
  * multiple of 8 with unit stride, their other strides multiples of 8
- * elements, C and D fold into the GEMM's [M, N] matrix, the iterator is
- * AUTO, ANALYTIC or OPTIMIZED, and the run's A and B pointers are 16-byte
- * aligned; its split-K (smelt's choice when slices is 0 and the mode AUTO:
+ * elements, C and D fold into the GEMM's [M, N] matrix (any iterator),
+ * and the run's A and B pointers are 16-byte aligned; its split-K (smelt's choice when slices is 0 and the mode AUTO:
  * serial, for few output tiles and a long K) changes the order of the f32
  * sums, so results differ between split choices by rounding. Everything
  * else runs the analytic reference kernel (one thread per output element,

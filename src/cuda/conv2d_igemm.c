@@ -7,8 +7,9 @@
  * or MN-major as its kind needs, and C and D collapsible to the GEMM's
  * [M, N] matrix; everything else runs the reference kernel, and the plan's
  * description says which ran. The gather finds each chunk's tap by
- * division, the analytic iterator; the optimized and analytic iterators
- * both take it (they differ only in how a kernel walks the taps). */
+ * division, the analytic iterator; every iterator takes it (they differ
+ * only in how a kernel walks the taps, and AUTO picks fixed channels for
+ * an f16 or bf16 fprop with C = 8). */
 #include "conv2d_cuda.h"
 #include "gemm_cuda.h"
 
@@ -124,7 +125,6 @@ static int serves(const smelt_plan *plan, const smelt_tensor *t, int64_t *m, int
   const smelt_conv2d_desc *d = &st->desc;
   const smelt_tensor *a = &t[SMELT__CONV2D_A], *b = &t[SMELT__CONV2D_B], *dd = &t[SMELT__CONV2D_D];
   if ((a->dtype != SMELT_DTYPE_F16 && a->dtype != SMELT_DTYPE_BF16) || d->math == SMELT_GEMM_MATH_TF32) return 0;
-  if (d->iterator != SMELT_CONV2D_ITER_ANALYTIC && d->iterator != SMELT_CONV2D_ITER_OPTIMIZED) return 0;
   int64_t rs, cs;
   switch (d->kind) {
     case SMELT_CONV2D_FPROP: /* x gathered; w [K, RSC] K-major */
