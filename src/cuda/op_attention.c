@@ -287,6 +287,9 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
                         st->op, dev->arch);
   smelt_status s = check_strides(st);
   if (s) return s;
+  if (st->mods)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: the score modifiers (softcap, alibi_slopes, sinks) have no CUDA kernel yet",
+                        st->op);
   const int64_t D = st->D;
   if (st->B > 65535 || st->H > 65535)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: B=%lld and H=%lld must be at most 65535 on CUDA (grid limits)",
