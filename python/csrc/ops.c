@@ -159,22 +159,29 @@ static int execute(smpy_call *call, const op_args *o) {
     else
       key.t[i].ndim = -1;
   }
+  if (o->op >= OP_ATTN_FWD && o->op <= OP_ATTN_VARLEN_BWD) {
+    /* The modifier tensors' layouts and memory: an attention plan keeps
+     * the memory it was made with (smelt/attention.h). */
+    const smelt_tensor *m[3] = {o->attn.alibi_slopes, o->attn.sinks, o->attn.dsinks};
+    for (int i = 0; i < 3; i++) {
+      if (m[i]) smpy_tkey_fill(&key.t[key.ntensors + i], m[i]);
+      else key.t[key.ntensors + i].ndim = -1;
+      key.mod_data[i] = m[i] ? (uint64_t)(uintptr_t)m[i]->data : 0;
+    }
+    key.ntensors += 3;
+  }
   int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
   uint64_t hash;
   smelt_plan *plan, *uncached = NULL;
   smelt_status s;
-  /* An attention plan keeps its modifier tensors' memory (smelt/attention.h):
-   * such a plan serves this call only. */
-  const int keep = !(o->op >= OP_ATTN_FWD && o->op <= OP_ATTN_VARLEN_BWD &&
-                     (o->attn.alibi_slopes || o->attn.sinks || o->attn.dsinks));
   smpy_ctx_lock(c);
   s = smpy_ctx_use_stream(c, call->stream);
-  plan = s || !keep ? NULL : smpy_plan_find(c, &key, &hash);
+  plan = s ? NULL : smpy_plan_find(c, &key, &hash);
   if (!s && !plan) {
     /* Planning may compile a kernel: let other threads run meanwhile. */
     Py_BEGIN_ALLOW_THREADS s = make_plan(c->ctx, o, &plan);
     Py_END_ALLOW_THREADS
-    if (!s && (!keep || smpy_plan_store(c, &key, hash, plan) < 0)) uncached = plan;
+    if (!s && smpy_plan_store(c, &key, hash, plan) < 0) uncached = plan;
   }
   if (!s) {
     if (cpu) {

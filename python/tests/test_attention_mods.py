@@ -114,6 +114,21 @@ def test_backward_modifiers_finite_differences(rng):
     assert rel_err(ds, want_ds) < 1e-5
 
 
+def test_modifier_tensors_with_cached_plans(rng):
+    # A plan keeps its modifier tensors' memory: an update in place and
+    # another tensor must both be seen by the next call.
+    q, k, v, slopes, sinks = inputs(rng)
+    before = sinks.copy()
+    a = smelt.attention(q, k, v, sinks=sinks, alibi_slopes=slopes)
+    sinks += 1.0
+    b = smelt.attention(q, k, v, sinks=sinks, alibi_slopes=slopes)
+    other = slopes * 2
+    c = smelt.attention(q, k, v, sinks=sinks, alibi_slopes=other)
+    assert rel_err(a, ref(q, k, v, sinks=before, slopes=slopes)[0]) < 1e-12
+    assert rel_err(b, ref(q, k, v, sinks=sinks, slopes=slopes)[0]) < 1e-12
+    assert rel_err(c, ref(q, k, v, sinks=sinks, slopes=other)[0]) < 1e-12
+
+
 def test_modifier_errors(rng):
     q, k, v, slopes, sinks = inputs(rng)
     with pytest.raises(ValueError):
