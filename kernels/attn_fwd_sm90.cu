@@ -5,8 +5,9 @@
  * per tile (128); ATTN_CONS, consumer warpgroups (2 or 3); ATTN_STAGES,
  * the K/V ring's depth (2..4); ATTN_PERSISTENT, the schedule (0, 1 or
  * 2, below); the score modifiers' (attn_common.cuh), applied to each tile
- * of S before its softmax as in attn_fwd_sm80.cu. docs/PERF.md has the sweep over these (and over BN 176/192 and
- * an FMA-pipe exp2, both dropped).
+ * of S before its softmax as in attn_fwd_sm80.cu. docs/PERF.md has the
+ * sweep over these (and over BN 176/192 and an FMA-pipe exp2, both
+ * dropped).
  *
  * Schedule: with ATTN_PERSISTENT 0, one CTA per (tile of 64 · ATTN_CONS
  * queries, head, sequence). With 1 or 2, one CTA per SM walks a list of

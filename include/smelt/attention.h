@@ -51,7 +51,9 @@
  * aligned (pointers and every stride but the unit one); B and H at most
  * 65535. The backward for D 96 and 128 needs 145 KiB of shared memory per
  * block (A100, H100; not sm_86/sm_89). Hopper (sm_90a) runs a TMA + wgmma
- * forward for head dims 64 and 128. The CPU takes any D >= 1.
+ * forward for head dims 64 and 128. The CPU takes any D >= 1. The score
+ * modifiers run on every CUDA kernel (softcap with tanh.approx, 2^-11
+ * relative).
  *
  * varlen on CUDA: cu_seqlens stay on the device and are not validated there
  * (FlashAttention's contract); they must start at 0, never decrease, end at
