@@ -77,6 +77,33 @@ def test_forward_modifiers(rng, mods, causal, window):
     np.testing.assert_allclose(lse[fin], wl[fin], rtol=1e-6)
 
 
+def test_varlen_modifiers(rng):
+    lq, lk = [3, 0, 6], [5, 2, 4]
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    q = rng.standard_normal((cq[-1], 4, 8))
+    k = rng.standard_normal((ck[-1], 2, 8))
+    v = rng.standard_normal((ck[-1], 2, 8))
+    slopes = (2.0 ** -np.arange(1, 5)).astype(np.float32)
+    sinks = rng.uniform(-1, 2, 4).astype(np.float32)
+    kw = dict(causal=True, window=(2, 3), softcap=1.5, alibi_slopes=slopes, sinks=sinks)
+    o, lse = smelt.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), return_lse=True, **kw)
+    d_o = rng.standard_normal(q.shape)
+    dq, dk, dv, ds = smelt.attention_backward(q, k, v, o, d_o, lse, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                              max_seqlen_q=max(lq), max_seqlen_k=max(lk), **kw)
+    want_ds = np.zeros(4)
+    for b in range(3):
+        sl, kl = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        wo, wl = ref(q[None, sl], k[None, kl], v[None, kl], True, (2, 3), 1.5, slopes, sinks)
+        assert rel_err(o[sl], wo[0]) < 1e-12
+        np.testing.assert_allclose(lse[:, sl], wl[0], rtol=1e-6)
+        # dsinks_h = -sum_i exp(sink_h - lse_i) (dO_i . O_i), over every sequence's rows
+        dsum = np.einsum("qhd,qhd->hq", d_o[sl], o[sl])
+        with np.errstate(over="ignore"):
+            want_ds -= (np.exp(sinks.astype(np.float64)[:, None] - lse[:, sl].astype(np.float64)) * dsum).sum(1)
+    assert rel_err(ds, want_ds) < 1e-5
+
+
 def test_causal_window_is_intersection(rng):
     q, k, v, _, _ = inputs(rng)
     a = smelt.attention(q, k, v, causal=True, window=(4, 6))
