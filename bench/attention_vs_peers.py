@@ -27,10 +27,17 @@ Bars (acceptance, bf16, B*S = 16k tokens, hidden 2048):
   forward D64, S = 4k and 16k: >= 0.9x cuDNN
   backward D128, S = 4k and 16k: >= 0.85x cuDNN
 
+--mods (issue 25): the cost of the score modifiers over smelt's plain
+forward, in this process through the Python binding (smelt.attention on
+torch tensors, torch's stream): softcap (30), ALiBi (slopes 2^-1..2^-8),
+sinks and all three against no modifier, B2 S4096 H16 D128 full and causal,
+rotated inputs and CUDA events as above. Bar: each <= 1.05x the plain time.
+
 Usage (from the repository root, after building build/smelt):
     python3 bench/attention_vs_peers.py                 # every case (~2-3 minutes on an H100)
     python3 bench/attention_vs_peers.py --quick         # the S = 4k cases
     python3 bench/attention_vs_peers.py --cases fwd_d128_s16k_causal --json-out /tmp/attn.json
+    PYTHONPATH=python python3 bench/attention_vs_peers.py --mods   # the modifiers' cost
 Each result (smelt against cuDNN and against FA2) is also appended to
 bench/results.jsonl (--results PATH elsewhere, --no-results for none), the
 rows bench/perf_report.py turns into docs/PERF.md.
@@ -214,6 +221,49 @@ def time_sdpa(torch, c, backend, opts):
     return dict(median_ms=statistics.median(ms), min_ms=ms[0], sets=sets)
 
 
+# ---------------------------------------------------------------- --mods
+
+MODS_BAR = 1.05  # a modifier's forward time over the plain forward's, at most
+MODS_SHAPE = (2, 4096, 16, 128)  # B, S, H, D
+
+
+def mods_variants(torch, h):
+    """The modifier sets timed: name -> smelt.attention keywords."""
+    slopes = torch.tensor([2.0 ** -(1 + i % 8) for i in range(h)], device="cuda", dtype=torch.float32)
+    sinks = torch.empty(h, device="cuda", dtype=torch.float32).uniform_(-1.0, 2.0)
+    return {"plain": {}, "softcap": dict(softcap=30.0), "alibi": dict(alibi_slopes=slopes),
+            "sinks": dict(sinks=sinks), "all": dict(softcap=30.0, alibi_slopes=slopes, sinks=sinks)}
+
+
+def run_mods(torch, opts, record):
+    """Times every modifier set against the plain forward; True when all
+    meet MODS_BAR."""
+    import smelt
+
+    B, S, H, D = MODS_SHAPE
+    sets = bench.rotation_sets(torch, 3 * B * S * H * D * 2, 0.3, 64)
+    data = [[torch.empty((B, S, H, D), device="cuda", dtype=torch.float32).uniform_(*r).to(torch.bfloat16)
+             for r in (RANGE_QK, RANGE_QK, RANGE_V)] for _ in range(sets)]
+    ok = True
+    print(f"score modifiers over the plain forward, bf16 B{B} S{S} H{H} D{D}; bar <= {MODS_BAR}x")
+    for causal in (False, True):
+        flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
+        times = {}
+        for name, kw in mods_variants(torch, H).items():
+            ms, _ = bench.time_rotated(torch, lambda t: smelt.attention(*t, causal=causal, **kw), data, opts)
+            times[name] = statistics.median(ms)
+            ratio = times[name] / times["plain"]
+            met = name == "plain" or ratio <= MODS_BAR
+            ok &= met
+            tf = flops / (times[name] * 1e-3) / 1e12
+            print(f"  {'causal' if causal else 'full':6s} {name:8s} {times[name]:8.3f} ms {tf:7.1f} TFLOP/s "
+                  f"{ratio:6.3f}x plain {'' if name == 'plain' else ('ok' if met else 'OVER')}", flush=True)
+            if name != "plain":
+                record("attention", f"fwd_d128_s4k_{'causal' if causal else 'full'}_{name}", "bf16", tf,
+                       "smelt plain forward", flops / (times["plain"] * 1e-3) / 1e12, "TF/s")
+    return ok
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -281,7 +331,14 @@ def main():
                          "over two heads)")
     ap.add_argument("--no-check", action="store_true", help="skip smelt's --check (and so the accuracy line)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip cuDNN's error measurement")
+    ap.add_argument("--mods", action="store_true",
+                    help=f"only the score modifiers' cost over the plain forward (bar <= {MODS_BAR}x)")
     opts = ap.parse_args()
+    if opts.mods:
+        torch = bench.cuda_torch("attention_vs_peers")
+        if torch is None:
+            return 1
+        return 0 if run_mods(torch, opts, bench.Recorder(opts, torch.cuda.get_device_name(0))) else 1
     if opts.list:
         for c in CASES:
             bars = ", ".join(f">= {v}x {k}" for k, v in c["bars"].items())

@@ -1,13 +1,16 @@
 /* The attention backward's two small kernels, around attn_bwd
  * (kernels/attn_bwd_sm80.cu).
  *
- * Prelude: SMELT_DT (2 f16, 3 bf16).
+ * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_SINKS 1 adds attn_bwd_dsink.
  *
  *   attn_bwd_pre  per (query row r of all sequences, head h):
  *                   dsum_ws[h][r] = Σ_d dO ∘ O  (f32, from the 16-bit inputs)
  *                   lse_ws[h][r]  = LSE · log2(e) (+inf stays +inf)
  *                   dq_acc[r][h][:] = 0
  *   attn_bwd_dq   dq[r][h][:] = scale · dq_acc[r][h][:], rounded to the dtype.
+ *   attn_bwd_dsink  dsinks[h] = -Σ_r 2^(σ_h log2 e - lse_ws[h][r]) dsum_ws[h][r]
+ *                 (after attn_bwd_pre; one block per head, in a fixed order,
+ *                 so it is bitwise repeatable in every mode).
  * Half a warp per (row, head), eight elements per lane per step in
  * 16-byte accesses (two per lane in 4-byte ones where a row is not 16-byte
  * aligned or D is not a multiple of 8): these are bound by memory (O, dO
@@ -112,3 +115,25 @@ extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dq(const attn_params P
     }
   }
 }
+
+#ifdef ATTN_SINKS
+extern "C" __global__ void __launch_bounds__(NT) attn_bwd_dsink(const attn_params P) {
+  __shared__ float part[NT / 32];
+  const int h = blockIdx.x;
+  const float s2 = ((const float *)P.sinks)[h] * 1.4426950408889634f;
+  const float *l2 = (const float *)P.lse_ws + (i64)h * P.rows_q, *ds = (const float *)P.dsum_ws + (i64)h * P.rows_q;
+  float acc = 0.f;
+  /* A row without keys has LSE +inf: its term is 0. */
+  for (i64 r = threadIdx.x; r < P.rows_q; r += NT) acc += attn_ex2(s2 - l2[r]) * ds[r];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < NT / 32; w++) t += part[w];
+    ((float *)P.dsinks)[h] = -t;
+  }
+}
+#endif

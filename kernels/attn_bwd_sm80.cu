@@ -1,7 +1,10 @@
 /* FlashAttention-2 backward for sm_80 and later: mma.sync m16n8k16,
  * ldmatrix, cp.async.
  *
- * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D, the head dim (64, 96, 128).
+ * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D, the head dim (64, 96, 128);
+ * the score modifiers' (attn_common.cuh): Sᵀ is modified before Pᵀ, and
+ * dSᵀ takes the modifier's derivative (attn_mod_tile_bwd). Sinks change
+ * nothing here (they are in the LSE); attn_bwd_dsink has their gradient.
  *
  * One CTA per (tile of 128 keys, kv head, sequence): grid (key tiles of the
  * longest sequence, Hk, B). K and V stay in shared memory; eight warps each
@@ -237,6 +240,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attn_bwd(const attn_params P
 
       /* Pᵀ and dSᵀ. Entry e of tile qt: key n0 + warp * 16 + g + 8 (e / 2),
        * query m0 + qh * 32 + qt * 8 + 2 t4 + e % 2. */
+#ifdef ATTN_MODS
+      attn_mod_tile_bwd(st, dpt, NH, (float)((i64)m0 + qh * 32 + 2 * t4 + off - (n0 + warp * 16 + g)), dsum + qh * 32,
+                        t4, attn_mod_of(P, h));
+#endif
 #pragma unroll
       for (int qt = 0; qt < NH; qt++)
 #pragma unroll

@@ -2,7 +2,10 @@
  * TMA loads on mbarriers, wgmma for all five GEMMs, warp specialization.
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (128); ATTN_DQ_TMA (0 or 1);
- * ATTN_STAGES (2 or 3); ATTN_SPREAD (0 or 1: the query tile order, below).
+ * ATTN_STAGES (2 or 3); ATTN_SPREAD (0 or 1: the query tile order, below);
+ * the score modifiers' (attn_common.cuh), as in attn_bwd_sm80.cu: Sᵀ and
+ * dPᵀ are modified together (attn_mod_tile_bwd), so with a modifier Pᵀ
+ * waits for dPᵀ instead of overlapping it.
  *
  * One CTA per (tile of 128 keys, kv head, sequence), like attn_bwd_sm80.cu,
  * looping over every (query head of the kv head's group, tile of 64
@@ -301,6 +304,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const float *slse = (const float *)(smem + S_LSE) + st * BM, *sdsum = (const float *)(smem + S_DSUM) + st * BM;
     WGMMA_WAIT(1);
     fence_f32(&sp[0][0], NQ * 4);
+#ifdef ATTN_MODS
+    WGMMA_WAIT(0);
+    fence_f32(&dp[0][0], NQ * 4);
+    attn_mod_tile_bwd(sp, dp, NQ, (float)((i64)m0 + 2 * t4 + off - (n0 + c * 64 + warp * 16 + g)), sdsum, t4,
+                      attn_mod_of(P, h));
+#endif
 #pragma unroll
     for (int qt = 0; qt < NQ; qt++) {
       const float2 l2 = *(const float2 *)(slse + qt * 8 + 2 * t4);

@@ -2,7 +2,11 @@
  * byte by smelt__attn_kparams in src/cuda/op_attention.c), locating a
  * sequence of a batched or varlen call, the mask, and small PTX helpers.
  *
- * Prelude: SMELT_DT (2 f16, 3 bf16); the kernel files add their own.
+ * Prelude: SMELT_DT (2 f16, 3 bf16); the kernel files add their own; the
+ * score modifiers' variants add ATTN_SOFTCAP, ATTN_ALIBI and ATTN_SINKS
+ * (each 1 when the variant has it; see "score modifiers" below). All their
+ * code sits under #ifdef, so a variant without them preprocesses to the
+ * plain kernel's text.
  *
  * Rows: a tensor's element (sequence b, row i, head h, d) is at
  *   batched  p + b * bs + i * rs + h * hs + d
@@ -46,6 +50,10 @@ static __device__ __forceinline__ void wgmma_rs_n128(float *d, const u32 *a, u64
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+#if defined(ATTN_SOFTCAP) || defined(ATTN_ALIBI) || defined(ATTN_SINKS)
+#define ATTN_MODS 1
+#endif
+
 #define ATTN_NEG_INF __uint_as_float(0xff800000u)
 #define ATTN_POS_INF __uint_as_float(0x7f800000u)
 #define ATTN_LN2 0.69314718055994530942f
@@ -74,10 +82,20 @@ typedef struct attn_params {
   int D;
   int pad;
   float scale, scale_log2;  /* softmax scale; scale * log2(e) */
+#ifdef ATTN_MODS
+  u64 alibi, sinks;         /* f32 [H]; 0 when the call has none */
+  u64 dsinks;               /* backward: f32 [H], written by attn_bwd_dsink */
+  float softcap;            /* > 0 in ATTN_SOFTCAP variants */
+  int pad_mods;
+#endif
 } attn_params;
 
 static_assert(sizeof(attn_tensor) == 32, "attn_tensor must match smelt__attn_ktensor");
+#ifdef ATTN_MODS
+static_assert(sizeof(attn_params) == 448, "attn_params must match smelt__attn_kparams");
+#else
 static_assert(sizeof(attn_params) == 416, "attn_params must match smelt__attn_kparams");
+#endif
 
 /* One sequence: its first global row and its length, queries and keys. */
 typedef struct attn_seq {
@@ -214,6 +232,120 @@ static __device__ __forceinline__ void attn_pack_p(float (*s)[4], u32 (*pa)[4], 
 static __device__ __forceinline__ float attn_lse(float mx, float l, float scale_log2) {
   return l > 0.f ? (mx * fabsf(scale_log2) + log2f(l)) * ATTN_LN2 : ATTN_POS_INF;
 }
+
+/* ---------------------------------------------------------------- score modifiers */
+
+#ifdef ATTN_MODS
+/* One query head's modifiers in the units the kernels keep scores in: raw
+ * q·k, the scale applied later (folded into the exponent). The scaled
+ * score u = scale·s becomes softcap·tanh(u / softcap) - slope·|dist|,
+ * that is s becomes cap_out·tanh(cap_in·s) + alibi·|dist| (cap_in =
+ * scale / softcap, cap_out = softcap / scale, alibi = -slope / scale); the
+ * sink's logit σ is σ / |scale| in attn_softmax's units of its running max
+ * (sgn·S, whose exponent is multiplied by |scale·log2 e|). */
+typedef struct attn_mod {
+  float cap_in, cap_out, alibi, sink;
+} attn_mod;
+
+static __device__ __forceinline__ attn_mod attn_mod_of(const attn_params &P, int h) {
+  attn_mod m;
+  m.cap_in = m.cap_out = m.alibi = 0.f;
+  m.sink = ATTN_NEG_INF;
+#ifdef ATTN_SOFTCAP
+  m.cap_in = P.scale / P.softcap;
+  m.cap_out = P.softcap / P.scale;
+#endif
+#ifdef ATTN_ALIBI
+  m.alibi = -((const float *)P.alibi)[h] / P.scale;
+#endif
+#ifdef ATTN_SINKS
+  if (P.sinks) m.sink = ((const float *)P.sinks)[h] / fabsf(P.scale);
+#endif
+  return m;
+}
+
+/* tanh in one instruction (tanh.approx: 2^-11 relative; FlashAttention's
+ * softcap uses it too). */
+static __device__ __forceinline__ float attn_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* Raw score s at distance dist = i + sk - sq - j from query i's diagonal,
+ * modified; *dsdu = d(modified)/d(unmodified) of the scaled scores (1 -
+ * tanh² under softcap, else 1), the factor the backward's dS takes.
+ * Distances are exact in f32 up to 2^24. */
+static __device__ __forceinline__ float attn_mod_score(float s, float dist, const attn_mod &M, float *dsdu) {
+#ifdef ATTN_SOFTCAP
+  const float th = attn_tanh(s * M.cap_in);
+  s = th * M.cap_out;
+  *dsdu = fmaf(-th, th, 1.f);
+#else
+  *dsdu = 1.f;
+#endif
+#ifdef ATTN_ALIBI
+  s = fmaf(M.alibi, fabsf(dist), s);
+#endif
+  return s;
+}
+
+/* A forward's tile of S (ns n8 groups, keys c0.., the attn_rows layout:
+ * entry e of group nt is row e / 2 and key c0 + 8 nt + 2 t4 + e % 2),
+ * this thread's rows row0 and row0 + 8 of a sequence of sq queries and sk
+ * keys, modified in place before attn_softmax. */
+static __device__ __forceinline__ void attn_mod_tile(float (*s)[4], int ns, int c0, int row0, int sq, int sk, int t4,
+                                                     const attn_mod &M) {
+  const float d0 = (float)((i64)row0 + sk - sq - c0 - 2 * t4);
+#pragma unroll
+  for (int nt = 0; nt < ns; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float unused;
+      s[nt][e] = attn_mod_score(s[nt][e], d0 + (float)(8 * (e >> 1) - 8 * nt - (e & 1)), M, &unused);
+    }
+}
+
+/* A backward's tile of Sᵀ (nq n8 groups of queries: entry e of group qt
+ * is key row e / 2 and query 8 qt + 2 t4 + e % 2, d0 the distance i + sk
+ * - sq - j of key row 0 and query 2 t4), modified in place before Pᵀ.
+ * Under softcap dPᵀ becomes D + (dPᵀ - D) f (D of query q at dsum[q]), so
+ * that dSᵀ = Pᵀ ∘ (dPᵀ - D), formed as without modifiers, comes out times
+ * f = 1 - tanh². */
+static __device__ __forceinline__ void attn_mod_tile_bwd(float (*s)[4], float (*dp)[4], int nq, float d0,
+                                                         const float *dsum, int t4, const attn_mod &M) {
+#pragma unroll
+  for (int qt = 0; qt < nq; qt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float f;
+      s[qt][e] = attn_mod_score(s[qt][e], d0 + (float)(8 * qt + (e & 1) - 8 * (e >> 1)), M, &f);
+#ifdef ATTN_SOFTCAP
+      const float ds = dsum[8 * qt + 2 * t4 + (e & 1)];
+      dp[qt][e] = fmaf(dp[qt][e] - ds, f, ds);
+#endif
+    }
+}
+
+#ifdef ATTN_SINKS
+/* The sink joins a row's running softmax state (attn_softmax's mx and
+ * sum) before its first key tile: the max starts at the sink and the sum
+ * at its weight, 1, held by the first thread of the quad (a sink of -inf
+ * adds 0: the first tile's rescale is 0). */
+static __device__ __forceinline__ void attn_sink_init(const attn_mod &M, int t4, float *mx, float *sum) {
+  mx[0] = mx[1] = M.sink;
+  sum[0] = sum[1] = t4 == 0 ? 1.f : 0.f;
+}
+
+/* A row that saw no key ends as it would without a sink: sum 0, so O = 0
+ * and LSE = +inf. */
+static __device__ __forceinline__ void attn_sink_end(const attn_rows &R, float *sum) {
+#pragma unroll
+  for (int r = 0; r < 2; r++)
+    if (R.hi[r] < R.lo[r]) sum[r] = 0.f;
+}
+#endif
+#endif /* ATTN_MODS */
 
 /* Shared-memory tiles of 16-bit rows, RB bytes each (a multiple of 128):
  * 16-byte chunk c of row r sits at chunk c ^ (r % 8), so the 8 rows one

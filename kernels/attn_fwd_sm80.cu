@@ -2,7 +2,9 @@
  * ldmatrix fragment loads and cp.async tile loads.
  *
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D, the head dim (64, 96, 128,
- * 256); ATTN_BN, keys per tile.
+ * 256); ATTN_BN, keys per tile; the score modifiers' (attn_common.cuh):
+ * each tile of S is modified before the online softmax, the sink joins
+ * the softmax state before the first tile.
  *
  * One CTA per (tile of 64 queries, head, sequence): grid (query tiles of
  * the longest sequence, H, B). Four warps each own 16 query rows and keep
@@ -101,6 +103,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
   attn_key_range(P, s.sq, s.sk, row0 + 8, &R.lo[1], &R.hi[1]);
   R.t4 = t4;
 
+#ifdef ATTN_MODS
+  const attn_mod M = attn_mod_of(P, h);
+#endif
+
   const u32 sQ = smem_u32(smem), sK = sQ + BM * RB, sV = sK + BN * RB;
   load_tile(sQ, Q, P.q.rs, m0, s.sq, BM, tid);
   load_tile(sK, K, P.k.rs, n_lo * BN, s.sk, BN, tid);
@@ -110,6 +116,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
 #pragma unroll
   for (int i = 0; i < NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.f, 0.f};
+#ifdef ATTN_SINKS
+  attn_sink_init(M, t4, mx, sum);
+#endif
   u32 offa = attn_off_a(RB, lane), offb = attn_off_b(RB, lane), offt = attn_off_t(RB, lane);
 #if Q_IN_REGS
   u32 qf[KS][4];
@@ -151,6 +160,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
     /* Online softmax (attn_common.cuh); a row's keys of an n8 tile live in
      * the 4 threads of a quad. */
     float alpha[2];
+#ifdef ATTN_MODS
+    attn_mod_tile(sc, NS, n * BN, row0, s.sq, s.sk, t4, M);
+#endif
     attn_softmax(sc, NS, n * BN, R, P.scale_log2, mx, sum, alpha);
     attn_rescale(o, NO, alpha);
     u32 pa[BN / 16][4];
@@ -172,6 +184,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) attn_fwd(const attn_params P
       }
   }
 
+#ifdef ATTN_SINKS
+  attn_sink_end(R, sum);
+#endif
   /* Row sums over the quad, then O / sum and LSE = ln 2 (m + log2 sum). */
 #pragma unroll
   for (int r = 0; r < 2; r++) {

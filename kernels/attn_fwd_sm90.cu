@@ -4,8 +4,10 @@
  * Prelude: SMELT_DT (2 f16, 3 bf16); ATTN_D (64 or 128); ATTN_BN, keys
  * per tile (128); ATTN_CONS, consumer warpgroups (2 or 3); ATTN_STAGES,
  * the K/V ring's depth (2..4); ATTN_PERSISTENT, the schedule (0, 1 or
- * 2, below). docs/PERF.md has the sweep over these (and over BN 176/192 and
- * an FMA-pipe exp2, both dropped).
+ * 2, below); the score modifiers' (attn_common.cuh), applied to each tile
+ * of S before its softmax as in attn_fwd_sm80.cu. docs/PERF.md has the
+ * sweep over these (and over BN 176/192 and an FMA-pipe exp2, both
+ * dropped).
  *
  * Schedule: with ATTN_PERSISTENT 0, one CTA per (tile of 64 · ATTN_CONS
  * queries, head, sequence). With 1 or 2, one CTA per SM walks a list of
@@ -241,6 +243,12 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
 #pragma unroll
   for (int i = 0; i < NO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, sum[2] = {0.f, 0.f};
+#ifdef ATTN_MODS
+  const attn_mod M = attn_mod_of(P, t.h);
+#endif
+#ifdef ATTN_SINKS
+  attn_sink_init(M, t4, mx, sum);
+#endif
   const u32 qc = sQ + c * (64 * 128);
   mbar_wait(fullQ, qpar);
   /* Consumer 0 has the first turn, then the turn goes round the ring. A
@@ -268,6 +276,9 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
   }
 #endif
   /* O is still zero: its alpha is not needed. */
+#ifdef ATTN_MODS
+  attn_mod_tile(sc, NS, n_lo * BN, row0, t.s.sq, t.s.sk, t4, M);
+#endif
   attn_softmax(sc, NS, n_lo * BN, R, P.scale_log2, mx, sum, alpha);
   attn_pack_p(sc, pa, BN / 16);
 
@@ -295,6 +306,9 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
       __syncwarp();
       if (lane == 0) mbar_arrive(emptyQ);
     }
+#endif
+#ifdef ATTN_MODS
+    attn_mod_tile(sc, NS, (n_lo + i) * BN, row0, t.s.sq, t.s.sk, t4, M);
 #endif
     attn_softmax(sc, NS, (n_lo + i) * BN, R, P.scale_log2, mx, sum, alpha);
     /* These fences keep the softmax from sinking below the wait, the next
@@ -330,6 +344,9 @@ static __device__ __forceinline__ void consume(const attn_params &P, const fwd_t
   if (lane == 0) mbar_arrive(empty + 8 * lst);
 #endif
 
+#ifdef ATTN_SINKS
+  attn_sink_end(R, sum);
+#endif
   /* O / sum, LSE, and 4-byte stores of column pairs (from registers: the
    * next query tile's loads go on meanwhile). */
 #pragma unroll

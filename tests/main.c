@@ -19,6 +19,7 @@ extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
 extern const th_test th_tests_inputs[];
 extern const th_test th_tests_moe_bwd[];
+extern const th_test th_tests_attn_mods[];
 /* Every op family has a suite of its name (src/core/families.h). */
 #define SUITE_DECL(name) extern const th_test th_tests_##name[];
 SMELT__FAMILY_LIST(SUITE_DECL)
@@ -32,6 +33,7 @@ static const struct {
     {"cache", th_tests_cache},
     SMELT__FAMILY_LIST(SUITE)
     {"moe_bwd", th_tests_moe_bwd},
+    {"attn_mods", th_tests_attn_mods},
     {"inputs", th_tests_inputs},
     {"threads", th_tests_threads},
     {"gemm_tune", th_tests_gemm_tune},

@@ -16,10 +16,31 @@
  *
  * Masking (per sequence, with Sq and Sk its lengths): query i sees key j iff
  *   j >= i + Sk - Sq - window_left   (when window_left  >= 0)
- *   j <= i + Sk - Sq + window_right  (when window_right >= 0; causal sets it to 0)
+ *   j <= i + Sk - Sq + window_right  (when window_right >= 0)
+ *   j <= i + Sk - Sq                 (when causal)
  * so causal is aligned to the bottom-right corner (the last query sees every
- * key). A query row that sees no key gets O = 0 and LSE = +inf; its
- * gradients are 0. Rows are never rejected for length: any Sq, Sk >= 0.
+ * key). causal with a window is the intersection of the two masks (a right
+ * window > 0 then changes nothing, as in FlashAttention). A query row that
+ * sees no key gets O = 0 and LSE = +inf (sinks or not); its gradients are 0.
+ * Rows are never rejected for length: any Sq, Sk >= 0.
+ *
+ * Score modifiers (desc fields; each off by default), applied to the scaled
+ * score s = scale · q_i · k_j of a visible (i, j), in this order:
+ *   softcap c > 0   s <- c · tanh(s / c)
+ *   alibi_slopes    s <- s - slope[h] · |i + Sk - Sq - j|   (FlashAttention's
+ *                   convention: the distance to query i's bottom-right diagonal)
+ * and then masked. sinks (one logit σ[h] per query head) join every row's
+ * softmax denominator without a value:
+ *   LSE = log(Σ_visible j exp(s_j) + exp(σ[h])),   P_j = exp(s_j - LSE),   O = Σ_j P_j v_j
+ * so the rows' weights sum to 1 - exp(σ[h] - LSE).
+ * Backward with modifiers: dS = P ∘ (dP - D) as below, times ds/du =
+ * 1 - (s / c)² with softcap (u the scaled score before the cap);
+ * the slopes get no gradient. dsinks (when given) receives
+ *   dsinks[h] = -Σ_rows i exp(σ[h] - LSE_i) · D_i,   D_i = Σ_d dO_i ∘ O_i,
+ * summed over every sequence's rows of head h (the derivation is in
+ * docs/API.md). slopes, sinks and dsinks are f32 [H], contiguous, in the
+ * context's memory; a plan keeps the views it was made with: its runs read
+ * (and write) the memory they named at plan time.
  *
  * Element types: q, k, v, o (and d_o, dq, dk, dv) share one dtype: f16 or
  * bf16 on CUDA (f32 accumulation); f32 and f64 as well on the CPU, whose
@@ -30,7 +51,9 @@
  * aligned (pointers and every stride but the unit one); B and H at most
  * 65535. The backward for D 96 and 128 needs 145 KiB of shared memory per
  * block (A100, H100; not sm_86/sm_89). Hopper (sm_90a) runs a TMA + wgmma
- * forward for head dims 64 and 128. The CPU takes any D >= 1.
+ * forward for head dims 64 and 128. The CPU takes any D >= 1. The score
+ * modifiers run on every CUDA kernel (softcap with tanh.approx, 2^-11
+ * relative).
  *
  * varlen on CUDA: cu_seqlens stay on the device and are not validated there
  * (FlashAttention's contract); they must start at 0, never decrease, end at
@@ -74,15 +97,19 @@ typedef struct smelt_attention_desc {
   float scale;            /* softmax scale; 0 = 1/sqrt(D). Any other finite value. */
   int causal;             /* bottom-right aligned causal mask (window_right becomes 0) */
   int64_t window_left;    /* keys left of the diagonal a query sees; -1 = unbounded */
-  int64_t window_right;   /* keys right of the diagonal; -1 = unbounded; with causal: -1 or 0 */
+  int64_t window_right;   /* keys right of the diagonal; -1 = unbounded; with causal: intersected */
   int64_t max_seqlen_q;   /* varlen: at least the longest query sequence (ignored when batched) */
   int64_t max_seqlen_k;   /* varlen: at least the longest key sequence */
   int deterministic;      /* backward: bitwise-repeatable gradients (the context can ask too) */
   smelt_attention_schedule fwd_schedule; /* forward on Hopper; AUTO (0) = the measured choice */
+  float softcap;          /* > 0: scores capped to softcap · tanh(s / softcap); 0 = none */
+  const smelt_tensor *alibi_slopes; /* f32 [H]: ALiBi's slope per query head; NULL = none */
+  const smelt_tensor *sinks;        /* f32 [H]: a sink logit per query head; NULL = none */
+  const smelt_tensor *dsinks;       /* backward, with sinks: f32 [H] out, their gradient; NULL = not wanted */
 } smelt_attention_desc;
 
 /* scale 0 (1/sqrt(D)), not causal, windows -1 (unbounded), max_seqlen 0,
- * not deterministic, schedule AUTO. Start from this: a zeroed desc has windows of 0, which
+ * not deterministic, schedule AUTO, no modifier. Start from this: a zeroed desc has windows of 0, which
  * lets each query see only the key on its diagonal. */
 SMELT_API smelt_attention_desc smelt_attention_desc_default(void);
 

@@ -64,8 +64,8 @@ typedef struct op_args {
    *   norm backward:  dy, x, weight, mean, rstd, dh, dx, dweight, dbias
    *   residual add:   x, residual, y
    *   rotary:         x, cos, sin, positions, y
-
-   *   qgemm:          x, w.q, w.scale, w.tensor_scale, bias, d (format, qgemm) */
+   *   qgemm:          x, w.q, w.scale, w.tensor_scale, bias, d (format, qgemm)
+   * (attention's modifier tensors are in attn: alibi_slopes, sinks, dsinks) */
   const smelt_tensor *t[SMPY_KEY_TENSORS];
 } op_args;
 
@@ -207,6 +207,8 @@ static int execute(smpy_call *call, const op_args *o) {
     key.i[1] = o->rot.inverse;
   } else if (o->op >= OP_ATTN_FWD) {
     key.f[0] = o->attn.scale;
+    key.f[1] = o->attn.softcap;
+    key.i[5] = o->attn.deterministic;
     key.i[0] = o->attn.causal;
     key.i[1] = o->attn.window_left;
     key.i[2] = o->attn.window_right;
@@ -219,6 +221,17 @@ static int execute(smpy_call *call, const op_args *o) {
       smpy_tkey_fill(&key.t[i], o->t[i]);
     else
       key.t[i].ndim = -1;
+  }
+  if (o->op >= OP_ATTN_FWD && o->op <= OP_ATTN_VARLEN_BWD) {
+    /* The modifier tensors' layouts and memory: an attention plan keeps
+     * the memory it was made with (smelt/attention.h). */
+    const smelt_tensor *m[3] = {o->attn.alibi_slopes, o->attn.sinks, o->attn.dsinks};
+    for (int i = 0; i < 3; i++) {
+      if (m[i]) smpy_tkey_fill(&key.t[key.ntensors + i], m[i]);
+      else key.t[key.ntensors + i].ndim = -1;
+      key.mod_data[i] = m[i] ? (uint64_t)(uintptr_t)m[i]->data : 0;
+    }
+    key.ntensors += 3;
   }
   int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
   uint64_t hash;
@@ -646,6 +659,30 @@ done:
   return result;
 }
 
+/* The modifiers' scalar: softcap (p[0]) and deterministic (p[1], NULL in the forward). */
+static int parse_attn_flags(PyObject **p, int bwd, smelt_attention_desc *d) {
+  const double cap = PyFloat_AsDouble(p[0]);
+  const int det = bwd ? PyObject_IsTrue(p[1]) : 0;
+  if (PyErr_Occurred() || det < 0) return -1;
+  d->softcap = (float)cap;
+  d->deterministic = det;
+  return 0;
+}
+
+/* The modifier tensors alibi_slopes and sinks (None: absent) into d. */
+static int import_mods(smpy_call *call, PyObject *alibi, PyObject *sinks, smelt_attention_desc *d) {
+  smelt_tensor *t;
+  if (alibi != Py_None) {
+    if (smpy_call_import(call, alibi, "alibi_slopes", 0, &t) < 0) return -1;
+    d->alibi_slopes = t;
+  }
+  if (sinks != Py_None) {
+    if (smpy_call_import(call, sinks, "sinks", 0, &t) < 0) return -1;
+    d->sinks = t;
+  }
+  return 0;
+}
+
 /* scale, causal, window_left, window_right, max_seqlen_q, max_seqlen_k. */
 static int parse_attn(PyObject **p, smelt_attention_desc *d) {
   *d = smelt_attention_desc_default();
@@ -680,12 +717,13 @@ static int attn_begin(const attn_call *c, PyObject *args, PyObject **a, op_args 
 }
 
 static PyObject *py_attention(PyObject *self, PyObject *args) {
-  static const attn_call fwd = {"attention", 16, OP_ATTN_FWD, OP_ATTN_VARLEN_FWD, 7, 6, 8};
-  /* q, k, v, out, lse, want_lse, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream */
-  PyObject *a[16];
+  static const attn_call fwd = {"attention", 19, OP_ATTN_FWD, OP_ATTN_VARLEN_FWD, 7, 6, 8};
+  /* q, k, v, out, lse, want_lse, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream,
+   * softcap, alibi_slopes, sinks */
+  PyObject *a[19];
   op_args o;
   int varlen;
-  if (attn_begin(&fwd, args, a, &o, &varlen) < 0) return NULL;
+  if (attn_begin(&fwd, args, a, &o, &varlen) < 0 || parse_attn_flags(a + 16, 0, &o.attn) < 0) return NULL;
   int want_lse = PyObject_IsTrue(a[5]);
   if (want_lse < 0) return NULL;
 
@@ -700,6 +738,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
   if (varlen && (smpy_call_import(&call, a[6], "cu_seqlens_q", 0, &cq) < 0 ||
                  smpy_call_import(&call, a[7], "cu_seqlens_k", 0, &ck) < 0))
     goto fail;
+  if (import_mods(&call, a[17], a[18], &o.attn) < 0) goto fail;
   /* The lse a call makes: [H, Tq] (varlen) or [B, H, Sq]. */
   int64_t ls[3] = {0, 0, 0};
   if (out == Py_None || (lse == Py_None && want_lse)) {
@@ -730,19 +769,23 @@ fail:
 }
 
 static PyObject *py_attention_backward(PyObject *self, PyObject *args) {
-  static const attn_call bwd = {"attention_backward", 19, OP_ATTN_BWD, OP_ATTN_VARLEN_BWD, 11, 9, 11};
-  /* q, k, v, o, d_o, lse, dq, dk, dv, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream */
-  PyObject *a[19];
+  static const attn_call bwd = {"attention_backward", 24, OP_ATTN_BWD, OP_ATTN_VARLEN_BWD, 11, 9, 11};
+  /* q, k, v, o, d_o, lse, dq, dk, dv, cu_q, cu_k, scale, causal, wl, wr, max_q, max_k, ctx, stream,
+   * softcap, deterministic, alibi_slopes, sinks, dsinks (with sinks: None = allocate; the result then
+   * has it fourth) */
+  PyObject *a[24];
   op_args o;
   int varlen;
-  if (attn_begin(&bwd, args, a, &o, &varlen) < 0) return NULL;
+  if (attn_begin(&bwd, args, a, &o, &varlen) < 0 || parse_attn_flags(a + 19, 1, &o.attn) < 0) return NULL;
 
   static const char *in_names[6] = {"q", "k", "v", "o", "d_o", "lse"};
-  static const char *grad_names[3] = {"dq", "dk", "dv"};
+  static const char *grad_names[4] = {"dq", "dk", "dv", "dsinks"};
   smpy_call call;
-  PyObject *grads[3] = {a[6], a[7], a[8]}, *made[3] = {NULL, NULL, NULL}, *result = NULL;
-  smelt_tensor *t[11] = {NULL};
+  const int with_sinks = a[22] != Py_None;
+  PyObject *grads[4] = {a[6], a[7], a[8], a[23]}, *made[4] = {NULL, NULL, NULL, NULL}, *result = NULL;
+  smelt_tensor *t[11] = {NULL}, *ds = NULL;
   if (smpy_call_begin(&call, "smelt.attention_backward", a[17], a[18]) < 0) return NULL;
+  if (import_mods(&call, a[21], a[22], &o.attn) < 0) goto done;
   for (int i = 0; i < 6; i++)
     if (smpy_call_import(&call, a[i], in_names[i], 0, &t[i]) < 0) goto done;
   if (varlen && (smpy_call_import(&call, a[9], "cu_seqlens_q", 0, &t[9]) < 0 ||
@@ -754,12 +797,20 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *args) {
       goto done;
     if (smpy_call_import(&call, grads[i], grad_names[i], 1, &t[6 + i]) < 0) goto done;
   }
+  if (with_sinks) {
+    const smelt_tensor *sk = o.attn.sinks;
+    if (grads[3] == Py_None && !(grads[3] = made[3] = smpy_call_alloc(&call, SMELT_DTYPE_F32, sk->ndim, sk->shape)))
+      goto done;
+    if (smpy_call_import(&call, grads[3], grad_names[3], 1, &ds) < 0) goto done;
+    o.attn.dsinks = ds;
+  }
   for (int i = 0; i < 11; i++) o.t[i] = t[i];
   if (execute(&call, &o) < 0) goto done;
-  result = PyTuple_Pack(3, grads[0], grads[1], grads[2]);
+  result = with_sinks ? PyTuple_Pack(4, grads[0], grads[1], grads[2], grads[3])
+                      : PyTuple_Pack(3, grads[0], grads[1], grads[2]);
 done:
   smpy_call_end(&call);
-  for (int i = 0; i < 3; i++) Py_XDECREF(made[i]);
+  for (int i = 0; i < 4; i++) Py_XDECREF(made[i]);
   return result;
 }
 
@@ -1028,10 +1079,11 @@ PyMethodDef smpy_op_methods[] = {
      "-> out"},
     {"attention", py_attention, METH_VARARGS,
      "attention(q, k, v, out, lse, want_lse, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right, "
-     "max_seqlen_q, max_seqlen_k, ctx, stream) -> out or (out, lse)"},
+     "max_seqlen_q, max_seqlen_k, ctx, stream, softcap, alibi_slopes, sinks) -> out or (out, lse)"},
     {"attention_backward", py_attention_backward, METH_VARARGS,
      "attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, "
-     "window_right, max_seqlen_q, max_seqlen_k, ctx, stream) -> (dq, dk, dv)"},
+     "window_right, max_seqlen_q, max_seqlen_k, ctx, stream, softcap, deterministic, alibi_slopes, sinks, dsinks) "
+     "-> (dq, dk, dv) or, with sinks, (dq, dk, dv, dsinks)"},
     {"attention_decode", py_attention_decode, METH_VARARGS,
      "attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, out, lse, want_lse, scale, causal, ctx, "
      "stream) -> out or (out, lse)"},

@@ -51,7 +51,7 @@ typedef struct smpy_tkey {
   int64_t shape[SMELT_MAX_DIMS], strides[SMELT_MAX_DIMS];
 } smpy_tkey;
 
-#define SMPY_KEY_TENSORS 11
+#define SMPY_KEY_TENSORS 14 /* the attention backward's 11 and its 3 modifier tensors */
 
 /* Everything a plan depends on: op, parameters, and the layout of each tensor
  * (dtype, device, shape, strides, pointer alignment class). Only the first
@@ -61,6 +61,7 @@ typedef struct smpy_tkey {
  * scale, causal, windows, max lengths); unused ones stay zero. */
 typedef struct smpy_pkey {
   int32_t op, act, deterministic, ntensors;
+  uint64_t mod_data[3]; /* attention: the modifier tensors' memory, which its plan keeps (0: none) */
   double slope;
   int64_t k;
   double f[4];

@@ -435,6 +435,12 @@ def _window(window, op):
     return tuple(_int(w, "window[%d]" % i, op, -1, what=" (-1 = unbounded)") for i, w in enumerate(window))
 
 
+def _softcap(softcap, op):
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise DTypeError("%s: softcap=%r must be a number (0 = none)" % (op, softcap))
+    return float(softcap)
+
+
 def _numpy_out_lse(q, out, lse, want, lse_shape):
     """The outputs of an attention call on numpy arrays, made here when not
     given: o like q, lse of lse_shape() in f32 when wanted. Other frameworks'
@@ -449,18 +455,18 @@ def _numpy_out_lse(q, out, lse, want, lse_shape):
 
 
 def _attention_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, return_lse, out, lse, ctx, stream,
-                    lse_shape):
+                    lse_shape, softcap, alibi_slopes, sinks):
     """The forward call of attention and attention_varlen: numpy outputs made
     here (lse of lse_shape()), the rest in C."""
     want = bool(return_lse) or lse is not None
     out, lse = _numpy_out_lse(q, out, lse, want, lse_shape)
     r = _c_attention(q, k, v, out, lse, want, cu_q, cu_k, 0.0 if scale is None else float(scale), bool(causal),
-                     window[0], window[1], max_q, max_k, ctx, stream)
+                     window[0], window[1], max_q, max_k, ctx, stream, softcap, alibi_slopes, sinks)
     return r if return_lse or not want else r[0]
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None,
-              ctx=None, stream=None):
+              ctx=None, stream=None, softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
     """Scaled dot-product attention (FlashAttention-2 semantics).
 
     O = softmax(scale · q kᵀ, masked) v per (batch, head); query head h reads
@@ -469,18 +475,27 @@ def attention(q, k, v, *, causal=False, scale=None, window=(-1, -1), return_lse=
     Shapes:  q [B, Sq, H, D], k and v [B, Sk, Hk, D] (H a multiple of Hk; unit
              stride along D)  ->  o [B, Sq, H, D], lse [B, H, Sq] (f32, natural log)
     Dtypes:  f16, bf16 (CUDA; head dims 64, 96, 128, 256); f32, f64 too on the CPU.
-    causal:  bottom-right aligned (the last query sees every key).
+    causal:  bottom-right aligned (the last query sees every key); with a
+             window, the intersection of both masks.
     scale:   softmax scale; None = 1/sqrt(D).
     window:  (left, right) keys a query sees around its diagonal; -1 = unbounded.
+    softcap: > 0: each scaled score s becomes softcap · tanh(s / softcap).
+    alibi_slopes: f32 [H] or None: s - slope[h] · |i + Sk - Sq - j| (FlashAttention's).
+    sinks:   f32 [H] or None: a logit per head added to the softmax's
+             denominator (lse includes it; its rows' weights sum below 1).
+    deterministic: the backward's mode where one follows (torch autograd
+             inside torch.compile); the forward is always deterministic.
     A query that sees no key gets o = 0 and lse = +inf.
     Returns o, or (o, lse) when return_lse is true.
     """
     wl, wr = _window(window, "smelt.attention")
+    softcap = _softcap(softcap, "smelt.attention")
     if _is_compiling():
         return _torch_impl.attention(q, k, v, causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
-                                     out=out, lse=lse)
+                                     out=out, lse=lse, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                     deterministic=deterministic)
     return _attention_call(q, k, v, None, None, 0, 0, causal, scale, (wl, wr), return_lse, out, lse, ctx, stream,
-                           lambda: (q.shape[0], q.shape[2], q.shape[1]))
+                           lambda: (q.shape[0], q.shape[2], q.shape[1]), softcap, alibi_slopes, sinks)
 
 
 def attention_decode(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=True, scale=None, return_lse=False,
@@ -516,7 +531,8 @@ def kv_cache_append(k_new, v_new, block_table, cache_seqlens, k_cache, v_cache, 
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
-                     window=(-1, -1), return_lse=False, out=None, lse=None, ctx=None, stream=None):
+                     window=(-1, -1), return_lse=False, out=None, lse=None, ctx=None, stream=None, softcap=0.0,
+                     alibi_slopes=None, sinks=None, deterministic=None):
     """Attention over packed sequences of different lengths.
 
     Shapes:  q [Tq, H, D], k and v [Tk, Hk, D]; cu_seqlens_q, cu_seqlens_k
@@ -524,40 +540,49 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
              end at Tq / Tk; sequence b is rows cu[b] .. cu[b+1]-1; lengths may
              be 0)  ->  o [Tq, H, D], lse [H, Tq] (f32)
     max_seqlen_q / max_seqlen_k: at least the longest sequence (sizes the GPU grid).
-    Masking, dtypes and the rest as smelt.attention, per sequence.
+    Masking, modifiers, dtypes and the rest as smelt.attention, per sequence.
     Returns o, or (o, lse) when return_lse is true.
     """
     wl, wr = _window(window, "smelt.attention_varlen")
+    softcap = _softcap(softcap, "smelt.attention_varlen")
     if _is_compiling():
         return _torch_impl.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                             causal=causal, scale=scale, window=(wl, wr), return_lse=return_lse,
-                                            out=out, lse=lse)
+                                            out=out, lse=lse, softcap=softcap, alibi_slopes=alibi_slopes,
+                                            sinks=sinks, deterministic=deterministic)
     return _attention_call(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale,
-                           (wl, wr), return_lse, out, lse, ctx, stream, lambda: (q.shape[1], q.shape[0]))
+                           (wl, wr), return_lse, out, lse, ctx, stream, lambda: (q.shape[1], q.shape[0]), softcap,
+                           alibi_slopes, sinks)
 
 
 def attention_backward(q, k, v, o, d_o, lse, *, causal=False, scale=None, window=(-1, -1), cu_seqlens_q=None,
                        cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dq=None, dk=None, dv=None, ctx=None,
-                       stream=None):
+                       stream=None, softcap=0.0, alibi_slopes=None, sinks=None, dsinks=None, deterministic=None):
     """Gradients of attention: (dq, dk, dv) from q, k, v, the forward's o and
-    lse, and d_o = dL/do, with the forward's causal/scale/window.
+    lse, and d_o = dL/do, with the forward's causal/scale/window/modifiers.
 
     Shapes:  as smelt.attention (batched) or smelt.attention_varlen (when
              cu_seqlens_q/_k are given); dq like q, dk like k, dv like v
-             (dk, dv summed over each kv head's query heads).
+             (dk, dv summed over each kv head's query heads); dsinks f32 [H].
     Dtypes:  f16, bf16 (CUDA; head dims 64, 96, 128); f32, f64 too on the CPU.
-    The context's deterministic mode makes the result bitwise repeatable.
-    Returns (dq, dk, dv).
+    deterministic: True: bitwise repeatable gradients (a fixed order of
+             additions, somewhat slower); None or False: the context's mode
+             (smelt.Context(deterministic=True) makes every call repeatable).
+    Returns (dq, dk, dv), and with sinks (dq, dk, dv, dsinks).
     """
     wl, wr = _window(window, "smelt.attention_backward")
+    softcap = _softcap(softcap, "smelt.attention_backward")
     if type(q).__module__ == "numpy":
         np = _sys.modules["numpy"]
         dq = np.empty(q.shape, q.dtype) if dq is None else dq
         dk = np.empty(k.shape, q.dtype) if dk is None else dk
         dv = np.empty(v.shape, q.dtype) if dv is None else dv
+        if sinks is not None and dsinks is None:
+            dsinks = np.empty(sinks.shape, np.float32)
     return _c_attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                                  0.0 if scale is None else float(scale), bool(causal), wl, wr, int(max_seqlen_q),
-                                 int(max_seqlen_k), ctx, stream)
+                                 int(max_seqlen_k), ctx, stream, softcap, bool(deterministic), alibi_slopes, sinks,
+                                 dsinks)
 
 
 # ---- conv2d

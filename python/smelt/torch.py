@@ -19,14 +19,19 @@ already imported, or on first use of a smelt op after torch is) registers:
                   (geometry: pad_top, pad_bottom, pad_left, pad_right, stride_h, stride_w, dilation_h,
                   dilation_w)
     smelt::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale, int window_left,
-                     int window_right) -> (Tensor o, Tensor lse)
+                     int window_right, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None,
+                     bool deterministic=False) -> (Tensor o, Tensor lse)
     smelt::attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor d_o, Tensor lse, bool causal,
-                              float? scale, int window_left, int window_right) -> (Tensor dq, Tensor dk, Tensor dv)
+                              float? scale, int window_left, int window_right, float softcap=0.,
+                              Tensor? alibi_slopes=None, Tensor? sinks=None, bool deterministic=False)
+                              -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)   (dsinks [0] without sinks)
     smelt::attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
                             int max_seqlen_q, int max_seqlen_k, bool causal, float? scale, int window_left,
-                            int window_right) -> (Tensor o, Tensor lse)
+                            int window_right, <the modifiers and deterministic, as smelt::attention>)
+                            -> (Tensor o, Tensor lse)
     smelt::attention_varlen_backward(q, k, v, o, d_o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                     max_seqlen_k, causal, scale, window_left, window_right) -> (dq, dk, dv)
+                                     max_seqlen_k, causal, scale, window_left, window_right, <the same>)
+                                     -> (dq, dk, dv, dsinks)
     smelt::peer(Tensor x, Tensor wq, Tensor? bq, Tensor? norm_weight, Tensor? norm_bias, Tensor? bn_mean,
                 Tensor? bn_var, Tensor sk0, Tensor sk1, Tensor? sk2, Tensor? sk3, Tensor u, Tensor v, int k,
                 str activation, str query_norm, float norm_eps, float l2_eps, bool key_l2_norm,
@@ -59,7 +64,9 @@ times the gradient, the pre-activation recomputed with smelt as gemm's,
 bias and c by sums (gemm_grouped has none: its backward raises, since
 the weights' gradient A_gᵀ·dD_g per group is not a grouped GEMM by row
 offsets, issue 4); attention: smelt's own backward kernel, with the
-convention of FlashAttention that lse carries no gradient; peer: smelt's
+convention of FlashAttention that lse carries no gradient, sinks getting
+theirs (the ALiBi slopes none), deterministic=True asking for the bitwise
+repeatable backward; peer: smelt's
 PEER backward, the selection itself not differentiated, u and v's gradients
 sparse COO tensors with sparse_grad, as torch.embedding's sparse=True). The
 functional ops mutate nothing; activation_out declares its one mutation.
@@ -426,54 +433,64 @@ def _lse_shape(q):
 
 @torch.library.custom_op("smelt::attention", mutates_args=())
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float], window_left: int,
-               window_right: int) -> tuple[Tensor, Tensor]:
+               window_right: int, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+               sinks: Optional[Tensor] = None, deterministic: bool = False) -> tuple[Tensor, Tensor]:
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
     _C.attention(q, k, v, o, lse, True, None, None, 0.0 if scale is None else scale, causal, window_left,
-                 window_right, 0, 0, None, None)
+                 window_right, 0, 0, None, None, softcap, alibi_slopes, sinks)
     return o, lse
 
 
 @_attention.register_fake
-def _attention_fake(q, k, v, causal, scale, window_left, window_right):
+def _attention_fake(q, k, v, causal, scale, window_left, window_right, softcap=0.0, alibi_slopes=None, sinks=None,
+                    deterministic=False):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
                  lambda: "smelt.attention: q [B, Sq, H, D], k, v [B, Sk, Hk, D] must be 4-D")
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
+def _grads_like(q, k, v, sinks):
+    """dq, dk, dv (contiguous) and dsinks ([0] without sinks)."""
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32))
+
+
 @torch.library.custom_op("smelt::attention_backward", mutates_args=())
 def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, d_o: Tensor, lse: Tensor, causal: bool,
-                           scale: Optional[float], window_left: int,
-                           window_right: int) -> tuple[Tensor, Tensor, Tensor]:
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+                           scale: Optional[float], window_left: int, window_right: int, softcap: float = 0.0,
+                           alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                           deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv, ds = _grads_like(q, k, v, sinks)
     _C.attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, None, None, 0.0 if scale is None else scale, causal,
-                          window_left, window_right, 0, 0, None, None)
-    return dq, dk, dv
+                          window_left, window_right, 0, 0, None, None, softcap, deterministic, alibi_slopes, sinks,
+                          ds if sinks is not None else None)
+    return dq, dk, dv, ds
 
 
 @_attention_backward_op.register_fake
-def _attention_backward_fake(q, k, v, o, d_o, lse, causal, scale, window_left, window_right):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+def _attention_backward_fake(q, k, v, o, d_o, lse, causal, scale, window_left, window_right, softcap=0.0,
+                             alibi_slopes=None, sinks=None, deterministic=False):
+    return _grads_like(q, k, v, sinks)
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, causal, scale, wl, wr = inputs
+    q, k, v, causal, scale, wl, wr, softcap, alibi, sinks, det = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.params = (causal, scale, wl, wr)
+    ctx.save_for_backward(q, k, v, o, lse, alibi, sinks)
+    ctx.params = (causal, scale, wl, wr, softcap)
+    ctx.det = det
 
 
 def _attention_backward(ctx, do, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
+    q, k, v, o, lse, alibi, sinks = ctx.saved_tensors
     if do is None:  # only lse was used; lse carries no gradient (FlashAttention's convention)
         do = torch.zeros_like(o)
     do = do.contiguous()
-    dq, dk, dv = torch.ops.smelt.attention_backward(q, k, v, o, do, lse, *ctx.params)
-    return dq, dk, dv, None, None, None, None
+    dq, dk, dv, ds = torch.ops.smelt.attention_backward(q, k, v, o, do, lse, *ctx.params, alibi, sinks, ctx.det)
+    return dq, dk, dv, None, None, None, None, None, None, ds if sinks is not None else None, None
 
 
 _attention.register_autograd(_attention_backward, setup_context=_attention_setup)
@@ -484,17 +501,19 @@ _attention.register_autograd(_attention_backward, setup_context=_attention_setup
 @torch.library.custom_op("smelt::attention_varlen", mutates_args=())
 def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                       max_seqlen_k: int, causal: bool, scale: Optional[float], window_left: int,
-                      window_right: int) -> tuple[Tensor, Tensor]:
+                      window_right: int, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                      sinks: Optional[Tensor] = None, deterministic: bool = False) -> tuple[Tensor, Tensor]:
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     _C.attention(q, k, v, o, lse, True, cu_seqlens_q, cu_seqlens_k, 0.0 if scale is None else scale, causal,
-                 window_left, window_right, max_seqlen_q, max_seqlen_k, None, None)
+                 window_left, window_right, max_seqlen_q, max_seqlen_k, None, None, softcap, alibi_slopes, sinks)
     return o, lse
 
 
 @_attention_varlen.register_fake
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                           window_left, window_right):
+                           window_left, window_right, softcap=0.0, alibi_slopes=None, sinks=None,
+                           deterministic=False):
     torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
                  lambda: "smelt.attention_varlen: q [Tq, H, D], k, v [Tk, Hk, D] must be 3-D")
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -504,39 +523,42 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 @torch.library.custom_op("smelt::attention_varlen_backward", mutates_args=())
 def _attention_varlen_backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, d_o: Tensor, lse: Tensor,
                                   cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                                  causal: bool, scale: Optional[float], window_left: int,
-                                  window_right: int) -> tuple[Tensor, Tensor, Tensor]:
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+                                  causal: bool, scale: Optional[float], window_left: int, window_right: int,
+                                  softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                                  sinks: Optional[Tensor] = None,
+                                  deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv, ds = _grads_like(q, k, v, sinks)
     _C.attention_backward(q, k, v, o, d_o, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                           0.0 if scale is None else scale, causal, window_left, window_right, max_seqlen_q,
-                          max_seqlen_k, None, None)
-    return dq, dk, dv
+                          max_seqlen_k, None, None, softcap, deterministic, alibi_slopes, sinks,
+                          ds if sinks is not None else None)
+    return dq, dk, dv, ds
 
 
 @_attention_varlen_backward_op.register_fake
 def _attention_varlen_backward_fake(q, k, v, o, d_o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    causal, scale, window_left, window_right):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+                                    causal, scale, window_left, window_right, softcap=0.0, alibi_slopes=None,
+                                    sinks=None, deterministic=False):
+    return _grads_like(q, k, v, sinks)
 
 
 def _attention_varlen_setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap, alibi, sinks, det = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-    ctx.params = (max_q, max_k, causal, scale, wl, wr)
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, sinks)
+    ctx.params = (max_q, max_k, causal, scale, wl, wr, softcap)
+    ctx.det = det
 
 
 def _attention_varlen_backward(ctx, do, dlse):
-    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, o, lse, cu_q, cu_k, alibi, sinks = ctx.saved_tensors
     if do is None:  # only lse was used; lse carries no gradient (FlashAttention's convention)
         do = torch.zeros_like(o)
     do = do.contiguous()
-    dq, dk, dv = torch.ops.smelt.attention_varlen_backward(q, k, v, o, do, lse, cu_q, cu_k, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    dq, dk, dv, ds = torch.ops.smelt.attention_varlen_backward(q, k, v, o, do, lse, cu_q, cu_k, *ctx.params, alibi,
+                                                               sinks, ctx.det)
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, None, None, ds if sinks is not None else None,
+            None)
 
 
 _attention_varlen.register_autograd(_attention_varlen_backward, setup_context=_attention_varlen_setup)
@@ -1053,20 +1075,26 @@ def conv2d_wgrad(dy, x, w_shape=None, stride=1, padding=0, dilation=1, c=None, o
     return _conv_grad(2, dy, x, w_shape, (stride, padding, dilation), c, out, alpha, beta, math, out_dtype, layout)
 
 
-def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None):
-    """torch.ops.smelt.attention (differentiable); out/lse are filled by copy. See smelt.attention."""
+def attention(q, k, v, causal=False, scale=None, window=(-1, -1), return_lse=False, out=None, lse=None, softcap=0.0,
+              alibi_slopes=None, sinks=None, deterministic=False):
+    """torch.ops.smelt.attention (differentiable in q, k, v and sinks); out/lse
+    are filled by copy; deterministic=True makes the backward bitwise
+    repeatable. See smelt.attention."""
     o, l = torch.ops.smelt.attention(q, k, v, bool(causal), None if scale is None else float(scale),
-                                     int(window[0]), int(window[1]))
+                                     int(window[0]), int(window[1]), float(softcap), alibi_slopes, sinks,
+                                     bool(deterministic))
     return _out_lse(o, l, return_lse, out, lse)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
-                     window=(-1, -1), return_lse=False, out=None, lse=None):
-    """torch.ops.smelt.attention_varlen (differentiable in q, k, v); out/lse
-    are filled by copy. See smelt.attention_varlen."""
+                     window=(-1, -1), return_lse=False, out=None, lse=None, softcap=0.0, alibi_slopes=None,
+                     sinks=None, deterministic=False):
+    """torch.ops.smelt.attention_varlen (differentiable in q, k, v and sinks);
+    out/lse are filled by copy. See smelt.attention_varlen."""
     o, l = torch.ops.smelt.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                             int(max_seqlen_k), bool(causal), None if scale is None else float(scale),
-                                            int(window[0]), int(window[1]))
+                                            int(window[0]), int(window[1]), float(softcap), alibi_slopes, sinks,
+                                            bool(deterministic))
     return _out_lse(o, l, return_lse, out, lse)
 
 

@@ -19,8 +19,15 @@ enum {
   SMELT__ATT_DQ,
   SMELT__ATT_DK,
   SMELT__ATT_DV,
+  SMELT__ATT_ALIBI, /* the desc's score modifiers, when given */
+  SMELT__ATT_SINKS,
+  SMELT__ATT_DSINKS, /* backward only */
   SMELT__ATT_COUNT
 };
+
+/* The score modifiers a call uses, as bits: what the CUDA variants are
+ * generated for (src/cuda/op_attention.c). */
+enum { SMELT__ATT_MOD_SOFTCAP = 1, SMELT__ATT_MOD_ALIBI = 2, SMELT__ATT_MOD_SINKS = 4 };
 
 /* The plan's resolved description (plan->opdata). */
 typedef struct smelt__attn_state {
@@ -29,13 +36,16 @@ typedef struct smelt__attn_state {
   smelt_attention_desc desc; /* as given (the defaults when NULL) */
   double scale;              /* resolved: never 0 */
   int64_t wl, wr;            /* resolved windows, -1 unbounded; causal made wr 0 */
+  int mods;                  /* SMELT__ATT_MOD_* of the desc */
+  double softcap;            /* 0 = none */
   int64_t B, H, Hk, D;
   int64_t Sq, Sk;            /* batched: the lengths; varlen: max_seqlen_q, max_seqlen_k */
   int64_t rows_q, rows_k;    /* query / key rows of all sequences: B * Sq or Tq (B * Sk or Tk) */
   smelt_tensor t[SMELT__ATT_COUNT]; /* the planned views (data ignored); ndim -1 = absent */
 } smelt__attn_state;
 
-/* What a run binds: every role's tensor, NULL when absent. */
+/* What a run binds: every role's tensor, NULL when absent (the modifiers'
+ * are the plan's own views). */
 typedef struct smelt__attn_args {
   const smelt_tensor *t[SMELT__ATT_COUNT];
 } smelt__attn_args;

@@ -105,7 +105,7 @@ struct smelt_ctx {
 
 /* ---- plans */
 #define SMELT__PLAN_MAX_TENSORS 10
-#define SMELT__PLAN_MAX_FUNCS 4
+#define SMELT__PLAN_MAX_FUNCS 5
 
 struct smelt__family;
 

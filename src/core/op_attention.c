@@ -13,13 +13,15 @@
 #include <string.h>
 
 static const char *const role_name[SMELT__ATT_COUNT] = {"q",  "k",  "v",  "o",  "lse", "cu_seqlens_q", "cu_seqlens_k",
-                                                        "d_o", "dq", "dk", "dv"};
+                                                        "d_o", "dq", "dk", "dv", "desc->alibi_slopes",
+                                                        "desc->sinks", "desc->dsinks"};
 
 /* The roles by name for the shared run check; which are outputs depends on
  * the direction (is_output), so this file checks disjointness itself. */
 static const smelt__role roles[SMELT__ATT_COUNT] = {
     {.name = "q"},   {.name = "k"},  {.name = "v"},  {.name = "o"},  {.name = "lse"}, {.name = "cu_seqlens_q"},
     {.name = "cu_seqlens_k"}, {.name = "d_o"}, {.name = "dq"}, {.name = "dk"}, {.name = "dv"},
+    {.name = "desc->alibi_slopes"}, {.name = "desc->sinks"}, {.name = "desc->dsinks"},
 };
 
 const smelt__family smelt__family_attention = {
@@ -56,15 +58,21 @@ static int role_use(int role, int bwd, int varlen) {
     case SMELT__ATT_DQ:
     case SMELT__ATT_DK:
     case SMELT__ATT_DV: return bwd;
+    case SMELT__ATT_ALIBI:
+    case SMELT__ATT_SINKS: return 2;
+    case SMELT__ATT_DSINKS: return bwd ? 2 : 0;
     default: return 1;
   }
 }
 
 /* Roles shaped like q or k: [B, S, heads, D] or [rows, heads, D]. */
-static int qkv_like(int role) { return role <= SMELT__ATT_O || role >= SMELT__ATT_DO; }
+static int qkv_like(int role) { return role <= SMELT__ATT_O || (role >= SMELT__ATT_DO && role <= SMELT__ATT_DV); }
+
+/* The modifiers' per-head vectors: f32 [H]. */
+static int per_head(int role) { return role >= SMELT__ATT_ALIBI; }
 
 static int is_output(int role, int bwd) {
-  return bwd ? role == SMELT__ATT_DQ || role == SMELT__ATT_DK || role == SMELT__ATT_DV
+  return bwd ? role == SMELT__ATT_DQ || role == SMELT__ATT_DK || role == SMELT__ATT_DV || role == SMELT__ATT_DSINKS
              : role == SMELT__ATT_O || role == SMELT__ATT_LSE;
 }
 
@@ -112,7 +120,9 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
                         smelt_dtype_name(qt), cuda ? "cuda" : "cpu", cuda ? "f16, bf16" : "f16, bf16, f32, f64");
   for (int r = 0; r < SMELT__ATT_COUNT; r++) {
     if (!t[r] || r == SMELT__ATT_Q) continue;
-    smelt_dtype want = r == SMELT__ATT_LSE ? SMELT_DTYPE_F32 : r == SMELT__ATT_CU_Q || r == SMELT__ATT_CU_K ? SMELT_DTYPE_I32 : qt;
+    smelt_dtype want = r == SMELT__ATT_LSE || per_head(r)                ? SMELT_DTYPE_F32
+                       : r == SMELT__ATT_CU_Q || r == SMELT__ATT_CU_K ? SMELT_DTYPE_I32
+                                                                        : qt;
     if (t[r]->dtype == want) continue;
     if (qkv_like(r))
       return smelt__error(SMELT_STATUS_DTYPE_MISMATCH, "%s: %s.dtype=%s must equal q.dtype=%s", op, role_name[r],
@@ -131,6 +141,7 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
                           want,
                           qkv_like(r) ? (varlen ? "[rows, heads, D]" : "[B, S, heads, D]")
                           : r == SMELT__ATT_LSE ? (varlen ? "[H, rows of q]" : "[B, H, Sq]")
+                          : per_head(r)         ? "[H]"
                                                 : "[B + 1]");
   }
 
@@ -198,6 +209,18 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
     }
   }
 
+  for (int r = SMELT__ATT_ALIBI; r < SMELT__ATT_COUNT; r++) {
+    if (!t[r]) continue;
+    if (t[r]->shape[0] != st->H)
+      return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, "%s: %s.shape[0]=%lld must equal q's heads H=%lld", op,
+                          role_name[r], (long long)t[r]->shape[0], (long long)st->H);
+    if (st->H > 1 && t[r]->strides[0] != 1)
+      return smelt__error(SMELT_STATUS_BAD_LAYOUT, "%s: %s.strides[0]=%lld must be 1 (contiguous)", op, role_name[r],
+                          (long long)t[r]->strides[0]);
+  }
+  if (t[SMELT__ATT_DSINKS] && !t[SMELT__ATT_SINKS])
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc->dsinks is given without desc->sinks", op);
+
   /* layouts: D has unit stride (it is what every kernel vectorizes over) */
   for (int r = 0; r < SMELT__ATT_COUNT; r++)
     if (t[r] && qkv_like(r) && st->D > 1 && smelt_tensor_numel(t[r]) > 0 && t[r]->strides[dd] != 1)
@@ -218,10 +241,9 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
                         "%s: desc->fwd_schedule=%d is not a smelt_attention_schedule (supported: AUTO, TILES, "
                         "PERSISTENT, DYNAMIC)",
                         op, (int)d.fwd_schedule);
-  if (d.causal && d.window_right > 0)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        "%s: desc->causal with desc->window_right=%lld; a causal mask allows window_right -1 or 0", op,
-                        (long long)d.window_right);
+  if (!isfinite(d.softcap) || d.softcap < 0)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc->softcap=%g must be finite and >= 0 (0 = none)", op,
+                        (double)d.softcap);
   if (varlen) {
     if (d.max_seqlen_q < 0 || d.max_seqlen_k < 0)
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc->max_seqlen_%s=%lld must be >= 0", op,
@@ -245,7 +267,13 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
   st->desc = d;
   st->scale = d.scale != 0.0f ? (double)d.scale : 1.0 / sqrt((double)st->D);
   st->wl = d.window_left;
+  /* causal ∩ a right window: the causal bound is the tighter one. */
   st->wr = d.causal ? 0 : d.window_right;
+  st->softcap = d.softcap;
+  st->mods = (d.softcap > 0 ? SMELT__ATT_MOD_SOFTCAP : 0) | (t[SMELT__ATT_ALIBI] ? SMELT__ATT_MOD_ALIBI : 0) |
+             (t[SMELT__ATT_SINKS] ? SMELT__ATT_MOD_SINKS : 0);
+  /* The desc's tensors live in the plan (st->t); the copy must not point at the caller's. */
+  st->desc.alibi_slopes = st->desc.sinks = st->desc.dsinks = NULL;
 
   /* outputs */
   for (int r = 0; r < SMELT__ATT_COUNT; r++)
@@ -260,9 +288,20 @@ static smelt_status validate(smelt_ctx *ctx, const smelt_attention_desc *desc_in
 
 static void state_free(void *p) { free(p); }
 
+/* The call's tensors with the desc's modifier tensors added. */
+static void with_desc_roles(const smelt_attention_desc *desc, int bwd, const smelt_tensor *const *t,
+                            const smelt_tensor **all) {
+  memcpy(all, t, SMELT__ATT_COUNT * sizeof *all);
+  all[SMELT__ATT_ALIBI] = desc ? desc->alibi_slopes : NULL;
+  all[SMELT__ATT_SINKS] = desc ? desc->sinks : NULL;
+  all[SMELT__ATT_DSINKS] = desc && bwd ? desc->dsinks : NULL;
+}
+
 static smelt_status plan_any(smelt_ctx *ctx, const smelt_attention_desc *desc, int bwd, int varlen,
-                             const smelt_tensor *const *t, smelt_plan **out) {
+                             const smelt_tensor *const *t_call, smelt_plan **out) {
   const char *op = op_name(bwd, varlen);
+  const smelt_tensor *t[SMELT__ATT_COUNT];
+  with_desc_roles(desc, bwd, t_call, t);
   if (!out) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: out is NULL", op);
   *out = NULL;
   if (!ctx) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: ctx is NULL", op);
@@ -280,7 +319,7 @@ static smelt_status plan_any(smelt_ctx *ctx, const smelt_attention_desc *desc, i
   return smelt__family_plan_state(&smelt__family_attention, ctx, st, state_free, describe, NULL, out);
 }
 
-static smelt_status run_any(smelt_plan *plan, int bwd, int varlen, const smelt_tensor *const *t) {
+static smelt_status run_any(smelt_plan *plan, int bwd, int varlen, const smelt_tensor *const *t_call) {
   const char *op = op_name(bwd, varlen);
   if (!plan) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s_run: plan is NULL", op);
   const smelt__attn_state *st =
@@ -288,6 +327,10 @@ static smelt_status run_any(smelt_plan *plan, int bwd, int varlen, const smelt_t
   if (!st || st->bwd != bwd || st->varlen != varlen)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s_run: the plan is not a %s plan (it was made by %s)", op, op,
                         st ? st->op : "another op");
+  /* The modifiers' tensors are the plan's own. */
+  const smelt_tensor *t[SMELT__ATT_COUNT];
+  memcpy(t, t_call, sizeof t);
+  for (int r = SMELT__ATT_ALIBI; r < SMELT__ATT_COUNT; r++) t[r] = st->t[r].ndim >= 0 ? &st->t[r] : NULL;
   smelt_status s;
   if ((s = smelt__check_views(&smelt__family_attention, op, st->t, t)) || (s = check_disjoint(op, bwd, t))) return s;
   smelt__attn_args a;

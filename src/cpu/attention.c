@@ -1,13 +1,17 @@
 /* CPU reference for attention, in double. Per sequence b and query head h
  * (kv head hk = h / (H / Hk)) it materializes the whole score matrix:
- *   S[i][j] = scale · q_i · k_j for visible (i, j), -inf otherwise
- * forward:  m_i = max_j S[i][j]; a row with no visible key (m_i = -inf) gets
- *           O = 0 and LSE = +inf; else P = exp(S - m) / l with l = Σ exp(S - m),
+ *   S[i][j] = mod(scale · q_i · k_j) for visible (i, j), -inf otherwise
+ * with mod the desc's modifiers (softcap, then ALiBi; identity without).
+ * forward:  m_i = max(max_j S[i][j], σ) (σ the head's sink, -inf without);
+ *           a row with no visible key gets O = 0 and LSE = +inf; else
+ *           P = exp(S - m) / l with l = Σ exp(S - m) + exp(σ - m),
  *           O = P v, LSE = m + log l.
  * backward: P = exp(S - LSE) from the given LSE (0 where masked or LSE = +inf),
- *           D_i = Σ_d dO ∘ O (the given O), dP = dO vᵀ, dS = P ∘ (dP - D),
+ *           D_i = Σ_d dO ∘ O (the given O), dP = dO vᵀ,
+ *           dS = P ∘ (dP - D) ∘ mod' (1 - tanh² under softcap),
  *           dq = scale · dS k, and per kv head dk = scale · Σ_group dSᵀ q,
- *           dv = Σ_group Pᵀ dO, stored once the group is done.
+ *           dv = Σ_group Pᵀ dO, stored once the group is done;
+ *           dsinks[h] = -Σ_i exp(σ - LSE_i) D_i over all sequences.
  * Naive on purpose: it is the oracle the GPU kernels are checked against. */
 #include "../core/attention_internal.h"
 #include "../core/checked.h"
@@ -125,25 +129,52 @@ static smelt_status work_new(work *w, int64_t sq, int64_t sk, int64_t D, const c
   return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
 }
 
-/* S for one head: scale · q kᵀ where visible, -inf elsewhere. [sq][sk] */
-static void scores(const smelt__attn_state *st, const seq *sq, const work *w) {
-  const int64_t D = st->D;
+/* One query head's modifier values: its ALiBi slope and sink (0 and
+ * -inf when the desc has none). */
+typedef struct head_mods {
+  double slope, sink;
+} head_mods;
+
+static head_mods head_mods_of(const smelt__attn_args *a, int64_t h) {
+  const smelt_tensor *al = a->t[SMELT__ATT_ALIBI], *si = a->t[SMELT__ATT_SINKS];
+  head_mods m = {0.0, -INFINITY};
+  if (al) m.slope = smelt__load_f64(al->data, SMELT_DTYPE_F32, h * al->strides[0]);
+  if (si) m.sink = smelt__load_f64(si->data, SMELT_DTYPE_F32, h * si->strides[0]);
+  return m;
+}
+
+/* The modified score of a visible (i, j) from its scaled score u, at
+ * distance dist = i + sk - sq - j from the diagonal; *dsdu its derivative. */
+static double modified(const smelt__attn_state *st, const head_mods *m, int64_t dist, double u, double *dsdu) {
+  *dsdu = 1;
+  if (st->softcap > 0) {
+    const double th = tanh(u / st->softcap);
+    u = st->softcap * th;
+    *dsdu = 1 - th * th;
+  }
+  return u - m->slope * fabs((double)dist);
+}
+
+static double scaled_dot(const smelt__attn_state *st, const work *w, int64_t i, int64_t j) {
+  double acc = 0;
+  for (int64_t d = 0; d < st->D; d++) acc += w->q[i * st->D + d] * w->k[j * st->D + d];
+  return acc * st->scale;
+}
+
+/* S for one head: the modified scaled scores where visible, -inf elsewhere. [sq][sk] */
+static void scores(const smelt__attn_state *st, const seq *sq, const work *w, const head_mods *m) {
   for (int64_t i = 0; i < sq->sq; i++) {
     int64_t lo, hi;
     smelt__attn_key_range(st->wl, st->wr, sq->sq, sq->sk, i, &lo, &hi);
     for (int64_t j = 0; j < sq->sk; j++) {
-      double acc = -INFINITY;
-      if (j >= lo && j <= hi) {
-        acc = 0;
-        for (int64_t d = 0; d < D; d++) acc += w->q[i * D + d] * w->k[j * D + d];
-        acc *= st->scale;
-      }
+      double acc = -INFINITY, unused;
+      if (j >= lo && j <= hi) acc = modified(st, m, i + sq->sk - sq->sq - j, scaled_dot(st, w, i, j), &unused);
       w->s[i * sq->sk + j] = acc;
     }
   }
 }
 
-static void forward_head(const smelt__attn_state *st, const seq *sq, const work *w) {
+static void forward_head(const smelt__attn_state *st, const seq *sq, const work *w, const head_mods *hm) {
   const int64_t D = st->D, sk = sq->sk;
   for (int64_t i = 0; i < sq->sq; i++) { /* o[i][:], lse[i] */
     const double *s = w->s + i * sk;
@@ -156,7 +187,8 @@ static void forward_head(const smelt__attn_state *st, const seq *sq, const work 
       w->lse[i] = INFINITY;
       continue;
     }
-    double l = 0;
+    if (hm->sink > m) m = hm->sink;
+    double l = exp(hm->sink - m);
     for (int64_t j = 0; j < sk; j++) l += exp(s[j] - m);
     for (int64_t j = 0; j < sk; j++) {
       const double p = exp(s[j] - m) / l;
@@ -167,20 +199,24 @@ static void forward_head(const smelt__attn_state *st, const seq *sq, const work 
   }
 }
 
-/* dq for this head; dk, dv accumulate over the group. S becomes dS. */
-static void backward_head(const smelt__attn_state *st, const seq *sq, const work *w) {
+/* dq for this head; dk, dv accumulate over the group, *dsink over the
+ * head's rows. S becomes dS. */
+static void backward_head(const smelt__attn_state *st, const seq *sq, const work *w, const head_mods *hm,
+                          double *dsink) {
   const int64_t D = st->D, sk = sq->sk;
   for (int64_t i = 0; i < sq->sq; i++) {
     double *s = w->s + i * sk; /* S -> P -> dS, row i */
     const double *dor = w->d_o + i * D;
     double di = 0;
     for (int64_t d = 0; d < D; d++) di += dor[d] * w->o[i * D + d];
+    *dsink -= exp(hm->sink - w->lse[i]) * di;
     for (int64_t j = 0; j < sk; j++) {
       const double p = s[j] == -INFINITY ? 0.0 : exp(s[j] - w->lse[i]);
-      double dp = 0;
+      double dp = 0, dsdu = 1;
       for (int64_t d = 0; d < D; d++) dp += dor[d] * w->v[j * D + d];
       for (int64_t d = 0; d < D; d++) w->dv[j * D + d] += p * dor[d];
-      s[j] = p * (dp - di);
+      if (p != 0 && st->softcap > 0) modified(st, hm, 0, scaled_dot(st, w, i, j), &dsdu);
+      s[j] = p * (dp - di) * dsdu;
     }
     for (int64_t d = 0; d < D; d++) {
       double acc = 0;
@@ -192,13 +228,22 @@ static void backward_head(const smelt__attn_state *st, const seq *sq, const work
   }
 }
 
+/* dsinks of a call without rows: 0. */
+static void zero_dsinks(const smelt__attn_state *st, const smelt__attn_args *a) {
+  const smelt_tensor *t = st->bwd ? a->t[SMELT__ATT_DSINKS] : NULL;
+  for (int64_t h = 0; t && h < st->H; h++) smelt__store_f64(t->data, SMELT_DTYPE_F32, h * t->strides[0], 0.0);
+}
+
 static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
   const smelt__attn_args *a = (const smelt__attn_args *)args;
   const int64_t B = st->B, H = st->H, Hk = st->Hk, D = st->D, group = H / Hk;
-  /* Nothing to write (varlen: cu_seqlens are still checked). An empty
-   * batch may claim any B, which must not size the sequence table. */
-  if (!st->varlen && (B == 0 || (st->Sq == 0 && st->Sk == 0))) return SMELT_OK;
+  /* Nothing to write but dsinks (varlen: cu_seqlens are still checked).
+   * An empty batch may claim any B, which must not size the sequence table. */
+  if (!st->varlen && (B == 0 || (st->Sq == 0 && st->Sk == 0))) {
+    zero_dsinks(st, a);
+    return SMELT_OK;
+  }
   seq *seqs = (seq *)calloc((size_t)(B ? B : 1), sizeof *seqs);
   if (!seqs) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", st->op);
   smelt_status s = SMELT_OK;
@@ -216,6 +261,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   /* No query or key row anywhere: nothing to write, and D (any size on
    * empty tensors) must not size a scratch that is never used. */
   if (!s && mq == 0 && mk == 0) {
+    zero_dsinks(st, a);
     free(seqs);
     return SMELT_OK;
   }
@@ -237,6 +283,14 @@ static smelt_status run(smelt_plan *plan, const void *args) {
     smelt__attn_view_of(st, a->t[SMELT__ATT_DK], &dk);
     smelt__attn_view_of(st, a->t[SMELT__ATT_DV], &dv);
   }
+  const smelt_tensor *dsinks = st->bwd ? a->t[SMELT__ATT_DSINKS] : NULL;
+  double *dsink = dsinks ? (double *)calloc((size_t)H, sizeof *dsink) : NULL;
+  if (dsinks && !dsink) {
+    work_free(&w);
+    free(seqs);
+    return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", st->op);
+  }
+  double unused_dsink = 0;
   for (int64_t b = 0; b < B; b++) {
     const seq *sq = &seqs[b];
     for (int64_t hk = 0; hk < Hk; hk++) {
@@ -246,10 +300,11 @@ static smelt_status run(smelt_plan *plan, const void *args) {
       /* A sequence without queries reads and writes nothing per head (an
        * empty q may claim any number of heads). */
       for (int64_t h = hk * group; sq->sq > 0 && h < (hk + 1) * group; h++) {
+        const head_mods hm = head_mods_of(a, h);
         load_rows(&q, dt, b, sq->q0, sq->sq, h, D, w.q);
-        scores(st, sq, &w);
+        scores(st, sq, &w, &hm);
         if (!st->bwd) {
-          forward_head(st, sq, &w);
+          forward_head(st, sq, &w, &hm);
           store_rows(&o, dt, b, sq->q0, sq->sq, h, D, w.o);
           if (a->t[SMELT__ATT_LSE])
             for (int64_t i = 0; i < sq->sq; i++)
@@ -260,7 +315,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
         load_rows(&d_o, dt, b, sq->q0, sq->sq, h, D, w.d_o);
         for (int64_t i = 0; i < sq->sq; i++)
           w.lse[i] = smelt__load_f64(lse.data, SMELT_DTYPE_F32, b * lse.bs + h * lse.hs + (sq->q0 + i) * lse.rs);
-        backward_head(st, sq, &w);
+        backward_head(st, sq, &w, &hm, dsink ? &dsink[h] : &unused_dsink);
         store_rows(&dq, dt, b, sq->q0, sq->sq, h, D, w.dq);
       }
       if (st->bwd) {
@@ -269,6 +324,8 @@ static smelt_status run(smelt_plan *plan, const void *args) {
       }
     }
   }
+  for (int64_t h = 0; dsink && h < H; h++) smelt__store_f64(dsinks->data, SMELT_DTYPE_F32, h * dsinks->strides[0], dsink[h]);
+  free(dsink);
   work_free(&w);
   free(seqs);
   return SMELT_OK;

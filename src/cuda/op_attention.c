@@ -5,7 +5,11 @@
  * 128, 256, the backward (kernels/attn_bwd_sm80.cu) for 64, 96, 128, its
  * pre/post kernels (kernels/attn_bwd_aux.cu), the Hopper forward
  * (kernels/attn_fwd_sm90.cu) for 64 and 128 and the Hopper backward
- * (kernels/attn_bwd_sm90.cu) for 128. The variant enumerator walks
+ * (kernels/attn_bwd_sm90.cu) for 128; and each of them again per set of
+ * score modifiers it can run (variant_mods: the field `mods`, which
+ * make_src turns into ATTN_SOFTCAP / ATTN_ALIBI / ATTN_SINKS, the
+ * #ifdef'd modifier code of attn_common.cuh; a kernel without modifiers
+ * is the plain one, text for text). The variant enumerator walks
  * the table and the selector only returns its entries, so what can be
  * picked is what the compile test builds.
  *
@@ -31,6 +35,7 @@
 #include "../core/attention_internal.h"
 #include "cuda_internal.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,10 +61,16 @@ typedef struct smelt__attn_kparams {
   int D;
   int pad;
   float scale, scale_log2;
+  /* The modifier variants' tail (ATTN_MODS): the others' attn_params ends
+   * before it, and a launch copies only the kernel's own parameter size. */
+  uint64_t alibi, sinks, dsinks;
+  float softcap;
+  int pad_mods;
 } smelt__attn_kparams;
 
 _Static_assert(sizeof(smelt__attn_ktensor) == 32, "smelt__attn_ktensor must match attn_tensor");
-_Static_assert(sizeof(smelt__attn_kparams) == 416, "smelt__attn_kparams must match attn_params");
+_Static_assert(offsetof(smelt__attn_kparams, alibi) == 416, "smelt__attn_kparams must match attn_params");
+_Static_assert(sizeof(smelt__attn_kparams) == 448, "smelt__attn_kparams must match attn_params with ATTN_MODS");
 
 /* ---------------------------------------------------------------- the table */
 
@@ -73,9 +84,10 @@ typedef struct attn_kernel {
   int threads, smem;  /* block size, dynamic shared memory bytes */
   int cons, stages;   /* Hopper forward: consumer warpgroups, K/V ring depth */
   int persist;        /* Hopper forward: its schedule, FWD90_TILES, _STATIC or _DYNAMIC */
+  int mods;           /* the score modifiers it applies, SMELT__ATT_MOD_* */
 } attn_kernel;
 
-#define MAX_KERNELS 32
+#define MAX_KERNELS 160
 #define BWD_BM 64 /* queries per step of attn_bwd and attn_bwd_sm90 (BM in both files) */
 /* attn_bwd_sm90's options (docs/PERF.md has their timings): STAGES, the
  * depth of the Q/dO ring (2 or 3); DQ_TMA, dQ added with
@@ -104,7 +116,7 @@ _Static_assert(1024 + 4 * 128 * 128 + BWD90_STAGES * 4 * BWD_BM * 128 + 2 * 128 
 static int row_bytes(int d) { return (d + 63) / 64 * 64 * 2; }
 
 static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) {
-  attn_kernel k = {fam, dt, d, bn, 0, 0, 0, 0, 0, 0};
+  attn_kernel k = {fam, dt, d, bn, 0, 0, 0, 0, 0, 0, 0};
   switch (fam) {
     case AK_FWD80: /* Q (64 rows), K and V (bn rows each) */
       k.bm = 64;
@@ -138,10 +150,26 @@ static void add(attn_kernel *t, int *n, int fam, smelt_dtype dt, int d, int bn) 
  * and its two 4-byte tile numbers). Each shape in every schedule. */
 static void add90(attn_kernel *t, int *n, smelt_dtype dt, int d, int bn, int cons, int stages) {
   for (int sched = FWD90_TILES; sched <= FWD90_DYNAMIC; sched++) {
-    attn_kernel k = {AK_FWD90, dt, d, bn, 64 * cons, 128 * (cons + 1), 0, cons, stages, sched};
+    attn_kernel k = {AK_FWD90, dt, d, bn, 64 * cons, 128 * (cons + 1), 0, cons, stages, sched, 0};
     k.smem = 1024 + (64 * cons + stages * 2 * bn) * d * 2 + 8 * (1 + 3 * stages + (sched != FWD90_TILES) +
                                                                    5 * (sched == FWD90_DYNAMIC));
     t[(*n)++] = k;
+  }
+}
+
+/* The modifier set of the variant of family fam that runs a call with
+ * modifiers mods: what the family's kernels read of them. The forward's
+ * variants all take sinks (they cost no work per score; a sink of -inf
+ * adds nothing), the backward's main kernels softcap and ALiBi (sinks are
+ * in the LSE), the pre/post kernels sinks (attn_bwd_dsink). Idempotent:
+ * its fixed points are the sets the table generates. */
+static int variant_mods(int fam, int mods) {
+  switch (fam) {
+    case AK_FWD80:
+    case AK_FWD90: return mods ? mods | SMELT__ATT_MOD_SINKS : 0;
+    case AK_BWD80:
+    case AK_BWD90: return mods & (SMELT__ATT_MOD_SOFTCAP | SMELT__ATT_MOD_ALIBI);
+    default: return mods & SMELT__ATT_MOD_SINKS;
   }
 }
 
@@ -165,7 +193,27 @@ static int table(attn_kernel *t) {
     add(t, &n, AK_BWD90, dt, 128, 128);
     add(t, &n, AK_AUX, dt, 0, 0);
   }
+  /* Each kernel again per modifier set its family runs. */
+  const int plain = n;
+  for (int i = 0; i < plain; i++)
+    for (int m = 1; m < 8; m++)
+      if (variant_mods(t[i].fam, m) == m) {
+        t[n] = t[i];
+        t[n++].mods = m;
+      }
   return n;
+}
+
+/* The modifier defines (none for a plain kernel: its prelude is unchanged)
+ * and the name's suffix. */
+static void mods_src(const attn_kernel *k, smelt__kernel_src *src) {
+  static const char *const name[3] = {"ATTN_SOFTCAP", "ATTN_ALIBI", "ATTN_SINKS"}, *const suffix[3] = {"_softcap", "_alibi", "_sinks"};
+  for (int b = 0; b < 3; b++) {
+    if (!(k->mods & (1 << b))) continue;
+    smelt__prelude_define(src, name[b], 1);
+    const size_t used = strlen(src->name);
+    snprintf(src->name + used, sizeof src->name - used, "%s", suffix[b]);
+  }
 }
 
 /* The one place a variant's source is made (plan and enumerator). */
@@ -197,6 +245,7 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
       snprintf(src->name, sizeof src->name, "attn_bwd_aux_%s", dt);
       src->body = "attn_bwd_aux.cu";
       smelt__prelude_define(src, "SMELT_DT", k->dt);
+      mods_src(k, src);
       return;
   }
   smelt__prelude_define(src, "SMELT_DT", k->dt);
@@ -207,6 +256,7 @@ static void make_src(const attn_kernel *k, smelt__kernel_src *src) {
     smelt__prelude_define(src, "ATTN_SPREAD", BWD90_SPREAD);
   }
   if (k->fam != AK_BWD80 && k->fam != AK_BWD90) smelt__prelude_define(src, "ATTN_BN", k->bn);
+  mods_src(k, src);
 }
 
 int smelt__attention_variants(smelt__kernel_src *out, int max) {
@@ -250,10 +300,14 @@ static smelt_status check_pointers(const char *op, const smelt_tensor *const *t)
   return SMELT_OK;
 }
 
-/* The kernel of family fam for dt and d; the Hopper forward's in schedule persist. */
-static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d, int persist) {
+/* The kernel of family fam for dt and d that runs a call's modifiers
+ * mods; the Hopper forward's in schedule persist. */
+static int find(const attn_kernel *t, int n, int fam, smelt_dtype dt, int d, int persist, int mods) {
+  const int want = variant_mods(fam, mods);
   for (int i = 0; i < n; i++)
-    if (t[i].fam == fam && t[i].dt == dt && (fam == AK_AUX || t[i].d == d) && t[i].persist == persist) return i;
+    if (t[i].fam == fam && t[i].dt == dt && (fam == AK_AUX || t[i].d == d) && t[i].persist == persist &&
+        t[i].mods == want)
+      return i;
   return -1;
 }
 
@@ -295,12 +349,12 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
   *det = -1;
   int k = -1;
   if (st->bwd) {
-    if (D <= 256) k = find(t, n, AK_BWD80, dt, (int)D, 0);
+    if (D <= 256) k = find(t, n, AK_BWD80, dt, (int)D, 0, st->mods);
     if (k < 0)
       return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: head dim D=%lld has no CUDA backward kernel (supported: 64, 96, 128)",
                           st->op, (long long)D);
-    *aux = find(t, n, AK_AUX, dt, 0, 0);
-    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_BWD90, dt, (int)D, 0) : -1;
+    *aux = find(t, n, AK_AUX, dt, 0, 0, st->mods);
+    const int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_BWD90, dt, (int)D, 0, st->mods) : -1;
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       *det = k;
       k = h;
@@ -309,19 +363,19 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
       snprintf(why, why_n, "FlashAttention-2 backward, mma.sync");
     }
   } else {
-    if (D <= 256) k = find(t, n, AK_FWD80, dt, (int)D, 0);
+    if (D <= 256) k = find(t, n, AK_FWD80, dt, (int)D, 0, st->mods);
     if (k < 0)
       return smelt__error(SMELT_STATUS_UNSUPPORTED,
                           "%s: head dim D=%lld has no CUDA forward kernel (supported: 64, 96, 128, 256)", st->op,
                           (long long)D);
     const int sched = fwd90_schedule(st);
-    int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, sched) : -1;
+    int h = dev->cc_major == 9 && dev->cc_minor == 0 ? find(t, n, AK_FWD90, dt, (int)D, sched, st->mods) : -1;
     /* The dynamic kernel counts tiles in 32 bits: the tiles (varlen: of
      * the longest sequence, per sequence and head) plus one overshoot per
      * CTA must stay below 2^31; past that, one CTA per tile. */
     const int too_many = h >= 0 && sched == FWD90_DYNAMIC &&
                          smelt__ceil_div(st->Sq, t[h].bm) * st->H * st->B > INT32_MAX - dev->sm_count;
-    if (too_many) h = find(t, n, AK_FWD90, dt, (int)D, FWD90_TILES);
+    if (too_many) h = find(t, n, AK_FWD90, dt, (int)D, FWD90_TILES, st->mods);
     if (h >= 0 && t[h].smem <= dev->smem_per_block_optin) {
       k = h;
       snprintf(why, why_n, "Hopper: TMA + wgmma, warp-specialized%s",
@@ -341,7 +395,7 @@ static smelt_status select_kernels(const smelt__attn_state *st, const smelt_devi
   return SMELT_OK;
 }
 
-enum { F_MAIN, F_PRE, F_DQ, F_DET };
+enum { F_MAIN, F_PRE, F_DQ, F_DET, F_DSINK };
 
 static smelt_status plan_attention(smelt_plan *plan, const void *args) {
   const smelt__attn_state *st = (const smelt__attn_state *)plan->opdata;
@@ -368,6 +422,10 @@ static smelt_status plan_attention(smelt_plan *plan, const void *args) {
     plan->func[F_PRE] = f;
     if ((s = smelt__cuda_function(plan->ctx, &asrc, "attn_bwd_dq", &f))) return s;
     plan->func[F_DQ] = f;
+    if (t[aux].mods & SMELT__ATT_MOD_SINKS) {
+      if ((s = smelt__cuda_function(plan->ctx, &asrc, "attn_bwd_dsink", &f))) return s;
+      plan->func[F_DSINK] = f;
+    }
   }
   if (det >= 0) {
     smelt__kernel_src dsrc;
@@ -451,7 +509,14 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   smelt_ctx *ctx = plan->ctx;
   smelt_status s = check_pointers(st->op, a->t);
   if (s) return s;
-  if (st->B == 0 || st->rows_q + st->rows_k == 0) return SMELT_OK;
+  if (st->B == 0 || st->rows_q + st->rows_k == 0) {
+    /* No rows: dsinks, a sum over none, is 0. */
+    const smelt_tensor *ds = st->bwd ? a->t[SMELT__ATT_DSINKS] : NULL;
+    CUresult r = ds ? smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)(uintptr_t)ds->data, 0, (size_t)st->H * 4,
+                                                       ctx->cuda->stream)
+                    : 0;
+    return r ? smelt__cu_error(r, st->op, "clearing dsinks") : SMELT_OK;
+  }
   attn_kernel t[MAX_KERNELS];
   const int nt = table(t);
   const attn_kernel *k = &t[plan->variant];
@@ -493,6 +558,10 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   kp.D = (int)st->D;
   kp.scale = (float)st->scale;
   kp.scale_log2 = (float)(st->scale * 1.4426950408889634);
+  if (a->t[SMELT__ATT_ALIBI]) kp.alibi = (uint64_t)(uintptr_t)a->t[SMELT__ATT_ALIBI]->data;
+  if (a->t[SMELT__ATT_SINKS]) kp.sinks = (uint64_t)(uintptr_t)a->t[SMELT__ATT_SINKS]->data;
+  if (a->t[SMELT__ATT_DSINKS]) kp.dsinks = (uint64_t)(uintptr_t)a->t[SMELT__ATT_DSINKS]->data;
+  kp.softcap = (float)st->softcap;
   void *params[] = {&kp};
 
   if (!st->bwd) {
@@ -558,9 +627,11 @@ static smelt_status run(smelt_plan *plan, const smelt__attn_args *a) {
   const int64_t pairs = st->rows_q * st->H, cap = (int64_t)ctx->cuda->info.sm_count * 32;
   const unsigned aux_grid = (unsigned)(smelt__ceil_div(pairs, 16) < cap ? smelt__ceil_div(pairs, 16) : cap);
   if (!s) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_PRE], aux_grid, 1, 1, 256, 0, params);
+  /* dsinks: one block per head, from attn_bwd_pre's LSE and rowsums. */
+  if (!s && kp.dsinks) s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DSINK], (unsigned)st->H, 1, 1, 256, 0, params);
   if (!s && k->fam == AK_BWD90 && det) {
     /* The deterministic mode runs the mma.sync kernel the plan also loaded. */
-    const attn_kernel *k80 = &t[find(t, nt, AK_BWD80, k->dt, k->d, 0)];
+    const attn_kernel *k80 = &t[find(t, nt, AK_BWD80, k->dt, k->d, 0, st->mods)];
     s = smelt__cuda_launch(ctx, st->op, (CUfunction)plan->func[F_DET], (unsigned)smelt__ceil_div(st->Sk, k80->bn),
                            (unsigned)st->Hk, (unsigned)st->B, (unsigned)k80->threads, (unsigned)k80->smem, params);
   } else if (!s && k->fam == AK_BWD90) {
