@@ -14,6 +14,7 @@ extern const th_test th_tests_gemm_gemv[];
 extern const th_test th_tests_gemm_offs_sm90[];
 extern const th_test th_tests_gemm_prep[];
 extern const th_test th_tests_gemm_scales[];
+extern const th_test th_tests_epi_graph[];
 extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
 extern const th_test th_tests_inputs[];
@@ -38,6 +39,7 @@ static const struct {
     {"gemm_offs_sm90", th_tests_gemm_offs_sm90},
     {"gemm_prep", th_tests_gemm_prep},
     {"gemm_scales", th_tests_gemm_scales},
+    {"epi_graph", th_tests_epi_graph},
     {"compile", th_tests_compile},
 };
 

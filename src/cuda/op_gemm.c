@@ -114,6 +114,8 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt_device_info *dev = &plan->ctx->cuda->info;
+  if (st->has_graph)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: epilogue graphs run on the CPU backend only");
   smelt__gemm_cuda_plan *cp = (smelt__gemm_cuda_plan *)calloc(1, sizeof *cp);
   if (!cp) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: out of host memory");
   plan->backend = cp;
