@@ -923,7 +923,7 @@ static __device__ __forceinline__ int sk_fixup(const gemm_params &P, const sm90_
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b,
-              const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps) {
+              const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps EPI_KPARAM) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Stage s: A at base + s * STAGE_BYTES, B A_BYTES later, all 1024-aligned;
@@ -1217,6 +1217,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i + EPI_COLS / 2 < BN / 2; i++) d[i] = d[i + EPI_COLS / 2];
       wg_sync(c);
       const int cols = P.p.n - (n0 + q * EPI_COLS) < EPI_COLS ? (int)(P.p.n - (n0 + q * EPI_COLS)) : EPI_COLS;
+#if defined(SMELT_EPI_GRAPH)
+      /* An epilogue graph (kernels/gemm_epi_graph.cuh): the host sends
+       * every graph here (smelt__gemm_sm90_fast_d is 0 for it). */
+      gemm_graph_chunk(P, E, buf, EPI_LD, m0, n0 + q * EPI_COLS, rows, cols, tid);
+#else
       /* Column pairs: a warp stores two rows of EPI_COLS columns. */
 #pragma unroll 1
       for (int e = tid; e < 64 * (EPI_COLS / 2); e += 128) {
@@ -1224,6 +1229,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (r < rows && cc < cols)
           store_pair(P, m0 + r, n0 + q * EPI_COLS + cc, buf[r * EPI_LD + cc], buf[r * EPI_LD + cc + 1]);
       }
+#endif
       wg_sync(c);
     }
 #endif
