@@ -51,7 +51,8 @@ typedef struct smelt__gemm_facts {
 } smelt__gemm_facts;
 
 /* How gemm_sm90's fast epilogue can write p's D (16-bit or f32,
- * row-major, rows not overlapping, sizes below 2^31, no C; else 0, the
+ * row-major, rows not overlapping, sizes below 2^31, no C, no epilogue
+ * graph; else 0, the
  * general epilogue): 1 through TMA stores, which need rows whole 16-byte
  * units apart, each row N elements of whole 16-byte units (a TMA store
  * writes a partial unit at the row's end in full) and a 16-byte aligned
