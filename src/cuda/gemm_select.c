@@ -296,14 +296,15 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
   smelt__prelude_define(src, "GEMM_STAGES", k->stages);
 }
 
-/* The table's kernels, then the operand pre-pass, then the graphs'. */
+/* The table's kernels, then the epilogue graphs' (src/cuda/gemm_epi.c),
+ * then the operand pre-pass. */
 int smelt__gemm_variants(smelt__kernel_src *out, int max) {
   smelt__gemm_kernel t[SMELT__GEMM_MAX_KERNELS];
   int n = smelt__gemm_table(t);
   for (int i = 0; i < n && i < max; i++) smelt__gemm_kernel_src(&t[i], &out[i]);
+  n += smelt__gemm_graph_variants(max > n ? out + n : NULL, max > n ? max - n : 0);
   if (n < max) smelt__gemm_prep_src(&out[n]);
-  const int rest = max > n + 1 ? max - n - 1 : 0; /* then the epilogue graphs' (src/cuda/gemm_epi.c) */
-  return n + 1 + smelt__gemm_graph_variants(rest ? out + n + 1 : NULL, rest);
+  return n + 1;
 }
 
 /* ---------------------------------------------------------------- facts */
