@@ -73,7 +73,9 @@ static __device__ __forceinline__ epi_t epi_red_init(int j) {
   return EPI_RED_SUM(j) || EPI_RED_AMAX(j) ? (epi_t)0 : (epi_t)-__int_as_float(0x7f800000);
 }
 
-static __device__ __forceinline__ epi_t epi_red_add(int j, epi_t a, epi_t b) { return EPI_RED_SUM(j) ? a + b : epi_max(a, b); }
+static __device__ __forceinline__ epi_t epi_red_add(int j, epi_t a, epi_t b) {
+  return EPI_RED_SUM(j) ? a + b : epi_max(a, b);
+}
 
 /* D[r, c] and the element's reduction values (red[] unchanged outside D). */
 static __device__ __forceinline__ void epi_graph_element(const gemm_params &P, const gemm_prob &p, const epi_ptrs &E,
