@@ -214,7 +214,7 @@ static void naive(const ecase *e, const einputs *in, eout *o) {
                          vec_at(in->slot[0], SMELT_DTYPE_F32, &in->vslot[0], i) * col;
         double z = x > -0.75 ? x : -0.75;
         z = z < col ? z : col;
-        const double lr = x >= 0 ? x : 0.1 * x;
+        const double lr = x >= 0 ? x : (double)0.1f * x; /* the node's f32 slope */
         o->slot[2][i * N + j] = kept(lr, SMELT_DTYPE_F16);
         dv = z / 3.0 + lr / (1.0 + exp(-lr));
         o->slot[3][j] = vmax(o->slot[3][j], fabs(dv));
@@ -292,7 +292,10 @@ static double bound_of(const ecase *e, smelt_dtype out) {
 static int compare(const ecase *e, const einputs *in, const eout *got, const eout *ref, double scale,
                    const char *label) {
   const double dbound = e->d == SMELT_DTYPE_E4M3 ? 0.07 : bound_of(e, e->d);
-  int ok = th_compare(label, got->d, ref->d, e->m * e->n, scale * dbound, e->d == SMELT_DTYPE_E4M3 ? 0.51 : 0);
+  /* The residual graph's D holds e4m3 values (at most 1.5): an f32
+   * difference may round one of them a step (1/8) the other way. */
+  const double dabs = e->d == SMELT_DTYPE_E4M3 ? 0.51 : e->graph == G_RESIDUAL ? 0.13 : 0;
+  int ok = th_compare(label, got->d, ref->d, e->m * e->n, scale * dbound, dabs);
   for (int s = 0; s < in->nslots && ok; s++) {
     if (!in->sd[s].out) continue;
     const double b = in->sd[s].kind ? 1e-3 + bound_of(e, SMELT_DTYPE_F32) : bound_of(e, in->sd[s].dt);
@@ -518,16 +521,18 @@ static void test_bad_tensors(void) {
 
 /* ---------------------------------------------------------------- GPU */
 
-/* mma.sync (K tile 32: no Hopper tile has it), bf16 and f16 with B either
- * way, odd M, N and K and a tile half past each edge; SIMT for f32. */
+/* mma.sync (K tile 32: no Hopper tile has it), bf16 with B column-major,
+ * and once B row-major and once f16, at odd M, N and K with a tile half
+ * past each edge; SIMT for f32. Few distinct kernels: each graph is a
+ * module of its own, compiled on first use. */
 static void test_gpu_mma_simt(void) {
   if (!th_cuda()) SKIP("no CUDA device");
   static const int64_t shapes[][3] = {{7, 13, 9}, {129, 131, 200}, {257, 75, 520}};
   for (int g = 0; g < G_COUNT; g++)
     for (int si = 0; si < 3; si++) {
-      ecase e = make(g, (g + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, d_of[g], shapes[si][0], shapes[si][1],
-                     shapes[si][2]);
-      e.b_col = si != 1;
+      ecase e = make(g, g == G_MIXED && si == 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, d_of[g], shapes[si][0],
+                     shapes[si][1], shapes[si][2]);
+      e.b_col = !(g == G_BIAS_GELU && si == 1);
       e.ld16 = 1;
       e.desc.math.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
       e.desc.tile.k = 32;
@@ -543,21 +548,21 @@ static void test_gpu_mma_simt(void) {
   }
 }
 
-/* The Hopper kernel's general epilogue: the wide, narrow and 64-row tiles,
- * M past a tile's half, N not a multiple of 8, one row. */
+/* The Hopper kernel's general epilogue on its wide bf16 tile (the compile
+ * suite's graph variants): M past a tile's half, N not a multiple of 8,
+ * more tiles than a wave; then the 64-row tile for one row. */
 static void test_gpu_sm90(void) {
   if (!th_cuda()) SKIP("no CUDA device");
   if (!th_cuda_sm90()) SKIP("not an sm_90 device");
-  static const int64_t shapes[][3] = {{129, 264, 200}, {60, 136, 130}, {1, 40, 128}, {300, 517, 260}};
-  static const int tiles[][2] = {{128, 256}, {128, 64}, {64, 64}, {128, 256}};
+  static const int64_t shapes[][3] = {{129, 264, 200}, {60, 136, 130}, {300, 517, 260}, {1, 40, 128}};
   for (int g = 0; g < G_COUNT; g++)
     for (int si = 0; si < 4; si++) {
-      ecase e = make(g, si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16, d_of[g], shapes[si][0], shapes[si][1],
-                     shapes[si][2]);
+      if (si == 3 && g != G_BIAS_GELU) continue;
+      ecase e = make(g, SMELT_DTYPE_BF16, d_of[g], shapes[si][0], shapes[si][1], shapes[si][2]);
       e.b_col = 1;
       e.ld16 = 1;
-      e.desc.tile.m = tiles[si][0];
-      e.desc.tile.n = tiles[si][1];
+      e.desc.tile.m = si == 3 ? 64 : 128;
+      e.desc.tile.n = si == 3 ? 64 : 256;
       e.kernel = "gemm_sm90";
       if (!check(&e, 1, "sm90")) return;
     }
