@@ -32,8 +32,8 @@
  *           quantizer needs); MAX and AMAX propagate NaN. A reduction over
  *           an empty axis gives 0 (SUM, AMAX) or -inf (MAX).
  * D[m, n] = convert(value of node `out`) as smelt/gemm.h converts (desc
- * clamp applies); with a graph, desc act must be IDENTITY and scale_d 1 (the
- * graph says what it wants). 
+ * clamp applies, to STOREs too); with a graph, desc act must be IDENTITY
+ * and scale_d 1 (the graph says what it wants).
  *
  * Determinism: reductions take no float atomics. On a GPU each tile writes
  * per-chunk partials (32 columns for a row reduction, a fixed band of rows
@@ -49,8 +49,10 @@
  * STORE are 2-D [M, N] with any strides (STORE must not overlap itself).
  *
  * Scope: plain GEMMs (2-D operands, mode AUTO or PLAIN, split_k 0 or 1).
- * On CUDA a graph runs in the general (element-store) epilogue of the
- * mma.sync, SIMT and Hopper wgmma kernels; see docs/API.md.
+ * On CUDA the graph is generated as CUDA C into the mma.sync, SIMT and
+ * Hopper wgmma kernels and runs in their general (element-store) epilogue,
+ * never the Hopper kernel's TMA-store one; see docs/API.md. That path is
+ * compiled (NVRTC, sm_80 and sm_90a) but not yet run on a GPU.
  */
 #ifndef SMELT_EPILOGUE_H
 #define SMELT_EPILOGUE_H
