@@ -10,6 +10,7 @@
  * its reductions bitwise equal over two runs. Bad graphs and bad slot
  * tensors fail with a clear message and write nothing. */
 #include "core/error_bound.h"
+#include "cuda/gemm_cuda.h"
 #include "harness.h"
 
 /* ---------------------------------------------------------------- the graphs */
@@ -519,6 +520,68 @@ static void test_bad_tensors(void) {
   th_buf_free(&Bias);
 }
 
+/* Row and column scales of A and B reach the graph's ACC node. */
+static void test_cpu_scales(void) {
+  smelt_ctx *cpu = th_cpu();
+  const int64_t M = 3, N = 2, K = 1;
+  float a[3] = {1, 2, 3}, b[2] = {4, 5}, sa[3] = {1, 0.5f, 2}, sb[2] = {3, -1}, d[6], amax[3];
+  const int64_t sA[2] = {M, K}, sB[2] = {K, N}, sD[2] = {M, N}, sM[1] = {M}, sN[1] = {N};
+  const smelt_tensor ta = smelt_tensor_make(a, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sA),
+                     tb = smelt_tensor_make(b, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sB),
+                     td = smelt_tensor_make(d, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, sD),
+                     tsa = smelt_tensor_make(sa, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, sM),
+                     tsb = smelt_tensor_make(sb, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, sN),
+                     tamax = smelt_tensor_make(amax, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, sM);
+  smelt_epi_graph g = smelt_epi_graph_empty();
+  g.out = smelt_epi_input(&g, SMELT_EPI_ACC, 0);
+  smelt_epi_reduce_node(&g, SMELT_EPI_ROW_REDUCE, SMELT_EPI_AMAX, g.out, 0);
+  smelt_gemm_desc desc = smelt_gemm_desc_default();
+  desc.epilogue.graph = &g;
+  desc.epilogue.alpha = 2.0;
+  const smelt_gemm_scales sc = {&tsa, &tsb};
+  const smelt_epi_tensors epi = {1, {&tamax}};
+  CHECK_OK(smelt_gemm_epi(cpu, &desc, &ta, &tb, NULL, &td, NULL, &sc, &epi));
+  for (int i = 0; i < M; i++) {
+    double want = 0;
+    for (int j = 0; j < N; j++) {
+      const double v = 2.0 * sa[i] * sb[j] * a[i] * b[j];
+      CHECK(fabs(d[i * N + j] - v) < 1e-5);
+      want = fabs(v) > want ? fabs(v) : want;
+    }
+    CHECK(fabs(amax[i] - want) < 1e-5);
+  }
+}
+
+/* The generator: a graph's kernel keeps the table kernel's prelude and
+ * adds the graph's code, its name the table name and "_g" + 12 hex digits
+ * of the code's hash; equal graphs give equal sources, different ones
+ * different names; the longest graph fits the prelude. */
+static void test_generator(void) {
+  smelt__gemm_kernel t[SMELT__GEMM_MAX_KERNELS];
+  const int n = smelt__gemm_table(t);
+  REQUIRE(n > 0);
+  static smelt__kernel_src base, s0, s1, s2;
+  smelt_dtype dt[SMELT_EPI_MAX_TENSORS];
+  for (int i = 0; i < SMELT_EPI_MAX_TENSORS; i++) dt[i] = SMELT_DTYPE_BF16;
+  for (int k = 0; k < n; k++) {
+    smelt__gemm_kernel_src(&t[k], &base);
+    const smelt_epi_graph g0 = graph_of(G_BIAS_GELU), g1 = graph_of(G_MIXED);
+    REQUIRE(smelt__gemm_graph_src(&t[k], &g0, dt, &s0) == 0 && smelt__gemm_graph_src(&t[k], &g0, dt, &s1) == 0 &&
+            smelt__gemm_graph_src(&t[k], &g1, dt, &s2) == 0);
+    CHECK(!strcmp(s0.name, s1.name) && !strcmp(s0.prelude, s1.prelude) && strcmp(s0.name, s2.name));
+    CHECK(!strncmp(s0.name, base.name, strlen(base.name)) && strlen(s0.name) == strlen(base.name) + 14);
+    CHECK(!strncmp(s0.prelude, base.prelude, strlen(base.prelude)) && strstr(s0.prelude, "#define SMELT_EPI_GRAPH 1"));
+    CHECK(strstr(s0.prelude, "gemm_act(v2, 7,") && strstr(s2.prelude, "epi_min("));
+  }
+  /* 32 nodes of the longest kind: clamps with two constants each. */
+  smelt_epi_graph big = smelt_epi_graph_empty();
+  int x = smelt_epi_input(&big, SMELT_EPI_ACC, 0);
+  while (big.count < SMELT_EPI_MAX_NODES) x = smelt_epi_clamp(&big, x, -1.23456789e-30f, 9.87654321e+30f);
+  big.out = x;
+  CHECK_OK(smelt_epi_graph_check(&big));
+  CHECK(smelt__gemm_graph_src(&t[0], &big, dt, &s0) == 0);
+}
+
 /* ---------------------------------------------------------------- GPU */
 
 /* mma.sync (K tile 32: no Hopper tile has it), bf16 with B column-major,
@@ -573,6 +636,8 @@ const th_test th_tests_epi_graph[] = {
     {"cpu_empty", test_cpu_empty},
     {"bad_graphs", test_bad_graphs},
     {"bad_tensors", test_bad_tensors},
+    {"cpu_scales", test_cpu_scales},
+    {"generator", test_generator},
     {"gpu_mma_simt", test_gpu_mma_simt},
     {"gpu_sm90", test_gpu_sm90},
     {0, 0},
