@@ -613,14 +613,17 @@ static void test_gpu_mma_simt(void) {
 
 /* The Hopper kernel's general epilogue on its wide bf16 tile (the compile
  * suite's graph variants): M past a tile's half, N not a multiple of 8,
- * more tiles than a wave; then the 64-row tile for one row. */
+ * operands through the row-pitch copy (K 200, 130) and as they are (K 256:
+ * rows whole 128-byte lines apart); then the 64-row tile for one row, and
+ * more tiles than SMs (each CTA runs several). */
 static void test_gpu_sm90(void) {
   if (!th_cuda()) SKIP("no CUDA device");
   if (!th_cuda_sm90()) SKIP("not an sm_90 device");
-  static const int64_t shapes[][3] = {{129, 264, 200}, {60, 136, 130}, {300, 517, 260}, {1, 40, 128}};
+  static const int64_t shapes[][3] = {{129, 264, 200}, {60, 136, 130}, {300, 517, 256}, {1, 40, 128},
+                                      {2100, 2304, 16}};
   for (int g = 0; g < G_COUNT; g++)
-    for (int si = 0; si < 4; si++) {
-      if (si == 3 && g != G_BIAS_GELU) continue;
+    for (int si = 0; si < 5; si++) {
+      if (si >= 3 && g != G_BIAS_GELU) continue;
       ecase e = make(g, SMELT_DTYPE_BF16, d_of[g], shapes[si][0], shapes[si][1], shapes[si][2]);
       e.b_col = 1;
       e.ld16 = 1;
