@@ -579,7 +579,13 @@ static void test_generator(void) {
   while (big.count < SMELT_EPI_MAX_NODES) x = smelt_epi_clamp(&big, x, -1.23456789e-30f, 9.87654321e+30f);
   big.out = x;
   CHECK_OK(smelt_epi_graph_check(&big));
-  CHECK(smelt__gemm_graph_src(&t[0], &big, dt, &s0) == 0);
+  for (int k = 0; k < n; k++) CHECK(smelt__gemm_graph_src(&t[k], &big, dt, &s0) == 0);
+  /* Stores, whose two lines a node are the longest code. */
+  big = smelt_epi_graph_empty();
+  x = smelt_epi_input(&big, SMELT_EPI_ACC, 0);
+  while (big.count < SMELT_EPI_MAX_NODES) x = smelt_epi_store(&big, x, big.count % SMELT_EPI_MAX_TENSORS);
+  big.out = x;
+  for (int k = 0; k < n; k++) CHECK(smelt__gemm_graph_src(&t[k], &big, dt, &s0) == 0);
 }
 
 /* ---------------------------------------------------------------- GPU */

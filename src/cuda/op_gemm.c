@@ -110,16 +110,19 @@ static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const sm
   return 1;
 }
 
-/* An epilogue graph: its code must fit a kernel's prelude, and the
- * reductions' second pass is loaded. */
-static smelt_status plan_graph(smelt_plan *plan, const smelt__gemm_kernel *table) {
+/* An epilogue graph: its code must fit the prelude of any kernel the plan
+ * may load (smelt__gemm_src_for relies on it), and the reductions' second
+ * pass is loaded. */
+static smelt_status plan_graph(smelt_plan *plan, const smelt__gemm_kernel *table, int n) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   smelt__kernel_src src;
   smelt_dtype dt[SMELT_EPI_MAX_TENSORS];
   for (int s = 0; s < SMELT_EPI_MAX_TENSORS; s++) dt[s] = st->epi_t[s].dtype;
-  if (smelt__gemm_graph_src(&table[0], &st->graph, dt, &src))
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: the epilogue graph's code (%d nodes) is too long for a "
-                        "kernel's prelude", st->graph.count);
+  for (int i = 0; i < n; i++)
+    if (smelt__gemm_graph_src(&table[i], &st->graph, dt, &src))
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          "smelt_gemm: the epilogue graph's code (%d nodes) is too long for a kernel's prelude",
+                          st->graph.count);
   smelt__gemm_epi_reduce_src(&src);
   CUfunction f;
   smelt_status s = smelt__cuda_function(plan->ctx, &src, "gemm_epi_reduce", &f);
@@ -137,7 +140,7 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   plan->backend_free = free;
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
   const int n = smelt__gemm_table(table);
-  smelt_status gs = st->has_graph ? plan_graph(plan, table) : SMELT_OK;
+  smelt_status gs = st->has_graph ? plan_graph(plan, table, n) : SMELT_OK;
   if (gs) return gs;
   smelt__gemm_facts f;
   smelt__gemm_facts_of(st, args, &f);
