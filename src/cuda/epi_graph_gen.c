@@ -32,6 +32,13 @@ static void emit(out *o, const char *fmt, ...) {
   else o->used += (size_t)w;
 }
 
+/* The kernels' names of dtypes (DT_* in gemm_common.cuh) and activations
+ * (ACT_* in smelt_device.cuh), both the enums' values. */
+static const char *const dt_names[] = {"DT_F64", "DT_F32", "DT_F16", "DT_BF16", "DT_E4M3", "DT_E5M2", "DT_I8", "DT_I32"};
+static const char *const act_names[SMELT_ACT_COUNT] = {"ACT_IDENTITY", "ACT_RELU", "ACT_LEAKY_RELU",
+                                                       "ACT_TANH", "ACT_SIGMOID", "ACT_SILU",
+                                                       "ACT_HARDSWISH", "ACT_GELU", "ACT_GELU_TANH"};
+
 /* A float constant, exactly: its bits, with the value beside it. */
 static void emit_float(out *o, float v) {
   uint32_t bits;
@@ -51,7 +58,7 @@ static void emit_node(out *o, const smelt_epi_graph *g, int i, const smelt_dtype
     case SMELT_EPI_ROW:
     case SMELT_EPI_COL:
     case SMELT_EPI_AUX:
-      emit(o, "gemm_load_epi((const void *)E.data[%d], %d, r * E.rs[%d] + c * E.cs[%d])", s, (int)slot_dt[s], s, s);
+      emit(o, "gemm_load_epi((const void *)E.data[%d], %s, r * E.rs[%d] + c * E.cs[%d])", s, dt_names[slot_dt[s]], s, s);
       break;
     case SMELT_EPI_SCALAR: emit_float(o, n->value); break;
     case SMELT_EPI_ADD:
@@ -61,7 +68,7 @@ static void emit_node(out *o, const smelt_epi_graph *g, int i, const smelt_dtype
     case SMELT_EPI_MAX: emit(o, "epi_max(v%d, v%d)", a, b); break;
     case SMELT_EPI_MIN: emit(o, "epi_min(v%d, v%d)", a, b); break;
     case SMELT_EPI_ACT:
-      emit(o, "gemm_act(v%d, %d, ", a, (int)n->act);
+      emit(o, "gemm_act(v%d, %s, ", a, act_names[n->act]);
       emit_float(o, n->slope);
       emit(o, ")");
       break;
@@ -72,7 +79,7 @@ static void emit_node(out *o, const smelt_epi_graph *g, int i, const smelt_dtype
       emit_float(o, n->hi);
       emit(o, ")");
       break;
-    case SMELT_EPI_CAST: emit(o, "epi_cast(v%d, %d)", a, (int)n->dtype); break;
+    case SMELT_EPI_CAST: emit(o, "epi_cast(v%d, %s)", a, dt_names[n->dtype]); break;
     default: emit(o, "v%d", a); break; /* the outputs pass their operand on */
   }
 }
@@ -109,8 +116,8 @@ static int gen(const smelt_epi_graph *g, const smelt_dtype *slot_dt, char *text,
     emit_node(&o, g, i, slot_dt);
     emit(&o, "; /* %s */ \\\n", op_names[nd->op]);
     if (nd->op == SMELT_EPI_STORE)
-      emit(&o, "  gemm_store((void *)E.data[%d], %d, r * E.rs[%d] + c * E.cs[%d], v%d, P.clamp); \\\n", nd->slot,
-           (int)slot_dt[nd->slot], nd->slot, nd->slot, i);
+      emit(&o, "  gemm_store((void *)E.data[%d], %s, r * E.rs[%d] + c * E.cs[%d], v%d, P.clamp); \\\n", nd->slot,
+           dt_names[slot_dt[nd->slot]], nd->slot, nd->slot, i);
     if (nd->op == SMELT_EPI_ROW_REDUCE || nd->op == SMELT_EPI_COL_REDUCE) {
       if (nd->reduce == SMELT_EPI_AMAX) emit(&o, "  red[%d] = v%d < (epi_t)0 ? -v%d : v%d; \\\n", j, i, i, i);
       else emit(&o, "  red[%d] = v%d; \\\n", j, i);
