@@ -13,7 +13,10 @@ their share of the GPU's copy bandwidth (a 1 GiB device-to-device copy,
 bytes read plus written, measured once per run).
 
 Peers: cuBLAS through torch.matmul (f16, bf16, tf32 with TF32 allowed, f32
-without),
+without), smelt's own plain GEMM (another `smelt bench gemm` run: the
+epilogue graph's bar), cuBLAS + torch eager ops (addmm, gelu, abs, amax:
+what the epilogue graph D = gelu(acc + bias), pre-activation stored, row
+abs-max replaces),
 torch._scaled_mm (fp8 e4m3, per-tensor scales, and row-wise: f32 scales
 [M, 1] for A and [1, N] for B), torch._grouped_mm (grouped
 bf16), and, with --with-compile, torch.compile(mode="max-autotune-no-cudagraphs")
@@ -143,6 +146,16 @@ CASES = [
     *[decode("bf16", m, s, quick=s == 8192 and m != 4) for s in (4096, 8192) for m in (1, 4, 16)],
     decode("f16", 1, 4096),
     decode("f16", 16, 8192),
+]
+# An epilogue graph (issue 29, smelt/epilogue.h): D = gelu(acc + bias) with
+# acc + bias stored and a row abs-max of D, at most 5% over smelt's plain
+# GEMM and 1.2x cuBLAS + torch's eager elementwise ops.
+EPI_GRAPH = square("bf16", 8192) + ["--epilogue", "bias+gelu", "--epi-graph"]
+CASES += [
+    case("bf16_8192_epi_graph", "bf16 8192^3 graph gelu+pre+amax vs plain", EPI_GRAPH,
+         ("smelt", "bf16", *square("bf16", 8192)), 1 / 1.05),
+    case("bf16_8192_epi_graph_eager", "bf16 8192^3 graph vs cuBLAS+eager", EPI_GRAPH,
+         ("eager_gelu_pre_amax", "bf16", 8192, 8192, 8192), 1.2),
 ]
 # Batched (strided 3-D operands, the Hopper kernel's 3-D tensor maps)
 # against torch.bmm in the same layout; no bar in issue 21 beyond cuBLAS
@@ -276,6 +289,17 @@ def make_peer(torch, spec, opts):
                     lambda: (rand(torch, (rows, k), dt),
                              rand(torch, (g, k, n), dt) if rr else rand(torch, (g, n, k), dt).transpose(-2, -1)),
                     lambda s: torch._grouped_mm(s[0], s[1], offs=offs, out_dtype=torch.bfloat16), rows * n * 2)
+    if kind == "eager_gelu_pre_amax":
+        _, _, m, n, k = spec
+
+        def eager(s):
+            pre = torch.addmm(s[2], s[0], s[1])  # cuBLAS, the bias in its epilogue
+            d = F.gelu(pre)
+            return d, pre, d.abs().amax(dim=1)
+
+        return Peer("cuBLAS addmm + torch eager gelu, abs, amax",
+                    lambda: (rand(torch, (m, k), dt), rand(torch, (n, k), dt).t(), rand(torch, (n,), dt)), eager,
+                    2 * m * n * 2 + m * 2)
     if kind == "bmm":
         _, _, batch, m, n, k, layout = spec
 
@@ -286,6 +310,18 @@ def make_peer(torch, spec, opts):
 
         return Peer("torch.bmm (cuBLAS)", make, lambda s: torch.bmm(s[0], s[1]), batch * m * n * 2)
     raise ValueError(f"unknown peer kind {kind}")
+
+
+def smelt_peer(spec, opts, cache):
+    """A peer that is another smelt run (spec: "smelt", dtype, bench args),
+    timed as smelt is; returns time_peer's fields."""
+    key = tuple(spec[2:])
+    if key not in cache:
+        cache[key] = run_smelt(list(spec[2:]), opts)
+    s = cache[key]
+    if s["rc"] != 0 or not s.get("median_ms"):
+        raise RuntimeError(s.get("stderr") or f"smelt exited {s['rc']}")
+    return dict(median_ms=s["median_ms"], min_ms=s.get("min_ms"), sets=s.get("sets"), first_call_s=None)
 
 
 def time_peer(torch, peer, opts):
@@ -424,9 +460,13 @@ def main():
             r["error"] = f"smelt: {e}"
         if r["error"] is None:
             try:
-                peer = make_peer(torch, c["peer"], opts)
-                r["peer"] = peer.label
-                p = time_peer(torch, peer, opts)
+                if c["peer"][0] == "smelt":
+                    r["peer"] = "smelt plain GEMM"
+                    p = smelt_peer(c["peer"], opts, smelt_cache)
+                else:
+                    peer = make_peer(torch, c["peer"], opts)
+                    r["peer"] = peer.label
+                    p = time_peer(torch, peer, opts)
                 r.update(peer_median_ms=p["median_ms"], peer_min_ms=p["min_ms"], peer_sets=p["sets"],
                          peer_first_call_s=p["first_call_s"])
                 flops = s.get("flops")

@@ -461,6 +461,14 @@ static __device__ __forceinline__ ws_t gemm_ws_add(ws_t a, ws_t b) {
 #endif
 }
 
+#if defined(SMELT_EPI_GRAPH)
+#include "gemm_epi_graph.cuh"
+#else
+#define EPI_KPARAM
+#define EPI_FPARAM
+#define EPI_ARG
+#endif
+
 /* Everything after the main loop, for every kernel and mode. The block's
  * accumulators are in shared memory, tile[r * ld + c] for the BM x BN output
  * tile (synchronized by the caller); consecutive threads take consecutive
@@ -471,7 +479,12 @@ static __device__ __forceinline__ ws_t gemm_ws_add(ws_t a, ws_t b) {
  *     last slice, apply the epilogue;
  *   otherwise: apply the epilogue. */
 static __device__ __forceinline__ void gemm_finish(const gemm_params &P, const gemm_work &w, const ws_t *tile, int ld,
-                                                   int BM, int BN, int NT) {
+                                                   int BM, int BN, int NT EPI_FPARAM) {
+#if defined(SMELT_EPI_GRAPH)
+  /* An epilogue graph: plain mode only (the host plans no other). */
+  gemm_finish_graph(P, w, tile, ld, BM, BN, NT, E);
+  return;
+#endif
   const gemm_prob &p = w.p;
   const i64 m0 = (i64)w.tm * BM, n0 = (i64)w.tn * BN;
   const int rows = p.m - m0 < BM ? (int)(p.m - m0) : BM, cols = p.n - n0 < BN ? (int)(p.n - n0) : BN;

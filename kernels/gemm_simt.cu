@@ -88,7 +88,7 @@ union simt_smem {
   ws_t out[BM][BN + 1];
 };
 
-extern "C" __global__ void __launch_bounds__(NT, 2) gemm_simt(const gemm_params P) {
+extern "C" __global__ void __launch_bounds__(NT, 2) gemm_simt(const gemm_params P EPI_KPARAM) {
   __shared__ union simt_smem sm;
   gemm_work w;
   gemm_locate(P, BM, BN, w);
@@ -156,5 +156,5 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gemm_simt(const gemm_params 
 #pragma unroll
     for (int j = 0; j < TN; j++) sm.out[ty + 16 * i][tx + 16 * j] = acc_to_ws(acc[i][j]);
   __syncthreads();
-  gemm_finish(P, w, &sm.out[0][0], BN + 1, BM, BN, NT);
+  gemm_finish(P, w, &sm.out[0][0], BN + 1, BM, BN, NT EPI_ARG);
 }

@@ -334,7 +334,7 @@ static __device__ __forceinline__ void mma_step(accv_t (*acc)[NI][4], u32 (*af)[
 
 /* ---------------------------------------------------------------- the kernel */
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_params P GEMM_CONV_PARAM) {
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_params P GEMM_CONV_PARAM EPI_KPARAM) {
   extern __shared__ __align__(128) unsigned char smem[];
   gemm_work w;
   gemm_locate(P, BM, BN, w);
@@ -446,5 +446,5 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) gemm_tc(const gemm_
 #endif
       }
   __syncthreads();
-  gemm_finish(P, w, out, OUT_LD, BM, BN, NT);
+  gemm_finish(P, w, out, OUT_LD, BM, BN, NT EPI_ARG);
 }

@@ -996,7 +996,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if BLOCK_SCALE
               , const sm90_blk B
 #endif
-    ) {
+                  EPI_KPARAM) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   /* Stage s: A at base + s * STAGE_BYTES, B A_BYTES later, all 1024-aligned;
@@ -1294,6 +1294,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i + EPI_COLS / 2 < BN / 2; i++) d[i] = d[i + EPI_COLS / 2];
       wg_sync(c);
       const int cols = P.p.n - (n0 + q * EPI_COLS) < EPI_COLS ? (int)(P.p.n - (n0 + q * EPI_COLS)) : EPI_COLS;
+#if defined(SMELT_EPI_GRAPH)
+      /* An epilogue graph (kernels/gemm_epi_graph.cuh): the host sends
+       * every graph here (smelt__gemm_sm90_fast_d is 0 for it). */
+      gemm_graph_chunk(P, E, buf, EPI_LD, m0, n0 + q * EPI_COLS, rows, cols, tid);
+#else
       /* Column pairs: a warp stores two rows of EPI_COLS columns. */
 #pragma unroll 1
       for (int e = tid; e < 64 * (EPI_COLS / 2); e += 128) {
@@ -1301,6 +1306,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (r < rows && cc < cols)
           store_pair(P, m0 + r, n0 + q * EPI_COLS + cc, buf[r * EPI_LD + cc], buf[r * EPI_LD + cc + 1]);
       }
+#endif
       wg_sync(c);
     }
 #endif

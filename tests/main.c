@@ -15,6 +15,7 @@ extern const th_test th_tests_gemm_offs_sm90[];
 extern const th_test th_tests_gemm_prep[];
 extern const th_test th_tests_gemm_scales[];
 extern const th_test th_tests_gemm_fp8blk[];
+extern const th_test th_tests_epi_graph[];
 extern const th_test th_tests_compile[];
 extern const th_test th_tests_threads[];
 extern const th_test th_tests_inputs[];
@@ -42,6 +43,7 @@ static const struct {
     {"gemm_prep", th_tests_gemm_prep},
     {"gemm_scales", th_tests_gemm_scales},
     {"gemm_fp8blk", th_tests_gemm_fp8blk},
+    {"epi_graph", th_tests_epi_graph},
     {"compile", th_tests_compile},
 };
 

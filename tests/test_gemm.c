@@ -1580,7 +1580,7 @@ static void test_selector(void) {
   const int n = smelt__gemm_table(table);
   /* The enumerator lists exactly the table, with distinct names. */
   CHECK(n > 0 && n <= SMELT__GEMM_MAX_KERNELS);
-  CHECK_EQ_INT(smelt__gemm_variants(NULL, 0), n + 1); /* and the operand pre-pass */
+  CHECK_EQ_INT(smelt__gemm_variants(NULL, 0), n + smelt__gemm_graph_variants(NULL, 0) + 1); /* graphs, pre-pass */
   smelt__kernel_src *all = calloc((size_t)n, sizeof *all);
   smelt__gemm_variants(all, n);
   for (int i = 0; i < n; i++)

@@ -24,7 +24,12 @@
  * backend has no tensor cores:
  * tf32 there is exact f32, which is also what the check compares against.
  * --autotune runs smelt_gemm_autotune on the problem first (its table goes
- * to stderr) and then times the plan that takes the recorded winner. */
+ * to stderr) and then times the plan that takes the recorded winner.
+ * --epi-graph runs a plain GEMM's bias + activation as an epilogue graph
+ * (smelt/epilogue.h) that also stores acc + bias (D's dtype, [M, N]) and a
+ * row abs-max of D's values (f32 [M]): a layer's forward keeping what its
+ * backward and an fp8 quantizer need. Its --check compares D with the
+ * fixed epilogue's on the CPU (the same function). */
 #include "bench.h"
 #include "core/error_bound.h"
 
@@ -36,7 +41,7 @@ static int64_t opt_m = 4096, opt_n = 4096, opt_k = 4096, opt_batch = 1, opt_grou
 static const char *opt_dtype = "bf16", *opt_out_dtype = NULL, *opt_layout = "RC", *opt_epilogue = "none";
 static const char *opt_alpha = "1", *opt_beta = "0", *opt_split_mode = NULL, *opt_opclass = "auto";
 static const char *opt_tile = NULL, *opt_cluster = NULL, *opt_group_ms = NULL;
-static int opt_check, opt_autotune, opt_group_offs, opt_rowwise;
+static int opt_check, opt_autotune, opt_group_offs, opt_rowwise, opt_epi_graph;
 
 static const cli_opt options[] = {
     {"m", CLI_OPT_INT, &opt_m, "M", "rows of A and D (per group) (default 4096)"},
@@ -64,6 +69,8 @@ static const cli_opt options[] = {
      "grouped GEMM scheduled on the device from int32 row offsets (smelt_gemm_grouped_offs; A row-major)"},
     {"rowwise", CLI_OPT_FLAG, &opt_rowwise, NULL,
      "f32 row scales of A [M] and column scales of B [N] (per group with --group-offs) instead of per-tensor ones"},
+    {"epi-graph", CLI_OPT_FLAG, &opt_epi_graph, NULL,
+     "--epilogue bias+ACT as an epilogue graph that also stores acc + bias and a row abs-max (plain GEMMs)"},
     {"check", CLI_OPT_FLAG, &opt_check, NULL, "compare one run against the CPU backend (windows of D)"},
     {"autotune", CLI_OPT_FLAG, &opt_autotune, NULL,
      "time every candidate kernel first (table on stderr), record the winner in the cache folder, then bench the "
@@ -93,6 +100,8 @@ static struct {
   void **A, **B, **C, **D, **bias;
   void **SA, **SB; /* --rowwise */
   void **offs; /* --group-offs: int32 [count] cumulative row ends, one buffer */
+  void **PRE, **AMAX;   /* --epi-graph: acc + bias [M, N] (D's dtype), row abs-max [M] (f32) */
+  smelt_epi_graph graph; /* --epi-graph */
   smelt_tensor *ta, *tb, *tc, *td, *tbias; /* one view per problem, rebound per run */
   smelt_plan *plan;
 } st;
@@ -287,6 +296,12 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
                  st.cd_elems * smelt_dtype_size(st.dt_d) * (st.has_c ? 2 : 1) +
                  (st.has_bias ? st.bias_elems * smelt_dtype_size(st.dt_bias) : 0) +
                  (st.sa_elems + st.sb_elems) * sizeof(float);
+  if (opt_epi_graph) {
+    if (st.grouped || L > 1 || !st.has_bias || opt_rowwise || opt_autotune || opt_split_k > 1)
+      cli_usage_error(doc->command, "--epi-graph takes a plain GEMM with --epilogue bias or bias+ACT (no --rowwise, "
+                                    "--autotune or split-K)");
+    c->set_bytes += st.cd_elems * smelt_dtype_size(st.dt_d) + (size_t)st.rows * sizeof(float);
+  }
   c->traffic_bytes = c->set_bytes;
   c->flops = 2.0 * (double)st.rows * (double)N * (double)K * (double)L;
 
@@ -305,7 +320,8 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   if (st.desc.math.opclass) len += (size_t)snprintf(extra + len, sizeof extra - len, " opclass=%s", opclass_name());
   if (opt_tile) len += (size_t)snprintf(extra + len, sizeof extra - len, " tile=%s", tile);
   if (opt_cluster) len += (size_t)snprintf(extra + len, sizeof extra - len, " cluster=%s", opt_cluster);
-  if (opt_rowwise) snprintf(extra + len, sizeof extra - len, " rowwise");
+  if (opt_rowwise) len += (size_t)snprintf(extra + len, sizeof extra - len, " rowwise");
+  if (opt_epi_graph) snprintf(extra + len, sizeof extra - len, " epi-graph");
   snprintf(c->params_text, sizeof c->params_text,
            "m=%lld n=%lld k=%lld dtype=%s out=%s layout=%s epilogue=%s mode=%s%s",
            (long long)m, (long long)N, (long long)K, opt_dtype, smelt_dtype_name(st.dt_d), opt_layout, opt_epilogue,
@@ -313,10 +329,10 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   snprintf(c->params_json, sizeof c->params_json,
            "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"batch\":%lld,\"groups\":%lld,\"rows\":%lld,\"dtype\":\"%s\","
            "\"out_dtype\":\"%s\",\"layout\":\"%s\",\"epilogue\":\"%s\",\"alpha\":%.17g,\"beta\":%.17g,"
-           "\"mode\":\"%s\",\"split_k\":%lld,\"opclass\":\"%s\",\"tile\":\"%s\",\"rowwise\":%d",
+           "\"mode\":\"%s\",\"split_k\":%lld,\"opclass\":\"%s\",\"tile\":\"%s\",\"rowwise\":%d,\"epi_graph\":%d",
            (long long)m, (long long)N, (long long)K, (long long)L, (long long)(st.grouped ? st.count : 0),
            (long long)st.rows, opt_dtype, smelt_dtype_name(st.dt_d), opt_layout, opt_epilogue, e->alpha, e->beta,
-           mode_name(), (long long)opt_split_k, opclass_name(), tile, opt_rowwise);
+           mode_name(), (long long)opt_split_k, opclass_name(), tile, opt_rowwise, opt_epi_graph);
 }
 
 /* ---------------------------------------------------------------- data */
@@ -441,7 +457,45 @@ static const smelt_gemm_scales *set_scales(int set, smelt_gemm_scales *sc, smelt
   return sc;
 }
 
+/* --epi-graph: D = act(acc + bias), acc + bias stored in slot 0 and the
+ * row abs-max of D's values in slot 1. */
+static void make_graph(void) {
+  smelt_epi_graph *g = &st.graph;
+  *g = smelt_epi_graph_empty();
+  const int pre = smelt_epi_binary(g, SMELT_EPI_ADD, smelt_epi_input(g, SMELT_EPI_ACC, 0),
+                                   smelt_epi_input(g, SMELT_EPI_BIAS, 0));
+  smelt_epi_store(g, pre, 0);
+  g->out = smelt_epi_act(g, st.desc.epilogue.act, st.desc.epilogue.slope, pre);
+  smelt_epi_reduce_node(g, SMELT_EPI_ROW_REDUCE, SMELT_EPI_AMAX, g->out, 1);
+}
+
+/* --epi-graph: set `set`'s slot tensors. */
+static smelt_epi_tensors epi_of(int set, smelt_tensor t[2]) {
+  const smelt_device_kind dev = smelt_ctx_device(st.ctx);
+  const int index = smelt_ctx_device_index(st.ctx);
+  const int64_t sd[2] = {st.rows, opt_n}, sm[1] = {st.rows};
+  t[0] = smelt_tensor_make(st.PRE[set], st.dt_d, dev, index, 2, sd);
+  t[1] = smelt_tensor_make(st.AMAX[set], SMELT_DTYPE_F32, dev, index, 1, sm);
+  return (smelt_epi_tensors){2, {&t[0], &t[1]}};
+}
+
+/* --epi-graph: the description of the plan (the check keeps st.desc's
+ * fixed epilogue, which computes the same D). */
+static smelt_gemm_desc graph_desc(void) {
+  smelt_gemm_desc d = st.desc;
+  d.epilogue.act = SMELT_ACT_IDENTITY;
+  d.epilogue.graph = &st.graph;
+  return d;
+}
+
 static void run(int set) {
+  if (opt_epi_graph) {
+    smelt_tensor t[2];
+    const smelt_epi_tensors e = epi_of(set, t);
+    bind(set);
+    CLI_TRY(smelt_gemm_epi_run(st.plan, st.ta, st.tb, st.has_c ? st.tc : NULL, st.td, st.tbias, NULL, &e));
+    return;
+  }
   smelt_gemm_scales scb;
   smelt_tensor tsa, tsb;
   const smelt_gemm_scales *sc = set_scales(set, &scb, &tsa, &tsb);
@@ -647,6 +701,14 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
     offs_views(0, &ta, &tb, &tcc, &td, &tbb, &toffs);
     CLI_TRY(smelt_gemm_grouped_offs_scaled_plan(ctx, &st.desc, &ta, &tb, st.has_c ? &tcc : NULL, &td,
                                                 st.has_bias ? &tbb : NULL, &toffs, sc, &st.plan));
+  } else if (opt_epi_graph) {
+    st.PRE = cli_bench_alloc_sets(ctx, st.cd_elems * es_d, sets);
+    st.AMAX = cli_bench_alloc_sets(ctx, (size_t)st.rows * sizeof(float), sets);
+    make_graph();
+    const smelt_gemm_desc gd = graph_desc();
+    smelt_tensor t[2];
+    const smelt_epi_tensors e = epi_of(0, t);
+    CLI_TRY(smelt_gemm_epi_plan(ctx, &gd, st.ta, st.tb, tc, st.td, tbias, NULL, &e, &st.plan));
   } else if (st.grouped)
     CLI_TRY(smelt_gemm_grouped_plan(ctx, &st.desc, st.count, st.ta, st.tb, tc, st.td, tbias, &st.plan));
   else
@@ -679,6 +741,10 @@ static void teardown(void) {
   cli_bench_free_sets(st.ctx, st.D, st.sets);
   if (st.offs) cli_bench_free_sets(st.ctx, st.offs, 1);
   st.offs = NULL;
+  if (opt_epi_graph) {
+    cli_bench_free_sets(st.ctx, st.PRE, st.sets);
+    cli_bench_free_sets(st.ctx, st.AMAX, st.sets);
+  }
   free(st.ta);
   free(st.tb);
   free(st.tc);

@@ -47,6 +47,7 @@
 #define SMELT_GEMM_H
 
 #include "../smelt.h"
+#include "epilogue.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -106,6 +107,8 @@ typedef struct smelt_gemm_epilogue {
   float slope;         /* leaky_relu slope (default 0.01) */
   int clamp;           /* saturate float outputs to their finite range instead of +-inf */
   float scale_a, scale_b, scale_d; /* per-tensor scales (fp8 style), default 1 */
+  const smelt_epi_graph *graph;    /* NULL, or an epilogue graph (smelt/epilogue.h; copied by planning):
+                                      plain GEMMs through smelt_gemm_epi_plan, act IDENTITY, scale_d 1 */
 } smelt_gemm_epilogue;
 
 /* ---------------------------------------------------------------- mode */
@@ -223,6 +226,26 @@ SMELT_API smelt_status smelt_gemm_scaled_run(smelt_plan *plan, const smelt_tenso
 SMELT_API smelt_status smelt_gemm_scaled(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
                                          const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
                                          const smelt_tensor *bias, const smelt_gemm_scales *scales);
+
+/* ---------------------------------------------------------------- epilogue graphs */
+
+/* smelt_gemm_scaled_* with the tensors of desc->epilogue.graph's slots
+ * (smelt/epilogue.h; epi may be NULL when the graph names no slot). Plain
+ * GEMMs only: 2-D operands, desc mode AUTO or PLAIN, split_k 0 or 1. A run
+ * binds views of the planned dtypes, shapes and strides in every slot (data
+ * pointers may change). Everything is validated before anything is
+ * written. The plain entry points take a graph that names no slot. */
+SMELT_API smelt_status smelt_gemm_epi_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                           const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                           const smelt_tensor *bias, const smelt_gemm_scales *scales,
+                                           const smelt_epi_tensors *epi, smelt_plan **out);
+SMELT_API smelt_status smelt_gemm_epi_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                          const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                          const smelt_gemm_scales *scales, const smelt_epi_tensors *epi);
+SMELT_API smelt_status smelt_gemm_epi(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                      const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                      const smelt_tensor *bias, const smelt_gemm_scales *scales,
+                                      const smelt_epi_tensors *epi);
 
 /* ---------------------------------------------------------------- array of pointers */
 

@@ -57,9 +57,11 @@ from ._smelt import (  # noqa: F401,E402
     info,
 )
 
+from .epilogue import Epilogue  # noqa: E402
+
 __version__ = _C.__version__
 __all__ = [
-    "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Error", "OutOfMemoryError",
+    "ACTIVATIONS", "ArgumentError", "BackendError", "Context", "DTypeError", "Epilogue", "Error", "OutOfMemoryError",
     "PeerStore", "Tensor", "UnsupportedError", "activation", "attention", "attention_backward", "attention_decode",
     "attention_varlen", "conv2d", "conv2d_dgrad", "conv2d_wgrad", "default_context", "empty", "gemm", "gemm_grouped",
     "info", "kv_cache_append", "moe", "moe_backward", "peer", "peer_backward", "peer_retrieve", "qgemm", "softmax",
@@ -280,7 +282,7 @@ _SCALE_FORMATS = {None: 0, "fp8-block": 1}
 
 
 def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity", slope=0.01,
-         math="default", out_dtype=None, scale_a=None, scale_b=None, format=None, ctx=None, stream=None):
+         math="default", out_dtype=None, scale_a=None, scale_b=None, format=None, epilogue=None, ctx=None, stream=None):
     """D = act(alpha · scale_a[m] · scale_b[n] · (a @ b)[m, n] + beta · c + bias).
 
     Shapes:  a [M, K], b [K, N], c [M, N], bias [N]  ->  D [M, N]
@@ -305,6 +307,10 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
              [N, K] tensor with scale_b [ceil(N/128), ceil(K/128)]
              ('fp8-128x128'); each 128 of K is summed apart and scaled by its
              blocks' scales (batched: scales [L, ...]). CUDA: Hopper only.
+    epilogue: a smelt.Epilogue (an epilogue graph: its own stores and
+             row/column reductions; see smelt.epilogue) for 2-D a and b;
+             activation must then be 'identity' and the scales None. Eager
+             only (not under torch.compile).
     out:     where to write D (any non-negative strides; may be c exactly, for in place).
     Returns D.
     """
@@ -312,6 +318,11 @@ def gemm(a, b, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation=
         raise ArgumentError("smelt.gemm: format=%r is not one of %s" % (format, ", ".join(map(repr, _SCALE_FORMATS))))
     if beta is None:
         beta = 0.0 if c is None else 1.0
+    if epilogue is not None:
+        if format is not None:
+            raise ArgumentError("smelt.gemm: format=%r takes the fixed epilogue, not epilogue=" % (format,))
+        return _gemm_epilogue(a, b, c, bias, out, alpha, beta, activation, math, out_dtype, scale_a, scale_b,
+                              epilogue, ctx, stream)
     if (scale_a is not None or scale_b is not None) and _is_compiling():
         raise ArgumentError("smelt.gemm: scale_a and scale_b are not supported under torch.compile")
     if _is_compiling():
@@ -352,6 +363,27 @@ def qgemm(x, w_q, w_scales, w_tensor_scale, bias=None, out=None, *, format="nvfp
         out = _numpy_empty((x.shape[0], w_q.shape[0]), x.dtype if out_dtype is None else out_dtype, "smelt.qgemm")
     return _c_qgemm(x, w_q, w_scales, w_tensor_scale, bias, out, format, float(alpha), activation, float(slope),
                     out_dtype, ctx, stream)
+
+
+def _gemm_epilogue(a, b, c, bias, out, alpha, beta, activation, math, out_dtype, scale_a, scale_b, epilogue, ctx,
+                   stream):
+    """smelt.gemm with an epilogue graph (smelt/epilogue.h) through _smelt.gemm_epi."""
+    if not isinstance(epilogue, Epilogue):
+        raise ArgumentError("smelt.gemm: epilogue must be a smelt.Epilogue, got %r" % (type(epilogue).__name__,))
+    if activation != "identity" or scale_a is not None or scale_b is not None or _is_compiling():
+        raise ArgumentError("smelt.gemm: an epilogue graph takes no activation or scales (write them as nodes) "
+                            "and does not run under torch.compile")
+    if out is None:
+        shape = tuple(a.shape[:-1]) + tuple(b.shape[-1:])
+        if type(a).__module__ == "numpy":
+            out = _numpy_empty(shape, a.dtype if out_dtype is None else _norm_dtype(out_dtype), "smelt.gemm")
+        elif type(a).__module__.startswith("torch") and out_dtype is None:
+            out = a.new_empty(shape)
+        else:
+            raise ArgumentError("smelt.gemm: with an epilogue graph, pass out= (or numpy inputs, or torch ones "
+                                "without out_dtype)")
+    nodes, out_node, slots = epilogue._args()
+    return _C.gemm_epi(a, b, c, bias, out, float(alpha), float(beta), math, ctx, stream, nodes, out_node, slots)
 
 
 def gemm_grouped(a, b, offs, c=None, bias=None, out=None, *, alpha=1.0, beta=None, activation="identity",

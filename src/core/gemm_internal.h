@@ -13,6 +13,16 @@ typedef struct smelt__gemm_mat {
   int64_t rs, cs, bs;
 } smelt__gemm_mat;
 
+/* An epilogue graph's tensor slots resolved (smelt/epilogue.h): element
+ * (m, n) of slot s is at data[s] + (m * rs[s] + n * cs[s]) * dtype size; a
+ * row vector [M] has cs 0, a column vector [N] rs 0. */
+typedef struct smelt__epi_slots {
+  int count;
+  smelt_dtype dt[SMELT_EPI_MAX_TENSORS];
+  const void *data[SMELT_EPI_MAX_TENSORS];
+  int64_t rs[SMELT_EPI_MAX_TENSORS], cs[SMELT_EPI_MAX_TENSORS];
+} smelt__epi_slots;
+
 /* One GEMM problem: A [m,k], B [k,n], C and D [m,n], bias [n]. */
 typedef struct smelt__gemm_prob {
   int64_t m, n, k;
@@ -29,6 +39,7 @@ typedef struct smelt__gemm_prob {
    * batched, sa_bs and sb_bs per entry (grouped by offsets, sb_bs and sb_gs
    * per group). */
   int64_t sa_ks, sb_ks, sa_bs, sb_bs;
+  smelt__epi_slots epi; /* the epilogue graph's tensors (count 0 without a graph) */
 } smelt__gemm_prob;
 
 /* The plan's resolved description (plan->opdata). */
@@ -43,6 +54,10 @@ typedef struct smelt__gemm_state {
   int has_sa, has_sb;    /* row scales of A, column scales of B (smelt_gemm_scales) */
   int blk;               /* has_sa and has_sb are block scales (desc.scales BLOCK): 1 x 128 of A, 128 x 128 of B */
   int64_t count;         /* batched L, array count, groups (as planned) */
+  int has_graph;         /* desc.epilogue.graph was set: `graph` is its copy, and desc.epilogue.graph
+                            points at it */
+  smelt_epi_graph graph;
+  smelt_tensor epi_t[SMELT_EPI_MAX_TENSORS]; /* the graph slots' planned views */
   smelt__gemm_prob prob; /* planned problem (the template in array mode; group 0 when grouped; when
                             grouped by offsets, all T rows: b.bs and bias_gs step from group to group) */
 } smelt__gemm_state;
@@ -71,6 +86,29 @@ static inline void smelt__gemm_offs_range(int64_t prev_end, int64_t off, int64_t
  * stride is one element. */
 int smelt__gemm_mat_align(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int64_t cols, int64_t batch,
                           int unit_axis);
+
+/* Epilogue graphs (src/core/epi_graph.c). smelt__epi_check_desc: the graph
+ * against the rest of the description (a C node exactly when beta != 0, a
+ * BIAS node exactly when has_bias, act IDENTITY, scale_d 1).
+ * smelt__epi_resolve: the slots' tensors checked against the graph and the
+ * problem (p's m, n and operands, which outputs must not overlap) and
+ * resolved into p->epi; planned (may be NULL) gets copies of the views.
+ * smelt__epi_check_run: a run's slots are the planned views. */
+smelt_status smelt__epi_check_desc(const char *op, const smelt_epi_graph *g, const smelt_gemm_desc *d, int has_bias);
+smelt_status smelt__epi_resolve(const char *op, const smelt_ctx *ctx, const smelt_epi_graph *g,
+                                const smelt_epi_tensors *epi, const smelt_tensor *const *operands, int noperands,
+                                smelt__gemm_prob *p, smelt_tensor *planned);
+smelt_status smelt__epi_check_run(const char *op, const smelt_epi_graph *g, const smelt_tensor *planned,
+                                  const smelt_epi_tensors *epi, const smelt_tensor *const *operands, int noperands,
+                                  smelt__gemm_prob *p);
+/* The CPU reference of a graph (src/cpu/epi_graph.c), row by row: acc[j]
+ * for j < n holds row i's accumulator times alpha and the scales (f64), and
+ * gets D's values (before conversion); the row's stores and reductions are
+ * done. begin and end bracket the rows: column reductions start in red
+ * (SMELT_EPI_MAX_TENSORS x N doubles) and are stored from it. */
+void smelt__cpu_epi_row(const smelt__gemm_state *st, const smelt__gemm_prob *p, int64_t i, double *acc, double *red);
+void smelt__cpu_epi_begin(const smelt__gemm_state *st, const smelt__gemm_prob *p, double *red);
+void smelt__cpu_epi_end(const smelt__gemm_state *st, const smelt__gemm_prob *p, const double *red);
 
 /* The backends (smelt__cpu_gemm in src/cpu/gemm.c, smelt__cuda_gemm in
  * src/cuda/op_gemm.c) plan and run a `const smelt__gemm_args *`. */

@@ -245,7 +245,7 @@ const smelt__embedded_file *smelt__embedded_find(const char *name);
 typedef struct smelt__kernel_src {
   char name[96];       /* module name built from the parameters: "act_gelu_bf16" */
   const char *body;    /* embedded file name: "unary.cu" */
-  char prelude[1024];  /* "#define SMELT_DT 2\n..." */
+  char prelude[8192];  /* "#define SMELT_DT 2\n..." (an epilogue graph's code takes a few KiB) */
 } smelt__kernel_src;
 
 /* Enumerates every variant an op family's selector can pick (for precompile and

@@ -323,6 +323,9 @@ static smelt_status begin_family(const char *op, smelt_ctx *ctx, const smelt_gem
                                  smelt_gemm_desc *d, smelt_gemm_mode mode) {
   smelt_status s = begin(op, ctx, desc, out, d);
   if (s) return s;
+  if (d->epilogue.graph)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: desc.epilogue.graph serves plain GEMMs only (smelt_gemm_epi_plan)",
+                        op);
   if (d->mode != SMELT_GEMM_MODE_AUTO && d->mode != mode)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: desc.mode=%s must be AUTO or %s", op, mode_names[d->mode],
                         mode_names[mode]);
@@ -382,18 +385,38 @@ static smelt_status new_state(const smelt_gemm_desc *d, const smelt_tensor *a, c
   st->dt_c = st->has_c ? c->dtype : dd->dtype;
   st->has_bias = bias != NULL;
   st->dt_bias = bias ? bias->dtype : SMELT_DTYPE_F32;
+  if (d->epilogue.graph) {
+    st->has_graph = 1;
+    st->graph = *d->epilogue.graph;
+    st->desc.epilogue.graph = &st->graph;
+  }
   *out = st;
   return SMELT_OK;
 }
 
-smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
-                                    const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
-                                    const smelt_tensor *bias, const smelt_gemm_scales *scales, smelt_plan **out) {
+/* A graph (desc.epilogue.graph) against the description: a plain GEMM of
+ * 2-D operands that fits the graph's C and BIAS nodes. */
+static smelt_status check_graph_desc(const smelt_gemm_desc *d, const smelt_tensor *a, const smelt_tensor *bias) {
+  if (!d->epilogue.graph) return SMELT_OK;
+  if ((d->mode != SMELT_GEMM_MODE_AUTO && d->mode != SMELT_GEMM_MODE_PLAIN) || d->split_k > 1 || a->ndim != 2)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        OP ": desc.epilogue.graph serves plain GEMMs only (2-D operands, mode AUTO or PLAIN, split_k "
+                        "0 or 1; got mode %s, split_k %d, A.ndim %d)",
+                        mode_names[d->mode], d->split_k, a->ndim);
+  return smelt__epi_check_desc(OP, d->epilogue.graph, d, bias != NULL);
+}
+
+smelt_status smelt_gemm_epi_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                 const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                 const smelt_tensor *bias, const smelt_gemm_scales *scales, const smelt_epi_tensors *epi,
+                                 smelt_plan **out) {
   smelt_gemm_desc dd;
   smelt_status s = begin(OP, ctx, desc, out, &dd);
   if (s || (s = need_c(OP, &dd, c))) return s;
   if (!a) return smelt__error(SMELT_STATUS_NULL_POINTER, OP ": A is NULL");
-  if ((s = smelt__check_tensor(OP, "A", a))) return s;
+  if ((s = smelt__check_tensor(OP, "A", a)) || (s = check_graph_desc(&dd, a, bias))) return s;
+  if (!dd.epilogue.graph && epi && epi->count)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": epi has tensors but desc.epilogue.graph is NULL");
   smelt_gemm_mode mode = dd.mode;
   if (mode == SMELT_GEMM_MODE_ARRAY || mode == SMELT_GEMM_MODE_GROUPED || mode == SMELT_GEMM_MODE_GROUPED_OFFS)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": desc.mode=%s belongs to smelt_gemm_%s_plan",
@@ -419,18 +442,25 @@ smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc,
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         OP ": block scales serve plain and batched GEMMs (mode is %s, split_k %d)", mode_names[mode],
                         dd.split_k);
+  if (blk && dd.epilogue.graph)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": block scales take the fixed epilogue, not an epilogue graph");
   const smelt_gemm_scales block_sc = scales ? *scales : (smelt_gemm_scales){NULL, NULL};
   smelt__gemm_args args;
   memset(&args, 0, sizeof args);
   const int has_c = dd.epilogue.beta != 0.0;
+  const smelt_tensor *const operands[] = {a, b, has_c ? c : NULL, d, bias, scales ? scales->a : NULL,
+                                           scales ? scales->b : NULL};
+  smelt_tensor planned[SMELT_EPI_MAX_TENSORS];
   if ((s = resolve_prob(OP, ctx, batched ? a->shape[0] : -1, a, b, c, d, bias, has_c, 0, &args.prob)) ||
       (s = blk ? resolve_block_scales(OP, ctx, &block_sc, d, batched ? a->shape[0] : -1, batched ? a->shape[0] : -1,
                                       a->dtype, b->dtype, &args.prob)
-               : resolve_scales(OP, ctx, scales, d, -1, &args.prob)))
+               : resolve_scales(OP, ctx, scales, d, -1, &args.prob)) ||
+      (dd.epilogue.graph && (s = smelt__epi_resolve(OP, ctx, dd.epilogue.graph, epi, operands, 7, &args.prob, planned))))
     return s;
   args.count = batched ? a->shape[0] : 1;
   smelt__gemm_state *st;
   if ((s = new_state(&dd, a, b, c, d, bias, &st))) return s;
+  if (st->has_graph) memcpy(st->epi_t, planned, sizeof planned);
   st->has_sa = args.prob.sa != NULL;
   st->has_sb = args.prob.sb != NULL;
   st->blk = blk;
@@ -438,7 +468,7 @@ smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc,
   /* 0 slices in AUTO (no explicit split) or a split mode: the backend
    * chooses; block scales never split. */
   st->split_k = dd.split_k ? dd.split_k : (split || dd.mode == SMELT_GEMM_MODE_AUTO) && !batched && !blk ? 0 : 1;
-  if (ctx->device == SMELT_DEVICE_CPU && st->split_k == 0) st->split_k = 1;
+  if ((ctx->device == SMELT_DEVICE_CPU || st->has_graph) && st->split_k == 0) st->split_k = 1;
   st->count = args.count;
   st->prob = args.prob;
   smelt_plan *plan;
@@ -446,6 +476,12 @@ smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc,
   keep_tensors(plan, a, b, has_c ? c : NULL, d, bias, NULL, scales);
   *out = plan;
   return SMELT_OK;
+}
+
+smelt_status smelt_gemm_scaled_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                                    const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                                    const smelt_tensor *bias, const smelt_gemm_scales *scales, smelt_plan **out) {
+  return smelt_gemm_epi_plan(ctx, desc, a, b, c, d, bias, scales, NULL, out);
 }
 
 smelt_status smelt_gemm_plan(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a,
@@ -497,9 +533,9 @@ static smelt_status check_run(const char *op, const smelt_plan *plan, const smel
   return s ? s : smelt__check_roles_disjoint(&smelt__family_gemm, op, t);
 }
 
-smelt_status smelt_gemm_scaled_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
-                                   const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
-                                   const smelt_gemm_scales *scales) {
+smelt_status smelt_gemm_epi_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,
+                                const smelt_tensor *d, const smelt_tensor *bias, const smelt_gemm_scales *scales,
+                                const smelt_epi_tensors *epi) {
   const char *op = OP "_run";
   smelt_status s = check_plan(op, plan);
   if (s) return s;
@@ -509,8 +545,28 @@ smelt_status smelt_gemm_scaled_run(smelt_plan *plan, const smelt_tensor *a, cons
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: the plan is a %s plan; use smelt_gemm_%s_run", op,
                         mode_names[st->mode], family_of(st->mode));
   if ((s = check_run(op, plan, a, b, c, d, bias, NULL, scales))) return s;
-  const smelt__gemm_args args = bound_args(st, a, b, c, d, bias, scales);
+  smelt__gemm_args args = bound_args(st, a, b, c, d, bias, scales);
+  if (st->has_graph) {
+    const smelt_tensor *const operands[] = {a, b, st->has_c ? c : NULL, d, bias, st->has_sa ? scales->a : NULL,
+                                             st->has_sb ? scales->b : NULL};
+    if ((s = smelt__epi_check_run(op, &st->graph, st->epi_t, epi, operands, 7, &args.prob))) return s;
+  } else if (epi && epi->count) {
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: epi has tensors but the plan has no graph", op);
+  }
   return smelt__plan_dispatch(plan, &args);
+}
+
+smelt_status smelt_gemm_scaled_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b,
+                                   const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                                   const smelt_gemm_scales *scales) {
+  return smelt_gemm_epi_run(plan, a, b, c, d, bias, scales, NULL);
+}
+
+smelt_status smelt_gemm_epi(smelt_ctx *ctx, const smelt_gemm_desc *desc, const smelt_tensor *a, const smelt_tensor *b,
+                            const smelt_tensor *c, const smelt_tensor *d, const smelt_tensor *bias,
+                            const smelt_gemm_scales *scales, const smelt_epi_tensors *epi) {
+  SMELT__ONE_SHOT(smelt_gemm_epi_plan(ctx, desc, a, b, c, d, bias, scales, epi, &plan),
+                  smelt_gemm_epi_run(plan, a, b, c, d, bias, scales, epi));
 }
 
 smelt_status smelt_gemm_run(smelt_plan *plan, const smelt_tensor *a, const smelt_tensor *b, const smelt_tensor *c,

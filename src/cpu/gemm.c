@@ -9,6 +9,8 @@
  * by its scales, and sa, sb are not applied again);
  *   v = act(v);
  *   D = convert(scale_d · v)
+ * or, with an epilogue graph, v = alpha · scales · acc goes through the graph
+ * (src/cpu/epi_graph.c) and D gets its output node's value.
  * Every mode reduces to a list of single problems (grouped by offsets: one
  * per group, over its clamped row range); split-K only changes the
  * summation order on a GPU, so here it is the plain GEMM. An f16
@@ -64,7 +66,9 @@ static smelt_status scratch_new(const smelt__gemm_state *st, const smelt__gemm_a
   const int grouped = st->mode == SMELT_GEMM_MODE_GROUPED;
   for (int64_t g = 0; g < (grouped ? args->count : 1); g++) {
     const smelt__gemm_prob *p = grouped ? &args->groups[g] : &args->prob;
-    const int64_t e = p->m == 0 || p->n == 0 ? 0 : scratch_elems(p);
+    int64_t e = p->m == 0 || p->n == 0 ? 0 : scratch_elems(p);
+    /* A graph's column reductions: N doubles a slot, before the rest. */
+    if (st->has_graph && e >= 0 && __builtin_add_overflow(e, SMELT_EPI_MAX_TENSORS * p->n, &e)) e = -1;
     /* The i32 accumulator doubles the scratch: 16 bytes an element at most. */
     if (e < 0 || e > (int64_t)(SIZE_MAX / (2 * sizeof(double))))
       return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_gemm: K=%lld x N=%lld is too large for the CPU reference",
@@ -101,10 +105,17 @@ static double block_dot(const smelt__gemm_prob *p, const double *a, const double
 /* One problem. Shapes: A [m,k], B [k,n], C and D [m,n], bias, sb [n], sa [m]. */
 static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, const scratch *sc) {
   const int64_t M = p->m, N = p->n, K = p->k;
-  if (M == 0 || N == 0) return;
+  /* A graph's reductions over an empty axis still write their outputs. */
+  double *red = sc->d;
+  if (st->has_graph) smelt__cpu_epi_begin(st, p, red);
+  if (M == 0 || N == 0) {
+    for (int64_t i = 0; st->has_graph && i < M; i++) smelt__cpu_epi_row(st, p, i, NULL, red);
+    if (st->has_graph) smelt__cpu_epi_end(st, p, red);
+    return;
+  }
   const int ints = st->acc == SMELT_GEMM_ACC_I32;
   /* B converted once: bd[k*N + j]; one row of A and of accumulators at a time. */
-  double *bd = sc->d;
+  double *bd = sc->d + (st->has_graph ? SMELT_EPI_MAX_TENSORS * N : 0);
   int64_t *bi = sc->i;
   double *ad = bd + K * N, *acc = ad + K;
   int64_t *ai = ints ? bi + K * N : NULL, *acci = ints ? ai + K : NULL;
@@ -135,6 +146,13 @@ static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, con
       }
     }
     const double abi = p->sa && !st->blk ? ab * (double)p->sa[i * p->sa_s] : ab;
+    if (st->has_graph) {
+      for (int64_t j = 0; j < N; j++)
+        acc[j] = (p->sb ? abi * (double)p->sb[j * p->sb_s] : abi) * (ints ? (double)acci[j] : acc[j]);
+      smelt__cpu_epi_row(st, p, i, acc, red);
+      for (int64_t j = 0; j < N; j++) store((void *)p->d.data, st->dt_d, i * p->d.rs + j * p->d.cs, acc[j], e->clamp);
+      continue;
+    }
     for (int64_t j = 0; j < N; j++) {
       const double s = p->sb && !st->blk ? abi * (double)p->sb[j * p->sb_s] : abi;
       double v = s * (ints ? (double)acci[j] : acc[j]);
@@ -144,6 +162,7 @@ static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, con
       store((void *)p->d.data, st->dt_d, i * p->d.rs + j * p->d.cs, v, e->clamp);
     }
   }
+  if (st->has_graph) smelt__cpu_epi_end(st, p, red);
 }
 
 static const void *at(const void *base, smelt_dtype dt, int64_t elems) {
@@ -206,7 +225,7 @@ static void gemm_list(const smelt__gemm_state *st, const smelt__gemm_args *args,
   /* An empty D has nothing to write however many batches it claims (a
    * [2^40, 0, N] batch is valid), and its operands' batch strides may then
    * be anything: no batch is visited. */
-  if (st->mode != SMELT_GEMM_MODE_GROUPED && (args->prob.m == 0 || args->prob.n == 0)) return;
+  if (st->mode != SMELT_GEMM_MODE_GROUPED && !st->has_graph && (args->prob.m == 0 || args->prob.n == 0)) return;
   for (int64_t l = 0; l < args->count; l++) {
     smelt__gemm_prob p;
     switch (st->mode) {

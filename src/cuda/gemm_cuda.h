@@ -52,7 +52,8 @@ typedef struct smelt__gemm_facts {
 } smelt__gemm_facts;
 
 /* How gemm_sm90's fast epilogue can write p's D (16-bit or f32,
- * row-major, rows not overlapping, sizes below 2^31, no C; else 0, the
+ * row-major, rows not overlapping, sizes below 2^31, no C, no epilogue
+ * graph; else 0, the
  * general epilogue): 1 through TMA stores, which need rows whole 16-byte
  * units apart, each row N elements of whole 16-byte units (a TMA store
  * writes a partial unit at the row's end in full) and a 16-byte aligned
@@ -160,5 +161,38 @@ typedef struct smelt__gemm_kblk {
 } smelt__gemm_kblk;
 
 _Static_assert(sizeof(smelt__gemm_kblk) == 64, "smelt__gemm_kblk must match sm90_blk");
+/* ---- epilogue graphs (src/cuda/epi_graph_gen.c, src/cuda/gemm_epi.c) */
+
+/* The host twin of epi_ptrs in kernels/gemm_epi_graph.cuh: the slots'
+ * pointers and strides, and each reduction's f32 partials. */
+typedef struct smelt__epi_kptrs {
+  uint64_t data[SMELT_EPI_MAX_TENSORS];
+  int64_t rs[SMELT_EPI_MAX_TENSORS], cs[SMELT_EPI_MAX_TENSORS];
+  uint64_t part[SMELT_EPI_MAX_TENSORS];
+} smelt__epi_kptrs;
+
+_Static_assert(sizeof(smelt__epi_kptrs) == 256, "smelt__epi_kptrs must match epi_ptrs");
+
+/* Table kernel k's source with graph g (slot dtypes slot_dt) in its
+ * prelude and the graph's hash in its name; -1 when the graph's code does
+ * not fit the prelude. */
+int smelt__gemm_graph_src(const smelt__gemm_kernel *k, const smelt_epi_graph *g, const smelt_dtype *slot_dt,
+                          smelt__kernel_src *src);
+/* The source of kernel k for st: with st's graph when it has one. */
+void smelt__gemm_src_for(const smelt__gemm_state *st, const smelt__gemm_kernel *k, smelt__kernel_src *src);
+/* The second pass of the reductions (kernels/gemm_epi_reduce.cu). */
+void smelt__gemm_epi_reduce_src(smelt__kernel_src *src);
+/* The graphs the tests run, for the variant list (the compile suite
+ * builds them through NVRTC): writes up to max sources, returns the count. */
+int smelt__gemm_graph_variants(smelt__kernel_src *out, int max);
+/* A graph run around the main kernel k: begin fills E (slots from p, the
+ * partials in a workspace from the context's pool, *ws); end launches the
+ * reductions' second pass (f: gemm_epi_reduce) unless s (the launches'
+ * status) failed, and gives the workspace back; it returns the first
+ * failure. */
+smelt_status smelt__gemm_epi_begin(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k,
+                                   const smelt__gemm_prob *p, smelt__epi_kptrs *E, void **ws);
+smelt_status smelt__gemm_epi_end(smelt_ctx *ctx, void *f, const smelt__gemm_state *st, const smelt__gemm_kernel *k,
+                                 const smelt__gemm_prob *p, const smelt__epi_kptrs *E, void *ws, smelt_status s);
 
 #endif /* SMELT_GEMM_CUDA_H */

@@ -320,11 +320,13 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
   smelt__prelude_define(src, "GEMM_STAGES", k->stages);
 }
 
-/* The table's kernels, then the operand pre-pass. */
+/* The table's kernels, then the epilogue graphs' (src/cuda/gemm_epi.c),
+ * then the operand pre-pass. */
 int smelt__gemm_variants(smelt__kernel_src *out, int max) {
   smelt__gemm_kernel t[SMELT__GEMM_MAX_KERNELS];
   int n = smelt__gemm_table(t);
   for (int i = 0; i < n && i < max; i++) smelt__gemm_kernel_src(&t[i], &out[i]);
+  n += smelt__gemm_graph_variants(max > n ? out + n : NULL, max > n ? max - n : 0);
   if (n < max) smelt__gemm_prep_src(&out[n]);
   return n + 1;
 }
@@ -342,7 +344,7 @@ static int fits_axis(const smelt__gemm_mat *x, smelt_dtype dt, int64_t rows, int
 int smelt__gemm_sm90_fast_d(const smelt__gemm_state *st, const smelt__gemm_prob *p) {
   const smelt_dtype d = st->dt_d;
   const int64_t es = (int64_t)smelt_dtype_size(d);
-  if (st->has_c || (d != SMELT_DTYPE_BF16 && d != SMELT_DTYPE_F16 && d != SMELT_DTYPE_F32)) return 0;
+  if (st->has_graph || st->has_c || (d != SMELT_DTYPE_BF16 && d != SMELT_DTYPE_F16 && d != SMELT_DTYPE_F32)) return 0;
   if (p->n > 1 && p->d.cs != 1) return 0;
   if (p->m > 1 && p->d.rs < p->n) return 0;
   if (p->m >= ((int64_t)1 << 31) || p->n >= ((int64_t)1 << 31)) return 0; /* TMA coordinates are int32 */
@@ -472,7 +474,7 @@ int smelt__gemm_fits(const smelt__gemm_kernel *k, const smelt__gemm_state *st, c
     case SMELT__GK_GEMV:
       /* At most its 16 rows a problem; plain, batched, or a parallel split
        * (slices of whole chunks, partial sums through gemm_reduce). */
-      if (f->m > k->bm || (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED &&
+      if (st->has_graph || f->m > k->bm || (st->mode != SMELT_GEMM_MODE_PLAIN && st->mode != SMELT_GEMM_MODE_BATCHED &&
                            st->mode != SMELT_GEMM_MODE_SPLIT_K_PARALLEL))
         return 0;
       break;

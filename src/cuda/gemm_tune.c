@@ -557,6 +557,8 @@ static smelt_status check_args(smelt_ctx *ctx, const smelt_gemm_desc *desc, cons
   if (flags & ~(unsigned)SMELT_GEMM_TUNE_NO_RECORD)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, OP ": flags=0x%x has unknown bits (known: SMELT_GEMM_TUNE_NO_RECORD)",
                         flags);
+  if (desc && desc->epilogue.graph)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, OP ": desc.epilogue.graph is not tuned (its plans use the heuristic)");
   const smelt_gemm_mode mode = desc ? desc->mode : SMELT_GEMM_MODE_AUTO;
   if (mode == SMELT_GEMM_MODE_ARRAY || mode == SMELT_GEMM_MODE_GROUPED)
     return smelt__error(SMELT_STATUS_UNSUPPORTED,

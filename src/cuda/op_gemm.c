@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F_MAIN, F_REDUCE, F_PREP };
+enum { F_MAIN, F_REDUCE, F_PREP, F_EPI };
 
 /* Split-K for a plain GEMM with few output tiles and a long K: enough slices
  * to give every SM work, each at least 1024 deep, at most 16. */
@@ -48,9 +48,9 @@ static int64_t k_slice_of(const smelt__gemm_kernel *k, int64_t kk, int splits) {
   return s > 0 ? s : k->bk;
 }
 
-static smelt_status load(smelt_ctx *ctx, const smelt__gemm_kernel *k, void **func) {
+static smelt_status load(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, void **func) {
   smelt__kernel_src src;
-  smelt__gemm_kernel_src(k, &src);
+  smelt__gemm_src_for(st, k, &src);
   CUfunction f;
   static const char *const entry[] = {[SMELT__GK_SIMT] = "gemm_simt", [SMELT__GK_SM80] = "gemm_tc",
                                       [SMELT__GK_SM90] = "gemm_sm90", [SMELT__GK_REDUCE] = "gemm_reduce",
@@ -96,7 +96,7 @@ static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const sm
   cp->align[1] = ptr_align(args->prob.b.data);
   cp->align[2] = ptr_align(args->prob.d.data);
   CUfunction prep;
-  if ((*s = load(plan->ctx, &table[ki], &plan->func[F_MAIN])) ||
+  if ((*s = load(plan->ctx, st, &table[ki], &plan->func[F_MAIN])) ||
       (*s = smelt__gemm_prep_load(plan->ctx, cp->prep, &prep)))
     return 1;
   plan->func[F_PREP] = prep;
@@ -110,6 +110,26 @@ static int plan_prepped(smelt_plan *plan, const smelt__gemm_args *args, const sm
   return 1;
 }
 
+/* An epilogue graph: its code must fit the prelude of any kernel the plan
+ * may load (smelt__gemm_src_for relies on it), and the reductions' second
+ * pass is loaded. */
+static smelt_status plan_graph(smelt_plan *plan, const smelt__gemm_kernel *table, int n) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  smelt__kernel_src src;
+  smelt_dtype dt[SMELT_EPI_MAX_TENSORS];
+  for (int s = 0; s < SMELT_EPI_MAX_TENSORS; s++) dt[s] = st->epi_t[s].dtype;
+  for (int i = 0; i < n; i++)
+    if (smelt__gemm_graph_src(&table[i], &st->graph, dt, &src))
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          "smelt_gemm: the epilogue graph's code (%d nodes) is too long for a kernel's prelude",
+                          st->graph.count);
+  smelt__gemm_epi_reduce_src(&src);
+  CUfunction f;
+  smelt_status s = smelt__cuda_function(plan->ctx, &src, "gemm_epi_reduce", &f);
+  if (!s) plan->func[F_EPI] = f;
+  return s;
+}
+
 static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   const smelt__gemm_args *args = (const smelt__gemm_args *)run_args;
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
@@ -120,6 +140,8 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   plan->backend_free = free;
   smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
   const int n = smelt__gemm_table(table);
+  smelt_status gs = st->has_graph ? plan_graph(plan, table, n) : SMELT_OK;
+  if (gs) return gs;
   smelt__gemm_facts f;
   smelt__gemm_facts_of(st, args, &f);
   smelt_status s = SMELT_OK;
@@ -156,10 +178,10 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   cp->align[0] = ptr_align(args->prob.a.data);
   cp->align[1] = ptr_align(args->prob.b.data);
   cp->align[2] = ptr_align(args->prob.d.data);
-  if ((s = load(plan->ctx, k, &plan->func[F_MAIN]))) return s;
+  if ((s = load(plan->ctx, st, k, &plan->func[F_MAIN]))) return s;
   if (cp->mode == SMELT_GEMM_MODE_SPLIT_K_PARALLEL) {
     int r = smelt__gemm_reduce_kernel(table, n, st->acc);
-    if ((s = load(plan->ctx, &table[r], &plan->func[F_REDUCE]))) return s;
+    if ((s = load(plan->ctx, st, &table[r], &plan->func[F_REDUCE]))) return s;
   }
   plan->variant = ki;
   plan->block = k->threads;
@@ -226,7 +248,7 @@ static smelt_status pick(smelt_plan *plan, const smelt__gemm_kernel *table, int 
     int fb;
     smelt_status s = smelt__gemm_select(&decided, &f, &plan->ctx->cuda->info, table, n, &fb, why, sizeof why);
     if (s) return s;
-    if ((s = load(plan->ctx, &table[fb], &cp->fallback_func))) return s;
+    if ((s = load(plan->ctx, st, &table[fb], &cp->fallback_func))) return s;
     cp->fallback = fb;
     smelt__log(SMELT__LOG_INFO, "smelt_gemm: operands do not fit %s's kernel; using table entry %d (%s)",
                plan->describe, fb, why);
@@ -546,7 +568,7 @@ static smelt_status split_tail_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, c
  * workspace (kp->workspace, set by the caller); the caller then launches
  * gemm_reduce with the real one. */
 static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const smelt__gemm_kernel *k, CUfunction f,
-                             const smelt__gemm_kparams *kp, const smelt__gemm_prob *p) {
+                             const smelt__gemm_kparams *kp, const smelt__gemm_prob *p, const smelt__epi_kptrs *E) {
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
   const int64_t batch = kp->mode == SMELT__KMODE_BATCHED ? kp->count : 0;
@@ -584,10 +606,11 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     if (fast != 1) td = ta;
   }
   const void *gmaps = NULL; /* grouped runs only */
-  /* The block scales, the block-scaled kernels' last parameter (the
-   * driver reads as many parameters as the kernel has: others skip it). */
+  /* The last parameter: the block scales of a block-scaled kernel, or a
+   * graph kernel's tensors (never both: the core refuses that); the driver
+   * reads as many parameters as the kernel has, so others skip it. */
   const smelt__gemm_kblk blk = blk_of(p);
-  void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps, (void *)&blk};
+  void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps, st->blk ? (void *)&blk : (void *)E};
   void *ws = NULL;
   if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = split_tail_of(ctx, k, p, tiles, &kq, &ws))) return s;
   s = sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
@@ -602,13 +625,13 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
  * one into ws, then the plain Hopper launch on the copies. */
 static smelt_status run_prepped_one(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f,
                                     smelt__gemm_kparams *kp, const smelt__gemm_prep prep[2], smelt__gemm_prob p,
-                                    char *ws) {
+                                    char *ws, const smelt__epi_kptrs *E) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   smelt_status s =
       smelt__gemm_prep_operands(plan->ctx, (CUfunction)plan->func[F_PREP], prep, st->dt_a, st->dt_b, &p, ws);
   p.k = smelt__gemm_prep_gemm_k(st, prep, p.k);
   kprob_of(&kp->p, &p);
-  return s ? s : run_sm90(plan->ctx, st, k, f, kp, &p);
+  return s ? s : run_sm90(plan->ctx, st, k, f, kp, &p, E);
 }
 
 static const void *moved(const void *x, smelt_dtype dt, int64_t elems) {
@@ -620,7 +643,7 @@ static const void *moved(const void *x, smelt_dtype dt, int64_t elems) {
  * entry in turn (the launches are ordered on the stream), and given back
  * in stream order after the last. */
 static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
-                                const smelt__gemm_args *args) {
+                                const smelt__gemm_args *args, const smelt__epi_kptrs *E) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
   const smelt__gemm_prob *p = &args->prob;
@@ -645,10 +668,36 @@ static smelt_status run_prepped(smelt_plan *plan, const smelt__gemm_kernel *k, C
     e.b.data = moved(p->b.data, st->dt_b, l * p->b.bs);
     e.c.data = moved(p->c.data, st->dt_c, l * p->c.bs);
     e.d.data = moved(p->d.data, st->dt_d, l * p->d.bs);
-    s = run_prepped_one(plan, k, f, kp, prep, e, (char *)ws);
+    s = run_prepped_one(plan, k, f, kp, prep, e, (char *)ws, E);
   }
   smelt_status s2 = smelt__cuda_free(plan->ctx, ws);
   return s ? s : s2;
+}
+
+/* A plain GEMM with an epilogue graph (src/cuda/gemm_epi.c): the main
+ * kernel gets the graph's slots and partials as its last parameter, then
+ * the reductions' second pass runs, also for an empty D (their outputs
+ * then hold the identity). */
+static smelt_status run_graph(smelt_plan *plan, const smelt__gemm_kernel *k, CUfunction f, smelt__gemm_kparams *kp,
+                              const smelt__gemm_args *args) {
+  const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
+  const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
+  const smelt__gemm_prob *p = &args->prob;
+  const int64_t tiles_m = smelt__ceil_div(p->m, k->bm), tiles = tiles_m * smelt__ceil_div(p->n, k->bn);
+  if (tiles > 0x7fffffff)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld output tiles exceed 2^31 - 1", (long long)tiles);
+  kp->tiles_m = (int)tiles_m;
+  kp->tiles_n = (int)smelt__ceil_div(p->n, k->bn);
+  smelt__epi_kptrs E;
+  void *ws;
+  smelt_status s = smelt__gemm_epi_begin(plan->ctx, st, k, p, &E, &ws);
+  if (s) return s;
+  void *params[] = {kp, &E};
+  if (tiles == 0) s = SMELT_OK;
+  else if (cp->prep[0] || cp->prep[1]) s = run_prepped(plan, k, f, kp, args, &E);
+  else if (k->fam == SMELT__GK_SM90) s = run_sm90(plan->ctx, st, k, f, kp, p, &E);
+  else s = smelt__cuda_launch(plan->ctx, "smelt_gemm", f, (unsigned)tiles, 1, 1, (unsigned)k->threads, (unsigned)k->smem, params);
+  return smelt__gemm_epi_end(plan->ctx, plan->func[F_EPI], st, k, p, &E, ws, s);
 }
 
 static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
@@ -706,16 +755,17 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   }
   const int64_t M = args->prob.m, N = args->prob.n;
   const int64_t tiles_m = smelt__ceil_div(M, k->bm), tiles_n = smelt__ceil_div(N, k->bn), tiles = tiles_m * tiles_n;
+  if (st->has_graph) return run_graph(plan, k, f, &kp, args);
   if (tiles == 0 || args->count == 0) return SMELT_OK;
   if (tiles > 0x7fffffff)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld output tiles exceed 2^31 - 1", (long long)tiles);
   kp.tiles_m = (int)tiles_m;
   kp.tiles_n = (int)tiles_n;
-  if (cp->prep[0] || cp->prep[1]) return run_prepped(plan, k, f, &kp, args);
-  if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_PLAIN) return run_sm90(ctx, st, k, f, &kp, &args->prob);
+  if (cp->prep[0] || cp->prep[1]) return run_prepped(plan, k, f, &kp, args, NULL);
+  if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_PLAIN) return run_sm90(ctx, st, k, f, &kp, &args->prob, NULL);
   if (k->fam == SMELT__GK_SM90 && kp.mode == SMELT__KMODE_BATCHED) {
     kp.count = (int)args->count; /* below 2^31: smelt__gemm_fits */
-    return run_sm90(ctx, st, k, f, &kp, &args->prob);
+    return run_sm90(ctx, st, k, f, &kp, &args->prob, NULL);
   }
 
   void *ws = NULL;
@@ -736,7 +786,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     }
   }
   void *params[] = {&kp};
-  if (k->fam == SMELT__GK_SM90 && !s) s = run_sm90(ctx, st, k, f, &kp, &args->prob); /* a parallel split */
+  if (k->fam == SMELT__GK_SM90 && !s) s = run_sm90(ctx, st, k, f, &kp, &args->prob, NULL); /* a parallel split */
   for (int64_t base = 0; base < z && !s && k->fam != SMELT__GK_SM90; base += 65535) {
     kp.batch_base = (int)base;
     const int64_t zc = z - base < 65535 ? z - base : 65535;
