@@ -39,7 +39,8 @@
  * columns, then a butterfly sum: a fixed order, the same bits every run).
  *
  * moe_add: out = a + b over the kept rows (the FFN's two input-gradient
- * products, f32, summed into dxp of any float type). */
+ * products, f32, summed into dxp of any float type; the MLP has one, b
+ * NULL, converted alone). */
 #include "smelt_device.cuh"
 
 #define FULL 0xffffffffu
@@ -311,11 +312,12 @@ extern "C" __global__ void moe_unpermute_bwd(const void *dy, int dy_dt, i64 dy_s
 }
 
 /* out (dtype code out_dt) = a + b over the first offsets[E] rows of d
- * columns (clamped to rows); a, b f32 [rows, d] contiguous. */
+ * columns (clamped to rows); a, b f32 [rows, d] contiguous, b NULL (the
+ * MLP's one product): out = a. */
 extern "C" __global__ void moe_add(const float *a, const float *b, void *out, int out_dt, const void *offsets,
                                    int offsets64, int E, i64 rows, i64 d) {
   i64 kept = offsets64 ? ((const i64 *)offsets)[E] : (i64)((const int *)offsets)[E];
   kept = kept < 0 ? 0 : kept > rows ? rows : kept;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < kept * d; i += (i64)gridDim.x * blockDim.x)
-    store_any(out, out_dt, i, a[i] + b[i]);
+    store_any(out, out_dt, i, b ? a[i] + b[i] : a[i]);
 }
