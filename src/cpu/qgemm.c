@@ -38,7 +38,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   if (!w) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_qgemm: out of host memory (%zu bytes)", bytes);
   const double ts = *(const float *)t[SMELT__QG_TS]->data;
   for (int64_t n = 0; n < N; n++) {
-    decode_row(t[SMELT__QG_Q], t[SMELT__QG_SCALE], ts, n, K, w);
+    if (K > 0) decode_row(t[SMELT__QG_Q], t[SMELT__QG_SCALE], ts, n, K, w); /* K = 0: W's views may have no data */
     const double b = bias ? load(bias, n * bias->strides[0]) : 0.0;
     for (int64_t m = 0; m < M; m++) {
       double acc = 0.0;
