@@ -6,6 +6,7 @@
  *   O = Σ exp(s_p - m) v_p / l,  LSE = m + log l
  * (a query that sees nothing: O = 0, LSE = +inf). Naive on purpose: it is
  * the oracle the CUDA kernels are checked against. */
+#include "../core/checked.h"
 #include "../core/attn_decode_internal.h"
 
 #include <math.h>
@@ -62,7 +63,16 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   if (s) return s;
   const double scale = smelt__decode_scale(plan);
   const int causal = ((const smelt_attention_decode_desc *)plan->opdata)->causal;
-  double *buf = malloc(sizeof(double) * (size_t)(g.max_pages * g.page_size + g.D + 1));
+  /* The scores of the longest sequence (its length is checked against its
+   * table above; the table's capacity may be far larger), then D sums. */
+  int64_t longest = 0;
+  for (int64_t b = 0; b < g.B; b++) {
+    const int64_t len = smelt__i32_at(t[SMELT__DEC_SEQLENS], b);
+    if (len > longest) longest = len;
+  }
+  size_t bytes = 0;
+  if ((s = smelt__bytes(longest + g.D + 1, sizeof(double), &bytes, op, "the CPU reference's scores"))) return s;
+  double *buf = malloc(bytes);
   if (!buf) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
   for (int64_t b = 0; b < g.B; b++) {
     const int64_t len = smelt__i32_at(t[SMELT__DEC_SEQLENS], b);
