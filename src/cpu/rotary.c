@@ -12,8 +12,10 @@ static int64_t at(const smelt_tensor *t, int64_t b, int64_t s, int64_t h, int64_
 /* The table row of token (b, s): positions[b, s] clamped to [0, P), or s. */
 static int64_t position(const smelt_tensor *pos, int64_t b, int64_t s, int64_t P) {
   if (!pos) return s;
-  const int64_t p = (int64_t)smelt__load_f64(pos->data, pos->dtype, b * pos->strides[0] + s * pos->strides[1]);
-  return p < 0 ? 0 : p >= P ? P - 1 : p;
+  /* Clamped as a double first: an i64 position past 2^63 - 1 as a double
+   * would not convert back. */
+  const double p = smelt__load_f64(pos->data, pos->dtype, b * pos->strides[0] + s * pos->strides[1]);
+  return p < 0 ? 0 : p >= (double)P ? P - 1 : (int64_t)p;
 }
 
 static smelt_status run(smelt_plan *plan, const void *args) {
