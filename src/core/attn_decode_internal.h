@@ -45,8 +45,9 @@ static inline int64_t smelt__i32_at2(const smelt_tensor *t, int64_t i, int64_t j
 
 /* CPU: the block table and lengths of a call hold what the header promises
  * for positions [0, cache_seqlens[b] + extra) of every sequence (extra: the
- * append's Snew, 0 for decode); else INVALID_ARGUMENT naming the entry. */
+ * append's Snew, 0 for decode); else INVALID_ARGUMENT naming the entry.
+ * *longest (may be NULL): the largest cache_seqlens[b]. */
 smelt_status smelt__paged_check_host(const char *op, const smelt__paged_geom *g, const smelt_tensor *table,
-                                     const smelt_tensor *seqlens, int64_t extra);
+                                     const smelt_tensor *seqlens, int64_t extra, int64_t *longest);
 
 #endif /* SMELT_ATTN_DECODE_INTERNAL_H */

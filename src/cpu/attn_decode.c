@@ -59,17 +59,13 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const char *op = smelt__family_attention_decode.op;
   smelt__paged_geom g;
   smelt__paged_geom_of(t[SMELT__DEC_Q], t[SMELT__DEC_K], t[SMELT__DEC_TABLE], &g);
-  smelt_status s = smelt__paged_check_host(op, &g, t[SMELT__DEC_TABLE], t[SMELT__DEC_SEQLENS], 0);
+  int64_t longest;
+  smelt_status s = smelt__paged_check_host(op, &g, t[SMELT__DEC_TABLE], t[SMELT__DEC_SEQLENS], 0, &longest);
   if (s) return s;
   const double scale = smelt__decode_scale(plan);
   const int causal = ((const smelt_attention_decode_desc *)plan->opdata)->causal;
-  /* The scores of the longest sequence (its length is checked against its
-   * table above; the table's capacity may be far larger), then D sums. */
-  int64_t longest = 0;
-  for (int64_t b = 0; b < g.B; b++) {
-    const int64_t len = smelt__i32_at(t[SMELT__DEC_SEQLENS], b);
-    if (len > longest) longest = len;
-  }
+  /* The scores of the longest sequence (checked against its table above;
+   * the table's capacity may be far larger), then D sums. */
   size_t bytes = 0;
   if ((s = smelt__bytes(longest + g.D + 1, sizeof(double), &bytes, op, "the CPU reference's scores"))) return s;
   double *buf = malloc(bytes);

@@ -10,7 +10,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt_tensor *tab = t[SMELT__APP_TABLE];
   smelt__paged_geom g;
   smelt__paged_geom_of(t[SMELT__APP_K], t[SMELT__APP_KC], tab, &g);
-  smelt_status s = smelt__paged_check_host(smelt__family_kv_cache_append.op, &g, tab, t[SMELT__APP_SEQLENS], g.Sq);
+  smelt_status s = smelt__paged_check_host(smelt__family_kv_cache_append.op, &g, tab, t[SMELT__APP_SEQLENS], g.Sq, NULL);
   if (s) return s;
   const size_t es = smelt_dtype_size(t[SMELT__APP_K]->dtype);
   (void)plan;

@@ -4,10 +4,12 @@
 #include "../core/attn_decode_internal.h"
 
 smelt_status smelt__paged_check_host(const char *op, const smelt__paged_geom *g, const smelt_tensor *table,
-                                     const smelt_tensor *seqlens, int64_t extra) {
+                                     const smelt_tensor *seqlens, int64_t extra, int64_t *longest) {
   const int64_t cap = g->max_pages * g->page_size;
+  if (longest) *longest = 0;
   for (int64_t b = 0; b < g->B; b++) {
     const int64_t len = smelt__i32_at(seqlens, b);
+    if (longest && len > *longest) *longest = len;
     if (len < 0 || len + extra > cap)
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                           "%s: cache_seqlens[%lld]=%lld%s must lie in [0, max_pages * page_size = %lld]", op,
