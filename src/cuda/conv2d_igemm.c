@@ -290,30 +290,16 @@ smelt_status smelt__conv2d_igemm_run(smelt_plan *plan, const smelt_tensor *const
   smelt_ctx *ctx = plan->ctx;
   void *ws = NULL;
   smelt_status s = SMELT_OK;
-  if (ip->mode != SMELT__KMODE_PLAIN) {
-    const int parallel = ip->mode == SMELT__KMODE_PARALLEL;
-    const size_t partial = (size_t)(ip->m * ip->n) * sizeof(float) * (parallel ? (size_t)ip->splits : 1);
-    const size_t sems = parallel ? 0 : (size_t)(tiles_m * tiles_n) * sizeof(int);
-    if ((s = smelt__cuda_alloc(ctx, partial + sems, &ws))) return s;
-    kp.workspace = (uint64_t)(uintptr_t)ws;
-    if (sems) {
-      kp.semaphores = kp.workspace + partial;
-      CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.semaphores, 0, sems, ctx->cuda->stream);
-      if (r) s = smelt__cu_error(r, "smelt_conv2d", "clearing the split-K semaphores");
-    }
-  }
+  if (ip->mode != SMELT__KMODE_PLAIN &&
+      (s = smelt__gemm_split_workspace(ctx, &kp, ip->m, ip->n, tiles_m * tiles_n, sizeof(float), &ws)) && !ws)
+    return s;
   void *params[] = {&kp, &g};
   if (!s)
     s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_IGEMM],
                            (unsigned)(tiles_m * tiles_n), 1, (unsigned)ip->splits, (unsigned)ip->k.threads,
                            (unsigned)ip->k.smem, params);
-  if (!s && ip->mode == SMELT__KMODE_PARALLEL) {
-    const int64_t total = ip->m * ip->n, cap = (int64_t)ctx->cuda->info.sm_count * 16;
-    const int64_t blocks = smelt__ceil_div(total, 256) < cap ? smelt__ceil_div(total, 256) : cap;
-    void *rparams[] = {&kp};
-    s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_REDUCE], (unsigned)blocks, 1, 1,
-                           256, 0, rparams);
-  }
+  if (!s && ip->mode == SMELT__KMODE_PARALLEL)
+    s = smelt__gemm_split_reduce(ctx, "smelt_conv2d", plan->func[SMELT__CONV_F_REDUCE], &kp, ip->m, ip->n);
   if (ws) {
     smelt_status s2 = smelt__cuda_free(ctx, ws);
     if (!s) s = s2;

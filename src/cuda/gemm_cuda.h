@@ -151,6 +151,18 @@ typedef struct smelt__gemm_kparams {
 _Static_assert(sizeof(smelt__gemm_kprob) == 168, "smelt__gemm_kprob must match gemm_prob");
 _Static_assert(sizeof(smelt__gemm_kparams) == 408, "smelt__gemm_kparams must match gemm_params");
 
+/* Split-K's workspace for launch parameters kp (mode SERIAL or PARALLEL,
+ * splits set): the partial sums of an m x n result (every slice's for a
+ * parallel split, one for serial) of acc_bytes each and, for serial, one
+ * cleared semaphore a tile; sets kp's workspace and semaphores. *ws is the
+ * allocation the caller frees (set even when clearing failed). */
+smelt_status smelt__gemm_split_workspace(smelt_ctx *ctx, smelt__gemm_kparams *kp, int64_t m, int64_t n,
+                                         int64_t tiles, size_t acc_bytes, void **ws);
+/* A parallel split's second kernel (f: the table's gemm_reduce): adds the
+ * slices in order and applies the epilogue. */
+smelt_status smelt__gemm_split_reduce(smelt_ctx *ctx, const char *op, void *f, smelt__gemm_kparams *kp,
+                                      int64_t m, int64_t n);
+
 /* The block scales of gemm_sm90's block-scaled variants (GEMM_BLOCK_SCALE),
  * their last kernel parameter: the host twin of sm90_blk in
  * kernels/gemm_sm90.cu (sizes asserted on both sides). */

@@ -700,6 +700,30 @@ static smelt_status run_graph(smelt_plan *plan, const smelt__gemm_kernel *k, CUf
   return smelt__gemm_epi_end(plan->ctx, plan->func[F_EPI], st, k, p, &E, ws, s);
 }
 
+smelt_status smelt__gemm_split_workspace(smelt_ctx *ctx, smelt__gemm_kparams *kp, int64_t m, int64_t n, int64_t tiles,
+                                         size_t acc_bytes, void **ws) {
+  const int parallel = kp->mode == SMELT__KMODE_PARALLEL;
+  const size_t partial = (size_t)(m * n) * acc_bytes * (parallel ? (size_t)kp->splits : 1);
+  const size_t sems = parallel ? 0 : (size_t)tiles * sizeof(int);
+  *ws = NULL;
+  smelt_status s = smelt__cuda_alloc(ctx, partial + sems, ws);
+  if (s) return s;
+  kp->workspace = (uint64_t)(uintptr_t)*ws;
+  if (!sems) return SMELT_OK;
+  kp->semaphores = kp->workspace + partial;
+  CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp->semaphores, 0, sems, ctx->cuda->stream);
+  return r ? smelt__cu_error(r, "smelt_gemm", "clearing the split-K semaphores") : SMELT_OK;
+}
+
+smelt_status smelt__gemm_split_reduce(smelt_ctx *ctx, const char *op, void *f, smelt__gemm_kparams *kp, int64_t m,
+                                      int64_t n) {
+  kp->batch_base = 0;
+  const int64_t total = m * n, cap = (int64_t)ctx->cuda->info.sm_count * 16;
+  const int64_t blocks = smelt__ceil_div(total, 256) < cap ? smelt__ceil_div(total, 256) : cap;
+  void *params[] = {kp};
+  return smelt__cuda_launch(ctx, op, (CUfunction)f, (unsigned)blocks, 1, 1, 256, 0, params);
+}
+
 static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   const smelt__gemm_cuda_plan *cp = (const smelt__gemm_cuda_plan *)plan->backend;
@@ -775,15 +799,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     kp.k_slice = k_slice_of(k, args->prob.k, cp->split_k);
     kp.splits = (int)(args->prob.k > 0 ? smelt__ceil_div(args->prob.k, kp.k_slice) : 1);
     z = kp.splits;
-    const size_t partial = (size_t)(M * N) * ws_size(st->acc) * (parallel ? (size_t)kp.splits : 1);
-    const size_t sems = serial ? (size_t)tiles * sizeof(int) : 0;
-    if ((s = smelt__cuda_alloc(ctx, partial + sems, &ws))) return s;
-    kp.workspace = (uint64_t)(uintptr_t)ws;
-    if (sems) {
-      kp.semaphores = kp.workspace + partial;
-      CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kp.semaphores, 0, sems, ctx->cuda->stream);
-      if (r) s = smelt__cu_error(r, "smelt_gemm", "clearing the split-K semaphores");
-    }
+    if ((s = smelt__gemm_split_workspace(ctx, &kp, M, N, tiles, ws_size(st->acc), &ws)) && !ws) return s;
   }
   void *params[] = {&kp};
   if (k->fam == SMELT__GK_SM90 && !s) s = run_sm90(ctx, st, k, f, &kp, &args->prob, NULL); /* a parallel split */
@@ -793,12 +809,7 @@ static smelt_status run(smelt_plan *plan, const smelt__gemm_args *args) {
     s = smelt__cuda_launch(ctx, "smelt_gemm", f, (unsigned)tiles, 1, (unsigned)zc, (unsigned)k->threads,
                            (unsigned)k->smem, params);
   }
-  if (!s && parallel) {
-    kp.batch_base = 0;
-    const int64_t total = M * N, cap = (int64_t)ctx->cuda->info.sm_count * 16;
-    const int64_t blocks = smelt__ceil_div(total, 256) < cap ? smelt__ceil_div(total, 256) : cap;
-    s = smelt__cuda_launch(ctx, "smelt_gemm", (CUfunction)plan->func[F_REDUCE], (unsigned)blocks, 1, 1, 256, 0, params);
-  }
+  if (!s && parallel) s = smelt__gemm_split_reduce(ctx, "smelt_gemm", plan->func[F_REDUCE], &kp, M, N);
   if (ws) {
     smelt_status s2 = smelt__cuda_free(ctx, ws);
     if (!s) s = s2;
