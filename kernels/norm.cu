@@ -50,7 +50,7 @@ static __device__ __forceinline__ welem_t store_w(float f) { return store_elem(f
 #endif
 
 /* Elements per 16-byte vector, vectors per tile and thread, rows per CTA. */
-#define VW (16 / (int)sizeof(elem_t))
+#define VW SMELT_VW
 #define CHUNKS (SMELT_ITEMS / VW)
 #define RPC (SMELT_BLOCK / SMELT_GROUP)
 #define KIND_LAYER 1
@@ -70,10 +70,6 @@ static __device__ __forceinline__ i64 col(i64 base, int i, int lane, int mode) {
                           : base + (i64)i * SMELT_GROUP + lane;
 }
 
-union vec16 {
-  uint4 u;
-  elem_t e[VW];
-};
 union wvec16 {
   uint4 u[VW * sizeof(welem_t) / 16];
   welem_t e[VW];
@@ -83,7 +79,7 @@ union wvec16 {
  * and f16 half the registers of the floats), so that the next row can be
  * in flight while this one is reduced. */
 typedef struct raw_tile {
-  vec16 c[CHUNKS];
+  smelt_vec16 c[CHUNKS];
 } raw_tile;
 
 /* The tile at base of a row; columns past C read as 0 (nothing to a sum). */
@@ -128,7 +124,7 @@ static __device__ __forceinline__ void store_tile(elem_t *row, i64 C, i64 base, 
     const i64 j = col(base, c * VW, lane, mode);
     if (mode == MODE_VEC) {
       if (j < C) {
-        vec16 w;
+        smelt_vec16 w;
 #pragma unroll
         for (int e = 0; e < VW; e++) w.e[e] = store_elem(v[c * VW + e]);
         *(uint4 *)(row + j) = w.u;

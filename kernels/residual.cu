@@ -15,19 +15,15 @@
 #endif
 
 #define BLOCK 256
-#define VW (16 / (int)sizeof(elem_t))
+#define VW SMELT_VW
 
-union vec16 {
-  uint4 u;
-  elem_t e[VW];
-};
 
 static __device__ __forceinline__ elem_t add(elem_t a, elem_t b) { return store_elem(load_elem(a) + load_elem(b)); }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) add_vec(const elem_t *x, const elem_t *r, elem_t *y, i64 n) {
   const i64 nvec = n / VW, step = (i64)gridDim.x * BLOCK, tid = (i64)blockIdx.x * BLOCK + threadIdx.x;
   for (i64 i = tid; i < nvec; i += step) {
-    vec16 a, b;
+    smelt_vec16 a, b;
     a.u = ((const uint4 *)x)[i];
     b.u = ((const uint4 *)r)[i];
 #pragma unroll

@@ -21,12 +21,8 @@
 #endif
 
 #define BLOCK 256
-#define VW (16 / (int)sizeof(elem_t))
+#define VW SMELT_VW
 
-union vec16 {
-  uint4 u;
-  elem_t e[VW];
-};
 
 typedef struct rot_args {
   const elem_t *x;
@@ -51,7 +47,7 @@ static __device__ __forceinline__ void rotate_vec(const rot_args &a, const elem_
                                                   const float *sr, i64 u) {
   if (!a.gptj) {
     const i64 i0 = u * VW;
-    vec16 p, q;
+    smelt_vec16 p, q;
     p.u = *(const uint4 *)(xr + i0);
     q.u = *(const uint4 *)(xr + a.half + i0);
 #pragma unroll
@@ -65,7 +61,7 @@ static __device__ __forceinline__ void rotate_vec(const rot_args &a, const elem_
     *(uint4 *)(yr + a.half + i0) = q.u;
   } else {
     const i64 j0 = u * VW;
-    vec16 p;
+    smelt_vec16 p;
     p.u = *(const uint4 *)(xr + j0);
 #pragma unroll
     for (int e = 0; e < VW / 2; e++) {

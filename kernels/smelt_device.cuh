@@ -64,6 +64,12 @@ static __device__ __forceinline__ elem_t store_elem(float f) { return smelt_f32_
 #else
 #error "SMELT_DT must be 1 (f32), 2 (f16) or 3 (bf16)"
 #endif
+/* 16 bytes of elem_t: the unit of vector loads and stores. */
+#define SMELT_VW (16 / (int)sizeof(elem_t))
+union smelt_vec16 {
+  uint4 u;
+  elem_t e[SMELT_VW];
+};
 #endif
 
 /* A tensor's shape and strides as the host packs them (smelt__kshape). */
