@@ -1,6 +1,8 @@
 /* The test runner: every suite's tests in order, each with a fresh seed
  * (SMELT_TEST_SEED fixes it), ending with "N passed, N failed, N skipped".
- * An argument filters tests by substring; `--exclude S` skips those matching S.
+ * An argument filters tests by substring; `--exclude S` skips those matching S;
+ * `--suite NAME` runs that suite alone (a substring would also match, say,
+ * qgemm/ for gemm/); `--suites` lists the suite names.
  * The op families' suites come from the family list, in its order. */
 #include "core/families.h"
 #include "harness.h"
@@ -48,10 +50,14 @@ static const struct {
 };
 
 int main(int argc, char **argv) {
-  const char *filter = NULL, *exclude = NULL;
+  const char *filter = NULL, *exclude = NULL, *only = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--exclude") && i + 1 < argc) exclude = argv[++i];
-    else filter = argv[i];
+    else if (!strcmp(argv[i], "--suite") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--suites")) {
+      for (size_t s = 0; s < sizeof suites / sizeof *suites; s++) printf("%s\n", suites[s].name);
+      return 0;
+    } else filter = argv[i];
   }
   const char *seed_env = getenv("SMELT_TEST_SEED");
   uint64_t base = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
@@ -59,6 +65,7 @@ int main(int argc, char **argv) {
          th_cuda() ? "available: GPU cases run" : "not available: CPU cases only");
   int passed = 0, failed = 0, skipped = 0, index = 0;
   for (size_t s = 0; s < sizeof suites / sizeof *suites; s++) {
+    if (only && strcmp(only, suites[s].name)) continue;
     for (const th_test *t = suites[s].tests; t->name; t++) {
       char full[200];
       snprintf(full, sizeof full, "%s/%s", suites[s].name, t->name);
