@@ -5,6 +5,7 @@
  * qgemm/ for gemm/); `--suites` lists the suite names.
  * The op families' suites come from the family list, in its order. */
 #include "core/families.h"
+#include "cuda/cuda_internal.h"
 #include "harness.h"
 
 #include <time.h>
@@ -75,12 +76,22 @@ int main(int argc, char **argv) {
       th_skipped_now = 0;
       smelt_clear_error();
       struct timespec a, b;
+      /* Kernels compiled during a test (not found in the disk cache) are
+       * named in its line: they, not the GPU, are most of a slow test. */
+      uint64_t c0, c1, h0, h1;
+      double j0, j1;
+      smelt__jit_stats(&c0, &h0, &j0);
       clock_gettime(CLOCK_MONOTONIC, &a);
       t->fn();
       clock_gettime(CLOCK_MONOTONIC, &b);
+      smelt__jit_stats(&c1, &h1, &j1);
       double secs = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
       const char *verdict = th_failed_now ? "FAIL" : th_skipped_now ? "skip" : "ok";
-      printf("%-4s %s (%.2f s)\n", verdict, full, secs);
+      if (c1 > c0)
+        printf("%-4s %s (%.2f s; %llu kernels compiled in %.1f s)\n", verdict, full, secs,
+               (unsigned long long)(c1 - c0), j1 - j0);
+      else
+        printf("%-4s %s (%.2f s)\n", verdict, full, secs);
       fflush(stdout);
       if (th_failed_now) failed++;
       else if (th_skipped_now) skipped++;

@@ -62,6 +62,9 @@ static void fwd_out(int i, const smelt_tensor *x, const smelt_moe_config *c, sme
   const int64_t rows[O_FWD] = {T, T, T, T, c->num_experts, c->num_experts + 1, 1, 2};
   const int64_t cols[O_FWD] = {c->d_model, c->num_experts, c->top_k, c->top_k, 0, 0, 0, 0};
   *dt = i == O_Y ? x->dtype : dts[i];
+  /* f64 inputs (the CPU backend) route in f64, as the layer does when the
+   * routing is not asked for: asking must not change y. */
+  if (dts[i] == SMELT_DTYPE_F32 && x->dtype == SMELT_DTYPE_F64) *dt = SMELT_DTYPE_F64;
   *nd = cols[i] ? 2 : 1;
   shape[0] = rows[i];
   shape[1] = cols[i];

@@ -1159,7 +1159,7 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
     Shapes:  x [T, d] (unit column stride); wr [d, E]; w1 and w3 [E, d, F];
              w2 [E, F, d]; b1 [E, F] (MLP); expert_bias [E] f32 (selection
              only); wnoise [d, E] (noisy top-k). Sizes come from the shapes.
-    Dtypes:  f32, f16, bf16 (f64 too on the CPU); routing in f32.
+    Dtypes:  f32, f16, bf16 (f64 too on the CPU); routing in f32 (f64 for f64 x).
     Options (keywords, smelt_moe_config's fields): score 'softmax' or
              'sigmoid'; renormalize (True); scaling_factor (1.0); num_groups
              and topk_groups (group-limited routing, 0: off); noise_seed and
@@ -1170,7 +1170,8 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
     return_routing: also return the routing, a dict of logits [T, E] f32,
              ids [T, k] int32 (-1: dropped), weights [T, k] f32, counts [E]
              and offsets [E+1] int64, dropped [1] int64 and aux [2] f32 (the
-             load-balance and z losses).
+             load-balance and z losses); logits, weights and aux are f64
+             for f64 x.
     Returns y [T, d] (x's dtype), or (y, routing).
     """
     op = "smelt.moe"
@@ -1182,8 +1183,9 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
     if _is_numpy(x):
         np = _sys.modules["numpy"]
         T, E, k = x.shape[0], cfg[0], cfg[1]
-        made = [(x.shape, x.dtype), ((T, E), np.float32), ((T, k), np.int32), ((T, k), np.float32), ((E,), np.int64),
-                ((E + 1,), np.int64), ((1,), np.int64), ((2,), np.float32)]
+        rf = np.float64 if x.dtype == np.float64 else np.float32
+        made = [(x.shape, x.dtype), ((T, E), rf), ((T, k), np.int32), ((T, k), rf), ((E,), np.int64),
+                ((E + 1,), np.int64), ((1,), np.int64), ((2,), rf)]
         outs = [np.empty(*made[i]) if o is True else o for i, o in enumerate(outs)]
     outs = [None if o is False else o for o in outs]
     r = _c_moe(0, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (), tuple(outs), ctx, stream)

@@ -404,8 +404,11 @@ def _conv2d_backward(ctx, dy):
     geometry, alpha, beta, act, slope, math = ctx.params
     if act == "identity":
         dz = dy
-    else:  # recompute the pre-activation in f32 and apply act'(z), as gemm's backward
-        z = torch.ops.smelt.conv2d(x, w, bias, c, geometry, alpha, beta, "identity", slope, math, torch.float32)
+    else:  # recompute the pre-activation in f32 (or f64) and apply act'(z), as gemm's backward
+        # conv2d takes c of the output's dtype only.
+        wide = torch.promote_types(x.dtype, torch.float32)
+        cw = None if c is None else c.to(wide)
+        z = torch.ops.smelt.conv2d(x, w, bias, cw, geometry, alpha, beta, "identity", slope, math, wide)
         dz = _act_grad(z, dy, act, slope)
     # dgrad and wgrad read dz with the other operand's dtype (A and B of one dtype).
     g = dz.to(x.dtype)
@@ -814,12 +817,18 @@ def _moe_cfg_join(icfg, fcfg):
     return tuple(cfg)
 
 
+def _moe_routing_dtype(x):
+    # The routing (logits, weights, aux) is f32, or f64 for f64 inputs (the
+    # CPU backend), as smelt.moe's own outputs.
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 @torch.library.custom_op("smelt::moe", mutates_args=())
 def _moe(x: Tensor, wr: Tensor, expert_bias: Optional[Tensor], wnoise: Optional[Tensor], w1: Tensor,
          w3: Optional[Tensor], w2: Tensor, b1: Optional[Tensor], icfg: list[int],
          fcfg: list[float]) -> tuple[Tensor, Tensor, Tensor]:
     T, E, k = x.shape[0], wr.shape[1], icfg[1]
-    f32, i64 = torch.float32, torch.int64
+    f32, i64 = _moe_routing_dtype(x), torch.int64
     y, aux = x.new_empty((T, x.shape[1])), x.new_empty(2, dtype=f32)
     counts, offsets = x.new_empty(E, dtype=i64), x.new_empty(E + 1, dtype=i64)
     routing = (x.new_empty((T, E), dtype=f32), x.new_empty((T, k), dtype=torch.int32), x.new_empty((T, k), dtype=f32))
@@ -831,7 +840,7 @@ def _moe(x: Tensor, wr: Tensor, expert_bias: Optional[Tensor], wnoise: Optional[
 @_moe.register_fake
 def _moe_fake(x, wr, expert_bias, wnoise, w1, w3, w2, b1, icfg, fcfg):
     torch._check(x.dim() == 2, lambda: "smelt.moe: x must be 2-D [T, d_model]")
-    return (x.new_empty((x.shape[0], x.shape[1])), x.new_empty(2, dtype=torch.float32),
+    return (x.new_empty((x.shape[0], x.shape[1])), x.new_empty(2, dtype=_moe_routing_dtype(x)),
             x.new_empty(wr.shape[1], dtype=torch.int64))
 
 

@@ -71,10 +71,11 @@ def test_moe_forward(rng, score, k, cap):
         opts.update(capacity_factor=cap, drop_policy="probs")
     y, r = smelt.moe(x, wr, w1, w2, w3, top_k=k, return_routing=True, **opts)
     ry, sel, w, losses = ref_moe(x, wr, w1, w2, w3, b1, k, score, cap, 0.01, 0.001)
-    assert np.allclose(y, ry, rtol=1e-6, atol=1e-9)  # the routing weights were kept in f32 (the outputs')
+    assert r["logits"].dtype == np.float64 and r["weights"].dtype == np.float64  # f64 x routes in f64
+    assert np.allclose(y, ry, rtol=1e-10, atol=1e-12)
     ids = np.asarray(r["ids"])
     assert np.array_equal(ids, np.where(w != 0, sel, -1))
-    assert np.allclose(r["weights"], w, atol=1e-6)
+    assert np.allclose(r["weights"], w, atol=1e-12)
     assert np.array_equal(r["counts"], np.bincount(ids[ids >= 0], minlength=wr.shape[1]))
     assert r["offsets"][0] == 0 and np.array_equal(np.diff(r["offsets"]), r["counts"])
     assert r["dropped"][0] == (ids < 0).sum()
