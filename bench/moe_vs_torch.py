@@ -46,6 +46,7 @@ Each result is also appended to bench/results.jsonl (--results PATH elsewhere,
 Exit status: 0 when every case ran and met its bars, 1 otherwise.
 """
 
+import gc
 import sys
 
 import benchlib as bench
@@ -216,6 +217,11 @@ def run_torch_train(torch, c, opts, out):
 
 def run_case(torch, c, opts):
     r = dict(case=c["name"], title=c["title"], errors=[])
+    # smelt runs in a subprocess on the same GPU: give back what the last
+    # case's torch layers held (closures keep cycles alive until collected;
+    # the decode case after the prefill ones failed for memory without this).
+    gc.collect()
+    torch.cuda.empty_cache()
     try:
         s = bench.run_smelt(opts, "moe", smelt_args(c, opts))
         r.update(smelt_ms=s.get("median_ms"), kernel=s.get("kernel"), copy_gbps=s.get("copy_gbps"),

@@ -50,7 +50,8 @@ def check(gen, dtype, device, T, bound):
     x, wr, w1, w2, w3 = params(gen, T, 16, 6, 12, dtype, device)
     dy = randn(gen, (T, 16), dtype, device)
     y, r = smelt.torch.moe(x, wr, w1, w2, w3, top_k=2, aux_loss_coeff=0.01, z_loss_coeff=0.001, return_routing=True)
-    (y.float() * dy.float()).sum().backward()
+    wide = torch.promote_types(dtype, torch.float32)  # f64 stays f64: dy rounded to f32 would be 3e-8 off
+    (y.to(wide) * dy.to(wide)).sum().backward()
     got = [t.grad.clone() for t in (x, wr, w1, w2, w3)]
     for t in (x, wr, w1, w2, w3):
         t.grad = None

@@ -90,13 +90,13 @@ static smelt_status scratch_new(const smelt__gemm_state *st, const smelt__gemm_a
 }
 
 /* Block scales (desc.scales BLOCK): row i of A (a, K values)
- * times column j of B (b, stride n), each 128-deep block of K summed
+ * times column j of B (b, K values), each 128-deep block of K summed
  * apart and weighted by sa[i, kb] sb[j / 128, kb], k ascending. */
-static double block_dot(const smelt__gemm_prob *p, const double *a, const double *b, int64_t n, int64_t i, int64_t j) {
+static double block_dot(const smelt__gemm_prob *p, const double *a, const double *b, int64_t i, int64_t j) {
   double sum = 0;
   for (int64_t k0 = 0, kb = 0; k0 < p->k; k0 += 128, kb++) {
     double part = 0;
-    for (int64_t k = k0; k < k0 + 128 && k < p->k; k++) part += a[k] * b[k * n];
+    for (int64_t k = k0; k < k0 + 128 && k < p->k; k++) part += a[k] * b[k];
     sum += (double)p->sa[i * p->sa_s + kb * p->sa_ks] * (double)p->sb[(j / 128) * p->sb_s + kb * p->sb_ks] * part;
   }
   return sum;
@@ -114,7 +114,9 @@ static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, con
     return;
   }
   const int ints = st->acc == SMELT_GEMM_ACC_I32;
-  /* B converted once: bd[k*N + j]; one row of A and of accumulators at a time. */
+  /* B converted once and transposed, bd[j*K + k], so each dot product reads
+   * both rows contiguously (the sums' order, k ascending, is unchanged); one
+   * row of A and of accumulators at a time. */
   double *bd = sc->d + (st->has_graph ? SMELT_EPI_MAX_TENSORS * N : 0);
   int64_t *bi = sc->i;
   double *ad = bd + K * N, *acc = ad + K;
@@ -122,8 +124,8 @@ static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, con
   for (int64_t k = 0; k < K; k++)
     for (int64_t j = 0; j < N; j++) {
       double v = smelt__load_f64(p->b.data, st->dt_b, k * p->b.rs + j * p->b.cs);
-      bd[k * N + j] = v;
-      if (ints) bi[k * N + j] = (int64_t)v;
+      bd[j * K + k] = v;
+      if (ints) bi[j * K + k] = (int64_t)v;
     }
   const smelt_gemm_epilogue *e = &st->desc.epilogue;
   const double ab = e->alpha * (double)e->scale_a * (double)e->scale_b;
@@ -135,13 +137,15 @@ static void gemm_one(const smelt__gemm_state *st, const smelt__gemm_prob *p, con
     for (int64_t j = 0; j < N; j++) { /* acc[j] = sum_k A[i,k] * B[k,j], k ascending */
       if (ints) {
         int64_t s = 0;
-        for (int64_t k = 0; k < K; k++) s += ai[k] * bi[k * N + j];
+        const int64_t *bj = bi + j * K;
+        for (int64_t k = 0; k < K; k++) s += ai[k] * bj[k];
         acci[j] = s;
       } else if (st->blk) {
-        acc[j] = block_dot(p, ad, bd + j, N, i, j);
+        acc[j] = block_dot(p, ad, bd + j * K, i, j);
       } else {
         double s = 0;
-        for (int64_t k = 0; k < K; k++) s += ad[k] * bd[k * N + j];
+        const double *bj = bd + j * K;
+        for (int64_t k = 0; k < K; k++) s += ad[k] * bj[k];
         acc[j] = s;
       }
     }

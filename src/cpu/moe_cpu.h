@@ -35,6 +35,9 @@ smelt_status smelt__moe_scratch(smelt_tensor *t, smelt_dtype dt, int64_t d0, int
 
 /* Element i (row-major) of t as double, and a store. */
 double smelt__moe_get(const smelt_tensor *t, int64_t i);
+/* Element i of an integer tensor (i32 or i64: ids, counts, offsets),
+ * exactly: through a double, an i64 near 2^63 would not convert back. */
+int64_t smelt__moe_geti(const smelt_tensor *t, int64_t i);
 void smelt__moe_set(const smelt_tensor *t, int64_t i, double v);
 /* Element (r, c) of a [rows, cols] view with any row stride. */
 double smelt__moe_get2(const smelt_tensor *t, int64_t r, int64_t c);

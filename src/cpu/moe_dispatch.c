@@ -19,7 +19,7 @@ static smelt_status row_map_of(const smelt__moe_state *ms, const smelt_tensor *i
   int64_t *cursor = (int64_t *)calloc((size_t)ms->E, sizeof(int64_t));
   if (!s && !cursor) s = smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP ": no host memory for the permutation");
   for (int64_t a = 0; !s && a < ms->rows; a++) {
-    const int64_t e = (int64_t)smelt__moe_get(ids, a);
+    const int64_t e = smelt__moe_geti(ids, a);
     if (e < -1 || e >= ms->E)
       s = smelt__error(SMELT_STATUS_INVALID_ARGUMENT, MOE_OP ": ids[%lld]=%lld must be in [-1, num_experts=%lld)",
                        (long long)a, (long long)e, (long long)ms->E);
@@ -42,7 +42,7 @@ static smelt_status row_map_of(const smelt__moe_state *ms, const smelt_tensor *i
 /* The row map read from a row_map tensor, checked. */
 static smelt_status read_row_map(const smelt__moe_state *ms, const smelt_tensor *row_map, int64_t *rm) {
   for (int64_t a = 0; a < ms->rows; a++) {
-    rm[a] = (int64_t)smelt__moe_get(row_map, a);
+    rm[a] = smelt__moe_geti(row_map, a);
     if (rm[a] < -1 || rm[a] >= ms->rows)
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, MOE_OP ": row_map[%lld]=%lld must be in [-1, T * top_k=%lld)",
                           (long long)a, (long long)rm[a], (long long)ms->rows);

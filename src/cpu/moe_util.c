@@ -21,6 +21,11 @@ double smelt__moe_get(const smelt_tensor *t, int64_t i) {
   return smelt__load_f64(t->data, t->dtype, smelt__tensor_offset(t, i));
 }
 
+int64_t smelt__moe_geti(const smelt_tensor *t, int64_t i) {
+  const int64_t o = smelt__tensor_offset(t, i);
+  return t->dtype == SMELT_DTYPE_I64 ? ((const int64_t *)t->data)[o] : ((const int32_t *)t->data)[o];
+}
+
 void smelt__moe_set(const smelt_tensor *t, int64_t i, double v) {
   smelt__store_f64(t->data, t->dtype, smelt__tensor_offset(t, i), v);
 }
@@ -34,11 +39,11 @@ void smelt__moe_set2(const smelt_tensor *t, int64_t r, int64_t c, double v) {
 }
 
 smelt_status smelt__moe_offsets(const smelt__moe_state *ms, const smelt_tensor *offsets, int64_t *ends) {
-  int64_t prev = (int64_t)smelt__moe_get(offsets, 0);
+  int64_t prev = smelt__moe_geti(offsets, 0);
   if (prev != 0)
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, MOE_OP ": offsets[0]=%lld must be 0", (long long)prev);
   for (int64_t e = 0; e < ms->E; e++) {
-    const int64_t v = (int64_t)smelt__moe_get(offsets, e + 1);
+    const int64_t v = smelt__moe_geti(offsets, e + 1);
     if (v < prev || v > ms->rows)
       return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                           MOE_OP ": offsets[%lld]=%lld must be in [offsets[%lld]=%lld, T * top_k=%lld]",
