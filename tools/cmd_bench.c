@@ -268,10 +268,16 @@ int cli_cmd_bench(int argc, char **argv) {
   int sets = rotate ? (int)rotate : default_sets(&dev, c.set_bytes);
   if (smelt_ctx_device(ctx) == SMELT_DEVICE_CPU) refuse_gpu_sizes_on_cpu(&doc, &c, sets, op != &cli_bench_copy);
 
-  /* The ceiling moves the op's traffic: half read, half written. */
+  /* The ceiling moves the op's traffic: half read, half written, over sets
+   * of its own (the op's sets are sized by the bytes that change between
+   * runs, which for a decode step are a few KB beside hundreds of MB of
+   * weights: 1024 copies of the traffic filled the GPU). */
   cli_timing ceil_t;
   int have_ceil = op != &cli_bench_copy;
-  if (have_ceil) ceil_t = cli_bench_copy_ceiling(ctx, c.traffic_bytes / 2, sets, (int)warmup, (int)iters);
+  if (have_ceil) {
+    const int own = default_sets(&dev, c.traffic_bytes ? c.traffic_bytes : 1);
+    ceil_t = cli_bench_copy_ceiling(ctx, c.traffic_bytes / 2, sets < own ? sets : own, (int)warmup, (int)iters);
+  }
 
   op->setup(ctx, sets, &c);
   if (smelt_ctx_device(ctx) == SMELT_DEVICE_CPU && c.check_text[0]) {
