@@ -106,6 +106,21 @@ SMELT_QF float smelt_q_decode(smelt_q_u32 code, int f) {
   return neg ? -v : v;
 }
 
+/* sm_89 and later convert f32 to E4M3 and E5M2 in one instruction:
+ * cvt.rn.satfinite rounds to nearest even and saturates out-of-range values
+ * and ±inf to ±max, exactly as smelt_q_encode with no shift does (NaN is
+ * handled before either, so the hardware's own NaN code never appears). The
+ * software encoder costs the kernels most of their time; the CPU keeps it. */
+#if (defined(__CUDACC__) || defined(__CUDACC_RTC__)) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define SMELT_Q_HW_FP8 1
+SMELT_QF smelt_q_u32 smelt_q_hw_fp8(float v, int f) {
+  unsigned short r;
+  if (f == SMELT_Q_E4M3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(v));
+  else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(v));
+  return (smelt_q_u32)(r & 0xffu); /* the second source, v, is the low byte */
+}
+#endif
+
 /* FP8 with an f32 scale. */
 SMELT_QF float smelt_q_fp8_scale(float amax, int f) {
   return amax == 0.0f ? 1.0f : SMELT_Q_DIV(amax, SMELT_Q_FMAX(f));
@@ -113,6 +128,9 @@ SMELT_QF float smelt_q_fp8_scale(float amax, int f) {
 SMELT_QF smelt_q_u32 smelt_q_fp8_elem(float x, float scale, int f) {
   float v = SMELT_Q_DIV(x, scale);
   if (smelt_q_isnan(v)) return ((SMELT_Q_F2U(x) >> 31) << 7) | SMELT_Q_NANCODE(f);
+#ifdef SMELT_Q_HW_FP8
+  if (f != SMELT_Q_E2M1) return smelt_q_hw_fp8(v, f);
+#endif
   return smelt_q_encode(v, 0, f);
 }
 
