@@ -19,9 +19,10 @@ random bf16 data of their own, timed with CUDA events over x rotated past
   eager       the per-expert loop: for each expert, its tokens' rows through
               x·W1, x·W3, silu·mul, ·W2, weighted index_add (a host round trip
               per expert, as such loops have).
-Forward + backward (prefill cases): smelt's forward plus `smelt bench moe
---bwd` (the layer's backward, which recomputes the forward from x: dx, dWr,
-dW1, dW3, dW2), against the grouped_mm layer's forward and autograd backward
+Forward + backward (prefill cases): `smelt bench moe --saved` (the saved
+forward, which keeps the backward's state as autograd does) plus `smelt
+bench moe --bwd --saved` (the backward from that state: dx, dWr, dW1, dW3,
+dW2), against the grouped_mm layer's forward and autograd backward
 (x, Wr, W13 and W2 requiring gradients, the gradients set to None before
 each step, dy random), timed the same way.
 TFLOP/s are the expert FFN's, 2·T·k·d·F·3, on every side (three times that
@@ -232,15 +233,19 @@ def run_case(torch, c, opts):
     except RuntimeError as e:
         r["errors"].append(f"smelt: {e}")
     if fwd_bwd(c):
+        # A training step keeps the forward's state for the backward, as
+        # torch's autograd does: the saved forward, then the saved backward.
         try:
-            b = bench.run_smelt(opts, "moe", smelt_args(c, opts) + ["--bwd"])
-            if b.get("rc"):
-                r["errors"].append(f"smelt --bwd exited {b['rc']}: {b.get('stderr', '')[-300:]}")
-            elif b.get("median_ms") and r.get("smelt_ms"):
-                r["smelt_bwd_ms"], r["smelt_bwd"] = b["median_ms"], b
-                r["smelt_fb_ms"] = r["smelt_ms"] + b["median_ms"]  # a step: the forward, then the backward
+            f = bench.run_smelt(opts, "moe", smelt_args(c, opts) + ["--saved"])
+            b = bench.run_smelt(opts, "moe", smelt_args(c, opts) + ["--bwd", "--saved"])
+            for flag, x in (("--saved", f), ("--bwd --saved", b)):
+                if x.get("rc"):
+                    r["errors"].append(f"smelt {flag} exited {x['rc']}: {x.get('stderr', '')[-300:]}")
+            if f.get("median_ms") and b.get("median_ms") and not f.get("rc") and not b.get("rc"):
+                r["smelt_fwd_saved_ms"], r["smelt_bwd_ms"], r["smelt_bwd"] = f["median_ms"], b["median_ms"], b
+                r["smelt_fb_ms"] = f["median_ms"] + b["median_ms"]
         except RuntimeError as e:
-            r["errors"].append(f"smelt --bwd: {e}")
+            r["errors"].append(f"smelt --saved: {e}")
     run_torch(torch, c, opts, r)
     for peer in ("grouped_mm", "eager"):
         r[f"vs_{peer}"] = bench.ratio_of(r.get("smelt_ms"), r.get(f"{peer}_ms"), "ms")
@@ -269,7 +274,8 @@ def report_case(record, c, r):
     if fwd_bwd(c):
         fb = {k: 3 * ffn_flops(c) / (r[k] * 1e-3) / 1e12 if r.get(k) else None for k in ("smelt_fb_ms", "grouped_mm_fb_ms")}
         print(f"{'  fwd+bwd':32s} smelt {fmt(r.get('smelt_fb_ms'), '9.3f', 9)} ms {fmt(fb['smelt_fb_ms'], '7.1f', 7)} "
-              f"TF/s (bwd {fmt(r.get('smelt_bwd_ms'), '.3f')} ms) | grouped_mm {fmt(r.get('grouped_mm_fb_ms'), '9.3f', 9)}"
+              f"TF/s (saved fwd {fmt(r.get('smelt_fwd_saved_ms'), '.3f')} + bwd {fmt(r.get('smelt_bwd_ms'), '.3f')} ms) | "
+              f"grouped_mm {fmt(r.get('grouped_mm_fb_ms'), '9.3f', 9)}"
               f" ms {fmt(fb['grouped_mm_fb_ms'], '7.1f', 7)} TF/s ({fmt(r.get('vs_grouped_mm_fb'), '.2f')}x)", flush=True)
         record("moe", f"fwd+bwd {c['title']}", "bf16", r.get("smelt_fb_ms"), "torch._grouped_mm layer (autograd)",
                r.get("grouped_mm_fb_ms"), "ms")
@@ -304,7 +310,8 @@ def dry_run(cases, opts):
                  f"torch eager loop: {E} experts, x[tok] @ W13[e], silu*mul, @ W2[e], weighted index_add; "
                  f"{opts.warmup} warm-up + {opts.iters} timed runs"]
         if fwd_bwd(c):
-            steps += [smelt_command(opts, smelt_args(c, opts) + ["--bwd"]) + "   (+ the forward: one step)",
+            steps += [smelt_command(opts, smelt_args(c, opts) + ["--saved"]),
+                      smelt_command(opts, smelt_args(c, opts) + ["--bwd", "--saved"]) + "   (+ the saved forward: one step)",
                       "torch grouped_mm layer forward + autograd backward (x, Wr, W13, W2 require gradients; dy "
                       "random)"]
         print("\n".join(steps), end="\n\n")

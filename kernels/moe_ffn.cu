@@ -3,10 +3,12 @@
  *   moe_swiglu      out = silu(a) · b (out may be a: the forward, in place);
  *   moe_act         out = act(h) (the MLP's activation, when the backward
  *                   keeps the pre-activation h for its gradient);
- *   moe_swiglu_bwd  from h1, h3 and dA = dyp·W2ᵀ, in place: h1 ← dh1,
- *                   h3 ← dh3, dA ← silu(h1)·h3 (the activation dW2 needs,
- *                   recomputed rather than kept from the forward);
- *   moe_act_bwd     the MLP's: h ← dA · act'(h), dA ← act(h);
+ *   moe_swiglu_bwd  from h1, h3 and dA = dyp·W2ᵀ: g1 ← dh1, g3 ← dh3,
+ *                   dA ← silu(h1)·h3 (the activation dW2 needs, recomputed
+ *                   rather than kept from the forward); g1 and g3 may be h1
+ *                   and h3 (in place) or apart (a saved forward's h1 and h3
+ *                   stay as they were);
+ *   moe_act_bwd     the MLP's: g ← dA · act'(h), dA ← act(h) (g may be h);
  *   moe_bias_grad   db1[e] = the column sums of dh1 over expert e's rows.
  *
  * The [rows, F] operands are contiguous, so their first offsets[E] rows are
@@ -106,9 +108,9 @@ static __device__ __forceinline__ void swiglu_grad(elem_t &h1, elem_t &h3, elem_
   da = store_elem(silu_mul(x, u));
 }
 
-/* h1, h3, da 16-byte aligned, [rows, F] each. */
-extern "C" __global__ void moe_swiglu_bwd(elem_t *h1, elem_t *h3, elem_t *da, const void *offsets, int offsets64,
-                                          int E, i64 rows, i64 F) {
+/* h1, h3, da, g1, g3 16-byte aligned, [rows, F] each (g1, g3: h1, h3 or apart). */
+extern "C" __global__ void moe_swiglu_bwd(const elem_t *h1, const elem_t *h3, elem_t *da, elem_t *g1, elem_t *g3,
+                                          const void *offsets, int offsets64, int E, i64 rows, i64 F) {
   const i64 n = kept_elems(offsets, offsets64, E, rows, F), units = n / UNIT, stride = (i64)gridDim.x * blockDim.x;
   const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   for (i64 u = first; u < units; u += stride) {
@@ -118,20 +120,26 @@ extern "C" __global__ void moe_swiglu_bwd(elem_t *h1, elem_t *h3, elem_t *da, co
     g.v = ((const uint4 *)da)[u];
 #pragma unroll
     for (int j = 0; j < UNIT; j++) swiglu_grad(x.e[j], y.e[j], g.e[j]);
-    ((uint4 *)h1)[u] = x.v;
-    ((uint4 *)h3)[u] = y.v;
+    ((uint4 *)g1)[u] = x.v;
+    ((uint4 *)g3)[u] = y.v;
     ((uint4 *)da)[u] = g.v;
   }
-  for (i64 i = units * UNIT + first; i < n; i += stride) swiglu_grad(h1[i], h3[i], da[i]);
+  for (i64 i = units * UNIT + first; i < n; i += stride) {
+    elem_t x = h1[i], y = h3[i], g = da[i];
+    swiglu_grad(x, y, g);
+    g1[i] = x;
+    g3[i] = y;
+    da[i] = g;
+  }
 }
 
-/* h ← dA · act'(h), dA ← act(h); both [rows, F]. */
-extern "C" __global__ void moe_act_bwd(elem_t *h, elem_t *da, int act, float slope, const void *offsets,
-                                       int offsets64, int E, i64 rows, i64 F) {
+/* g ← dA · act'(h), dA ← act(h); [rows, F] each (g: h or apart). */
+extern "C" __global__ void moe_act_bwd(const elem_t *h, elem_t *da, elem_t *g, int act, float slope,
+                                       const void *offsets, int offsets64, int E, i64 rows, i64 F) {
   const i64 n = kept_elems(offsets, offsets64, E, rows, F), stride = (i64)gridDim.x * blockDim.x;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = load_elem(h[i]);
-    h[i] = store_elem(load_elem(da[i]) * act_grad_f(act, x, slope));
+    g[i] = store_elem(load_elem(da[i]) * act_grad_f(act, x, slope));
     da[i] = store_elem(act_f(act, x, slope));
   }
 }

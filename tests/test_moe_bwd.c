@@ -139,6 +139,30 @@ static void gpu_backward_case(const spec *sp, int one_expert, int64_t pad, const
     free(got), free(ref);
   }
   if (!grads_same(&g1, &g2)) th_fail(__FILE__, __LINE__, "%s: two runs differ", what);
+  /* The saved path: the forward's y and the backward's gradients, bit for
+   * bit, from two backwards over one saved state (which they only read). */
+  int64_t sb = -1;
+  CHECK_OK(smelt_moe_saved_bytes(plan, &sb));
+  CHECK(sb > 0);
+  dev saved = dev_new(SMELT_DTYPE_U8, 1, sb > 0 ? sb : 1, 0, NULL), y1 = dev_new(p.xdt, 2, p.T, p.d, NULL),
+      y2 = dev_new(p.xdt, 2, p.T, p.d, NULL);
+  grads g3, g4;
+  grads_new(&g3, &p, th_cuda(), pad);
+  grads_new(&g4, &p, th_cuda(), pad);
+  const smelt_moe_grads v3 = grads_view(&g3), v4 = grads_view(&g4);
+  CHECK_OK(smelt_moe_forward_run(plan, &w.w, &w.x.t, &y1.t, NULL, NULL));
+  CHECK_OK(smelt_moe_forward_save_run(plan, &w.w, &w.x.t, &y2.t, &saved.t));
+  CHECK_OK(smelt_moe_backward_saved_run(plan, &w.w, &w.x.t, &gdy.t, &saved.t, &v3));
+  CHECK_OK(smelt_moe_backward_saved_run(plan, &w.w, &w.x.t, &gdy.t, &saved.t, &v4));
+  CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+  void *h1 = dev_read(&y1), *h2 = dev_read(&y2);
+  if (memcmp(h1, h2, y1.b.bytes)) th_fail(__FILE__, __LINE__, "%s: the saved forward's y differs", what);
+  free(h1), free(h2);
+  if (!grads_same(&g1, &g3) || !grads_same(&g1, &g4))
+    th_fail(__FILE__, __LINE__, "%s: the saved backward's gradients differ", what);
+  CHECK(th_buf_guards_ok(&saved.b));
+  grads_free(&g3), grads_free(&g4);
+  devs_free((dev[]){saved, y1, y2}, 3);
   smelt_plan_destroy(plan);
   grads_free(&c), grads_free(&g1), grads_free(&g2);
   devs_free(&gdy, 1);
@@ -452,6 +476,48 @@ static void test_moe_bwd_gpu_refused(void) {
   mp_free(&p);
 }
 
+/* The saved runs on the CPU: no state (0 bytes), the plain runs' results;
+ * a saved tensor of another dtype or size is refused with nothing written. */
+static void test_moe_bwd_cpu_saved(void) {
+  spec s = {.T = 13, .d = 8, .E = 4, .k = 2, .F = 6, .aux = 0.01};
+  mp p;
+  mp_init(&p, &s);
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &plan));
+  int64_t sb = -1;
+  CHECK_OK(smelt_moe_saved_bytes(plan, &sb));
+  CHECK_EQ_INT(sb, 0);
+  uint8_t none[8];
+  const int64_t zero[1] = {0}, five[1] = {5};
+  const smelt_tensor saved = smelt_tensor_make(none, SMELT_DTYPE_U8, SMELT_DEVICE_CPU, 0, 1, zero),
+                     saved5 = smelt_tensor_make(none, SMELT_DTYPE_U8, SMELT_DEVICE_CPU, 0, 1, five),
+                     saved_f32 = smelt_tensor_make(none, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, zero);
+  arr y1 = arr_new(p.xdt, p.T * p.d, 0, 0), y2 = arr_new(p.xdt, p.T * p.d, 0, 0), dy = arr_new(p.xdt, p.T * p.d, -1, 1);
+  const smelt_tensor ty1 = host_tensor(y1.h, p.xdt, 2, p.T, p.d, 0), ty2 = host_tensor(y2.h, p.xdt, 2, p.T, p.d, 0),
+                     tdy = host_tensor(dy.h, p.xdt, 2, p.T, p.d, 0);
+  memset(y2.h, 0xFF, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt));
+  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved5), SMELT_STATUS_SHAPE_MISMATCH);
+  CHECK_MSG("saved");
+  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved_f32), SMELT_STATUS_DTYPE_MISMATCH);
+  CHECK(th_all_ff(y2.h, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt)));
+  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, NULL), SMELT_STATUS_NULL_POINTER);
+  CHECK_OK(smelt_moe_forward_run(plan, &p.w, &p.tx, &ty1, NULL, NULL));
+  CHECK_OK(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved));
+  CHECK(memcmp(y1.h, y2.h, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt)) == 0);
+  grads a, b;
+  grads_new(&a, &p, th_cpu(), 0);
+  grads_new(&b, &p, th_cpu(), 0);
+  const smelt_moe_grads ga = grads_view(&a), gb = grads_view(&b);
+  CHECK_OK(smelt_moe_backward_run(plan, &p.w, &p.tx, &tdy, &ga));
+  CHECK_STATUS(smelt_moe_backward_saved_run(plan, &p.w, &p.tx, &tdy, &saved5, &gb), SMELT_STATUS_SHAPE_MISMATCH);
+  CHECK_OK(smelt_moe_backward_saved_run(plan, &p.w, &p.tx, &tdy, &saved, &gb));
+  CHECK(grads_same(&a, &b));
+  grads_free(&a), grads_free(&b);
+  arr_free(&y1), arr_free(&y2), arr_free(&dy);
+  smelt_plan_destroy(plan);
+  mp_free(&p);
+}
+
 /* The CPU reference's backward repeats bit for bit (fixed summation orders). */
 static void test_moe_bwd_cpu_repeat(void) {
   spec s = {.T = 19, .d = 12, .E = 6, .k = 2, .F = 10, .aux = 0.01, .z = 0.001, .noise = 1, .cap = 0.9,
@@ -476,6 +542,7 @@ static void test_moe_bwd_cpu_repeat(void) {
 
 const th_test th_tests_moe_bwd[] = {
     {"cpu_repeat", test_moe_bwd_cpu_repeat},
+    {"cpu_saved", test_moe_bwd_cpu_saved},
     {"gpu_layer", test_moe_bwd_gpu_layer},
     {"gpu_router", test_moe_bwd_gpu_router},
     {"gpu_combine", test_moe_bwd_gpu_combine},

@@ -2,7 +2,9 @@
  * shapes issue 22 judges: softmax top-k routing with renormalization, a
  * SwiGLU expert FFN, no capacity. The forward is the layer's run (route,
  * permute, expert FFN, unpermute); --bwd times the layer's backward (which
- * recomputes the forward) where the device runs it; where it does not, the
+ * recomputes the forward) where the device runs it; --saved times the saved
+ * forward (keeping the backward's state), and with --bwd the saved
+ * backward over each set's state (no recomputation); where it does not, the
  * command says so and exits 1 without timing anything (the copy ceiling is
  * measured for the traffic asked, so a forward timed in its place would be
  * quoted against the wrong bytes).
@@ -21,7 +23,7 @@
 #include <string.h>
 
 static int64_t opt_tokens = 4096, opt_d = 4096, opt_ffn = 14336, opt_experts = 8, opt_top_k = 2;
-static int opt_bwd;
+static int opt_bwd, opt_saved;
 static const char *opt_dtype = "bf16";
 
 static const cli_opt options[] = {
@@ -31,6 +33,8 @@ static const cli_opt options[] = {
     {"experts", CLI_OPT_INT, &opt_experts, "E", "experts (default 8)"},
     {"top-k", CLI_OPT_INT, &opt_top_k, "K", "experts a token uses (default 2)"},
     {"bwd", CLI_OPT_FLAG, &opt_bwd, NULL, "time the layer's backward (dx, dWr, dW1, dW3, dW2) where supported"},
+    {"saved", CLI_OPT_FLAG, &opt_saved, NULL,
+     "the saved forward (smelt_moe_forward_save_run); with --bwd, the backward from its state"},
     {"dtype", CLI_OPT_STRING, &opt_dtype, "DT", "f32, f16 or bf16 for x, y and the weights (default bf16)"},
     {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
 };
@@ -46,6 +50,8 @@ static struct {
   size_t row_bytes;   /* a [T, d] activation */
   size_t w_bytes[W_COUNT];
   void **x, **y, **dy;  /* per set (dy with --bwd) */
+  void **saved;         /* per set with --saved: the saved forward's state */
+  int64_t saved_bytes;
   void *w[W_COUNT], *dw[W_COUNT], *dx;
   smelt_plan *plan;
 } st;
@@ -92,17 +98,20 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   const double used = fmin(E, T * k), expert_bytes = 3.0 * d * F * es;
   const int sides = opt_bwd ? 2 : 1; /* the backward reads dy and writes dx, and writes every weight gradient */
   c->set_bytes = (uint64_t)st.row_bytes * 2 * (uint64_t)sides;
+  /* --saved keeps a state per set: about T·k rows of xp, yp, h1 and h3. */
+  if (opt_saved) c->set_bytes += (uint64_t)(T * k * (2.0 * d + 2.0 * F) * es);
   c->fixed_bytes = (uint64_t)(st.w_bytes[W_R] + 3 * st.w_bytes[W_1]) * (uint64_t)sides;
   c->traffic_bytes = (uint64_t)(2.0 * sides * T * d * es + used * expert_bytes * sides + d * E * es);
-  c->flops = 2.0 * T * k * d * F * 3.0 * (opt_bwd ? 3.0 : 1.0);
+  /* The backward's products are twice the forward's, plus the forward again unless saved. */
+  c->flops = 2.0 * T * k * d * F * 3.0 * (opt_bwd ? (opt_saved ? 2.0 : 3.0) : 1.0);
   snprintf(c->params_text, sizeof c->params_text, "tokens=%lld d_model=%lld ffn=%lld experts=%lld top_k=%lld dtype=%s %s",
            (long long)opt_tokens, (long long)opt_d, (long long)opt_ffn, (long long)opt_experts, (long long)opt_top_k,
-           smelt_dtype_name(st.dt), opt_bwd ? "bwd" : "fwd");
+           smelt_dtype_name(st.dt), opt_bwd ? (opt_saved ? "bwd saved" : "bwd") : opt_saved ? "fwd saved" : "fwd");
   snprintf(c->params_json, sizeof c->params_json,
            "\"tokens\":%lld,\"d_model\":%lld,\"ffn\":%lld,\"experts\":%lld,\"top_k\":%lld,\"dtype\":\"%s\","
-           "\"bwd\":%s,\"experts_read\":%.0f",
+           "\"bwd\":%s,\"saved\":%s,\"experts_read\":%.0f",
            (long long)opt_tokens, (long long)opt_d, (long long)opt_ffn, (long long)opt_experts, (long long)opt_top_k,
-           smelt_dtype_name(st.dt), opt_bwd ? "true" : "false", used);
+           smelt_dtype_name(st.dt), opt_bwd ? "true" : "false", opt_saved ? "true" : "false", used);
 }
 
 /* The weights: one expert's values uploaded to every expert (the layer's
@@ -123,12 +132,23 @@ static void upload_weights(void) {
   }
 }
 
+static smelt_tensor saved_at(int set) {
+  const int64_t shape[1] = {st.saved_bytes};
+  return smelt_tensor_make(st.saved[set], SMELT_DTYPE_U8, smelt_ctx_device(st.ctx), smelt_ctx_device_index(st.ctx), 1,
+                           shape);
+}
+
 static void run_fwd(int set, smelt_moe_stats *stats) {
   smelt_tensor w[W_COUNT];
   weight_views(st.w, w);
   const smelt_moe_weights mw = {.wr = &w[W_R], .w1 = &w[W_1], .w3 = &w[W_3], .w2 = &w[W_2]};
   const smelt_tensor x = tensor_at(st.x[set], opt_tokens, opt_d), y = tensor_at(st.y[set], opt_tokens, opt_d);
-  CLI_TRY(smelt_moe_forward_run(st.plan, &mw, &x, &y, NULL, stats));
+  if (st.saved && !stats) {
+    const smelt_tensor sv = saved_at(set);
+    CLI_TRY(smelt_moe_forward_save_run(st.plan, &mw, &x, &y, &sv));
+  } else {
+    CLI_TRY(smelt_moe_forward_run(st.plan, &mw, &x, &y, NULL, stats));
+  }
 }
 
 static smelt_status run_bwd(int set) {
@@ -139,6 +159,10 @@ static smelt_status run_bwd(int set) {
   const smelt_tensor x = tensor_at(st.x[set], opt_tokens, opt_d), dy = tensor_at(st.dy[set], opt_tokens, opt_d),
                      dx = tensor_at(st.dx, opt_tokens, opt_d);
   const smelt_moe_grads mg = {.dx = &dx, .dwr = &g[W_R], .dw1 = &g[W_1], .dw3 = &g[W_3], .dw2 = &g[W_2]};
+  if (st.saved) {
+    const smelt_tensor sv = saved_at(set);
+    return smelt_moe_backward_saved_run(st.plan, &mw, &x, &dy, &sv, &mg);
+  }
   return smelt_moe_backward_run(st.plan, &mw, &x, &dy, &mg);
 }
 
@@ -176,6 +200,11 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   snprintf(c->kernel, sizeof c->kernel, "%s", smelt_plan_describe(st.plan));
   smelt_moe_stats s;
   run_fwd(0, &s);
+  if (opt_saved) {
+    CLI_TRY(smelt_moe_saved_bytes(st.plan, &st.saved_bytes));
+    st.saved = cli_bench_alloc_sets(ctx, (size_t)(st.saved_bytes ? st.saved_bytes : 1), sets);
+    for (int i = 0; i < sets; i++) run_fwd(i, NULL); /* each set's state, for the saved backward */
+  }
   if (opt_bwd) first_backward();
   c->flops = 2.0 * (double)s.kept * (double)opt_d * (double)opt_ffn * 3.0 * (opt_bwd ? 3.0 : 1.0);
   c->note_label = "routing";
@@ -201,6 +230,7 @@ static void teardown(void) {
   cli_bench_free_sets(st.ctx, st.x, st.sets);
   cli_bench_free_sets(st.ctx, st.y, st.sets);
   if (st.dy) cli_bench_free_sets(st.ctx, st.dy, st.sets);
+  if (st.saved) cli_bench_free_sets(st.ctx, st.saved, st.sets);
   for (int i = 0; i < W_COUNT; i++) {
     CLI_TRY(smelt_free(st.ctx, st.w[i]));
     if (st.dw[i]) CLI_TRY(smelt_free(st.ctx, st.dw[i]));
@@ -210,6 +240,6 @@ static void teardown(void) {
 
 const cli_bench_op cli_bench_moe = {
     "moe",
-    "one MoE layer (softmax top-k, SwiGLU experts): --tokens --d-model --ffn --experts --top-k [--bwd]",
+    "one MoE layer (softmax top-k, SwiGLU experts): --tokens --d-model --ffn --experts --top-k [--bwd] [--saved]",
     options, describe, setup, run, teardown,
 };

@@ -199,6 +199,24 @@ SMELT_API smelt_status smelt_moe_forward_run(smelt_plan *plan, const smelt_moe_w
  * assignments contribute zero. */
 SMELT_API smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                               const smelt_tensor *dy, const smelt_moe_grads *grads);
+/* Training without the backward's recomputation: a saved forward keeps
+ * what the backward needs (the routing, the permuted rows, the expert
+ * outputs and the FFN's pre-activations h1 and h3) in the caller's `saved`,
+ * a contiguous u8 tensor [smelt_moe_saved_bytes] on the plan's device whose
+ * data is 256-byte aligned, and the saved backward reads it instead of
+ * running the forward again: on CUDA about T·k·(2·d + 2·F) elements of x's
+ * dtype, for a backward that skips a forward's work. The gradients are
+ * those of smelt_moe_backward_run, bit for bit; x and the weights must be
+ * the forward's. saved is only read by the backward, so it serves any
+ * number of them. The CPU backend keeps nothing (0 bytes) and recomputes.
+ * The saved forward writes no routing or statistics (smelt_moe_forward_run
+ * does). */
+SMELT_API smelt_status smelt_moe_saved_bytes(smelt_plan *plan, int64_t *bytes);
+SMELT_API smelt_status smelt_moe_forward_save_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
+                                                  const smelt_tensor *y, const smelt_tensor *saved);
+SMELT_API smelt_status smelt_moe_backward_saved_run(smelt_plan *plan, const smelt_moe_weights *w,
+                                                    const smelt_tensor *x, const smelt_tensor *dy,
+                                                    const smelt_tensor *saved, const smelt_moe_grads *grads);
 /* One-shot calls: plan, run, destroy. */
 SMELT_API smelt_status smelt_moe_forward(smelt_ctx *ctx, const smelt_moe_config *cfg, const smelt_moe_weights *w,
                                          const smelt_tensor *x, const smelt_tensor *y, const smelt_moe_routing *routing,

@@ -20,11 +20,11 @@ enum {
   /* the parts' inputs */
   SMELT__MT_LOGITS_IN, SMELT__MT_IDS_IN, SMELT__MT_WEIGHTS_IN, SMELT__MT_COUNTS_IN, SMELT__MT_OFFSETS_IN,
   SMELT__MT_DROPPED_IN, SMELT__MT_ROW_MAP_IN, SMELT__MT_XP_IN, SMELT__MT_YP_IN, SMELT__MT_DY_IN,
-  SMELT__MT_DYP_IN, SMELT__MT_DXP_IN, SMELT__MT_DWEIGHTS_IN,
+  SMELT__MT_DYP_IN, SMELT__MT_DXP_IN, SMELT__MT_DWEIGHTS_IN, SMELT__MT_SAVED_IN,
   /* the parts' and the layer's outputs */
   SMELT__MT_Y, SMELT__MT_XP, SMELT__MT_ROW_MAP, SMELT__MT_YP, SMELT__MT_DLOGITS, SMELT__MT_DYP,
   SMELT__MT_DWEIGHTS, SMELT__MT_DX, SMELT__MT_DXP, SMELT__MT_DWR, SMELT__MT_DWNOISE, SMELT__MT_DW1, SMELT__MT_DW3,
-  SMELT__MT_DW2, SMELT__MT_DB1,
+  SMELT__MT_DW2, SMELT__MT_DB1, SMELT__MT_SAVED,
   SMELT__MT_ROLES
 };
 
@@ -32,7 +32,7 @@ enum {
 typedef enum smelt__moe_mode {
   SMELT__MOE_ROUTE, SMELT__MOE_AUX, SMELT__MOE_ROUTE_BWD, SMELT__MOE_PERMUTE, SMELT__MOE_PERMUTE_BWD,
   SMELT__MOE_UNPERMUTE, SMELT__MOE_UNPERMUTE_BWD, SMELT__MOE_FFN, SMELT__MOE_FFN_BWD, SMELT__MOE_FORWARD,
-  SMELT__MOE_BACKWARD, SMELT__MOE_STATS, SMELT__MOE_MODES
+  SMELT__MOE_BACKWARD, SMELT__MOE_STATS, SMELT__MOE_FORWARD_SAVE, SMELT__MOE_BACKWARD_SAVED, SMELT__MOE_MODES
 } smelt__moe_mode;
 
 typedef struct smelt__moe_args {
@@ -48,6 +48,7 @@ typedef struct smelt__moe_state {
   int64_t rows;      /* T·k: the permuted tensors' rows */
   int64_t capacity;  /* tokens an expert keeps; -1: no capacity */
   smelt_dtype route_dt; /* f32, or f64 when x is f64: the internal logits and weights */
+  int64_t saved_bytes;  /* smelt_moe_saved_bytes: the backend's (CUDA: its kept state; CPU: 0) */
   smelt_tensor t[SMELT__MT_ROLES]; /* planned views by role; ndim -1 = absent */
   /* CUDA backend state (src/cuda/op_moe.c), freed with cuda_free. */
   void *cuda;

@@ -10,7 +10,7 @@
 static const smelt_dtype float_types[] = {SMELT_DTYPE_F64, SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
 static const smelt_dtype route_types[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F64};
 static const smelt_dtype index_types[] = {SMELT_DTYPE_I32, SMELT_DTYPE_I64};
-static const smelt_dtype i32_type[] = {SMELT_DTYPE_I32}, f32_type[] = {SMELT_DTYPE_F32};
+static const smelt_dtype i32_type[] = {SMELT_DTYPE_I32}, f32_type[] = {SMELT_DTYPE_F32}, u8_type[] = {SMELT_DTYPE_U8};
 
 #define FLOAT(n, f) {.name = n, .flags = f, .dtypes = float_types, .ndtypes = 4}
 #define ROUTE(n, f) {.name = n, .flags = f, .dtypes = route_types, .ndtypes = 2}
@@ -46,6 +46,7 @@ const smelt__role smelt__moe_roles[SMELT__MT_ROLES] = {
     [SMELT__MT_DYP_IN] = FLOAT("dyp", 0),
     [SMELT__MT_DXP_IN] = FLOAT("dxp", 0),
     [SMELT__MT_DWEIGHTS_IN] = ROUTE("dweights", 0),
+    [SMELT__MT_SAVED_IN] = ONE("saved", 0, u8_type),
     [SMELT__MT_Y] = FLOAT("y", OUT),
     [SMELT__MT_XP] = FLOAT("xp", OUT),
     [SMELT__MT_ROW_MAP] = ONE("row_map", OUT, i32_type),
@@ -61,6 +62,7 @@ const smelt__role smelt__moe_roles[SMELT__MT_ROLES] = {
     [SMELT__MT_DW3] = FLOAT("dw3", OUT),
     [SMELT__MT_DW2] = FLOAT("dw2", OUT),
     [SMELT__MT_DB1] = FLOAT("db1", OUT),
+    [SMELT__MT_SAVED] = ONE("saved", OUT, u8_type),
 };
 #undef FLOAT
 #undef ROUTE
@@ -111,6 +113,8 @@ static shape_rule rule_of(const smelt__moe_state *ms, int r) {
     case SMELT__MT_DROPPED:
     case SMELT__MT_DROPPED_IN: return (shape_rule){1, {1}, "[1]", 0, 0};
     case SMELT__MT_AUX: return (shape_rule){1, {2}, "[2]", 0, 0};
+    case SMELT__MT_SAVED:
+    case SMELT__MT_SAVED_IN: return (shape_rule){1, {ms->saved_bytes}, "[smelt_moe_saved_bytes]", 0, 0};
     case SMELT__MT_Y:
     case SMELT__MT_DY_IN:
     case SMELT__MT_DX: return (shape_rule){2, {T, d}, "[T, d_model]", 1, 1};

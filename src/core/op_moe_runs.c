@@ -123,6 +123,40 @@ smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_weights *w
   return run(plan, MOE_OP "_backward_run", w, x, BIND_W | BIND_X | NEEDS_FFN, required, 1, &a);
 }
 
+/* ---------------------------------------------------------------- the layer, saved */
+
+smelt_status smelt_moe_saved_bytes(smelt_plan *plan, int64_t *bytes) {
+  if (!bytes) return smelt__error(SMELT_STATUS_NULL_POINTER, MOE_OP "_saved_bytes: bytes is NULL");
+  *bytes = 0;
+  smelt_status s = smelt__check_plan(&smelt__family_moe, MOE_OP "_saved_bytes", plan);
+  if (s) return s;
+  *bytes = ((const smelt__moe_state *)plan->opdata)->saved_bytes;
+  return SMELT_OK;
+}
+
+smelt_status smelt_moe_forward_save_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
+                                        const smelt_tensor *y, const smelt_tensor *saved) {
+  const char *op = MOE_OP "_forward_save_run";
+  static const int required[] = {SMELT__MT_Y, SMELT__MT_SAVED};
+  smelt__moe_args a = {.mode = SMELT__MOE_FORWARD_SAVE};
+  a.t[SMELT__MT_Y] = y;
+  a.t[SMELT__MT_SAVED] = saved;
+  return run(plan, op, w, x, BIND_W | BIND_X | NEEDS_FFN, required, 2, &a);
+}
+
+smelt_status smelt_moe_backward_saved_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
+                                          const smelt_tensor *dy, const smelt_tensor *saved,
+                                          const smelt_moe_grads *grads) {
+  const char *op = MOE_OP "_backward_saved_run";
+  smelt__moe_args a = {.mode = SMELT__MOE_BACKWARD_SAVED};
+  smelt_status s = grads_roles(op, grads, SMELT__MT_DX, &a);
+  if (s) return s;
+  static const int required[] = {SMELT__MT_DY_IN, SMELT__MT_SAVED_IN};
+  a.t[SMELT__MT_DY_IN] = dy;
+  a.t[SMELT__MT_SAVED_IN] = saved;
+  return run(plan, op, w, x, BIND_W | BIND_X | NEEDS_FFN, required, 2, &a);
+}
+
 smelt_status smelt_moe_forward(smelt_ctx *ctx, const smelt_moe_config *cfg, const smelt_moe_weights *w,
                                const smelt_tensor *x, const smelt_tensor *y, const smelt_moe_routing *routing,
                                smelt_moe_stats *stats) {

@@ -152,8 +152,11 @@ static smelt_status run(smelt_plan *plan, const void *args) {
     case SMELT__MOE_UNPERMUTE_BWD: return smelt__moe_cpu_unpermute_bwd(ms, a->t);
     case SMELT__MOE_FFN: return smelt__moe_cpu_ffn(ctx, ms, a->t);
     case SMELT__MOE_FFN_BWD: return smelt__moe_cpu_ffn_bwd(ctx, ms, a->t);
-    case SMELT__MOE_FORWARD: return forward(ctx, ms, a);
-    case SMELT__MOE_BACKWARD: return backward(ctx, ms, a);
+    /* The CPU keeps no state (saved_bytes 0): a saved run is the plain one. */
+    case SMELT__MOE_FORWARD:
+    case SMELT__MOE_FORWARD_SAVE: return forward(ctx, ms, a);
+    case SMELT__MOE_BACKWARD:
+    case SMELT__MOE_BACKWARD_SAVED: return backward(ctx, ms, a);
     case SMELT__MOE_STATS:
       smelt__moe_stats_of(ms, a->t[SMELT__MT_COUNTS_IN], a->t[SMELT__MT_DROPPED_IN], a->stats);
       return SMELT_OK;

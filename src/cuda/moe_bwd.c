@@ -36,7 +36,7 @@ typedef struct carve {
 } carve;
 
 static void *piece(carve *c, int64_t n, size_t es) {
-  void *p = c->base + c->at;
+  void *p = c->base ? c->base + c->at : NULL; /* no base: a layout run for its size */
   c->at += smelt__moe_block_bytes(n, es);
   return p;
 }
@@ -154,42 +154,75 @@ static smelt_status permute_bwd_part(smelt_ctx *ctx, const smelt__moe_state *ms,
 
 /* ---------------------------------------------------------------- the layer */
 
-/* The layer's tensors: the caller's by role, and its own in one workspace. */
+/* The layer's tensors: the caller's by role, and its own in two
+ * workspaces: `kept`, what the backward reads of the forward (the
+ * routing, xp, row_map, yp, the selections and their counts, h1 and h3),
+ * which a saved forward leaves in the caller's `saved` tensor; and `c`,
+ * the backward's own (dyp, dweights, a, apart g1 and g3 when h1 and h3
+ * are kept, and the f32 pieces). */
 typedef struct layer {
   const smelt_tensor *u[SMELT__MT_ROLES];
   smelt_tensor own[10];
   int *sel, *sel_counts;
   smelt__moe_ffn_inter fi;
-  carve c;
-  char *ffn_ws;
+  carve kept, c;
 } layer;
 
-/* Role r's tensor: a new piece [rows, cols] (cols 0: 1-D) of the workspace. */
-static void own(smelt_ctx *ctx, layer *L, int i, int r, smelt_dtype dt, int64_t rows, int64_t cols) {
+/* Role r's tensor: a new piece [rows, cols] (cols 0: 1-D) of workspace w. */
+static void own(int dev, layer *L, carve *w, int i, int r, smelt_dtype dt, int64_t rows, int64_t cols) {
   const int64_t shape[2] = {rows, cols};
-  void *p = piece(&L->c, rows * (cols ? cols : 1), smelt_dtype_size(dt));
-  L->own[i] = smelt_tensor_make(p, dt, SMELT_DEVICE_CUDA, ctx->device_index, cols ? 2 : 1, shape);
+  void *p = piece(w, rows * (cols ? cols : 1), smelt_dtype_size(dt));
+  L->own[i] = smelt_tensor_make(p, dt, SMELT_DEVICE_CUDA, dev, cols ? 2 : 1, shape);
   L->u[r] = &L->own[i];
 }
 
-/* The workspace's layout: the routing, xp, row_map, yp, dyp, dweights, dxp,
- * dlogits, dx's f32 part, sel and its counts (run with base NULL to size it). */
-static void layer_layout(smelt_ctx *ctx, const smelt__moe_state *ms, layer *L) {
+/* A new [rows, F] piece of x's dtype (h1, h3, a, g1, g3). */
+static smelt_tensor inter_piece(int dev, const smelt__moe_state *ms, carve *w) {
+  const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
+  const int64_t shape[2] = {ms->rows, ms->F};
+  return smelt_tensor_make(piece(w, ms->rows * ms->F, smelt_dtype_size(xdt)), xdt, SMELT_DEVICE_CUDA, dev, 2, shape);
+}
+
+/* The kept workspace's layout (run with base NULL to size it). */
+static void kept_layout(int dev, const smelt__moe_state *ms, layer *L) {
   const int64_t T = ms->T, E = ms->E, k = ms->k, R = ms->rows, d = ms->d;
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype, f32 = SMELT_DTYPE_F32, i32 = SMELT_DTYPE_I32;
-  L->c.at = 0;
-  own(ctx, L, 0, SMELT__MT_LOGITS, f32, T, E);
-  own(ctx, L, 1, SMELT__MT_IDS, i32, T, k);
-  own(ctx, L, 2, SMELT__MT_WEIGHTS, f32, T, k);
-  own(ctx, L, 3, SMELT__MT_COUNTS, i32, E, 0);
-  own(ctx, L, 4, SMELT__MT_OFFSETS, i32, E + 1, 0);
-  own(ctx, L, 5, SMELT__MT_XP, xdt, R, d);
-  own(ctx, L, 6, SMELT__MT_ROW_MAP, i32, T, k);
-  own(ctx, L, 7, SMELT__MT_YP, xdt, R, d);
-  own(ctx, L, 8, SMELT__MT_DYP, xdt, R, d);
-  own(ctx, L, 9, SMELT__MT_DWEIGHTS, f32, T, k);
-  L->sel = piece(&L->c, R, 4);
-  L->sel_counts = piece(&L->c, 2 * E + 1, 4);
+  carve *w = &L->kept;
+  w->at = 0;
+  own(dev, L, w, 0, SMELT__MT_LOGITS, f32, T, E);
+  own(dev, L, w, 1, SMELT__MT_IDS, i32, T, k);
+  own(dev, L, w, 2, SMELT__MT_WEIGHTS, f32, T, k);
+  own(dev, L, w, 3, SMELT__MT_COUNTS, i32, E, 0);
+  own(dev, L, w, 4, SMELT__MT_OFFSETS, i32, E + 1, 0);
+  own(dev, L, w, 5, SMELT__MT_XP, xdt, R, d);
+  own(dev, L, w, 6, SMELT__MT_ROW_MAP, i32, T, k);
+  own(dev, L, w, 7, SMELT__MT_YP, xdt, R, d);
+  L->sel = piece(w, R, 4);
+  L->sel_counts = piece(w, 2 * E + 1, 4);
+  L->fi.h1 = inter_piece(dev, ms, w);
+  /* The MLP has no h3: its backward never reads it. */
+  L->fi.h3 = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? inter_piece(dev, ms, w) : L->fi.h1;
+}
+
+/* The backward's workspace up to its f32 pieces (base NULL: to size it);
+ * g1 and g3 apart from h1 and h3 when those are a saved forward's. */
+static void scratch_layout(int dev, const smelt__moe_state *ms, layer *L, int saved) {
+  const int64_t T = ms->T, k = ms->k, R = ms->rows, d = ms->d;
+  const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
+  carve *w = &L->c;
+  w->at = 0;
+  own(dev, L, w, 8, SMELT__MT_DYP, xdt, R, d);
+  own(dev, L, w, 9, SMELT__MT_DWEIGHTS, SMELT_DTYPE_F32, T, k);
+  L->fi.a = inter_piece(dev, ms, w);
+  L->fi.g1 = saved ? inter_piece(dev, ms, w) : L->fi.h1;
+  L->fi.g3 = !saved ? L->fi.h3 : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? inter_piece(dev, ms, w) : L->fi.g1;
+}
+
+size_t smelt__moe_cuda_saved_bytes(const smelt__moe_state *ms) {
+  layer L;
+  memset(&L, 0, sizeof L);
+  kept_layout(0, ms, &L);
+  return L.kept.at;
 }
 
 /* dxp [R, d], dlogits [T, E] and dx's part [T, d], f32, after the layout. */
@@ -244,16 +277,15 @@ static smelt_status router_input_grads(smelt_ctx *ctx, const smelt_tensor *const
 
 /* Forward again to yp, keeping what the backward needs. */
 static smelt_status layer_forward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc, layer *L) {
-  smelt_ctx *ctx = plan->ctx;
   const smelt_tensor **u = L->u;
   const int lb = ms->cfg.aux_loss_coeff != 0.0;
   smelt_status s = smelt__moe_cuda_route(plan, ms, mc, u, L->sel, lb ? L->sel_counts : NULL);
   u[SMELT__MT_IDS_IN] = u[SMELT__MT_IDS];
   u[SMELT__MT_OFFSETS_IN] = u[SMELT__MT_OFFSETS];
   if (!s) s = smelt__moe_cuda_permute(plan, ms, mc, u);
-  if (!s) s = smelt__moe_ffn_inter_alloc(ctx, ms, &L->ffn_ws, &L->fi);
   if (!s)
-    s = smelt__moe_ffn_forward_keep(ctx, ms, mc, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], &L->fi, u[SMELT__MT_YP]);
+    s = smelt__moe_ffn_forward_keep(plan->ctx, ms, mc, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], &L->fi,
+                                    u[SMELT__MT_YP]);
   return s;
 }
 
@@ -277,25 +309,66 @@ static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms,
   return s ? s : router_input_grads(ctx, u, &dl, &dx_part);
 }
 
+/* The state is carved in 256-byte pieces from saved's start. */
+static smelt_status saved_aligned(const char *op, const smelt_tensor *saved) {
+  if ((uintptr_t)saved->data % 256 != 0)
+    return smelt__error(SMELT_STATUS_BAD_LAYOUT, "%s: saved.data must be 256-byte aligned on CUDA", op);
+  return SMELT_OK;
+}
+
+/* The layer's backward: from the caller's saved tensor (a saved forward's
+ * state), or from the forward recomputed into a workspace of its own. */
 static smelt_status backward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                              const smelt__moe_args *a) {
   smelt_ctx *ctx = plan->ctx;
+  const smelt_tensor *saved = a->t[SMELT__MT_SAVED_IN];
+  const char *op = saved ? MOE_OP "_backward_saved_run" : MOE_OP "_backward_run";
   static const int nof64[] = {SMELT__MT_DY_IN, SMELT__MT_DX};
-  smelt_status s = no_f64(MOE_OP "_backward_run", a->t, nof64, 2);
+  smelt_status s = no_f64(op, a->t, nof64, 2);
+  if (!s && saved) s = saved_aligned(op, saved);
   if (s) return s;
   if (ms->T == 0) return smelt__moe_zero_grads(ctx, a->t);
   layer L;
   memset(&L, 0, sizeof L);
   memcpy(L.u, a->t, sizeof L.u);
-  layer_layout(ctx, ms, &L);
+  if (saved) L.kept.base = (char *)saved->data;
+  else if ((s = smelt__cuda_alloc(ctx, smelt__moe_cuda_saved_bytes(ms), (void **)&L.kept.base))) return s;
+  kept_layout(ctx->device_index, ms, &L);
+  scratch_layout(ctx->device_index, ms, &L, saved != NULL);
   const size_t bytes = L.c.at + smelt__moe_block_bytes(ms->rows * ms->d + ms->T * ms->E + ms->T * ms->d, 4) + 3 * 256;
-  if ((s = smelt__cuda_alloc(ctx, bytes, (void **)&L.c.base))) return s;
-  layer_layout(ctx, ms, &L);
+  if (!(s = smelt__cuda_alloc(ctx, bytes, (void **)&L.c.base))) {
+    scratch_layout(ctx->device_index, ms, &L, saved != NULL);
+    if (!saved) s = layer_forward(plan, ms, mc, &L);
+    if (!s) s = layer_backward(plan, ms, mc, &L);
+    smelt_status f = smelt__cuda_free(ctx, L.c.base);
+    s = s ? s : f;
+  }
+  smelt_status g = saved ? SMELT_OK : smelt__cuda_free(ctx, L.kept.base);
+  return s ? s : g;
+}
+
+/* The layer's forward keeping the backward's state in the caller's saved
+ * tensor: y, and everything backward() would recompute. */
+static smelt_status forward_save(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc,
+                                 const smelt__moe_args *a) {
+  smelt_ctx *ctx = plan->ctx;
+  smelt_status s = saved_aligned(MOE_OP "_forward_save_run", a->t[SMELT__MT_SAVED]);
+  if (s || ms->T == 0) return s;
+  layer L;
+  memset(&L, 0, sizeof L);
+  memcpy(L.u, a->t, sizeof L.u);
+  L.kept.base = (char *)a->t[SMELT__MT_SAVED]->data;
+  kept_layout(ctx->device_index, ms, &L);
+  const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
+  s = smelt__cuda_alloc(ctx, smelt__moe_block_bytes(ms->rows * ms->F, smelt_dtype_size(xdt)), (void **)&L.c.base);
+  if (s) return s;
+  L.fi.a = inter_piece(ctx->device_index, ms, &L.c);
   s = layer_forward(plan, ms, mc, &L);
-  if (!s) s = layer_backward(plan, ms, mc, &L);
-  smelt_status f = L.ffn_ws ? smelt__cuda_free(ctx, L.ffn_ws) : SMELT_OK;
-  smelt_status g = smelt__cuda_free(ctx, L.c.base);
-  return s ? s : f ? f : g;
+  if (!s)
+    s = smelt__moe_cuda_combine(ctx, ms, mc, MOE_OP "_forward_save_run", L.u[SMELT__MT_YP],
+                                L.u[SMELT__MT_ROW_MAP]->data, L.u[SMELT__MT_WEIGHTS]->data, a->t[SMELT__MT_Y]);
+  smelt_status f = smelt__cuda_free(ctx, L.c.base);
+  return s ? s : f;
 }
 
 /* ---------------------------------------------------------------- dispatch */
@@ -309,7 +382,9 @@ smelt_status smelt__moe_cuda_backward_part(smelt_plan *plan, const smelt__moe_st
     case SMELT__MOE_UNPERMUTE_BWD: return unpermute_bwd_part(ctx, ms, mc, a->t);
     case SMELT__MOE_PERMUTE_BWD: return permute_bwd_part(ctx, ms, mc, a->t);
     case SMELT__MOE_FFN_BWD: return smelt__moe_ffn_backward_run(ctx, ms, mc, a->t);
-    case SMELT__MOE_BACKWARD: return backward(plan, ms, mc, a);
+    case SMELT__MOE_BACKWARD:
+    case SMELT__MOE_BACKWARD_SAVED: return backward(plan, ms, mc, a);
+    case SMELT__MOE_FORWARD_SAVE: return forward_save(plan, ms, mc, a);
     default: return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": unknown run mode %d", (int)a->mode);
   }
 }

@@ -68,12 +68,15 @@ smelt_status smelt__moe_ffn_bwd_load(smelt_ctx *ctx, const smelt__moe_state *ms,
 void smelt__moe_ffn_bwd_free(smelt__moe_ffn_bwd_cuda *bc);
 /* The FFN's intermediates over permuted rows, [rows, F] each of x's dtype:
  * h1 (the up projection before the activation: + b1 for the MLP), h3
- * (SwiGLU's second) and a (the activation; the backward's dA and then a
- * again). */
+ * (SwiGLU's second), a (the activation; the backward's dA and then a
+ * again), and the backward's gradients of h1 and h3, g1 and g3: the same
+ * memory as h1 and h3 (in place), or apart where h1 and h3 must outlive
+ * the backward (a saved forward's). */
 typedef struct smelt__moe_ffn_inter {
-  smelt_tensor h1, h3, a;
+  smelt_tensor h1, h3, a, g1, g3;
 } smelt__moe_ffn_inter;
-/* fi's three [rows, F] tensors in one workspace at *ws (free it). */
+/* fi's three [rows, F] tensors in one workspace at *ws (free it); g1 and g3
+ * are h1 and h3. */
 smelt_status smelt__moe_ffn_inter_alloc(smelt_ctx *ctx, const smelt__moe_state *ms, char **ws,
                                         smelt__moe_ffn_inter *fi);
 /* yp = FFN_e(xp), keeping the intermediates in fi (the layer's backward,
@@ -83,7 +86,7 @@ smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state 
                                          const smelt_tensor *offsets, const smelt__moe_ffn_inter *fi,
                                          const smelt_tensor *yp);
 /* The FFN's gradients from dyp over fi (h1 and h3 as the forward left
- * them; a is overwritten): t[DW1], t[DW3], t[DW2], t[DB1] where present,
+ * them; a, g1 and g3 are written): t[DW1], t[DW3], t[DW2], t[DB1] where present,
  * dxp (f32 [rows, d], or NULL) = its input gradient. Reads the offsets on
  * the host for the weight gradients (smelt_gemm_grouped), so it waits for
  * the stream once. */
@@ -95,6 +98,10 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
  * intermediates recomputed from xp, then smelt__moe_ffn_backward. */
 smelt_status smelt__moe_ffn_backward_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                          const smelt_tensor *const *t);
+
+/* The bytes of the state a saved forward keeps (smelt_moe_saved_bytes on
+ * CUDA; src/cuda/moe_bwd.c lays it out). */
+size_t smelt__moe_cuda_saved_bytes(const smelt__moe_state *ms);
 
 /* ---------------------------------------------------------------- the forward's runs (op_moe.c) */
 

@@ -47,17 +47,16 @@ static smelt_status up_proj(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__m
   return s;
 }
 
-/* An elementwise kernel of moe_ffn.cu over the kept rows: f(p0, p1[, act, slope], offsets...). */
-static smelt_status elementwise(smelt_ctx *ctx, const smelt__moe_state *ms, CUfunction f, void *p0, void *p1,
-                                const smelt_tensor *offsets, int with_act) {
+/* The MLP's activation over the kept rows: a = act(h1) (moe_act). */
+static smelt_status act_forward(smelt_ctx *ctx, const smelt__moe_state *ms, CUfunction f, void *a, void *h1,
+                                const smelt_tensor *offsets) {
   const void *od = offsets->data;
   int o64 = offsets->dtype == SMELT_DTYPE_I64, E = (int)ms->E, act = (int)ms->cfg.activation;
   float slope = 0.01f;
   int64_t rows = ms->rows, F = ms->F;
-  void *with[] = {&p0, &p1, &act, &slope, &od, &o64, &E, &rows, &F};
-  void *without[] = {&p0, &p1, &od, &o64, &E, &rows, &F};
+  void *params[] = {&a, &h1, &act, &slope, &od, &o64, &E, &rows, &F};
   return smelt__cuda_launch(ctx, MOE_OP "_backward_run", f, smelt__moe_elementwise_grid(ctx, ms), 1, 1, 256, 0,
-                            with_act ? with : without);
+                            params);
 }
 
 smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
@@ -71,7 +70,7 @@ smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state 
   if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU)
     s = smelt__moe_swiglu(ctx, ms, &mc->ffn, fi->a.data, fi->h1.data, fi->h3.data, offsets);
   else
-    s = elementwise(ctx, ms, bc->act, fi->a.data, fi->h1.data, offsets, 1);
+    s = act_forward(ctx, ms, bc->act, fi->a.data, fi->h1.data, offsets);
   return s ? s : offs_gemm(ctx, &bc->down[ends.dtype == SMELT_DTYPE_I64], &fi->a, t[SMELT__MT_W2], yp, NULL, &ends);
 }
 
@@ -93,7 +92,7 @@ static smelt_status host_starts(smelt_ctx *ctx, const smelt__moe_state *ms, cons
   return s;
 }
 
-/* dW2, dW1, dW3 and db1, those asked for, from a, dyp, xp, g1 (h1), g3 (h3). */
+/* dW2, dW1, dW3 and db1, those asked for, from a, dyp, xp, g1 and g3. */
 static smelt_status weight_grads(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_bwd_cuda *bc,
                                  const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
                                  const smelt_tensor *dyp, const smelt__moe_ffn_inter *fi) {
@@ -103,12 +102,12 @@ static smelt_status weight_grads(smelt_ctx *ctx, const smelt__moe_state *ms, con
     if (!start) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP "_backward_run: out of host memory");
     s = host_starts(ctx, ms, offsets, start);
     if (!s && t[SMELT__MT_DW2]) s = smelt__moe_weight_grad(ctx, ms, start, &fi->a, dyp, t[SMELT__MT_DW2]);
-    if (!s && t[SMELT__MT_DW1]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->h1, t[SMELT__MT_DW1]);
-    if (!s && t[SMELT__MT_DW3]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->h3, t[SMELT__MT_DW3]);
+    if (!s && t[SMELT__MT_DW1]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->g1, t[SMELT__MT_DW1]);
+    if (!s && t[SMELT__MT_DW3]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->g3, t[SMELT__MT_DW3]);
     free(start);
   }
   if (!s && t[SMELT__MT_DB1]) {
-    const void *g = fi->h1.data, *od = offsets->data;
+    const void *g = fi->g1.data, *od = offsets->data;
     void *db = t[SMELT__MT_DB1]->data;
     int o64 = offsets->dtype == SMELT_DTYPE_I64, E = (int)ms->E, dbt = (int)t[SMELT__MT_DB1]->dtype;
     int64_t rows = ms->rows, F = ms->F;
@@ -134,10 +133,10 @@ static smelt_status input_grad(smelt_ctx *ctx, const smelt__moe_state *ms, smelt
                      p3 = smelt__moe_device_mat(ctx, ws + pb, SMELT_DTYPE_F32, ms->rows, ms->d),
                      ends = smelt__moe_row_ends(ctx, offsets, ms->E),
                      w1t = smelt__tensor_swap_axes(t[SMELT__MT_W1], 1, 2);
-  s = offs_gemm(ctx, &bc->dx1[o64], &fi->h1, &w1t, &p1, NULL, &ends);
+  s = offs_gemm(ctx, &bc->dx1[o64], &fi->g1, &w1t, &p1, NULL, &ends);
   if (!s && swiglu) {
     const smelt_tensor w3t = smelt__tensor_swap_axes(t[SMELT__MT_W3], 1, 2);
-    s = offs_gemm(ctx, &bc->dx3[o64], &fi->h3, &w3t, &p3, NULL, &ends);
+    s = offs_gemm(ctx, &bc->dx3[o64], &fi->g3, &w3t, &p3, NULL, &ends);
   }
   if (!s) {
     const void *a = p1.data, *b = swiglu ? p3.data : NULL, *od = offsets->data;
@@ -162,16 +161,18 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
   int o64 = ends.dtype == SMELT_DTYPE_I64;
   smelt_status s = offs_gemm(ctx, &bc->da[o64][dyp->dtype], dyp, &w2t, &fi->a, NULL, &ends);
   if (s) return s;
+  const void *od = offsets->data, *h1 = fi->h1.data, *h3 = fi->h3.data;
+  void *a = fi->a.data, *g1 = fi->g1.data, *g3 = fi->g3.data;
+  int E = (int)ms->E, act = (int)ms->cfg.activation;
+  float slope = 0.01f;
+  int64_t rows = ms->rows, F = ms->F;
+  const unsigned grid = smelt__moe_elementwise_grid(ctx, ms);
   if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
-    const void *od = offsets->data;
-    void *h1 = fi->h1.data, *h3 = fi->h3.data, *a = fi->a.data;
-    int E = (int)ms->E;
-    int64_t rows = ms->rows, F = ms->F;
-    void *params[] = {&h1, &h3, &a, &od, &o64, &E, &rows, &F};
-    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->swiglu_bwd, smelt__moe_elementwise_grid(ctx, ms), 1, 1,
-                           256, 0, params);
+    void *params[] = {&h1, &h3, &a, &g1, &g3, &od, &o64, &E, &rows, &F};
+    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->swiglu_bwd, grid, 1, 1, 256, 0, params);
   } else {
-    s = elementwise(ctx, ms, bc->act_bwd, fi->h1.data, fi->a.data, offsets, 1);
+    void *params[] = {&h1, &a, &g1, &act, &slope, &od, &o64, &E, &rows, &F};
+    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->act_bwd, grid, 1, 1, 256, 0, params);
   }
   if (!s) s = weight_grads(ctx, ms, bc, t, xp, offsets, dyp, fi);
   return s || !dxp ? s : input_grad(ctx, ms, mc, t, offsets, fi, dxp);
@@ -186,6 +187,8 @@ smelt_status smelt__moe_ffn_inter_alloc(smelt_ctx *ctx, const smelt__moe_state *
   fi->h1 = smelt__moe_device_mat(ctx, *ws, xdt, ms->rows, ms->F);
   fi->h3 = smelt__moe_device_mat(ctx, *ws + hb, xdt, ms->rows, ms->F);
   fi->a = smelt__moe_device_mat(ctx, *ws + 2 * hb, xdt, ms->rows, ms->F);
+  fi->g1 = fi->h1; /* the gradients in place of the pre-activations */
+  fi->g3 = fi->h3;
   return SMELT_OK;
 }
 

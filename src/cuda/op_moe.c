@@ -82,6 +82,7 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
       (s = smelt__cuda_function(plan->ctx, &route, "moe_noise_grad", &mc->noise_grad)))
     return s;
   const int ffn = ms->t[SMELT__MT_W1].ndim >= 0;
+  ms->saved_bytes = (int64_t)smelt__moe_cuda_saved_bytes(ms);
   if (ffn && ((s = smelt__moe_ffn_plan(plan->ctx, ms, &mc->ffn)) ||
               (s = smelt__moe_ffn_bwd_load(plan->ctx, ms, &mc->bwd))))
     return s;
