@@ -16,12 +16,12 @@
 enum {
   X, Y, DY, DX, WR, EB, WN, W1, W3, W2, B1,
   LOGITS, IDS, WTS, COUNTS, OFFS, DROPPED, AUX, DLOGITS, DWTS,
-  XP, ROWMAP, YP, DXP, DYP, DWR, DWN, DW1, DW3, DW2, DB1, NT
+  XP, ROWMAP, YP, DXP, DYP, DWR, DWN, DW1, DW3, DW2, DB1, SAVED, NT
 };
 
 /* The parts run on a plan, after the layer's forward and backward. */
 enum { FWD, BWD, ROUTE, AUX_LOSSES, ROUTE_BWD, PERMUTE, PERMUTE_BWD, UNPERMUTE, UNPERMUTE_BWD, FFN, FFN_BWD, STATS,
-       NOPS };
+       FWD_SAVE, BWD_SAVED, SAVED_BYTES, NOPS };
 
 static smelt_moe_config draw_config(fz *f, const int64_t *dims) {
   smelt_moe_config c = smelt_moe_config_default();
@@ -118,6 +118,9 @@ static void make_views(fz *f, smelt_tensor *t, int64_t T, int64_t E, int64_t k, 
   t[DW3] = fz_view(f, wdt[3], 3, edf, 0);
   t[DW2] = fz_view(f, wdt[4], 3, efd, 0);
   t[DB1] = fz_view(f, wdt[5], 2, ef, 0);
+  /* The saved state: 0 bytes on the CPU, mostly; sometimes another size or dtype. */
+  const int64_t sb = fz_one_in(f, 4) ? fz_size(f, 9) : 0;
+  t[SAVED] = fz_view(f, fz_one_in(f, 8) ? fz_float_dtype(f) : SMELT_DTYPE_U8, 1, &sb, 0);
 }
 
 static void outputs(const smelt_tensor *t, const int *which, int n) {
@@ -222,6 +225,20 @@ void fz_moe(fz *f) {
       FZ_CALL(s, "smelt_moe_ffn_backward_run", t,
               smelt_moe_ffn_backward_run(plan, &w, p[XP], p[OFFS], p[DYP], present & 128 ? &g : &fg));
       break;
+    case FWD_SAVE:
+      outputs(t, (const int[]){Y, SAVED}, 2);
+      FZ_CALL(s, "smelt_moe_forward_save_run", t, smelt_moe_forward_save_run(plan, &w, p[X], p[Y], p[SAVED]));
+      break;
+    case BWD_SAVED:
+      outputs(t, (const int[]){DX, DWR, DWN, DW1, DW3, DW2, DB1}, 7);
+      FZ_CALL(s, "smelt_moe_backward_saved_run", t,
+              smelt_moe_backward_saved_run(plan, &w, p[X], p[DY], p[SAVED], &g));
+      break;
+    case SAVED_BYTES: {
+      int64_t bytes = 0;
+      FZ_CALL(s, "smelt_moe_saved_bytes", t, smelt_moe_saved_bytes(plan, fz_one_in(f, 8) ? NULL : &bytes));
+      break;
+    }
     default:
       FZ_CALL(s, "smelt_moe_stats_get", t,
               smelt_moe_stats_get(plan, p[COUNTS], present & 16 ? &t[DROPPED] : NULL, sp));

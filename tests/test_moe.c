@@ -1000,6 +1000,10 @@ static void test_moe_bad_config(void) {
   CHECK_MSG("aux_loss_coeff");
   c = p.cfg, c.score = (smelt_moe_score)7;
   CHECK_STATUS(smelt_moe_plan(th_cpu(), &c, &p.w, &p.tx, &plan), SMELT_STATUS_INVALID_ARGUMENT);
+  /* The noise's token numbers past 2^63 - 1 (a fuzz finding: signed overflow). */
+  c = p.cfg, c.noise_token_offset = INT64_MAX - 2;
+  CHECK_STATUS(smelt_moe_plan(th_cpu(), &c, &p.w, &p.tx, &plan), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("noise_token_offset");
   /* Weights: shape, dtype, partial FFN set, f64 mixed, x layout. */
   smelt_moe_weights w = p.w;
   smelt_tensor bad = p.twr;
@@ -1087,6 +1091,12 @@ static void test_moe_bad_runs(void) {
   offv[2] = 2;
   CHECK_STATUS(smelt_moe_permute_run(plan, &p.tx, &ti, &to, &xp, &rm), SMELT_STATUS_INVALID_ARGUMENT);
   CHECK_MSG("offsets[2]=2");
+  /* An i64 offset near 2^63 is read as an integer (through a double it was
+   * 2^63, past int64_t: a fuzz finding) and refused. */
+  offv[2] = INT64_MAX;
+  CHECK_STATUS(smelt_moe_permute_run(plan, &p.tx, &ti, &to, &xp, &rm), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("9223372036854775807");
+  offv[2] = 2;
   smelt_tensor nc = xp;
   nc.shape[0] = p.R / 2, nc.strides[0] = 2 * p.d;
   CHECK_STATUS(smelt_moe_permute_run(plan, &p.tx, &ti, &to, &nc, &rm), SMELT_STATUS_SHAPE_MISMATCH);
