@@ -151,13 +151,19 @@ def copy_gbps(torch, nbytes, opts):
     return 2 * half / (ms * 1e-3) / 1e9
 
 
-def run_update(torch, smelt, c, dt, opts, r):
+def forward_inputs(torch, c, dt):
+    """The weights (V, U, W), the element size and the input sets, each with
+    an output y of its own, of a forward case."""
     dtype = getattr(torch, DTYPES[dt])
     esize = torch.empty((), dtype=dtype).element_size()
-    v, u, _ = weights(torch, c, dtype)
     data = make_sets(torch, c, dtype, c["m"] * (2 * c["d"] + c["r"]) * esize)
     for s in data:
         s["y"] = torch.empty((c["m"], c["d"]), dtype=dtype, device="cuda")
+    return weights(torch, c, dtype), esize, data
+
+
+def run_update(torch, smelt, c, dt, opts, r):
+    (v, u, _), esize, data = forward_inputs(torch, c, dt)
 
     def ours(s):
         return smelt.bem_update(s["x"], v, s["codes"], u, scale=SCALE, out=s["y"])
@@ -178,12 +184,7 @@ def run_update(torch, smelt, c, dt, opts, r):
 
 def run_fused(torch, smelt, c, dt, opts, r):
     F = torch.nn.functional
-    dtype = getattr(torch, DTYPES[dt])
-    esize = torch.empty((), dtype=dtype).element_size()
-    v, u, w = weights(torch, c, dtype)
-    data = make_sets(torch, c, dtype, c["m"] * (2 * c["d"] + c["r"]) * esize)
-    for s in data:
-        s["y"] = torch.empty((c["m"], c["d"]), dtype=dtype, device="cuda")
+    (v, u, w), _, data = forward_inputs(torch, c, dt)
     offsets = segment_offsets(torch, c) if c["adapters"] else None
     bounds = [int(o) for o in offsets.cpu()] if offsets is not None else None
 
@@ -364,12 +365,11 @@ def main():
         return 1
     import smelt
 
-    gpu = torch.cuda.get_device_name(0)
-    record = bench.Recorder(opts, gpu)
-    date = bench.utc_now()
-    print(f"smelt BEM vs torch {torch.__version__} (CUDA {torch.version.cuda}) on {gpu}; smelt {record.commit}; "
-          f"{date}\nmedian of {opts.iters} timed runs after {opts.warmup} warm-up runs on every side, s = {SCALE}, "
-          f"inputs rotated past 2x L2\nnote: the fused rows are {FUSED_NOTE}\n")
+    record, date = bench.Recorder(opts, torch.cuda.get_device_name(0)), bench.utc_now()
+    print("\n".join([f"smelt BEM vs torch {torch.__version__} (CUDA {torch.version.cuda}) on {record.gpu}; smelt "
+                     f"{record.commit}; {date}",
+                     f"median of {opts.iters} timed runs after {opts.warmup} warm-up runs on every side, s = {SCALE},"
+                     " inputs rotated past 2x L2", f"note: the fused rows are {FUSED_NOTE}", ""]))
     results = []
     for c in cases:
         for dt in dtypes:

@@ -235,17 +235,14 @@ static PyObject *py_bem(PyObject *self, PyObject *args) {
     raise_named(s, op);
     goto done;
   }
+  if (mode >= MODE_VALIDATE && !info) goto done; /* the dict could not be made */
   if (mode == MODE_BENCHMARK) {
     result = info;
     info = NULL;
-  } else if (mode == MODE_VALIDATE) {
-    result = info ? PyTuple_Pack(2, slots[0], info) : NULL;
   } else {
-    result = PyTuple_New(nouts);
-    for (int i = 0; result && i < nouts; i++) {
-      PyTuple_SetItem(result, i, slots[i]); /* steals */
-      slots[i] = NULL;
-    }
+    result = mode == MODE_VALIDATE   ? PyTuple_Pack(2, slots[0], info)
+             : mode == MODE_BACKWARD ? PyTuple_Pack(G_COUNT, slots[G_DX], slots[G_DV], slots[G_DU], slots[G_DCODES])
+                                     : PyTuple_Pack(1, slots[0]);
   }
 done:
   smpy_call_end(&call);
