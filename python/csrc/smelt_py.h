@@ -194,6 +194,7 @@ PyObject *smpy_dlpack_stream_int(void *stream);
 extern PyMethodDef smpy_op_methods[];
 extern PyMethodDef smpy_peer_methods[]; /* peer.c */
 extern PyMethodDef smpy_moe_methods[];  /* moe.c */
+extern PyMethodDef smpy_bem_methods[];  /* bem.c */
 extern PyMethodDef smpy_epi_methods[];  /* epi.c */
 int smpy_ops_init(PyObject *module);
 

@@ -1242,6 +1242,10 @@ from ._norm import __all__ as _norm_all  # noqa: E402
 
 __all__ += _norm_all
 
+from ._bem import bem_backward, bem_benchmark, bem_update, bem_validate  # noqa: E402
+
+__all__ += ["bem_backward", "bem_benchmark", "bem_update", "bem_validate"]
+
 
 def __getattr__(name):
     # `smelt.torch` without an explicit import (imports torch).

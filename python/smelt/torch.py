@@ -48,6 +48,8 @@ already imported, or on first use of a smelt op after torch is) registers:
                load-balance and z losses, counts [E] int64 the tokens each expert kept)
     smelt::moe_backward(Tensor x, Tensor dy, <the weights and cfg of smelt::moe>, bool[] needs)
                         -> (dx, dwr, dwnoise, dw1, dw3, dw2, db1)   (empty tensors where needs is false)
+    smelt::bem_update, smelt::bem_backward: BEM's update and its gradients (see their block at the end),
+               and the module smelt.torch.BEMLinear (a frozen nn.Linear plus a trainable BEM update)
 
 the norms, the residual add and rotary of smelt.torch_norm (smelt::norm,
 norm_backward, residual_add, rotary; see that module), and the modules
@@ -1141,3 +1143,153 @@ from . import torch_norm  # noqa: E402,F401  (smelt::norm, norm_backward, residu
 
 _smelt._torch_impl = sys.modules[__name__]
 _smelt._is_compiling = _is_compiling
+
+# ---- BEM: the generated low-rank update (smelt/_bem.py)
+#
+#     smelt::bem_update(Tensor x, Tensor v, Tensor codes, Tensor u, Tensor? offsets, Tensor? scales, Tensor? y,
+#                       float scale) -> Tensor        (ΔY; y + ΔY in a new tensor when y is given)
+#     smelt::bem_backward(Tensor x, Tensor v, Tensor codes, Tensor u, Tensor? offsets, Tensor? scales, Tensor dy,
+#                         float scale, bool[] needs) -> (dx, dv, du, dcodes)   (empty tensors where needs is false)
+#
+# u is [.., d_out, r] here; the seed's pre-transposed U goes in as its
+# transposed view (autograd takes du back through the view). offsets and
+# scales carry no gradient; y's is dy itself.
+
+_BEM_GRADS = ("dx", "dv", "du", "dcodes")
+# The smelt::bem_update input each gradient of smelt::bem_backward belongs to.
+_BEM_GRAD_INPUTS = (0, 1, 3, 2)
+
+
+def _bem_y_shape(x, u):
+    torch._check(x.dim() == 2 and u.dim() >= 2, lambda: "smelt.bem_update: x must be [M, d_in] and u [.., d_out, r]")
+    return (x.shape[0], u.shape[-2])
+
+
+@torch.library.custom_op("smelt::bem_update", mutates_args=())
+def _bem_update(x: Tensor, v: Tensor, codes: Tensor, u: Tensor, offsets: Optional[Tensor], scales: Optional[Tensor],
+                y: Optional[Tensor], scale: float) -> Tensor:
+    # With y the op adds into a copy of it: a functional op leaves its
+    # inputs as they are.
+    out = x.new_empty(_bem_y_shape(x, u)) if y is None else y.clone(memory_format=torch.contiguous_format)
+    _C.bem(0, scale, int(y is not None), False, (x, v, codes, u, offsets, scales), (), (out,), None, None)
+    return out
+
+
+@_bem_update.register_fake
+def _bem_update_fake(x, v, codes, u, offsets, scales, y, scale):
+    return x.new_empty(_bem_y_shape(x, u))
+
+
+def _bem_backward_outs(x, v, codes, u, needs):
+    torch._check(len(needs) == 4, lambda: "smelt.bem_backward: needs must have one entry per output (4)")
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) if need else None
+            for t, need in zip((x, v, u, codes), needs)]
+
+
+@torch.library.custom_op("smelt::bem_backward", mutates_args=())
+def _bem_backward_op(x: Tensor, v: Tensor, codes: Tensor, u: Tensor, offsets: Optional[Tensor],
+                     scales: Optional[Tensor], dy: Tensor, scale: float,
+                     needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    outs = _bem_backward_outs(x, v, codes, u, needs)
+    _C.bem(1, scale, 0, False, (x, v, codes, u, offsets, scales), (dy,), tuple(outs), None, None)
+    return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+
+@_bem_backward_op.register_fake
+def _bem_backward_fake(x, v, codes, u, offsets, scales, dy, scale, needs):
+    return tuple(x.new_empty(0) if o is None else o for o in _bem_backward_outs(x, v, codes, u, needs))
+
+
+def _bem_setup(ctx, inputs, output):
+    x, v, codes, u, offsets, scales, y, scale = inputs
+    ctx.save_for_backward(x, v, codes, u, offsets, scales)
+    ctx.scale = scale
+
+
+def _bem_backward(ctx, dy):
+    x, v, codes, u, offsets, scales = ctx.saved_tensors
+    needs = [bool(ctx.needs_input_grad[i]) for i in _BEM_GRAD_INPUTS]
+    grads = [None] * 8
+    if ctx.needs_input_grad[6]:
+        grads[6] = dy
+    if any(needs):
+        got = torch.ops.smelt.bem_backward(x, v, codes, u, offsets, scales, dy.contiguous(), ctx.scale, needs)
+        for j, i in enumerate(_BEM_GRAD_INPUTS):
+            if needs[j]:
+                grads[i] = got[j]
+    return tuple(grads)
+
+
+_bem_update.register_autograd(_bem_backward, setup_context=_bem_setup)
+
+
+def bem_update(x, v, codes, u, scale=1.0, offsets=None, scales=None, accumulate=False, u_transposed=False, out=None):
+    """torch.ops.smelt.bem_update, differentiable in x, v, codes and u (and
+    out with accumulate: its gradient is dy); accumulate adds into out by
+    copy. See smelt.bem_update."""
+    if accumulate and out is None:
+        raise _C.ArgumentError("smelt.bem_update: accumulate=True adds the update into out, which is None")
+    u = u.transpose(-2, -1) if u_transposed else u
+    y = torch.ops.smelt.bem_update(x, v, codes, u, offsets, scales, out if accumulate else None, float(scale))
+    return _into(y, out)
+
+
+def bem_backward(dy, x, v, codes, u, scale=1.0, offsets=None, scales=None, u_transposed=False, needs=None):
+    """torch.ops.smelt.bem_backward as a dict name -> gradient (du shaped
+    like u as given). See smelt.bem_backward."""
+    needs = _BEM_GRADS if needs is None else needs
+    got = torch.ops.smelt.bem_backward(x, v, codes, u.transpose(-2, -1) if u_transposed else u, offsets, scales, dy,
+                                       float(scale), [n in needs for n in _BEM_GRADS])
+    r = {n: g for n, g in zip(_BEM_GRADS, got) if n in needs}
+    if u_transposed and "du" in r:
+        r["du"] = r["du"].transpose(-2, -1)
+    return r
+
+
+class BEMLinear(torch.nn.Module):
+    """A frozen nn.Linear with a trainable BEM update (LoRA whose rank
+    channels are gated per token by codes):
+
+        forward(x, codes) = base(x) + scale · ((x·V) ∘ codes) · Uᵀ,   scale = alpha / rank
+
+    x [..., in_features], codes [..., rank] (given per call; cast to x's
+    dtype). V [in_features, rank] starts as LoRA's A does (uniform within
+    ±1/sqrt(in_features)), U [out_features, rank] at zero, so the layer
+    starts as the base. The base's parameters are frozen here
+    (requires_grad False); x, codes, V and U get gradients through smelt's
+    backward. The parameters take the base weight's dtype and device."""
+
+    def __init__(self, base, rank, alpha=16.0):
+        super().__init__()
+        if not isinstance(base, torch.nn.Linear):
+            raise TypeError("smelt.torch.BEMLinear: base must be a torch.nn.Linear, got %s" % type(base).__name__)
+        if not 1 <= int(rank) <= 128:
+            raise _C.ArgumentError("smelt.torch.BEMLinear: rank=%r must be in [1, 128]" % (rank,))
+        self.base = base.requires_grad_(False)
+        self.rank, self.alpha = int(rank), float(alpha)
+        self.scale = self.alpha / self.rank
+        f = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.v = torch.nn.Parameter(torch.empty(base.in_features, self.rank, **f))
+        self.u = torch.nn.Parameter(torch.empty(base.out_features, self.rank, **f))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """V uniform within ±1/sqrt(in_features) (LoRA's kaiming_uniform(a=√5)
+        of A), U zero."""
+        bound = 1.0 / math.sqrt(self.base.in_features)
+        torch.nn.init.uniform_(self.v, -bound, bound)
+        torch.nn.init.zeros_(self.u)
+
+    def forward(self, x, codes):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        c2 = codes.reshape(-1, codes.shape[-1]).to(x.dtype)
+        y = torch.ops.smelt.bem_update(x2, self.v, c2, self.u, None, None, self.base(x2), self.scale)
+        return y.reshape(*lead, y.shape[-1])
+
+    def extra_repr(self):
+        return "in_features=%d, out_features=%d, rank=%d, alpha=%g" % (self.base.in_features, self.base.out_features,
+                                                                       self.rank, self.alpha)
+
+
+__all__ += ["BEMLinear", "bem_backward", "bem_update"]
