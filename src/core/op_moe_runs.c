@@ -113,14 +113,23 @@ static smelt_status grads_roles(const char *op, const smelt_moe_grads *g, int dx
   return SMELT_OK;
 }
 
+/* The layer's backward, recomputing the forward (saved NULL) or from a
+ * saved forward's state. */
+static smelt_status layer_backward(smelt_plan *plan, const char *op, const smelt_moe_weights *w,
+                                   const smelt_tensor *x, const smelt_tensor *dy, const smelt_tensor *saved,
+                                   int with_saved, const smelt_moe_grads *grads) {
+  smelt__moe_args a = {.mode = with_saved ? SMELT__MOE_BACKWARD_SAVED : SMELT__MOE_BACKWARD};
+  smelt_status s = grads_roles(op, grads, SMELT__MT_DX, &a);
+  if (s) return s;
+  static const int required[] = {SMELT__MT_DY_IN, SMELT__MT_SAVED_IN};
+  a.t[SMELT__MT_DY_IN] = dy;
+  a.t[SMELT__MT_SAVED_IN] = saved;
+  return run(plan, op, w, x, BIND_W | BIND_X | NEEDS_FFN, required, with_saved ? 2 : 1, &a);
+}
+
 smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                     const smelt_tensor *dy, const smelt_moe_grads *grads) {
-  smelt__moe_args a = {.mode = SMELT__MOE_BACKWARD};
-  smelt_status s = grads_roles(MOE_OP "_backward_run", grads, SMELT__MT_DX, &a);
-  if (s) return s;
-  static const int required[] = {SMELT__MT_DY_IN};
-  a.t[SMELT__MT_DY_IN] = dy;
-  return run(plan, MOE_OP "_backward_run", w, x, BIND_W | BIND_X | NEEDS_FFN, required, 1, &a);
+  return layer_backward(plan, MOE_OP "_backward_run", w, x, dy, NULL, 0, grads);
 }
 
 /* ---------------------------------------------------------------- the layer, saved */
@@ -136,25 +145,16 @@ smelt_status smelt_moe_saved_bytes(smelt_plan *plan, int64_t *bytes) {
 
 smelt_status smelt_moe_forward_save_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                         const smelt_tensor *y, const smelt_tensor *saved) {
-  const char *op = MOE_OP "_forward_save_run";
-  static const int required[] = {SMELT__MT_Y, SMELT__MT_SAVED};
-  smelt__moe_args a = {.mode = SMELT__MOE_FORWARD_SAVE};
-  a.t[SMELT__MT_Y] = y;
-  a.t[SMELT__MT_SAVED] = saved;
-  return run(plan, op, w, x, BIND_W | BIND_X | NEEDS_FFN, required, 2, &a);
+  static const int roles[] = {SMELT__MT_Y, SMELT__MT_SAVED};
+  const smelt_tensor *own[] = {y, saved};
+  return part(plan, MOE_OP "_forward_save_run", SMELT__MOE_FORWARD_SAVE, w, x, BIND_W | BIND_X | NEEDS_FFN, roles,
+              own, 2, 2);
 }
 
 smelt_status smelt_moe_backward_saved_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                           const smelt_tensor *dy, const smelt_tensor *saved,
                                           const smelt_moe_grads *grads) {
-  const char *op = MOE_OP "_backward_saved_run";
-  smelt__moe_args a = {.mode = SMELT__MOE_BACKWARD_SAVED};
-  smelt_status s = grads_roles(op, grads, SMELT__MT_DX, &a);
-  if (s) return s;
-  static const int required[] = {SMELT__MT_DY_IN, SMELT__MT_SAVED_IN};
-  a.t[SMELT__MT_DY_IN] = dy;
-  a.t[SMELT__MT_SAVED_IN] = saved;
-  return run(plan, op, w, x, BIND_W | BIND_X | NEEDS_FFN, required, 2, &a);
+  return layer_backward(plan, MOE_OP "_backward_saved_run", w, x, dy, saved, 1, grads);
 }
 
 smelt_status smelt_moe_forward(smelt_ctx *ctx, const smelt_moe_config *cfg, const smelt_moe_weights *w,
