@@ -207,7 +207,10 @@ SMELT_API smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_
  * running the forward again: on CUDA about T·k·(2·d + 2·F) elements of x's
  * dtype, for a backward that skips a forward's work. The gradients are
  * those of smelt_moe_backward_run, bit for bit; x and the weights must be
- * the forward's. saved is only read by the backward, so it serves any
+ * the forward's. y is smelt_moe_forward_run's, bit for bit with SwiGLU; the
+ * MLP's saved forward rounds its pre-activation to x's dtype (as it keeps
+ * it) before the activation, which the plain forward applies in the GEMM's
+ * epilogue, so there y agrees within that rounding. saved is only read by the backward, so it serves any
  * number of them. The CPU backend keeps nothing (0 bytes) and recomputes.
  * The saved forward writes no routing or statistics (smelt_moe_forward_run
  * does). */
