@@ -144,6 +144,16 @@ SMELT_QF smelt_q_u32 smelt_q_e8m0(float amax, int f) {
 }
 SMELT_QF smelt_q_u32 smelt_q_mx_elem(float x, smelt_q_u32 e8m0, int f) {
   if (e8m0 == 255u || smelt_q_isnan(x)) return ((SMELT_Q_F2U(x) >> 31) << 7) | SMELT_Q_NANCODE(f);
+#ifdef SMELT_Q_HW_FP8
+  /* x · 2^(127 − e8m0) is exact wherever the result is an f32 normal, and
+   * where it is not (below 2^-126) both encoders give ±0: the hardware
+   * conversion of the scaled value is the software encoder's code. The
+   * block's largest element scales to below 2^(emax + 1): never inf. */
+  if (f != SMELT_Q_E2M1) {
+    const smelt_q_u32 bits = e8m0 == 254u ? 0x00400000u : (254u - e8m0) << 23; /* 2^-127 is subnormal */
+    return smelt_q_hw_fp8(SMELT_Q_MUL(x, SMELT_Q_U2F(bits)), f);
+  }
+#endif
   return smelt_q_encode(x, (int)e8m0 - 127, f);
 }
 SMELT_QF float smelt_q_e8m0_value(smelt_q_u32 e8m0) {
