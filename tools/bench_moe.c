@@ -206,7 +206,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
     for (int i = 0; i < sets; i++) run_fwd(i, NULL); /* each set's state, for the saved backward */
   }
   if (opt_bwd) first_backward();
-  c->flops = 2.0 * (double)s.kept * (double)opt_d * (double)opt_ffn * 3.0 * (opt_bwd ? 3.0 : 1.0);
+  c->flops = 2.0 * (double)s.kept * (double)opt_d * (double)opt_ffn * 3.0 * (opt_bwd ? (opt_saved ? 2.0 : 3.0) : 1.0);
   c->note_label = "routing";
   snprintf(c->note_text, sizeof c->note_text,
            "kept %lld of %lld assignments (%lld dropped); tokens per expert %lld..%lld, %lld experts empty; "

@@ -205,7 +205,10 @@ SMELT_API smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_
  * a contiguous u8 tensor [smelt_moe_saved_bytes] on the plan's device whose
  * data is 256-byte aligned, and the saved backward reads it instead of
  * running the forward again: on CUDA about T·k·(2·d + 2·F) elements of x's
- * dtype, for a backward that skips a forward's work. The gradients are
+ * dtype (T·k·(2·d + F) for the MLP, which has no h3), for a backward that
+ * skips a forward's work. The state fits the plan that wrote it (or one of
+ * the same config): read by a plan of another routing or loss config, of
+ * the same size, it gives wrong gradients, unchecked. The gradients are
  * those of smelt_moe_backward_run, bit for bit; x and the weights must be
  * the forward's. y is smelt_moe_forward_run's, bit for bit with SwiGLU; the
  * MLP's saved forward rounds its pre-activation to x's dtype (as it keeps

@@ -99,9 +99,10 @@ def bem_backward(dy, x, v, codes, u, *, scale=1.0, offsets=None, scales=None, u_
     differentiates (du like u as given, transposed or not).
     """
     op = "smelt.bem_backward"
-    needs = list(GRADS) if needs is None else list(needs)
     out = dict(out or {})
-    for n in needs + list(out):
+    # A gradient given an out tensor is asked for, on every path.
+    needs = list(GRADS) if needs is None else list(needs) + [n for n in out if n not in needs]
+    for n in needs:
         if n not in GRADS:
             raise _C.ArgumentError("%s: no gradient named %r (known: %s)" % (op, n, ", ".join(GRADS)))
     if _pkg._is_compiling():

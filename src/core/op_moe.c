@@ -175,10 +175,10 @@ static smelt_status check_weights(smelt_ctx *ctx, const smelt_moe_weights *w, co
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
                         MOE_OP ": x.shape[0]=%lld tokens times top_k=%lld must be < 2^31 (i32 row indices)",
                         (long long)ms->T, (long long)ms->k);
-  /* The noise's token numbers, noise_token_offset + t, must not overflow. */
-  if (ms->cfg.noise_token_offset > INT64_MAX - ms->T)
+  /* The noise's token numbers, noise_token_offset + t for t < T, must not overflow. */
+  if (ms->T > 0 && ms->cfg.noise_token_offset > INT64_MAX - (ms->T - 1))
     return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        MOE_OP ": cfg.noise_token_offset=%lld plus x.shape[0]=%lld tokens exceeds 2^63 - 1",
+                        MOE_OP ": cfg.noise_token_offset=%lld plus x.shape[0]=%lld tokens - 1 exceeds 2^63 - 1",
                         (long long)ms->cfg.noise_token_offset, (long long)ms->T);
   for (int r = 0; r < SMELT__MT_COUNT; r++)
     if (l[r] && (s = smelt__moe_check_shape(ms, r, l[r], x->dtype))) return s;

@@ -98,6 +98,8 @@ const smelt__nvrtc_info *smelt__nvrtc_info_get(void) {
 int smelt__nvrtc_options(const char *arch, const char **opts, int max) {
   static _Thread_local char archopt[64];
   snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+  /* No -ftz or fast math: the quantizers' MXFP8 scaling and others rely on
+   * subnormals surviving a multiply (kernels/quant_math.cuh). */
   const char *all[] = {archopt, "-std=c++17", "-lineinfo", "-default-device", "--include-path=/smelt"};
   int n = (int)(sizeof all / sizeof *all);
   for (int i = 0; i < n && i < max; i++) opts[i] = all[i];
