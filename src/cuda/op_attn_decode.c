@@ -158,6 +158,11 @@ static smelt_status configure(const smelt_plan *plan, const smelt_device_info *d
   occ = occ < 1 ? 1 : occ > 2 ? 2 : occ;
   const int64_t ctas = g.B * g.Hk * cfg->row_blocks, tiles = smelt__ceil_div(g.max_pages * g.page_size, DEC_BN);
   cfg->splits = (int)dec_splits(ctas, tiles, dev->sm_count, occ);
+  /* SMELT_DECODE_SPLITS=N, a debug override for sweeps: N splits (at most
+   * the key tiles and DEC_MAX_SPLITS) instead of the heuristic's. */
+  const char *forced = smelt__getenv("SMELT_DECODE_SPLITS");
+  const long want = forced ? strtol(forced, NULL, 10) : 0;
+  if (want >= 1 && tiles >= 1) cfg->splits = (int)used_splits(tiles, want < DEC_MAX_SPLITS ? want : DEC_MAX_SPLITS);
   if (smelt__ceil_div(g.B * g.Hk * M, DEC_THREADS / 32) > INT32_MAX)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: B * Hk * H / Hk * Sq = %lld query rows are too many for one grid",
                         op, (long long)(g.B * g.Hk * M));
