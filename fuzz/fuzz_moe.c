@@ -226,8 +226,8 @@ void fz_moe(fz *f) {
               smelt_moe_ffn_backward_run(plan, &w, p[XP], p[OFFS], p[DYP], present & 128 ? &g : &fg));
       break;
     case FWD_SAVE:
-      outputs(t, (const int[]){Y, SAVED}, 2);
-      FZ_CALL(s, "smelt_moe_forward_save_run", t, smelt_moe_forward_save_run(plan, &w, p[X], p[Y], p[SAVED]));
+      outputs(t, (const int[]){Y, SAVED, COUNTS, DROPPED, AUX}, 5);
+      FZ_CALL(s, "smelt_moe_forward_save_run", t, smelt_moe_forward_save_run(plan, &w, p[X], p[Y], p[SAVED], rp));
       break;
     case BWD_SAVED:
       outputs(t, (const int[]){DX, DWR, DWN, DW1, DW3, DW2, DB1}, 7);

@@ -157,8 +157,11 @@ static void gpu_backward_case(const spec *sp, int one_expert, int64_t pad, const
   grads_new(&g3, &p, th_cuda(), pad);
   grads_new(&g4, &p, th_cuda(), pad);
   const smelt_moe_grads v3 = grads_view(&g3), v4 = grads_view(&g4);
-  CHECK_OK(smelt_moe_forward_run(plan, &w.w, &w.x.t, &y1.t, NULL, NULL));
-  CHECK_OK(smelt_moe_forward_save_run(plan, &w.w, &w.x.t, &y2.t, &saved.t));
+  dev c1 = dev_new(SMELT_DTYPE_I64, 1, p.E, 0, NULL), c2 = dev_new(SMELT_DTYPE_I64, 1, p.E, 0, NULL),
+      a1 = dev_new(SMELT_DTYPE_F32, 1, 2, 0, NULL), a2 = dev_new(SMELT_DTYPE_F32, 1, 2, 0, NULL);
+  const smelt_moe_routing r1 = {.counts = &c1.t, .aux = &a1.t}, r2 = {.counts = &c2.t, .aux = &a2.t};
+  CHECK_OK(smelt_moe_forward_run(plan, &w.w, &w.x.t, &y1.t, &r1, NULL));
+  CHECK_OK(smelt_moe_forward_save_run(plan, &w.w, &w.x.t, &y2.t, &saved.t, &r2));
   CHECK_OK(smelt_moe_backward_saved_run(plan, &w.w, &w.x.t, &gdy.t, &saved.t, &v3));
   CHECK_OK(smelt_moe_backward_saved_run(plan, &w.w, &w.x.t, &gdy.t, &saved.t, &v4));
   CHECK_OK(smelt_ctx_synchronize(th_cuda()));
@@ -177,8 +180,13 @@ static void gpu_backward_case(const spec *sp, int one_expert, int64_t pad, const
   if (!grads_same(&g1, &g3) || !grads_same(&g1, &g4))
     th_fail(__FILE__, __LINE__, "%s: the saved backward's gradients differ", what);
   CHECK(th_buf_guards_ok(&saved.b));
+  /* The saved forward's counts and aux losses are the plain forward's. */
+  void *hc1 = dev_read(&c1), *hc2 = dev_read(&c2), *ha1 = dev_read(&a1), *ha2 = dev_read(&a2);
+  if (memcmp(hc1, hc2, c1.b.bytes) || memcmp(ha1, ha2, a1.b.bytes))
+    th_fail(__FILE__, __LINE__, "%s: the saved forward's counts or aux differ", what);
+  free(hc1), free(hc2), free(ha1), free(ha2);
   grads_free(&g3), grads_free(&g4);
-  devs_free((dev[]){saved, y1, y2}, 3);
+  devs_free((dev[]){saved, y1, y2, c1, c2, a1, a2}, 7);
   smelt_plan_destroy(plan);
   grads_free(&c), grads_free(&g1), grads_free(&g2);
   devs_free(&gdy, 1);
@@ -505,14 +513,27 @@ static void test_moe_bwd_cpu_saved(void) {
   const smelt_tensor ty1 = host_tensor(y1.h, p.xdt, 2, p.T, p.d, 0), ty2 = host_tensor(y2.h, p.xdt, 2, p.T, p.d, 0),
                      tdy = host_tensor(dy.h, p.xdt, 2, p.T, p.d, 0);
   memset(y2.h, 0xFF, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt));
-  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved5), SMELT_STATUS_SHAPE_MISMATCH);
+  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved5, NULL), SMELT_STATUS_SHAPE_MISMATCH);
   CHECK_MSG("saved");
-  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved_f32), SMELT_STATUS_DTYPE_MISMATCH);
+  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved_f32, NULL), SMELT_STATUS_DTYPE_MISMATCH);
   CHECK(th_all_ff(y2.h, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt)));
-  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, NULL), SMELT_STATUS_NULL_POINTER);
-  CHECK_OK(smelt_moe_forward_run(plan, &p.w, &p.tx, &ty1, NULL, NULL));
-  CHECK_OK(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved));
+  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, NULL, NULL), SMELT_STATUS_NULL_POINTER);
+  /* The routing's other fields stay in saved: asking for them is refused. */
+  double lg[13 * 4];
+  const smelt_tensor tlg = host_tensor(lg, p.rdt, 2, p.T, p.E, 0);
+  const smelt_moe_routing bad = {.logits = &tlg};
+  CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved, &bad), SMELT_STATUS_INVALID_ARGUMENT);
+  CHECK_MSG("saved keeps them");
+  CHECK(th_all_ff(y2.h, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt)));
+  int64_t c1[4], c2[4];
+  double a1[2], a2[2];
+  const smelt_tensor tc1 = host_tensor(c1, SMELT_DTYPE_I64, 1, p.E, 0, 0), tc2 = host_tensor(c2, SMELT_DTYPE_I64, 1, p.E, 0, 0),
+                     ta1 = host_tensor(a1, p.rdt, 1, 2, 0, 0), ta2 = host_tensor(a2, p.rdt, 1, 2, 0, 0);
+  const smelt_moe_routing r1 = {.counts = &tc1, .aux = &ta1}, r2 = {.counts = &tc2, .aux = &ta2};
+  CHECK_OK(smelt_moe_forward_run(plan, &p.w, &p.tx, &ty1, &r1, NULL));
+  CHECK_OK(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved, &r2));
   CHECK(memcmp(y1.h, y2.h, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt)) == 0);
+  CHECK(memcmp(c1, c2, sizeof c1) == 0 && memcmp(a1, a2, sizeof a1) == 0);
   grads a, b;
   grads_new(&a, &p, th_cpu(), 0);
   grads_new(&b, &p, th_cpu(), 0);

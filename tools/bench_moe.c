@@ -145,7 +145,7 @@ static void run_fwd(int set, smelt_moe_stats *stats) {
   const smelt_tensor x = tensor_at(st.x[set], opt_tokens, opt_d), y = tensor_at(st.y[set], opt_tokens, opt_d);
   if (st.saved && !stats) {
     const smelt_tensor sv = saved_at(set);
-    CLI_TRY(smelt_moe_forward_save_run(st.plan, &mw, &x, &y, &sv));
+    CLI_TRY(smelt_moe_forward_save_run(st.plan, &mw, &x, &y, &sv, NULL));
   } else {
     CLI_TRY(smelt_moe_forward_run(st.plan, &mw, &x, &y, NULL, stats));
   }

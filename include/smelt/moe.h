@@ -208,18 +208,20 @@ SMELT_API smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_
  * dtype (T·k·(2·d + F) for the MLP, which has no h3), for a backward that
  * skips a forward's work. The state fits the plan that wrote it (or one of
  * the same config): read by a plan of another routing or loss config, of
- * the same size, it gives wrong gradients, unchecked. The gradients are
+ * the same size, it gives wrong gradients, unchecked. The saved forward
+ * writes, where routing asks for them, the aux losses' values, counts and
+ * dropped (the rest of the routing stays in saved: routing's logits, ids,
+ * weights and offsets must be NULL). The gradients are
  * those of smelt_moe_backward_run, bit for bit; x and the weights must be
  * the forward's. y is smelt_moe_forward_run's, bit for bit with SwiGLU; the
  * MLP's saved forward rounds its pre-activation to x's dtype (as it keeps
  * it) before the activation, which the plain forward applies in the GEMM's
  * epilogue, so there y agrees within that rounding. saved is only read by the backward, so it serves any
- * number of them. The CPU backend keeps nothing (0 bytes) and recomputes.
- * The saved forward writes no routing or statistics (smelt_moe_forward_run
- * does). */
+ * number of them. The CPU backend keeps nothing (0 bytes) and recomputes. */
 SMELT_API smelt_status smelt_moe_saved_bytes(smelt_plan *plan, int64_t *bytes);
 SMELT_API smelt_status smelt_moe_forward_save_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
-                                                  const smelt_tensor *y, const smelt_tensor *saved);
+                                                  const smelt_tensor *y, const smelt_tensor *saved,
+                                                  const smelt_moe_routing *routing);
 SMELT_API smelt_status smelt_moe_backward_saved_run(smelt_plan *plan, const smelt_moe_weights *w,
                                                     const smelt_tensor *x, const smelt_tensor *dy,
                                                     const smelt_tensor *saved, const smelt_moe_grads *grads);

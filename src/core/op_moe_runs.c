@@ -144,11 +144,18 @@ smelt_status smelt_moe_saved_bytes(smelt_plan *plan, int64_t *bytes) {
 }
 
 smelt_status smelt_moe_forward_save_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
-                                        const smelt_tensor *y, const smelt_tensor *saved) {
-  static const int roles[] = {SMELT__MT_Y, SMELT__MT_SAVED};
-  const smelt_tensor *own[] = {y, saved};
-  return part(plan, MOE_OP "_forward_save_run", SMELT__MOE_FORWARD_SAVE, w, x, BIND_W | BIND_X | NEEDS_FFN, roles,
-              own, 2, 2);
+                                        const smelt_tensor *y, const smelt_tensor *saved,
+                                        const smelt_moe_routing *routing) {
+  const char *op = MOE_OP "_forward_save_run";
+  if (routing && (routing->logits || routing->ids || routing->weights || routing->offsets))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: routing.logits, ids, weights and offsets must be NULL (saved keeps them); only aux, "
+                        "counts and dropped can be asked for",
+                        op);
+  static const int roles[] = {SMELT__MT_Y, SMELT__MT_SAVED, SMELT__MT_COUNTS, SMELT__MT_DROPPED, SMELT__MT_AUX};
+  const smelt_tensor *own[] = {y, saved, routing ? routing->counts : NULL, routing ? routing->dropped : NULL,
+                               routing ? routing->aux : NULL};
+  return part(plan, op, SMELT__MOE_FORWARD_SAVE, w, x, BIND_W | BIND_X | NEEDS_FFN, roles, own, 5, 2);
 }
 
 smelt_status smelt_moe_backward_saved_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,

@@ -359,6 +359,10 @@ static smelt_status forward_save(smelt_plan *plan, const smelt__moe_state *ms, s
   memcpy(L.u, a->t, sizeof L.u);
   L.kept.base = (char *)a->t[SMELT__MT_SAVED]->data;
   kept_layout(ctx->device_index, ms, &L);
+  /* The caller's counts, when asked for, in place of the kept piece (the
+   * backward reads the offsets, never the counts); aux and dropped pass
+   * through to the router. */
+  if (a->t[SMELT__MT_COUNTS]) L.u[SMELT__MT_COUNTS] = a->t[SMELT__MT_COUNTS];
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
   s = smelt__cuda_alloc(ctx, smelt__moe_block_bytes(ms->rows * ms->F, smelt_dtype_size(xdt)), (void **)&L.c.base);
   if (s) return s;
