@@ -219,6 +219,11 @@ SMELT_API smelt_status smelt_moe_backward_run(smelt_plan *plan, const smelt_moe_
  * epilogue, so there y agrees within that rounding. saved is only read by the backward, so it serves any
  * number of them. The CPU backend keeps nothing (0 bytes) and recomputes. */
 SMELT_API smelt_status smelt_moe_saved_bytes(smelt_plan *plan, int64_t *bytes);
+/* The same count without a plan, for a config, T tokens of x_dtype and a
+ * device kind (a framework sizing the state before it has data, e.g. in
+ * torch's fake-tensor tracing). */
+SMELT_API smelt_status smelt_moe_saved_bytes_for(const smelt_moe_config *cfg, int64_t tokens, smelt_dtype x_dtype,
+                                                 smelt_device_kind device, int64_t *bytes);
 SMELT_API smelt_status smelt_moe_forward_save_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                                   const smelt_tensor *y, const smelt_tensor *saved,
                                                   const smelt_moe_routing *routing);

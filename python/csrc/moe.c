@@ -1,7 +1,9 @@
 /* The MoE layer from Python: one entry point, _smelt.moe(mode, cfg, x,
- * weights, extra, outs, ctx, stream), for the forward (mode 0) and the
- * backward (mode 1). smelt/__init__.py resolves names and sizes into cfg,
- * so this layer only converts.
+ * weights, extra, outs, ctx, stream), for the forward (mode 0), the
+ * backward (mode 1), the saved forward (mode 2) and the saved backward
+ * (mode 3); and _smelt.moe_saved_bytes(cfg, T, dtype, cuda), the saved
+ * state's size. smelt/__init__.py resolves names and sizes into cfg, so
+ * this layer only converts.
  *
  *   cfg      (num_experts, top_k, d_model, ffn_dim, score, renormalize,
  *            scaling_factor, num_groups, topk_groups, noise_seed,
@@ -9,7 +11,7 @@
  *            aux_loss_coeff, z_loss_coeff, ffn, activation): the
  *            smelt_moe_config fields in order, enums as their values
  *   weights  (wr, expert_bias, wnoise, w1, w3, w2, b1), None where absent
- *   extra    () or, for the backward, (dy,)
+ *   extra    (); the backward (dy,); the saved backward (dy, saved)
  *   outs     forward (y, logits, ids, weights, counts, offsets, dropped,
  *            aux); backward (dx, dwr, dwnoise, dw1, dw3, dw2, db1). Each
  *            None (not computed), True (allocated here: y and dx like x,
@@ -17,7 +19,10 @@
  *            [E] and offsets [E+1] i64, dropped [1] i64, aux [2] f32, a
  *            weight gradient like its weight) or a tensor to write. The
  *            forward's routing outputs come all five (logits to offsets)
- *            or none.
+ *            or none. The saved forward's outs are the forward's (logits,
+ *            ids, weights and offsets None) then saved (True: u8 of
+ *            smelt_moe_saved_bytes_for); the saved backward's, the
+ *            backward's.
  * Returns outs with the allocated tensors in place of True.
  *
  * Plans are made per call (plan, run, destroy), as PEER's: the layer's
@@ -27,11 +32,12 @@
 #include "smelt/moe.h"
 
 enum { W_WR, W_BIAS, W_WNOISE, W_W1, W_W3, W_W2, W_B1, W_COUNT };
-enum { O_Y, O_LOGITS, O_IDS, O_WEIGHTS, O_COUNTS, O_OFFSETS, O_DROPPED, O_AUX, O_FWD };
+enum { O_Y, O_LOGITS, O_IDS, O_WEIGHTS, O_COUNTS, O_OFFSETS, O_DROPPED, O_AUX, O_FWD, O_SAVED = O_FWD, O_ALL };
 enum { G_DX, G_DWR, G_DWNOISE, G_DW1, G_DW3, G_DW2, G_DB1, G_COUNT };
 
 static const char *const w_names[W_COUNT] = {"wr", "expert_bias", "wnoise", "w1", "w3", "w2", "b1"};
-static const char *const o_names[O_FWD] = {"out", "logits", "ids", "weights", "counts", "offsets", "dropped", "aux"};
+static const char *const o_names[O_ALL] = {"out",     "logits",  "ids", "weights", "counts",
+                                           "offsets", "dropped", "aux", "saved"};
 static const char *const g_names[G_COUNT] = {"dx", "dwr", "dwnoise", "dw1", "dw3", "dw2", "db1"};
 /* The weight each gradient differentiates (-1: dx, like x). */
 static const int g_like[G_COUNT] = {-1, W_WR, W_WNOISE, W_W1, W_W3, W_W2, W_B1};
@@ -53,6 +59,13 @@ static int parse_cfg(PyObject *t, smelt_moe_config *c) {
   return 0;
 }
 
+/* The saved state's size for x on the context's device; -1 with an error set. */
+static int saved_bytes(const smelt_moe_config *cfg, const smelt_tensor *x, smelt_device_kind dev, int64_t *bytes) {
+  smelt_status s = smelt_moe_saved_bytes_for(cfg, x->ndim >= 1 ? x->shape[0] : 0, x->dtype, dev, bytes);
+  if (s) smpy_raise_status(s);
+  return s ? -1 : 0;
+}
+
 /* The forward's outputs' dtypes and shapes. */
 static void fwd_out(int i, const smelt_tensor *x, const smelt_moe_config *c, smelt_dtype *dt, int *nd,
                     int64_t *shape) {
@@ -71,20 +84,27 @@ static void fwd_out(int i, const smelt_tensor *x, const smelt_moe_config *c, sme
 }
 
 static smelt_status run(smpy_call *call, int mode, const smelt_moe_config *cfg, const smelt_moe_weights *w,
-                        const smelt_tensor *x, smelt_tensor *const *o, const smelt_tensor *dy) {
+                        const smelt_tensor *x, smelt_tensor *const *o, const smelt_tensor *dy,
+                        const smelt_tensor *saved) {
   smpy_ctx *c = call->ctx;
   const int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
   smpy_ctx_lock(c);
   smelt_status s = smpy_ctx_use_stream(c, call->stream);
   if (!s) {
     PyThreadState *ts = cpu ? PyEval_SaveThread() : NULL;
+    const smelt_moe_routing r = {o[O_LOGITS], o[O_IDS], o[O_WEIGHTS], o[O_COUNTS], o[O_OFFSETS], o[O_DROPPED], o[O_AUX]};
+    const smelt_moe_grads g = {.dx = o[G_DX], .dwr = o[G_DWR], .dwnoise = o[G_DWNOISE], .dw1 = o[G_DW1],
+                               .dw3 = o[G_DW3], .dw2 = o[G_DW2], .db1 = o[G_DB1]};
     if (mode == 0) {
-      const smelt_moe_routing r = {o[O_LOGITS], o[O_IDS], o[O_WEIGHTS], o[O_COUNTS], o[O_OFFSETS], o[O_DROPPED], o[O_AUX]};
       s = smelt_moe_forward(c->ctx, cfg, w, x, o[O_Y], o[O_LOGITS] ? &r : NULL, NULL);
-    } else {
-      const smelt_moe_grads g = {.dx = o[G_DX], .dwr = o[G_DWR], .dwnoise = o[G_DWNOISE], .dw1 = o[G_DW1],
-                                 .dw3 = o[G_DW3], .dw2 = o[G_DW2], .db1 = o[G_DB1]};
+    } else if (mode == 1) {
       s = smelt_moe_backward(c->ctx, cfg, w, x, dy, &g);
+    } else {
+      smelt_plan *plan = NULL;
+      s = smelt_moe_plan(c->ctx, cfg, w, x, &plan);
+      if (!s && mode == 2) s = smelt_moe_forward_save_run(plan, w, x, o[O_Y], o[O_SAVED], &r);
+      if (!s && mode == 3) s = smelt_moe_backward_saved_run(plan, w, x, dy, saved, &g);
+      smelt_plan_destroy(plan);
     }
     if (ts) PyEval_RestoreThread(ts);
   }
@@ -96,37 +116,42 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
   int mode;
   PyObject *cfg_t, *xo, *wt, *extra, *outs, *ctx, *stream;
   if (!PyArg_ParseTuple(args, "iOOOOOOO:moe", &mode, &cfg_t, &xo, &wt, &extra, &outs, &ctx, &stream)) return NULL;
-  if (mode < 0 || mode > 1) {
-    PyErr_Format(PyExc_ValueError, "_smelt.moe: mode=%d is not 0 or 1", mode);
+  if (mode < 0 || mode > 3) {
+    PyErr_Format(PyExc_ValueError, "_smelt.moe: mode=%d is not 0 to 3", mode);
     return NULL;
   }
-  const Py_ssize_t nouts = mode ? G_COUNT : O_FWD;
+  const int bwd = mode & 1, nextra = mode == 3 ? 2 : bwd;
+  const Py_ssize_t nouts = bwd ? G_COUNT : mode == 2 ? O_ALL : O_FWD;
   smelt_moe_config cfg;
   if (parse_cfg(cfg_t, &cfg) < 0) return NULL;
   if (!PyTuple_Check(wt) || PyTuple_Size(wt) != W_COUNT || !PyTuple_Check(extra) ||
-      PyTuple_Size(extra) != mode || !PyTuple_Check(outs) || PyTuple_Size(outs) != nouts) {
+      PyTuple_Size(extra) != nextra || !PyTuple_Check(outs) || PyTuple_Size(outs) != nouts) {
     PyErr_Format(PyExc_TypeError, "_smelt.moe: weights, extra and outs must be tuples of %d, %d and %zd", W_COUNT,
-                 mode, nouts);
+                 nextra, nouts);
     return NULL;
   }
-  const char *op = mode ? "smelt.moe_backward" : "smelt.moe";
+  const char *op = bwd ? "smelt.moe_backward" : "smelt.moe";
   smpy_call call;
-  PyObject *slots[O_FWD] = {NULL}, *result = NULL;
-  smelt_tensor *x, *wts[W_COUNT] = {NULL}, *o[O_FWD] = {NULL}, *dy = NULL;
+  PyObject *slots[O_ALL] = {NULL}, *result = NULL;
+  smelt_tensor *x, *wts[W_COUNT] = {NULL}, *o[O_ALL] = {NULL}, *dy = NULL, *saved = NULL;
   if (smpy_call_begin(&call, op, ctx, stream) < 0) return NULL;
   if (smpy_call_import(&call, xo, "x", 0, &x) < 0) goto done;
   for (int i = 0; i < W_COUNT; i++) {
     PyObject *t = PyTuple_GetItem(wt, i);
     if (t != Py_None && smpy_call_import(&call, t, w_names[i], 0, &wts[i]) < 0) goto done;
   }
-  if (mode && smpy_call_import(&call, PyTuple_GetItem(extra, 0), "dy", 0, &dy) < 0) goto done;
+  if (bwd && smpy_call_import(&call, PyTuple_GetItem(extra, 0), "dy", 0, &dy) < 0) goto done;
+  if (mode == 3 && smpy_call_import(&call, PyTuple_GetItem(extra, 1), "saved", 0, &saved) < 0) goto done;
   for (int i = 0; i < nouts; i++) {
     PyObject *given = PyTuple_GetItem(outs, i);
     smelt_dtype dt;
     int nd;
     int64_t shape[3];
-    const char *name = mode ? g_names[i] : o_names[i];
-    if (!mode) {
+    const char *name = bwd ? g_names[i] : o_names[i];
+    if (!bwd && i == O_SAVED) {
+      if (saved_bytes(&cfg, x, smelt_ctx_device(call.ctx->ctx), &shape[0]) < 0) goto done;
+      dt = SMELT_DTYPE_U8, nd = 1;
+    } else if (!bwd) {
       fwd_out(i, x, &cfg, &dt, &nd, shape);
     } else {
       const smelt_tensor *like = i == G_DX ? x : wts[g_like[i]];
@@ -143,7 +168,7 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
   }
   const smelt_moe_weights w = {.wr = wts[W_WR], .expert_bias = wts[W_BIAS], .wnoise = wts[W_WNOISE],
                                .w1 = wts[W_W1], .w3 = wts[W_W3], .w2 = wts[W_W2], .b1 = wts[W_B1]};
-  smelt_status s = run(&call, mode, &cfg, &w, x, o, dy);
+  smelt_status s = run(&call, mode, &cfg, &w, x, o, dy, saved);
   if (s) {
     smpy_raise_status(s);
     goto done;
@@ -155,10 +180,33 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
   }
 done:
   smpy_call_end(&call);
-  for (int i = 0; i < O_FWD; i++) Py_XDECREF(slots[i]);
+  for (int i = 0; i < O_ALL; i++) Py_XDECREF(slots[i]);
   return result;
 }
 
+static PyObject *py_moe_saved_bytes(PyObject *self, PyObject *args) {
+  PyObject *cfg_t;
+  long long T;
+  const char *dtname;
+  int cuda;
+  if (!PyArg_ParseTuple(args, "OLsp:moe_saved_bytes", &cfg_t, &T, &dtname, &cuda)) return NULL;
+  smelt_moe_config cfg;
+  smelt_dtype dt;
+  if (parse_cfg(cfg_t, &cfg) < 0) return NULL;
+  smelt_status s = smelt_dtype_from_name(dtname, &dt);
+  int64_t bytes = 0;
+  if (!s) s = smelt_moe_saved_bytes_for(&cfg, T, dt, cuda ? SMELT_DEVICE_CUDA : SMELT_DEVICE_CPU, &bytes);
+  if (s) {
+    smpy_raise_status(s);
+    return NULL;
+  }
+  return PyLong_FromLongLong(bytes);
+}
+
 PyMethodDef smpy_moe_methods[] = {
-    {"moe", py_moe, METH_VARARGS, "moe(mode, cfg, x, weights, extra, outs, ctx, stream) -> outs (0 forward, 1 backward)"},
+    {"moe", py_moe, METH_VARARGS,
+     "moe(mode, cfg, x, weights, extra, outs, ctx, stream) -> outs (0 forward, 1 backward, 2 saved forward, "
+     "3 saved backward)"},
+    {"moe_saved_bytes", py_moe_saved_bytes, METH_VARARGS,
+     "moe_saved_bytes(cfg, T, dtype, cuda) -> the saved state's bytes (smelt_moe_saved_bytes_for)"},
     {NULL, NULL, 0, NULL}};

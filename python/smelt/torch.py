@@ -47,7 +47,13 @@ already imported, or on first use of a smelt op after torch is) registers:
                (icfg, fcfg: smelt.moe's options as smelt.torch._moe_cfg_split packs them; aux [2] f32 the
                load-balance and z losses, counts [E] int64 the tokens each expert kept)
     smelt::moe_backward(Tensor x, Tensor dy, <the weights and cfg of smelt::moe>, bool[] needs)
-                        -> (dx, dwr, dwnoise, dw1, dw3, dw2, db1)   (empty tensors where needs is false)
+                        -> (dx, dwr, dwnoise, dw1, dw3, dw2, db1)   (empty tensors where needs is false;
+                        the forward recomputed from x)
+    smelt::moe_train(<smelt::moe's arguments>) -> (y, aux, counts, Tensor saved)
+               (smelt::moe that keeps the backward's state, saved [smelt_moe_saved_bytes] uint8: what
+               smelt.torch.moe runs when a gradient will be asked for)
+    smelt::moe_backward_saved(Tensor x, Tensor dy, Tensor saved, <the weights and cfg>, bool[] needs)
+                        -> (dx, dwr, dwnoise, dw1, dw3, dw2, db1)   (from moe_train's state: no recomputation)
     smelt::bem_update, smelt::bem_backward: BEM's update and its gradients (see their block at the end),
                and the module smelt.torch.BEMLinear (a frozen nn.Linear plus a trainable BEM update)
 
@@ -900,6 +906,71 @@ def _moe_backward(ctx, dy, daux, dcounts):
 _moe.register_autograd(_moe_backward, setup_context=_moe_setup)
 
 
+# ---- MoE for training: the forward keeps the backward's state (smelt_moe_forward_save_run),
+# so the backward does not run the forward again.
+
+def _moe_saved_bytes(x, icfg, fcfg):
+    name = _smelt._DTYPE_NAMES.get(str(x.dtype).split(".")[-1], "f32")
+    return _C.moe_saved_bytes(_moe_cfg_join(icfg, fcfg), int(x.shape[0]), name, x.device.type == "cuda")
+
+
+@torch.library.custom_op("smelt::moe_train", mutates_args=())
+def _moe_train(x: Tensor, wr: Tensor, expert_bias: Optional[Tensor], wnoise: Optional[Tensor], w1: Tensor,
+               w3: Optional[Tensor], w2: Tensor, b1: Optional[Tensor], icfg: list[int],
+               fcfg: list[float]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    E = wr.shape[1]
+    y, aux = x.new_empty((x.shape[0], x.shape[1])), x.new_empty(2, dtype=_moe_routing_dtype(x))
+    counts, saved = x.new_empty(E, dtype=torch.int64), x.new_empty(_moe_saved_bytes(x, icfg, fcfg), dtype=torch.uint8)
+    _C.moe(2, _moe_cfg_join(icfg, fcfg), x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (),
+           (y, None, None, None, counts, None, None, aux, saved), None, None)
+    return y, aux, counts, saved
+
+
+@_moe_train.register_fake
+def _moe_train_fake(x, wr, expert_bias, wnoise, w1, w3, w2, b1, icfg, fcfg):
+    y, aux, counts = _moe_fake(x, wr, expert_bias, wnoise, w1, w3, w2, b1, icfg, fcfg)
+    return y, aux, counts, x.new_empty(_moe_saved_bytes(x, icfg, fcfg), dtype=torch.uint8)
+
+
+@torch.library.custom_op("smelt::moe_backward_saved", mutates_args=())
+def _moe_backward_saved_op(x: Tensor, dy: Tensor, saved: Tensor, wr: Tensor, expert_bias: Optional[Tensor],
+                           wnoise: Optional[Tensor], w1: Tensor, w3: Optional[Tensor], w2: Tensor,
+                           b1: Optional[Tensor], icfg: list[int], fcfg: list[float],
+                           needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    outs = _moe_backward_outs(x, wr, wnoise, w1, w3, w2, b1, needs)
+    _C.moe(3, _moe_cfg_join(icfg, fcfg), x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (dy, saved), tuple(outs),
+           None, None)
+    return tuple(x.new_empty(0) if o is None else o for o in outs)
+
+
+@_moe_backward_saved_op.register_fake
+def _moe_backward_saved_fake(x, dy, saved, wr, expert_bias, wnoise, w1, w3, w2, b1, icfg, fcfg, needs):
+    return _moe_backward_fake(x, dy, wr, expert_bias, wnoise, w1, w3, w2, b1, icfg, fcfg, needs)
+
+
+def _moe_train_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8], output[3])
+    ctx.cfg = (inputs[8], inputs[9])
+
+
+def _moe_train_backward(ctx, dy, daux, dcounts, dsaved):
+    *weights, saved = ctx.saved_tensors
+    x, wr, eb, wn, w1, w3, w2, b1 = weights
+    needs = [bool(ctx.needs_input_grad[i]) and weights[i] is not None for i in _MOE_GRAD_INPUTS]
+    grads = [None] * 10
+    if not any(needs):
+        return tuple(grads)
+    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+    got = torch.ops.smelt.moe_backward_saved(x, dy, saved, wr, eb, wn, w1, w3, w2, b1, *ctx.cfg, needs)
+    for j, i in enumerate(_MOE_GRAD_INPUTS):
+        if needs[j]:
+            grads[i] = got[j]
+    return tuple(grads)
+
+
+_moe_train.register_autograd(_moe_train_backward, setup_context=_moe_train_setup)
+
+
 class MoE(torch.nn.Module):
     """A Mixture-of-Experts layer (Megatron-LM / Mixtral conventions) on
     smelt's kernels: a router wr [d_model, E] picks top_k experts per token,
@@ -1131,7 +1202,13 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
     (y, {'aux': aux, 'counts': counts}) here, not smelt.moe's full routing.
     See smelt.moe."""
     cfg = _smelt._moe_cfg(x, wr, w1, w3, top_k, _smelt._moe_opts(opts, "smelt.moe"), "smelt.moe")
-    y, aux, counts = torch.ops.smelt.moe(x, wr, expert_bias, wnoise, w1, w3, w2, b1, *_moe_cfg_split(cfg))
+    args = (x, wr, expert_bias, wnoise, w1, w3, w2, b1, *_moe_cfg_split(cfg))
+    # With a gradient to come, the forward keeps the backward's state (as
+    # autograd keeps activations); without, nothing is kept.
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:8]):
+        y, aux, counts, _ = torch.ops.smelt.moe_train(*args)
+    else:
+        y, aux, counts = torch.ops.smelt.moe(*args)
     if _stats:
         return y, aux, counts
     return (y, {"aux": aux, "counts": counts}) if return_routing else y

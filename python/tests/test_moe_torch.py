@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import smelt  # noqa: E402
 import smelt.torch as st  # noqa: E402
-from torch_common import needs_cuda, randn, rel  # noqa: E402
+from torch_common import DEVICES, needs_cuda, randn, rel  # noqa: E402
 
 F = torch.nn.functional
 
@@ -103,6 +103,40 @@ def test_moe_opcheck(gen):
     torch.library.opcheck(torch.ops.smelt.moe_backward,
                           (x, torch.ones_like(x), wr, None, None, w1, w3, w2, None, icfg, fcfg, [True] * 6 + [False]),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_moe_train_opcheck(gen):
+    x, wr, w1, w2, w3 = (t.detach() for t in params(gen, 7, 8, 4, 6, torch.float64, "cpu"))
+    cfg = smelt._moe_cfg(x, wr, w1, w3, 2, {"aux_loss_coeff": 0.01}, "test")
+    icfg, fcfg = st._moe_cfg_split(cfg)
+    torch.library.opcheck(torch.ops.smelt.moe_train, (x, wr, None, None, w1, w3, w2, None, icfg, fcfg),
+                          test_utils=("test_schema", "test_faketensor"))
+    y, aux, counts, saved = torch.ops.smelt.moe_train(x, wr, None, None, w1, w3, w2, None, icfg, fcfg)
+    assert saved.dtype == torch.uint8 and saved.numel() == 0  # the CPU keeps nothing
+    torch.library.opcheck(torch.ops.smelt.moe_backward_saved,
+                          (x, torch.ones_like(x), saved, wr, None, None, w1, w3, w2, None, icfg, fcfg,
+                           [True] * 6 + [False]),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_train_matches_recompute(gen, device):
+    """smelt.torch.moe with gradients runs smelt::moe_train (the forward
+    keeps its state) and its backward from that state: the same y, aux and
+    gradients, bit for bit, as smelt::moe's recomputing backward."""
+    dtype = torch.float64 if device == "cpu" else torch.bfloat16
+    x, wr, w1, w2, w3 = params(gen, 29, 32, 8, 48, dtype, device)
+    dy = randn(gen, (29, 32), dtype, device)
+    cfg = smelt._moe_cfg(x, wr, w1, w3, 2, {"aux_loss_coeff": 0.01, "z_loss_coeff": 0.001}, "test")
+    icfg, fcfg = st._moe_cfg_split(cfg)
+    y1, aux1, _ = torch.ops.smelt.moe(x, wr, None, None, w1, w3, w2, None, icfg, fcfg)
+    g1 = torch.autograd.grad(y1, (x, wr, w1, w2, w3), dy)
+    y2, r = smelt.torch.moe(x, wr, w1, w2, w3, top_k=2, aux_loss_coeff=0.01, z_loss_coeff=0.001,
+                            return_routing=True)
+    assert y2.grad_fn is not None and "moe_train" in type(y2.grad_fn).__name__
+    g2 = torch.autograd.grad(y2, (x, wr, w1, w2, w3), dy)
+    assert torch.equal(y1, y2) and torch.equal(aux1, r["aux"])
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
 
 
 def test_moe_compile(gen):

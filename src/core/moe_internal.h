@@ -57,6 +57,12 @@ typedef struct smelt__moe_state {
 
 #define MOE_OP "smelt_moe"
 
+/* smelt_moe_saved_bytes_for's work (src/core/op_moe.c); the CUDA layout's
+ * size (src/cuda/moe_bwd.c, which every build compiles). */
+smelt_status smelt__moe_saved_bytes_for(const smelt_moe_config *cfg, int64_t tokens, smelt_dtype x_dtype,
+                                        smelt_device_kind device, int64_t *bytes);
+size_t smelt__moe_cuda_saved_bytes(const smelt__moe_state *ms);
+
 /* The roles' names, flags and dtypes (src/core/moe_roles.c). */
 extern const smelt__role smelt__moe_roles[SMELT__MT_ROLES];
 /* x and the weights by role (NULL = absent). */

@@ -196,6 +196,32 @@ static smelt_status check_weights(smelt_ctx *ctx, const smelt_moe_weights *w, co
   return SMELT_OK;
 }
 
+/* smelt_moe_saved_bytes_for: the config resolved as a plan resolves it,
+ * T and x's dtype as x would give them, then the backend's count. */
+smelt_status smelt__moe_saved_bytes_for(const smelt_moe_config *cfg, int64_t tokens, smelt_dtype x_dtype,
+                                        smelt_device_kind device, int64_t *bytes) {
+  const char *op = MOE_OP "_saved_bytes_for";
+  if (!cfg) return smelt__error(SMELT_STATUS_NULL_POINTER, "%s: cfg is NULL", op);
+  if (device != SMELT_DEVICE_CPU && device != SMELT_DEVICE_CUDA)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: device=%d is not CPU or CUDA", op, (int)device);
+  if (x_dtype != SMELT_DTYPE_F32 && x_dtype != SMELT_DTYPE_F16 && x_dtype != SMELT_DTYPE_BF16 &&
+      x_dtype != SMELT_DTYPE_F64)
+    return smelt__error(SMELT_STATUS_DTYPE_MISMATCH, "%s: x_dtype=%s is not f32, f16, bf16 or f64", op,
+                        smelt_dtype_name(x_dtype));
+  smelt__moe_state ms;
+  smelt_status s = resolve_config(cfg, &ms);
+  if (s) return s;
+  if (tokens < 0 || tokens >= DIM_MAX)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: tokens=%lld must be in [0, 2^31)", op, (long long)tokens);
+  ms.T = tokens;
+  if ((s = smelt__mul_i64(ms.T, ms.k, &ms.rows, op, "T * top_k"))) return s;
+  if (ms.rows >= DIM_MAX)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: tokens times top_k must be < 2^31", op);
+  ms.t[SMELT__MT_X].dtype = x_dtype;
+  *bytes = device == SMELT_DEVICE_CUDA ? (int64_t)smelt__moe_cuda_saved_bytes(&ms) : 0;
+  return SMELT_OK;
+}
+
 /* ---------------------------------------------------------------- the family and the plan */
 
 static void state_free(void *p) {

@@ -143,6 +143,13 @@ smelt_status smelt_moe_saved_bytes(smelt_plan *plan, int64_t *bytes) {
   return SMELT_OK;
 }
 
+smelt_status smelt_moe_saved_bytes_for(const smelt_moe_config *cfg, int64_t tokens, smelt_dtype x_dtype,
+                                       smelt_device_kind device, int64_t *bytes) {
+  if (!bytes) return smelt__error(SMELT_STATUS_NULL_POINTER, MOE_OP "_saved_bytes_for: bytes is NULL");
+  *bytes = 0;
+  return smelt__moe_saved_bytes_for(cfg, tokens, x_dtype, device, bytes);
+}
+
 smelt_status smelt_moe_forward_save_run(smelt_plan *plan, const smelt_moe_weights *w, const smelt_tensor *x,
                                         const smelt_tensor *y, const smelt_tensor *saved,
                                         const smelt_moe_routing *routing) {

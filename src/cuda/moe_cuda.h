@@ -99,10 +99,6 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
 smelt_status smelt__moe_ffn_backward_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                          const smelt_tensor *const *t);
 
-/* The bytes of the state a saved forward keeps (smelt_moe_saved_bytes on
- * CUDA; src/cuda/moe_bwd.c lays it out). */
-size_t smelt__moe_cuda_saved_bytes(const smelt__moe_state *ms);
-
 /* ---------------------------------------------------------------- the forward's runs (op_moe.c) */
 
 /* The router's run into t's routing roles; sel (or NULL) [T, k] i32 gets
