@@ -237,6 +237,10 @@ void fz_moe(fz *f) {
     case SAVED_BYTES: {
       int64_t bytes = 0;
       FZ_CALL(s, "smelt_moe_saved_bytes", t, smelt_moe_saved_bytes(plan, fz_one_in(f, 8) ? NULL : &bytes));
+      const smelt_device_kind dev = (smelt_device_kind)(fz_u8(f) % 4);
+      FZ_CALL(s, "smelt_moe_saved_bytes_for", t,
+              smelt_moe_saved_bytes_for(cp, fz_one_in(f, 8) ? fz_size(f, 9) : T, fz_float_dtype(f), dev,
+                                        fz_one_in(f, 8) ? NULL : &bytes));
       break;
     }
     default:
