@@ -886,21 +886,27 @@ def _moe_setup(ctx, inputs, output):
     ctx.cfg = (inputs[8], inputs[9])
 
 
-def _moe_backward(ctx, dy, daux, dcounts):
-    # The aux losses' gradient is always part of it (Megatron's convention),
-    # whatever became of the aux output: daux is not read.
-    saved = ctx.saved_tensors
-    x, wr, eb, wn, w1, w3, w2, b1 = saved
-    needs = [bool(ctx.needs_input_grad[i]) and saved[i] is not None for i in _MOE_GRAD_INPUTS]
+def _moe_grads(ctx, dy, weights, backward):
+    """The inputs' gradients from smelt's backward: backward(x, dy, needs)
+    runs smelt::moe_backward or smelt::moe_backward_saved. The aux losses'
+    gradient is always part of it (Megatron's convention), whatever became
+    of the aux output: its incoming gradient is not read."""
+    x = weights[0]
+    needs = [bool(ctx.needs_input_grad[i]) and weights[i] is not None for i in _MOE_GRAD_INPUTS]
     grads = [None] * 10
     if not any(needs):
         return tuple(grads)
     dy = torch.zeros_like(x) if dy is None else dy.contiguous()
-    got = torch.ops.smelt.moe_backward(x, dy, wr, eb, wn, w1, w3, w2, b1, *ctx.cfg, needs)
+    got = backward(x, dy, needs)
     for j, i in enumerate(_MOE_GRAD_INPUTS):
         if needs[j]:
             grads[i] = got[j]
     return tuple(grads)
+
+
+def _moe_backward(ctx, dy, daux, dcounts):
+    w = ctx.saved_tensors
+    return _moe_grads(ctx, dy, w, lambda x, d, needs: torch.ops.smelt.moe_backward(x, d, *w[1:], *ctx.cfg, needs))
 
 
 _moe.register_autograd(_moe_backward, setup_context=_moe_setup)
@@ -954,18 +960,9 @@ def _moe_train_setup(ctx, inputs, output):
 
 
 def _moe_train_backward(ctx, dy, daux, dcounts, dsaved):
-    *weights, saved = ctx.saved_tensors
-    x, wr, eb, wn, w1, w3, w2, b1 = weights
-    needs = [bool(ctx.needs_input_grad[i]) and weights[i] is not None for i in _MOE_GRAD_INPUTS]
-    grads = [None] * 10
-    if not any(needs):
-        return tuple(grads)
-    dy = torch.zeros_like(x) if dy is None else dy.contiguous()
-    got = torch.ops.smelt.moe_backward_saved(x, dy, saved, wr, eb, wn, w1, w3, w2, b1, *ctx.cfg, needs)
-    for j, i in enumerate(_MOE_GRAD_INPUTS):
-        if needs[j]:
-            grads[i] = got[j]
-    return tuple(grads)
+    *w, saved = ctx.saved_tensors
+    return _moe_grads(ctx, dy, w, lambda x, d, needs: torch.ops.smelt.moe_backward_saved(x, d, saved, *w[1:], *ctx.cfg,
+                                                                                         needs))
 
 
 _moe_train.register_autograd(_moe_train_backward, setup_context=_moe_train_setup)

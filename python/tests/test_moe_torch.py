@@ -95,28 +95,19 @@ def test_moe_module(gen):
 
 
 def test_moe_opcheck(gen):
+    """The four ops' schemas and fakes: smelt::moe and its recomputing
+    backward, smelt::moe_train and the backward from its saved state."""
     x, wr, w1, w2, w3 = (t.detach() for t in params(gen, 7, 8, 4, 6, torch.float64, "cpu"))
     cfg = smelt._moe_cfg(x, wr, w1, w3, 2, {"aux_loss_coeff": 0.01}, "test")
     icfg, fcfg = st._moe_cfg_split(cfg)
-    torch.library.opcheck(torch.ops.smelt.moe, (x, wr, None, None, w1, w3, w2, None, icfg, fcfg),
-                          test_utils=("test_schema", "test_faketensor"))
-    torch.library.opcheck(torch.ops.smelt.moe_backward,
-                          (x, torch.ones_like(x), wr, None, None, w1, w3, w2, None, icfg, fcfg, [True] * 6 + [False]),
-                          test_utils=("test_schema", "test_faketensor"))
-
-
-def test_moe_train_opcheck(gen):
-    x, wr, w1, w2, w3 = (t.detach() for t in params(gen, 7, 8, 4, 6, torch.float64, "cpu"))
-    cfg = smelt._moe_cfg(x, wr, w1, w3, 2, {"aux_loss_coeff": 0.01}, "test")
-    icfg, fcfg = st._moe_cfg_split(cfg)
-    torch.library.opcheck(torch.ops.smelt.moe_train, (x, wr, None, None, w1, w3, w2, None, icfg, fcfg),
-                          test_utils=("test_schema", "test_faketensor"))
-    y, aux, counts, saved = torch.ops.smelt.moe_train(x, wr, None, None, w1, w3, w2, None, icfg, fcfg)
+    ws = (wr, None, None, w1, w3, w2, None)
+    dy, needs = torch.ones_like(x), [True] * 6 + [False]
+    _, _, _, saved = torch.ops.smelt.moe_train(x, *ws, icfg, fcfg)
     assert saved.dtype == torch.uint8 and saved.numel() == 0  # the CPU keeps nothing
-    torch.library.opcheck(torch.ops.smelt.moe_backward_saved,
-                          (x, torch.ones_like(x), saved, wr, None, None, w1, w3, w2, None, icfg, fcfg,
-                           [True] * 6 + [False]),
-                          test_utils=("test_schema", "test_faketensor"))
+    for op, args in ((torch.ops.smelt.moe, (x, *ws, icfg, fcfg)), (torch.ops.smelt.moe_train, (x, *ws, icfg, fcfg)),
+                     (torch.ops.smelt.moe_backward, (x, dy, *ws, icfg, fcfg, needs)),
+                     (torch.ops.smelt.moe_backward_saved, (x, dy, saved, *ws, icfg, fcfg, needs))):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
