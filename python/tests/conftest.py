@@ -30,7 +30,8 @@ def gen(seed):
 
 
 def pytest_runtest_makereport(item, call):
-    if call.excinfo is not None:
+    # A skip raises too: only a failure names its seed.
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
         for k, v in item.user_properties:
             if k == "seed":
                 print("\n[smelt] %s failed with SMELT_TEST_SEED=%d" % (item.nodeid, v))
