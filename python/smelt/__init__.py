@@ -1148,7 +1148,7 @@ def _moe_opts(opts, op):
 
 
 def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None, return_routing=False, out=None,
-        ctx=None, stream=None, **opts):
+        save=False, ctx=None, stream=None, **opts):
     """A Mixture-of-Experts layer (Megatron-LM / Mixtral conventions,
     smelt/moe.h): route each token to top_k experts, run their FFNs and sum
     the outputs weighted by the router.
@@ -1172,13 +1172,24 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
              and offsets [E+1] int64, dropped [1] int64 and aux [2] f32 (the
              load-balance and z losses); logits, weights and aux are f64
              for f64 x.
-    Returns y [T, d] (x's dtype), or (y, routing).
+    save:    also return the backward's state (a uint8 tensor; on CUDA the
+             routing, permuted rows and the FFN's pre-activations, on the
+             CPU empty), for smelt.moe_backward(..., saved=) to skip the
+             forward's recomputation; routing then holds aux, counts and
+             dropped only (the rest is in the state).
+    Returns y [T, d] (x's dtype), (y, routing), (y, saved) or
+    (y, routing, saved).
     """
     op = "smelt.moe"
     if _is_compiling():
+        if save:
+            raise ArgumentError("smelt.moe: save=True is for eager calls; under torch.compile, smelt.torch.moe "
+                                "keeps the state itself when a gradient will be asked for")
         return _torch_impl.moe(x, wr, w1, w2, w3, top_k=top_k, b1=b1, expert_bias=expert_bias, wnoise=wnoise,
                                return_routing=return_routing, **opts)
     cfg = _moe_cfg(x, wr, w1, w3, top_k, _moe_opts(opts, op), op)
+    if save:
+        return _moe_save(cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), out, return_routing, ctx, stream)
     outs = [True if out is None else out] + [bool(return_routing)] * 7
     if _is_numpy(x):
         np = _sys.modules["numpy"]
@@ -1192,8 +1203,26 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
     return (r[0], dict(zip(_MOE_ROUTING, r[1:]))) if return_routing else r[0]
 
 
+def _moe_save(cfg, x, weights, out, return_routing, ctx, stream):
+    """smelt.moe(..., save=True): the saved forward (_smelt.moe mode 2)."""
+    T, E = _shape(x, "x", "smelt.moe")[0], cfg[0]
+    rr = bool(return_routing)  # counts, dropped and aux; logits, ids, weights and offsets stay in the state
+    outs = [True if out is None else out, None, None, None, rr, None, rr, rr, True]
+    if _is_numpy(x):
+        np = _sys.modules["numpy"]
+        rf = np.float64 if x.dtype == np.float64 else np.float32
+        name = _DTYPE_NAMES.get(str(x.dtype), "f32")
+        made = {0: (x.shape, x.dtype), 4: ((E,), np.int64), 6: ((1,), np.int64), 7: ((2,), rf),
+                8: ((_C.moe_saved_bytes(cfg, int(T), name, False),), np.uint8)}
+        outs = [np.empty(*made[i]) if o is True else o for i, o in enumerate(outs)]
+    outs = [None if o is False else o for o in outs]
+    r = _c_moe(2, cfg, x, weights, (), tuple(outs), ctx, stream)
+    routing = {"counts": r[4], "dropped": r[6], "aux": r[7]}
+    return (r[0], routing, r[8]) if return_routing else (r[0], r[8])
+
+
 def moe_backward(dy, x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None, needs=None,
-                 out=None, ctx=None, stream=None, **opts):
+                 out=None, saved=None, ctx=None, stream=None, **opts):
     """Gradients of sum(y ∘ dy) + L_lb + L_z for smelt.moe with the same
     arguments (the aux losses' gradients are always part of it, Megatron's
     convention). The forward is recomputed from x; dropped assignments
@@ -1203,6 +1232,8 @@ def moe_backward(dy, x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None
     needs:   which gradients, among 'dx', 'dwr', 'dwnoise', 'dw1', 'dw3',
              'dw2', 'db1'; None = every one whose parameter is given.
     out:     dict of the same names to tensors to write.
+    saved:   smelt.moe(..., save=True)'s state for the same x, weights and
+             options: the forward is not run again (same gradients).
     Returns a dict name -> gradient (each shaped like what it differentiates).
     """
     op = "smelt.moe_backward"
@@ -1225,7 +1256,8 @@ def moe_backward(dy, x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None
             raise ArgumentError("%s: %s is asked for but its parameter is absent" % (op, n))
         return _sys.modules["numpy"].empty(like[n].shape, like[n].dtype) if npy else True
 
-    r = _c_moe(1, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (dy,), tuple(slot(n) for n in _MOE_GRADS),
+    mode, extra = (1, (dy,)) if saved is None else (3, (dy, saved))
+    r = _c_moe(mode, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), extra, tuple(slot(n) for n in _MOE_GRADS),
                ctx, stream)
     return {n: t for n, t in zip(_MOE_GRADS, r) if t is not None}
 from ._norm import (  # noqa: E402

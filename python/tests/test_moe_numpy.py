@@ -83,6 +83,26 @@ def test_moe_forward(rng, score, k, cap):
 
 
 @pytest.mark.parametrize("mlp", [False, True])
+def test_moe_saved(rng, mlp):
+    """save=True returns the backward's state (empty on the CPU, which
+    recomputes) and smelt.moe_backward(saved=) gives the same gradients;
+    the routing is aux, counts and dropped only."""
+    x, wr, w1, w2, w3, b1 = problem(rng, mlp=mlp)
+    opts = dict(aux_loss_coeff=0.05, z_loss_coeff=0.01)
+    y, r = smelt.moe(x, wr, w1, w2, w3, b1=b1, top_k=2, return_routing=True, **opts)
+    ys, rs, saved = smelt.moe(x, wr, w1, w2, w3, b1=b1, top_k=2, return_routing=True, save=True, **opts)
+    assert saved.dtype == np.uint8 and saved.size == 0
+    assert sorted(rs) == ["aux", "counts", "dropped"]
+    assert np.array_equal(y, ys) and all(np.array_equal(r[n], rs[n]) for n in rs)
+    y2, saved2 = smelt.moe(x, wr, w1, w2, w3, b1=b1, top_k=2, save=True, **opts)
+    assert np.array_equal(y, y2)
+    dy = rng.uniform(-1, 1, x.shape)
+    g = smelt.moe_backward(dy, x, wr, w1, w2, w3, b1=b1, top_k=2, **opts)
+    gs = smelt.moe_backward(dy, x, wr, w1, w2, w3, b1=b1, top_k=2, saved=saved2, **opts)
+    assert sorted(g) == sorted(gs) and all(np.array_equal(g[n], gs[n]) for n in g)
+
+
+@pytest.mark.parametrize("mlp", [False, True])
 def test_moe_backward_finite_differences(rng, mlp):
     x, wr, w1, w2, w3, b1 = problem(rng, mlp=mlp)
     k, opts = 2, dict(aux_loss_coeff=0.05, z_loss_coeff=0.01, activation="tanh")
