@@ -44,7 +44,8 @@ static const smelt__role roles[] = {
 
 static smelt_status check_table(const char *op, const char *name, const smelt_tensor *t, const smelt_tensor *x) {
   const int64_t D = x->shape[3];
-  if (t->ndim != 2 || t->shape[1] < 1 || 2 * t->shape[1] > D)
+  /* shape[1] > D / 2, not 2 * shape[1] > D: a huge shape must not overflow. */
+  if (t->ndim != 2 || t->shape[1] < 1 || t->shape[1] > D / 2)
     return smelt__error(SMELT_STATUS_SHAPE_MISMATCH,
                         "%s: %s must be [P, R/2] with 2 <= R <= D=%lld (got ndim=%d, shape[-1]=%lld)", op, name,
                         (long long)D, t->ndim, (long long)(t->ndim ? t->shape[t->ndim - 1] : 0));
