@@ -278,9 +278,10 @@ static void test_bad_inputs(void) {
     t.shape[1] = 9;
     REJECT(y, smelt_rotary(ctx, &d, &x.t, &t, &s.t, NULL, &y.t), SMELT_STATUS_SHAPE_MISMATCH, "cos must be [P, R/2]",
            "R <= D=16");
-    /* R/2 of 2^62: refused without 2 * R/2 overflowing (a fuzz finding). */
+    /* R/2 of 2^62 (stride 0, so its span fits): refused without 2 * R/2
+     * overflowing (a fuzz finding). */
     t = c.t;
-    t.shape[0] = 1, t.shape[1] = (int64_t)1 << 62;
+    t.shape[0] = 1, t.shape[1] = (int64_t)1 << 62, t.strides[1] = 0;
     REJECT(y, smelt_rotary(ctx, &d, &x.t, &t, &s.t, NULL, &y.t), SMELT_STATUS_SHAPE_MISMATCH, "cos must be [P, R/2]",
            "R <= D=16");
     t = c.t;
