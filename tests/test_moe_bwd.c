@@ -525,8 +525,8 @@ static void test_moe_bwd_cpu_saved(void) {
   CHECK_STATUS(smelt_moe_forward_save_run(plan, &p.w, &p.tx, &ty2, &saved, &bad), SMELT_STATUS_INVALID_ARGUMENT);
   CHECK_MSG("saved keeps them");
   CHECK(th_all_ff(y2.h, (size_t)(p.T * p.d) * smelt_dtype_size(p.xdt)));
-  int64_t c1[4], c2[4];
-  double a1[2], a2[2];
+  int64_t c1[4] = {0}, c2[4] = {0};
+  double a1[2] = {0}, a2[2] = {0}; /* aux in the routing dtype: f32 fills half */
   const smelt_tensor tc1 = host_tensor(c1, SMELT_DTYPE_I64, 1, p.E, 0, 0), tc2 = host_tensor(c2, SMELT_DTYPE_I64, 1, p.E, 0, 0),
                      ta1 = host_tensor(a1, p.rdt, 1, 2, 0, 0), ta2 = host_tensor(a2, p.rdt, 1, 2, 0, 0);
   const smelt_moe_routing r1 = {.counts = &tc1, .aux = &ta1}, r2 = {.counts = &tc2, .aux = &ta2};
