@@ -77,6 +77,10 @@ static void weight_views(void *const *bufs, smelt_tensor *t) {
   }
 }
 
+/* The timed run's products in forwards: the backward's are twice the
+ * forward's, plus the forward again unless saved. */
+static double work_factor(void) { return opt_bwd ? (opt_saved ? 2.0 : 3.0) : 1.0; }
+
 static void describe(const cli_doc *doc, cli_bench_case *c) {
   static const smelt_dtype allowed[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
   st.dt = cli_require_dtype(doc, "dtype", opt_dtype, allowed, 3);
@@ -102,8 +106,7 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   if (opt_saved) c->set_bytes += (uint64_t)(T * k * (2.0 * d + 2.0 * F) * es);
   c->fixed_bytes = (uint64_t)(st.w_bytes[W_R] + 3 * st.w_bytes[W_1]) * (uint64_t)sides;
   c->traffic_bytes = (uint64_t)(2.0 * sides * T * d * es + used * expert_bytes * sides + d * E * es);
-  /* The backward's products are twice the forward's, plus the forward again unless saved. */
-  c->flops = 2.0 * T * k * d * F * 3.0 * (opt_bwd ? (opt_saved ? 2.0 : 3.0) : 1.0);
+  c->flops = 2.0 * T * k * d * F * 3.0 * work_factor();
   snprintf(c->params_text, sizeof c->params_text, "tokens=%lld d_model=%lld ffn=%lld experts=%lld top_k=%lld dtype=%s %s",
            (long long)opt_tokens, (long long)opt_d, (long long)opt_ffn, (long long)opt_experts, (long long)opt_top_k,
            smelt_dtype_name(st.dt), opt_bwd ? (opt_saved ? "bwd saved" : "bwd") : opt_saved ? "fwd saved" : "fwd");
@@ -206,7 +209,7 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
     for (int i = 0; i < sets; i++) run_fwd(i, NULL); /* each set's state, for the saved backward */
   }
   if (opt_bwd) first_backward();
-  c->flops = 2.0 * (double)s.kept * (double)opt_d * (double)opt_ffn * 3.0 * (opt_bwd ? (opt_saved ? 2.0 : 3.0) : 1.0);
+  c->flops = 2.0 * (double)s.kept * (double)opt_d * (double)opt_ffn * 3.0 * work_factor();
   c->note_label = "routing";
   snprintf(c->note_text, sizeof c->note_text,
            "kept %lld of %lld assignments (%lld dropped); tokens per expert %lld..%lld, %lld experts empty; "

@@ -1147,6 +1147,25 @@ def _moe_opts(opts, op):
     return opts
 
 
+def _moe_fwd_outs(cfg, x, outs):
+    """The forward's outs for _smelt.moe (y, logits, ids, weights, counts,
+    offsets, dropped, aux[, saved]): False as None, and for numpy x each
+    True as a new array of the shape and dtype _smelt.moe would allocate
+    for other tensors (it allocates through the inputs' framework)."""
+    if _is_numpy(x):
+        np = _sys.modules["numpy"]
+        T, E, k = x.shape[0], cfg[0], cfg[1]
+        rf = np.float64 if x.dtype == np.float64 else np.float32
+
+        def made(i):
+            if i == 8:
+                return (_C.moe_saved_bytes(cfg, int(T), _DTYPE_NAMES.get(str(x.dtype), "f32"), False),), np.uint8
+            return [(x.shape, x.dtype), ((T, E), rf), ((T, k), np.int32), ((T, k), rf), ((E,), np.int64),
+                    ((E + 1,), np.int64), ((1,), np.int64), ((2,), rf)][i]
+        outs = [np.empty(*made(i)) if o is True else o for i, o in enumerate(outs)]
+    return tuple(None if o is False else o for o in outs)
+
+
 def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None, return_routing=False, out=None,
         save=False, ctx=None, stream=None, **opts):
     """A Mixture-of-Experts layer (Megatron-LM / Mixtral conventions,
@@ -1190,33 +1209,16 @@ def moe(x, wr, w1, w2, w3=None, *, top_k, b1=None, expert_bias=None, wnoise=None
     cfg = _moe_cfg(x, wr, w1, w3, top_k, _moe_opts(opts, op), op)
     if save:
         return _moe_save(cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), out, return_routing, ctx, stream)
-    outs = [True if out is None else out] + [bool(return_routing)] * 7
-    if _is_numpy(x):
-        np = _sys.modules["numpy"]
-        T, E, k = x.shape[0], cfg[0], cfg[1]
-        rf = np.float64 if x.dtype == np.float64 else np.float32
-        made = [(x.shape, x.dtype), ((T, E), rf), ((T, k), np.int32), ((T, k), rf), ((E,), np.int64),
-                ((E + 1,), np.int64), ((1,), np.int64), ((2,), rf)]
-        outs = [np.empty(*made[i]) if o is True else o for i, o in enumerate(outs)]
-    outs = [None if o is False else o for o in outs]
-    r = _c_moe(0, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (), tuple(outs), ctx, stream)
+    outs = _moe_fwd_outs(cfg, x, [True if out is None else out] + [bool(return_routing)] * 7)
+    r = _c_moe(0, cfg, x, (wr, expert_bias, wnoise, w1, w3, w2, b1), (), outs, ctx, stream)
     return (r[0], dict(zip(_MOE_ROUTING, r[1:]))) if return_routing else r[0]
 
 
 def _moe_save(cfg, x, weights, out, return_routing, ctx, stream):
     """smelt.moe(..., save=True): the saved forward (_smelt.moe mode 2)."""
-    T, E = _shape(x, "x", "smelt.moe")[0], cfg[0]
     rr = bool(return_routing)  # counts, dropped and aux; logits, ids, weights and offsets stay in the state
-    outs = [True if out is None else out, None, None, None, rr, None, rr, rr, True]
-    if _is_numpy(x):
-        np = _sys.modules["numpy"]
-        rf = np.float64 if x.dtype == np.float64 else np.float32
-        name = _DTYPE_NAMES.get(str(x.dtype), "f32")
-        made = {0: (x.shape, x.dtype), 4: ((E,), np.int64), 6: ((1,), np.int64), 7: ((2,), rf),
-                8: ((_C.moe_saved_bytes(cfg, int(T), name, False),), np.uint8)}
-        outs = [np.empty(*made[i]) if o is True else o for i, o in enumerate(outs)]
-    outs = [None if o is False else o for o in outs]
-    r = _c_moe(2, cfg, x, weights, (), tuple(outs), ctx, stream)
+    outs = _moe_fwd_outs(cfg, x, [True if out is None else out, None, None, None, rr, None, rr, rr, True])
+    r = _c_moe(2, cfg, x, weights, (), outs, ctx, stream)
     routing = {"counts": r[4], "dropped": r[6], "aux": r[7]}
     return (r[0], routing, r[8]) if return_routing else (r[0], r[8])
 

@@ -111,6 +111,25 @@ static smelt_status resolve_config(const smelt_moe_config *c, smelt__moe_state *
   return SMELT_OK;
 }
 
+/* T tokens: the permuted rows T·k (i32 row indices), T·E, and the noise's
+ * token numbers noise_token_offset + t for t < T, each within its range. */
+static smelt_status take_tokens(smelt__moe_state *ms, int64_t T, const char *op) {
+  smelt_status s;
+  ms->T = T;
+  if ((s = smelt__mul_i64(T, ms->k, &ms->rows, op, "T * top_k")) ||
+      (s = smelt__mul_i64(T, ms->E, &(int64_t){0}, op, "T * num_experts")))
+    return s;
+  if (ms->rows >= DIM_MAX)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: %lld tokens times top_k=%lld must be < 2^31 (i32 row indices)", op, (long long)T,
+                        (long long)ms->k);
+  if (T > 0 && ms->cfg.noise_token_offset > INT64_MAX - (T - 1))
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
+                        "%s: cfg.noise_token_offset=%lld plus %lld tokens - 1 exceeds 2^63 - 1", op,
+                        (long long)ms->cfg.noise_token_offset, (long long)T);
+  return SMELT_OK;
+}
+
 /* ---------------------------------------------------------------- weights and x */
 
 /* x and the weights by role (NULL = absent). */
@@ -167,19 +186,7 @@ static smelt_status check_weights(smelt_ctx *ctx, const smelt_moe_weights *w, co
     if (l[r] && (s = smelt__check_role(MOE_OP, &smelt__moe_roles[r], l[r], ctx))) return s;
   if (x->ndim != 2)
     return smelt__error(SMELT_STATUS_SHAPE_MISMATCH, MOE_OP ": x.ndim=%d must be 2 (x[T, d_model])", x->ndim);
-  ms->T = x->shape[0];
-  if ((s = smelt__mul_i64(ms->T, ms->k, &ms->rows, MOE_OP, "T * top_k")) ||
-      (s = smelt__mul_i64(ms->T, ms->E, &(int64_t){0}, MOE_OP, "T * num_experts")))
-    return s;
-  if (ms->rows >= DIM_MAX)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        MOE_OP ": x.shape[0]=%lld tokens times top_k=%lld must be < 2^31 (i32 row indices)",
-                        (long long)ms->T, (long long)ms->k);
-  /* The noise's token numbers, noise_token_offset + t for t < T, must not overflow. */
-  if (ms->T > 0 && ms->cfg.noise_token_offset > INT64_MAX - (ms->T - 1))
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT,
-                        MOE_OP ": cfg.noise_token_offset=%lld plus x.shape[0]=%lld tokens - 1 exceeds 2^63 - 1",
-                        (long long)ms->cfg.noise_token_offset, (long long)ms->T);
+  if ((s = take_tokens(ms, x->shape[0], MOE_OP))) return s;
   for (int r = 0; r < SMELT__MT_COUNT; r++)
     if (l[r] && (s = smelt__moe_check_shape(ms, r, l[r], x->dtype))) return s;
   if ((s = check_ffn_set(l, &ms->cfg)) || (s = check_f64(l))) return s;
@@ -211,12 +218,9 @@ smelt_status smelt__moe_saved_bytes_for(const smelt_moe_config *cfg, int64_t tok
   smelt__moe_state ms;
   smelt_status s = resolve_config(cfg, &ms);
   if (s) return s;
-  if (tokens < 0 || tokens >= DIM_MAX)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: tokens=%lld must be in [0, 2^31)", op, (long long)tokens);
-  ms.T = tokens;
-  if ((s = smelt__mul_i64(ms.T, ms.k, &ms.rows, op, "T * top_k"))) return s;
-  if (ms.rows >= DIM_MAX)
-    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: tokens times top_k must be < 2^31", op);
+  if (tokens < 0)
+    return smelt__error(SMELT_STATUS_INVALID_ARGUMENT, "%s: tokens=%lld must be >= 0", op, (long long)tokens);
+  if ((s = take_tokens(&ms, tokens, op))) return s;
   ms.t[SMELT__MT_X].dtype = x_dtype;
   *bytes = device == SMELT_DEVICE_CUDA ? (int64_t)smelt__moe_cuda_saved_bytes(&ms) : 0;
   return SMELT_OK;
