@@ -857,7 +857,7 @@ static __device__ __forceinline__ void wg_copy(u32 dst, u64 khi, i64 row0, i64 c
   const int c = tid & 15, r0 = tid >> 4;
   const smelt_h16 *tbl = (const smelt_h16 *)khi + row0 * 128 + c * 8, *src = tbl + (c0 + r0) * 128;
   const u32 d0 = dst + wg_off(r0, c, WG_CH);
-  const i64 left = ni - c0 - r0; /* this thread's rows in the dim: u < left (16 u rows on) */
+  const i64 left = ni - c0 - r0; /* the dim's rows from this thread's first: row r0 + 16 u is in when 16 u < left */
   if (c0 + WG_CH <= ni) {
 #pragma unroll
     for (int u = 0; u < WG_CH / 16; u++) cp_async16(d0 + (u32)(u * 16 * 128), src + u * 16 * 128, 16);
@@ -866,7 +866,7 @@ static __device__ __forceinline__ void wg_copy(u32 dst, u64 khi, i64 row0, i64 c
   }
 #pragma unroll
   for (int u = 0; u < WG_CH / 16; u++) {
-    const bool in = u < left; /* rows past the dim: the zero fill reads nothing; a valid address all the same */
+    const bool in = 16 * u < left; /* rows past the dim: the zero fill reads nothing; a valid address all the same */
     cp_async16(d0 + (u32)(u * 16 * 128), in ? src + u * 16 * 128 : tbl, in ? 16 : 0);
   }
   cp_async_commit();
