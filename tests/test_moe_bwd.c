@@ -548,6 +548,34 @@ static void test_moe_bwd_cpu_saved(void) {
   mp_free(&p);
 }
 
+/* The FFN backward over no rows, the rows' tensors empty with NULL data:
+ * zero weight gradients, and no offset applied to the NULL pointers (a
+ * fuzz finding: UBSan's pointer-overflow check in the weight gradients). */
+static void test_moe_bwd_cpu_ffn_empty(void) {
+  spec s = {.T = 0, .d = 8, .E = 4, .k = 2, .F = 6};
+  mp p;
+  mp_init(&p, &s);
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &plan));
+  int64_t offs[5] = {0};
+  const smelt_tensor rows = host_tensor(NULL, p.xdt, 2, 0, p.d, 0),
+                     to = host_tensor(offs, SMELT_DTYPE_I64, 1, p.E + 1, 0, 0);
+  grads g;
+  grads_new(&g, &p, th_cpu(), 0);
+  memset(g.b[G_DW1].data, 0xFF, g.b[G_DW1].bytes);
+  smelt_moe_grads gv = grads_view(&g);
+  gv.dwr = NULL;
+  CHECK_OK(smelt_moe_ffn_backward_run(plan, &p.w, &rows, &to, &rows, &gv));
+  int64_t n = 0;
+  double *dw1 = grads_read(&g, G_DW1, &n);
+  CHECK_EQ_INT(n, p.E * p.d * p.F);
+  for (int64_t i = 0; i < n; i++) CHECK(dw1[i] == 0);
+  free(dw1);
+  grads_free(&g);
+  smelt_plan_destroy(plan);
+  mp_free(&p);
+}
+
 /* The CPU reference's backward repeats bit for bit (fixed summation orders). */
 static void test_moe_bwd_cpu_repeat(void) {
   spec s = {.T = 19, .d = 12, .E = 6, .k = 2, .F = 10, .aux = 0.01, .z = 0.001, .noise = 1, .cap = 0.9,
@@ -573,6 +601,7 @@ static void test_moe_bwd_cpu_repeat(void) {
 const th_test th_tests_moe_bwd[] = {
     {"cpu_repeat", test_moe_bwd_cpu_repeat},
     {"cpu_saved", test_moe_bwd_cpu_saved},
+    {"cpu_ffn_empty", test_moe_bwd_cpu_ffn_empty},
     {"gpu_layer", test_moe_bwd_gpu_layer},
     {"gpu_router", test_moe_bwd_gpu_router},
     {"gpu_combine", test_moe_bwd_gpu_combine},

@@ -14,7 +14,8 @@
 static smelt_tensor rows_of(const smelt_tensor *t, int64_t r0, int64_t n, int transpose) {
   smelt_tensor v = *t;
   const int64_t cols = t->shape[1];
-  v.data = (char *)t->data + (size_t)(r0 * cols) * smelt_dtype_size(t->dtype);
+  /* No offset on a NULL data pointer (an empty tensor's): undefined even at 0. */
+  if (t->data) v.data = (char *)t->data + (size_t)(r0 * cols) * smelt_dtype_size(t->dtype);
   v.shape[0] = transpose ? cols : n;
   v.shape[1] = transpose ? n : cols;
   v.strides[0] = transpose ? 1 : cols;
@@ -25,7 +26,7 @@ static smelt_tensor rows_of(const smelt_tensor *t, int64_t r0, int64_t n, int tr
 /* Expert e's matrix of weights [E, a, b]. */
 static smelt_tensor expert_of(const smelt_tensor *w, int64_t e) {
   smelt_tensor v = *w;
-  v.data = (char *)w->data + (size_t)(e * w->strides[0]) * smelt_dtype_size(w->dtype);
+  if (w->data) v.data = (char *)w->data + (size_t)(e * w->strides[0]) * smelt_dtype_size(w->dtype);
   v.ndim = w->ndim - 1;
   for (int i = 0; i < v.ndim; i++) {
     v.shape[i] = w->shape[i + 1];

@@ -208,8 +208,6 @@ const smelt__nvrtc_info *smelt__nvrtc_info_get(void);
  * and, with SMELT_DUMP_SOURCE=1, the line-numbered source on stderr. */
 smelt_status smelt__nvrtc_compile(const smelt__kernel_src *src, const char *arch, void **cubin,
                                   size_t *size);
-/* The full program text NVRTC compiles (malloc'd; caller frees). */
-char *smelt__program_text(const smelt__kernel_src *src, smelt_status *st);
 /* The exact option list used for an arch (for the cache key); returns the count. */
 int smelt__nvrtc_options(const char *arch, const char **opts, int max);
 

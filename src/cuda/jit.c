@@ -47,7 +47,34 @@ static void warn_once(const char *fmt, const char *a, const char *b) {
   if (first) smelt__log(SMELT__LOG_WARN, fmt, a, b);
 }
 
+/* Each embedded file's SHA-256, computed once a process: the key hashes
+ * these digests instead of the files (some 600 KB of kernel text, which
+ * took about a millisecond a key, and a key is taken on every module
+ * lookup, one-shot calls included). */
+static uint8_t (*file_digests)[32];
+static pthread_once_t digests_once = PTHREAD_ONCE_INIT;
+static void digest_files(void) {
+  file_digests = (uint8_t(*)[32])malloc((size_t)(smelt__embedded_count ? smelt__embedded_count : 1) * 32);
+  for (int i = 0; file_digests && i < smelt__embedded_count; i++) {
+    smelt__sha256 h;
+    smelt__sha256_init(&h);
+    smelt__sha256_update(&h, smelt__embedded_files[i].text, smelt__embedded_files[i].len);
+    smelt__sha256_final(&h, file_digests[i]);
+  }
+}
+
+/* File f's text into h: its digest, or (digests unavailable) the text. */
+static void hash_file(smelt__sha256 *h, const smelt__embedded_file *f) {
+  if (file_digests) smelt__sha256_update(h, file_digests[f - smelt__embedded_files], 32);
+  else smelt__sha256_update(h, f->text, f->len);
+}
+
+/* The key covers what the compile sees: the entry format, the library
+ * version, NVRTC's version, the arch, the options, the program text (the
+ * kernel's name, prelude and body, as nvrtc.c assembles it) and every header
+ * a program may include. */
 void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[65]) {
+  pthread_once(&digests_once, digest_files);
   smelt__sha256 h;
   smelt__sha256_init(&h);
   const smelt__nvrtc_info *ni = smelt__nvrtc_info_get();
@@ -68,20 +95,20 @@ void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[6
       opts[j - 1] = t;
     }
   for (int i = 0; i < nopts; i++) smelt__sha256_update(&h, opts[i], strlen(opts[i]) + 1);
-  smelt_status st;
-  char *text = smelt__program_text(src, &st);
-  if (text) {
-    smelt__sha256_update(&h, text, strlen(text) + 1);
-    free(text);
-  } else {
-    smelt__sha256_update(&h, src->name, strlen(src->name) + 1);
+  /* The program text's parts, each ended by a NUL (none holds one). */
+  smelt__sha256_update(&h, src->name, strlen(src->name) + 1);
+  const smelt__embedded_file *body = smelt__embedded_find(src->body);
+  if (body) {
+    smelt__sha256_update(&h, src->prelude, strlen(src->prelude) + 1);
+    smelt__sha256_update(&h, src->body, strlen(src->body) + 1);
+    hash_file(&h, body);
   }
   for (int i = 0; i < smelt__embedded_count; i++) {
     const smelt__embedded_file *f = &smelt__embedded_files[i];
     size_t l = strlen(f->name);
     if (l > 4 && !strcmp(f->name + l - 4, ".cuh")) {
       smelt__sha256_update(&h, f->name, l + 1);
-      smelt__sha256_update(&h, f->text, f->len);
+      hash_file(&h, f);
     }
   }
   uint8_t d[32];

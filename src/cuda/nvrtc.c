@@ -125,8 +125,6 @@ static char *program_text(const smelt__kernel_src *src, smelt_status *st) {
   return text;
 }
 
-char *smelt__program_text(const smelt__kernel_src *src, smelt_status *st) { return program_text(src, st); }
-
 static void dump_source(const char *name, const char *text, const char *const *opts, int nopts) {
   fprintf(stderr, "smelt: source of kernel %s (options:", name);
   for (int i = 0; i < nopts; i++) fprintf(stderr, " %s", opts[i]);
