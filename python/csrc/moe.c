@@ -83,31 +83,70 @@ static void fwd_out(int i, const smelt_tensor *x, const smelt_moe_config *c, sme
   shape[1] = cols[i];
 }
 
+/* The plan cache's op id: past ops.c's enum and bem.c's. */
+enum { KEY_OP_MOE = 1100 };
+
+/* The plan's key: the config (E and d are wr's and x's shapes, which the
+ * plan must match) and the layouts of x and every weight. */
+static void plan_key(smpy_ctx *c, const smelt_moe_config *cfg, const smelt_moe_weights *w, const smelt_tensor *x,
+                     smpy_pkey *key) {
+  memset(key, 0, sizeof *key);
+  key->op = KEY_OP_MOE;
+  key->deterministic = c->deterministic;
+  key->k = cfg->ffn_dim;
+  key->f[0] = cfg->scaling_factor;
+  key->f[1] = cfg->capacity_factor;
+  key->f[2] = cfg->aux_loss_coeff;
+  key->f[3] = cfg->z_loss_coeff;
+  key->i[0] = cfg->top_k;
+  key->i[1] = cfg->num_groups;
+  key->i[2] = cfg->topk_groups;
+  key->i[3] = (int64_t)cfg->noise_seed;
+  key->i[4] = cfg->noise_token_offset;
+  /* the enums and the flag, each well under 256 */
+  key->i[5] = (int64_t)cfg->score | (int64_t)(cfg->renormalize != 0) << 8 | (int64_t)cfg->drop_policy << 16 |
+              (int64_t)cfg->ffn << 24 | (int64_t)cfg->activation << 32;
+  const smelt_tensor *t[1 + W_COUNT] = {x, w->wr, w->expert_bias, w->wnoise, w->w1, w->w3, w->w2, w->b1};
+  key->ntensors = 1 + W_COUNT;
+  for (int i = 0; i < key->ntensors; i++) {
+    if (t[i]) smpy_tkey_fill(&key->t[i], t[i]);
+    else key->t[i].ndim = -1;
+  }
+}
+
+/* Runs mode (0 forward, 1 backward, 2 saved forward, 3 saved backward) on
+ * the context's cached plan for these layouts (planned on a miss). */
 static smelt_status run(smpy_call *call, int mode, const smelt_moe_config *cfg, const smelt_moe_weights *w,
                         const smelt_tensor *x, smelt_tensor *const *o, const smelt_tensor *dy,
                         const smelt_tensor *saved) {
   smpy_ctx *c = call->ctx;
   const int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
+  smpy_pkey key;
+  plan_key(c, cfg, w, x, &key);
+  uint64_t hash;
+  smelt_plan *plan = NULL, *uncached = NULL;
   smpy_ctx_lock(c);
   smelt_status s = smpy_ctx_use_stream(c, call->stream);
+  if (!s) plan = smpy_plan_find(c, &key, &hash);
+  if (!s && !plan) {
+    /* Planning may compile kernels: let other threads run meanwhile. */
+    PyThreadState *ts = PyEval_SaveThread();
+    s = smelt_moe_plan(c->ctx, cfg, w, x, &plan);
+    PyEval_RestoreThread(ts);
+    if (!s && smpy_plan_store(c, &key, hash, plan) < 0) uncached = plan;
+  }
   if (!s) {
     PyThreadState *ts = cpu ? PyEval_SaveThread() : NULL;
     const smelt_moe_routing r = {o[O_LOGITS], o[O_IDS], o[O_WEIGHTS], o[O_COUNTS], o[O_OFFSETS], o[O_DROPPED], o[O_AUX]};
     const smelt_moe_grads g = {.dx = o[G_DX], .dwr = o[G_DWR], .dwnoise = o[G_DWNOISE], .dw1 = o[G_DW1],
                                .dw3 = o[G_DW3], .dw2 = o[G_DW2], .db1 = o[G_DB1]};
-    if (mode == 0) {
-      s = smelt_moe_forward(c->ctx, cfg, w, x, o[O_Y], o[O_LOGITS] ? &r : NULL, NULL);
-    } else if (mode == 1) {
-      s = smelt_moe_backward(c->ctx, cfg, w, x, dy, &g);
-    } else {
-      smelt_plan *plan = NULL;
-      s = smelt_moe_plan(c->ctx, cfg, w, x, &plan);
-      if (!s && mode == 2) s = smelt_moe_forward_save_run(plan, w, x, o[O_Y], o[O_SAVED], &r);
-      if (!s && mode == 3) s = smelt_moe_backward_saved_run(plan, w, x, dy, saved, &g);
-      smelt_plan_destroy(plan);
-    }
+    if (mode == 0) s = smelt_moe_forward_run(plan, w, x, o[O_Y], o[O_LOGITS] ? &r : NULL, NULL);
+    else if (mode == 1) s = smelt_moe_backward_run(plan, w, x, dy, &g);
+    else if (mode == 2) s = smelt_moe_forward_save_run(plan, w, x, o[O_Y], o[O_SAVED], &r);
+    else s = smelt_moe_backward_saved_run(plan, w, x, dy, saved, &g);
     if (ts) PyEval_RestoreThread(ts);
   }
+  if (uncached) smelt_plan_destroy(uncached);
   smpy_ctx_unlock(c);
   return s;
 }

@@ -113,4 +113,13 @@ void smelt__cpu_epi_end(const smelt__gemm_state *st, const smelt__gemm_prob *p, 
 /* The backends (smelt__cpu_gemm in src/cpu/gemm.c, smelt__cuda_gemm in
  * src/cuda/op_gemm.c) plan and run a `const smelt__gemm_args *`. */
 
+/* d = smelt_gemm(ctx, desc, a, b, c, d, bias) through the plan in *slot,
+ * made on the first call and again when a call's tensors differ from the
+ * planned ones in dtype, shape, strides or device (the caller keeps *slot,
+ * NULL at first, and destroys it; one thread at a time, as its context).
+ * desc must be the same on every call with one slot. */
+smelt_status smelt__gemm_reuse(smelt_ctx *ctx, smelt_plan **slot, const smelt_gemm_desc *desc, const smelt_tensor *a,
+                               const smelt_tensor *b, const smelt_tensor *c, const smelt_tensor *d,
+                               const smelt_tensor *bias);
+
 #endif /* SMELT_GEMM_INTERNAL_H */

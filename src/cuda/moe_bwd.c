@@ -232,7 +232,7 @@ static smelt_tensor f32_piece(smelt_ctx *ctx, layer *L, int64_t rows, int64_t co
 
 /* Through the noise's scale: z = x·Wnoise, dz = dlogits ∘ n ∘ sigmoid(z);
  * dwnoise = xᵀ·dz and dx_part += dz·Wnoiseᵀ (dx_part NULL: not wanted). */
-static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                 const smelt_tensor *const *u, const smelt_tensor *dl, const smelt_tensor *dx_part) {
   const smelt_tensor *x = u[SMELT__MT_X], *wn = u[SMELT__MT_WNOISE];
   int64_t T = ms->T;
@@ -244,7 +244,7 @@ static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, cons
                      dz = smelt__moe_device_mat(ctx, ws + zb, SMELT_DTYPE_F32, T, ms->E),
                      xt = smelt__tensor_swap_axes(x, 0, 1), wt = smelt__tensor_swap_axes(wn, 0, 1);
   smelt_gemm_desc desc = smelt_gemm_desc_default();
-  s = smelt_gemm(ctx, &desc, x, wn, NULL, &z, NULL);
+  s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_NOISE], &desc, x, wn, NULL, &z, NULL);
   if (!s) {
     const void *dld = dl->data, *zd = z.data;
     void *dzd = dz.data;
@@ -255,23 +255,25 @@ static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, cons
     const unsigned blocks = smelt__moe_grid(T * E, 256) < 4096 ? smelt__moe_grid(T * E, 256) : 4096;
     s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->noise_grad, blocks, 1, 1, 256, 0, params);
   }
-  if (!s && u[SMELT__MT_DWNOISE]) s = smelt_gemm(ctx, &desc, &xt, &dz, NULL, u[SMELT__MT_DWNOISE], NULL);
+  if (!s && u[SMELT__MT_DWNOISE])
+    s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DWNOISE], &desc, &xt, &dz, NULL, u[SMELT__MT_DWNOISE], NULL);
   desc.epilogue.beta = 1.0;
-  if (!s && dx_part) s = smelt_gemm(ctx, &desc, &dz, &wt, dx_part, dx_part, NULL);
+  if (!s && dx_part) s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DX_NOISE], &desc, &dz, &wt, dx_part, dx_part, NULL);
   smelt_status f = smelt__cuda_free(ctx, ws);
   return s ? s : f;
 }
 
 /* dwr = xᵀ·dlogits; dx = dlogits·Wrᵀ + dx_part. */
-static smelt_status router_input_grads(smelt_ctx *ctx, const smelt_tensor *const *u, const smelt_tensor *dl,
-                                       const smelt_tensor *dx_part) {
+static smelt_status router_input_grads(smelt_ctx *ctx, smelt__moe_cuda *mc, const smelt_tensor *const *u,
+                                       const smelt_tensor *dl, const smelt_tensor *dx_part) {
   const smelt_tensor xt = smelt__tensor_swap_axes(u[SMELT__MT_X], 0, 1),
                      wt = smelt__tensor_swap_axes(u[SMELT__MT_WR], 0, 1);
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   smelt_status s = SMELT_OK;
-  if (u[SMELT__MT_DWR]) s = smelt_gemm(ctx, &desc, &xt, dl, NULL, u[SMELT__MT_DWR], NULL);
+  if (u[SMELT__MT_DWR]) s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DWR], &desc, &xt, dl, NULL, u[SMELT__MT_DWR], NULL);
   desc.epilogue.beta = 1.0;
-  if (!s && u[SMELT__MT_DX]) s = smelt_gemm(ctx, &desc, dl, &wt, dx_part, u[SMELT__MT_DX], NULL);
+  if (!s && u[SMELT__MT_DX])
+    s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DX], &desc, dl, &wt, dx_part, u[SMELT__MT_DX], NULL);
   return s;
 }
 
@@ -306,7 +308,7 @@ static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms,
                  u[SMELT__MT_DWEIGHTS]->data, L->sel_counts, dl.data);
   if (!s && want_dx) s = smelt__moe_cuda_combine(ctx, ms, mc, MOE_OP "_backward_run", &dxp, rm, NULL, &dx_part);
   if (!s && u[SMELT__MT_WNOISE]) s = noise_grads(ctx, ms, mc, u, &dl, want_dx ? &dx_part : NULL);
-  return s ? s : router_input_grads(ctx, u, &dl, &dx_part);
+  return s ? s : router_input_grads(ctx, mc, u, &dl, &dx_part);
 }
 
 /* The state is carved in 256-byte pieces from saved's start. */

@@ -6,6 +6,7 @@
 #ifndef SMELT_MOE_CUDA_H
 #define SMELT_MOE_CUDA_H
 
+#include "../core/gemm_internal.h"
 #include "../core/moe_internal.h"
 #include "cuda_internal.h"
 
@@ -53,12 +54,19 @@ typedef struct smelt__moe_ffn_bwd_cuda {
   CUfunction swiglu_bwd, act, act_bwd, bias_grad;
 } smelt__moe_ffn_bwd_cuda;
 
+/* The router's GEMMs, each planned on its first run and kept
+ * (smelt__gemm_reuse): the logits x·Wr, the noise's x·Wnoise (forward and
+ * backward), and the backward's dWnoise, dx through the noise, dWr and dx. */
+enum { SMELT__MOE_G_LOGITS, SMELT__MOE_G_NOISE, SMELT__MOE_G_DWNOISE, SMELT__MOE_G_DX_NOISE, SMELT__MOE_G_DWR,
+       SMELT__MOE_G_DX, SMELT__MOE_G_COUNT };
+
 /* The backend's state (smelt__moe_state.cuda). */
 typedef struct smelt__moe_cuda {
   CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
   CUfunction probs_list, probs_rank, unpermute_bwd, add, route_bwd, noise_grad;
   smelt__moe_ffn_cuda ffn;     /* planned when the plan has the expert weights */
   smelt__moe_ffn_bwd_cuda bwd; /* its functions loaded with ffn, its plans on the first backward */
+  smelt_plan *gemm[SMELT__MOE_G_COUNT];
 } smelt__moe_cuda;
 
 /* ---------------------------------------------------------------- the FFN's backward (moe_ffn_bwd.c) */
@@ -104,7 +112,7 @@ smelt_status smelt__moe_ffn_backward_run(smelt_ctx *ctx, const smelt__moe_state 
 /* The router's run into t's routing roles; sel (or NULL) [T, k] i32 gets
  * the selections before capacity drops and sel_counts (or NULL) [E] i32
  * their counts, followed by E+1 ints of scratch. */
-smelt_status smelt__moe_cuda_route(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+smelt_status smelt__moe_cuda_route(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                    const smelt_tensor *const *t, int *sel, int *sel_counts);
 /* Ids [T, k] i32 with capacity: dropped assignments get id -1 and weight 0
  * (the config's policy; w [T, k] f32). */

@@ -16,8 +16,10 @@ static const int route_items[] = {8, 32};
 
 static void moe_cuda_free(void *p) {
   smelt__moe_cuda *mc = (smelt__moe_cuda *)p;
-  if (mc) smelt__moe_ffn_bwd_free(&mc->bwd);
-  if (mc) smelt__moe_ffn_free(&mc->ffn);
+  if (!mc) return;
+  smelt__moe_ffn_bwd_free(&mc->bwd);
+  smelt__moe_ffn_free(&mc->ffn);
+  for (int i = 0; i < SMELT__MOE_G_COUNT; i++) smelt_plan_destroy(mc->gemm[i]);
   free(mc);
 }
 
@@ -184,14 +186,15 @@ smelt_status smelt__moe_cuda_select(smelt_ctx *ctx, const smelt__moe_state *ms, 
 
 /* logits = x·Wr (+ n · softplus(x·Wnoise)), ids and weights; lse (or NULL)
  * each token's logsumexp. T > 0. */
-static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+static smelt_status route_tokens(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                  const smelt_tensor *const *t, double *lse) {
   const smelt_gemm_desc desc = smelt_gemm_desc_default();
   void *z = NULL;
-  smelt_status s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL, t[SMELT__MT_LOGITS], NULL);
+  smelt_status s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_LOGITS], &desc, t[SMELT__MT_X], t[SMELT__MT_WR], NULL,
+                                     t[SMELT__MT_LOGITS], NULL);
   if (!s && t[SMELT__MT_WNOISE] && !(s = smelt__cuda_alloc(ctx, (size_t)(ms->T * ms->E) * 4, &z))) {
     const smelt_tensor zt = smelt__moe_device_mat(ctx, z, SMELT_DTYPE_F32, ms->T, ms->E);
-    s = smelt_gemm(ctx, &desc, t[SMELT__MT_X], t[SMELT__MT_WNOISE], NULL, &zt, NULL);
+    s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_NOISE], &desc, t[SMELT__MT_X], t[SMELT__MT_WNOISE], NULL, &zt, NULL);
   }
   if (!s)
     s = smelt__moe_cuda_select(ctx, ms, mc, t[SMELT__MT_LOGITS]->data, z, t[SMELT__MT_BIAS], t[SMELT__MT_IDS]->data,
@@ -231,7 +234,7 @@ smelt_status smelt__moe_cuda_aux_values(smelt_ctx *ctx, const smelt__moe_state *
 }
 
 /* The router: tokens, aux losses (before drops), capacity, counts. */
-smelt_status smelt__moe_cuda_route(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+smelt_status smelt__moe_cuda_route(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                    const smelt_tensor *const *t, int *sel, int *sel_counts) {
   smelt_status s = route_checks(t);
   if (s) return s;
