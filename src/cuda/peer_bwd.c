@@ -146,7 +146,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt__peer_varia
                                        const smelt_tensor *x, const smelt_tensor *ids, const smelt_tensor *dy,
                                        const smelt_peer_grads *g) {
   const smelt__peer_state *ps = (const smelt__peer_state *)plan->opdata;
-  const smelt__peer_cuda *pc = (const smelt__peer_cuda *)ps->cuda;
+  smelt__peer_cuda *pc = (smelt__peer_cuda *)ps->cuda;
   smelt_ctx *ctx = plan->ctx;
   const int64_t T = ps->T, h = ps->h, k = ps->k, hd = h * ps->dq, nuse = T * h * k;
   const int want_norm = g->dnorm_weight || g->dnorm_bias;
@@ -235,7 +235,7 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt__peer_varia
     wqt.strides[1] = w->wq->strides[0];
     smelt_gemm_desc d = smelt_gemm_desc_default();
     d.epilogue.beta = 1.0;
-    s = smelt_gemm(ctx, &d, dx16 ? &dq16t : &dqt, &wqt, &dxe, g->dx, NULL);
+    s = smelt__gemm_reuse(ctx, &pc->gemm_dx, &d, dx16 ? &dq16t : &dqt, &wqt, &dxe, g->dx, NULL);
   }
   if (!s && g->dwq) { /* dWq = xᵀ dq */
     smelt_tensor xt = *x;
@@ -243,7 +243,8 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt__peer_varia
     xt.shape[1] = x->shape[0];
     xt.strides[0] = x->strides[1];
     xt.strides[1] = x->strides[0];
-    s = smelt_gemm(ctx, NULL, &xt, dwq16 ? &dq16t : &dqt, NULL, g->dwq, NULL);
+    const smelt_gemm_desc d = smelt_gemm_desc_default();
+    s = smelt__gemm_reuse(ctx, &pc->gemm_dwq, &d, &xt, dwq16 ? &dq16t : &dqt, NULL, g->dwq, NULL);
   }
   if (!s && g->dbq) s = colsum(ctx, &pc->util, r[W_DQ], T, hd, r[W_PART], g->dbq);
   if (!s && want_norm) { /* [h, dq] params sum over tokens; [dq] ones over tokens and heads */

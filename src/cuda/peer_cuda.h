@@ -6,6 +6,7 @@
 #ifndef SMELT_PEER_CUDA_H
 #define SMELT_PEER_CUDA_H
 
+#include "../core/gemm_internal.h"
 #include "../core/peer_internal.h"
 #include "cuda_internal.h"
 
@@ -143,6 +144,7 @@ typedef struct smelt__peer_cuda {
   unsigned rbwd_smem;
   smelt_plan *gemm_q;     /* q = x Wq + bq; NULL when T = 0 */
   int wq_t;               /* gemm_q multiplies by a K-major copy of Wq */
+  smelt_plan *gemm_dx, *gemm_dwq; /* the backward's dx += dq Wqᵀ and dWq = xᵀ dq (smelt__gemm_reuse) */
   /* by facts: the planned one and those runs' pointers asked for (fwd.name NULL until selected) */
   smelt__peer_variant v[SMELT__PEER_MAX_VARIANTS];
   int planned; /* v's index of the planned variant */

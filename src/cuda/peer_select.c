@@ -561,6 +561,8 @@ static void peer_cuda_free(void *p) {
   smelt__peer_cuda *pc = (smelt__peer_cuda *)p;
   if (!pc) return;
   smelt_plan_destroy(pc->gemm_q);
+  smelt_plan_destroy(pc->gemm_dx);
+  smelt_plan_destroy(pc->gemm_dwq);
   free(pc);
 }
 
