@@ -239,39 +239,42 @@ static __device__ __forceinline__ void store8(void *p, int dt, i64 i, const floa
   *(uint4 *)((smelt_h16 *)p + i) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* yp [T·k, d] contiguous; row_map, w [T, k] (w NULL: 1); y rows of y_stride elements. */
+/* yp [T·k, d] contiguous; row_map, w [T, k] (w NULL: 1); y rows of y_stride
+ * elements. A warp a token's slice of UNPERMUTE_SLICE columns (grid: T times
+ * the slices, 8 warps a block): by whole rows, a decode step's one token
+ * was one warp looping over d (15 us at d 4096; docs/PERF.md, MoE). */
+#define UNPERMUTE_SLICE 256
 extern "C" __global__ void moe_unpermute(const void *yp, int yp_dt, const int *row_map, const float *w, void *y,
                                          int y_dt, i64 T, int k, int d, i64 y_stride, int vec) {
-  const int lane = threadIdx.x & 31;
-  const i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, slices = (d + UNPERMUTE_SLICE - 1) / UNPERMUTE_SLICE;
+  const i64 gw = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), t = gw / slices;
   if (t >= T) return;
+  const int c_lo = (int)(gw % slices) * UNPERMUTE_SLICE, c_hi = min(d, c_lo + UNPERMUTE_SLICE);
   const int my_row = lane < k ? row_map[t * k + lane] : -1;
   const float my_w = lane < k ? (w ? w[t * k + lane] : 1.f) : 0.f;
-  if (vec) { /* d, y_stride multiples of 8, yp and y 16-byte aligned */
-    for (int c0 = 0; c0 < d; c0 += 32 * 8) { /* the same trip count in every lane: the shuffles */
-      const int c = c0 + lane * 8;
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, v[8];
-      for (int i = 0; i < k; i++) {
-        const int r = __shfl_sync(FULL, my_row, i);
-        const float wi = __shfl_sync(FULL, my_w, i);
-        if (c >= d || r < 0 || r >= T * k) continue;
-        load8(yp, yp_dt, (i64)r * d + c, v);
+  if (vec) { /* d, y_stride multiples of 8, yp and y 16-byte aligned; the slice is one round of 8 a lane */
+    const int c = c_lo + lane * 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, v[8];
+    for (int i = 0; i < k; i++) {
+      const int r = __shfl_sync(FULL, my_row, i);
+      const float wi = __shfl_sync(FULL, my_w, i);
+      if (c >= c_hi || r < 0 || r >= T * k) continue;
+      load8(yp, yp_dt, (i64)r * d + c, v);
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc[j] += wi * v[j];
-      }
-      if (c < d) store8(y, y_dt, t * y_stride + c, acc);
+      for (int j = 0; j < 8; j++) acc[j] += wi * v[j];
     }
+    if (c < c_hi) store8(y, y_dt, t * y_stride + c, acc);
     return;
   }
-  for (int c0 = 0; c0 < d; c0 += 32) {
+  for (int c0 = c_lo; c0 < c_hi; c0 += 32) { /* the same trip count in every lane: the shuffles */
     const int c = c0 + lane;
     float acc = 0.f;
     for (int i = 0; i < k; i++) {
       const int r = __shfl_sync(FULL, my_row, i);
       const float wi = __shfl_sync(FULL, my_w, i);
-      if (r >= 0 && r < T * k && c < d) acc += wi * load_any(yp, yp_dt, (i64)r * d + c);
+      if (r >= 0 && r < T * k && c < c_hi) acc += wi * load_any(yp, yp_dt, (i64)r * d + c);
     }
-    if (c < d) store_any(y, y_dt, t * y_stride + c, acc);
+    if (c < c_hi) store_any(y, y_dt, t * y_stride + c, acc);
   }
 }
 

@@ -1312,6 +1312,51 @@ static void test_gpu_sm90(void) {
   th_buf_free(&D);
 }
 
+/* A plain GEMM whose tiles would busy at most an eighth of the SMs splits K
+ * on its own (a MoE router's logits: 1 x 8 x 4096, bf16 into f32), and its
+ * result is exact on small integers. */
+static void test_gpu_sm90_few_tiles_split(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
+  const int di_ = smelt_ctx_device_index(cu);
+  const int64_t M = 1, N = 8, K = 4096;
+  uint16_t *ha = malloc((size_t)(M * K) * 2), *hb = malloc((size_t)(K * N) * 2);
+  double want[8] = {0};
+  for (int64_t k = 0; k < K; k++) {
+    const int av = (int)(k % 5) - 2;
+    ha[k] = smelt_f32_to_bf16((float)av);
+    for (int64_t n = 0; n < N; n++) {
+      const int bv = (int)((k * 3 + n) % 7) - 3;
+      hb[k * N + n] = smelt_f32_to_bf16((float)bv);
+      want[n] += av * bv;
+    }
+  }
+  th_buf A = th_buf_new(cu, (size_t)(M * K) * 2), B = th_buf_new(cu, (size_t)(K * N) * 2), D = th_buf_new(cu, (size_t)(M * N) * 4);
+  th_buf_upload(&A, ha, (size_t)(M * K) * 2);
+  th_buf_upload(&B, hb, (size_t)(K * N) * 2);
+  int64_t sa[2] = {M, K}, sb[2] = {K, N}, sd[2] = {M, N};
+  smelt_tensor ta = smelt_tensor_make(A.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di_, 2, sa),
+               tb = smelt_tensor_make(B.data, SMELT_DTYPE_BF16, SMELT_DEVICE_CUDA, di_, 2, sb),
+               td = smelt_tensor_make(D.data, SMELT_DTYPE_F32, SMELT_DEVICE_CUDA, di_, 2, sd);
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_gemm_plan(cu, NULL, &ta, &tb, NULL, &td, NULL, &plan));
+  if (plan) {
+    CHECK(strstr(smelt_plan_describe(plan), "gemm_sm90") != NULL);
+    CHECK(strstr(smelt_plan_describe(plan), "split-K parallel") != NULL);
+    CHECK_OK(smelt_gemm_run(plan, &ta, &tb, NULL, &td, NULL));
+    float got[8];
+    th_buf_download(&D, got, sizeof got);
+    for (int n = 0; n < 8; n++) CHECK(got[n] == (float)want[n]);
+  }
+  smelt_plan_destroy(plan);
+  th_buf_free(&A);
+  th_buf_free(&B);
+  th_buf_free(&D);
+  free(ha);
+  free(hb);
+}
+
 /* Clusters with TMA multicast (kernels/gemm_sm90.cu), asked for through
  * desc.tile.cluster_m / cluster_n. */
 /* The split tail on the Hopper kernel (plain runs, cooperative tiles):
@@ -2357,6 +2402,7 @@ const th_test th_tests_gemm[] = {
     {"gpu_sm90", test_gpu_sm90},
     {"gpu_sm90_layouts", test_gpu_sm90_layouts},
     {"gpu_sm90_split_tail", test_gpu_sm90_split_tail},
+    {"gpu_sm90_few_tiles_split", test_gpu_sm90_few_tiles_split},
     {"gpu_sm90_batched", test_gpu_sm90_batched},
     {"gpu_sm90_cluster", test_gpu_sm90_cluster},
     {"gpu_sm90_act16", test_gpu_sm90_act16},

@@ -42,6 +42,16 @@ static int choose_split(const smelt__gemm_kernel *k, int64_t m, int64_t n, int64
   return s < 2 ? 1 : (int)s;
 }
 
+/* The Hopper kernel's own split of a plain GEMM: choose_split's when its
+ * tiles fill at most an eighth of the SMs and it runs split as well. */
+static int sm90_auto_split(const smelt__gemm_state *st, const smelt__gemm_kernel *k, const smelt__gemm_facts *f,
+                           int sm_count) {
+  if (8 * smelt__ceil_div(f->m, k->bm) * smelt__ceil_div(f->n, k->bn) > sm_count) return 1;
+  smelt__gemm_state split = *st;
+  split.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
+  return smelt__gemm_fits(k, &split, f) ? choose_split(k, f->m, f->n, f->k, sm_count) : 1;
+}
+
 /* K per slice: a whole number of the kernel's K tiles. */
 static int64_t k_slice_of(const smelt__gemm_kernel *k, int64_t kk, int splits) {
   int64_t s = smelt__ceil_div(smelt__ceil_div(kk, splits), k->bk) * k->bk;
@@ -164,12 +174,14 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
   if (cp->split_k == 0) {
     /* AUTO left it open (a plain GEMM may become a parallel split) or a
      * split mode asked us to choose (a tuning record's split comes first).
-     * The persistent Hopper kernel does not split by itself: a skinny M in
-     * two or four slices plus gemm_reduce ran slower than unsplit on fewer
-     * SMs (docs/PERF.md, GEMM: decisions, third round); a split mode asked
-     * for gets choose_split's slices. */
+     * The persistent Hopper kernel splits by itself only when its tiles
+     * would busy at most an eighth of the SMs (a MoE router's logits, 1 x 8
+     * x 4096: 26.7 -> 13.5 us in 4 slices); a skinny M on 64 SMs in two or
+     * four slices plus gemm_reduce ran slower than unsplit (docs/PERF.md,
+     * GEMM: decisions, third round); a split mode asked for gets
+     * choose_split's slices. */
     cp->split_k = tuned_split                                 ? tuned_split
-                  : k->fam == SMELT__GK_SM90 && !split_mode ? 1
+                  : k->fam == SMELT__GK_SM90 && !split_mode ? sm90_auto_split(st, k, &f, dev->sm_count)
                                                             : choose_split(k, f.m, f.n, f.k, dev->sm_count);
     if (!split_mode && cp->split_k > 1) cp->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   }

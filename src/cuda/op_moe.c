@@ -304,7 +304,9 @@ smelt_status smelt__moe_cuda_combine(smelt_ctx *ctx, const smelt__moe_state *ms,
   /* 8 columns a lane: rows of whole 16-byte units of both, both 16-byte aligned. */
   int vec = d % 8 == 0 && ys % 8 == 0 && (uintptr_t)ypd % 16 == 0 && (uintptr_t)yd % 16 == 0;
   void *params[] = {&ypd, &ypdt, &rm, &wd, &yd, &ydt, &T, &k, &d, &ys, &vec};
-  return smelt__cuda_launch(ctx, op, mc->unpermute, smelt__moe_grid(T, 8), 1, 1, 256, 0, params);
+  /* a warp a token's 256 columns (kernels/moe_permute.cu's UNPERMUTE_SLICE), 8 warps a block */
+  return smelt__cuda_launch(ctx, op, mc->unpermute, smelt__moe_grid(T * smelt__ceil_div(d, 256), 8), 1, 1, 256, 0,
+                            params);
 }
 
 static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
