@@ -499,6 +499,19 @@ static void bad_free(bad_env *e) {
           th_buf_untouched(&(env).mean.b) && th_buf_untouched(&(env).rstd.b));           \
   } while (0)
 
+/* No rows of a huge width (valid: no memory): the CPU backward's column
+ * sums of 2 C doubles are refused as an overflow, not computed with a
+ * wrapped 2 C (a fuzz finding: UBSan's signed overflow). */
+static void test_bwd_empty_wide(void) {
+  const int64_t C = INT64_MAX - 1, shape[2] = {0, C}, one[1] = {0};
+  const smelt_tensor dy = smelt_tensor_make(NULL, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 2, shape),
+                     st = smelt_tensor_make(NULL, SMELT_DTYPE_F32, SMELT_DEVICE_CPU, 0, 1, one);
+  const smelt_norm_desc rms = {SMELT_NORM_RMS, 1e-5f};
+  const smelt_status s = smelt_norm_bwd(th_cpu(), &rms, &dy, &dy, NULL, NULL, &st, NULL, &dy, NULL, NULL);
+  CHECK_EQ_INT(s, SMELT_STATUS_OVERFLOW);
+  CHECK_MSG("column sums");
+}
+
 static void test_bad_inputs(void) {
   FOR_EACH_BACKEND(ctx) {
     bad_env e = bad_new(ctx);
@@ -655,6 +668,7 @@ const th_test th_tests_norm_bwd[] = {
     {"values", test_bwd_values},
     {"repeatable", test_bwd_repeatable},
     {"gradient_check", test_gradient_check},
+    {"empty_wide", test_bwd_empty_wide},
     {0, 0},
 };
 

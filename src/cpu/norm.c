@@ -88,7 +88,7 @@ static smelt_status run_bwd(smelt_plan *plan, const void *args) {
   const int64_t C = dy->shape[dy->ndim - 1], rows = smelt_tensor_numel(dy) / C;
   (void)plan;
   size_t bytes = 0;
-  smelt_status s = smelt__bytes(2 * C, sizeof(double), &bytes, "smelt_norm_bwd", "the column sums");
+  smelt_status s = smelt__bytes(C, 2 * sizeof(double), &bytes, "smelt_norm_bwd", "the column sums");
   if (s) return s;
   double *dw = (double *)calloc((size_t)C * 2, sizeof(double)), *db = dw + C;
   if (!dw) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_norm_bwd: out of host memory for the column sums");
