@@ -349,3 +349,16 @@ extern "C" __global__ void moe_noise_grad(const float *dl, const float *z, float
     dz[i] = dl[i] * normal(seed, token0 + t, e) / (1.f + expf(-z[i]));
   }
 }
+
+/* hi, lo [n] bf16 = src [n] f32 as hi + lo: hi its rounding, lo the
+ * rounding of the rest (16 of f32's 24 bits, ~4e-6 relative). The router's
+ * f32 gradients so split meet 16-bit x and Wr on tensor cores (src/cuda/
+ * moe_bwd.c: two products instead of one mixed, SIMT one). */
+extern "C" __global__ void moe_split_bf16(const float *src, smelt_h16 *hi, smelt_h16 *lo, i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    const float v = src[i];
+    const smelt_h16 h = smelt_f32_to_bf16(v);
+    hi[i] = h;
+    lo[i] = smelt_f32_to_bf16(v - smelt_bf16_to_f32(h));
+  }
+}

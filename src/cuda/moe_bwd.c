@@ -230,6 +230,47 @@ static smelt_tensor f32_piece(smelt_ctx *ctx, layer *L, int64_t rows, int64_t co
   return smelt__moe_device_mat(ctx, piece(&L->c, rows * cols, 4), SMELT_DTYPE_F32, rows, cols);
 }
 
+/* Through W [d, E] (Wr, or Wnoise: set 1) with the f32 gradient g [T, E]
+ * of x·W: dw = xᵀ·g (dw NULL: not wanted) and out = g·Wᵀ + acc (out NULL:
+ * not wanted; acc f32 [T, d], which may be out). With x and W bf16, g split
+ * into bf16 hi + lo (moe_split_bf16) takes both onto tensor cores, two
+ * products each, the first hi's into f32 (acc itself, in place) and the
+ * second lo's on top; mixed bf16 x f32 operands took the engine's SIMT
+ * kernel (0.77 of the 11.4 ms E8 backward). Else one product each. */
+static smelt_status grad_products(smelt_ctx *ctx, smelt__moe_cuda *mc, int set, const smelt_tensor *x,
+                                  const smelt_tensor *w, const smelt_tensor *g, const smelt_tensor *dw,
+                                  const smelt_tensor *acc, const smelt_tensor *out) {
+  smelt_plan **pl = mc->grad_gemm[set];
+  const smelt_tensor xt = smelt__tensor_swap_axes(x, 0, 1), wt = smelt__tensor_swap_axes(w, 0, 1);
+  smelt_gemm_desc plain = smelt_gemm_desc_default(), add = plain;
+  add.epilogue.beta = 1.0;
+  smelt_status s = SMELT_OK;
+  if (x->dtype != SMELT_DTYPE_BF16 || w->dtype != SMELT_DTYPE_BF16) {
+    if (dw) s = smelt__gemm_reuse(ctx, &pl[SMELT__MOE_GG_DW], &plain, &xt, g, NULL, dw, NULL);
+    if (!s && out) s = smelt__gemm_reuse(ctx, &pl[SMELT__MOE_GG_D], &add, g, &wt, acc, out, NULL);
+    return s;
+  }
+  const int64_t T = g->shape[0], E = g->shape[1], d = x->shape[1];
+  const size_t hb = smelt__moe_block_bytes(T * E, 2);
+  char *ws = NULL;
+  if ((s = smelt__cuda_alloc(ctx, 2 * hb + (dw ? smelt__moe_block_bytes(d * E, 4) : 0), (void **)&ws))) return s;
+  const smelt_tensor hi = smelt__moe_device_mat(ctx, ws, SMELT_DTYPE_BF16, T, E),
+                     lo = smelt__moe_device_mat(ctx, ws + hb, SMELT_DTYPE_BF16, T, E),
+                     tmp = smelt__moe_device_mat(ctx, ws + 2 * hb, SMELT_DTYPE_F32, d, E);
+  const void *gd = g->data;
+  void *hd = hi.data, *ld = lo.data;
+  int64_t n = T * E;
+  void *params[] = {&gd, &hd, &ld, &n};
+  const unsigned blocks = smelt__moe_grid(n, 256) < 1024 ? smelt__moe_grid(n, 256) : 1024;
+  s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->split_bf16, blocks, 1, 1, 256, 0, params);
+  if (!s && dw && !(s = smelt__gemm_reuse(ctx, &pl[SMELT__MOE_GG_DW_HI], &plain, &xt, &hi, NULL, &tmp, NULL)))
+    s = smelt__gemm_reuse(ctx, &pl[SMELT__MOE_GG_DW_LO], &add, &xt, &lo, &tmp, dw, NULL);
+  if (!s && out && !(s = smelt__gemm_reuse(ctx, &pl[SMELT__MOE_GG_D_HI], &add, &hi, &wt, acc, acc, NULL)))
+    s = smelt__gemm_reuse(ctx, &pl[SMELT__MOE_GG_D_LO], &add, &lo, &wt, acc, out, NULL);
+  smelt_status f = smelt__cuda_free(ctx, ws);
+  return s ? s : f;
+}
+
 /* Through the noise's scale: z = x·Wnoise, dz = dlogits ∘ n ∘ sigmoid(z);
  * dwnoise = xᵀ·dz and dx_part += dz·Wnoiseᵀ (dx_part NULL: not wanted). */
 static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
@@ -241,8 +282,7 @@ static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, smel
   smelt_status s = smelt__cuda_alloc(ctx, 2 * zb, (void **)&ws);
   if (s) return s;
   const smelt_tensor z = smelt__moe_device_mat(ctx, ws, SMELT_DTYPE_F32, T, ms->E),
-                     dz = smelt__moe_device_mat(ctx, ws + zb, SMELT_DTYPE_F32, T, ms->E),
-                     xt = smelt__tensor_swap_axes(x, 0, 1), wt = smelt__tensor_swap_axes(wn, 0, 1);
+                     dz = smelt__moe_device_mat(ctx, ws + zb, SMELT_DTYPE_F32, T, ms->E);
   smelt_gemm_desc desc = smelt_gemm_desc_default();
   s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_NOISE], &desc, x, wn, NULL, &z, NULL);
   if (!s) {
@@ -255,26 +295,9 @@ static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, smel
     const unsigned blocks = smelt__moe_grid(T * E, 256) < 4096 ? smelt__moe_grid(T * E, 256) : 4096;
     s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->noise_grad, blocks, 1, 1, 256, 0, params);
   }
-  if (!s && u[SMELT__MT_DWNOISE])
-    s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DWNOISE], &desc, &xt, &dz, NULL, u[SMELT__MT_DWNOISE], NULL);
-  desc.epilogue.beta = 1.0;
-  if (!s && dx_part) s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DX_NOISE], &desc, &dz, &wt, dx_part, dx_part, NULL);
+  if (!s) s = grad_products(ctx, mc, 1, x, wn, &dz, u[SMELT__MT_DWNOISE], dx_part, dx_part);
   smelt_status f = smelt__cuda_free(ctx, ws);
   return s ? s : f;
-}
-
-/* dwr = xᵀ·dlogits; dx = dlogits·Wrᵀ + dx_part. */
-static smelt_status router_input_grads(smelt_ctx *ctx, smelt__moe_cuda *mc, const smelt_tensor *const *u,
-                                       const smelt_tensor *dl, const smelt_tensor *dx_part) {
-  const smelt_tensor xt = smelt__tensor_swap_axes(u[SMELT__MT_X], 0, 1),
-                     wt = smelt__tensor_swap_axes(u[SMELT__MT_WR], 0, 1);
-  smelt_gemm_desc desc = smelt_gemm_desc_default();
-  smelt_status s = SMELT_OK;
-  if (u[SMELT__MT_DWR]) s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DWR], &desc, &xt, dl, NULL, u[SMELT__MT_DWR], NULL);
-  desc.epilogue.beta = 1.0;
-  if (!s && u[SMELT__MT_DX])
-    s = smelt__gemm_reuse(ctx, &mc->gemm[SMELT__MOE_G_DX], &desc, dl, &wt, dx_part, u[SMELT__MT_DX], NULL);
-  return s;
 }
 
 /* Forward again to yp, keeping what the backward needs. */
@@ -308,7 +331,7 @@ static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms,
                  u[SMELT__MT_DWEIGHTS]->data, L->sel_counts, dl.data);
   if (!s && want_dx) s = smelt__moe_cuda_combine(ctx, ms, mc, MOE_OP "_backward_run", &dxp, rm, NULL, &dx_part);
   if (!s && u[SMELT__MT_WNOISE]) s = noise_grads(ctx, ms, mc, u, &dl, want_dx ? &dx_part : NULL);
-  return s ? s : router_input_grads(ctx, mc, u, &dl, &dx_part);
+  return s ? s : grad_products(ctx, mc, 0, u[SMELT__MT_X], u[SMELT__MT_WR], &dl, u[SMELT__MT_DWR], &dx_part, u[SMELT__MT_DX]);
 }
 
 /* The state is carved in 256-byte pieces from saved's start. */

@@ -55,10 +55,14 @@ typedef struct smelt__moe_ffn_bwd_cuda {
 } smelt__moe_ffn_bwd_cuda;
 
 /* The router's GEMMs, each planned on its first run and kept
- * (smelt__gemm_reuse): the logits x·Wr, the noise's x·Wnoise (forward and
- * backward), and the backward's dWnoise, dx through the noise, dWr and dx. */
-enum { SMELT__MOE_G_LOGITS, SMELT__MOE_G_NOISE, SMELT__MOE_G_DWNOISE, SMELT__MOE_G_DX_NOISE, SMELT__MOE_G_DWR,
-       SMELT__MOE_G_DX, SMELT__MOE_G_COUNT };
+ * (smelt__gemm_reuse): the logits x·Wr and the noise's x·Wnoise (forward
+ * and backward); and the backward's products with an f32 gradient g
+ * (dlogits through Wr, dz through Wnoise: src/cuda/moe_bwd.c's
+ * grad_products), dW = xᵀ·g and g·Wᵀ, in one product each (GG_DW, GG_D) or,
+ * g split into bf16 hi + lo, in two (the _HI and _LO ones). */
+enum { SMELT__MOE_G_LOGITS, SMELT__MOE_G_NOISE, SMELT__MOE_G_COUNT };
+enum { SMELT__MOE_GG_DW, SMELT__MOE_GG_D, SMELT__MOE_GG_DW_HI, SMELT__MOE_GG_DW_LO, SMELT__MOE_GG_D_HI,
+       SMELT__MOE_GG_D_LO, SMELT__MOE_GG_COUNT };
 
 /* The backend's state (smelt__moe_state.cuda). */
 typedef struct smelt__moe_cuda {
@@ -67,6 +71,8 @@ typedef struct smelt__moe_cuda {
   smelt__moe_ffn_cuda ffn;     /* planned when the plan has the expert weights */
   smelt__moe_ffn_bwd_cuda bwd; /* its functions loaded with ffn, its plans on the first backward */
   smelt_plan *gemm[SMELT__MOE_G_COUNT];
+  smelt_plan *grad_gemm[2][SMELT__MOE_GG_COUNT]; /* [0] through Wr, [1] through Wnoise */
+  CUfunction split_bf16;
 } smelt__moe_cuda;
 
 /* ---------------------------------------------------------------- the FFN's backward (moe_ffn_bwd.c) */

@@ -20,6 +20,7 @@ static void moe_cuda_free(void *p) {
   smelt__moe_ffn_bwd_free(&mc->bwd);
   smelt__moe_ffn_free(&mc->ffn);
   for (int i = 0; i < SMELT__MOE_G_COUNT; i++) smelt_plan_destroy(mc->gemm[i]);
+  for (int i = 0; i < 2 * SMELT__MOE_GG_COUNT; i++) smelt_plan_destroy(mc->grad_gemm[i / SMELT__MOE_GG_COUNT][i % SMELT__MOE_GG_COUNT]);
   free(mc);
 }
 
@@ -81,7 +82,8 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute_bwd", &mc->unpermute_bwd)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_add", &mc->add)) ||
       (s = smelt__cuda_function(plan->ctx, &route, "moe_route_bwd", &mc->route_bwd)) ||
-      (s = smelt__cuda_function(plan->ctx, &route, "moe_noise_grad", &mc->noise_grad)))
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_noise_grad", &mc->noise_grad)) ||
+      (s = smelt__cuda_function(plan->ctx, &route, "moe_split_bf16", &mc->split_bf16)))
     return s;
   const int ffn = ms->t[SMELT__MT_W1].ndim >= 0;
   ms->saved_bytes = (int64_t)smelt__moe_cuda_saved_bytes(ms);
