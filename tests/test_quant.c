@@ -197,6 +197,32 @@ static float scale_f(const qout *o, int64_t i) {
   return f;
 }
 
+/* E2M1's comparison encoder (smelt_q_e2m1_code, what the NVFP4 kernels
+ * run) against the generic one: every 4099th f32 bit pattern and 8 ulps on
+ * either side of each rounding boundary, 0 and 6 (the whole f32 range
+ * agreed when it was written; 4.3 billion values take too long here). */
+static void test_quant_e2m1_encoders_agree(void) {
+  static const float edges[] = {0.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f};
+  int64_t bad = 0;
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 4099) {
+    const uint32_t u = (uint32_t)b;
+    float v;
+    memcpy(&v, &u, 4);
+    if (!smelt_q_isnan(v)) bad += smelt_q_e2m1_code(v) != smelt_q_encode(v, 0, SMELT_Q_E2M1);
+  }
+  for (size_t i = 0; i < sizeof edges / sizeof *edges; i++)
+    for (int sgn = 0; sgn < 2; sgn++)
+      for (int d = -8; d <= 8; d++) {
+        uint32_t u;
+        memcpy(&u, &edges[i], 4);
+        u = (uint32_t)((int64_t)u + d) | (uint32_t)sgn << 31;
+        float v;
+        memcpy(&v, &u, 4);
+        if (!smelt_q_isnan(v)) bad += smelt_q_e2m1_code(v) != smelt_q_encode(v, 0, SMELT_Q_E2M1);
+      }
+  CHECK_EQ_INT(bad, 0);
+}
+
 /* FP8 per row: values at the format's points, ±0, a row of zeros (scale
  * 1), NaN of either sign, ±inf (scale +inf: inf elements NaN, others ±0). */
 static void test_quant_fp8_row_hand(void) {
@@ -582,6 +608,7 @@ static void test_quant_gpu_bit_exact(void) {
 
 const th_test th_tests_quant[] = {
     {"encoders_match_host", test_quant_encoders_match_host},
+    {"e2m1_encoders_agree", test_quant_e2m1_encoders_agree},
     {"fp8_row_hand", test_quant_fp8_row_hand},
     {"fp8_blocks_hand", test_quant_fp8_blocks_hand},
     {"mxfp8_hand", test_quant_mxfp8_hand},
