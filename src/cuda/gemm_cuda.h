@@ -192,6 +192,11 @@ int smelt__gemm_graph_src(const smelt__gemm_kernel *k, const smelt_epi_graph *g,
                           smelt__kernel_src *src);
 /* The source of kernel k for st: with st's graph when it has one. */
 void smelt__gemm_src_for(const smelt__gemm_state *st, const smelt__gemm_kernel *k, smelt__kernel_src *src);
+/* The Hopper kernel's own split of a plain GEMM (src/cuda/op_gemm.c's choose_split)
+ * when its tiles fill at most an eighth of the SMs and it runs split as
+ * well; else 1. */
+int smelt__gemm_sm90_auto_split(const smelt__gemm_state *st, const smelt__gemm_kernel *k, const smelt__gemm_facts *f,
+                                int sm_count);
 /* The second pass of the reductions (kernels/gemm_epi_reduce.cu). */
 void smelt__gemm_epi_reduce_src(smelt__kernel_src *src);
 /* The graphs the tests run, for the variant list (the compile suite

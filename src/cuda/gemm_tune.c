@@ -351,14 +351,12 @@ smelt__tune_verdict smelt__gemm_tune_lookup(const smelt__gemm_state *st, const s
     smelt__gemm_kernel_src(&table[cand[i]], &src);
     if (strcmp(src.name, r.kernel)) continue;
     /* A split of the persistent Hopper kernel is timed only as the
-     * heuristic's own choice (few tiles: src/cuda/op_gemm.c) or where the
-     * plan fixed its split, which its key then holds: taken where the
-     * kernel runs split (else the record is not this GEMM's). */
-    if (table[cand[i]].fam == SMELT__GK_SM90 && r.split_k != 1 && !st->split_k) {
-      smelt__gemm_state split = *st;
-      split.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
-      if (!smelt__gemm_fits(&table[cand[i]], &split, f)) break;
-    }
+     * heuristic's own choice (few tiles: smelt__gemm_sm90_auto_split) or
+     * where the plan fixed its split, which its key then holds; a record
+     * naming one elsewhere is unfit. */
+    if (table[cand[i]].fam == SMELT__GK_SM90 && r.split_k != 1 && !st->split_k &&
+        smelt__gemm_sm90_auto_split(st, &table[cand[i]], f, dev->sm_count) < 2)
+      break;
     *kernel = cand[i];
     *split_k = r.split_k;
     return SMELT__TUNE_USED;

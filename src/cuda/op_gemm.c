@@ -42,10 +42,8 @@ static int choose_split(const smelt__gemm_kernel *k, int64_t m, int64_t n, int64
   return s < 2 ? 1 : (int)s;
 }
 
-/* The Hopper kernel's own split of a plain GEMM: choose_split's when its
- * tiles fill at most an eighth of the SMs and it runs split as well. */
-static int sm90_auto_split(const smelt__gemm_state *st, const smelt__gemm_kernel *k, const smelt__gemm_facts *f,
-                           int sm_count) {
+int smelt__gemm_sm90_auto_split(const smelt__gemm_state *st, const smelt__gemm_kernel *k, const smelt__gemm_facts *f,
+                                int sm_count) {
   if (8 * smelt__ceil_div(f->m, k->bm) * smelt__ceil_div(f->n, k->bn) > sm_count) return 1;
   smelt__gemm_state split = *st;
   split.mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
@@ -181,7 +179,7 @@ static smelt_status plan_gemm(smelt_plan *plan, const void *run_args) {
      * GEMM: decisions, third round); a split mode asked for gets
      * choose_split's slices. */
     cp->split_k = tuned_split                                 ? tuned_split
-                  : k->fam == SMELT__GK_SM90 && !split_mode ? sm90_auto_split(st, k, &f, dev->sm_count)
+                  : k->fam == SMELT__GK_SM90 && !split_mode ? smelt__gemm_sm90_auto_split(st, k, &f, dev->sm_count)
                                                             : choose_split(k, f.m, f.n, f.k, dev->sm_count);
     if (!split_mode && cp->split_k > 1) cp->mode = SMELT_GEMM_MODE_SPLIT_K_PARALLEL;
   }
