@@ -15,7 +15,12 @@
  * can have tokens, min(E, T·k) of them: at decode sizes the layer is a read
  * of those weights, and the copy ceiling of the same bytes is the bound.
  * The routing statistics of the benched input (one forward in setup) are
- * reported beside the times. */
+ * reported beside the times.
+ *
+ * --part permute or unpermute times that run alone (smelt_moe_permute_run,
+ * smelt_moe_unpermute_run) on a router-only plan, each set routed (and, for
+ * unpermute, permuted) in setup: the traffic is x read and xp written, or
+ * yp read and y written, plus the i32 ids or row map and the f32 weights. */
 #include "bench.h"
 
 #include <math.h>
@@ -24,7 +29,7 @@
 
 static int64_t opt_tokens = 4096, opt_d = 4096, opt_ffn = 14336, opt_experts = 8, opt_top_k = 2;
 static int opt_bwd, opt_saved;
-static const char *opt_dtype = "bf16";
+static const char *opt_dtype = "bf16", *opt_part = "layer";
 
 static const cli_opt options[] = {
     {"tokens", CLI_OPT_INT, &opt_tokens, "T", "tokens in the batch (default 4096)"},
@@ -36,6 +41,8 @@ static const cli_opt options[] = {
     {"saved", CLI_OPT_FLAG, &opt_saved, NULL,
      "the saved forward (smelt_moe_forward_save_run); with --bwd, the backward from its state"},
     {"dtype", CLI_OPT_STRING, &opt_dtype, "DT", "f32, f16 or bf16 for x, y and the weights (default bf16)"},
+    {"part", CLI_OPT_STRING, &opt_part, "P",
+     "layer (default), permute or unpermute: that run alone, over each set's routing"},
     {NULL, CLI_OPT_FLAG, NULL, NULL, NULL},
 };
 
@@ -47,14 +54,18 @@ static struct {
   smelt_dtype dt;
   smelt_moe_config cfg;
   int sets, bwd; /* bwd: the backward ran once and is timed */
+  int part;      /* PART_*: what is timed */
   size_t row_bytes;   /* a [T, d] activation */
   size_t w_bytes[W_COUNT];
   void **x, **y, **dy;  /* per set (dy with --bwd) */
   void **saved;         /* per set with --saved: the saved forward's state */
   int64_t saved_bytes;
   void *w[W_COUNT], *dw[W_COUNT], *dx;
+  void **logits, **ids, **weights, **counts, **offs, **row_map, **xp; /* per set with --part */
   smelt_plan *plan;
 } st;
+
+enum { PART_LAYER, PART_PERMUTE, PART_UNPERMUTE };
 
 static void weight_shape(int i, int64_t *shape, int *ndim) {
   const int64_t d = opt_d, E = opt_experts, F = opt_ffn;
@@ -84,6 +95,11 @@ static double work_factor(void) { return opt_bwd ? (opt_saved ? 2.0 : 3.0) : 1.0
 static void describe(const cli_doc *doc, cli_bench_case *c) {
   static const smelt_dtype allowed[] = {SMELT_DTYPE_F32, SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
   st.dt = cli_require_dtype(doc, "dtype", opt_dtype, allowed, 3);
+  if (!strcmp(opt_part, "permute")) st.part = PART_PERMUTE;
+  else if (!strcmp(opt_part, "unpermute")) st.part = PART_UNPERMUTE;
+  else if (strcmp(opt_part, "layer")) cli_usage_error(doc->command, "--part must be layer, permute or unpermute");
+  if (st.part != PART_LAYER && (opt_bwd || opt_saved))
+    cli_usage_error(doc->command, "--part permute or unpermute times the forward run alone: no --bwd or --saved");
   const int64_t most = (int64_t)1 << 20;
   cli_require_range(doc, "tokens", opt_tokens, 1, most);
   cli_require_range(doc, "d-model", opt_d, 1, most);
@@ -107,26 +123,41 @@ static void describe(const cli_doc *doc, cli_bench_case *c) {
   c->fixed_bytes = (uint64_t)(st.w_bytes[W_R] + 3 * st.w_bytes[W_1]) * (uint64_t)sides;
   c->traffic_bytes = (uint64_t)(2.0 * sides * T * d * es + used * expert_bytes * sides + d * E * es);
   c->flops = 2.0 * T * k * d * F * 3.0 * work_factor();
+  if (st.part != PART_LAYER) {
+    /* A set: x, xp (yp), y, and the routing (logits, ids, weights, row map, counts, offsets); only the router's
+     * weights are fixed. The traffic: T·k rows of xp and T of x (or y), the i32 ids or row map and (unpermute)
+     * the f32 weights. */
+    c->set_bytes = (uint64_t)(T * d * es * 2 + T * k * d * es + T * E * 4 + T * k * 12 + (2 * E + 1) * 4);
+    c->fixed_bytes = st.w_bytes[W_R];
+    c->traffic_bytes = (uint64_t)((T + T * k) * d * es + T * k * (st.part == PART_PERMUTE ? 8 : 12));
+    c->flops = 0;
+  }
+  const char *what = st.part == PART_PERMUTE     ? "permute"
+                     : st.part == PART_UNPERMUTE ? "unpermute"
+                     : opt_bwd                   ? (opt_saved ? "bwd saved" : "bwd")
+                     : opt_saved                 ? "fwd saved"
+                                                 : "fwd";
   snprintf(c->params_text, sizeof c->params_text, "tokens=%lld d_model=%lld ffn=%lld experts=%lld top_k=%lld dtype=%s %s",
            (long long)opt_tokens, (long long)opt_d, (long long)opt_ffn, (long long)opt_experts, (long long)opt_top_k,
-           smelt_dtype_name(st.dt), opt_bwd ? (opt_saved ? "bwd saved" : "bwd") : opt_saved ? "fwd saved" : "fwd");
+           smelt_dtype_name(st.dt), what);
   snprintf(c->params_json, sizeof c->params_json,
            "\"tokens\":%lld,\"d_model\":%lld,\"ffn\":%lld,\"experts\":%lld,\"top_k\":%lld,\"dtype\":\"%s\","
-           "\"bwd\":%s,\"saved\":%s,\"experts_read\":%.0f",
+           "\"bwd\":%s,\"saved\":%s,\"part\":\"%s\",\"experts_read\":%.0f",
            (long long)opt_tokens, (long long)opt_d, (long long)opt_ffn, (long long)opt_experts, (long long)opt_top_k,
-           smelt_dtype_name(st.dt), opt_bwd ? "true" : "false", opt_saved ? "true" : "false", used);
+           smelt_dtype_name(st.dt), opt_bwd ? "true" : "false", opt_saved ? "true" : "false", opt_part,
+           st.part == PART_LAYER ? used : 0.0);
 }
 
 /* The weights: one expert's values uploaded to every expert (the layer's
  * time does not depend on them, and E·d·F random values would take the
  * host longer than the bench); the router's own. */
-static void upload_weights(void) {
+static void upload_weights(int experts) {
   const size_t es = smelt_dtype_size(st.dt), one = (size_t)opt_d * (size_t)opt_ffn;
   const double sd = 1.0 / sqrt((double)opt_d), sf = 1.0 / sqrt((double)opt_ffn);
   void *wr = cli_host_uniform(st.dt, (size_t)(opt_d * opt_experts), 0x5EED2201u, -sd, sd);
   st.w[W_R] = cli_dev_upload(st.ctx, wr, st.w_bytes[W_R]);
   free(wr);
-  for (int i = W_1; i < W_COUNT; i++) {
+  for (int i = W_1; i < W_COUNT && experts; i++) {
     void *h = cli_host_uniform(st.dt, one, 0x5EED2202u + (uint64_t)i, i == W_2 ? -sf : -sd, i == W_2 ? sf : sd);
     st.w[i] = cli_dev_alloc(st.ctx, st.w_bytes[i]);
     for (int64_t e = 0; e < opt_experts; e++)
@@ -187,14 +218,65 @@ static void first_backward(void) {
   st.bwd = 1;
 }
 
+static smelt_tensor mat_at(void *p, smelt_dtype dt, int64_t rows, int64_t cols) {
+  const int64_t shape[2] = {rows, cols};
+  return smelt_tensor_make(p, dt, smelt_ctx_device(st.ctx), smelt_ctx_device_index(st.ctx), cols ? 2 : 1, shape);
+}
+
+/* --part: a router-only plan; each set routed, and permuted (xp: the yp
+ * the unpermute reads). */
+static void setup_part(cli_bench_case *c) {
+  const int64_t T = opt_tokens, k = opt_top_k, E = opt_experts, R = T * k;
+  smelt_tensor w[W_COUNT];
+  weight_views(st.w, w);
+  const smelt_moe_weights mw = {.wr = &w[W_R]};
+  const smelt_tensor x0 = tensor_at(st.x[0], T, opt_d);
+  CLI_TRY(smelt_moe_plan(st.ctx, &st.cfg, &mw, &x0, &st.plan));
+  snprintf(c->kernel, sizeof c->kernel, "%s: %s", st.part == PART_PERMUTE ? "moe_permute_run" : "moe_unpermute_run",
+           smelt_plan_describe(st.plan));
+  st.logits = cli_bench_alloc_sets(st.ctx, (size_t)(T * E) * 4, st.sets);
+  st.ids = cli_bench_alloc_sets(st.ctx, (size_t)R * 4, st.sets);
+  st.weights = cli_bench_alloc_sets(st.ctx, (size_t)R * 4, st.sets);
+  st.counts = cli_bench_alloc_sets(st.ctx, (size_t)E * 4, st.sets);
+  st.offs = cli_bench_alloc_sets(st.ctx, (size_t)(E + 1) * 4, st.sets);
+  st.row_map = cli_bench_alloc_sets(st.ctx, (size_t)R * 4, st.sets);
+  st.xp = cli_bench_alloc_sets(st.ctx, (size_t)R * st.row_bytes / (size_t)T, st.sets);
+  for (int i = 0; i < st.sets; i++) {
+    const smelt_tensor x = tensor_at(st.x[i], T, opt_d), lg = mat_at(st.logits[i], SMELT_DTYPE_F32, T, E),
+                       ids = mat_at(st.ids[i], SMELT_DTYPE_I32, T, k), wt = mat_at(st.weights[i], SMELT_DTYPE_F32, T, k),
+                       cn = mat_at(st.counts[i], SMELT_DTYPE_I32, E, 0), of = mat_at(st.offs[i], SMELT_DTYPE_I32, E + 1, 0),
+                       rm = mat_at(st.row_map[i], SMELT_DTYPE_I32, T, k), xp = tensor_at(st.xp[i], R, opt_d);
+    const smelt_moe_routing r = {.logits = &lg, .ids = &ids, .weights = &wt, .counts = &cn, .offsets = &of};
+    CLI_TRY(smelt_moe_route_run(st.plan, &mw, &x, &r));
+    CLI_TRY(smelt_moe_permute_run(st.plan, &x, &ids, &of, &xp, &rm));
+  }
+  c->note_label = "routing";
+  snprintf(c->note_text, sizeof c->note_text, "%lld assignments (no capacity: all kept)", (long long)R);
+  snprintf(c->note_json, sizeof c->note_json, "\"kept\":%lld,\"dropped\":0", (long long)R);
+}
+
+static void run_part(int set) {
+  const int64_t T = opt_tokens, k = opt_top_k, E = opt_experts;
+  const smelt_tensor x = tensor_at(st.x[set], T, opt_d), y = tensor_at(st.y[set], T, opt_d),
+                     xp = tensor_at(st.xp[set], T * k, opt_d), ids = mat_at(st.ids[set], SMELT_DTYPE_I32, T, k),
+                     of = mat_at(st.offs[set], SMELT_DTYPE_I32, E + 1, 0), rm = mat_at(st.row_map[set], SMELT_DTYPE_I32, T, k),
+                     wt = mat_at(st.weights[set], SMELT_DTYPE_F32, T, k);
+  if (st.part == PART_PERMUTE) CLI_TRY(smelt_moe_permute_run(st.plan, &x, &ids, &of, &xp, &rm));
+  else CLI_TRY(smelt_moe_unpermute_run(st.plan, &xp, &rm, &wt, &y));
+}
+
 static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
   st.ctx = ctx;
   st.sets = sets;
-  upload_weights();
+  upload_weights(st.part == PART_LAYER);
   void *hx = cli_host_uniform(st.dt, (size_t)(opt_tokens * opt_d), 0x5EED2200u, -1.0, 1.0);
   st.x = cli_bench_upload_sets(ctx, hx, st.row_bytes, sets);
   free(hx);
   st.y = cli_bench_alloc_sets(ctx, st.row_bytes, sets);
+  if (st.part != PART_LAYER) {
+    setup_part(c);
+    return;
+  }
   smelt_tensor w[W_COUNT];
   weight_views(st.w, w);
   const smelt_moe_weights mw = {.wr = &w[W_R], .w1 = &w[W_1], .w3 = &w[W_3], .w2 = &w[W_2]};
@@ -224,7 +306,8 @@ static void setup(smelt_ctx *ctx, int sets, cli_bench_case *c) {
 }
 
 static void run(int set) {
-  if (st.bwd) CLI_TRY(run_bwd(set));
+  if (st.part != PART_LAYER) run_part(set);
+  else if (st.bwd) CLI_TRY(run_bwd(set));
   else run_fwd(set, NULL);
 }
 
@@ -234,7 +317,11 @@ static void teardown(void) {
   cli_bench_free_sets(st.ctx, st.y, st.sets);
   if (st.dy) cli_bench_free_sets(st.ctx, st.dy, st.sets);
   if (st.saved) cli_bench_free_sets(st.ctx, st.saved, st.sets);
+  void ***part_sets[] = {&st.logits, &st.ids, &st.weights, &st.counts, &st.offs, &st.row_map, &st.xp};
+  for (size_t i = 0; i < sizeof part_sets / sizeof *part_sets; i++)
+    if (*part_sets[i]) cli_bench_free_sets(st.ctx, *part_sets[i], st.sets);
   for (int i = 0; i < W_COUNT; i++) {
+    if (!st.w[i]) continue;
     CLI_TRY(smelt_free(st.ctx, st.w[i]));
     if (st.dw[i]) CLI_TRY(smelt_free(st.ctx, st.dw[i]));
   }
@@ -243,6 +330,7 @@ static void teardown(void) {
 
 const cli_bench_op cli_bench_moe = {
     "moe",
-    "one MoE layer (softmax top-k, SwiGLU experts): --tokens --d-model --ffn --experts --top-k [--bwd] [--saved]",
+    "one MoE layer (softmax top-k, SwiGLU experts), or its permute or unpermute alone: --tokens --d-model --ffn "
+    "--experts --top-k [--bwd] [--saved] [--part]",
     options, describe, setup, run, teardown,
 };
