@@ -12,7 +12,7 @@
 /* Experts per lane of the routing warp: the two module sizes. */
 static const int route_items[] = {8, 32};
 #define MAX_E (32 * 32)
-#define CHUNK 128 /* MOE_CHUNK of kernels/moe_permute.cu */
+#define CHUNK 32 /* MOE_CHUNK of kernels/moe_permute.cu */
 
 static void moe_cuda_free(void *p) {
   smelt__moe_cuda *mc = (smelt__moe_cuda *)p;
