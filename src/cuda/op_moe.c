@@ -291,7 +291,9 @@ smelt_status smelt__moe_cuda_permute(smelt_plan *plan, const smelt__moe_state *m
   int64_t x_stride = x->strides[0] * es, row_bytes = ms->d * es;
   int unit = copy_unit(xd, x_stride, xpd, row_bytes);
   void *p_copy[] = {&xd, &x_stride, &rm, &T, &k, &xpd, &row_bytes, &unit};
-  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, smelt__moe_grid(ms->rows, 8), 1, 1, 256, 0, p_copy);
+  /* a warp a token's 2 KB of row (kernels/moe_permute.cu's COPY_SLICE), 8 warps a block */
+  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, smelt__moe_grid(T * smelt__ceil_div(row_bytes, 2048), 8), 1, 1,
+                            256, 0, p_copy);
 }
 
 smelt_status smelt__moe_cuda_combine(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
