@@ -74,10 +74,14 @@ static void weight_shape(int i, int64_t *shape, int *ndim) {
   memcpy(shape, shapes[i], sizeof shapes[i]);
 }
 
-static smelt_tensor tensor_at(void *p, int64_t rows, int64_t cols) {
+/* A device [rows, cols] tensor of dt at p ([rows] when cols is 0). */
+static smelt_tensor mat_at(void *p, smelt_dtype dt, int64_t rows, int64_t cols) {
   const int64_t shape[2] = {rows, cols};
-  return smelt_tensor_make(p, st.dt, smelt_ctx_device(st.ctx), smelt_ctx_device_index(st.ctx), 2, shape);
+  return smelt_tensor_make(p, dt, smelt_ctx_device(st.ctx), smelt_ctx_device_index(st.ctx), cols ? 2 : 1, shape);
 }
+
+/* An activation of the bench's dtype. */
+static smelt_tensor tensor_at(void *p, int64_t rows, int64_t cols) { return mat_at(p, st.dt, rows, cols); }
 
 static void weight_views(void *const *bufs, smelt_tensor *t) {
   for (int i = 0; i < W_COUNT; i++) {
@@ -216,11 +220,6 @@ static void first_backward(void) {
   }
   CLI_TRY(s);
   st.bwd = 1;
-}
-
-static smelt_tensor mat_at(void *p, smelt_dtype dt, int64_t rows, int64_t cols) {
-  const int64_t shape[2] = {rows, cols};
-  return smelt_tensor_make(p, dt, smelt_ctx_device(st.ctx), smelt_ctx_device_index(st.ctx), cols ? 2 : 1, shape);
 }
 
 /* --part: a router-only plan; each set routed, and permuted (xp: the yp

@@ -92,12 +92,32 @@ static void transpose_last(smelt_tensor *t) {
   t->strides[b] = s;
 }
 
-/* Plans (cached) and runs the update or the backward; t holds x, v, codes,
- * u, offsets, scales, then y, or dy and the four gradients. */
+/* What a cached BEM call binds: the direction, the description and t (x,
+ * v, codes, u, offsets, scales, then y, or dy and the four gradients). */
+typedef struct bem_call {
+  int backward;
+  const smelt_bem_desc *d;
+  smelt_bem_inputs in;
+  smelt_bem_grads g;
+  const smelt_tensor *out; /* y, or dy */
+} bem_call;
+
+static smelt_status bem_plan(smelt_ctx *ctx, const void *arg, smelt_plan **plan) {
+  const bem_call *b = (const bem_call *)arg;
+  return b->backward ? smelt_bem_backward_plan(ctx, b->d, &b->in, b->out, &b->g, plan)
+                     : smelt_bem_plan(ctx, b->d, &b->in, b->out, plan);
+}
+
+static smelt_status bem_run(smelt_plan *plan, const void *arg) {
+  const bem_call *b = (const bem_call *)arg;
+  return b->backward ? smelt_bem_backward_run(plan, &b->in, b->out, &b->g) : smelt_bem_run(plan, &b->in, b->out);
+}
+
+/* Plans (cached) and runs the update or the backward; t as bem_call's. */
 static smelt_status run_cached(smpy_call *call, int backward, const smelt_bem_desc *d, const smelt_tensor *const *t) {
   smpy_ctx *c = call->ctx;
-  const smelt_bem_inputs in = {t[I_X], t[I_V], t[I_CODES], t[I_U], t[I_OFFSETS], t[I_SCALES]};
-  const smelt_bem_grads g = {t[I_COUNT + 1], t[I_COUNT + 2], t[I_COUNT + 3], t[I_COUNT + 4]};
+  const bem_call b = {backward, d, {t[I_X], t[I_V], t[I_CODES], t[I_U], t[I_OFFSETS], t[I_SCALES]},
+                      {t[I_COUNT + 1], t[I_COUNT + 2], t[I_COUNT + 3], t[I_COUNT + 4]}, t[I_COUNT]};
   smpy_pkey key;
   memset(&key, 0, sizeof key);
   key.op = backward ? KEY_OP_BACKWARD : KEY_OP_UPDATE;
@@ -109,28 +129,7 @@ static smelt_status run_cached(smpy_call *call, int backward, const smelt_bem_de
     if (t[i]) smpy_tkey_fill(&key.t[i], t[i]);
     else key.t[i].ndim = -1;
   }
-  const int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
-  uint64_t hash;
-  smelt_plan *plan = NULL, *uncached = NULL;
-  smpy_ctx_lock(c);
-  smelt_status s = smpy_ctx_use_stream(c, call->stream);
-  if (!s) plan = smpy_plan_find(c, &key, &hash);
-  if (!s && !plan) {
-    /* Planning may compile a kernel: let other threads run meanwhile. */
-    PyThreadState *ts = PyEval_SaveThread();
-    s = backward ? smelt_bem_backward_plan(c->ctx, d, &in, t[I_COUNT], &g, &plan)
-                 : smelt_bem_plan(c->ctx, d, &in, t[I_COUNT], &plan);
-    PyEval_RestoreThread(ts);
-    if (!s && smpy_plan_store(c, &key, hash, plan) < 0) uncached = plan;
-  }
-  if (!s) {
-    PyThreadState *ts = cpu ? PyEval_SaveThread() : NULL;
-    s = backward ? smelt_bem_backward_run(plan, &in, t[I_COUNT], &g) : smelt_bem_run(plan, &in, t[I_COUNT]);
-    if (ts) PyEval_RestoreThread(ts);
-  }
-  if (uncached) smelt_plan_destroy(uncached);
-  smpy_ctx_unlock(c);
-  return s;
+  return smpy_cached_run(call, &key, bem_plan, bem_run, &b);
 }
 
 /* Validation or the benchmark (plan per call) into *result. */

@@ -70,7 +70,8 @@ static uint64_t hash_key(const smpy_pkey *key) {
   return h;
 }
 
-smelt_plan *smpy_plan_find(smpy_ctx *c, const smpy_pkey *key, uint64_t *hash) {
+/* The cached plan for key, or NULL on a miss (call with the lock held). */
+static smelt_plan *plan_find(smpy_ctx *c, const smpy_pkey *key, uint64_t *hash) {
   *hash = hash_key(key);
   if (!c->plans) return NULL;
   smpy_plan_slot *s = &c->plans[*hash % SMPY_PLAN_SLOTS];
@@ -81,7 +82,9 @@ smelt_plan *smpy_plan_find(smpy_ctx *c, const smpy_pkey *key, uint64_t *hash) {
   return NULL;
 }
 
-int smpy_plan_store(smpy_ctx *c, const smpy_pkey *key, uint64_t hash, smelt_plan *plan) {
+/* Stores a fresh plan under key, destroying whatever occupied its slot.
+ * Returns 0, or -1 when it could not be cached (the caller still owns it). */
+static int plan_store(smpy_ctx *c, const smpy_pkey *key, uint64_t hash, smelt_plan *plan) {
   c->plan_misses++;
   if (!c->plans) c->plans = (smpy_plan_slot *)calloc(SMPY_PLAN_SLOTS, sizeof *c->plans);
   if (!c->plans) return -1;
@@ -91,6 +94,31 @@ int smpy_plan_store(smpy_ctx *c, const smpy_pkey *key, uint64_t hash, smelt_plan
   s->hash = hash;
   s->key = *key;
   return 0;
+}
+
+smelt_status smpy_cached_run(smpy_call *call, const smpy_pkey *key, smpy_plan_fn plan_fn, smpy_run_fn run_fn,
+                             const void *arg) {
+  smpy_ctx *c = call->ctx;
+  const int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
+  uint64_t hash;
+  smelt_plan *plan = NULL, *uncached = NULL;
+  smpy_ctx_lock(c);
+  smelt_status s = smpy_ctx_use_stream(c, call->stream);
+  if (!s) plan = plan_find(c, key, &hash);
+  if (!s && !plan) {
+    PyThreadState *ts = PyEval_SaveThread();
+    s = plan_fn(c->ctx, arg, &plan);
+    PyEval_RestoreThread(ts);
+    if (!s && plan_store(c, key, hash, plan) < 0) uncached = plan;
+  }
+  if (!s) {
+    PyThreadState *ts = cpu ? PyEval_SaveThread() : NULL;
+    s = run_fn(plan, arg);
+    if (ts) PyEval_RestoreThread(ts);
+  }
+  if (uncached) smelt_plan_destroy(uncached);
+  smpy_ctx_unlock(c);
+  return s;
 }
 
 static void plans_clear(smpy_ctx *c) {

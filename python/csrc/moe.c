@@ -114,41 +114,43 @@ static void plan_key(smpy_ctx *c, const smelt_moe_config *cfg, const smelt_moe_w
   }
 }
 
-/* Runs mode (0 forward, 1 backward, 2 saved forward, 3 saved backward) on
- * the context's cached plan for these layouts (planned on a miss). */
+/* What a cached MoE call binds: the mode (0 forward, 1 backward, 2 saved
+ * forward, 3 saved backward), the config and the call's tensors. */
+typedef struct moe_call {
+  int mode;
+  const smelt_moe_config *cfg;
+  const smelt_moe_weights *w;
+  const smelt_tensor *x, *dy, *saved;
+  smelt_tensor *const *o;
+} moe_call;
+
+static smelt_status moe_plan(smelt_ctx *ctx, const void *arg, smelt_plan **plan) {
+  const moe_call *m = (const moe_call *)arg;
+  return smelt_moe_plan(ctx, m->cfg, m->w, m->x, plan);
+}
+
+static smelt_status moe_run(smelt_plan *plan, const void *arg) {
+  const moe_call *m = (const moe_call *)arg;
+  smelt_tensor *const *o = m->o;
+  const smelt_moe_routing r = {o[O_LOGITS], o[O_IDS], o[O_WEIGHTS], o[O_COUNTS], o[O_OFFSETS], o[O_DROPPED], o[O_AUX]};
+  const smelt_moe_grads g = {.dx = o[G_DX], .dwr = o[G_DWR], .dwnoise = o[G_DWNOISE], .dw1 = o[G_DW1],
+                             .dw3 = o[G_DW3], .dw2 = o[G_DW2], .db1 = o[G_DB1]};
+  switch (m->mode) {
+    case 0: return smelt_moe_forward_run(plan, m->w, m->x, o[O_Y], o[O_LOGITS] ? &r : NULL, NULL);
+    case 1: return smelt_moe_backward_run(plan, m->w, m->x, m->dy, &g);
+    case 2: return smelt_moe_forward_save_run(plan, m->w, m->x, o[O_Y], o[O_SAVED], &r);
+    default: return smelt_moe_backward_saved_run(plan, m->w, m->x, m->dy, m->saved, &g);
+  }
+}
+
+/* Runs mode on the context's cached plan for these layouts (planned on a miss). */
 static smelt_status run(smpy_call *call, int mode, const smelt_moe_config *cfg, const smelt_moe_weights *w,
                         const smelt_tensor *x, smelt_tensor *const *o, const smelt_tensor *dy,
                         const smelt_tensor *saved) {
-  smpy_ctx *c = call->ctx;
-  const int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
   smpy_pkey key;
-  plan_key(c, cfg, w, x, &key);
-  uint64_t hash;
-  smelt_plan *plan = NULL, *uncached = NULL;
-  smpy_ctx_lock(c);
-  smelt_status s = smpy_ctx_use_stream(c, call->stream);
-  if (!s) plan = smpy_plan_find(c, &key, &hash);
-  if (!s && !plan) {
-    /* Planning may compile kernels: let other threads run meanwhile. */
-    PyThreadState *ts = PyEval_SaveThread();
-    s = smelt_moe_plan(c->ctx, cfg, w, x, &plan);
-    PyEval_RestoreThread(ts);
-    if (!s && smpy_plan_store(c, &key, hash, plan) < 0) uncached = plan;
-  }
-  if (!s) {
-    PyThreadState *ts = cpu ? PyEval_SaveThread() : NULL;
-    const smelt_moe_routing r = {o[O_LOGITS], o[O_IDS], o[O_WEIGHTS], o[O_COUNTS], o[O_OFFSETS], o[O_DROPPED], o[O_AUX]};
-    const smelt_moe_grads g = {.dx = o[G_DX], .dwr = o[G_DWR], .dwnoise = o[G_DWNOISE], .dw1 = o[G_DW1],
-                               .dw3 = o[G_DW3], .dw2 = o[G_DW2], .db1 = o[G_DB1]};
-    if (mode == 0) s = smelt_moe_forward_run(plan, w, x, o[O_Y], o[O_LOGITS] ? &r : NULL, NULL);
-    else if (mode == 1) s = smelt_moe_backward_run(plan, w, x, dy, &g);
-    else if (mode == 2) s = smelt_moe_forward_save_run(plan, w, x, o[O_Y], o[O_SAVED], &r);
-    else s = smelt_moe_backward_saved_run(plan, w, x, dy, saved, &g);
-    if (ts) PyEval_RestoreThread(ts);
-  }
-  if (uncached) smelt_plan_destroy(uncached);
-  smpy_ctx_unlock(c);
-  return s;
+  plan_key(call->ctx, cfg, w, x, &key);
+  const moe_call m = {mode, cfg, w, x, dy, saved, o};
+  return smpy_cached_run(call, &key, moe_plan, moe_run, &m);
 }
 
 static PyObject *py_moe(PyObject *self, PyObject *args) {

@@ -76,7 +76,8 @@ static const smelt_gemm_scales *gemm_scales(const op_args *o, smelt_gemm_scales 
   return sc->a || sc->b ? sc : NULL;
 }
 
-static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **plan) {
+static smelt_status make_plan(smelt_ctx *ctx, const void *arg, smelt_plan **plan) {
+  const op_args *o = (const op_args *)arg;
   smelt_gemm_scales sc;
   switch (o->op) {
     case OP_ACTIVATION: return smelt_activation_plan(ctx, &o->desc, o->t[0], o->t[1], plan);
@@ -121,7 +122,8 @@ static smelt_status make_plan(smelt_ctx *ctx, const op_args *o, smelt_plan **pla
   }
 }
 
-static smelt_status run_plan(smelt_plan *plan, const op_args *o) {
+static smelt_status run_plan(smelt_plan *plan, const void *arg) {
+  const op_args *o = (const op_args *)arg;
   smelt_gemm_scales sc;
   switch (o->op) {
     case OP_ACTIVATION: return smelt_activation_run(plan, o->t[0], o->t[1]);
@@ -233,29 +235,7 @@ static int execute(smpy_call *call, const op_args *o) {
     }
     key.ntensors += 3;
   }
-  int cpu = smelt_ctx_device(c->ctx) == SMELT_DEVICE_CPU;
-  uint64_t hash;
-  smelt_plan *plan, *uncached = NULL;
-  smelt_status s;
-  smpy_ctx_lock(c);
-  s = smpy_ctx_use_stream(c, call->stream);
-  plan = s ? NULL : smpy_plan_find(c, &key, &hash);
-  if (!s && !plan) {
-    /* Planning may compile a kernel: let other threads run meanwhile. */
-    Py_BEGIN_ALLOW_THREADS s = make_plan(c->ctx, o, &plan);
-    Py_END_ALLOW_THREADS
-    if (!s && smpy_plan_store(c, &key, hash, plan) < 0) uncached = plan;
-  }
-  if (!s) {
-    if (cpu) {
-      Py_BEGIN_ALLOW_THREADS s = run_plan(plan, o);
-      Py_END_ALLOW_THREADS
-    } else {
-      s = run_plan(plan, o);
-    }
-  }
-  if (uncached) smelt_plan_destroy(uncached);
-  smpy_ctx_unlock(c);
+  const smelt_status s = smpy_cached_run(call, &key, make_plan, run_plan, o);
   if (s) {
     smpy_raise_status(s);
     return -1;

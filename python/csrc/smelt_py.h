@@ -104,11 +104,6 @@ void smpy_ctx_unlock(smpy_ctx *c);
 /* Points the context at a stream (handle value as CUDA sees it; 0 is the
  * legacy default stream). Call with the lock held. */
 smelt_status smpy_ctx_use_stream(smpy_ctx *c, void *stream);
-/* The cached plan for key, or NULL on a miss (call with the lock held). */
-smelt_plan *smpy_plan_find(smpy_ctx *c, const smpy_pkey *key, uint64_t *hash);
-/* Stores a fresh plan under key, destroying whatever occupied its slot.
- * Returns 0, or -1 when it could not be cached (the caller still owns it). */
-int smpy_plan_store(smpy_ctx *c, const smpy_pkey *key, uint64_t hash, smelt_plan *plan);
 void smpy_tkey_fill(smpy_tkey *k, const smelt_tensor *t);
 
 /* ---- smelt-owned tensors (tensor.c) */
@@ -174,6 +169,15 @@ int smpy_call_begin(smpy_call *call, const char *op, PyObject *ctx, PyObject *st
 int smpy_call_import(smpy_call *call, PyObject *obj, const char *name, int writable, smelt_tensor **out);
 /* Releases everything imported (calls the producers' deleters). */
 void smpy_call_end(smpy_call *call);
+/* One op call on a cached plan: with the context's lock held and its stream
+ * made the call's, the plan cached under key, else plan(ctx, arg, &plan)
+ * without the GIL (it may compile a kernel) and cached; then run(plan, arg),
+ * without the GIL on the CPU (a CUDA run only queues). A plan the cache
+ * could not keep is destroyed after its run. */
+typedef smelt_status (*smpy_plan_fn)(smelt_ctx *ctx, const void *arg, smelt_plan **out);
+typedef smelt_status (*smpy_run_fn)(smelt_plan *plan, const void *arg);
+smelt_status smpy_cached_run(smpy_call *call, const smpy_pkey *key, smpy_plan_fn plan, smpy_run_fn run,
+                             const void *arg);
 /* A new output on the call's device: through the first tensor's framework when it
  * publishes an exchange API (a torch tensor for torch inputs), else a smelt.Tensor. */
 PyObject *smpy_call_alloc(smpy_call *call, smelt_dtype dt, int ndim, const int64_t *shape);

@@ -12,7 +12,12 @@
 /* Experts per lane of the routing warp: the two module sizes. */
 static const int route_items[] = {8, 32};
 #define MAX_E (32 * 32)
-#define CHUNK 32 /* MOE_CHUNK of kernels/moe_permute.cu */
+/* kernels/moe_permute.cu's MOE_CHUNK (tokens a ranking chunk), COPY_SLICE
+ * (bytes of a row a moe_copy_rows warp copies) and UNPERMUTE_SLICE (columns a
+ * moe_unpermute warp sums) */
+#define CHUNK 32
+#define COPY_SLICE 2048
+#define UNPERMUTE_SLICE 256
 
 static void moe_cuda_free(void *p) {
   smelt__moe_cuda *mc = (smelt__moe_cuda *)p;
@@ -20,7 +25,8 @@ static void moe_cuda_free(void *p) {
   smelt__moe_ffn_bwd_free(&mc->bwd);
   smelt__moe_ffn_free(&mc->ffn);
   for (int i = 0; i < SMELT__MOE_G_COUNT; i++) smelt_plan_destroy(mc->gemm[i]);
-  for (int i = 0; i < 2 * SMELT__MOE_GG_COUNT; i++) smelt_plan_destroy(mc->grad_gemm[i / SMELT__MOE_GG_COUNT][i % SMELT__MOE_GG_COUNT]);
+  for (int set = 0; set < 2; set++)
+    for (int i = 0; i < SMELT__MOE_GG_COUNT; i++) smelt_plan_destroy(mc->grad_gemm[set][i]);
   free(mc);
 }
 
@@ -291,9 +297,9 @@ smelt_status smelt__moe_cuda_permute(smelt_plan *plan, const smelt__moe_state *m
   int64_t x_stride = x->strides[0] * es, row_bytes = ms->d * es;
   int unit = copy_unit(xd, x_stride, xpd, row_bytes);
   void *p_copy[] = {&xd, &x_stride, &rm, &T, &k, &xpd, &row_bytes, &unit};
-  /* a warp a token's 2 KB of row (kernels/moe_permute.cu's COPY_SLICE), 8 warps a block */
-  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, smelt__moe_grid(T * smelt__ceil_div(row_bytes, 2048), 8), 1, 1,
-                            256, 0, p_copy);
+  /* a warp a token's COPY_SLICE bytes of row, 8 warps a block */
+  return smelt__cuda_launch(plan->ctx, op, mc->copy_rows, smelt__moe_grid(T * smelt__ceil_div(row_bytes, COPY_SLICE), 8),
+                            1, 1, 256, 0, p_copy);
 }
 
 smelt_status smelt__moe_cuda_combine(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
@@ -308,9 +314,9 @@ smelt_status smelt__moe_cuda_combine(smelt_ctx *ctx, const smelt__moe_state *ms,
   /* 8 columns a lane: rows of whole 16-byte units of both, both 16-byte aligned. */
   int vec = d % 8 == 0 && ys % 8 == 0 && (uintptr_t)ypd % 16 == 0 && (uintptr_t)yd % 16 == 0;
   void *params[] = {&ypd, &ypdt, &rm, &wd, &yd, &ydt, &T, &k, &d, &ys, &vec};
-  /* a warp a token's 256 columns (kernels/moe_permute.cu's UNPERMUTE_SLICE), 8 warps a block */
-  return smelt__cuda_launch(ctx, op, mc->unpermute, smelt__moe_grid(T * smelt__ceil_div(d, 256), 8), 1, 1, 256, 0,
-                            params);
+  /* a warp a token's UNPERMUTE_SLICE columns, 8 warps a block */
+  return smelt__cuda_launch(ctx, op, mc->unpermute, smelt__moe_grid(T * smelt__ceil_div(d, UNPERMUTE_SLICE), 8), 1, 1,
+                            256, 0, params);
 }
 
 static smelt_status unpermute(smelt_plan *plan, const smelt__moe_state *ms, const smelt__moe_cuda *mc,

@@ -228,21 +228,14 @@ smelt_status smelt__cuda_peer_backward(smelt_plan *plan, const smelt__peer_varia
   smelt_tensor dqt = smelt__peer_dev_tensor(ctx, r[W_DQ], SMELT_DTYPE_F32, T, hd);
   smelt_tensor dq16t = dq16 ? smelt__peer_dev_tensor(ctx, r[W_DQ16], qdt, T, hd) : dqt;
   if (!s && g->dx) { /* dx = dq Wqᵀ + dx from the experts */
-    smelt_tensor wqt = *w->wq, dxe = smelt__peer_dev_tensor(ctx, r[W_DX], SMELT_DTYPE_F32, T, ps->din);
-    wqt.shape[0] = w->wq->shape[1];
-    wqt.shape[1] = w->wq->shape[0];
-    wqt.strides[0] = w->wq->strides[1];
-    wqt.strides[1] = w->wq->strides[0];
+    const smelt_tensor wqt = smelt__tensor_swap_axes(w->wq, 0, 1),
+                       dxe = smelt__peer_dev_tensor(ctx, r[W_DX], SMELT_DTYPE_F32, T, ps->din);
     smelt_gemm_desc d = smelt_gemm_desc_default();
     d.epilogue.beta = 1.0;
     s = smelt__gemm_reuse(ctx, &pc->gemm_dx, &d, dx16 ? &dq16t : &dqt, &wqt, &dxe, g->dx, NULL);
   }
   if (!s && g->dwq) { /* dWq = xᵀ dq */
-    smelt_tensor xt = *x;
-    xt.shape[0] = x->shape[1];
-    xt.shape[1] = x->shape[0];
-    xt.strides[0] = x->strides[1];
-    xt.strides[1] = x->strides[0];
+    const smelt_tensor xt = smelt__tensor_swap_axes(x, 0, 1);
     const smelt_gemm_desc d = smelt_gemm_desc_default();
     s = smelt__gemm_reuse(ctx, &pc->gemm_dwq, &d, &xt, dwq16 ? &dq16t : &dqt, NULL, g->dwq, NULL);
   }
