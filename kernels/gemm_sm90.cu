@@ -990,9 +990,16 @@ static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, con
 }
 #endif
 
+#if defined(GEMM_CONV)
+#include "conv2d_sm90.cuh"
+#else
+#define GEMM_CONV 0
+#define GEMM_CONV_PARAM
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b,
-              const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps
+              const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps GEMM_CONV_PARAM
 #if BLOCK_SCALE
               , const sm90_blk B
 #endif
@@ -1020,7 +1027,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
+#if GEMM_CONV
+      mbar_init(full + 8 * s, CONV_FULL_COUNT); /* expect_tx and the gathering warps */
+#else
       mbar_init(full + 8 * s, 1);              /* the producer's expect_tx */
+#endif
       /* One arrival per warp of the consumers that read the stage, in
        * every CTA of the cluster. */
       mbar_init(empty + 8 * s, PINGPONG ? 4 : CONSUMERS * 4 * CLUSTER);
@@ -1034,6 +1045,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
 
   if (wg == 0) {
+#if GEMM_CONV
+    /* Every producer thread gathers (conv2d_sm90.cuh); the 128 x 128 tile's
+     * consumers need no registers moved to them. */
+    conv9_produce(P, G, &tma_a, &tma_b, &tma_d, base, full, empty, unit0, units_step, tiles, tid);
+    return;
+#endif
 #if CONSUMERS > 1
     SETMAXNREG_DEC(40);
 #endif
@@ -1087,7 +1104,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-#if CONSUMERS > 1
+#if CONSUMERS > 1 && !GEMM_CONV
   SETMAXNREG_INC(232);
 #endif
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
@@ -1129,6 +1146,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
+#if GEMM_CONV
+    conv_ready();
+#endif
     mma_stage(d, base + stage * STAGE_BYTES, c, 1);
     int prev = stage;
     if (++stage == GEMM_STAGES) {
@@ -1142,6 +1162,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
     for (int kt = 1; kt < ktiles; kt++) {
       mbar_wait(full + 8 * stage, phase);
+#if GEMM_CONV
+      conv_ready();
+#endif
 #if PROMOTE
       if (kt % PROMOTE == 0) {
         /* The last P stages' sum into f32 registers, then a fresh one

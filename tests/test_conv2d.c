@@ -115,6 +115,23 @@ static const ccase cases[] = {
     {"igemm wgrad bf16 long sums", WGRAD, 4, 29, 31, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
     {"igemm wgrad f16 s2 into C", WGRAD, 2, 27, 25, 8, 16, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
     {"igemm wgrad bf16 parallel x5", WGRAD, 2, 19, 17, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_ALPHA_BETA, 0, -5},
+    /* The Hopper implicit GEMM's problems (channels that fill their
+     * 64-channel blocks, wgrad's C a multiple of 64): partial tiles and
+     * channel blocks, stride and dilation, both tile widths, the fast
+     * epilogue (16-bit and f32 D) and the general one (C), its own split
+     * and an asked-for parallel one. On other GPUs they take the paths
+     * above. */
+    {"hopper fprop bf16 3x3 C=64 all", FPROP, 2, 11, 13, 64, 72, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_ALL, 0, 0},
+    {"hopper fprop f16 s2 d2 C=96 K=136", FPROP, 2, 17, 15, 96, 136, 3, 3, 2, 1, 2, 1, 2, 2, F16, F16, 0, EPI_BIAS_RELU, 0, 0},
+    {"hopper fprop bf16 1x1 C=128 -> f32", FPROP, 3, 9, 10, 128, 64, 1, 1, 0, 0, 0, 0, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
+    {"hopper fprop bf16 1x1 wide tiles", FPROP, 4, 48, 48, 64, 136, 1, 1, 0, 0, 0, 0, 1, 1, BF16, BF16, 0, EPI_BIAS_RELU, 0, 0},
+    {"hopper dgrad f16 1x1 wide tiles", DGRAD, 4, 48, 48, 136, 64, 1, 1, 0, 0, 0, 0, 1, 1, F16, F16, 0, EPI_PLAIN, 0, 0},
+    {"hopper dgrad bf16 3x3 K=64", DGRAD, 2, 12, 11, 40, 64, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
+    {"hopper dgrad f16 s2 K=128 alpha beta", DGRAD, 2, 15, 13, 24, 128, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_ALPHA_BETA, 0, 0},
+    {"hopper dgrad bf16 d2 K=112 C=136", DGRAD, 1, 14, 17, 136, 112, 3, 3, 2, 2, 2, 2, 1, 2, BF16, BF16, 0, EPI_PLAIN, 0, 0},
+    {"hopper wgrad bf16 C=64 own split", WGRAD, 4, 24, 24, 64, 40, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
+    {"hopper wgrad f16 s2 C=128 into C", WGRAD, 2, 17, 15, 128, 16, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
+    {"hopper wgrad bf16 parallel x3", WGRAD, 2, 13, 11, 64, 24, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_ALPHA_BETA, 0, -3},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -831,8 +848,22 @@ static void test_gpu_igemm_plan(void) {
       {"igemm fprop f16 strided views", "conv2d_direct_fprop_f16 (analytic reference)"},
       {"igemm fprop f16 C=8 (auto: fixed channels)", "implicit GEMM gemm_sm80_f16_RC_64x64x32_s4_w2x2_conv_fprop"},
   };
-  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-    const ccase *cs = case_named(rows[i].name);
+  /* On Hopper: the kernels the Hopper implicit GEMM's cases take. */
+  static const struct {
+    const char *name, *want;
+  } hopper_rows[] = {
+      {"hopper fprop bf16 3x3 C=64 all", "implicit GEMM gemm_sm90_bf16_RC_128x64x64_s8_conv_fprop, no split x1"},
+      {"hopper fprop bf16 1x1 wide tiles", "implicit GEMM gemm_sm90_bf16_RC_128x128x64_s6_conv_fprop, no split x1"},
+      {"hopper dgrad f16 1x1 wide tiles", "implicit GEMM gemm_sm90_f16_RR_128x128x64_s6_conv_dgrad"},
+      {"hopper dgrad bf16 3x3 K=64", "implicit GEMM gemm_sm90_bf16_RR_128x64x64_s8_conv_dgrad"},
+      {"hopper wgrad bf16 C=64 own split", "implicit GEMM gemm_sm90_bf16_CR_128x128x64_s6_conv_wgrad, parallel x4"},
+      {"hopper wgrad bf16 parallel x3", "implicit GEMM gemm_sm90_bf16_CR_128x128x64_s6_conv_wgrad, parallel x3"},
+  };
+  const size_t nrows = sizeof rows / sizeof *rows, nall = nrows + (th_cuda_sm90() ? sizeof hopper_rows / sizeof *hopper_rows : 0);
+  for (size_t i = 0; i < nall; i++) {
+    const char *name = i < nrows ? rows[i].name : hopper_rows[i - nrows].name,
+               *want = i < nrows ? rows[i].want : hopper_rows[i - nrows].want;
+    const ccase *cs = case_named(name);
     case_ops o, dev;
     case_ops_new(&o, cs);
     case_ops_clone(&dev, &o, cu);
@@ -842,9 +873,8 @@ static void test_gpu_igemm_plan(void) {
                        td = opnd_tensor(&dev.out);
     smelt_plan *plan = NULL;
     CHECK_OK(smelt_conv2d_plan(cu, &d, &ta, &tb, d.epilogue.beta != 0 ? &tc : NULL, &td, NULL, &plan));
-    if (plan && !strstr(smelt_plan_describe(plan), rows[i].want))
-      th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks \"%s\"", cs->name, smelt_plan_describe(plan),
-              rows[i].want);
+    if (plan && !strstr(smelt_plan_describe(plan), want))
+      th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks \"%s\"", cs->name, smelt_plan_describe(plan), want);
     smelt_plan_destroy(plan);
     case_ops_free(&dev);
     case_ops_free(&o);

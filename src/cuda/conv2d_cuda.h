@@ -1,6 +1,8 @@
-/* The CUDA conv2d's two kernels: the implicit GEMM on the mma.sync GEMM
- * kernel (src/cuda/conv2d_igemm.c, kernels/conv2d_igemm.cuh), taken where
- * its preconditions hold, and the analytic reference kernel
+/* The CUDA conv2d's three kernels, each taken where its preconditions
+ * hold, in this order: the implicit GEMM on the Hopper GEMM kernel
+ * (src/cuda/conv2d_sm90.c, kernels/conv2d_sm90.cuh), the implicit GEMM on
+ * the mma.sync GEMM kernel (src/cuda/conv2d_igemm.c,
+ * kernels/conv2d_igemm.cuh), and the analytic reference kernel
  * (src/cuda/op_conv2d.c) for everything else. */
 #ifndef SMELT_CONV2D_CUDA_H
 #define SMELT_CONV2D_CUDA_H
@@ -8,9 +10,30 @@
 #include "../core/conv2d_internal.h"
 #include "cuda_internal.h"
 
-/* Plan functions: the reference kernel in func[0]; the implicit GEMM's in
- * func[1] and, for a parallel split, its reduction in func[2]. */
-enum { SMELT__CONV_F_DIRECT, SMELT__CONV_F_IGEMM, SMELT__CONV_F_REDUCE };
+/* Plan functions: the reference kernel in func[0]; the mma.sync implicit
+ * GEMM's in func[1] or the Hopper one's in func[3] and, for a parallel
+ * split, the reduction in func[2]. */
+enum { SMELT__CONV_F_DIRECT, SMELT__CONV_F_IGEMM, SMELT__CONV_F_REDUCE, SMELT__CONV_F_SM90 };
+
+/* Facts about the views that both implicit GEMMs ask: x's channels (axis
+ * 3) unit-strided and a multiple of 8, its other strides 16-byte multiples
+ * (16-bit elements); the stride of dims i0..i1 of t folded into one, or -1
+ * if they do not fold (size-1 dims fold whatever their stride); t as the
+ * GEMM's [rows, cols] matrix (NPQ or NHW rows of channels, or wgrad's dw as
+ * K rows of RSC), 0 if it does not fold. */
+int smelt__conv2d_gatherable(const smelt_tensor *x);
+int64_t smelt__conv2d_fold(const smelt_tensor *t, int i0, int i1);
+int smelt__conv2d_as_matrix(const smelt_tensor *t, int wgrad, int64_t *rs, int64_t *cs);
+
+/* The Hopper implicit GEMM's kernel sources (f16 and bf16, its variants). */
+int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max);
+/* Plans the Hopper implicit GEMM when the device, dtypes, channels, strides
+ * and sizes allow it (*taken = 1: plan->backend holds its launch,
+ * func[SMELT__CONV_F_SM90] its kernel, describe names it). */
+smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, int *taken);
+/* Runs a plan the Hopper implicit GEMM took; *ran = 0 when x or w of this
+ * run is not 16-byte aligned (the caller runs the reference kernel). */
+smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const *t, int *ran);
 
 /* The implicit GEMM's kernel sources (f16 and bf16, each kind, two tiles). */
 int smelt__conv2d_igemm_variants(smelt__kernel_src *out, int max);

@@ -86,16 +86,12 @@ int smelt__conv2d_igemm_variants(smelt__kernel_src *out, int max) {
 
 /* ---------------------------------------------------------------- preconditions */
 
-/* x's channels (axis 3) unit-strided and a multiple of 8, its other
- * strides 16-byte multiples (16-bit elements). */
-static int gatherable(const smelt_tensor *x) {
+int smelt__conv2d_gatherable(const smelt_tensor *x) {
   return x->shape[3] % 8 == 0 && x->strides[3] == 1 && x->strides[0] % 8 == 0 && x->strides[1] % 8 == 0 &&
          x->strides[2] % 8 == 0;
 }
 
-/* The stride of dims i0..i1 of t folded into one, or -1 if they do not
- * fold (size-1 dims fold whatever their stride). */
-static int64_t fold(const smelt_tensor *t, int i0, int i1) {
+int64_t smelt__conv2d_fold(const smelt_tensor *t, int i0, int i1) {
   int64_t stride = t->strides[i1], extent = t->shape[i1];
   for (int j = i1 - 1; j >= i0; j--) {
     if (t->shape[j] == 1) continue;
@@ -109,11 +105,9 @@ static int64_t fold(const smelt_tensor *t, int i0, int i1) {
   return stride;
 }
 
-/* t as the GEMM's [rows, cols] matrix: NPQ or NHW rows of channels, or
- * wgrad's dw as K rows of RSC. Returns 0 if it does not fold. */
-static int as_matrix(const smelt_tensor *t, int wgrad, int64_t *rs, int64_t *cs) {
-  *rs = wgrad ? t->strides[0] : fold(t, 0, 2);
-  *cs = wgrad ? fold(t, 1, 3) : t->strides[3];
+int smelt__conv2d_as_matrix(const smelt_tensor *t, int wgrad, int64_t *rs, int64_t *cs) {
+  *rs = wgrad ? t->strides[0] : smelt__conv2d_fold(t, 0, 2);
+  *cs = wgrad ? smelt__conv2d_fold(t, 1, 3) : t->strides[3];
   return *rs >= 0 && *cs >= 0;
 }
 
@@ -128,22 +122,22 @@ static int serves(const smelt_plan *plan, const smelt_tensor *t, int64_t *m, int
   int64_t rs, cs;
   switch (d->kind) {
     case SMELT_CONV2D_FPROP: /* x gathered; w [K, RSC] K-major */
-      if (!gatherable(a) || fold(b, 1, 3) != 1 || b->strides[0] % 8 != 0) return 0;
+      if (!smelt__conv2d_gatherable(a) || smelt__conv2d_fold(b, 1, 3) != 1 || b->strides[0] % 8 != 0) return 0;
       *m = st->n * st->p * st->q, *n = st->k, *kk = st->r * st->s * st->c;
       break;
     case SMELT_CONV2D_DGRAD: /* dy gathered; w gathered by rows (r, s, k) of C */
-      if (!gatherable(a) || !gatherable(b)) return 0;
+      if (!smelt__conv2d_gatherable(a) || !smelt__conv2d_gatherable(b)) return 0;
       *m = st->n * st->h * st->w, *n = st->c, *kk = st->r * st->s * st->k;
       break;
     default: /* wgrad: dy as [NPQ, K] MN-major; x gathered */
-      if (a->strides[3] != 1 || a->shape[3] % 8 != 0 || fold(a, 0, 2) < 0 || fold(a, 0, 2) % 8 != 0 ||
-          !gatherable(b))
+      if (a->strides[3] != 1 || a->shape[3] % 8 != 0 || smelt__conv2d_fold(a, 0, 2) < 0 || smelt__conv2d_fold(a, 0, 2) % 8 != 0 ||
+          !smelt__conv2d_gatherable(b))
         return 0;
       *m = st->k, *n = st->r * st->s * st->c, *kk = st->n * st->p * st->q;
       break;
   }
-  if (!as_matrix(dd, d->kind == SMELT_CONV2D_WGRAD, &rs, &cs)) return 0;
-  if (st->has_c && !as_matrix(&t[SMELT__CONV2D_C], d->kind == SMELT_CONV2D_WGRAD, &rs, &cs)) return 0;
+  if (!smelt__conv2d_as_matrix(dd, d->kind == SMELT_CONV2D_WGRAD, &rs, &cs)) return 0;
+  if (st->has_c && !smelt__conv2d_as_matrix(&t[SMELT__CONV2D_C], d->kind == SMELT_CONV2D_WGRAD, &rs, &cs)) return 0;
   /* Every index the gather computes fits an int; so do the image sizes. */
   return fits_int(*m) && fits_int(*n) && fits_int(*kk + 64) && fits_int(st->n * st->h * st->w) &&
          fits_int(st->n * st->p * st->q);
@@ -250,7 +244,7 @@ smelt_status smelt__conv2d_igemm_run(smelt_plan *plan, const smelt_tensor *const
       g.oh = (int)st->h, g.ow = (int)st->w;
       break;
     default: /* A = dy as [K, NPQ]: element (m, k) at m + k·(NPQ's folded stride) */
-      kp.p.a_rs = 1, kp.p.a_cs = fold(a, 0, 2);
+      kp.p.a_rs = 1, kp.p.a_cs = smelt__conv2d_fold(a, 0, 2);
       gather_of(&g, b);
       g.oh = (int)st->p, g.ow = (int)st->q;
       break;
@@ -259,10 +253,10 @@ smelt_status smelt__conv2d_igemm_run(smelt_plan *plan, const smelt_tensor *const
   g.pad_h = d->pad_h0, g.pad_w = d->pad_w0, g.st_h = d->stride_h, g.st_w = d->stride_w;
   g.dil_h = d->dilation_h, g.dil_w = d->dilation_w;
   kp.p.d = ptr(dd);
-  as_matrix(dd, wgrad, &kp.p.d_rs, &kp.p.d_cs);
+  smelt__conv2d_as_matrix(dd, wgrad, &kp.p.d_rs, &kp.p.d_cs);
   if (st->has_c) {
     kp.p.c = ptr(c);
-    as_matrix(c, wgrad, &kp.p.c_rs, &kp.p.c_cs);
+    smelt__conv2d_as_matrix(c, wgrad, &kp.p.c_rs, &kp.p.c_cs);
   }
   if (st->has_bias) {
     kp.p.bias = ptr(bias);

@@ -235,6 +235,13 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   return n;
 }
 
+smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int bn, int stages, int a_kmajor, int b_kmajor) {
+  smelt__gemm_kernel k[1];
+  int n = 0;
+  add(k, &n, sm90_layout(tc, (tile){.bm = 128, .bn = bn, .bk = 64, .stages = stages, .wm = 2}, a_kmajor, b_kmajor));
+  return k[0];
+}
+
 static const char *const tc_names[] = {"", "f16", "bf16", "tf32", "3xtf32", "i8", "fp8"};
 static const char *const acc_names[] = {"auto", "f32", "f16", "f64", "i32"};
 

@@ -1,5 +1,6 @@
-/* smelt_conv2d on CUDA. The implicit GEMM on the GEMM engine
- * (conv2d_igemm.c) takes the problems its preconditions allow; the rest
+/* smelt_conv2d on CUDA. The implicit GEMMs on the GEMM engine (Hopper's,
+ * conv2d_sm90.c, then mma.sync's, conv2d_igemm.c) take the problems their
+ * preconditions allow; the rest
  * run kernels/conv2d_direct.cu, the analytic reference path (one thread per
  * output element, f32 sums), one module per (kind, A's dtype, tf32), which
  * serves every description the core accepts: the iterator, stride support
@@ -42,7 +43,8 @@ static void make_src(smelt_conv2d_kind kind, smelt_dtype dt, int tf32, smelt__ke
 }
 
 int smelt__conv2d_variants(smelt__kernel_src *out, int max) {
-  int n = smelt__conv2d_igemm_variants(out, max);
+  int n = smelt__conv2d_sm90_variants(out, max);
+  n += smelt__conv2d_igemm_variants(max > n ? out + n : NULL, max > n ? max - n : 0);
   for (int kind = 0; kind < SMELT_CONV2D_KIND_COUNT; kind++) {
     for (size_t d = 0; d < sizeof cv_dtypes / sizeof *cv_dtypes; d++, n++)
       if (n < max) make_src((smelt_conv2d_kind)kind, cv_dtypes[d], 0, &out[n]);
@@ -62,6 +64,7 @@ static smelt_status plan_conv2d(smelt_plan *plan, const void *args) {
   plan->func[SMELT__CONV_F_DIRECT] = f;
   plan->block = BLOCK;
   int taken;
+  if ((s = smelt__conv2d_sm90_plan(plan, plan->t, &taken)) || taken) return s;
   if ((s = smelt__conv2d_igemm_plan(plan, plan->t, &taken)) || taken) return s;
   char core[sizeof plan->describe];
   snprintf(core, sizeof core, "%s", plan->describe);
@@ -84,7 +87,8 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   if (plan->backend) {
     int ran;
     smelt__nvtx_push("smelt_conv2d");
-    smelt_status s = smelt__conv2d_igemm_run(plan, t, &ran);
+    smelt_status s = plan->func[SMELT__CONV_F_SM90] ? smelt__conv2d_sm90_run(plan, t, &ran)
+                                                     : smelt__conv2d_igemm_run(plan, t, &ran);
     smelt__nvtx_pop();
     if (s || ran) return s;
   }

@@ -1,0 +1,345 @@
+/* Conv2d on Hopper as implicit GEMM: the GEMM engine's TMA + wgmma kernel
+ * (kernels/gemm_sm90.cu) with its producer warpgroup gathering the NHWC
+ * operand (kernels/conv2d_sm90.cuh), so the pipeline, the consumers, every
+ * epilogue and the parallel split are the GEMM's. Taken on cc 9.0 for f16
+ * and bf16 when the gathered tensor's channels are a multiple of 8 and
+ * fill at least three quarters of their 64-channel blocks (fprop's C,
+ * dgrad's K; wgrad needs C a multiple of 64), the filter's taps fold to one
+ * stride, the strides are 16-byte multiples and C and D fold to the GEMM's
+ * [M, N] matrix; the rest goes to the mma.sync implicit GEMM
+ * (conv2d_igemm.c) or the reference kernel. A serial split asked for also
+ * goes there (this kernel splits in parallel, which is deterministic too:
+ * the slices are added in order). */
+#include "conv2d_cuda.h"
+#include "gemm_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* kernels/conv2d_sm90.cuh's conv9_geom, field for field. */
+typedef struct smelt__conv9_kgeom {
+  uint64_t x;
+  int64_t xs_n, xs_h, xs_w;
+  int xh, xw, xc;
+  int oh, ow;
+  int s;
+  int pad_h, pad_w, st_h, st_w, dil_h, dil_w;
+  int cb;
+  int pad;
+} smelt__conv9_kgeom;
+
+_Static_assert(sizeof(smelt__conv9_kgeom) == 88, "smelt__conv9_kgeom must match conv9_geom");
+
+/* The variants: per 16-bit type, fprop and dgrad at 128 x 128 (six stages)
+ * and 128 x 64 (eight: a layer of 64 output channels), wgrad at 128 x 128. */
+typedef struct conv9_variant {
+  smelt_conv2d_kind kind;
+  int bn, stages;
+} conv9_variant;
+
+static const conv9_variant variants[] = {
+    {SMELT_CONV2D_FPROP, 128, 6}, {SMELT_CONV2D_FPROP, 64, 8}, {SMELT_CONV2D_DGRAD, 128, 6},
+    {SMELT_CONV2D_DGRAD, 64, 8},  {SMELT_CONV2D_WGRAD, 128, 6},
+};
+#define NVARIANTS ((int)(sizeof variants / sizeof *variants))
+
+static const char *const kind_tags[SMELT_CONV2D_KIND_COUNT] = {"fprop", "dgrad", "wgrad"};
+
+/* Variant v's kernel: A K-major (gathered) but for wgrad (dy MN-major), B
+ * K-major for fprop (w), MN-major otherwise. */
+static smelt__gemm_kernel kernel_of(int tc, const conv9_variant *v) {
+  return smelt__gemm_sm90_kernel(tc, v->bn, v->stages, v->kind != SMELT_CONV2D_WGRAD, v->kind == SMELT_CONV2D_FPROP);
+}
+
+static void make_src(const smelt__gemm_kernel *k, smelt_conv2d_kind kind, smelt__kernel_src *src) {
+  smelt__gemm_kernel_src(k, src);
+  const size_t len = strlen(src->name);
+  snprintf(src->name + len, sizeof src->name - len, "_conv_%s", kind_tags[kind]);
+  smelt__prelude_define(src, "GEMM_CONV", (int)kind + 1);
+}
+
+int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max) {
+  int n = 0;
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    for (int v = 0; v < NVARIANTS; v++, n++)
+      if (n < max) {
+        const smelt__gemm_kernel k = kernel_of(tc, &variants[v]);
+        make_src(&k, variants[v].kind, &out[n]);
+      }
+  return n;
+}
+
+/* ---------------------------------------------------------------- preconditions */
+
+/* What the plan decided (plan->backend). */
+typedef struct conv9_plan {
+  smelt__gemm_kernel k;
+  int64_t m, n, kk; /* the GEMM; kk is K' (fprop, dgrad: taps x cb x 64) */
+  int cb;           /* fprop, dgrad: 64-channel blocks a tap */
+  int splits;       /* parallel slices (1: none) */
+  int64_t k_slice;
+} conv9_plan;
+
+static int fits_int(int64_t v) { return v >= 0 && v < ((int64_t)1 << 31); }
+
+/* ch channels fill at least three quarters of their 64-channel blocks (the
+ * rest of a block is zeros the tensor cores multiply). */
+static int dense_blocks(int64_t ch) { return ch % 8 == 0 && ch * 4 >= smelt__ceil_div(ch, 64) * 64 * 3; }
+
+/* The filter w [K, R, S, C]: channels unit-strided, taps (r, s) folded to
+ * one stride, both strides 16-byte multiples (a TMA map over it). */
+static int filter_ok(const smelt_tensor *w) {
+  const int64_t rs = smelt__conv2d_fold(w, 1, 2);
+  return w->strides[3] == 1 && rs > 0 && rs % 8 == 0 && w->strides[0] % 8 == 0 && w->strides[0] > 0;
+}
+
+/* Whether this kernel serves the plan's problem; the GEMM's sizes. */
+static int serves(const smelt_plan *plan, const smelt_tensor *t, conv9_plan *cp) {
+  const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
+  const smelt_conv2d_desc *d = &st->desc;
+  const smelt_device_info *dev = &plan->ctx->cuda->info;
+  const smelt_tensor *a = &t[SMELT__CONV2D_A], *b = &t[SMELT__CONV2D_B], *dd = &t[SMELT__CONV2D_D];
+  if (dev->cc_major != 9 || dev->cc_minor != 0) return 0;
+  if ((a->dtype != SMELT_DTYPE_F16 && a->dtype != SMELT_DTYPE_BF16) || b->dtype != a->dtype ||
+      d->math == SMELT_GEMM_MATH_TF32)
+    return 0;
+  if (!st->auto_split && d->split_k_slices > 1 && d->split_k_mode != SMELT_CONV2D_SPLIT_K_PARALLEL) return 0;
+  switch (d->kind) {
+    case SMELT_CONV2D_FPROP: /* x gathered; w through a map (C, RS, K) */
+      if (!smelt__conv2d_gatherable(a) || !dense_blocks(st->c) || !filter_ok(b)) return 0;
+      cp->cb = (int)smelt__ceil_div(st->c, 64);
+      cp->m = st->n * st->p * st->q, cp->n = st->k, cp->kk = st->r * st->s * cp->cb * 64;
+      break;
+    case SMELT_CONV2D_DGRAD: /* dy gathered; w through a map (C, K, RS) */
+      if (!smelt__conv2d_gatherable(a) || !dense_blocks(st->k) || !filter_ok(b) || st->c % 8 != 0) return 0;
+      cp->cb = (int)smelt__ceil_div(st->k, 64);
+      cp->m = st->n * st->h * st->w, cp->n = st->c, cp->kk = st->r * st->s * cp->cb * 64;
+      break;
+    default: { /* wgrad: dy as [K, NPQ] MN-major through a map; x gathered */
+      const int64_t pix = smelt__conv2d_fold(a, 0, 2);
+      if (st->c % 64 != 0 || !smelt__conv2d_gatherable(b) || a->strides[3] != 1 || pix <= 0 || pix % 8 != 0)
+        return 0;
+      cp->cb = 0;
+      cp->m = st->k, cp->n = st->r * st->s * st->c, cp->kk = st->n * st->p * st->q;
+      break;
+    }
+  }
+  int64_t rs, cs;
+  const int wgrad = d->kind == SMELT_CONV2D_WGRAD;
+  if (!smelt__conv2d_as_matrix(dd, wgrad, &rs, &cs)) return 0;
+  if (st->has_c && !smelt__conv2d_as_matrix(&t[SMELT__CONV2D_C], wgrad, &rs, &cs)) return 0;
+  /* Every index the gather and the tile walk compute fits an int. */
+  return fits_int(cp->m) && fits_int(cp->n) && fits_int(cp->kk + 64) && fits_int(st->n * st->h * st->w) &&
+         fits_int(st->n * st->p * st->q) && st->h < 32768 && st->w < 32768 && st->p < 32768 && st->q < 32768;
+}
+
+smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, int *taken) {
+  const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
+  const smelt_conv2d_desc *d = &st->desc;
+  *taken = 0;
+  conv9_plan c;
+  memset(&c, 0, sizeof c);
+  if (!serves(plan, t, &c)) return SMELT_OK;
+  const int tc = t[SMELT__CONV2D_A].dtype == SMELT_DTYPE_F16 ? SMELT__TC_F16 : SMELT__TC_BF16;
+  const int64_t sms = plan->ctx->cuda->info.sm_count;
+  /* fprop and dgrad: the 64-wide tile for N <= 64, or when the 128-wide
+   * tiles would busy at most half the SMs; wgrad: 128 x 128, split. */
+  int v = d->kind == SMELT_CONV2D_FPROP ? 0 : d->kind == SMELT_CONV2D_DGRAD ? 2 : 4;
+  if (d->kind != SMELT_CONV2D_WGRAD &&
+      (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms))
+    v++;
+  c.k = kernel_of(tc, &variants[v]);
+  const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn), ktiles = smelt__ceil_div(c.kk, 64);
+  int64_t splits = st->auto_split ? 1 : d->split_k_slices;
+  if (st->auto_split)
+    /* Few output tiles and a long K (wgrad's NPQ): as many slices as fill
+     * the SMs once, each at least 8 K steps. */
+    while (tiles * splits * 2 <= sms && ktiles / (splits * 2) >= 8 && splits * 2 <= SMELT_GEMM_MAX_SPLIT_K) splits *= 2;
+  c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
+  c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
+  smelt__kernel_src src;
+  make_src(&c.k, d->kind, &src);
+  CUfunction f;
+  smelt_status s = smelt__cuda_function(plan->ctx, &src, "gemm_sm90", &f);
+  if (!s && c.splits > 1) {
+    smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
+    const int tn = smelt__gemm_table(table);
+    smelt__kernel_src rsrc;
+    smelt__gemm_kernel_src(&table[smelt__gemm_reduce_kernel(table, tn, SMELT_GEMM_ACC_F32)], &rsrc);
+    CUfunction fr;
+    if (!(s = smelt__cuda_function(plan->ctx, &rsrc, "gemm_reduce", &fr))) plan->func[SMELT__CONV_F_REDUCE] = fr;
+  }
+  if (s) return s;
+  conv9_plan *cp = (conv9_plan *)malloc(sizeof *cp);
+  if (!cp) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_conv2d: the plan's launch record");
+  *cp = c;
+  plan->func[SMELT__CONV_F_SM90] = f;
+  plan->backend = cp;
+  plan->backend_free = free;
+  *taken = 1;
+  char core[sizeof plan->describe];
+  snprintf(core, sizeof core, "%s", plan->describe);
+  snprintf(plan->describe, sizeof plan->describe, "implicit GEMM %.48s, %s x%d: %.80s", src.name,
+           c.splits == 1 ? "no split" : "parallel", c.splits, core);
+  return SMELT_OK;
+}
+
+/* ---------------------------------------------------------------- run */
+
+static uint64_t ptr(const smelt_tensor *t) { return t ? (uint64_t)(uintptr_t)t->data : 0; }
+
+/* A tensor map of rank 2 or 3 (dims innermost first, strides in bytes of
+ * the outer dims) in boxes `box` with the 128-byte swizzle. */
+static smelt_status map_of(smelt__cu_tensor_map *map, int tdt, const void *data, unsigned rank, const uint64_t *dims,
+                           const uint64_t *strides, const unsigned *box) {
+  static const unsigned ones[3] = {1, 1, 1};
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeTiled(map, tdt, rank, (void *)data, dims, strides, box, ones,
+                                                        SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B,
+                                                        SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
+  return r ? smelt__cu_error(r, "smelt_conv2d", "cuTensorMapEncodeTiled") : SMELT_OK;
+}
+
+static int tma_dtype(smelt_dtype dt) {
+  return dt == SMELT_DTYPE_BF16 ? SMELT__TMA_BF16 : dt == SMELT_DTYPE_F16 ? SMELT__TMA_F16 : SMELT__TMA_F32;
+}
+
+/* The TMA operand: fprop's w as (C, RS, K) in boxes {64, 1, BN} (BN
+ * K-major rows); dgrad's w as (C, K, RS) in boxes {64, 64, 1} (a panel of
+ * 64 columns of C by 64 rows of k); wgrad's dy as (K, NPQ) in boxes
+ * {64, 64} (a panel of 64 columns of M by 64 rows of NPQ). */
+static smelt_status operand_map(const smelt__conv2d_state *st, const conv9_plan *cp, const smelt_tensor *const *t,
+                                smelt__cu_tensor_map *map) {
+  const smelt_tensor *a = t[SMELT__CONV2D_A], *w = t[SMELT__CONV2D_B];
+  const int tdt = tma_dtype(a->dtype);
+  if (st->desc.kind == SMELT_CONV2D_WGRAD) {
+    const uint64_t dims[2] = {(uint64_t)st->k, (uint64_t)(st->n * st->p * st->q)},
+                   strides[1] = {(uint64_t)smelt__conv2d_fold(a, 0, 2) * 2};
+    const unsigned box[2] = {64, 64};
+    return map_of(map, tdt, a->data, 2, dims, strides, box);
+  }
+  const uint64_t rs = (uint64_t)smelt__conv2d_fold(w, 1, 2) * 2, ks = (uint64_t)w->strides[0] * 2,
+                 taps = (uint64_t)(st->r * st->s);
+  if (st->desc.kind == SMELT_CONV2D_FPROP) {
+    const uint64_t dims[3] = {(uint64_t)st->c, taps, (uint64_t)st->k}, strides[2] = {rs, ks};
+    const unsigned box[3] = {64, 1, (unsigned)cp->k.bn};
+    return map_of(map, tdt, w->data, 3, dims, strides, box);
+  }
+  const uint64_t dims[3] = {(uint64_t)st->c, (uint64_t)st->k, taps}, strides[2] = {ks, rs};
+  const unsigned box[3] = {64, 64, 1};
+  return map_of(map, tdt, w->data, 3, dims, strides, box);
+}
+
+/* How the fast epilogue can write D (kernels/gemm_sm90.cu): 1 through TMA
+ * stores (16-bit or f32 row-major rows of whole 16-byte units, 16-byte
+ * aligned, no C), else 0 (the general epilogue, element by element). */
+static int fast_d(const smelt__gemm_kparams *kp) {
+  const int es = kp->dt_d == SMELT_DTYPE_F32 ? 4 : 2;
+  if (kp->has_c || (kp->dt_d != SMELT_DTYPE_F32 && kp->dt_d != SMELT_DTYPE_F16 && kp->dt_d != SMELT_DTYPE_BF16))
+    return 0;
+  return kp->p.d_cs == 1 && (kp->p.d_rs * es) % 16 == 0 && (kp->p.n * es) % 16 == 0 && kp->p.d % 16 == 0;
+}
+
+smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const *t, int *ran) {
+  const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
+  const smelt_conv2d_desc *d = &st->desc;
+  const smelt_gemm_epilogue *e = &d->epilogue;
+  const conv9_plan *cp = (const conv9_plan *)plan->backend;
+  const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B], *c = t[SMELT__CONV2D_C],
+                     *dd = t[SMELT__CONV2D_D], *bias = t[SMELT__CONV2D_BIAS];
+  *ran = 0;
+  if ((ptr(a) | ptr(b)) % 16) return SMELT_OK;
+  *ran = 1;
+  const int wgrad = d->kind == SMELT_CONV2D_WGRAD;
+  smelt__gemm_kparams kp;
+  smelt__conv9_kgeom g;
+  memset(&kp, 0, sizeof kp);
+  memset(&g, 0, sizeof g);
+  kp.p.m = cp->m, kp.p.n = cp->n, kp.p.k = cp->kk;
+  const smelt_tensor *x = wgrad ? b : a; /* the gathered tensor */
+  g.x = ptr(x);
+  g.xs_n = x->strides[0], g.xs_h = x->strides[1], g.xs_w = x->strides[2];
+  g.xh = (int)x->shape[1], g.xw = (int)x->shape[2], g.xc = (int)x->shape[3];
+  g.oh = (int)(d->kind == SMELT_CONV2D_DGRAD ? st->h : st->p);
+  g.ow = (int)(d->kind == SMELT_CONV2D_DGRAD ? st->w : st->q);
+  g.s = (int)st->s;
+  g.pad_h = d->pad_h0, g.pad_w = d->pad_w0, g.st_h = d->stride_h, g.st_w = d->stride_w;
+  g.dil_h = d->dilation_h, g.dil_w = d->dilation_w;
+  g.cb = cp->cb;
+  kp.p.d = ptr(dd);
+  smelt__conv2d_as_matrix(dd, wgrad, &kp.p.d_rs, &kp.p.d_cs);
+  if (st->has_c) {
+    kp.p.c = ptr(c);
+    smelt__conv2d_as_matrix(c, wgrad, &kp.p.c_rs, &kp.p.c_cs);
+  }
+  if (st->has_bias) {
+    kp.p.bias = ptr(bias);
+    kp.p.bias_s = bias->strides[0];
+    kp.dt_bias = bias->dtype;
+  }
+  kp.alpha_ab = e->alpha * (double)e->scale_a * (double)e->scale_b;
+  kp.beta = e->beta;
+  kp.scale_d = e->scale_d;
+  kp.slope = e->slope;
+  kp.dt_a = kp.dt_b = a->dtype;
+  kp.dt_c = st->has_c ? (int)c->dtype : 0;
+  kp.dt_d = dd->dtype;
+  kp.act = e->act;
+  kp.clamp = e->clamp != 0;
+  kp.has_c = st->has_c;
+  kp.has_bias = st->has_bias;
+  kp.swizzle = 8;
+  kp.mode = cp->splits > 1 ? SMELT__KMODE_PARALLEL : SMELT__KMODE_PLAIN;
+  kp.splits = cp->splits;
+  kp.k_slice = cp->k_slice;
+  const int64_t tiles_m = smelt__ceil_div(cp->m, cp->k.bm), tiles_n = smelt__ceil_div(cp->n, cp->k.bn);
+  kp.tiles_m = (int)tiles_m, kp.tiles_n = (int)tiles_n;
+  if (tiles_m * tiles_n == 0) return SMELT_OK;
+  smelt_ctx *ctx = plan->ctx;
+  smelt__cu_tensor_map top, td;
+  smelt_status s = operand_map(st, cp, t, &top);
+  if (s) return s;
+  smelt__gemm_kparams kq = kp; /* what the main kernel runs: the split's identity epilogue into f32 slices */
+  int fast = fast_d(&kp);
+  void *ws = NULL;
+  if (kp.mode == SMELT__KMODE_PARALLEL) {
+    if ((s = smelt__gemm_split_workspace(ctx, &kp, cp->m, cp->n, tiles_m * tiles_n, sizeof(float), &ws)) && !ws)
+      return s;
+    if (!s) {
+      kq = kp;
+      kq.alpha_ab = 1.0;
+      kq.scale_d = 1.0f;
+      kq.act = SMELT_ACT_IDENTITY;
+      kq.clamp = kq.has_c = kq.has_bias = 0;
+      kq.dt_d = SMELT_DTYPE_F32;
+      fast = 1;
+      const uint64_t dims[3] = {(uint64_t)cp->n, (uint64_t)cp->m, (uint64_t)cp->splits},
+                     strides[2] = {(uint64_t)cp->n * 4, (uint64_t)(cp->m * cp->n) * 4};
+      const unsigned box[3] = {32, 64, 1};
+      s = map_of(&td, SMELT__TMA_F32, (const void *)(uintptr_t)kp.workspace, 3, dims, strides, box);
+    }
+  } else if (fast) {
+    const int es = kp.dt_d == SMELT_DTYPE_F32 ? 4 : 2;
+    const uint64_t dims[2] = {(uint64_t)cp->n, (uint64_t)cp->m}, strides[1] = {(uint64_t)kp.p.d_rs * (uint64_t)es};
+    const unsigned box[2] = {(unsigned)(128 / es), 64};
+    s = map_of(&td, tma_dtype(dd->dtype), dd->data, 2, dims, strides, box);
+  } else {
+    td = top; /* not read by the general epilogue */
+  }
+  /* The kernel's A and B maps: the one operand that comes by TMA is A for
+   * wgrad and B otherwise; the other map is not read. */
+  const void *gmaps = NULL;
+  void *params[] = {&top, &top, &td, &kq, &fast, &gmaps, &g};
+  const int64_t units = tiles_m * tiles_n * cp->splits, sms = ctx->cuda->info.sm_count;
+  if (!s)
+    s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_SM90],
+                           (unsigned)(units < sms ? units : sms), 1, 1, (unsigned)cp->k.threads, (unsigned)cp->k.smem,
+                           params);
+  if (!s && kp.mode == SMELT__KMODE_PARALLEL)
+    s = smelt__gemm_split_reduce(ctx, "smelt_conv2d", plan->func[SMELT__CONV_F_REDUCE], &kp, cp->m, cp->n);
+  if (ws) {
+    smelt_status s2 = smelt__cuda_free(ctx, ws);
+    if (!s) s = s2;
+  }
+  return s;
+}
