@@ -363,6 +363,7 @@ SMELT_API smelt_status smelt_precompile(const char *arch, smelt_progress_fn prog
 #include "smelt/norm.h"
 #include "smelt/rotary.h"
 #include "smelt/qgemm.h"
+#include "smelt/graph.h"
 
 #ifdef __cplusplus
 }
