@@ -24,6 +24,7 @@ extern const th_test th_tests_threads[];
 extern const th_test th_tests_inputs[];
 extern const th_test th_tests_moe_bwd[];
 extern const th_test th_tests_attn_mods[];
+extern const th_test th_tests_graph[];
 /* Every op family has a suite of its name (src/core/families.h). */
 #define SUITE_DECL(name) extern const th_test th_tests_##name[];
 SMELT__FAMILY_LIST(SUITE_DECL)
@@ -47,6 +48,7 @@ static const struct {
     {"gemm_scales", th_tests_gemm_scales},
     {"gemm_fp8blk", th_tests_gemm_fp8blk},
     {"epi_graph", th_tests_epi_graph},
+    {"graph", th_tests_graph},
     {"compile", th_tests_compile},
 };
 
