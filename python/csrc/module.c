@@ -276,7 +276,7 @@ PyMODINIT_FUNC PyInit__smelt(void) {
       add_methods(m, smpy_moe_methods) < 0 || add_methods(m, smpy_epi_methods) < 0 ||
       add_methods(m, smpy_bem_methods) < 0 ||
       add_methods(m, smpy_dlpack_methods) < 0 || smpy_ctx_type_init(m) < 0 || smpy_tensor_type_init(m) < 0 ||
-      smpy_store_type_init(m) < 0 ||
+      smpy_store_type_init(m) < 0 || smpy_graph_type_init(m) < 0 ||
       smpy_ops_init(m) < 0 || PyModule_AddStringConstant(m, "__version__", smelt_version_string()) < 0 ||
       PyModule_AddIntConstant(m, "MAX_DIMS", SMELT_MAX_DIMS) < 0) {
     Py_DECREF(m);

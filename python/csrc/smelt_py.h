@@ -139,6 +139,9 @@ int smpy_store_type_init(PyObject *module);
  * ArgumentError (closed) naming op. */
 smpy_store *smpy_store_of(PyObject *o, const char *op);
 
+/* ---- the fusion planner (graph.c): _smelt.Graph */
+int smpy_graph_type_init(PyObject *module);
+
 /* ---- DLPack consumption (dlpack_in.c) */
 
 #define SMPY_MAX_ARGS 32

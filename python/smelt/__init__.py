@@ -1280,6 +1280,10 @@ from ._bem import bem_backward, bem_benchmark, bem_update, bem_validate  # noqa:
 
 __all__ += ["bem_backward", "bem_benchmark", "bem_update", "bem_validate"]
 
+from .graph import Graph  # noqa: E402
+
+__all__ += ["Graph"]
+
 
 def __getattr__(name):
     # `smelt.torch` without an explicit import (imports torch).
