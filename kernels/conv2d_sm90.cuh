@@ -27,12 +27,17 @@
  * (a 16-byte chunk never crosses a tap or the channels' end); every index
  * below fits an int.
  *
- * A stage's gathered copies complete on its full barrier: each thread's
- * cp.async.mbarrier.arrive lets the phase wait for its copies, then one
- * arrival a warp (5 arrivals a phase with thread 0's expect_tx). cp.async
- * writes through the generic proxy and wgmma reads through the async one,
- * so each consumer thread fences the proxies after its full-barrier wait
- * (conv_ready). */
+ * cp.async writes shared memory through the generic proxy and wgmma reads
+ * it through the async one, so the bytes must pass a proxy fence between
+ * the two, and the writing thread's fence is the one that orders them. So
+ * a producer thread commits each stage's copies as a group and signals a
+ * stage CONV_LAG stages later: it waits for that stage's group
+ * (cp.async.wait_group), fences, and its warp arrives on the stage's full
+ * barrier once (5 arrivals a phase with thread 0's expect_tx); after its
+ * last tile it signals the stages still pending. Any lag below the
+ * ring's depth is free of deadlock (the stage a producer waits to refill
+ * was signalled CONV_LAG steps before); half the ring leaves the copies a
+ * few steps to land before the producer waits on them. */
 #ifndef SMELT_CONV2D_SM90_CUH
 #define SMELT_CONV2D_SM90_CUH
 
@@ -59,10 +64,19 @@ static_assert(sizeof(conv9_geom) == 88, "conv9_geom must match smelt__conv9_kgeo
 #define GEMM_CONV_PARAM , const conv9_geom G
 /* Full-barrier arrivals a phase: one a producer warp, one expect_tx. */
 #define CONV_FULL_COUNT 5
+#define CONV_LAG (GEMM_STAGES / 2)
+#if CONV_LAG < 1 || CONV_LAG >= GEMM_STAGES
+#error "GEMM_CONV: the signal lag must lie in [1, GEMM_STAGES)"
+#endif
 
-/* After a full-barrier wait: the stage's gathered bytes (generic proxy)
- * ordered before this thread's wgmma reads (async proxy). */
-static __device__ __forceinline__ void conv_ready(void) { fence_proxy_async(); }
+/* This thread's copies of the stage at bar (complete: the caller waited
+ * for their group) made visible to the async proxy, then one arrival for
+ * the warp. */
+static __device__ __forceinline__ void conv9_signal(u32 bar, int tid) {
+  fence_proxy_async();
+  __syncwarp();
+  if ((tid & 31) == 0) mbar_arrive(bar);
+}
 
 #if GEMM_CONV != 3
 /* A's rows for thread tid: rows tid/8 + 16 i (i < 8) of the tile, each at
@@ -175,7 +189,7 @@ static __device__ __forceinline__ void conv9_gather_b(u32 sb, const conv9_geom &
 static __device__ __forceinline__ void conv9_produce(const gemm_params &P, const conv9_geom &G, const tmap_t *tma_a,
                                                      const tmap_t *tma_b, const tmap_t *tma_d, u32 base, u32 full,
                                                      u32 empty, int unit0, int units_step, int tiles, int tid) {
-  int stage = 0;
+  int stage = 0, oldest = 0, pending = 0; /* oldest: the first stage not yet signalled */
   u32 phase = 0;
   sm90_cursor g = {0};
   for (int t = unit0; t < tiles; t += units_step) {
@@ -212,14 +226,23 @@ static __device__ __forceinline__ void conv9_produce(const gemm_params &P, const
 #else
       conv9_gather_a(sa, G, rows, ks, tid);
 #endif
-      cp_async_mbar_arrive(bar);
-      __syncwarp();
-      if ((tid & 31) == 0) mbar_arrive(bar);
+      cp_async_commit();
+      if (++pending > CONV_LAG) {
+        CP_ASYNC_WAIT(CONV_LAG);
+        conv9_signal(full + 8 * oldest, tid);
+        oldest = oldest + 1 == GEMM_STAGES ? 0 : oldest + 1;
+        pending--;
+      }
       if (++stage == GEMM_STAGES) {
         stage = 0;
         phase ^= 1;
       }
     }
+  }
+  CP_ASYNC_WAIT(0);
+  for (; pending > 0; pending--) {
+    conv9_signal(full + 8 * oldest, tid);
+    oldest = oldest + 1 == GEMM_STAGES ? 0 : oldest + 1;
   }
 }
 

@@ -100,6 +100,11 @@
  * numbered entry by entry, and A, B and D come through 3-D maps whose z is
  * the entry (a broadcast A or B, batch stride 0, through a 2-D map).
  *
+ * Conv2d (GEMM_CONV 1 fprop, 2 dgrad, 3 wgrad; conv2d_sm90.cuh): the
+ * implicit GEMM on this pipeline, the whole producer warpgroup gathering the
+ * NHWC operand with cp.async into the stages' swizzled layout while thread
+ * 0 loads the other operand by TMA; no registers move between warpgroups.
+ *
  * Shared memory: TMA writes each 128-byte row of K with the 128-byte
  * swizzle, which is the K-major layout wgmma reads with SBO = 1024 (eight
  * rows); stages are 1024-byte aligned so the swizzle phase starts at 0, and
@@ -1146,9 +1151,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     /* K step 0 (peeled, so the first wgmma, which overwrites d, has a call
      * site of its own and d is never merged from two definitions). */
     mbar_wait(full + 8 * stage, phase);
-#if GEMM_CONV
-    conv_ready();
-#endif
     mma_stage(d, base + stage * STAGE_BYTES, c, 1);
     int prev = stage;
     if (++stage == GEMM_STAGES) {
@@ -1162,9 +1164,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
     for (int kt = 1; kt < ktiles; kt++) {
       mbar_wait(full + 8 * stage, phase);
-#if GEMM_CONV
-      conv_ready();
-#endif
 #if PROMOTE
       if (kt % PROMOTE == 0) {
         /* The last P stages' sum into f32 registers, then a fresh one
