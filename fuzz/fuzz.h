@@ -169,5 +169,6 @@ void fz_conv2d(fz *f);
 void fz_moe(fz *f);
 void fz_bem(fz *f);
 void fz_quant(fz *f);
+void fz_graph(fz *f);
 
 #endif

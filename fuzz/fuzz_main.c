@@ -519,7 +519,7 @@ typedef void (*entry)(fz *);
 static const entry entries[] = {fz_activation, fz_softmax, fz_topk, fz_helpers, fz_gemm, fz_gemm_array,
                                 fz_gemm_grouped, fz_gemm_grouped_offs, fz_attention, fz_attention_varlen,
                                 fz_peer, fz_peer_store, fz_conv2d, fz_moe, fz_bem, fz_quant,
-                                fz_attention_decode, fz_norm, fz_residual_add, fz_rotary, fz_qgemm};
+                                fz_attention_decode, fz_norm, fz_residual_add, fz_rotary, fz_qgemm, fz_graph};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(fz_arena, pristine, FZ_ARENA_BYTES);
