@@ -438,6 +438,25 @@ static void test_bad_ops(void) {
          "a tensor named \"h\" exists already");
   tg_free(&e.b);
   vals_free(&vals);
+
+  /* A lone mul runs on the GEMM engine with K = 0: its output's leading
+   * dims must fold into rows. */
+  bad_new(&e, th_cpu(), &vals);
+  const int64_t s3[3] = {3, 4, 10}, st[3] = {100, 12, 1};
+  const int p = in(&e.b, "p", 3, s3), q = in(&e.b, "q", 3, s3);
+  tt *o = &e.b.t[e.b.n++];
+  o->kind = T_OUT, o->dt = SMELT_DTYPE_BF16, o->v = th_view_make(3, s3, st, 0);
+  o->b = th_buf_new(th_cpu(), (size_t)o->v.storage * 2);
+  o->t = th_view_tensor(&o->v, &o->b, o->dt);
+  CHECK_OK(smelt_graph_output(e.b.g, "pq", &o->t, &o->id));
+  CHECK_OK(smelt_graph_binary(e.b.g, SMELT_GRAPH_MUL, p, q, o->id));
+  CHECK_OK(smelt_graph_gemm(e.b.g, NULL, e.x, e.w, e.y));
+  CHECK_OK(smelt_graph_gemm(e.b.g, NULL, e.x, e.w, e.y2));
+  EXPECT(smelt_graph_plan(e.b.g, 0), SMELT_STATUS_UNSUPPORTED, "op 0 (mul): \"pq\" cannot be read as a matrix");
+  EXPECT(smelt_graph_plan(e.b.g, SMELT_GRAPH_UNFUSED), SMELT_STATUS_UNSUPPORTED, "leading dims do not fold");
+  untouched(&e);
+  tg_free(&e.b);
+  vals_free(&vals);
 }
 
 static void test_bad_graphs(void) {

@@ -181,10 +181,11 @@ int smelt__graph_chain_fits(const smelt__graph_chain *c, const smelt_graph *g, i
     snprintf(why, n, "the kernel holds %d ops already", SMELT__GRAPH_MAX_CHAIN);
     return 0;
   }
-  for (int i = 0; i < 2 && c->k0; i++)
-    if (o->in[i] >= 0 && !matrix_ok(g, o->in[i])) {
-      snprintf(why, n, "\"%s\" cannot be read as a [rows, %lld] matrix (its strides do not fold)",
-               g->tensors[o->in[i]].name, (long long)tview(g, o->in[i])->shape[tview(g, o->in[i])->ndim - 1]);
+  const int ts[3] = {o->in[0], o->in[1], o->out};
+  for (int i = 0; i < 3 && c->k0; i++)
+    if (ts[i] >= 0 && !matrix_ok(g, ts[i])) {
+      snprintf(why, n, "\"%s\" cannot be read as a matrix [rows, last dim] (its leading dims do not fold)",
+               g->tensors[ts[i]].name);
       return 0;
     }
   return 1;

@@ -168,6 +168,23 @@ static void lone_elementwise(const smelt_graph *g, smelt__graph_group *gr) {
   }
 }
 
+/* A chain without a GEMM reads its first op's tensors as matrices
+ * [rows, last dim] (later ops are checked as they join). */
+static smelt_status check_folds(const smelt_graph *g, int op) {
+  const smelt__graph_op *o = &g->ops[op];
+  const int ts[3] = {o->in[0], o->in[1], o->out};
+  smelt_tensor m;
+  char lbl[64];
+  for (int i = 0; i < 3; i++)
+    if (ts[i] >= 0 && !smelt__graph_as_matrix(tview(g, ts[i]), &m))
+      return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                          "smelt_graph_plan: %s: \"%s\" cannot be read as a matrix [rows, last dim] (its leading "
+                          "dims do not fold), which an elementwise op without a GEMM needs (it runs on the GEMM "
+                          "engine with K = 0)",
+                          smelt__graph_op_label(g, op, lbl, sizeof lbl), g->tensors[ts[i]].name);
+  return SMELT_OK;
+}
+
 /* Kernels in an order where each follows those it reads from (Kahn's,
  * lowest first). The rules never merge ops into a cycle; INTERNAL if
  * they did. */
@@ -224,6 +241,8 @@ smelt_status smelt__graph_group_ops(smelt_graph *g, const int *order, unsigned f
     } else if (g->ops[op].kind == SMELT__GOP_GEMM || smelt__graph_elementwise(g->ops[op].kind)) {
       chain_group(g, gr, op, fuse);
       lone_elementwise(g, gr);
+      smelt_status s = gr->kind == SMELT__GK_GEMM_EPI && gr->id[0] == SMELT__GR_FIXED ? check_folds(g, op) : SMELT_OK;
+      if (s) return s;
     } else {
       single_group(g, gr, op);
     }
