@@ -1,89 +1,158 @@
 /* Conv2d as implicit GEMM on the Hopper kernel: gemm_sm90.cu includes this
  * file when GEMM_CONV is set (1 fprop, 2 dgrad, 3 wgrad; 16-bit operands,
- * the cooperative 128-row tile, no clusters). The operand that is a gather
- * of an NHWC tensor cannot come by a tiled TMA box, so the producer is the
- * whole first warpgroup: each of its 128 threads copies eight 16-byte
- * chunks a stage with cp.async, straight into the 128-byte swizzled layout
- * the wgmma descriptors read (the layout TMA would have written), and the
- * other operand still comes by TMA from thread 0. Everything else (the
- * ring, the consumers, the epilogues, the parallel split) is the GEMM's.
+ * the cooperative 128-row tile, no clusters). Everything but the producer's
+ * loads (the ring, the consumers, the epilogues, the parallel split) is the
+ * GEMM's.
  *
  * The GEMMs (smelt/conv2d.h's table), with K in taps of 64-channel blocks
  * for fprop and dgrad: K' = R S cb 64 where cb = ceil(channels / 64), so a
  * K step is one tap (r, s) and one block of 64 channels, and the channels
- * past the tensor's (cb 64 > channels) are zeros on both sides:
- *   GEMM_CONV 1, fprop: M = NPQ, N = K, K'. A gathered from x (K-major);
+ * past the tensor's are zeros on both sides:
+ *   GEMM_CONV 1, fprop: M = NPQ, N = K, K'. A = x in TMA's im2col mode;
  *     B = w [K, R, S, C] through a 3-D map (C, RS, K) whose box {64, 1, BN}
  *     lands as BN K-major rows.
- *   GEMM_CONV 2, dgrad: M = NHW, N = C, K' over (r, s, k). A gathered from
- *     dy (a tap reaches dy's pixel (h + pad - r dil) / stride when that
- *     divides; others are zeros); B = w through a 3-D map (C, K, RS) whose
- *     boxes {64, 64, 1} land as the MN-major panels of 64 columns of C.
+ *   GEMM_CONV 2, dgrad: M = NHW, N = C, K' over (r, s, k). A = dy: in
+ *     im2col mode for a unit stride (dx's pixel h reads dy's row h + pad -
+ *     r dil, the flipped filter's im2col), gathered by the threads
+ *     otherwise (GEMM_CONV_GATHER 1; below); B = w through a 3-D map
+ *     (C, K, RS) whose boxes {64, 64, 1} land as the MN-major panels of 64
+ *     columns of C.
  *   GEMM_CONV 3, wgrad: M = K, N = R S C (C a multiple of 64: a panel of 64
- *     columns is one tap), K = NPQ. A = dy as [K, NPQ] MN-major by TMA; B
- *     gathered from x, MN-major.
- * The host guarantees: 16-bit operands; the gathered tensor's channels a
- * multiple of 8 with unit stride and its other strides 16-byte multiples
- * (a 16-byte chunk never crosses a tap or the channels' end); every index
- * below fits an int.
+ *     columns is one tap), K = NPQ. A = dy as [K, NPQ] MN-major through a
+ *     tiled map; B = x in im2col mode, 64 pixels a box: one MN-major panel.
  *
- * cp.async writes shared memory through the generic proxy and wgmma reads
- * it through the async one, so the bytes must pass a proxy fence between
- * the two, and the writing thread's fence is the one that orders them. So
- * a producer thread commits each stage's copies as a group and signals a
- * stage CONV_LAG stages later: it waits for that stage's group
- * (cp.async.wait_group), fences, and its warp arrives on the stage's full
- * barrier once (5 arrivals a phase with thread 0's expect_tx); after its
- * last tile it signals the stages still pending. Any lag below the
- * ring's depth is free of deadlock (the stage a producer waits to refill
- * was signalled CONV_LAG steps before); half the ring leaves the copies a
- * few steps to land before the producer waits on them. */
+ * TMA's im2col mode: a map over the NHWC tensor (dims C, W, H, N) with a
+ * pixel box (lower and upper corners: the positions of the filter's first
+ * tap that the conv visits, at the traversal stride), channelsPerPixel 64
+ * and pixelsPerColumn the box's rows. A load names the first row's pixel
+ * (c, w, h, n), its first tap's position, and the tap's offset (s, r)
+ * within the filter; TMA walks the rows through the pixel box in w, h, n
+ * order, and positions outside the tensor read zeros, which is the padding.
+ * Each row lands as 128 bytes with the 128-byte swizzle, the K-major
+ * (fprop, dgrad A) or MN-major panel (wgrad B) layout the wgmma reads. The
+ * host's conv9_geom carries the first tap's position per GEMM row:
+ * fprop and wgrad (p st - pad_h, q st - pad_w), dgrad (h + pad_h - (R - 1)
+ * dil_h, ...), whose taps come at offsets ((R - 1 - r) dil_h, ...).
+ *
+ * The strided dgrad's gather (GEMM_CONV_GATHER): dy's row for dx's pixel
+ * h and tap r is (h + pad - r dil) / stride when that divides (others read
+ * zeros), which no TMA mode walks; the whole producer warpgroup copies it
+ * with cp.async, eight 16-byte chunks a thread a stage, into the swizzled
+ * K-major layout, while thread 0 loads B by TMA. cp.async writes through
+ * the generic proxy and wgmma reads through the async one, so the bytes
+ * must pass the writing thread's proxy fence: a producer thread commits
+ * each stage's copies as a group and signals a stage CONV_LAG stages later
+ * (cp.async.wait_group, the fence, one arrival a warp: 5 arrivals a phase
+ * with thread 0's expect_tx); after its last tile it signals the stages
+ * still pending. Any lag below the ring's depth is free of deadlock (the
+ * stage a producer waits to refill was signalled CONV_LAG steps before).
+ * (Every pass ran on such a gather at first: 150-215 TFLOP/s on the
+ * H100's ResNet 3x3 layers, a step every ~1.2 us whatever the tile's
+ * work; TMA's loads replaced it where a TMA mode walks the operand.)
+ *
+ * The host guarantees: 16-bit operands; the im2col tensor's channels a
+ * multiple of 8 with unit stride, its other strides 16-byte multiples;
+ * the pixel box's corners within TMA's [-128, 127] and tap offsets below
+ * 2^16; every index below fits an int. */
 #ifndef SMELT_CONV2D_SM90_CUH
 #define SMELT_CONV2D_SM90_CUH
 
+#if !defined(GEMM_CONV_GATHER)
+#define GEMM_CONV_GATHER 0
+#endif
 #if GEMM_CONV < 1 || GEMM_CONV > 3 || AB_SIZE != 2 || BM != 128 || PINGPONG || CLUSTER > 1 || PROMOTE ||             \
-    BLOCK_SCALE || (GEMM_CONV == 3 && BN != 128) || A_MN != (GEMM_CONV == 3) || B_MN != (GEMM_CONV >= 2)
-#error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR), 3 wgrad (CR, BN 128); 16-bit, 128-row cooperative tiles"
+    BLOCK_SCALE || (GEMM_CONV == 3 && BN != 128) || A_MN != (GEMM_CONV == 3) || B_MN != (GEMM_CONV >= 2) ||         \
+    (GEMM_CONV_GATHER && GEMM_CONV != 2)
+#error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR; GEMM_CONV_GATHER 1 strided), 3 wgrad (CR, BN 128); 16-bit, 128-row tiles"
 #endif
 
 /* The geometry (mirrored by smelt__conv9_kgeom in src/cuda/conv2d_sm90.c). */
 typedef struct conv9_geom {
-  u64 x;                /* the gathered tensor: x (fprop, wgrad) or dy (dgrad) */
+  u64 x;                /* the gather's tensor: dy */
   i64 xs_n, xs_h, xs_w; /* its strides in elements; its channels have unit stride */
-  int xh, xw, xc;       /* its spatial extents and channels */
+  int xh, xw, xc;       /* the im2col (or gathered) tensor's spatial extents and channels */
   int oh, ow;           /* the spatial extents that number the GEMM's rows (fprop P, Q; dgrad H, W) or
                            wgrad's K (P, Q) */
-  int s;                /* taps per filter row */
+  int r, s;             /* taps per filter column and row */
   int pad_h, pad_w, st_h, st_w, dil_h, dil_w;
+  int y0, x0;           /* im2col: the first tap's position for the GEMM row (or K) pixel (0, 0) */
   int cb;               /* fprop, dgrad: 64-channel blocks a tap */
-  int pad;
 } conv9_geom;
 
-static_assert(sizeof(conv9_geom) == 88, "conv9_geom must match smelt__conv9_kgeom");
+static_assert(sizeof(conv9_geom) == 96, "conv9_geom must match smelt__conv9_kgeom");
 
-#define GEMM_CONV_PARAM , const conv9_geom G
-/* Full-barrier arrivals a phase: one a producer warp, one expect_tx. */
-#define CONV_FULL_COUNT 5
-#define CONV_LAG (GEMM_STAGES / 2)
-#if CONV_LAG < 1 || CONV_LAG >= GEMM_STAGES
-#error "GEMM_CONV: the signal lag must lie in [1, GEMM_STAGES)"
-#endif
+#define GEMM_CONV_PARAM , const __grid_constant__ conv9_geom G
 
-/* This thread's copies of the stage at bar (complete: the caller waited
- * for their group) made visible to the async proxy, then one arrival for
- * the warp. */
-static __device__ __forceinline__ void conv9_signal(u32 bar, int tid) {
-  fence_proxy_async();
-  __syncwarp();
-  if ((tid & 31) == 0) mbar_arrive(bar);
+/* ---------------------------------------------------------------- TMA loads */
+
+/* The im2col box at (c, w, h, n), the filter offset (ow, oh), into dst. */
+static __device__ __forceinline__ void tma_load_im2col(u32 dst, const tmap_t *map, int c, int w, int h, int n, int ow,
+                                                       int oh, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6], {%7, %8};" ::"r"(dst),
+      "l"((u64)map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar), "h"((unsigned short)ow), "h"((unsigned short)oh)
+      : "memory");
 }
 
-#if GEMM_CONV != 3
+/* The first tap's position (y, x) and image n of GEMM row (or K) pixel g. */
+static __device__ __forceinline__ void conv9_pixel(const conv9_geom &G, i64 g, int *n, int *y, int *x) {
+  const int hw = G.oh * G.ow, gg = (int)g, nn = gg / hw, rem = gg - nn * hw, oy = rem / G.ow;
+  *n = nn;
+  *y = G.y0 + oy * G.st_h;
+  *x = G.x0 + (rem - oy * G.ow) * G.st_w;
+}
+
+/* One K step ks of tile w into the stage at sa, completing on bar (thread
+ * 0; the caller expects STAGE_BYTES, or B_BYTES for the gather). */
+static __device__ __forceinline__ void conv9_load(u32 sa, const conv9_geom &G, const sm90_tile &w, int ks, u32 bar) {
+#if GEMM_CONV == 3
+  /* A: dy's MN-major panels; B: one im2col box a 64-column panel. */
+  load_a(sa, w, ks * BK, bar);
+  int n, y, x;
+  conv9_pixel(G, (i64)ks * BK, &n, &y, &x);
+#pragma unroll
+  for (int p = 0; p < BN / 64; p++) {
+    const i64 col = (i64)w.tn * BN + 64 * p;
+    /* A panel past N (R S C, a multiple of 64) reads channel C on: zeros. */
+    const int real = col < w.n, cc = real ? (int)col : 0, tap = cc / G.xc, r = tap / G.s, s = tap - r * G.s;
+    tma_load_im2col(sa + A_BYTES + p * PANEL_BYTES, w.mb, real ? cc - tap * G.xc : G.xc, x, y, n, s * G.dil_w,
+                    r * G.dil_h, bar);
+  }
+#else
+  const int tap = ks / G.cb, c0 = (ks - tap * G.cb) * 64;
+#if !GEMM_CONV_GATHER
+  const int r = tap / G.s, s = tap - r * G.s;
+  int n, y, x;
+  conv9_pixel(G, w.row0, &n, &y, &x);
+#if GEMM_CONV == 1
+  tma_load_im2col(sa, w.ma, c0, x, y, n, s * G.dil_w, r * G.dil_h, bar);
+#else
+  tma_load_im2col(sa, w.ma, c0, x, y, n, (G.s - 1 - s) * G.dil_w, (G.r - 1 - r) * G.dil_h, bar);
+#endif
+#endif
+#if GEMM_CONV == 1
+  tma_load_3d(sa + A_BYTES, w.mb, c0, tap, w.tn * BN, bar);
+#else
+#pragma unroll
+  for (int p = 0; p < BN / 64; p++) tma_load_3d(sa + A_BYTES + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, c0, tap, bar);
+#endif
+#endif
+}
+
+#if GEMM_CONV_GATHER
+/* ---------------------------------------------------------------- the strided dgrad's gather */
+
+#define CONV_FULL_COUNT 5 /* one arrival a producer warp, one expect_tx */
+#define CONV_LAG (GEMM_STAGES / 2)
+#if CONV_LAG < 1 || CONV_LAG >= GEMM_STAGES
+#error "GEMM_CONV_GATHER: the signal lag must lie in [1, GEMM_STAGES)"
+#endif
+
 /* A's rows for thread tid: rows tid/8 + 16 i (i < 8) of the tile, each at
  * 16-byte chunk tid % 8 of every K step. Per row: the image (-1: past M)
- * and the window origin (fprop: p stride - pad, the top-left tap's pixel;
- * dgrad: h + pad, from which tap r reaches dy's row (h + pad - r dil) /
- * stride). */
+ * and h + pad, w + pad, from which tap r reaches dy's row (h + pad - r dil)
+ * / stride. */
 typedef struct conv9_rows {
   int n[8], y[8], x[8];
 } conv9_rows;
@@ -95,13 +164,8 @@ static __device__ __forceinline__ void conv9_rows_init(const conv9_geom &G, i64 
     const i64 r = row0 + (tid >> 3) + 16 * i;
     const int mm = r < m ? (int)r : 0, n = mm / hw, rem = mm - n * hw, oy = rem / G.ow, ox = rem - oy * G.ow;
     w.n[i] = r < m ? n : -1;
-#if GEMM_CONV == 1
-    w.y[i] = oy * G.st_h - G.pad_h;
-    w.x[i] = ox * G.st_w - G.pad_w;
-#else
     w.y[i] = oy + G.pad_h;
     w.x[i] = ox + G.pad_w;
-#endif
   }
 }
 
@@ -116,76 +180,25 @@ static __device__ __forceinline__ void conv9_gather_a(u32 sa, const conv9_geom &
   const char *x = (const char *)G.x;
 #pragma unroll
   for (int i = 0; i < 8; i++) {
-#if GEMM_CONV == 1
-    const int y = w.y[i] + dy, xx = w.x[i] + dx;
-    const bool ok = cok && w.n[i] >= 0 && (unsigned)y < (unsigned)G.xh && (unsigned)xx < (unsigned)G.xw;
-#else
-    int y = w.y[i] - dy, xx = w.x[i] - dx;
-    bool ok = cok && w.n[i] >= 0 && y >= 0 && xx >= 0;
-    if (G.st_h > 1) {
-      const int q = y / G.st_h;
-      ok = ok && q * G.st_h == y;
-      y = q;
-    }
-    if (G.st_w > 1) {
-      const int q = xx / G.st_w;
-      ok = ok && q * G.st_w == xx;
-      xx = q;
-    }
-    ok = ok && y < G.xh && xx < G.xw;
-#endif
-    const char *src = ok ? x + ((i64)w.n[i] * G.xs_n + (i64)y * G.xs_h + (i64)xx * G.xs_w + c) * 2 : x;
+    const int yy = w.y[i] - dy, xx = w.x[i] - dx, y = yy / G.st_h, xq = xx / G.st_w;
+    const bool ok = cok && w.n[i] >= 0 && yy >= 0 && xx >= 0 && y * G.st_h == yy && xq * G.st_w == xx && y < G.xh &&
+                    xq < G.xw;
+    const char *src = ok ? x + ((i64)w.n[i] * G.xs_n + (i64)y * G.xs_h + (i64)xq * G.xs_w + c) * 2 : x;
     cp_async16(dst + (u32)i * 16u * 128u, src, ok ? 16 : 0);
   }
 }
-#else
-/* B's columns for thread tid (wgrad): 16-byte chunk tid % 8 of panel
- * (tid / 8) % 2, rows tid/16 + 8 i (i < 8) of every K step. The column's
- * tap and channel are fixed for the tile. */
-typedef struct conv9_cols {
-  int c, ry, rx; /* the channel, r dil - pad, s dil - pad */
-  bool ok;       /* the column is real */
-} conv9_cols;
 
-static __device__ __forceinline__ void conv9_cols_init(const conv9_geom &G, i64 n0, i64 n, int tid, conv9_cols &w) {
-  const i64 col = n0 + 64 * ((tid >> 3) & 1) + 8 * (tid & 7);
-  w.ok = col < n;
-  const int cc = w.ok ? (int)col : 0, tap = cc / G.xc, r = tap / G.s, s = tap - r * G.s;
-  w.c = cc - tap * G.xc;
-  w.ry = r * G.dil_h - G.pad_h;
-  w.rx = s * G.dil_w - G.pad_w;
+/* This thread's copies of the stage at bar (complete: the caller waited
+ * for their group) made visible to the async proxy, then one arrival for
+ * the warp. */
+static __device__ __forceinline__ void conv9_signal(u32 bar, int tid) {
+  fence_proxy_async();
+  __syncwarp();
+  if ((tid & 31) == 0) mbar_arrive(bar);
 }
-
-/* B's K step ks (pixels 64 ks .. 64 ks + 63 of NPQ, k of them real). */
-static __device__ __forceinline__ void conv9_gather_b(u32 sb, const conv9_geom &G, const conv9_cols &w, int ks,
-                                                      i64 k, int tid) {
-  const int g0 = ks * 64 + (tid >> 4), pq = G.oh * G.ow;
-  int n = g0 / pq, rem = g0 - n * pq, oy = rem / G.ow, ox = rem - oy * G.ow;
-  const u32 dst = sb + (u32)((tid >> 3) & 1) * PANEL_BYTES + (u32)(tid >> 4) * 128u +
-                  ((u32)((tid & 7) ^ ((tid >> 4) & 7)) << 4);
-  const char *x = (const char *)G.x;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    const int y = oy * G.st_h + w.ry, xx = ox * G.st_w + w.rx;
-    const bool ok = w.ok && g0 + 8 * i < k && (unsigned)y < (unsigned)G.xh && (unsigned)xx < (unsigned)G.xw;
-    const char *src = ok ? x + ((i64)n * G.xs_n + (i64)y * G.xs_h + (i64)xx * G.xs_w + w.c) * 2 : x;
-    cp_async16(dst + (u32)i * 8u * 128u, src, ok ? 16 : 0);
-    /* The next row is 8 pixels on. */
-    ox += 8;
-    while (ox >= G.ow) {
-      ox -= G.ow;
-      if (++oy == G.oh) {
-        oy = 0;
-        n++;
-      }
-    }
-  }
-}
-#endif
 
 /* The producer warpgroup (thread tid of 128) over the CTA's tiles: per K
- * step, thread 0 starts the TMA operand, every thread gathers its chunks,
- * and the stage's full barrier waits for all of them. */
+ * step, thread 0 loads B by TMA, every thread gathers its chunks of A. */
 static __device__ __forceinline__ void conv9_produce(const gemm_params &P, const conv9_geom &G, const tmap_t *tma_a,
                                                      const tmap_t *tma_b, const tmap_t *tma_d, u32 base, u32 full,
                                                      u32 empty, int unit0, int units_step, int tiles, int tid) {
@@ -195,37 +208,16 @@ static __device__ __forceinline__ void conv9_produce(const gemm_params &P, const
   for (int t = unit0; t < tiles; t += units_step) {
     sm90_tile w;
     if (!sm90_locate(P, tma_a, tma_b, tma_d, NULL, t, &g, 0, &w)) break;
-#if GEMM_CONV != 3
     conv9_rows rows;
     conv9_rows_init(G, w.row0, w.m, tid, rows);
-#else
-    conv9_cols cols;
-    conv9_cols_init(G, (i64)w.tn * BN, w.n, tid, cols);
-#endif
     for (int kt = 0; kt < w.ktiles; kt++) {
       mbar_wait(empty + 8 * stage, phase ^ 1);
       const u32 bar = full + 8 * stage, sa = base + stage * STAGE_BYTES;
-      const int ks = w.kt0 + kt;
       if (tid == 0) {
-#if GEMM_CONV == 3
-        mbar_expect_tx(bar, A_BYTES);
-        load_a(sa, w, ks * BK, bar);
-#else
         mbar_expect_tx(bar, B_BYTES);
-        const int tap = ks / G.cb, c0 = (ks - tap * G.cb) * 64;
-#if GEMM_CONV == 1
-        tma_load_3d(sa + A_BYTES, w.mb, c0, tap, w.tn * BN, bar);
-#else
-#pragma unroll
-        for (int p = 0; p < BN / 64; p++) tma_load_3d(sa + A_BYTES + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, c0, tap, bar);
-#endif
-#endif
+        conv9_load(sa, G, w, w.kt0 + kt, bar);
       }
-#if GEMM_CONV == 3
-      conv9_gather_b(sa + A_BYTES, G, cols, ks, P.p.k, tid);
-#else
-      conv9_gather_a(sa, G, rows, ks, tid);
-#endif
+      conv9_gather_a(sa, G, rows, w.kt0 + kt, tid);
       cp_async_commit();
       if (++pending > CONV_LAG) {
         CP_ASYNC_WAIT(CONV_LAG);
@@ -245,5 +237,6 @@ static __device__ __forceinline__ void conv9_produce(const gemm_params &P, const
     oldest = oldest + 1 == GEMM_STAGES ? 0 : oldest + 1;
   }
 }
+#endif
 
 #endif /* SMELT_CONV2D_SM90_CUH */

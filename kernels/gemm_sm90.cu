@@ -101,9 +101,9 @@
  * the entry (a broadcast A or B, batch stride 0, through a 2-D map).
  *
  * Conv2d (GEMM_CONV 1 fprop, 2 dgrad, 3 wgrad; conv2d_sm90.cuh): the
- * implicit GEMM on this pipeline, the whole producer warpgroup gathering the
- * NHWC operand with cp.async into the stages' swizzled layout while thread
- * 0 loads the other operand by TMA; no registers move between warpgroups.
+ * implicit GEMM on this pipeline, the activation loaded by TMA in im2col
+ * mode; the strided dgrad (GEMM_CONV_GATHER) has the whole producer
+ * warpgroup gather it with cp.async instead, and moves no registers.
  *
  * Shared memory: TMA writes each 128-byte row of K with the 128-byte
  * swizzle, which is the K-major layout wgmma reads with SBO = 1024 (eight
@@ -999,6 +999,7 @@ static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, con
 #include "conv2d_sm90.cuh"
 #else
 #define GEMM_CONV 0
+#define GEMM_CONV_GATHER 0
 #define GEMM_CONV_PARAM
 #endif
 
@@ -1032,7 +1033,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
-#if GEMM_CONV
+#if GEMM_CONV_GATHER
       mbar_init(full + 8 * s, CONV_FULL_COUNT); /* expect_tx and the gathering warps */
 #else
       mbar_init(full + 8 * s, 1);              /* the producer's expect_tx */
@@ -1050,8 +1051,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
 
   if (wg == 0) {
-#if GEMM_CONV
-    /* Every producer thread gathers (conv2d_sm90.cuh); the 128 x 128 tile's
+#if GEMM_CONV_GATHER
+    /* Every producer thread gathers (conv2d_sm90.cuh); the 128-row tiles'
      * consumers need no registers moved to them. */
     conv9_produce(P, G, &tma_a, &tma_b, &tma_d, base, full, empty, unit0, units_step, tiles, tid);
     return;
@@ -1073,7 +1074,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const u32 bar = full + 8 * stage, sa = base + stage * STAGE_BYTES;
         const int x = (w.kt0 + kt) * BK;
         mbar_expect_tx(bar, STAGE_BYTES);
-#if CM > 1
+#if GEMM_CONV
+        /* Conv2d: TMA's im2col and tiled loads (conv2d_sm90.cuh). */
+        conv9_load(sa, G, w, w.kt0 + kt, bar);
+#elif CM > 1
         /* B is shared: this CTA's 1/CM of its rows, to every CTA. */
         tma_load(sa, w.ma, x, w.tm * BM, bar);
         tma_load_mc(sa + A_BYTES + rank * (B_BYTES / CM), w.mb, x, w.tn * BN + (int)rank * (BN / CM), bar,
@@ -1109,7 +1113,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-#if CONSUMERS > 1 && !GEMM_CONV
+#if CONSUMERS > 1 && !GEMM_CONV_GATHER
   SETMAXNREG_INC(232);
 #endif
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;

@@ -854,7 +854,8 @@ static void test_gpu_igemm_plan(void) {
   } hopper_rows[] = {
       {"hopper fprop bf16 3x3 C=64 all", "implicit GEMM gemm_sm90_bf16_RC_128x64x64_s8_conv_fprop, no split x1"},
       {"hopper fprop bf16 1x1 wide tiles", "implicit GEMM gemm_sm90_bf16_RC_128x128x64_s6_conv_fprop, no split x1"},
-      {"hopper dgrad f16 1x1 wide tiles", "implicit GEMM gemm_sm90_f16_RR_128x128x64_s6_conv_dgrad"},
+      {"hopper dgrad f16 1x1 wide tiles", "implicit GEMM gemm_sm90_f16_RR_128x128x64_s6_conv_dgrad, no split"},
+      {"hopper dgrad f16 s2 K=128 alpha beta", "implicit GEMM gemm_sm90_f16_RR_128x128x64_s6_conv_dgrad_gather"},
       {"hopper dgrad bf16 3x3 K=64", "implicit GEMM gemm_sm90_bf16_RR_128x64x64_s8_conv_dgrad"},
       {"hopper wgrad bf16 C=64 own split", "implicit GEMM gemm_sm90_bf16_CR_128x128x64_s6_conv_wgrad, parallel x4"},
       {"hopper wgrad bf16 parallel x3", "implicit GEMM gemm_sm90_bf16_CR_128x128x64_s6_conv_wgrad, parallel x3"},

@@ -1,15 +1,16 @@
 /* Conv2d on Hopper as implicit GEMM: the GEMM engine's TMA + wgmma kernel
- * (kernels/gemm_sm90.cu) with its producer warpgroup gathering the NHWC
- * operand (kernels/conv2d_sm90.cuh), so the pipeline, the consumers, every
- * epilogue and the parallel split are the GEMM's. Taken on cc 9.0 for f16
- * and bf16 when the gathered tensor's channels are a multiple of 8 and
- * fill at least three quarters of their 64-channel blocks (fprop's C,
- * dgrad's K; wgrad needs C a multiple of 64), the filter's taps fold to one
- * stride, the strides are 16-byte multiples and C and D fold to the GEMM's
- * [M, N] matrix; the rest goes to the mma.sync implicit GEMM
- * (conv2d_igemm.c) or the reference kernel. A serial split asked for also
- * goes there (this kernel splits in parallel, which is deterministic too:
- * the slices are added in order). */
+ * (kernels/gemm_sm90.cu) with the activation loaded by TMA in im2col mode,
+ * or for a strided dgrad gathered by the producer warpgroup
+ * (kernels/conv2d_sm90.cuh), so the pipeline, the consumers, every epilogue
+ * and the parallel split are the GEMM's. Taken on cc 9.0 for f16 and bf16
+ * when the activation's channels are a multiple of 8 and fill at least
+ * three quarters of their 64-channel blocks (fprop's C, dgrad's K; wgrad
+ * needs C a multiple of 64), the filter's taps fold to one stride, the
+ * strides are 16-byte multiples, the im2col pixel box fits TMA's corner
+ * range, and C and D fold to the GEMM's [M, N] matrix; the rest goes to the
+ * mma.sync implicit GEMM (conv2d_igemm.c) or the reference kernel. A
+ * serial split asked for also goes there (this kernel splits in parallel,
+ * which is deterministic too: the slices are added in order). */
 #include "conv2d_cuda.h"
 #include "gemm_cuda.h"
 
@@ -23,24 +24,25 @@ typedef struct smelt__conv9_kgeom {
   int64_t xs_n, xs_h, xs_w;
   int xh, xw, xc;
   int oh, ow;
-  int s;
+  int r, s;
   int pad_h, pad_w, st_h, st_w, dil_h, dil_w;
+  int y0, x0;
   int cb;
-  int pad;
 } smelt__conv9_kgeom;
 
-_Static_assert(sizeof(smelt__conv9_kgeom) == 88, "smelt__conv9_kgeom must match conv9_geom");
+_Static_assert(sizeof(smelt__conv9_kgeom) == 96, "smelt__conv9_kgeom must match conv9_geom");
 
 /* The variants: per 16-bit type, fprop and dgrad at 128 x 128 (six stages)
- * and 128 x 64 (eight: a layer of 64 output channels), wgrad at 128 x 128. */
+ * and 128 x 64 (eight: a layer of 64 output channels), the strided dgrad's
+ * gather at 128 x 128, wgrad at 128 x 128. */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
-  int bn, stages;
+  int bn, stages, gather;
 } conv9_variant;
 
 static const conv9_variant variants[] = {
-    {SMELT_CONV2D_FPROP, 128, 6}, {SMELT_CONV2D_FPROP, 64, 8}, {SMELT_CONV2D_DGRAD, 128, 6},
-    {SMELT_CONV2D_DGRAD, 64, 8},  {SMELT_CONV2D_WGRAD, 128, 6},
+    {SMELT_CONV2D_FPROP, 128, 6, 0}, {SMELT_CONV2D_FPROP, 64, 8, 0}, {SMELT_CONV2D_DGRAD, 128, 6, 0},
+    {SMELT_CONV2D_DGRAD, 64, 8, 0},  {SMELT_CONV2D_DGRAD, 128, 6, 1}, {SMELT_CONV2D_WGRAD, 128, 6, 0},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -52,11 +54,12 @@ static smelt__gemm_kernel kernel_of(int tc, const conv9_variant *v) {
   return smelt__gemm_sm90_kernel(tc, v->bn, v->stages, v->kind != SMELT_CONV2D_WGRAD, v->kind == SMELT_CONV2D_FPROP);
 }
 
-static void make_src(const smelt__gemm_kernel *k, smelt_conv2d_kind kind, smelt__kernel_src *src) {
+static void make_src(const smelt__gemm_kernel *k, const conv9_variant *v, smelt__kernel_src *src) {
   smelt__gemm_kernel_src(k, src);
   const size_t len = strlen(src->name);
-  snprintf(src->name + len, sizeof src->name - len, "_conv_%s", kind_tags[kind]);
-  smelt__prelude_define(src, "GEMM_CONV", (int)kind + 1);
+  snprintf(src->name + len, sizeof src->name - len, "_conv_%s%s", kind_tags[v->kind], v->gather ? "_gather" : "");
+  smelt__prelude_define(src, "GEMM_CONV", (int)v->kind + 1);
+  if (v->gather) smelt__prelude_define(src, "GEMM_CONV_GATHER", 1);
 }
 
 int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max) {
@@ -65,7 +68,7 @@ int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max) {
     for (int v = 0; v < NVARIANTS; v++, n++)
       if (n < max) {
         const smelt__gemm_kernel k = kernel_of(tc, &variants[v]);
-        make_src(&k, variants[v].kind, &out[n]);
+        make_src(&k, &variants[v], &out[n]);
       }
   return n;
 }
@@ -75,8 +78,11 @@ int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max) {
 /* What the plan decided (plan->backend). */
 typedef struct conv9_plan {
   smelt__gemm_kernel k;
+  int gather;       /* the strided dgrad's gather (GEMM_CONV_GATHER) */
   int64_t m, n, kk; /* the GEMM; kk is K' (fprop, dgrad: taps x cb x 64) */
   int cb;           /* fprop, dgrad: 64-channel blocks a tap */
+  int y0, x0;       /* im2col: the first tap's position for the GEMM's pixel (0, 0) */
+  int upper[2];     /* im2col: the pixel box's upper corner (w, h); its lower is (x0, y0) */
   int splits;       /* parallel slices (1: none) */
   int64_t k_slice;
 } conv9_plan;
@@ -94,6 +100,21 @@ static int filter_ok(const smelt_tensor *w) {
   return w->strides[3] == 1 && rs > 0 && rs % 8 == 0 && w->strides[0] % 8 == 0 && w->strides[0] > 0;
 }
 
+/* TMA's im2col pixel box for a conv whose first tap sits at (y0, x0) for
+ * the GEMM's pixel (0, 0) of a (rows x cols) grid at the traversal stride,
+ * over a (h x w) tensor: the upper corner that makes the walk visit exactly
+ * rows x cols positions; 0 when a corner or the tap offsets (up to
+ * max_off) fall outside TMA's range (rank 4: [-128, 127]; offsets 16-bit). */
+static int pixel_box(int64_t y0, int64_t x0, int64_t rows, int64_t cols, int64_t st_h, int64_t st_w, int64_t h,
+                     int64_t w, int64_t max_off, int upper[2]) {
+  const int64_t uh = (rows - 1) * st_h + 1 - h + y0, uw = (cols - 1) * st_w + 1 - w + x0;
+  if (y0 < -128 || y0 > 127 || x0 < -128 || x0 > 127 || uh < -128 || uh > 127 || uw < -128 || uw > 127 ||
+      max_off >= 65536)
+    return 0;
+  upper[0] = (int)uw, upper[1] = (int)uh;
+  return 1;
+}
+
 /* Whether this kernel serves the plan's problem; the GEMM's sizes. */
 static int serves(const smelt_plan *plan, const smelt_tensor *t, conv9_plan *cp) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
@@ -106,22 +127,36 @@ static int serves(const smelt_plan *plan, const smelt_tensor *t, conv9_plan *cp)
     return 0;
   if (!st->auto_split && d->split_k_slices > 1 && d->split_k_mode != SMELT_CONV2D_SPLIT_K_PARALLEL) return 0;
   switch (d->kind) {
-    case SMELT_CONV2D_FPROP: /* x gathered; w through a map (C, RS, K) */
+    case SMELT_CONV2D_FPROP: /* x in im2col mode; w through a map (C, RS, K) */
       if (!smelt__conv2d_gatherable(a) || !dense_blocks(st->c) || !filter_ok(b)) return 0;
       cp->cb = (int)smelt__ceil_div(st->c, 64);
       cp->m = st->n * st->p * st->q, cp->n = st->k, cp->kk = st->r * st->s * cp->cb * 64;
+      cp->y0 = -d->pad_h0, cp->x0 = -d->pad_w0;
+      if (!pixel_box(cp->y0, cp->x0, st->p, st->q, d->stride_h, d->stride_w, st->h, st->w,
+                     (st->r - 1) * d->dilation_h + (st->s - 1) * d->dilation_w, cp->upper))
+        return 0;
       break;
-    case SMELT_CONV2D_DGRAD: /* dy gathered; w through a map (C, K, RS) */
+    case SMELT_CONV2D_DGRAD: /* dy in im2col mode (unit stride) or gathered; w through a map (C, K, RS) */
       if (!smelt__conv2d_gatherable(a) || !dense_blocks(st->k) || !filter_ok(b) || st->c % 8 != 0) return 0;
       cp->cb = (int)smelt__ceil_div(st->k, 64);
       cp->m = st->n * st->h * st->w, cp->n = st->c, cp->kk = st->r * st->s * cp->cb * 64;
+      /* dx's pixel h reads dy's row h + pad - r dil: the flipped filter's
+       * first tap at h + pad - (R - 1) dil. */
+      cp->y0 = (int)(d->pad_h0 - (st->r - 1) * d->dilation_h), cp->x0 = (int)(d->pad_w0 - (st->s - 1) * d->dilation_w);
+      cp->gather = d->stride_h != 1 || d->stride_w != 1 ||
+                   !pixel_box(cp->y0, cp->x0, st->h, st->w, 1, 1, st->p, st->q,
+                              (st->r - 1) * d->dilation_h + (st->s - 1) * d->dilation_w, cp->upper);
       break;
-    default: { /* wgrad: dy as [K, NPQ] MN-major through a map; x gathered */
+    default: { /* wgrad: dy as [K, NPQ] MN-major through a map; x in im2col mode */
       const int64_t pix = smelt__conv2d_fold(a, 0, 2);
       if (st->c % 64 != 0 || !smelt__conv2d_gatherable(b) || a->strides[3] != 1 || pix <= 0 || pix % 8 != 0)
         return 0;
       cp->cb = 0;
       cp->m = st->k, cp->n = st->r * st->s * st->c, cp->kk = st->n * st->p * st->q;
+      cp->y0 = -d->pad_h0, cp->x0 = -d->pad_w0;
+      if (!pixel_box(cp->y0, cp->x0, st->p, st->q, d->stride_h, d->stride_w, st->h, st->w,
+                     (st->r - 1) * d->dilation_h + (st->s - 1) * d->dilation_w, cp->upper))
+        return 0;
       break;
     }
   }
@@ -144,11 +179,10 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   const int tc = t[SMELT__CONV2D_A].dtype == SMELT_DTYPE_F16 ? SMELT__TC_F16 : SMELT__TC_BF16;
   const int64_t sms = plan->ctx->cuda->info.sm_count;
   /* fprop and dgrad: the 64-wide tile for N <= 64, or when the 128-wide
-   * tiles would busy at most half the SMs; wgrad: 128 x 128, split. */
-  int v = d->kind == SMELT_CONV2D_FPROP ? 0 : d->kind == SMELT_CONV2D_DGRAD ? 2 : 4;
-  if (d->kind != SMELT_CONV2D_WGRAD &&
-      (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms))
-    v++;
+   * tiles would busy at most half the SMs; the strided dgrad's gather and
+   * wgrad: 128 x 128, wgrad split. */
+  int v = d->kind == SMELT_CONV2D_FPROP ? 0 : d->kind == SMELT_CONV2D_WGRAD ? 5 : c.gather ? 4 : 2;
+  if (v < 4 && (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms)) v++;
   c.k = kernel_of(tc, &variants[v]);
   const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn), ktiles = smelt__ceil_div(c.kk, 64);
   int64_t splits = st->auto_split ? 1 : d->split_k_slices;
@@ -159,7 +193,7 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
   smelt__kernel_src src;
-  make_src(&c.k, d->kind, &src);
+  make_src(&c.k, &variants[v], &src);
   CUfunction f;
   smelt_status s = smelt__cuda_function(plan->ctx, &src, "gemm_sm90", &f);
   if (!s && c.splits > 1) {
@@ -204,30 +238,59 @@ static int tma_dtype(smelt_dtype dt) {
   return dt == SMELT_DTYPE_BF16 ? SMELT__TMA_BF16 : dt == SMELT_DTYPE_F16 ? SMELT__TMA_F16 : SMELT__TMA_F32;
 }
 
-/* The TMA operand: fprop's w as (C, RS, K) in boxes {64, 1, BN} (BN
- * K-major rows); dgrad's w as (C, K, RS) in boxes {64, 64, 1} (a panel of
- * 64 columns of C by 64 rows of k); wgrad's dy as (K, NPQ) in boxes
- * {64, 64} (a panel of 64 columns of M by 64 rows of NPQ). */
-static smelt_status operand_map(const smelt__conv2d_state *st, const conv9_plan *cp, const smelt_tensor *const *t,
-                                smelt__cu_tensor_map *map) {
+/* The NHWC tensor x in TMA's im2col mode (kernels/conv2d_sm90.cuh): the
+ * plan's pixel box, 64 channels and `pixels` rows a box, the traversal
+ * stride (st_h, st_w). */
+static smelt_status im2col_map(smelt__cu_tensor_map *map, const smelt_tensor *x, const conv9_plan *cp,
+                               unsigned pixels, int st_h, int st_w) {
+  const uint64_t dims[4] = {(uint64_t)x->shape[3], (uint64_t)x->shape[2], (uint64_t)x->shape[1],
+                            (uint64_t)x->shape[0]},
+                 strides[3] = {(uint64_t)x->strides[2] * 2, (uint64_t)x->strides[1] * 2,
+                               (uint64_t)x->strides[0] * 2};
+  const int lower[2] = {cp->x0, cp->y0};
+  const unsigned elem[4] = {1, (unsigned)st_w, (unsigned)st_h, 1};
+  CUresult r = smelt__cu(NULL)->cuTensorMapEncodeIm2col(
+      map, tma_dtype(x->dtype), 4, x->data, dims, strides, lower, cp->upper, 64, pixels, elem,
+      SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B, SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
+  return r ? smelt__cu_error(r, "smelt_conv2d", "cuTensorMapEncodeIm2col") : SMELT_OK;
+}
+
+/* The kernel's A and B maps. fprop: x in im2col mode, 128 pixels a box;
+ * w as (C, RS, K) in boxes {64, 1, BN} (BN K-major rows). dgrad: dy in
+ * im2col mode (unit stride; the gather reads dy itself, and A's map is not
+ * read); w as (C, K, RS) in boxes {64, 64, 1} (a panel of 64 columns of C
+ * by 64 rows of k). wgrad: dy as (K, NPQ) in boxes {64, 64} (a panel of 64
+ * columns of M by 64 rows of NPQ); x in im2col mode, 64 pixels a box (a
+ * panel of B). */
+static smelt_status operand_maps(const smelt__conv2d_state *st, const conv9_plan *cp, const smelt_tensor *const *t,
+                                 smelt__cu_tensor_map *ta, smelt__cu_tensor_map *tb) {
   const smelt_tensor *a = t[SMELT__CONV2D_A], *w = t[SMELT__CONV2D_B];
+  const smelt_conv2d_desc *d = &st->desc;
   const int tdt = tma_dtype(a->dtype);
-  if (st->desc.kind == SMELT_CONV2D_WGRAD) {
+  if (d->kind == SMELT_CONV2D_WGRAD) {
     const uint64_t dims[2] = {(uint64_t)st->k, (uint64_t)(st->n * st->p * st->q)},
                    strides[1] = {(uint64_t)smelt__conv2d_fold(a, 0, 2) * 2};
     const unsigned box[2] = {64, 64};
-    return map_of(map, tdt, a->data, 2, dims, strides, box);
+    smelt_status s = map_of(ta, tdt, a->data, 2, dims, strides, box);
+    return s ? s : im2col_map(tb, t[SMELT__CONV2D_B], cp, 64, d->stride_h, d->stride_w);
   }
   const uint64_t rs = (uint64_t)smelt__conv2d_fold(w, 1, 2) * 2, ks = (uint64_t)w->strides[0] * 2,
                  taps = (uint64_t)(st->r * st->s);
-  if (st->desc.kind == SMELT_CONV2D_FPROP) {
+  smelt_status s;
+  if (d->kind == SMELT_CONV2D_FPROP) {
     const uint64_t dims[3] = {(uint64_t)st->c, taps, (uint64_t)st->k}, strides[2] = {rs, ks};
     const unsigned box[3] = {64, 1, (unsigned)cp->k.bn};
-    return map_of(map, tdt, w->data, 3, dims, strides, box);
+    s = map_of(tb, tdt, w->data, 3, dims, strides, box);
+    return s ? s : im2col_map(ta, a, cp, 128, d->stride_h, d->stride_w);
   }
   const uint64_t dims[3] = {(uint64_t)st->c, (uint64_t)st->k, taps}, strides[2] = {ks, rs};
   const unsigned box[3] = {64, 64, 1};
-  return map_of(map, tdt, w->data, 3, dims, strides, box);
+  s = map_of(tb, tdt, w->data, 3, dims, strides, box);
+  if (s || cp->gather) {
+    *ta = *tb;
+    return s;
+  }
+  return im2col_map(ta, a, cp, 128, 1, 1);
 }
 
 /* How the fast epilogue can write D (kernels/gemm_sm90.cu): 1 through TMA
@@ -256,15 +319,16 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
   memset(&kp, 0, sizeof kp);
   memset(&g, 0, sizeof g);
   kp.p.m = cp->m, kp.p.n = cp->n, kp.p.k = cp->kk;
-  const smelt_tensor *x = wgrad ? b : a; /* the gathered tensor */
+  const smelt_tensor *x = wgrad ? b : a; /* the activation: the gather reads it, wgrad's columns its channels */
   g.x = ptr(x);
   g.xs_n = x->strides[0], g.xs_h = x->strides[1], g.xs_w = x->strides[2];
   g.xh = (int)x->shape[1], g.xw = (int)x->shape[2], g.xc = (int)x->shape[3];
   g.oh = (int)(d->kind == SMELT_CONV2D_DGRAD ? st->h : st->p);
   g.ow = (int)(d->kind == SMELT_CONV2D_DGRAD ? st->w : st->q);
-  g.s = (int)st->s;
+  g.r = (int)st->r, g.s = (int)st->s;
   g.pad_h = d->pad_h0, g.pad_w = d->pad_w0, g.st_h = d->stride_h, g.st_w = d->stride_w;
   g.dil_h = d->dilation_h, g.dil_w = d->dilation_w;
+  g.y0 = cp->y0, g.x0 = cp->x0;
   g.cb = cp->cb;
   kp.p.d = ptr(dd);
   smelt__conv2d_as_matrix(dd, wgrad, &kp.p.d_rs, &kp.p.d_cs);
@@ -296,8 +360,8 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
   kp.tiles_m = (int)tiles_m, kp.tiles_n = (int)tiles_n;
   if (tiles_m * tiles_n == 0) return SMELT_OK;
   smelt_ctx *ctx = plan->ctx;
-  smelt__cu_tensor_map top, td;
-  smelt_status s = operand_map(st, cp, t, &top);
+  smelt__cu_tensor_map ta, tb, td;
+  smelt_status s = operand_maps(st, cp, t, &ta, &tb);
   if (s) return s;
   smelt__gemm_kparams kq = kp; /* what the main kernel runs: the split's identity epilogue into f32 slices */
   int fast = fast_d(&kp);
@@ -324,12 +388,10 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
     const unsigned box[2] = {(unsigned)(128 / es), 64};
     s = map_of(&td, tma_dtype(dd->dtype), dd->data, 2, dims, strides, box);
   } else {
-    td = top; /* not read by the general epilogue */
+    td = ta; /* not read by the general epilogue */
   }
-  /* The kernel's A and B maps: the one operand that comes by TMA is A for
-   * wgrad and B otherwise; the other map is not read. */
   const void *gmaps = NULL;
-  void *params[] = {&top, &top, &td, &kq, &fast, &gmaps, &g};
+  void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps, &g};
   const int64_t units = tiles_m * tiles_n * cp->splits, sms = ctx->cuda->info.sm_count;
   if (!s)
     s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_SM90],

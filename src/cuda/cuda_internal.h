@@ -168,7 +168,12 @@ typedef struct smelt__cu_pool_props {
   X(cuTensorMapEncodeTiled, (smelt__cu_tensor_map * map, int dtype, unsigned rank, void *addr,  \
                              const uint64_t *dims, const uint64_t *strides, const unsigned *box,   \
                              const unsigned *elem_strides, int interleave, int swizzle, int l2,    \
-                             int oob_fill))
+                             int oob_fill))                                               \
+  X(cuTensorMapEncodeIm2col, (smelt__cu_tensor_map * map, int dtype, unsigned rank, void *addr, \
+                              const uint64_t *dims, const uint64_t *strides, const int *lower,    \
+                              const int *upper, unsigned channels, unsigned pixels,               \
+                              const unsigned *elem_strides, int interleave, int swizzle, int l2,  \
+                              int oob_fill))
 
 typedef struct smelt__cu_api {
 #define SMELT__CU_FIELD(name, params) CUresult (*name) params;
