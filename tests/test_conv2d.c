@@ -132,6 +132,24 @@ static const ccase cases[] = {
     {"hopper wgrad bf16 C=64 own split", WGRAD, 4, 24, 24, 64, 40, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
     {"hopper wgrad f16 s2 C=128 into C", WGRAD, 2, 17, 15, 128, 16, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
     {"hopper wgrad bf16 parallel x3", WGRAD, 2, 13, 11, 64, 24, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_ALPHA_BETA, 0, -3},
+    /* The explicit im2col path's problems on CUDA (16-bit, channels not a
+     * multiple of 8): C = 3 and 5, 7x7 stride 2 pad 3, stride and dilation
+     * with uneven pads, every epilogue the kind takes, in place, asked-for
+     * splits; workspaces of one chunk and of several (its bound, 4x the
+     * larger activation, is small for K = 8 or 16 under a 7x7 filter), with
+     * a shorter last chunk and, for wgrad, f32 sums across chunks. */
+    {"explicit fprop bf16 7x7 s2 C=3 bias relu", FPROP, 2, 23, 21, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, BF16, BF16, 0, EPI_BIAS_RELU, 0, 0},
+    {"explicit fprop f16 3x3 C=5 alpha beta", FPROP, 2, 13, 11, 5, 24, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_ALPHA_BETA, 0, 0},
+    {"explicit fprop f16 s2 d2 uneven pads C=6 all", FPROP, 2, 17, 16, 6, 12, 3, 2, 2, 1, 0, 2, 2, 2, F16, F16, 0, EPI_ALL, 0, 0},
+    {"explicit fprop bf16 d2 C=3 -> f32 in place", FPROP, 1, 19, 17, 3, 8, 3, 3, 2, 2, 2, 2, 1, 2, BF16, F32, 0, EPI_IN_PLACE, 0, 0},
+    {"explicit fprop f16 C=3 clamp silu", FPROP, 2, 9, 10, 3, 8, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_CLAMP, 0, 0},
+    {"explicit dgrad bf16 7x7 s2 C=3 alpha beta", DGRAD, 3, 23, 21, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, BF16, BF16, 0, EPI_ALPHA_BETA, 0, 0},
+    {"explicit dgrad f16 s2 C=5 -> f32 in place", DGRAD, 2, 14, 13, 5, 64, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
+    {"explicit dgrad bf16 d2 uneven pads C=3", DGRAD, 2, 15, 14, 3, 8, 3, 3, 2, 1, 2, 1, 1, 2, BF16, BF16, 0, EPI_PLAIN, 0, 0},
+    {"explicit wgrad bf16 7x7 s2 C=3 chunks", WGRAD, 2, 23, 21, 3, 16, 7, 7, 3, 3, 3, 3, 2, 1, BF16, F32, 0, EPI_ALPHA_BETA, 0, 0},
+    {"explicit wgrad f16 C=5 into C", WGRAD, 2, 15, 13, 5, 32, 3, 3, 1, 1, 1, 1, 1, 1, F16, F16, 0, EPI_IN_PLACE, 0, 0},
+    {"explicit wgrad bf16 C=3 serial x3", WGRAD, 2, 16, 16, 3, 64, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 3},
+    {"explicit wgrad f16 5x5 C=5 parallel x2 chunks", WGRAD, 2, 12, 12, 5, 8, 5, 5, 2, 2, 2, 2, 1, 1, F16, F32, 0, EPI_IN_PLACE, 0, -2},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -833,7 +851,8 @@ static const ccase *case_named(const char *name) {
 /* Which kernel the implicit GEMM's problems plan to: the right layout per
  * kind, smelt's own split for wgrad's long sums, the asked-for split kept,
  * any iterator (AUTO's fixed channels for C = 8), the reference kernel for
- * a strided view it cannot fold. */
+ * a strided view it cannot fold; the explicit path's problems to it, with
+ * their chunks. */
 static void test_gpu_igemm_plan(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
@@ -847,6 +866,16 @@ static void test_gpu_igemm_plan(void) {
       {"igemm wgrad bf16 parallel x5", ", parallel x"},
       {"igemm fprop f16 strided views", "conv2d_direct_fprop_f16 (analytic reference)"},
       {"igemm fprop f16 C=8 (auto: fixed channels)", "implicit GEMM gemm_sm80_f16_RC_64x64x32_s4_w2x2_conv_fprop"},
+      {"explicit fprop bf16 7x7 s2 C=3 bias relu", "explicit im2col+GEMM gemm_"},
+      {"explicit fprop bf16 7x7 s2 C=3 bias relu", ", chunks 3: conv2d fprop bf16->bf16 7x7 s2x2"},
+      {"explicit fprop f16 3x3 C=5 alpha beta", ", chunks 1: conv2d fprop f16->f16 3x3"},
+      {"explicit dgrad bf16 7x7 s2 C=3 alpha beta", "explicit GEMM+col2im gemm_"},
+      {"explicit dgrad bf16 7x7 s2 C=3 alpha beta", ", chunks 3: conv2d dgrad"},
+      {"explicit dgrad f16 s2 C=5 -> f32 in place", ", chunks 1: conv2d dgrad"},
+      {"explicit wgrad bf16 7x7 s2 C=3 chunks", "explicit im2col+GEMM gemm_"},
+      {"explicit wgrad bf16 7x7 s2 C=3 chunks", ", chunks 4: conv2d wgrad"},
+      {"explicit wgrad f16 5x5 C=5 parallel x2 chunks", ", chunks 6: conv2d wgrad"},
+      {"explicit wgrad f16 C=5 into C", ", chunks 1: conv2d wgrad"},
   };
   /* On Hopper: the kernels the Hopper implicit GEMM's cases take. */
   static const struct {

@@ -1,8 +1,10 @@
-/* The CUDA conv2d's three kernels, each taken where its preconditions
- * hold, in this order: the implicit GEMM on the Hopper GEMM kernel
+/* The CUDA conv2d's four paths, each taken where its preconditions hold,
+ * in this order: the implicit GEMM on the Hopper GEMM kernel
  * (src/cuda/conv2d_sm90.c, kernels/conv2d_sm90.cuh), the implicit GEMM on
  * the mma.sync GEMM kernel (src/cuda/conv2d_igemm.c,
- * kernels/conv2d_igemm.cuh), and the analytic reference kernel
+ * kernels/conv2d_igemm.cuh), the explicit im2col workspace and a smelt GEMM
+ * for the other 16-bit problems (src/cuda/conv2d_explicit.c,
+ * kernels/conv2d_im2col.cu), and the analytic reference kernel
  * (src/cuda/op_conv2d.c) for everything else. */
 #ifndef SMELT_CONV2D_CUDA_H
 #define SMELT_CONV2D_CUDA_H
@@ -12,8 +14,8 @@
 
 /* Plan functions: the reference kernel in func[0]; the mma.sync implicit
  * GEMM's in func[1] or the Hopper one's in func[3] and, for a parallel
- * split, the reduction in func[2]. */
-enum { SMELT__CONV_F_DIRECT, SMELT__CONV_F_IGEMM, SMELT__CONV_F_REDUCE, SMELT__CONV_F_SM90 };
+ * split, the reduction in func[2]; or the explicit path's im2col in func[4]. */
+enum { SMELT__CONV_F_DIRECT, SMELT__CONV_F_IGEMM, SMELT__CONV_F_REDUCE, SMELT__CONV_F_SM90, SMELT__CONV_F_IM2COL };
 
 /* Facts about the views that both implicit GEMMs ask: x's channels (axis
  * 3) unit-strided and a multiple of 8, its other strides 16-byte multiples
@@ -44,5 +46,16 @@ smelt_status smelt__conv2d_igemm_plan(smelt_plan *plan, const smelt_tensor *t, i
 /* Runs a plan the implicit GEMM took; *ran = 0 when a pointer of this run
  * is not 16-byte aligned (the caller runs the reference kernel). */
 smelt_status smelt__conv2d_igemm_run(smelt_plan *plan, const smelt_tensor *const *t, int *ran);
+
+/* The explicit path's kernel source (one module for f16 and bf16). */
+int smelt__conv2d_explicit_variants(smelt__kernel_src *out, int max);
+/* Plans the explicit path for an f16 or bf16 problem whose views it can
+ * read (*taken = 1: plan->backend holds its chunks and inner GEMM plans,
+ * func[SMELT__CONV_F_IM2COL] its im2col kernel, describe names the GEMM's
+ * kernel); t are the plan's tensors, data included (the GEMMs are planned
+ * on them). */
+smelt_status smelt__conv2d_explicit_plan(smelt_plan *plan, const smelt_tensor *const *t, int *taken);
+/* Runs a plan the explicit path took. */
+smelt_status smelt__conv2d_explicit_run(smelt_plan *plan, const smelt_tensor *const *t);
 
 #endif /* SMELT_CONV2D_CUDA_H */

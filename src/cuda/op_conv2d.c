@@ -1,6 +1,7 @@
 /* smelt_conv2d on CUDA. The implicit GEMMs on the GEMM engine (Hopper's,
  * conv2d_sm90.c, then mma.sync's, conv2d_igemm.c) take the problems their
- * preconditions allow; the rest
+ * preconditions allow, the explicit im2col path (conv2d_explicit.c) the
+ * other 16-bit ones it can read; the rest
  * run kernels/conv2d_direct.cu, the analytic reference path (one thread per
  * output element, f32 sums), one module per (kind, A's dtype, tf32), which
  * serves every description the core accepts: the iterator, stride support
@@ -51,6 +52,7 @@ int smelt__conv2d_variants(smelt__kernel_src *out, int max) {
     if (n < max) make_src((smelt_conv2d_kind)kind, SMELT_DTYPE_F32, 1, &out[n]);
     n++;
   }
+  n += smelt__conv2d_explicit_variants(max > n ? out + n : NULL, max > n ? max - n : 0);
   return n;
 }
 
@@ -66,6 +68,7 @@ static smelt_status plan_conv2d(smelt_plan *plan, const void *args) {
   int taken;
   if ((s = smelt__conv2d_sm90_plan(plan, plan->t, &taken)) || taken) return s;
   if ((s = smelt__conv2d_igemm_plan(plan, plan->t, &taken)) || taken) return s;
+  if ((s = smelt__conv2d_explicit_plan(plan, (const smelt_tensor *const *)args, &taken)) || taken) return s;
   char core[sizeof plan->describe];
   snprintf(core, sizeof core, "%s", plan->describe);
   snprintf(plan->describe, sizeof plan->describe, "%.32s (analytic reference): %.100s", src.name, core);
@@ -84,6 +87,12 @@ static smelt_status run(smelt_plan *plan, const void *args) {
   const smelt_conv2d_desc *d = &st->desc;
   const smelt_gemm_epilogue *e = &d->epilogue;
   const smelt_tensor *c = t[SMELT__CONV2D_C], *dd = t[SMELT__CONV2D_D], *bias = t[SMELT__CONV2D_BIAS];
+  if (plan->func[SMELT__CONV_F_IM2COL]) {
+    smelt__nvtx_push("smelt_conv2d");
+    smelt_status s = smelt__conv2d_explicit_run(plan, t);
+    smelt__nvtx_pop();
+    return s;
+  }
   if (plan->backend) {
     int ran;
     smelt__nvtx_push("smelt_conv2d");
