@@ -71,11 +71,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) conv2d_im2col(im2col_params 
 typedef struct col2im_params {
   u64 col, c, d;
   i64 col_n, col_p, col_q;
-  i64 c_s[4], d_s[4];        /* C's and D's strides, [N, H, W, C] */
-  i64 n0, images;            /* the images written: n0 .. n0 + images - 1 of D */
-  int h, w, ch, p, q, r, s;  /* D's extents, the columns' output extents, the filter's */
+  i64 c_s[4], d_s[4];       /* C's and D's strides, [N, H, W, C] */
+  i64 n0, images;           /* the images written: n0 .. n0 + images - 1 of D */
+  int h, w, ch, p, q, r, s; /* D's extents, the columns' output extents, the filter's */
   int pad_h, pad_w, st_h, st_w, dil_h, dil_w, pad0;
-  double alpha_ab, beta;     /* alpha · scale_a · scale_b; beta (C read when has_c) */
+  double alpha_ab, beta; /* alpha · scale_a · scale_b; beta (C read when has_c) */
   float scale_d;
   int dt_c, dt_d, clamp, has_c, pad1;
 } col2im_params;
@@ -108,7 +108,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) conv2d_col2im(col2im_params 
     }
     float v = (float)P.alpha_ab * acc;
     if (P.has_c)
-      v += (float)P.beta * gemm_loadf((const void *)P.c, P.dt_c, n * P.c_s[0] + y * P.c_s[1] + x * P.c_s[2] + c * P.c_s[3]);
+      v += (float)P.beta *
+           gemm_loadf((const void *)P.c, P.dt_c, n * P.c_s[0] + y * P.c_s[1] + x * P.c_s[2] + c * P.c_s[3]);
     gemm_store((void *)P.d, P.dt_d, n * P.d_s[0] + y * P.d_s[1] + x * P.d_s[2] + c * P.d_s[3], v * P.scale_d, P.clamp);
   }
 }

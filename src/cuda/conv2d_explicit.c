@@ -164,9 +164,9 @@ static smelt_gemm_desc base_desc(const smelt__conv2d_state *st) {
   smelt_gemm_desc g = smelt_gemm_desc_default();
   if (st->auto_split) return g;
   g.split_k = st->desc.split_k_slices;
-  g.mode = g.split_k == 1                                             ? SMELT_GEMM_MODE_PLAIN
+  g.mode = g.split_k == 1                                           ? SMELT_GEMM_MODE_PLAIN
            : st->desc.split_k_mode == SMELT_CONV2D_SPLIT_K_PARALLEL ? SMELT_GEMM_MODE_SPLIT_K_PARALLEL
-                                                                      : SMELT_GEMM_MODE_SPLIT_K_SERIAL;
+                                                                    : SMELT_GEMM_MODE_SPLIT_K_SERIAL;
   return g;
 }
 
