@@ -34,7 +34,9 @@ _Static_assert(sizeof(smelt__conv9_kgeom) == 96, "smelt__conv9_kgeom must match 
 
 /* The variants: per 16-bit type, fprop and dgrad at 128 x 128 (six stages)
  * and 128 x 64 (eight: a layer of 64 output channels), the strided dgrad's
- * gather at 128 x 128, wgrad at 128 x 128. */
+ * gather at 128 x 128, wgrad at 128 x 128, and fprop at 128 x 256 (four
+ * stages, as the GEMM's wide tile: half the activation's reads for wide
+ * layers with tiles enough to fill the GPU). */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
   int bn, stages, gather;
@@ -43,6 +45,7 @@ typedef struct conv9_variant {
 static const conv9_variant variants[] = {
     {SMELT_CONV2D_FPROP, 128, 6, 0}, {SMELT_CONV2D_FPROP, 64, 8, 0}, {SMELT_CONV2D_DGRAD, 128, 6, 0},
     {SMELT_CONV2D_DGRAD, 64, 8, 0},  {SMELT_CONV2D_DGRAD, 128, 6, 1}, {SMELT_CONV2D_WGRAD, 128, 6, 0},
+    {SMELT_CONV2D_FPROP, 256, 4, 0},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -169,6 +172,25 @@ static int serves(const smelt_plan *plan, const smelt_tensor *t, conv9_plan *cp)
          fits_int(st->n * st->p * st->q) && st->h < 32768 && st->w < 32768 && st->p < 32768 && st->q < 32768;
 }
 
+/* smelt's own split of K (wgrad's NPQ) into parallel slices: the count
+ * that minimizes the modelled time, waves of units (each CTA one unit at a
+ * time) times a unit's K steps at ~0.3 us a 128 x 128 x 64 step, plus the
+ * slices' f32 partials written and read back at ~3 TB/s and ~5 us for the
+ * reduction's launch; at least 8 K steps a slice. (H100: wgrad 28x28x128
+ * has 9 tiles, which 14 slices fill to 126 of 132 SMs, where doubling
+ * stopped at 8 and 72; 7x7x512's 144 tiles stay whole, a second slice's
+ * partials costing more than its wave saves.) */
+static int64_t auto_splits(int64_t tiles, int64_t ktiles, int64_t m, int64_t n, int64_t sms) {
+  int64_t best = 1;
+  double best_t = 0;
+  for (int64_t s = 1; s <= SMELT_GEMM_MAX_SPLIT_K && (s == 1 || ktiles / s >= 8); s++) {
+    const double t = (double)smelt__ceil_div(tiles * s, sms) * (double)smelt__ceil_div(ktiles, s) * 0.3e-6 +
+                     (s > 1 ? 8.0 * (double)s * (double)m * (double)n / 3e12 + 5e-6 : 0.0);
+    if (s == 1 || t < best_t) best = s, best_t = t;
+  }
+  return best;
+}
+
 smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, int *taken) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
   const smelt_conv2d_desc *d = &st->desc;
@@ -179,17 +201,15 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   const int tc = t[SMELT__CONV2D_A].dtype == SMELT_DTYPE_F16 ? SMELT__TC_F16 : SMELT__TC_BF16;
   const int64_t sms = plan->ctx->cuda->info.sm_count;
   /* fprop and dgrad: the 64-wide tile for N <= 64, or when the 128-wide
-   * tiles would busy at most half the SMs; the strided dgrad's gather and
-   * wgrad: 128 x 128, wgrad split. */
+   * tiles would busy at most half the SMs; fprop's 256-wide one for N >=
+   * 256 when its tiles fill the SMs; the strided dgrad's gather and wgrad:
+   * 128 x 128, wgrad split. */
   int v = d->kind == SMELT_CONV2D_FPROP ? 0 : d->kind == SMELT_CONV2D_WGRAD ? 5 : c.gather ? 4 : 2;
-  if (v < 4 && (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms)) v++;
+  if (v == 0 && c.n >= 256 && smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 256) >= sms) v = 6;
+  else if (v < 4 && (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms)) v++;
   c.k = kernel_of(tc, &variants[v]);
   const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn), ktiles = smelt__ceil_div(c.kk, 64);
-  int64_t splits = st->auto_split ? 1 : d->split_k_slices;
-  if (st->auto_split)
-    /* Few output tiles and a long K (wgrad's NPQ): as many slices as fill
-     * the SMs once, each at least 8 K steps. */
-    while (tiles * splits * 2 <= sms && ktiles / (splits * 2) >= 8 && splits * 2 <= SMELT_GEMM_MAX_SPLIT_K) splits *= 2;
+  const int64_t splits = st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms) : d->split_k_slices;
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
   smelt__kernel_src src;
