@@ -126,7 +126,11 @@ static int plan_chunks(const smelt__conv2d_state *st, explicit_plan *ep) {
   if (kind != SMELT_CONV2D_DGRAD && ep->chunk > 256) ep->chunk -= ep->chunk % 128; /* whole GEMM tiles */
   if (ep->chunk > ep->units) ep->chunk = ep->units;
   ep->chunks = (int)smelt__ceil_div(ep->units, ep->chunk);
-  ep->sums = kind == SMELT_CONV2D_WGRAD && ep->chunks > 1;
+  /* wgrad's f32 sums also when smelt splits K and R S C is not a multiple
+   * of 4: their kp columns let the Hopper GEMM split in parallel (its f32
+   * partials want rows of whole 16-byte units; ResNet's stem, 147 columns
+   * and K = NPQ = 802816, ran unsplit at 4.6 TFLOP/s). */
+  ep->sums = kind == SMELT_CONV2D_WGRAD && (ep->chunks > 1 || (st->auto_split && ep->rsc % 4 != 0));
   const int64_t col = round_up(ep->chunk * unit, 256);
   ep->off_col = kind == SMELT_CONV2D_WGRAD ? 0 : (size_t)fixed;
   ep->off_sums = ep->off_col + (size_t)col;
@@ -229,15 +233,18 @@ static void chunk_ops(const smelt_plan *plan, const explicit_plan *ep, const sme
     case SMELT_CONV2D_DGRAD: /* dy rows m0.. · w' [K, RSC] -> f32 columns */
       rs = smelt__conv2d_fold(a, 0, 2);
       o->a = mat(a->data, (size_t)(m0 * rs) * 2, dt, dev, mr, st->k, rs, a->strides[3]);
-      o->b = mat(ws, 0, dt, dev, st->k, ep->rsc, ep->kp, 1);
-      o->d = mat(ws, ep->off_col, SMELT_DTYPE_F32, dev, mr, ep->rsc, ep->kp, 1);
+      /* kp columns (w's copy is zero past R S C; col2im reads R S C of
+       * them), so D's f32 rows are whole 16-byte units for TMA's stores. */
+      o->b = mat(ws, 0, dt, dev, st->k, ep->kp, ep->kp, 1);
+      o->d = mat(ws, ep->off_col, SMELT_DTYPE_F32, dev, mr, ep->kp, ep->kp, 1);
       break;
     default: /* dyᵀ [K, mr] · im2col [mr, RSC] -> dw, or the f32 sums */
       rs = smelt__conv2d_fold(a, 0, 2);
       o->a = mat(a->data, (size_t)(m0 * rs) * 2, dt, dev, st->k, mr, a->strides[3], rs);
-      o->b = mat(ws, ep->off_col, dt, dev, mr, ep->rsc, ep->kp, 1);
+      /* Into the sums: kp columns (the columns' zero padding). */
+      o->b = mat(ws, ep->off_col, dt, dev, mr, ep->sums ? ep->kp : ep->rsc, ep->kp, 1);
       if (ep->sums) {
-        o->d = mat(ws, ep->off_sums, SMELT_DTYPE_F32, dev, st->k, ep->rsc, ep->kp, 1);
+        o->d = mat(ws, ep->off_sums, SMELT_DTYPE_F32, dev, st->k, ep->kp, ep->kp, 1);
         if ((o->has_c = i > 0)) o->c = o->d;
       } else {
         smelt__conv2d_as_matrix(dd, 1, &rs, &cs);

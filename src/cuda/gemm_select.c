@@ -537,7 +537,8 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
   }
   if (want_tc && dev->cc_major == 9 && dev->cc_minor == 0) {
     /* Hopper: the persistent wgmma kernel with 128 x 256 tiles when they
-     * keep at least half the SMs busy, else its 128 x 64 or 64 x 64 tile
+     * keep at least half the SMs busy and do not pad N much, else its 128 x
+     * 64 or 64 x 64 tile
      * (16-bit types; the others go to mma.sync), or the tile the
      * description asks for. Grouped and batched runs count the first
      * problem's tiles once per problem (and take its M for the M <= 64
@@ -562,6 +563,12 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * us; docs/PERF.md, seventh round). 64 x 128 only when asked for. */
     const int64_t narrow = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 64) * copies;
     const int rows64 = m_rule <= 64 || 2 * narrow <= dev->sm_count;
+    /* Nor the wide tile when it pads N by a third more than the 64-wide
+     * ones (N <= 192, 320, 384, 576, ...): the padding is tensor work
+     * thrown away, up to 3/4 of it at N = 64 (on H100, the 200704 x 64 x
+     * 576 GEMM of a conv layer ran at 120 TFLOP/s on it; the conv's own
+     * 128 x 64 tiles at 300). */
+    const int pads_n = 3 * smelt__ceil_div(f->n, 256) * 256 >= 4 * smelt__ceil_div(f->n, 64) * 64;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
     /* The ping-pong kernel only when asked for (or timed by the autotuner):
      * it ran behind the cooperative one, plain and with bias + GELU alike
@@ -576,7 +583,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
        * half the SMs busy. */
       if (!asked && k->promote && 2 * smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) < dev->sm_count)
         continue;
-      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64))) ||
+      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64) || pads_n)) ||
                      (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
         continue;
       snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s%s",
