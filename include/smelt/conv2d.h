@@ -55,15 +55,28 @@
  * in f64, gives bit-identical results for every choice. Their
  * preconditions are checked on every backend, so a description that plans
  * on the CPU plans the same way on a GPU. On CUDA, f16 and bf16 problems
- * run as implicit GEMM on the GEMM engine's mma.sync kernel when the
- * gathered tensors' channels (fprop and wgrad: C; dgrad: K and C) are a
- * multiple of 8 with unit stride, their other strides multiples of 8
- * elements, C and D fold into the GEMM's [M, N] matrix (any iterator),
- * and the run's A and B pointers are 16-byte aligned; its split-K (smelt's choice when slices is 0 and the mode AUTO:
- * serial, for few output tiles and a long K) changes the order of the f32
- * sums, so results differ between split choices by rounding. Everything
- * else runs the analytic reference kernel (one thread per output element,
- * f32 sums: correct, not fast). smelt_plan_describe names the kernel.
+ * run, in this order of preference:
+ *   - on Hopper (cc 9.0), as implicit GEMM on the GEMM engine's TMA + wgmma
+ *     kernel, the activation loaded in TMA's im2col mode (a strided dgrad's
+ *     dy gathered by the threads), when the activation's channels (fprop C,
+ *     dgrad K) are a multiple of 8 and fill 3/4 of their 64-channel blocks,
+ *     wgrad's C is a multiple of 64, the filter's taps fold to one stride,
+ *     strides are 16-byte multiples, padding and dilation fit TMA's pixel
+ *     box and C and D fold into the GEMM's [M, N] matrix; smelt's split-K
+ *     (wgrad's long K) is parallel, its slices added in order;
+ *   - as implicit GEMM on the mma.sync kernel when the gathered tensors'
+ *     channels (fprop and wgrad: C; dgrad: K and C) are a multiple of 8
+ *     with unit stride, their other strides multiples of 8 elements, C and
+ *     D fold into the GEMM's [M, N] matrix (any iterator); its split-K
+ *     (smelt's choice: serial, for few output tiles and a long K);
+ *   - through an explicit im2col workspace and the GEMM engine (few
+ *     channels: ResNet's stem with C = 3), in chunks of at most 256 MiB;
+ *     dgrad as a GEMM into f32 columns and a deterministic col2im;
+ * the implicit GEMMs want A and B 16-byte aligned at run (else the
+ * reference kernel runs that call); split-K changes the order of the f32 sums, so results differ between
+ * split choices by rounding. Everything else runs the analytic reference
+ * kernel (one thread per output element, f32 sums: correct, not fast).
+ * smelt_plan_describe names the kernel.
  */
 #ifndef SMELT_CONV2D_H
 #define SMELT_CONV2D_H
