@@ -1,8 +1,8 @@
 /* Conv2d as implicit GEMM on the Hopper kernel: gemm_sm90.cu includes this
  * file when GEMM_CONV is set (1 fprop, 2 dgrad, 3 wgrad; 16-bit operands,
- * the cooperative 128-row tile, no clusters). Everything but the producer's
- * loads (the ring, the consumers, the epilogues, the parallel split) is the
- * GEMM's.
+ * the cooperative 128-row tiles, wgrad's also 64-row for K <= 64 output
+ * channels; no clusters). Everything but the producer's loads (the ring,
+ * the consumers, the epilogues, the parallel split) is the GEMM's.
  *
  * The GEMMs (smelt/conv2d.h's table), with K in taps of 64-channel blocks
  * for fprop and dgrad: K' = R S cb 64 where cb = ceil(channels / 64), so a
@@ -60,10 +60,10 @@
 #if !defined(GEMM_CONV_GATHER)
 #define GEMM_CONV_GATHER 0
 #endif
-#if GEMM_CONV < 1 || GEMM_CONV > 3 || AB_SIZE != 2 || BM != 128 || PINGPONG || CLUSTER > 1 || PROMOTE ||             \
-    BLOCK_SCALE || (GEMM_CONV == 3 && BN != 128) || A_MN != (GEMM_CONV == 3) || B_MN != (GEMM_CONV >= 2) ||         \
-    (GEMM_CONV_GATHER && GEMM_CONV != 2)
-#error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR; GEMM_CONV_GATHER 1 strided), 3 wgrad (CR, BN 128); 16-bit, 128-row tiles"
+#if GEMM_CONV < 1 || GEMM_CONV > 3 || AB_SIZE != 2 || (BM != 128 && !(GEMM_CONV == 3 && BM == 64)) || PINGPONG ||     \
+    CLUSTER > 1 || PROMOTE || BLOCK_SCALE || (GEMM_CONV == 3 && BN < 128) || A_MN != (GEMM_CONV == 3) ||               \
+    B_MN != (GEMM_CONV >= 2) || (GEMM_CONV_GATHER && GEMM_CONV != 2)
+#error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR; GEMM_CONV_GATHER 1 strided), 3 wgrad (CR, BN >= 128); 16-bit, 128 rows (wgrad 64 too)"
 #endif
 
 /* The geometry (mirrored by smelt__conv9_kgeom in src/cuda/conv2d_sm90.c). */

@@ -129,7 +129,8 @@ static const ccase cases[] = {
     {"hopper dgrad bf16 3x3 K=64", DGRAD, 2, 12, 11, 40, 64, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
     {"hopper dgrad f16 s2 K=128 alpha beta", DGRAD, 2, 15, 13, 24, 128, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_ALPHA_BETA, 0, 0},
     {"hopper dgrad bf16 d2 K=112 C=136", DGRAD, 1, 14, 17, 136, 112, 3, 3, 2, 2, 2, 2, 1, 2, BF16, BF16, 0, EPI_PLAIN, 0, 0},
-    {"hopper wgrad bf16 C=64 own split", WGRAD, 4, 24, 24, 64, 40, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
+    {"hopper wgrad bf16 C=64 own split", WGRAD, 4, 40, 40, 64, 40, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
+    {"hopper wgrad bf16 wide tiles", WGRAD, 2, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
     {"hopper wgrad f16 s2 C=128 into C", WGRAD, 2, 17, 15, 128, 16, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
     {"hopper wgrad bf16 parallel x3", WGRAD, 2, 13, 11, 64, 24, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_ALPHA_BETA, 0, -3},
     /* The explicit im2col path's problems on CUDA (16-bit, channels not a
@@ -886,8 +887,10 @@ static void test_gpu_igemm_plan(void) {
       {"hopper dgrad f16 1x1 wide tiles", "implicit GEMM gemm_sm90_f16_RR_128x128x64_s6_conv_dgrad, no split"},
       {"hopper dgrad f16 s2 K=128 alpha beta", "implicit GEMM gemm_sm90_f16_RR_128x128x64_s6_conv_dgrad_gather"},
       {"hopper dgrad bf16 3x3 K=64", "implicit GEMM gemm_sm90_bf16_RR_128x64x64_s8_conv_dgrad"},
-      {"hopper wgrad bf16 C=64 own split", "implicit GEMM gemm_sm90_bf16_CR_128x128x64_s6_conv_wgrad, parallel x4"},
-      {"hopper wgrad bf16 parallel x3", "implicit GEMM gemm_sm90_bf16_CR_128x128x64_s6_conv_wgrad, parallel x3"},
+      {"hopper wgrad bf16 C=64 own split", "implicit GEMM gemm_sm90_bf16_CR_64x128x64_s8_conv_wgrad, parallel x"},
+      {"hopper wgrad bf16 parallel x3", "implicit GEMM gemm_sm90_bf16_CR_64x128x64_s8_conv_wgrad, parallel x3"},
+      {"hopper wgrad bf16 wide tiles", "implicit GEMM gemm_sm90_bf16_CR_128x256x64_s4_conv_wgrad, no split"},
+      {"hopper wgrad f16 s2 C=128 into C", "implicit GEMM gemm_sm90_f16_CR_64x128x64_s8_conv_wgrad"},
   };
   const size_t nrows = sizeof rows / sizeof *rows, nall = nrows + (th_cuda_sm90() ? sizeof hopper_rows / sizeof *hopper_rows : 0);
   for (size_t i = 0; i < nall; i++) {

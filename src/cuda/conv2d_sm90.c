@@ -34,18 +34,22 @@ _Static_assert(sizeof(smelt__conv9_kgeom) == 96, "smelt__conv9_kgeom must match 
 
 /* The variants: per 16-bit type, fprop and dgrad at 128 x 128 (six stages)
  * and 128 x 64 (eight: a layer of 64 output channels), the strided dgrad's
- * gather at 128 x 128, wgrad at 128 x 128, and fprop at 128 x 256 (four
- * stages, as the GEMM's wide tile: half the activation's reads for wide
- * layers with tiles enough to fill the GPU). */
+ * gather at 128 x 128, wgrad at 128 x 128, fprop and wgrad at 128 x 256
+ * (four stages, as the GEMM's wide tile: half the reads of the operand
+ * shared along N), and wgrad at 64 x 128 (eight; one consumer) for K <= 64
+ * output channels, whose 128-row tiles would be half zeros. */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
-  int bn, stages, gather;
+  int consumers, bn, stages, gather;
 } conv9_variant;
 
+enum { V_FPROP, V_FPROP_N64, V_DGRAD, V_DGRAD_N64, V_DGRAD_GATHER, V_WGRAD, V_FPROP_WIDE, V_WGRAD_WIDE, V_WGRAD_M64 };
 static const conv9_variant variants[] = {
-    {SMELT_CONV2D_FPROP, 128, 6, 0}, {SMELT_CONV2D_FPROP, 64, 8, 0}, {SMELT_CONV2D_DGRAD, 128, 6, 0},
-    {SMELT_CONV2D_DGRAD, 64, 8, 0},  {SMELT_CONV2D_DGRAD, 128, 6, 1}, {SMELT_CONV2D_WGRAD, 128, 6, 0},
-    {SMELT_CONV2D_FPROP, 256, 4, 0},
+    [V_FPROP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0},        [V_FPROP_N64] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0},
+    [V_DGRAD] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0},        [V_DGRAD_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0},
+    [V_DGRAD_GATHER] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 1}, [V_WGRAD] = {SMELT_CONV2D_WGRAD, 2, 128, 6, 0},
+    [V_FPROP_WIDE] = {SMELT_CONV2D_FPROP, 2, 256, 4, 0},   [V_WGRAD_WIDE] = {SMELT_CONV2D_WGRAD, 2, 256, 4, 0},
+    [V_WGRAD_M64] = {SMELT_CONV2D_WGRAD, 1, 128, 8, 0},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -54,7 +58,8 @@ static const char *const kind_tags[SMELT_CONV2D_KIND_COUNT] = {"fprop", "dgrad",
 /* Variant v's kernel: A K-major (gathered) but for wgrad (dy MN-major), B
  * K-major for fprop (w), MN-major otherwise. */
 static smelt__gemm_kernel kernel_of(int tc, const conv9_variant *v) {
-  return smelt__gemm_sm90_kernel(tc, v->bn, v->stages, v->kind != SMELT_CONV2D_WGRAD, v->kind == SMELT_CONV2D_FPROP);
+  return smelt__gemm_sm90_kernel(tc, v->consumers, v->bn, v->stages, v->kind != SMELT_CONV2D_WGRAD,
+                                 v->kind == SMELT_CONV2D_FPROP);
 }
 
 static void make_src(const smelt__gemm_kernel *k, const conv9_variant *v, smelt__kernel_src *src) {
@@ -180,15 +185,24 @@ static int serves(const smelt_plan *plan, const smelt_tensor *t, conv9_plan *cp)
  * has 9 tiles, which 14 slices fill to 126 of 132 SMs, where doubling
  * stopped at 8 and 72; 7x7x512's 144 tiles stay whole, a second slice's
  * partials costing more than its wave saves.) */
-static int64_t auto_splits(int64_t tiles, int64_t ktiles, int64_t m, int64_t n, int64_t sms) {
+static int64_t auto_splits(int64_t tiles, int64_t ktiles, int64_t m, int64_t n, int64_t sms, double step,
+                           double *time) {
   int64_t best = 1;
   double best_t = 0;
   for (int64_t s = 1; s <= SMELT_GEMM_MAX_SPLIT_K && (s == 1 || ktiles / s >= 8); s++) {
-    const double t = (double)smelt__ceil_div(tiles * s, sms) * (double)smelt__ceil_div(ktiles, s) * 0.3e-6 +
+    const double t = (double)smelt__ceil_div(tiles * s, sms) * (double)smelt__ceil_div(ktiles, s) * step +
                      (s > 1 ? 8.0 * (double)s * (double)m * (double)n / 3e12 + 5e-6 : 0.0);
     if (s == 1 || t < best_t) best = s, best_t = t;
   }
+  if (time) *time = best_t;
   return best;
+}
+
+/* A K step's modelled time for variant v: ~0.3 us for 128 x 128 x 64; the
+ * wide tile does twice the work at ~15% more of the tensor cores' rate,
+ * the 64-row tile half of it at ~15% less. */
+static double step_time(const conv9_variant *v) {
+  return v->bn == 256 ? 0.52e-6 : v->consumers == 1 ? 0.18e-6 : 0.3e-6;
 }
 
 smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, int *taken) {
@@ -204,12 +218,27 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
    * tiles would busy at most half the SMs; fprop's 256-wide one for N >=
    * 256 when its tiles fill the SMs; the strided dgrad's gather and wgrad:
    * 128 x 128, wgrad split. */
-  int v = d->kind == SMELT_CONV2D_FPROP ? 0 : d->kind == SMELT_CONV2D_WGRAD ? 5 : c.gather ? 4 : 2;
-  if (v == 0 && c.n >= 256 && smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 256) >= sms) v = 6;
-  else if (v < 4 && (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms)) v++;
+  int v = d->kind == SMELT_CONV2D_FPROP ? V_FPROP : d->kind == SMELT_CONV2D_WGRAD ? V_WGRAD : c.gather ? V_DGRAD_GATHER : V_DGRAD;
+  const int64_t ktiles = smelt__ceil_div(c.kk, 64);
+  if (v == V_FPROP && c.n >= 256 && smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 256) >= sms) v = V_FPROP_WIDE;
+  else if ((v == V_FPROP || v == V_DGRAD) &&
+           (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms))
+    v++;
+  else if (v == V_WGRAD && c.m <= 64)
+    v = V_WGRAD_M64;
+  else if (v == V_WGRAD && st->auto_split && c.n > 128) {
+    /* The wide tile when its modelled time (with its own split) wins. */
+    double t128, t256;
+    auto_splits(smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128), ktiles, c.m, c.n, sms,
+                step_time(&variants[V_WGRAD]), &t128);
+    auto_splits(smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 256), ktiles, c.m, c.n, sms,
+                step_time(&variants[V_WGRAD_WIDE]), &t256);
+    if (t256 < t128) v = V_WGRAD_WIDE;
+  }
   c.k = kernel_of(tc, &variants[v]);
-  const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn), ktiles = smelt__ceil_div(c.kk, 64);
-  const int64_t splits = st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms) : d->split_k_slices;
+  const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn);
+  const int64_t splits =
+      st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL) : d->split_k_slices;
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
   smelt__kernel_src src;

@@ -235,10 +235,12 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   return n;
 }
 
-smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int bn, int stages, int a_kmajor, int b_kmajor) {
+smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int consumers, int bn, int stages, int a_kmajor, int b_kmajor) {
   smelt__gemm_kernel k[1];
   int n = 0;
-  add(k, &n, sm90_layout(tc, (tile){.bm = 128, .bn = bn, .bk = 64, .stages = stages, .wm = 2}, a_kmajor, b_kmajor));
+  add(k, &n,
+      sm90_layout(tc, (tile){.bm = 64 * consumers, .bn = bn, .bk = 64, .stages = stages, .wm = consumers}, a_kmajor,
+                  b_kmajor));
   return k[0];
 }
 
