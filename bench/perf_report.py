@@ -38,7 +38,7 @@ PLOT_DIR = os.path.join(REPO, "docs", "perf")
 # probes and copies).
 VALUE_HEADER = {"ceiling": "measured"}
 
-MARKER = re.compile(r"(<!-- results:([a-z_,]+) -->\n)(.*?)(<!-- /results -->)", re.S)
+MARKER = re.compile(r"(<!-- results:([a-z0-9_,]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 # The plots: one PNG an op, with the ops it draws and, where the history of
 # one case says more than its latest value, that case's ratio over the rows.
