@@ -3,21 +3,11 @@ against float64 formulas written here: bias + gelu with the pre-activation
 stored and a row abs-max, and a residual graph with C, vectors, clamp and a
 column sum; bad graphs raise."""
 
-import math
-
 import pytest
 
 np = pytest.importorskip("numpy")
 import smelt  # noqa: E402
-
-
-def rel_err(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-
-
-def gelu(x):
-    return 0.5 * x * np.vectorize(math.erfc)(-x / math.sqrt(2.0))
+from graph_common import gelu, rel_err  # noqa: E402
 
 
 def test_bias_gelu_pre_amax(rng):

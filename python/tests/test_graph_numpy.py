@@ -4,25 +4,11 @@ the kernel counts and the description; binding other tensors by name; bad
 graphs raise with the C library's message. A torch case checks bf16 fused
 against unfused within bf16's rounding."""
 
-import math
-
 import pytest
 
 np = pytest.importorskip("numpy")
 import smelt  # noqa: E402
-
-
-def rel_err(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-
-
-def gelu(x):
-    return 0.5 * x * np.vectorize(math.erfc)(-x / math.sqrt(2.0))
-
-
-def silu(x):
-    return x / (1.0 + np.exp(-x))
+from graph_common import gelu, rel_err, silu  # noqa: E402
 
 
 def f32(rng, *shape):

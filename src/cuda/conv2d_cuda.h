@@ -11,6 +11,7 @@
 
 #include "../core/conv2d_internal.h"
 #include "cuda_internal.h"
+#include "gemm_cuda.h"
 
 /* Plan functions: the reference kernel in func[0]; the mma.sync implicit
  * GEMM's in func[1] or the Hopper one's in func[3] and, for a parallel
@@ -26,6 +27,11 @@ enum { SMELT__CONV_F_DIRECT, SMELT__CONV_F_IGEMM, SMELT__CONV_F_REDUCE, SMELT__C
 int smelt__conv2d_gatherable(const smelt_tensor *x);
 int64_t smelt__conv2d_fold(const smelt_tensor *t, int i0, int i1);
 int smelt__conv2d_as_matrix(const smelt_tensor *t, int wgrad, int64_t *rs, int64_t *cs);
+
+/* The GEMM launch parameters both implicit GEMMs share: D, C and the bias
+ * as the GEMM's [M, N] views and vector, and the epilogue's values. */
+void smelt__conv2d_epilogue_kparams(const smelt__conv2d_state *st, const smelt_tensor *const *t,
+                                    smelt__gemm_kparams *kp);
 
 /* The Hopper implicit GEMM's kernel sources (f16 and bf16, its variants). */
 int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max);

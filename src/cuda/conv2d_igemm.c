@@ -214,17 +214,44 @@ static void gather_of(smelt__conv_kgeom *g, const smelt_tensor *x) {
   g->xh = (int)x->shape[1], g->xw = (int)x->shape[2], g->xc = (int)x->shape[3];
 }
 
+void smelt__conv2d_epilogue_kparams(const smelt__conv2d_state *st, const smelt_tensor *const *t,
+                                    smelt__gemm_kparams *kp) {
+  const smelt_gemm_epilogue *e = &st->desc.epilogue;
+  const smelt_tensor *c = t[SMELT__CONV2D_C], *dd = t[SMELT__CONV2D_D], *bias = t[SMELT__CONV2D_BIAS];
+  const int wgrad = st->desc.kind == SMELT_CONV2D_WGRAD;
+  kp->p.d = ptr(dd);
+  smelt__conv2d_as_matrix(dd, wgrad, &kp->p.d_rs, &kp->p.d_cs);
+  if (st->has_c) {
+    kp->p.c = ptr(c);
+    smelt__conv2d_as_matrix(c, wgrad, &kp->p.c_rs, &kp->p.c_cs);
+  }
+  if (st->has_bias) {
+    kp->p.bias = ptr(bias);
+    kp->p.bias_s = bias->strides[0];
+    kp->dt_bias = bias->dtype;
+  }
+  kp->alpha_ab = e->alpha * (double)e->scale_a * (double)e->scale_b;
+  kp->beta = e->beta;
+  kp->scale_d = e->scale_d;
+  kp->slope = e->slope;
+  kp->dt_a = kp->dt_b = t[SMELT__CONV2D_A]->dtype;
+  kp->dt_c = st->has_c ? (int)c->dtype : 0;
+  kp->dt_d = dd->dtype;
+  kp->act = e->act;
+  kp->clamp = e->clamp != 0;
+  kp->has_c = st->has_c;
+  kp->has_bias = st->has_bias;
+  kp->swizzle = 8;
+}
+
 smelt_status smelt__conv2d_igemm_run(smelt_plan *plan, const smelt_tensor *const *t, int *ran) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
   const smelt_conv2d_desc *d = &st->desc;
-  const smelt_gemm_epilogue *e = &d->epilogue;
   const igemm_plan *ip = (const igemm_plan *)plan->backend;
-  const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B], *c = t[SMELT__CONV2D_C],
-                     *dd = t[SMELT__CONV2D_D], *bias = t[SMELT__CONV2D_BIAS];
+  const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B];
   *ran = 0;
   if ((ptr(a) | ptr(b)) % 16) return SMELT_OK;
   *ran = 1;
-  const int wgrad = d->kind == SMELT_CONV2D_WGRAD;
   smelt__gemm_kparams kp;
   smelt__conv_kgeom g;
   memset(&kp, 0, sizeof kp);
@@ -252,29 +279,7 @@ smelt_status smelt__conv2d_igemm_run(smelt_plan *plan, const smelt_tensor *const
   g.r = (int)st->r, g.s = (int)st->s;
   g.pad_h = d->pad_h0, g.pad_w = d->pad_w0, g.st_h = d->stride_h, g.st_w = d->stride_w;
   g.dil_h = d->dilation_h, g.dil_w = d->dilation_w;
-  kp.p.d = ptr(dd);
-  smelt__conv2d_as_matrix(dd, wgrad, &kp.p.d_rs, &kp.p.d_cs);
-  if (st->has_c) {
-    kp.p.c = ptr(c);
-    smelt__conv2d_as_matrix(c, wgrad, &kp.p.c_rs, &kp.p.c_cs);
-  }
-  if (st->has_bias) {
-    kp.p.bias = ptr(bias);
-    kp.p.bias_s = bias->strides[0];
-    kp.dt_bias = bias->dtype;
-  }
-  kp.alpha_ab = e->alpha * (double)e->scale_a * (double)e->scale_b;
-  kp.beta = e->beta;
-  kp.scale_d = e->scale_d;
-  kp.slope = e->slope;
-  kp.dt_a = kp.dt_b = a->dtype;
-  kp.dt_c = st->has_c ? (int)c->dtype : 0;
-  kp.dt_d = dd->dtype;
-  kp.act = e->act;
-  kp.clamp = e->clamp != 0;
-  kp.has_c = st->has_c;
-  kp.has_bias = st->has_bias;
-  kp.swizzle = 8;
+  smelt__conv2d_epilogue_kparams(st, t, &kp);
   kp.mode = ip->mode;
   kp.splits = ip->splits;
   kp.k_slice = ip->k_slice;

@@ -355,10 +355,8 @@ static int fast_d(const smelt__gemm_kparams *kp) {
 smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const *t, int *ran) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
   const smelt_conv2d_desc *d = &st->desc;
-  const smelt_gemm_epilogue *e = &d->epilogue;
   const conv9_plan *cp = (const conv9_plan *)plan->backend;
-  const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B], *c = t[SMELT__CONV2D_C],
-                     *dd = t[SMELT__CONV2D_D], *bias = t[SMELT__CONV2D_BIAS];
+  const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B], *dd = t[SMELT__CONV2D_D];
   *ran = 0;
   if ((ptr(a) | ptr(b)) % 16) return SMELT_OK;
   *ran = 1;
@@ -379,29 +377,7 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
   g.dil_h = d->dilation_h, g.dil_w = d->dilation_w;
   g.y0 = cp->y0, g.x0 = cp->x0;
   g.cb = cp->cb;
-  kp.p.d = ptr(dd);
-  smelt__conv2d_as_matrix(dd, wgrad, &kp.p.d_rs, &kp.p.d_cs);
-  if (st->has_c) {
-    kp.p.c = ptr(c);
-    smelt__conv2d_as_matrix(c, wgrad, &kp.p.c_rs, &kp.p.c_cs);
-  }
-  if (st->has_bias) {
-    kp.p.bias = ptr(bias);
-    kp.p.bias_s = bias->strides[0];
-    kp.dt_bias = bias->dtype;
-  }
-  kp.alpha_ab = e->alpha * (double)e->scale_a * (double)e->scale_b;
-  kp.beta = e->beta;
-  kp.scale_d = e->scale_d;
-  kp.slope = e->slope;
-  kp.dt_a = kp.dt_b = a->dtype;
-  kp.dt_c = st->has_c ? (int)c->dtype : 0;
-  kp.dt_d = dd->dtype;
-  kp.act = e->act;
-  kp.clamp = e->clamp != 0;
-  kp.has_c = st->has_c;
-  kp.has_bias = st->has_bias;
-  kp.swizzle = 8;
+  smelt__conv2d_epilogue_kparams(st, t, &kp);
   kp.mode = cp->splits > 1 ? SMELT__KMODE_PARALLEL : SMELT__KMODE_PLAIN;
   kp.splits = cp->splits;
   kp.k_slice = cp->k_slice;
