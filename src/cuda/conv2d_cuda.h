@@ -33,6 +33,13 @@ int smelt__conv2d_as_matrix(const smelt_tensor *t, int wgrad, int64_t *rs, int64
 void smelt__conv2d_epilogue_kparams(const smelt__conv2d_state *st, const smelt_tensor *const *t,
                                     smelt__gemm_kparams *kp);
 
+/* The implicit GEMMs' plan bookkeeping: the parallel split's reduction
+ * into func[SMELT__CONV_F_REDUCE]; the plan's launch record (freed with
+ * free) and its description, "implicit GEMM <kernel>, <split> x<slices>:"
+ * before the core's. */
+smelt_status smelt__conv2d_load_reduce(smelt_plan *plan);
+void smelt__conv2d_take(smelt_plan *plan, void *backend, const char *kernel, const char *split, int splits);
+
 /* The Hopper implicit GEMM's kernel sources (f16 and bf16, its variants). */
 int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max);
 /* Plans the Hopper implicit GEMM when the device, dtypes, channels, strides

@@ -36,6 +36,25 @@ _Static_assert(sizeof(smelt__conv_kgeom) == 120, "smelt__conv_kgeom must match c
  * with fewer such tiles than SMs. */
 static const int tile_bm[2] = {128, 64};
 
+smelt_status smelt__conv2d_load_reduce(smelt_plan *plan) {
+  smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
+  const int tn = smelt__gemm_table(table);
+  smelt__kernel_src src;
+  smelt__gemm_kernel_src(&table[smelt__gemm_reduce_kernel(table, tn, SMELT_GEMM_ACC_F32)], &src);
+  CUfunction f;
+  smelt_status s = smelt__cuda_function(plan->ctx, &src, "gemm_reduce", &f);
+  if (!s) plan->func[SMELT__CONV_F_REDUCE] = f;
+  return s;
+}
+
+void smelt__conv2d_take(smelt_plan *plan, void *backend, const char *kernel, const char *split, int splits) {
+  plan->backend = backend;
+  plan->backend_free = free;
+  char core[sizeof plan->describe];
+  snprintf(core, sizeof core, "%s", plan->describe);
+  snprintf(plan->describe, sizeof plan->describe, "implicit GEMM %.48s, %s x%d: %.80s", kernel, split, splits, core);
+}
+
 /* What the plan decided (plan->backend). */
 typedef struct igemm_plan {
   smelt__gemm_kernel k;
@@ -180,27 +199,18 @@ smelt_status smelt__conv2d_igemm_plan(smelt_plan *plan, const smelt_tensor *t, i
   make_src(&ip->k, d->kind, &src);
   CUfunction f;
   smelt_status s = smelt__cuda_function(plan->ctx, &src, "gemm_tc", &f);
-  if (!s && ip->mode == SMELT__KMODE_PARALLEL) {
-    smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
-    const int tn = smelt__gemm_table(table);
-    smelt__kernel_src rsrc;
-    smelt__gemm_kernel_src(&table[smelt__gemm_reduce_kernel(table, tn, SMELT_GEMM_ACC_F32)], &rsrc);
-    CUfunction fr;
-    if (!(s = smelt__cuda_function(plan->ctx, &rsrc, "gemm_reduce", &fr))) plan->func[SMELT__CONV_F_REDUCE] = fr;
-  }
+  if (!s && ip->mode == SMELT__KMODE_PARALLEL) s = smelt__conv2d_load_reduce(plan);
   if (s) {
     free(ip);
     return s;
   }
   plan->func[SMELT__CONV_F_IGEMM] = f;
-  plan->backend = ip;
-  plan->backend_free = free;
   *taken = 1;
-  char core[sizeof plan->describe];
-  snprintf(core, sizeof core, "%s", plan->describe);
-  snprintf(plan->describe, sizeof plan->describe, "implicit GEMM %.48s, %s x%d: %.80s", src.name,
-           ip->mode == SMELT__KMODE_PLAIN ? "no split" : ip->mode == SMELT__KMODE_SERIAL ? "serial" : "parallel",
-           ip->splits, core);
+  smelt__conv2d_take(plan, ip, src.name,
+                     ip->mode == SMELT__KMODE_PLAIN    ? "no split"
+                     : ip->mode == SMELT__KMODE_SERIAL ? "serial"
+                                                       : "parallel",
+                     ip->splits);
   return SMELT_OK;
 }
 

@@ -245,26 +245,14 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   make_src(&c.k, &variants[v], &src);
   CUfunction f;
   smelt_status s = smelt__cuda_function(plan->ctx, &src, "gemm_sm90", &f);
-  if (!s && c.splits > 1) {
-    smelt__gemm_kernel table[SMELT__GEMM_MAX_KERNELS];
-    const int tn = smelt__gemm_table(table);
-    smelt__kernel_src rsrc;
-    smelt__gemm_kernel_src(&table[smelt__gemm_reduce_kernel(table, tn, SMELT_GEMM_ACC_F32)], &rsrc);
-    CUfunction fr;
-    if (!(s = smelt__cuda_function(plan->ctx, &rsrc, "gemm_reduce", &fr))) plan->func[SMELT__CONV_F_REDUCE] = fr;
-  }
+  if (!s && c.splits > 1) s = smelt__conv2d_load_reduce(plan);
   if (s) return s;
   conv9_plan *cp = (conv9_plan *)malloc(sizeof *cp);
   if (!cp) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, "smelt_conv2d: the plan's launch record");
   *cp = c;
   plan->func[SMELT__CONV_F_SM90] = f;
-  plan->backend = cp;
-  plan->backend_free = free;
   *taken = 1;
-  char core[sizeof plan->describe];
-  snprintf(core, sizeof core, "%s", plan->describe);
-  snprintf(plan->describe, sizeof plan->describe, "implicit GEMM %.48s, %s x%d: %.80s", src.name,
-           c.splits == 1 ? "no split" : "parallel", c.splits, core);
+  smelt__conv2d_take(plan, cp, src.name, c.splits == 1 ? "no split" : "parallel", c.splits);
   return SMELT_OK;
 }
 
