@@ -390,16 +390,11 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
       kq.clamp = kq.has_c = kq.has_bias = 0;
       kq.dt_d = SMELT_DTYPE_F32;
       fast = 1;
-      const uint64_t dims[3] = {(uint64_t)cp->n, (uint64_t)cp->m, (uint64_t)cp->splits},
-                     strides[2] = {(uint64_t)cp->n * 4, (uint64_t)(cp->m * cp->n) * 4};
-      const unsigned box[3] = {32, 64, 1};
-      s = map_of(&td, SMELT__TMA_F32, (const void *)(uintptr_t)kp.workspace, 3, dims, strides, box);
+      s = smelt__gemm_workspace_map(&td, (const void *)(uintptr_t)kp.workspace, cp->m, cp->n, cp->splits);
     }
   } else if (fast) {
-    const int es = kp.dt_d == SMELT_DTYPE_F32 ? 4 : 2;
-    const uint64_t dims[2] = {(uint64_t)cp->n, (uint64_t)cp->m}, strides[1] = {(uint64_t)kp.p.d_rs * (uint64_t)es};
-    const unsigned box[2] = {(unsigned)(128 / es), 64};
-    s = map_of(&td, tma_dtype(dd->dtype), dd->data, 2, dims, strides, box);
+    s = smelt__gemm_tensor_map(&td, dd->dtype, dd->data, cp->m, cp->n, kp.p.d_rs, 64,
+                               128 / (int)smelt_dtype_size(dd->dtype));
   } else {
     td = ta; /* not read by the general epilogue */
   }

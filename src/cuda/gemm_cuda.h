@@ -162,6 +162,14 @@ _Static_assert(sizeof(smelt__gemm_kparams) == 408, "smelt__gemm_kparams must mat
  * allocation the caller frees (set even when clearing failed). */
 smelt_status smelt__gemm_split_workspace(smelt_ctx *ctx, smelt__gemm_kparams *kp, int64_t m, int64_t n,
                                          int64_t tiles, size_t acc_bytes, void **ws);
+/* Hopper tensor maps (128-byte swizzle): a 2-D map of rows x k elements,
+ * rows rs apart, in boxes of box_rows x bk (a K-major operand, or a
+ * row-major D in the fast epilogue's boxes of 64 rows x 128 bytes); a
+ * parallel split's f32 workspace [splits][m][n] in boxes of one slice x 64
+ * rows x 32 columns. */
+smelt_status smelt__gemm_tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
+                                    int64_t k, int64_t rs, int box_rows, int bk);
+smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits);
 /* A parallel split's second kernel (f: the table's gemm_reduce): adds the
  * slices in order and applies the epilogue. */
 smelt_status smelt__gemm_split_reduce(smelt_ctx *ctx, const char *op, void *f, smelt__gemm_kparams *kp,

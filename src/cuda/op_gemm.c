@@ -298,8 +298,8 @@ static smelt_status tensor_map_batched(smelt__cu_tensor_map *map, smelt_dtype dt
   return SMELT_OK;
 }
 
-static smelt_status tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows, int64_t k,
-                               int64_t rs, int box_rows, int bk) {
+smelt_status smelt__gemm_tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
+                                    int64_t k, int64_t rs, int box_rows, int bk) {
   return tensor_map_batched(map, dt, data, rows, k, rs, 0, 0, box_rows, bk);
 }
 
@@ -364,7 +364,7 @@ static smelt_status sm90_group_maps(const smelt__gemm_state *st, const smelt__ge
     if (p->m < 1 || p->n < 1) continue;
     smelt_status s;
     if ((s = operand_maps(st, k, p, 0, &m[0], &m[1])) ||
-        (s = tensor_map(&m[2], st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
+        (s = smelt__gemm_tensor_map(&m[2], st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
       return s;
   }
   return SMELT_OK;
@@ -463,11 +463,11 @@ static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, c
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
   /* K-major A and B (smelt__gemm_fits asks it of this mode). */
-  if ((s = tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
+  if ((s = smelt__gemm_tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
       (s = k->b_kmajor
                ? tensor_map_batched(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, args->count, p->b.bs, k->bn, k->bk)
                : tensor_map_batched(&tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, args->count, p->b.bs, k->bk, 64)) ||
-      (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
+      (s = smelt__gemm_tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
     return s;
   int fast = 1;
   const void *gmaps = NULL;
@@ -511,7 +511,7 @@ static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const 
  * M), boxes of one slice x 64 rows x 32 columns (128 bytes) with the
  * 128-byte swizzle. N is a multiple of 4 (smelt__gemm_fits asks it of a
  * Hopper split), so the strides are whole 16-byte units. */
-static smelt_status workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits) {
+smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits) {
   const uint64_t dims[3] = {(uint64_t)n, (uint64_t)m, (uint64_t)splits},
                  strides[2] = {(uint64_t)n * 4, (uint64_t)(m * n) * 4};
   const unsigned box[3] = {32, 64, 1}, ones[3] = {1, 1, 1};
@@ -606,13 +606,13 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     tiles *= kp->splits;
     if (tiles > 0x7fffffff)
       return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld split-K tiles exceed 2^31 - 1", (long long)tiles);
-    if ((s = workspace_map(&td, (const void *)(uintptr_t)kp->workspace, p->m, p->n, kp->splits))) return s;
+    if ((s = smelt__gemm_workspace_map(&td, (const void *)(uintptr_t)kp->workspace, p->m, p->n, kp->splits))) return s;
   } else {
     /* D as boxes of 64 rows of 128 bytes (64 16-bit or 32 f32 columns), the
      * TMA stores of the fast epilogue; otherwise the map is not read. */
     fast = smelt__gemm_sm90_fast_d(st, p);
     const int d_cols = 128 / (int)smelt_dtype_size(st->dt_d);
-    if (fast == 1 && (s = tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
+    if (fast == 1 && (s = smelt__gemm_tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, d_cols))) return s;
     if (fast != 1) td = ta;
   }
   const void *gmaps = NULL; /* grouped runs only */
