@@ -13,8 +13,10 @@
  *     lands as BN K-major rows.
  *   GEMM_CONV 2, dgrad: M = NHW, N = C, K' over (r, s, k). A = dy: in
  *     im2col mode for a unit stride (dx's pixel h reads dy's row h + pad -
- *     r dil, the flipped filter's im2col), gathered by the threads
- *     otherwise (GEMM_CONV_GATHER 1; below); B = w through a 3-D map
+ *     r dil, the flipped filter's im2col); a strided dgrad as st_h st_w
+ *     unit-stride phases, each over its own taps, its rows scattered to dx
+ *     (conv9_piece_out); gathered by the threads where a phase would have
+ *     no tap (GEMM_CONV_GATHER 1; below); B = w through a 3-D map
  *     (C, K, RS) whose boxes {64, 64, 1} land as the MN-major panels of 64
  *     columns of C.
  *   GEMM_CONV 3, wgrad: M = K, N = R S C (C a multiple of 64: a panel of 64
@@ -31,8 +33,12 @@
  * Each row lands as 128 bytes with the 128-byte swizzle, the K-major
  * (fprop, dgrad A) or MN-major panel (wgrad B) layout the wgmma reads. The
  * host's conv9_geom carries the first tap's position per GEMM row:
- * fprop and wgrad (p st - pad_h, q st - pad_w), dgrad (h + pad_h - (R - 1)
- * dil_h, ...), whose taps come at offsets ((R - 1 - r) dil_h, ...).
+ * fprop and wgrad (p st - pad_h, q st - pad_w); dgrad the position of the
+ * walk's last tap, the others at offsets ((tr - 1 - i) oy, ...): for a
+ * unit stride every tap (tr = R, oy = dil_h), the first at h + pad_h -
+ * (R - 1) dil_h; for phase ph of stride st the taps r whose ph + pad_h -
+ * r dil_h divides by st (every rst-th from r0, oy = rst dil_h / st), at
+ * dy's row i + (ph + pad_h - r dil_h) / st for the phase's row i.
  *
  * The strided dgrad's gather (GEMM_CONV_GATHER): dy's row for dx's pixel
  * h and tap r is (h + pad - r dil) / stride when that divides (others read
@@ -70,16 +76,22 @@
 typedef struct conv9_geom {
   u64 x;                /* the gather's tensor: dy */
   i64 xs_n, xs_h, xs_w; /* its strides in elements; its channels have unit stride */
+  u64 d;                /* dgrad by phases: dx's pixel (n, i, j) of the phase's grid at */
+  i64 ds_n, ds_h, ds_w; /* d + n ds_n + i ds_h + j ds_w elements (rowmap) */
   int xh, xw, xc;       /* the im2col (or gathered) tensor's spatial extents and channels */
-  int oh, ow;           /* the spatial extents that number the GEMM's rows (fprop P, Q; dgrad H, W) or
-                           wgrad's K (P, Q) */
-  int r, s;             /* taps per filter column and row */
+  int oh, ow;           /* the spatial extents that number the GEMM's rows (fprop P, Q; dgrad H, W or a
+                           phase's grid) or wgrad's K (P, Q) */
+  int r, s;             /* the filter's taps per column and row */
   int pad_h, pad_w, st_h, st_w, dil_h, dil_w;
   int y0, x0;           /* im2col: the first tap's position for the GEMM row (or K) pixel (0, 0) */
   int cb;               /* fprop, dgrad: 64-channel blocks a tap */
+  int tr, ts;           /* dgrad by TMA: the taps a K walk visits per column and row; tap (i, j) is */
+  int r0, s0, rst, sst; /* the filter's (r0 + i rst, s0 + j sst), read at im2col offset */
+  int oy, ox;           /* ((tr - 1 - i) oy, (ts - 1 - j) ox) */
+  int rowmap;           /* dgrad by phases: D's rows go to G.d through the grid (conv9_piece_out) */
 } conv9_geom;
 
-static_assert(sizeof(conv9_geom) == 96, "conv9_geom must match smelt__conv9_kgeom");
+static_assert(sizeof(conv9_geom) == 168, "conv9_geom must match smelt__conv9_kgeom");
 
 #define GEMM_CONV_PARAM , const __grid_constant__ conv9_geom G
 
@@ -121,24 +133,55 @@ static __device__ __forceinline__ void conv9_load(u32 sa, const conv9_geom &G, c
   }
 #else
   const int tap = ks / G.cb, c0 = (ks - tap * G.cb) * 64;
-#if !GEMM_CONV_GATHER
+#if GEMM_CONV == 1
   const int r = tap / G.s, s = tap - r * G.s;
   int n, y, x;
   conv9_pixel(G, w.row0, &n, &y, &x);
-#if GEMM_CONV == 1
   tma_load_im2col(sa, w.ma, c0, x, y, n, s * G.dil_w, r * G.dil_h, bar);
-#else
-  tma_load_im2col(sa, w.ma, c0, x, y, n, (G.s - 1 - s) * G.dil_w, (G.r - 1 - r) * G.dil_h, bar);
-#endif
-#endif
-#if GEMM_CONV == 1
   tma_load_3d(sa + A_BYTES, w.mb, c0, tap, w.tn * BN, bar);
 #else
+#if GEMM_CONV_GATHER
+  const int ftap = tap; /* the gather walks every tap of the filter */
+#else
+  /* The walk's tap (i, j): the filter's (r0 + i rst, s0 + j sst), whose dy
+   * pixel lies (tr - 1 - i) oy rows and (ts - 1 - j) ox columns past the
+   * first tap's (the flipped filter's im2col). */
+  const int i = tap / G.ts, j = tap - i * G.ts, ftap = (G.r0 + i * G.rst) * G.s + G.s0 + j * G.sst;
+  int n, y, x;
+  conv9_pixel(G, w.row0, &n, &y, &x);
+  tma_load_im2col(sa, w.ma, c0, x, y, n, (G.ts - 1 - j) * G.ox, (G.tr - 1 - i) * G.oy, bar);
+#endif
 #pragma unroll
-  for (int p = 0; p < BN / 64; p++) tma_load_3d(sa + A_BYTES + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, c0, tap, bar);
+  for (int p = 0; p < BN / 64; p++)
+    tma_load_3d(sa + A_BYTES + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, c0, ftap, bar);
 #endif
 #endif
 }
+
+#if GEMM_CONV == 2
+/* dgrad by phases (the host's rowmap): a stride-st dgrad is st_h st_w
+ * unit-stride ones, phase (ph, pw) computing dx's pixels (i st_h + ph,
+ * j st_w + pw) from the taps whose dy rows divide exactly, so no tap is a
+ * zero. The phase's GEMM rows number its (n, i, j) grid, which no TMA box
+ * walks in dx: each piece goes out through the threads instead (after
+ * piece_end's barrier, which makes the buffer whole and stores nothing),
+ * a row's 16-byte units to the pixel the grid names. D's rows are whole
+ * 16-byte units (the host's fast epilogue). */
+static __device__ __forceinline__ void conv9_piece_out(const conv9_geom &G, int es, int tid, const sm90_tile &w,
+                                                       i64 x, i64 y, u32 buf) {
+  const int hw = G.oh * G.ow;
+#pragma unroll
+  for (int e = tid; e < 64 * 8; e += 128) {
+    const int r = e / 8, j = e % 8;
+    const i64 col = x + j * (16 / es);
+    if (y + r < w.m && col < w.n) {
+      const int g = (int)(y + r), n = g / hw, rem = g - n * hw, i = rem / G.ow, jj = rem - i * G.ow;
+      const uint4 v = lds128(buf + (u32)r * 128u + ((u32)(j ^ (r % 8)) << 4));
+      *(uint4 *)(G.d + (u64)((n * G.ds_n + i * G.ds_h + jj * G.ds_w + col) * es)) = v;
+    }
+  }
+}
+#endif
 
 #if GEMM_CONV_GATHER
 /* ---------------------------------------------------------------- the strided dgrad's gather */

@@ -102,8 +102,10 @@
  *
  * Conv2d (GEMM_CONV 1 fprop, 2 dgrad, 3 wgrad; conv2d_sm90.cuh): the
  * implicit GEMM on this pipeline, the activation loaded by TMA in im2col
- * mode; the strided dgrad (GEMM_CONV_GATHER) has the whole producer
- * warpgroup gather it with cp.async instead, and moves no registers.
+ * mode; a strided dgrad runs as unit-stride phases whose pieces the
+ * threads scatter to dx (piece_out), or, where a phase would have no tap,
+ * with the whole producer warpgroup gathering dy by cp.async
+ * (GEMM_CONV_GATHER; it moves no registers).
  *
  * Shared memory: TMA writes each 128-byte row of K with the 128-byte
  * swizzle, which is the K-major layout wgmma reads with SBO = 1024 (eight
@@ -796,6 +798,18 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
 #endif
 }
 
+#if defined(GEMM_CONV)
+#include "conv2d_sm90.cuh"
+#define PIECE_CONV_ARG , const conv9_geom &G
+#define PIECE_CONV_PASS , G
+#else
+#define GEMM_CONV 0
+#define GEMM_CONV_GATHER 0
+#define GEMM_CONV_PARAM
+#define PIECE_CONV_ARG
+#define PIECE_CONV_PASS
+#endif
+
 /* Consumer c's filled piece buffer to D at column x, row y, through
  * piece_end's TMA store; except in two cases, where after piece_end's
  * barrier (which makes the buffer whole; it stores nothing then) the
@@ -810,7 +824,14 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
  * next writer waits for these reads at its own piece's barrier, as for a
  * TMA store's. */
 static __device__ __forceinline__ void piece_out(const gemm_params &P, int fast, int c, int tid, const sm90_tile &w,
-                                                 i64 x, i64 y, u32 buf) {
+                                                 i64 x, i64 y, u32 buf PIECE_CONV_ARG) {
+#if GEMM_CONV == 2
+  if (G.rowmap) { /* a strided dgrad's phase: rows scattered to dx (conv2d_sm90.cuh) */
+    piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);
+    conv9_piece_out(G, gemm_esize(P.dt_d), tid, w, x, y, buf);
+    return;
+  }
+#endif
   if (fast == 2) {
     piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);
     const int es = gemm_esize(P.dt_d), sh = es == 2 ? 6 : 5; /* elements a row: 64 or 32 */
@@ -995,13 +1016,6 @@ static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, con
 }
 #endif
 
-#if defined(GEMM_CONV)
-#include "conv2d_sm90.cuh"
-#else
-#define GEMM_CONV 0
-#define GEMM_CONV_GATHER 0
-#define GEMM_CONV_PARAM
-#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b,
@@ -1252,7 +1266,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (P.act == ACT_GELU) act_piece16_n(v, ACT_GELU);
           else if (P.act == ACT_SILU) act_piece16_n(v, ACT_SILU);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_out(P, fast, c, tid, w, x, y, buf);
+          piece_out(P, fast, c, tid, w, x, y, buf PIECE_CONV_PASS);
         }
         continue;
       }
@@ -1280,14 +1294,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (P.dt_d != DT_F32) {
           const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
-          piece_out(P, fast, c, tid, w, x, y, buf);
+          piece_out(P, fast, c, tid, w, x, y, buf PIECE_CONV_PASS);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
             const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
             put_half32(buf, v, half, warp, lane);
-            piece_out(P, fast, c, tid, w, x + 32 * half, y, buf);
+            piece_out(P, fast, c, tid, w, x + 32 * half, y, buf PIECE_CONV_PASS);
           }
         }
       }

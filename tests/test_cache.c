@@ -101,6 +101,23 @@ static void test_keys(void) {
   CHECK_EQ_INT(strlen(ka), 64);
 }
 
+/* The headers a key covers: those the body includes, directly or through
+ * another header, and no other (gemm_sm90.cu reads conv2d_sm90.cuh and,
+ * through gemm_common.cuh, gemm_epi_graph.cuh; never attn_common.cuh). */
+static void test_key_headers(void) {
+  const smelt__embedded_file *body = smelt__embedded_find("gemm_sm90.cu");
+  CHECK(body != NULL);
+  if (!body) return;
+  unsigned char seen[SMELT__MAX_EMBEDDED];
+  memset(seen, 0, sizeof seen);
+  smelt__mark_includes(body->text, body->len, seen);
+  static const char *const in[] = {"conv2d_sm90.cuh", "gemm_common.cuh", "gemm_epi_graph.cuh", "smelt_device.cuh",
+                                   "smelt_mma.cuh"};
+  for (size_t i = 0; i < sizeof in / sizeof *in; i++) CHECK(seen[smelt__embedded_find(in[i]) - smelt__embedded_files]);
+  CHECK(!seen[smelt__embedded_find("attn_common.cuh") - smelt__embedded_files]);
+  CHECK(!seen[smelt__embedded_find("peer_common.cuh") - smelt__embedded_files]);
+}
+
 static void test_compile_and_reload(void) {
   if (!have_nvrtc()) SKIP("NVRTC not found");
   char dir[64], entry[600];
@@ -417,6 +434,7 @@ static void test_precompile_refusals(void) {
 
 const th_test th_tests_cache[] = {
     {"keys", test_keys},
+    {"key_headers", test_key_headers},
     {"compile_and_reload", test_compile_and_reload},
     {"bad_entries_rebuilt", test_bad_entries_rebuilt},
     {"concurrent_processes", test_concurrent_processes},

@@ -22,15 +22,19 @@
 typedef struct smelt__conv9_kgeom {
   uint64_t x;
   int64_t xs_n, xs_h, xs_w;
+  uint64_t d;
+  int64_t ds_n, ds_h, ds_w;
   int xh, xw, xc;
   int oh, ow;
   int r, s;
   int pad_h, pad_w, st_h, st_w, dil_h, dil_w;
   int y0, x0;
   int cb;
+  int tr, ts, r0, s0, rst, sst, oy, ox;
+  int rowmap;
 } smelt__conv9_kgeom;
 
-_Static_assert(sizeof(smelt__conv9_kgeom) == 96, "smelt__conv9_kgeom must match conv9_geom");
+_Static_assert(sizeof(smelt__conv9_kgeom) == 168, "smelt__conv9_kgeom must match conv9_geom");
 
 /* The variants: per 16-bit type, fprop and dgrad at 128 x 128 (six stages)
  * and 128 x 64 (eight: a layer of 64 output channels), the strided dgrad's
@@ -83,10 +87,23 @@ int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max) {
 
 /* ---------------------------------------------------------------- preconditions */
 
+/* A dgrad's phase along one axis (kernels/conv2d_sm90.cuh): dx's positions
+ * ph, ph + st, ... below its extent (n of them) read the filter's taps r
+ * whose ph + pad - r dil divides by st: t of them, every step-th from f0,
+ * at im2col offsets off apart, the walk's last tap at dy position first
+ * for the phase's position 0. A unit stride is one phase of every tap. */
+typedef struct conv9_axis {
+  int n, t, f0, step, off, first;
+} conv9_axis;
+
+#define CONV9_MAX_PHASES 4 /* a stride up to 4 runs by phases; a longer one gathers */
+
 /* What the plan decided (plan->backend). */
 typedef struct conv9_plan {
   smelt__gemm_kernel k;
   int gather;       /* the strided dgrad's gather (GEMM_CONV_GATHER) */
+  int phases[2];    /* dgrad by TMA: phases along h and w (the strides; 1 1 for a unit stride) */
+  conv9_axis ax[2][CONV9_MAX_PHASES];
   int64_t m, n, kk; /* the GEMM; kk is K' (fprop, dgrad: taps x cb x 64) */
   int cb;           /* fprop, dgrad: 64-channel blocks a tap */
   int y0, x0;       /* im2col: the first tap's position for the GEMM's pixel (0, 0) */
@@ -123,6 +140,62 @@ static int pixel_box(int64_t y0, int64_t x0, int64_t rows, int64_t cols, int64_t
   return 1;
 }
 
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    const int64_t t = a % b;
+    a = b, b = t;
+  }
+  return a;
+}
+
+/* Phase ph of stride st along an axis of `taps` filter taps and dx extent
+ * ext; 0 when the phase has positions but no tap (its dx is the epilogue of
+ * a zero sum, which the gather's zero taps give). */
+static int phase_axis(int64_t ph, int64_t st, int64_t pad, int64_t dil, int64_t taps, int64_t ext, conv9_axis *a) {
+  memset(a, 0, sizeof *a);
+  a->n = ext > ph ? (int)((ext - ph + st - 1) / st) : 0;
+  int64_t r0 = 0;
+  while (r0 < taps && ((ph + pad - r0 * dil) % st + st) % st != 0) r0++;
+  if (r0 == taps) return a->n == 0;
+  const int64_t step = st / gcd64(st, dil), t = (taps - 1 - r0) / step + 1, last = r0 + (t - 1) * step;
+  a->t = (int)t, a->f0 = (int)r0, a->step = (int)step, a->off = (int)(step * dil / st);
+  a->first = (int)((ph + pad - last * dil) / st);
+  return 1;
+}
+
+/* dgrad through TMA's im2col mode, phase by phase (cp->phases, cp->ax):
+ * every phase with dx positions has taps and a pixel box TMA takes, and a
+ * strided dgrad's pieces can be scattered by the threads (16-bit or f32 D
+ * of 16-byte units and strides, no C; no split asked for, the phases'
+ * sums being short). */
+static int dgrad_phases(const smelt__conv2d_state *st, const smelt_tensor *dd, conv9_plan *cp) {
+  const smelt_conv2d_desc *d = &st->desc;
+  const int64_t sh = d->stride_h, sw = d->stride_w;
+  if (sh > CONV9_MAX_PHASES || sw > CONV9_MAX_PHASES) return 0;
+  if (sh * sw > 1) {
+    const int64_t es = (int64_t)smelt_dtype_size(dd->dtype);
+    if (st->has_c || (dd->dtype != SMELT_DTYPE_F32 && dd->dtype != SMELT_DTYPE_F16 && dd->dtype != SMELT_DTYPE_BF16) ||
+        dd->strides[3] != 1 || (dd->strides[0] * es) % 16 || (dd->strides[1] * es) % 16 ||
+        (dd->strides[2] * es) % 16 || (!st->auto_split && d->split_k_slices > 1))
+      return 0;
+  }
+  for (int64_t ph = 0; ph < sh; ph++)
+    if (!phase_axis(ph, sh, d->pad_h0, d->dilation_h, st->r, st->h, &cp->ax[0][ph])) return 0;
+  for (int64_t pw = 0; pw < sw; pw++)
+    if (!phase_axis(pw, sw, d->pad_w0, d->dilation_w, st->s, st->w, &cp->ax[1][pw])) return 0;
+  for (int64_t ph = 0; ph < sh; ph++)
+    for (int64_t pw = 0; pw < sw; pw++) {
+      const conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
+      int upper[2];
+      if (ah->n && aw->n &&
+          !pixel_box(ah->first, aw->first, ah->n, aw->n, 1, 1, st->p, st->q,
+                     (int64_t)(ah->t - 1) * ah->off + (int64_t)(aw->t - 1) * aw->off, upper))
+        return 0;
+    }
+  cp->phases[0] = (int)sh, cp->phases[1] = (int)sw;
+  return 1;
+}
+
 /* Whether this kernel serves the plan's problem; the GEMM's sizes. */
 static int serves(const smelt_plan *plan, const smelt_tensor *t, conv9_plan *cp) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
@@ -147,13 +220,20 @@ static int serves(const smelt_plan *plan, const smelt_tensor *t, conv9_plan *cp)
     case SMELT_CONV2D_DGRAD: /* dy in im2col mode (unit stride) or gathered; w through a map (C, K, RS) */
       if (!smelt__conv2d_gatherable(a) || !dense_blocks(st->k) || !filter_ok(b) || st->c % 8 != 0) return 0;
       cp->cb = (int)smelt__ceil_div(st->k, 64);
-      cp->m = st->n * st->h * st->w, cp->n = st->c, cp->kk = st->r * st->s * cp->cb * 64;
-      /* dx's pixel h reads dy's row h + pad - r dil: the flipped filter's
-       * first tap at h + pad - (R - 1) dil. */
-      cp->y0 = (int)(d->pad_h0 - (st->r - 1) * d->dilation_h), cp->x0 = (int)(d->pad_w0 - (st->s - 1) * d->dilation_w);
-      cp->gather = d->stride_h != 1 || d->stride_w != 1 ||
-                   !pixel_box(cp->y0, cp->x0, st->h, st->w, 1, 1, st->p, st->q,
-                              (st->r - 1) * d->dilation_h + (st->s - 1) * d->dilation_w, cp->upper);
+      cp->n = st->c;
+      cp->gather = !dgrad_phases(st, &t[SMELT__CONV2D_D], cp);
+      if (cp->gather) {
+        /* dx's pixel h reads dy's row (h + pad - r dil) / st where that divides. */
+        cp->m = st->n * st->h * st->w, cp->kk = st->r * st->s * cp->cb * 64;
+      } else {
+        /* Phase (0, 0) has the most rows and taps: the tile choice's GEMM. */
+        cp->m = st->n * cp->ax[0][0].n * cp->ax[1][0].n, cp->kk = 0;
+        for (int ph = 0; ph < cp->phases[0]; ph++)
+          for (int pw = 0; pw < cp->phases[1]; pw++) {
+            const int64_t kk = (int64_t)cp->ax[0][ph].t * cp->ax[1][pw].t * cp->cb * 64;
+            if (kk > cp->kk) cp->kk = kk;
+          }
+      }
       break;
     default: { /* wgrad: dy as [K, NPQ] MN-major through a map; x in im2col mode */
       const int64_t pix = smelt__conv2d_fold(a, 0, 2);
@@ -237,8 +317,11 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   }
   c.k = kernel_of(tc, &variants[v]);
   const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn);
-  const int64_t splits =
-      st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL) : d->split_k_slices;
+  /* A strided dgrad's phases scatter their rows, which the split's
+   * reduction does not: they run whole (dgrad_phases). */
+  const int64_t splits = c.phases[0] * c.phases[1] > 1 ? 1
+                         : st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL)
+                                          : d->split_k_slices;
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
   smelt__kernel_src src;
@@ -252,7 +335,10 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   *cp = c;
   plan->func[SMELT__CONV_F_SM90] = f;
   *taken = 1;
-  smelt__conv2d_take(plan, cp, src.name, c.splits == 1 ? "no split" : "parallel", c.splits);
+  char how[32];
+  if (c.phases[0] * c.phases[1] > 1) snprintf(how, sizeof how, "%dx%d phases, no split", c.phases[0], c.phases[1]);
+  else snprintf(how, sizeof how, "%s", c.splits == 1 ? "no split" : "parallel");
+  smelt__conv2d_take(plan, cp, src.name, how, c.splits);
   return SMELT_OK;
 }
 
@@ -276,58 +362,79 @@ static int tma_dtype(smelt_dtype dt) {
 }
 
 /* The NHWC tensor x in TMA's im2col mode (kernels/conv2d_sm90.cuh): the
- * plan's pixel box, 64 channels and `pixels` rows a box, the traversal
- * stride (st_h, st_w). */
-static smelt_status im2col_map(smelt__cu_tensor_map *map, const smelt_tensor *x, const conv9_plan *cp,
-                               unsigned pixels, int st_h, int st_w) {
+ * pixel box from lower to upper (w, h), 64 channels and `pixels` rows a
+ * box, the traversal stride (st_h, st_w). */
+static smelt_status im2col_map(smelt__cu_tensor_map *map, const smelt_tensor *x, const int lower[2],
+                               const int upper[2], unsigned pixels, int st_h, int st_w) {
   const uint64_t dims[4] = {(uint64_t)x->shape[3], (uint64_t)x->shape[2], (uint64_t)x->shape[1],
                             (uint64_t)x->shape[0]},
                  strides[3] = {(uint64_t)x->strides[2] * 2, (uint64_t)x->strides[1] * 2,
                                (uint64_t)x->strides[0] * 2};
-  const int lower[2] = {cp->x0, cp->y0};
   const unsigned elem[4] = {1, (unsigned)st_w, (unsigned)st_h, 1};
   CUresult r = smelt__cu(NULL)->cuTensorMapEncodeIm2col(
-      map, tma_dtype(x->dtype), 4, x->data, dims, strides, lower, cp->upper, 64, pixels, elem,
+      map, tma_dtype(x->dtype), 4, x->data, dims, strides, lower, upper, 64, pixels, elem,
       SMELT__TMA_INTERLEAVE_NONE, SMELT__TMA_SWIZZLE_128B, SMELT__TMA_L2_256B, SMELT__TMA_OOB_FILL_NONE);
   return r ? smelt__cu_error(r, "smelt_conv2d", "cuTensorMapEncodeIm2col") : SMELT_OK;
 }
 
-/* The kernel's A and B maps. fprop: x in im2col mode, 128 pixels a box;
- * w as (C, RS, K) in boxes {64, 1, BN} (BN K-major rows). dgrad: dy in
- * im2col mode (unit stride; the gather reads dy itself, and A's map is not
- * read); w as (C, K, RS) in boxes {64, 64, 1} (a panel of 64 columns of C
- * by 64 rows of k). wgrad: dy as (K, NPQ) in boxes {64, 64} (a panel of 64
- * columns of M by 64 rows of NPQ); x in im2col mode, 64 pixels a box (a
- * panel of B). */
+/* The kernel's B map and, but for dgrad, its A map. fprop: x in im2col
+ * mode, 128 pixels a box; w as (C, RS, K) in boxes {64, 1, BN} (BN K-major
+ * rows). dgrad: w as (C, K, RS) in boxes {64, 64, 1} (a panel of 64
+ * columns of C by 64 rows of k); A per phase (phase_map). wgrad: dy as (K,
+ * NPQ) in boxes {64, 64} (a panel of 64 columns of M by 64 rows of NPQ); x
+ * in im2col mode, 64 pixels a box (a panel of B). */
 static smelt_status operand_maps(const smelt__conv2d_state *st, const conv9_plan *cp, const smelt_tensor *const *t,
                                  smelt__cu_tensor_map *ta, smelt__cu_tensor_map *tb) {
   const smelt_tensor *a = t[SMELT__CONV2D_A], *w = t[SMELT__CONV2D_B];
   const smelt_conv2d_desc *d = &st->desc;
   const int tdt = tma_dtype(a->dtype);
+  const int lower[2] = {cp->x0, cp->y0};
   if (d->kind == SMELT_CONV2D_WGRAD) {
     const uint64_t dims[2] = {(uint64_t)st->k, (uint64_t)(st->n * st->p * st->q)},
                    strides[1] = {(uint64_t)smelt__conv2d_fold(a, 0, 2) * 2};
     const unsigned box[2] = {64, 64};
     smelt_status s = map_of(ta, tdt, a->data, 2, dims, strides, box);
-    return s ? s : im2col_map(tb, t[SMELT__CONV2D_B], cp, 64, d->stride_h, d->stride_w);
+    return s ? s : im2col_map(tb, t[SMELT__CONV2D_B], lower, cp->upper, 64, d->stride_h, d->stride_w);
   }
   const uint64_t rs = (uint64_t)smelt__conv2d_fold(w, 1, 2) * 2, ks = (uint64_t)w->strides[0] * 2,
                  taps = (uint64_t)(st->r * st->s);
-  smelt_status s;
   if (d->kind == SMELT_CONV2D_FPROP) {
     const uint64_t dims[3] = {(uint64_t)st->c, taps, (uint64_t)st->k}, strides[2] = {rs, ks};
     const unsigned box[3] = {64, 1, (unsigned)cp->k.bn};
-    s = map_of(tb, tdt, w->data, 3, dims, strides, box);
-    return s ? s : im2col_map(ta, a, cp, 128, d->stride_h, d->stride_w);
+    smelt_status s = map_of(tb, tdt, w->data, 3, dims, strides, box);
+    return s ? s : im2col_map(ta, a, lower, cp->upper, 128, d->stride_h, d->stride_w);
   }
   const uint64_t dims[3] = {(uint64_t)st->c, (uint64_t)st->k, taps}, strides[2] = {ks, rs};
   const unsigned box[3] = {64, 64, 1};
-  s = map_of(tb, tdt, w->data, 3, dims, strides, box);
-  if (s || cp->gather) {
-    *ta = *tb;
-    return s;
+  smelt_status s = map_of(tb, tdt, w->data, 3, dims, strides, box);
+  *ta = *tb; /* the gather reads dy itself: A's map is not read */
+  return s;
+}
+
+/* dgrad phase (ph, pw) by TMA: dy in im2col mode from the walk's last tap,
+ * 128 pixels a box at unit stride, and the kernel's geometry for it
+ * (kernels/conv2d_sm90.cuh): the phase's grid, its taps, and for a strided
+ * dgrad dx's pixels the grid's rows go to. */
+static smelt_status phase_map(const smelt__conv2d_state *st, const conv9_plan *cp, const smelt_tensor *const *t, int ph,
+                              int pw, smelt__cu_tensor_map *ta, smelt__conv9_kgeom *g) {
+  const conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
+  const smelt_tensor *dd = t[SMELT__CONV2D_D];
+  g->oh = ah->n, g->ow = aw->n;
+  g->st_h = g->st_w = 1;
+  g->y0 = ah->first, g->x0 = aw->first;
+  g->tr = ah->t, g->ts = aw->t, g->r0 = ah->f0, g->s0 = aw->f0, g->rst = ah->step, g->sst = aw->step;
+  g->oy = ah->off, g->ox = aw->off;
+  g->rowmap = cp->phases[0] * cp->phases[1] > 1;
+  if (g->rowmap) {
+    const int64_t es = (int64_t)smelt_dtype_size(dd->dtype);
+    g->d = ptr(dd) + (uint64_t)((ph * dd->strides[1] + pw * dd->strides[2]) * es);
+    g->ds_n = dd->strides[0], g->ds_h = st->desc.stride_h * dd->strides[1], g->ds_w = st->desc.stride_w * dd->strides[2];
   }
-  return im2col_map(ta, a, cp, 128, 1, 1);
+  const int lower[2] = {aw->first, ah->first};
+  int upper[2];
+  pixel_box(ah->first, aw->first, ah->n, aw->n, 1, 1, st->p, st->q,
+            (int64_t)(ah->t - 1) * ah->off + (int64_t)(aw->t - 1) * aw->off, upper); /* checked by the plan */
+  return im2col_map(ta, t[SMELT__CONV2D_A], lower, upper, 128, 1, 1);
 }
 
 /* How the fast epilogue can write D (kernels/gemm_sm90.cu): 1 through TMA
@@ -340,13 +447,64 @@ static int fast_d(const smelt__gemm_kparams *kp) {
   return kp->p.d_cs == 1 && (kp->p.d_rs * es) % 16 == 0 && (kp->p.n * es) % 16 == 0 && kp->p.d % 16 == 0;
 }
 
+/* One launch of the kernel over the GEMM kp describes (plus the split's
+ * reduction), with A and B's maps and the geometry g. */
+static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_tensor *dd, smelt__gemm_kparams kp,
+                           const smelt__conv9_kgeom *g, const smelt__cu_tensor_map *ta, const smelt__cu_tensor_map *tb) {
+  const int64_t m = kp.p.m, n = kp.p.n, tiles_m = smelt__ceil_div(m, cp->k.bm), tiles_n = smelt__ceil_div(n, cp->k.bn);
+  kp.mode = cp->splits > 1 ? SMELT__KMODE_PARALLEL : SMELT__KMODE_PLAIN;
+  kp.splits = cp->splits;
+  kp.k_slice = cp->splits > 1 ? cp->k_slice : kp.p.k;
+  kp.tiles_m = (int)tiles_m, kp.tiles_n = (int)tiles_n;
+  if (tiles_m * tiles_n == 0) return SMELT_OK;
+  smelt_ctx *ctx = plan->ctx;
+  smelt__cu_tensor_map td;
+  smelt__gemm_kparams kq = kp; /* what the main kernel runs: the split's identity epilogue into f32 slices */
+  /* A phase's pieces go out through the threads (the plan checked D). */
+  int fast = g->rowmap ? 1 : fast_d(&kp);
+  void *ws = NULL;
+  smelt_status s = SMELT_OK;
+  if (kp.mode == SMELT__KMODE_PARALLEL) {
+    if ((s = smelt__gemm_split_workspace(ctx, &kp, m, n, tiles_m * tiles_n, sizeof(float), &ws)) && !ws) return s;
+    if (!s) {
+      kq = kp;
+      kq.alpha_ab = 1.0;
+      kq.scale_d = 1.0f;
+      kq.act = SMELT_ACT_IDENTITY;
+      kq.clamp = kq.has_c = kq.has_bias = 0;
+      kq.dt_d = SMELT_DTYPE_F32;
+      fast = 1;
+      s = smelt__gemm_workspace_map(&td, (const void *)(uintptr_t)kp.workspace, m, n, cp->splits);
+    }
+  } else if (fast && !g->rowmap) {
+    s = smelt__gemm_tensor_map(&td, dd->dtype, dd->data, m, n, kp.p.d_rs, 64, 128 / (int)smelt_dtype_size(dd->dtype));
+  } else {
+    td = *ta; /* not read: the general epilogue and a phase's threads store */
+  }
+  const void *gmaps = NULL;
+  void *params[] = {(void *)ta, (void *)tb, &td, &kq, &fast, &gmaps, (void *)g};
+  const int64_t units = tiles_m * tiles_n * cp->splits, sms = ctx->cuda->info.sm_count;
+  if (!s)
+    s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_SM90],
+                           (unsigned)(units < sms ? units : sms), 1, 1, (unsigned)cp->k.threads, (unsigned)cp->k.smem,
+                           params);
+  if (!s && kp.mode == SMELT__KMODE_PARALLEL)
+    s = smelt__gemm_split_reduce(ctx, "smelt_conv2d", plan->func[SMELT__CONV_F_REDUCE], &kp, m, n);
+  if (ws) {
+    smelt_status s2 = smelt__cuda_free(ctx, ws);
+    if (!s) s = s2;
+  }
+  return s;
+}
+
 smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const *t, int *ran) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
   const smelt_conv2d_desc *d = &st->desc;
   const conv9_plan *cp = (const conv9_plan *)plan->backend;
   const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B], *dd = t[SMELT__CONV2D_D];
+  const int phased = d->kind == SMELT_CONV2D_DGRAD && !cp->gather, rowmap = phased && cp->phases[0] * cp->phases[1] > 1;
   *ran = 0;
-  if ((ptr(a) | ptr(b)) % 16) return SMELT_OK;
+  if ((ptr(a) | ptr(b) | (rowmap ? ptr(dd) : 0)) % 16) return SMELT_OK;
   *ran = 1;
   const int wgrad = d->kind == SMELT_CONV2D_WGRAD;
   smelt__gemm_kparams kp;
@@ -366,50 +524,20 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
   g.y0 = cp->y0, g.x0 = cp->x0;
   g.cb = cp->cb;
   smelt__conv2d_epilogue_kparams(st, t, &kp);
-  kp.mode = cp->splits > 1 ? SMELT__KMODE_PARALLEL : SMELT__KMODE_PLAIN;
-  kp.splits = cp->splits;
-  kp.k_slice = cp->k_slice;
-  const int64_t tiles_m = smelt__ceil_div(cp->m, cp->k.bm), tiles_n = smelt__ceil_div(cp->n, cp->k.bn);
-  kp.tiles_m = (int)tiles_m, kp.tiles_n = (int)tiles_n;
-  if (tiles_m * tiles_n == 0) return SMELT_OK;
-  smelt_ctx *ctx = plan->ctx;
-  smelt__cu_tensor_map ta, tb, td;
+  smelt__cu_tensor_map ta, tb;
   smelt_status s = operand_maps(st, cp, t, &ta, &tb);
-  if (s) return s;
-  smelt__gemm_kparams kq = kp; /* what the main kernel runs: the split's identity epilogue into f32 slices */
-  int fast = fast_d(&kp);
-  void *ws = NULL;
-  if (kp.mode == SMELT__KMODE_PARALLEL) {
-    if ((s = smelt__gemm_split_workspace(ctx, &kp, cp->m, cp->n, tiles_m * tiles_n, sizeof(float), &ws)) && !ws)
-      return s;
-    if (!s) {
-      kq = kp;
-      kq.alpha_ab = 1.0;
-      kq.scale_d = 1.0f;
-      kq.act = SMELT_ACT_IDENTITY;
-      kq.clamp = kq.has_c = kq.has_bias = 0;
-      kq.dt_d = SMELT_DTYPE_F32;
-      fast = 1;
-      s = smelt__gemm_workspace_map(&td, (const void *)(uintptr_t)kp.workspace, cp->m, cp->n, cp->splits);
+  if (s || !phased) return s ? s : launch(plan, cp, dd, kp, &g, &ta, &tb);
+  /* dgrad by TMA: one launch a phase that has dx pixels (one for a unit
+   * stride), each its own GEMM of the phase's rows and taps. */
+  for (int ph = 0; ph < cp->phases[0] && !s; ph++)
+    for (int pw = 0; pw < cp->phases[1] && !s; pw++) {
+      const conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
+      if (!ah->n || !aw->n) continue;
+      smelt__gemm_kparams kph = kp;
+      smelt__conv9_kgeom gp = g;
+      kph.p.m = st->n * ah->n * aw->n, kph.p.k = (int64_t)ah->t * aw->t * cp->cb * 64;
+      s = phase_map(st, cp, t, ph, pw, &ta, &gp);
+      if (!s) s = launch(plan, cp, dd, kph, &gp, &ta, &tb);
     }
-  } else if (fast) {
-    s = smelt__gemm_tensor_map(&td, dd->dtype, dd->data, cp->m, cp->n, kp.p.d_rs, 64,
-                               128 / (int)smelt_dtype_size(dd->dtype));
-  } else {
-    td = ta; /* not read by the general epilogue */
-  }
-  const void *gmaps = NULL;
-  void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps, &g};
-  const int64_t units = tiles_m * tiles_n * cp->splits, sms = ctx->cuda->info.sm_count;
-  if (!s)
-    s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_SM90],
-                           (unsigned)(units < sms ? units : sms), 1, 1, (unsigned)cp->k.threads, (unsigned)cp->k.smem,
-                           params);
-  if (!s && kp.mode == SMELT__KMODE_PARALLEL)
-    s = smelt__gemm_split_reduce(ctx, "smelt_conv2d", plan->func[SMELT__CONV_F_REDUCE], &kp, cp->m, cp->n);
-  if (ws) {
-    smelt_status s2 = smelt__cuda_free(ctx, ws);
-    if (!s) s = s2;
-  }
   return s;
 }

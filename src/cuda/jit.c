@@ -1,8 +1,8 @@
 /* The JIT's disk cache: content-addressed CUBIN entries in front of NVRTC.
  *
  * Key = SHA-256 over the entry format, smelt's version, NVRTC's version, the
- * arch, the options, the full program text and every embedded header, so any
- * change to what would be compiled gives a new key. Entries are
+ * arch, the options, the full program text and the embedded headers it
+ * includes, so any change to what would be compiled gives a new key. Entries are
  *   "SMELTCB1" | key (64 hex) | payload size (u64 LE) | SHA-256(payload) | payload
  * and anything that does not parse or verify is a miss (and is rebuilt).
  * Writes go to a temp file in the same folder, fsync, rename: readers never
@@ -69,10 +69,35 @@ static void hash_file(smelt__sha256 *h, const smelt__embedded_file *f) {
   else smelt__sha256_update(h, f->text, f->len);
 }
 
+
+void smelt__mark_includes(const char *text, size_t len, unsigned char *seen) {
+  static const char tag[] = "#include \"";
+  const size_t tl = sizeof tag - 1;
+  for (const char *p = text, *end = text + len; p + tl < end;) {
+    const char *q = memchr(p, '#', (size_t)(end - p));
+    if (!q || q + tl >= end) return;
+    p = q + 1;
+    if (memcmp(q, tag, tl)) continue;
+    const char *name = q + tl, *close = memchr(name, '"', (size_t)(end - name));
+    if (!close || close - name >= 128) continue;
+    char buf[128];
+    memcpy(buf, name, (size_t)(close - name));
+    buf[close - name] = 0;
+    const smelt__embedded_file *f = smelt__embedded_find(buf);
+    if (!f) continue;
+    const int i = (int)(f - smelt__embedded_files);
+    if (seen[i]) continue;
+    seen[i] = 1;
+    smelt__mark_includes(f->text, f->len, seen);
+  }
+}
+
 /* The key covers what the compile sees: the entry format, the library
  * version, NVRTC's version, the arch, the options, the program text (the
- * kernel's name, prelude and body, as nvrtc.c assembles it) and every header
- * a program may include. */
+ * kernel's name, prelude and body, as nvrtc.c assembles it) and the
+ * embedded headers the program includes, directly or through another
+ * (every header for a program whose body is not an embedded file), so a
+ * header's change renews only the keys of the kernels that read it. */
 void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[65]) {
   pthread_once(&digests_once, digest_files);
   smelt__sha256 h;
@@ -98,15 +123,22 @@ void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[6
   /* The program text's parts, each ended by a NUL (none holds one). */
   smelt__sha256_update(&h, src->name, strlen(src->name) + 1);
   const smelt__embedded_file *body = smelt__embedded_find(src->body);
+  unsigned char seen[SMELT__MAX_EMBEDDED];
+  const int all = !body || smelt__embedded_count > SMELT__MAX_EMBEDDED;
+  memset(seen, 0, sizeof seen);
   if (body) {
     smelt__sha256_update(&h, src->prelude, strlen(src->prelude) + 1);
     smelt__sha256_update(&h, src->body, strlen(src->body) + 1);
     hash_file(&h, body);
+    if (!all) {
+      smelt__mark_includes(src->prelude, strlen(src->prelude), seen);
+      smelt__mark_includes(body->text, body->len, seen);
+    }
   }
   for (int i = 0; i < smelt__embedded_count; i++) {
     const smelt__embedded_file *f = &smelt__embedded_files[i];
     size_t l = strlen(f->name);
-    if (l > 4 && !strcmp(f->name + l - 4, ".cuh")) {
+    if (l > 4 && !strcmp(f->name + l - 4, ".cuh") && (all || seen[i])) {
       smelt__sha256_update(&h, f->name, l + 1);
       hash_file(&h, f);
     }
