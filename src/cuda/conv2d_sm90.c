@@ -484,10 +484,18 @@ static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_t
   const void *gmaps = NULL;
   void *params[] = {(void *)ta, (void *)tb, &td, &kq, &fast, &gmaps, (void *)g};
   const int64_t units = tiles_m * tiles_n * cp->splits, sms = ctx->cuda->info.sm_count;
+  /* A last wave that leaves SMs idle runs in K chunks, as the GEMM's. */
+  void *tail_ws = NULL;
+  if (!s && kp.mode == SMELT__KMODE_PLAIN)
+    s = smelt__gemm_split_tail(ctx, "smelt_conv2d", &cp->k, kp.p.k, tiles_m * tiles_n, &kq, &tail_ws);
   if (!s)
     s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_SM90],
                            (unsigned)(units < sms ? units : sms), 1, 1, (unsigned)cp->k.threads, (unsigned)cp->k.smem,
                            params);
+  if (tail_ws) {
+    smelt_status s2 = smelt__cuda_free(ctx, tail_ws);
+    if (!s) s = s2;
+  }
   if (!s && kp.mode == SMELT__KMODE_PARALLEL)
     s = smelt__gemm_split_reduce(ctx, "smelt_conv2d", plan->func[SMELT__CONV_F_REDUCE], &kp, m, n);
   if (ws) {

@@ -170,6 +170,12 @@ smelt_status smelt__gemm_split_workspace(smelt_ctx *ctx, smelt__gemm_kparams *kp
 smelt_status smelt__gemm_tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
                                     int64_t k, int64_t rs, int box_rows, int bk);
 smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits);
+/* The split tail of a plain Hopper run of `tiles` tiles over K = kk (op_gemm.c
+ * says when it is taken): sets kq's sk_tiles, sk_chunks, workspace and
+ * semaphores and allocates *ws (the caller frees it after the launch), or
+ * leaves them when the last wave is full enough. */
+smelt_status smelt__gemm_split_tail(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, int64_t kk,
+                                   int64_t tiles, smelt__gemm_kparams *kq, void **ws);
 /* A parallel split's second kernel (f: the table's gemm_reduce): adds the
  * slices in order and applies the epilogue. */
 smelt_status smelt__gemm_split_reduce(smelt_ctx *ctx, const char *op, void *f, smelt__gemm_kparams *kp,

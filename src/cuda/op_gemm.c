@@ -538,9 +538,9 @@ smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws
  * when a split is possible, so plain runs do not pay for it).
  * Cooperative tiles without clusters only. The workspace: S - 1 slots of
  * partial sums a tail tile, then the tiles' flags (zeroed here). */
-static smelt_status split_tail_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, const smelt__gemm_prob *p,
-                                  int64_t tiles, smelt__gemm_kparams *kq, void **ws) {
-  const int64_t W = ctx->cuda->info.sm_count, steps = smelt__ceil_div(p->k, k->bk);
+smelt_status smelt__gemm_split_tail(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, int64_t kk,
+                                   int64_t tiles, smelt__gemm_kparams *kq, void **ws) {
+  const int64_t W = ctx->cuda->info.sm_count, steps = smelt__ceil_div(kk, k->bk);
   if (k->pingpong || k->cluster_m * k->cluster_n > 1 || tiles % W == 0 || tiles > 0x7fffffff / 4 || steps < 4)
     return SMELT_OK;
   const double whole = (double)smelt__ceil_div(tiles, W);
@@ -569,7 +569,7 @@ static smelt_status split_tail_of(smelt_ctx *ctx, const smelt__gemm_kernel *k, c
   kq->workspace = (uint64_t)(uintptr_t)*ws;
   kq->semaphores = kq->workspace + slots;
   CUresult r = smelt__cu(NULL)->cuMemsetD8Async((CUdeviceptr)kq->semaphores, 0, flags, ctx->cuda->stream);
-  return r ? smelt__cu_error(r, "smelt_gemm", "clearing the split tail's flags") : SMELT_OK;
+  return r ? smelt__cu_error(r, op, "clearing the split tail's flags") : SMELT_OK;
 }
 
 /* Hopper: persistent CTAs (sm90_launch). A multicast operand's map has
@@ -622,7 +622,8 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   const smelt__gemm_kblk blk = blk_of(p);
   void *params[] = {&ta, &tb, &td, &kq, &fast, &gmaps, st->blk ? (void *)&blk : (void *)E};
   void *ws = NULL;
-  if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = split_tail_of(ctx, k, p, tiles, &kq, &ws))) return s;
+  if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = smelt__gemm_split_tail(ctx, "smelt_gemm", k, p->k, tiles, &kq, &ws)))
+    return s;
   s = sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
   if (ws) {
     smelt_status s2 = smelt__cuda_free(ctx, ws);
