@@ -10,8 +10,11 @@
  * chained equal to the layer; bad inputs that write nothing; and, with a
  * GPU, the CUDA router, permute, unpermute, expert FFN and layer forward
  * against the CPU reference (odd sizes, drops, row strides, every copy
- * width, experts with no token, one expert for all, k = E, T = 1; the
- * backward's cases are in tests/test_moe_bwd.c).
+ * width, experts with no token, one expert for all, k = E, T = 1), the
+ * decode path's layer forward (T·k <= 16: T = 1 and 3 top-2, E = 64 top-6,
+ * f16, bf16 and f32, tokens sharing an expert, split K; its routing
+ * against the CPU router's); the backward's cases are in
+ * tests/test_moe_bwd.c.
  *
  * Inputs are fresh seeded random data (ties have probability ~0). Outputs
  * are guarded, poisoned buffers. */
@@ -1192,6 +1195,45 @@ static int64_t check_counts(const mp *p, const int64_t *hist, const void *counts
   return at;
 }
 
+/* The GPU's routing (logits gl, ids gi, weights gw) against the CPU's c:
+ * logits to 1e-5, ids equal but at near-ties (keys within 1e-4; drops
+ * must agree), weights of the tokens routed alike to 1e-5; hist [E] gets
+ * the histogram of the GPU's kept ids. */
+static void compare_routing(const mp *p, const fwd *c, const float *gl, const int32_t *gi, const float *gw,
+                            int64_t *hist, const char *what) {
+  double *gld = calloc((size_t)(p->T * p->E + 1), sizeof(double));
+  for (int64_t i = 0; i < p->T * p->E; i++) gld[i] = gl[i];
+  CHECK(th_compare(what, gld, c->v[F_LOGITS], p->T * p->E, 1e-5, 1e-6));
+  free(gld);
+  int64_t ties = 0;
+  for (int64_t t = 0; t < p->T; t++) {
+    int same = 1;
+    for (int64_t i = 0; i < p->k; i++) {
+      const int64_t a = t * p->k + i, ge = gi[a], ce = (int64_t)c->v[F_IDS][a];
+      REQUIRE(ge >= -1 && ge < p->E);
+      if (ge >= 0) hist[ge]++;
+      if (ge == ce) continue;
+      same = 0;
+      ties++;
+      if (ge < 0 || ce < 0) {
+        th_fail(__FILE__, __LINE__, "%s: token %lld slot %lld: GPU %lld, CPU %lld (a drop differs)", what,
+                (long long)t, (long long)i, (long long)ge, (long long)ce);
+        continue;
+      }
+      const double gap = fabs(cpu_key(p, c->v[F_LOGITS], t, ge) - cpu_key(p, c->v[F_LOGITS], t, ce));
+      if (gap > 1e-4) th_fail(__FILE__, __LINE__, "%s: token %lld slot %lld: GPU %lld, CPU %lld, keys %.3g apart", what,
+                              (long long)t, (long long)i, (long long)ge, (long long)ce, gap);
+    }
+    for (int64_t i = 0; same && i < p->k; i++) {
+      const double cw = c->v[F_WEIGHTS][t * p->k + i];
+      if (fabs(gw[t * p->k + i] - cw) > 1e-5 * fmax(1.0, fabs(cw)))
+        th_fail(__FILE__, __LINE__, "%s: weights[%lld] GPU %.9g CPU %.9g", what, (long long)(t * p->k + i),
+                gw[t * p->k + i], cw);
+    }
+  }
+  if (ties) fprintf(stderr, "    %s: %lld near-tie choices differ\n", what, (long long)ties);
+}
+
 /* The router on CUDA against the CPU reference: logits to 1e-5, ids equal
  * but at near-ties (keys within 1e-4; drops must agree), weights of the
  * tokens routed alike to 1e-5, counts, offsets and dropped those of the
@@ -1223,36 +1265,10 @@ static void gpu_route_case(const spec *sp_in, const char *what) {
   float *gl = dev_read(&lg), *gw = dev_read(&wt), *ga = dev_read(&ax);
   int32_t *gi = dev_read(&id), *gc = dev_read(&cn), *gd = dev_read(&dr);
   int64_t *go = dev_read(&of);
+  int64_t hist[1024] = {0};
+  compare_routing(&p, &c, gl, gi, gw, hist, what);
   double *gld = calloc((size_t)(p.T * p.E + 1), sizeof(double));
   for (int64_t i = 0; i < p.T * p.E; i++) gld[i] = gl[i];
-  CHECK(th_compare(what, gld, c.v[F_LOGITS], p.T * p.E, 1e-5, 1e-6));
-  int64_t hist[1024] = {0}, ties = 0;
-  for (int64_t t = 0; t < p.T; t++) {
-    int same = 1;
-    for (int64_t i = 0; i < p.k; i++) {
-      const int64_t a = t * p.k + i, ge = gi[a], ce = (int64_t)c.v[F_IDS][a];
-      REQUIRE(ge >= -1 && ge < p.E);
-      if (ge >= 0) hist[ge]++;
-      if (ge == ce) continue;
-      same = 0;
-      ties++;
-      if (ge < 0 || ce < 0) {
-        th_fail(__FILE__, __LINE__, "%s: token %lld slot %lld: GPU %lld, CPU %lld (a drop differs)", what,
-                (long long)t, (long long)i, (long long)ge, (long long)ce);
-        continue;
-      }
-      const double gap = fabs(cpu_key(&p, c.v[F_LOGITS], t, ge) - cpu_key(&p, c.v[F_LOGITS], t, ce));
-      if (gap > 1e-4) th_fail(__FILE__, __LINE__, "%s: token %lld slot %lld: GPU %lld, CPU %lld, keys %.3g apart", what,
-                              (long long)t, (long long)i, (long long)ge, (long long)ce, gap);
-    }
-    for (int64_t i = 0; same && i < p.k; i++) {
-      const double cw = c.v[F_WEIGHTS][t * p.k + i];
-      if (fabs(gw[t * p.k + i] - cw) > 1e-5 * fmax(1.0, fabs(cw)))
-        th_fail(__FILE__, __LINE__, "%s: weights[%lld] GPU %.9g CPU %.9g", what, (long long)(t * p.k + i),
-                gw[t * p.k + i], cw);
-    }
-  }
-  if (ties) fprintf(stderr, "    %s: %lld near-tie choices differ\n", what, (long long)ties);
   const int64_t at = check_counts(&p, hist, gc, SMELT_DTYPE_I32, go, SMELT_DTYPE_I64, gd[0]);
   smelt_moe_stats st;
   CHECK_OK(smelt_moe_stats_get(gplan, &cn.t, &dr.t, &st));
@@ -1597,7 +1613,7 @@ static void gpu_layer_case(const spec *sp, int one_expert, int64_t pad, int with
   const int64_t at = check_counts(&p, hist, gc, SMELT_DTYPE_I64, go, SMELT_DTYPE_I64, gd[0]);
   CHECK_EQ_INT(st.kept, at);
   CHECK_EQ_INT(st.dropped, p.R - at);
-  if (one_expert) CHECK_EQ_INT(hist[3], p.T * p.k);
+  if (one_expert) CHECK_EQ_INT(hist[3], p.T); /* every token's first choice */
   CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
   th_buf cxp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * es), crm = th_buf_new(th_cpu(), (size_t)p.R * 4),
          cyp = th_buf_new(th_cpu(), (size_t)(p.R * p.d) * 4), cy = th_buf_new(th_cpu(), (size_t)(p.T * p.d) * es);
@@ -1646,6 +1662,81 @@ static void test_moe_gpu_layer(void) {
   gpu_layer_case(&s, 0, 0, 1, "layer mlp silu + b1, sigmoid, bf16");
 }
 
+/* The decode path (T·k <= 16: src/cuda/moe_decode.c's rule) taken by the
+ * plan, its routing through the layer against the CPU router's (logits,
+ * ids but at near-ties, weights, counts and offsets of its ids), and y
+ * against the CPU parts over that routing (gpu_layer_case). */
+static void gpu_decode_case(const spec *sp, int one_expert, int64_t pad, const char *what) {
+  mp p;
+  mp_init(&p, sp);
+  if (one_expert) all_to_three(&p);
+  dev_weights g;
+  dev_all_new(&p, &g);
+  smelt_plan *gplan = NULL, *cplan = NULL;
+  CHECK_OK(smelt_moe_plan(th_cuda(), &p.cfg, &g.w, &g.x.t, &gplan));
+  if (!strstr(smelt_plan_describe(gplan), "moe_decode"))
+    th_fail(__FILE__, __LINE__, "%s: the plan takes the general path: %s", what, smelt_plan_describe(gplan));
+  dev lg = dev_new(SMELT_DTYPE_F32, 2, p.T, p.E, NULL), id = dev_new(SMELT_DTYPE_I32, 2, p.T, p.k, NULL),
+      wt = dev_new(SMELT_DTYPE_F32, 2, p.T, p.k, NULL), cn = dev_new(SMELT_DTYPE_I32, 1, p.E, 0, NULL),
+      of = dev_new(SMELT_DTYPE_I64, 1, p.E + 1, 0, NULL), dr = dev_new(SMELT_DTYPE_I64, 1, 1, 0, NULL),
+      gy = dev_new(p.xdt, 2, p.T, p.d, NULL);
+  smelt_moe_routing rg = {&lg.t, &id.t, &wt.t, &cn.t, &of.t, &dr.t, NULL};
+  CHECK_OK(smelt_moe_forward_run(gplan, &g.w, &g.x.t, &gy.t, &rg, NULL));
+  CHECK_OK(smelt_ctx_synchronize(th_cuda()));
+  float *gl = dev_read(&lg), *gw = dev_read(&wt);
+  int32_t *gi = dev_read(&id), *gc = dev_read(&cn);
+  int64_t *go = dev_read(&of), *gd = dev_read(&dr);
+  fwd c;
+  fwd_alloc(&c, &p, SMELT_DTYPE_I64);
+  smelt_moe_routing rc = routing_of(&c);
+  CHECK_OK(smelt_moe_plan(th_cpu(), &p.cfg, &p.w, &p.tx, &cplan));
+  CHECK_OK(smelt_moe_route_run(cplan, &p.w, &p.tx, &rc));
+  fwd_read_from(&c, F_LOGITS);
+  int64_t hist[64] = {0};
+  compare_routing(&p, &c, gl, gi, gw, hist, what);
+  check_counts(&p, hist, gc, SMELT_DTYPE_I32, go, SMELT_DTYPE_I64, gd[0]);
+  if (one_expert) CHECK_EQ_INT(hist[3], p.T);
+  free(gl), free(gw), free(gi), free(gc), free(go), free(gd);
+  devs_free((dev[]){lg, id, wt, cn, of, dr, gy}, 7);
+  fwd_free(&c);
+  smelt_plan_destroy(gplan);
+  smelt_plan_destroy(cplan);
+  dev_weights_free(&g), mp_free(&p);
+  gpu_layer_case(sp, one_expert, pad, 1, what);
+}
+
+static void test_moe_gpu_decode(void) {
+  if (!th_cuda()) SKIP("no CUDA device");
+  const smelt_dtype bf = SMELT_DTYPE_BF16, h = SMELT_DTYPE_F16;
+  /* d 1024 and F 1536 split K in both GEMVs (their tickets) on any GPU of 8 or more SMs. */
+  spec s = {.T = 1, .d = 1024, .E = 8, .k = 2, .F = 1536, .xdt = bf, .wdt = bf};
+  gpu_decode_case(&s, 0, 0, "decode T1 d1024 F1536 E8 top2 bf16");
+  s = (spec){.T = 1, .d = 1024, .E = 8, .k = 2, .F = 1536, .xdt = h, .wdt = h};
+  gpu_decode_case(&s, 0, 8, "decode T1 f16, y rows 1032 apart");
+  s = (spec){.T = 3, .d = 512, .E = 8, .k = 2, .F = 768, .xdt = bf, .wdt = bf, .bias = 1};
+  gpu_decode_case(&s, 0, 0, "decode T3 top2 bf16 + bias");
+  s = (spec){.T = 3, .d = 512, .E = 8, .k = 2, .F = 768, .xdt = h, .wdt = h, .no_renorm = 1, .scale = 2.5};
+  gpu_decode_case(&s, 0, 0, "decode T3 top2 f16, no renorm, scale");
+  s = (spec){.T = 2, .d = 256, .E = 64, .k = 6, .F = 384, .xdt = bf, .wdt = bf};
+  gpu_decode_case(&s, 0, 0, "decode T2 E64 top6 bf16");
+  s = (spec){.T = 1, .d = 2048, .E = 64, .k = 6, .F = 1408, .xdt = bf, .wdt = bf};
+  gpu_decode_case(&s, 0, 0, "decode T1 d2048 F1408 E64 top6 bf16");
+  s = (spec){.T = 4, .d = 256, .E = 64, .k = 4, .F = 256, .xdt = bf, .wdt = bf, .score = SMELT_MOE_SCORE_SIGMOID,
+             .bias = 1, .groups = 8, .topk_groups = 2};
+  gpu_decode_case(&s, 0, 0, "decode T4 E64 top4 sigmoid groups 8/2");
+  /* Every token on expert 3: one expert's rows in groups of four and a rest. */
+  s = (spec){.T = 6, .d = 256, .E = 8, .k = 2, .F = 512, .xdt = bf, .wdt = bf, .bias = 1};
+  gpu_decode_case(&s, 1, 0, "decode T6 top2, every token's first choice expert 3");
+  s = (spec){.T = 16, .d = 128, .E = 8, .k = 1, .F = 256, .xdt = h, .wdt = h, .bias = 1};
+  gpu_decode_case(&s, 1, 0, "decode T16 top1 f16, all on expert 3");
+  s = (spec){.T = 16, .d = 192, .E = 16, .k = 1, .F = 320, .xdt = bf, .wdt = bf};
+  gpu_decode_case(&s, 0, 0, "decode T16 E16 top1 bf16 (four passes of x·Wr)");
+  s = (spec){.T = 2, .d = 64, .E = 6, .k = 2, .F = 72, .xdt = bf, .wdt = bf};
+  gpu_decode_case(&s, 0, 0, "decode T2 E6 bf16: Wr rows of 12 bytes, tiles cut by F");
+  s = (spec){.T = 1, .d = 100, .E = 16, .k = 4, .F = 60};
+  gpu_decode_case(&s, 0, 3, "decode T1 E16 top4 f32 d100 F60, y rows 103 apart");
+}
+
 const th_test th_tests_moe[] = {
     {"forward", test_moe_forward},
     {"dtypes", test_moe_dtypes},
@@ -1668,5 +1759,6 @@ const th_test th_tests_moe[] = {
     {"gpu_unpermute", test_moe_gpu_unpermute},
     {"gpu_ffn", test_moe_gpu_ffn},
     {"gpu_layer", test_moe_gpu_layer},
+    {"gpu_decode", test_moe_gpu_decode},
     {0, 0},
 };

@@ -1,7 +1,7 @@
 /* The MoE CUDA backend's pieces shared by its files: the expert FFN
  * (src/cuda/moe_ffn.c: its grouped GEMM plans, made once per MoE plan, and
  * its run over permuted rows), the FFN's backward (src/cuda/moe_ffn_bwd.c),
- * the backend's state, and the forward's runs the backward's (src/cuda/
+ * the decode step's forward (src/cuda/moe_decode.c), the backend's state, and the forward's runs the backward's (src/cuda/
  * moe_bwd.c) chain again. */
 #ifndef SMELT_MOE_CUDA_H
 #define SMELT_MOE_CUDA_H
@@ -64,12 +64,35 @@ enum { SMELT__MOE_G_LOGITS, SMELT__MOE_G_NOISE, SMELT__MOE_G_COUNT };
 enum { SMELT__MOE_GG_DW, SMELT__MOE_GG_D, SMELT__MOE_GG_DW_HI, SMELT__MOE_GG_DW_LO, SMELT__MOE_GG_D_HI,
        SMELT__MOE_GG_D_LO, SMELT__MOE_GG_COUNT };
 
+/* The decode step's forward (src/cuda/moe_decode.c, kernels/moe_decode.cu):
+ * its functions (route NULL where the plan takes the general path), the
+ * rows of a group (1 at T = 1, else 4), a tile's columns and each GEMV's
+ * tiles and split of K. */
+typedef struct smelt__moe_decode_cuda {
+  CUfunction route, up, down;
+  int rows, tile;
+  int up_tiles, up_splits, up_slice, down_tiles, down_splits, down_slice;
+} smelt__moe_decode_cuda;
+
+/* Loads the decode path's kernels where the plan's config, sizes and
+ * dtypes fit its rule (else leaves dc->route NULL). */
+smelt_status smelt__moe_decode_plan(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_decode_cuda *dc);
+/* Whether a forward run with the tensors t takes the decode path. */
+int smelt__moe_decode_fits(const smelt__moe_decode_cuda *dc, const smelt_tensor *const *t);
+/* The layer's forward in three launches into t's routing roles (f32
+ * logits and weights), row_map and y. */
+smelt_status smelt__moe_decode_forward(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_decode_cuda *dc,
+                                       const smelt_tensor *const *t);
+/* The decode kernels' variants (dtype x rows of a group), for the enumerator. */
+int smelt__moe_decode_variants(smelt__kernel_src *out, int max);
+
 /* The backend's state (smelt__moe_state.cuda). */
 typedef struct smelt__moe_cuda {
   CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
   CUfunction probs_list, probs_rank, unpermute_bwd, add, route_bwd, noise_grad;
   smelt__moe_ffn_cuda ffn;     /* planned when the plan has the expert weights */
   smelt__moe_ffn_bwd_cuda bwd; /* its functions loaded with ffn, its plans on the first backward */
+  smelt__moe_decode_cuda dec;  /* the decode step's forward, where it fits */
   smelt_plan *gemm[SMELT__MOE_G_COUNT];
   smelt_plan *grad_gemm[2][SMELT__MOE_GG_COUNT]; /* [0] through Wr, [1] through Wnoise */
   CUfunction split_bf16;

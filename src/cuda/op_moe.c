@@ -46,7 +46,9 @@ static void make_src(int v, smelt__kernel_src *src) {
 
 int smelt__moe_variants(smelt__kernel_src *out, int max) {
   for (int v = 0; v < 3 && v < max; v++) make_src(v, &out[v]);
-  return 3 + smelt__moe_ffn_variants(out + (max < 3 ? max : 3), max < 3 ? 0 : max - 3);
+  int n = 3;
+  n += smelt__moe_ffn_variants(out + (max < n ? max : n), max < n ? 0 : max - n);
+  return n + smelt__moe_decode_variants(out + (max < n ? max : n), max < n ? 0 : max - n);
 }
 
 /* What the CUDA kernels take; the rest is refused at planning. */
@@ -94,11 +96,13 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
   const int ffn = ms->t[SMELT__MT_W1].ndim >= 0;
   ms->saved_bytes = (int64_t)smelt__moe_cuda_saved_bytes(ms);
   if (ffn && ((s = smelt__moe_ffn_plan(plan->ctx, ms, &mc->ffn)) ||
-              (s = smelt__moe_ffn_bwd_load(plan->ctx, ms, &mc->bwd))))
+              (s = smelt__moe_ffn_bwd_load(plan->ctx, ms, &mc->bwd)) ||
+              (s = smelt__moe_decode_plan(plan->ctx, ms, &mc->dec))))
     return s;
-  snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%.32s + moe_permute%s)", (int)ms->E,
+  snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%.32s + moe_permute%s%s)", (int)ms->E,
            (int)ms->k, (int)ms->d, (int)ms->F, route.name,
-           !ffn ? "" : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? " + grouped GEMMs + moe_swiglu" : " + grouped GEMMs");
+           !ffn ? "" : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? " + grouped GEMMs + moe_swiglu" : " + grouped GEMMs",
+           mc->dec.route ? "; forward: moe_decode" : "");
   return SMELT_OK;
 }
 
@@ -354,7 +358,9 @@ static smelt_status stats(smelt_plan *plan, const smelt__moe_state *ms, const sm
 /* The layer's forward: router, permute, expert FFN and unpermute, each as
  * its run does it, into the caller's routing tensors where given and one
  * workspace for the rest (indices i32, routing f32, xp and yp of x's
- * dtype). Only the statistics, when asked, wait for the stream. */
+ * dtype); or, where the decode path's rule holds (src/cuda/moe_decode.c),
+ * its three launches into the same tensors. Only the statistics, when
+ * asked, wait for the stream. */
 static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc, const smelt__moe_args *a) {
   smelt_ctx *ctx = plan->ctx;
   const int64_t T = ms->T, E = ms->E, k = ms->k, R = ms->rows, d = ms->d;
@@ -391,9 +397,13 @@ static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, smelt_
   u[SMELT__MT_WEIGHTS_IN] = u[SMELT__MT_WEIGHTS];
   u[SMELT__MT_ROW_MAP_IN] = u[SMELT__MT_ROW_MAP];
   u[SMELT__MT_YP_IN] = u[SMELT__MT_YP];
-  if (!(s = smelt__moe_cuda_route(plan, ms, mc, u, NULL, NULL)) && !(s = smelt__moe_cuda_permute(plan, ms, mc, u)) &&
-      !(s = smelt__moe_ffn_run(ctx, ms, &mc->ffn, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_YP])))
+  if (smelt__moe_decode_fits(&mc->dec, u)) {
+    if (!(s = route_checks(u))) s = smelt__moe_decode_forward(ctx, ms, &mc->dec, u);
+  } else if (!(s = smelt__moe_cuda_route(plan, ms, mc, u, NULL, NULL)) &&
+             !(s = smelt__moe_cuda_permute(plan, ms, mc, u)) &&
+             !(s = smelt__moe_ffn_run(ctx, ms, &mc->ffn, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_YP]))) {
     s = unpermute(plan, ms, mc, u);
+  }
   if (!s && a->stats) {
     smelt__moe_args sa = {.mode = SMELT__MOE_STATS, .stats = a->stats};
     sa.t[SMELT__MT_COUNTS_IN] = u[SMELT__MT_COUNTS];
