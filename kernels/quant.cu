@@ -11,10 +11,18 @@
  *   quant_seg     blocks of 16, 32 or 128 along K in one row (NVFP4, MXFP8,
  *                 1x128) and the per-tensor scale: a warp per 512 columns
  *                 of a row, a block's amax over its 1, 2 or 8 lanes.
- *   quant_row     per-row scales: a warp per row, amax over the row, then
- *                 the row again (from L2) to quantize it.
- *   quant_tile    128x128 scales: a CTA of 256 threads per block, amax
- *                 over its 128 rows, then the block again to quantize it.
+ *   quant_row     per-row scales: tpr threads a row (a power of two, 32
+ *                 to 256: enough for the row at HOLD chunks of 16 a thread
+ *                 where they suffice), the row's amax over them, then the
+ *                 codes from the same registers.
+ *   quant_tile    128x128 scales: a CTA of 256 threads per block, 64
+ *                 elements a thread held in registers, the block's amax,
+ *                 then the codes from them.
+ * Both thus read x once, as quant_seg does, with 32 (f16/bf16) or 64 bytes (f32) a
+ * lane in flight per 16 elements and up to HOLD of them: the amax passes
+ * that read a row or a tile and then read it again (by then evicted from
+ * L2 by the other CTAs' rows) moved 5 bytes an element for the 3 counted.
+ * A row longer than 256 x HOLD x 16 reads its further chunks twice.
  *   quant_amax    the tensor's amax into one f32 (per-tensor FP8, NVFP4's
  *                 tensor scale): a warp's maximum, one atomicMax per warp.
  *   quant_scalar  mode 0 zeroes that f32 before quant_amax; mode 1 turns
@@ -36,6 +44,7 @@
 #define QK_NVFP4 5
 
 #define EPL 16        /* elements per lane */
+#define HOLD 4        /* chunks of 16 a thread holds from the amax to the codes (op_quant.c: HOLD_COLS) */
 #define SEG (32 * EPL) /* columns per warp in quant_seg */
 #define BLOCK 256
 
@@ -191,53 +200,89 @@ extern "C" __global__ void __launch_bounds__(BLOCK) quant_seg(QUANT_PARAMS) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK) quant_row(QUANT_PARAMS) {
-  const int lane = threadIdx.x & 31;
-  for (i64 r = warp_id(); r < rows; r += warp_count()) {
-    float v[EPL], m = 0.0f;
+/* The maximum over the `lanes` (a power of two, up to BLOCK) threads that
+ * share a row or a block: the warp's, then through red across the warps
+ * of the group. Every thread of the CTA calls it. */
+static __device__ __forceinline__ float amax_group(float m, int lanes, float *red) {
+  m = amax_lanes(m, lanes < 32 ? lanes : 32);
+  if (lanes <= 32) return m;
+  const int warp = threadIdx.x / 32, first = warp & ~(lanes / 32 - 1);
+  if (threadIdx.x % 32 == 0) red[warp] = m;
+  __syncthreads();
+  for (int w = first; w < first + lanes / 32; w++) m = smelt_q_amax(m, red[w]);
+  __syncthreads(); /* red is refilled by the next pass */
+  return m;
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) quant_row(QUANT_PARAMS, int tpr) {
+  __shared__ float red[BLOCK / 32];
+  const int lt = threadIdx.x % tpr, rpc = BLOCK / tpr;
+  const i64 step = (i64)tpr * EPL;
+  for (i64 r0 = (i64)blockIdx.x * rpc; r0 < rows; r0 += (i64)gridDim.x * rpc) {
+    const i64 r = r0 + threadIdx.x / tpr;
+    const int live = r < rows;
+    float v[HOLD][EPL], m = 0.0f;
     u32 code[EPL];
-    for (i64 c0 = (i64)lane * EPL; c0 < cols; c0 += SEG) {
-      load16(x, r, c0, cols, xrs, xcs, xvec, v);
-      m = amax16(m, v);
+#pragma unroll
+    for (int j = 0; j < HOLD; j++) {
+      const i64 c0 = j * step + (i64)lt * EPL;
+      if (live && c0 < cols) {
+        load16(x, r, c0, cols, xrs, xcs, xvec, v[j]);
+        m = amax16(m, v[j]);
+      }
     }
-    const float s = smelt_q_fp8_scale(amax_lanes(m, 32), SMELT_QFMT);
-    if (lane == 0) ((float *)scale)[r * srs] = s;
-    for (i64 c0 = (i64)lane * EPL; c0 < cols; c0 += SEG) {
-      load16(x, r, c0, cols, xrs, xcs, xvec, v);
-      encode16(v, s, 0u, code);
+    for (i64 c0 = HOLD * step + (i64)lt * EPL; live && c0 < cols; c0 += step) {
+      float w[EPL];
+      load16(x, r, c0, cols, xrs, xcs, xvec, w);
+      m = amax16(m, w);
+    }
+    const float s = smelt_q_fp8_scale(amax_group(m, tpr, red), SMELT_QFMT);
+    if (!live) continue;
+    if (lt == 0) ((float *)scale)[r * srs] = s;
+#pragma unroll
+    for (int j = 0; j < HOLD; j++) {
+      const i64 c0 = j * step + (i64)lt * EPL;
+      if (c0 >= cols) break;
+      encode16(v[j], s, 0u, code);
+      store16(q, r, c0, cols, qrs, qvec, code);
+    }
+    for (i64 c0 = HOLD * step + (i64)lt * EPL; c0 < cols; c0 += step) {
+      float w[EPL];
+      load16(x, r, c0, cols, xrs, xcs, xvec, w);
+      encode16(w, s, 0u, code);
       store16(q, r, c0, cols, qrs, qvec, code);
     }
   }
 }
 
-/* quant_tile: 4 rows of a 128-wide block per warp pass, 8 lanes a row. */
+/* quant_tile: 4 rows of a 128-wide block per warp pass, 8 lanes a row,
+ * the block's 4 passes held. */
 extern "C" __global__ void __launch_bounds__(BLOCK) quant_tile(QUANT_PARAMS) {
   __shared__ float red[BLOCK / 32];
+  static_assert(HOLD == 128 / (BLOCK / 8), "a thread holds its rows of the block");
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const i64 sr = (rows + 127) / 128, sc = (cols + 127) / 128;
   for (i64 b = blockIdx.x; b < sr * sc; b += gridDim.x) {
     const i64 r0 = (b / sc) * 128, c0 = (b % sc) * 128 + (lane % 8) * EPL;
-    float v[EPL], m = 0.0f;
+    float v[HOLD][EPL], m = 0.0f;
     u32 code[EPL];
-    for (int rr = warp * 4 + lane / 8; rr < 128; rr += 32) {
-      if (r0 + rr >= rows) break;
-      load16(x, r0 + rr, c0, cols, xrs, xcs, xvec, v);
-      m = amax16(m, v);
-    }
-    m = amax_lanes(m, 32);
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-    m = 0.0f;
 #pragma unroll
-    for (int w = 0; w < BLOCK / 32; w++) m = smelt_q_amax(m, red[w]);
-    __syncthreads(); /* red is refilled by the next block */
-    const float s = smelt_q_fp8_scale(m, SMELT_QFMT);
+    for (int j = 0; j < HOLD; j++) {
+      const i64 r = r0 + warp * 4 + lane / 8 + 32 * j;
+      if (r < rows && c0 < cols) {
+        load16(x, r, c0, cols, xrs, xcs, xvec, v[j]);
+        m = amax16(m, v[j]);
+      }
+    }
+    const float s = smelt_q_fp8_scale(amax_group(m, BLOCK, red), SMELT_QFMT);
     if (threadIdx.x == 0) ((float *)scale)[(b / sc) * srs + (b % sc) * scs] = s;
-    for (int rr = warp * 4 + lane / 8; rr < 128; rr += 32) {
-      if (r0 + rr >= rows || c0 >= cols) break;
-      load16(x, r0 + rr, c0, cols, xrs, xcs, xvec, v);
-      encode16(v, s, 0u, code);
-      store16(q, r0 + rr, c0, cols, qrs, qvec, code);
+#pragma unroll
+    for (int j = 0; j < HOLD; j++) {
+      const i64 r = r0 + warp * 4 + lane / 8 + 32 * j;
+      if (r < rows && c0 < cols) {
+        encode16(v[j], s, 0u, code);
+        store16(q, r, c0, cols, qrs, qvec, code);
+      }
     }
   }
 }

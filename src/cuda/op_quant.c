@@ -12,6 +12,7 @@
 
 #define BLOCK 256
 #define BLOCKS_PER_SM (2048 / BLOCK)
+#define HOLD_COLS (4 * 16) /* columns a thread of quant_row holds: HOLD chunks of EPL */
 
 enum { F_MAIN, F_AMAX, F_SCALAR, F_COUNT };
 
@@ -85,7 +86,16 @@ typedef struct qargs {
   float *slot;
   int64_t rows, cols, xrs, xcs, qrs, srs, scs;
   int xvec, qvec;
+  int tpr; /* quant_row's threads a row (the other entry points take the fields before it) */
 } qargs;
+
+/* quant_row's threads a row: the fewest (a power of two, 32 to BLOCK) that
+ * hold the row; BLOCK where none does. */
+static int row_threads(int64_t cols) {
+  int t = 32;
+  while (t < BLOCK && (int64_t)t * HOLD_COLS < cols) t *= 2;
+  return t;
+}
 
 static void args_of(const smelt_tensor *const *t, smelt_quant_format f, qargs *a) {
   const smelt_tensor *x = t[0], *q = t[1], *sc = t[2];
@@ -102,6 +112,7 @@ static void args_of(const smelt_tensor *const *t, smelt_quant_format f, qargs *a
   smelt__quant_scale_strides(sc, &a->srs, &a->scs);
   a->xvec = a->xcs == 1 && (uintptr_t)a->x % 16 == 0 && (a->rows == 1 || a->xrs * es % 16 == 0);
   a->qvec = (uintptr_t)a->q % (uintptr_t)qalign == 0 && (a->rows == 1 || a->qrs % qalign == 0);
+  a->tpr = row_threads(a->cols);
 }
 
 static smelt_status run_quant(smelt_plan *plan, const void *args) {
@@ -111,7 +122,7 @@ static smelt_status run_quant(smelt_plan *plan, const void *args) {
   qargs a;
   args_of(t, f, &a);
   void *params[] = {&a.x, &a.rows, &a.cols, &a.xrs, &a.xcs, &a.xvec, &a.q, &a.qrs, &a.qvec, &a.scale,
-                    &a.srs, &a.scs, &a.slot};
+                    &a.srs, &a.scs, &a.slot, &a.tpr};
   const int64_t seg_warps = a.rows * smelt__ceil_div(a.cols, 512);
   smelt_status s = SMELT_OK;
   smelt__nvtx_push("smelt_quantize");
@@ -123,7 +134,7 @@ static smelt_status run_quant(smelt_plan *plan, const void *args) {
                                  grid_for(plan, smelt__ceil_div(seg_warps, BLOCK / 32)), 1, 1, BLOCK, 0, params)))
       s = smelt__cuda_launch(plan->ctx, "smelt_quantize", (CUfunction)plan->func[F_SCALAR], 1, 1, 1, 1, 0, p1);
   }
-  const int64_t ctas = f == SMELT_QUANT_FP8_ROW       ? smelt__ceil_div(a.rows, BLOCK / 32)
+  const int64_t ctas = f == SMELT_QUANT_FP8_ROW       ? smelt__ceil_div(a.rows, BLOCK / a.tpr)
                        : f == SMELT_QUANT_FP8_128X128 ? smelt__ceil_div(a.rows, 128) * smelt__ceil_div(a.cols, 128)
                                                       : smelt__ceil_div(seg_warps, BLOCK / 32);
   if (!s)
