@@ -38,9 +38,10 @@
  * dyp[row] = w · dy[t] and dweights[t, i] = dy[t] · yp[row] (lanes over
  * columns, then a butterfly sum: a fixed order, the same bits every run).
  *
- * moe_add: out = a + b over the kept rows (the FFN's two input-gradient
- * products, f32, summed into dxp of any float type; the MLP has one, b
- * NULL, converted alone). */
+ * moe_add: the FFN's two input-gradient products (f32; the MLP has one)
+ * summed, by row into dxp, or gathered by token into the layer's dx with
+ * the router's part added (its f32 gradient times the router's weights,
+ * for a few experts). */
 #include "smelt_device.cuh"
 
 #define FULL 0xffffffffu
@@ -324,13 +325,63 @@ extern "C" __global__ void moe_unpermute_bwd(const void *dy, int dy_dt, i64 dy_s
   }
 }
 
-/* out (dtype code out_dt) = a + b over the first offsets[E] rows of d
- * columns (clamped to rows); a, b f32 [rows, d] contiguous, b NULL (the
- * MLP's one product): out = a. */
-extern "C" __global__ void moe_add(const float *a, const float *b, void *out, int out_dt, const void *offsets,
-                                   int offsets64, int E, i64 rows, i64 d) {
+/* The FFN's input gradient summed: its two products a + b (f32 [rows, d]
+ * contiguous; b NULL: the MLP's one), a warp a row's slice of
+ * UNPERMUTE_SLICE columns of out (dtype code out_dt, rows out_stride
+ * apart, n rows). Without row_map, out row r is a[r] + b[r] for the kept
+ * rows (offsets[E], clamped to rows): the FFN's dxp. With row_map [n, k],
+ * out row t is permute's backward of it, the sum over t's kept rows in
+ * slot order (-1 or past rows: none), then, with g, plus the router's part
+ * Σ_e g[t, e] · w[c, e] in e order (g f32 [n, E]; w [d, E] of dtype code
+ * w_dt, strides w_rs and w_cs): the layer's dx straight from the products,
+ * without dxp, an f32 dx and the router's products over it in between
+ * (docs/PERF.md, MoE). vec: d and out_stride multiples of 8, a, b and out
+ * 16-byte aligned. */
+static __device__ __forceinline__ float router_part(const float *g, const void *w, int w_dt, i64 w_rs, i64 w_cs,
+                                                    i64 t, int E, int c) {
+  float acc = 0.f;
+  for (int e = 0; e < E; e++) acc += g[t * E + e] * load_any(w, w_dt, c * w_rs + e * w_cs);
+  return acc;
+}
+
+extern "C" __global__ void moe_add(const float *a, const float *b, const int *row_map, int k, const void *offsets,
+                                   int offsets64, int E, const float *g, const void *w, int w_dt, i64 w_rs, i64 w_cs,
+                                   void *out, int out_dt, i64 out_stride, i64 n, i64 rows, int d, int vec) {
+  const int lane = threadIdx.x & 31, slices = (d + UNPERMUTE_SLICE - 1) / UNPERMUTE_SLICE;
+  const i64 gw = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), t = gw / slices;
   i64 kept = offsets64 ? ((const i64 *)offsets)[E] : (i64)((const int *)offsets)[E];
   kept = kept < 0 ? 0 : kept > rows ? rows : kept;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < kept * d; i += (i64)gridDim.x * blockDim.x)
-    store_any(out, out_dt, i, b ? a[i] + b[i] : a[i]);
+  if (t >= n || (!row_map && t >= kept)) return;
+  const int c_lo = (int)(gw % slices) * UNPERMUTE_SLICE, c_hi = min(d, c_lo + UNPERMUTE_SLICE);
+  const int slots = row_map ? k : 1;
+  const i64 my_row = !row_map ? (lane == 0 ? t : -1) : lane < k ? (i64)row_map[t * k + lane] : -1;
+  if (vec) { /* the slice is one round of 8 columns a lane */
+    const int c = c_lo + lane * 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, u[8], v[8];
+    for (int i = 0; i < slots; i++) {
+      const i64 r = __shfl_sync(FULL, my_row, i);
+      if (c >= c_hi || r < 0 || r >= rows) continue;
+      load8(a, SMELT_DT_F32, r * d + c, u);
+      if (b) load8(b, SMELT_DT_F32, r * d + c, v);
+#pragma unroll
+      for (int j = 0; j < 8; j++) acc[j] += b ? u[j] + v[j] : u[j];
+    }
+    if (c >= c_hi) return;
+    if (g)
+#pragma unroll
+      for (int j = 0; j < 8; j++) acc[j] += router_part(g, w, w_dt, w_rs, w_cs, t, E, c + j);
+    store8(out, out_dt, t * out_stride + c, acc);
+    return;
+  }
+  for (int c0 = c_lo; c0 < c_hi; c0 += 32) { /* the same trip count in every lane: the shuffles */
+    const int c = c0 + lane;
+    float acc = 0.f;
+    for (int i = 0; i < slots; i++) {
+      const i64 r = __shfl_sync(FULL, my_row, i);
+      if (r >= 0 && r < rows && c < c_hi) acc += b ? a[r * d + c] + b[r * d + c] : a[r * d + c];
+    }
+    if (c >= c_hi) continue;
+    if (g) acc += router_part(g, w, w_dt, w_rs, w_cs, t, E, c);
+    store_any(out, out_dt, t * out_stride + c, acc);
+  }
 }

@@ -3,7 +3,9 @@
  * same inputs (odd token counts, experts with no token, all tokens on one
  * expert, top-1, 2 and 6, capacity drops by position and by probs, the aux
  * and z losses, SwiGLU and the MLP with a bias, sigmoid scores, noisy
- * top-k, dx with a row stride whose padding stays untouched), bit for bit
+ * top-k, dx with a row stride whose padding stays untouched; dx in one
+ * pass with the router's part (E <= 16, no noise) and through the router's
+ * products over an f32 dx (noise, E > 16)), bit for bit
  * equal across two runs; each backward part (router, aux losses, unpermute,
  * permute, expert FFN) against the CPU's; and the clear refusals of what
  * CUDA does not take. On the CPU: the layer's backward repeats bit for bit.
@@ -223,6 +225,8 @@ static void test_moe_bwd_gpu_layer(void) {
   gpu_backward_case(&s, 0, 0, "bwd mlp tanh f32, no renormalization, scaling 2.5");
   s = (spec){.T = 31, .d = 32, .E = 16, .k = 4, .F = 24, .noise = 1, .groups = 4, .topk_groups = 2, .aux = 0.01};
   gpu_backward_case(&s, 0, 0, "bwd f32 noisy top-4 of 2 of 4 groups, aux");
+  s = (spec){.T = 53, .d = 40, .E = 20, .k = 3, .F = 24, .xdt = bf, .wdt = bf, .aux = 0.01};
+  gpu_backward_case(&s, 0, 8, "bwd T53 E20 top3 bf16: dx through the router's products, dx rows 48 apart");
 }
 
 /* ---------------------------------------------------------------- the parts */

@@ -8,11 +8,15 @@
  *   dlogits         = the router's backward of dweights + the aux losses'
  *   dx              = permute's backward of dxp (+ the noise's part)
  *                     + dlogits·Wrᵀ;  dWr = xᵀ·dlogits (the GEMM engine)
+ * dxp is never formed: its two f32 parts from the FFN are gathered by
+ * token and summed in one pass (moe_add), which for a few experts and no
+ * noise adds dlogits·Wrᵀ too and writes dx in its dtype; else it writes an
+ * f32 dx to which the noise's and the router's products add.
  * The routing is recomputed from the same x by the same kernels, so the
  * backward sees the forward's selection and drops exactly. Every sum has a
  * fixed order and no gradient uses float atomics: a run repeats bit for
  * bit. The one wait for the stream is the FFN's (its weight gradients'
- * row ranges). */
+ * row ranges, read before the FFN's first launch). */
 #include "moe_cuda.h"
 
 #include <string.h>
@@ -225,7 +229,8 @@ size_t smelt__moe_cuda_saved_bytes(const smelt__moe_state *ms) {
   return L.kept.at;
 }
 
-/* dxp [R, d], dlogits [T, E] and dx's part [T, d], f32, after the layout. */
+/* The FFN's two parts of dxp [R, d] each, dlogits [T, E] and an f32 dx
+ * [T, d] (where the router's products add to it), after the layout. */
 static smelt_tensor f32_piece(smelt_ctx *ctx, layer *L, int64_t rows, int64_t cols) {
   return smelt__moe_device_mat(ctx, piece(&L->c, rows * cols, 4), SMELT_DTYPE_F32, rows, cols);
 }
@@ -314,24 +319,38 @@ static smelt_status layer_forward(smelt_plan *plan, const smelt__moe_state *ms, 
   return s;
 }
 
+/* The most experts for which moe_add adds the router's part of dx itself:
+ * E loads (Wr from L1) and multiply-adds an element, which for tens of
+ * experts approach what the router's products over an f32 dx cost. */
+#define ADD_ROUTER_E 16
+
 static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc, layer *L) {
   smelt_ctx *ctx = plan->ctx;
   const smelt_tensor **u = L->u;
   const int want_dx = u[SMELT__MT_DX] != NULL, want_route = want_dx || u[SMELT__MT_DWR] || u[SMELT__MT_DWNOISE];
-  const smelt_tensor dxp = f32_piece(ctx, L, ms->rows, ms->d), dl = f32_piece(ctx, L, ms->T, ms->E),
-                     dx_part = f32_piece(ctx, L, ms->T, ms->d);
+  const smelt_tensor parts[2] = {f32_piece(ctx, L, ms->rows, ms->d), f32_piece(ctx, L, ms->rows, ms->d)},
+                     dl = f32_piece(ctx, L, ms->T, ms->E), dx_part = f32_piece(ctx, L, ms->T, ms->d);
   const void *rm = u[SMELT__MT_ROW_MAP]->data;
   smelt_status s = unpermute_bwd(ctx, ms, mc, u[SMELT__MT_DY_IN], u[SMELT__MT_YP], rm, u[SMELT__MT_WEIGHTS]->data,
                                  u[SMELT__MT_DYP], u[SMELT__MT_DWEIGHTS]->data);
   if (!s)
     s = smelt__moe_ffn_backward(ctx, ms, mc, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_DYP], &L->fi,
-                                want_dx ? &dxp : NULL);
+                                want_dx ? parts : NULL);
   if (s || !want_route) return s;
   s = route_grad(ctx, ms, mc, u[SMELT__MT_LOGITS]->data, L->sel, u[SMELT__MT_IDS]->data,
                  u[SMELT__MT_DWEIGHTS]->data, L->sel_counts, dl.data);
-  if (!s && want_dx) s = smelt__moe_cuda_combine(ctx, ms, mc, MOE_OP "_backward_run", &dxp, rm, NULL, &dx_part);
+  const smelt_tensor *offs = u[SMELT__MT_OFFSETS], *wr = u[SMELT__MT_WR];
+  /* dx in one pass over the FFN's parts, with the router's part, where the
+   * noise has none and E is small; else through an f32 dx the router's
+   * (and the noise's) products add to. */
+  if (want_dx && !u[SMELT__MT_WNOISE] && ms->E <= ADD_ROUTER_E && wr->dtype != SMELT_DTYPE_F64) {
+    if (!s) s = smelt__moe_dx_sum(ctx, ms, mc, parts, offs, rm, &dl, wr, u[SMELT__MT_DX]);
+    if (!s && u[SMELT__MT_DWR]) s = grad_products(ctx, mc, 0, u[SMELT__MT_X], wr, &dl, u[SMELT__MT_DWR], NULL, NULL);
+    return s;
+  }
+  if (!s && want_dx) s = smelt__moe_dx_sum(ctx, ms, mc, parts, offs, rm, NULL, NULL, &dx_part);
   if (!s && u[SMELT__MT_WNOISE]) s = noise_grads(ctx, ms, mc, u, &dl, want_dx ? &dx_part : NULL);
-  return s ? s : grad_products(ctx, mc, 0, u[SMELT__MT_X], u[SMELT__MT_WR], &dl, u[SMELT__MT_DWR], &dx_part, u[SMELT__MT_DX]);
+  return s ? s : grad_products(ctx, mc, 0, u[SMELT__MT_X], wr, &dl, u[SMELT__MT_DWR], &dx_part, u[SMELT__MT_DX]);
 }
 
 /* The state is carved in 256-byte pieces from saved's start. */
@@ -360,7 +379,8 @@ static smelt_status backward(smelt_plan *plan, const smelt__moe_state *ms, smelt
   else if ((s = smelt__cuda_alloc(ctx, smelt__moe_cuda_saved_bytes(ms), (void **)&L.kept.base))) return s;
   kept_layout(ctx->device_index, ms, &L);
   scratch_layout(ctx->device_index, ms, &L, saved != NULL);
-  const size_t bytes = L.c.at + smelt__moe_block_bytes(ms->rows * ms->d + ms->T * ms->E + ms->T * ms->d, 4) + 3 * 256;
+  const size_t bytes =
+      L.c.at + smelt__moe_block_bytes(2 * ms->rows * ms->d + ms->T * ms->E + ms->T * ms->d, 4) + 4 * 256;
   if (!(s = smelt__cuda_alloc(ctx, bytes, (void **)&L.c.base))) {
     scratch_layout(ctx->device_index, ms, &L, saved != NULL);
     if (!saved) s = layer_forward(plan, ms, mc, &L);

@@ -124,13 +124,22 @@ smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state 
                                          const smelt_tensor *yp);
 /* The FFN's gradients from dyp over fi (h1 and h3 as the forward left
  * them; a, g1 and g3 are written): t[DW1], t[DW3], t[DW2], t[DB1] where present,
- * dxp (f32 [rows, d], or NULL) = its input gradient. Reads the offsets on
- * the host for the weight gradients (smelt_gemm_grouped), so it waits for
- * the stream once. */
+ * and, parts given (two f32 [rows, d]; the MLP writes only parts[0]), the
+ * parts of its input gradient, whose sum smelt__moe_dx_sum takes. Reads the
+ * offsets on the host for the weight gradients (smelt_gemm_grouped) before
+ * its first launch, so it waits for the stream once, for the work before it. */
 smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                      const smelt_tensor *const *t, const smelt_tensor *xp,
                                      const smelt_tensor *offsets, const smelt_tensor *dyp,
-                                     const smelt__moe_ffn_inter *fi, const smelt_tensor *dxp);
+                                     const smelt__moe_ffn_inter *fi, const smelt_tensor *parts);
+/* The FFN's input gradient from smelt__moe_ffn_backward's parts (moe_add):
+ * row_map NULL, dxp = their sum by row (out [rows, d] contiguous, the kept
+ * rows written); else out [T, d] (any row stride) = permute's backward of
+ * it through row_map [T, k], plus g·wᵀ where g (f32 [T, E]) is given with
+ * w [d, E] (any strides): the layer's dx, in one pass over the parts. */
+smelt_status smelt__moe_dx_sum(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                               const smelt_tensor *parts, const smelt_tensor *offsets, const void *row_map,
+                               const smelt_tensor *g, const smelt_tensor *w, const smelt_tensor *out);
 /* The FFN's backward run (smelt_moe_ffn_backward_run): the forward's
  * intermediates recomputed from xp, then smelt__moe_ffn_backward. */
 smelt_status smelt__moe_ffn_backward_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,

@@ -6,13 +6,20 @@
  *                                 GEMM (smelt__moe_weight_grad; A column-major:
  *                                 "CR"), over the offsets read on the host
  *   db1 = column sums of dh1      moe_bias_grad (rows in order, no atomics)
- *   dxp = dh1·W1ᵀ + dh3·W3ᵀ       two grouped-by-offsets GEMMs (RC) into f32,
- *                                 summed by moe_add into dxp's dtype
+ *   dxp = dh1·W1ᵀ + dh3·W3ᵀ       two grouped-by-offsets GEMMs (RC) into f32
+ *                                 parts, which smelt__moe_dx_sum (moe_add) adds
+ *                                 into dxp, or the layer gathers by token
+ *                                 straight into dx
  * The weight gradients sum over each expert's rows (along K), which the
  * grouped-by-offsets GEMM cannot group, so they are the one place of the
- * MoE backward that waits for the stream (one copy of E+1 offsets). Every
- * sum has a fixed order: the gradients repeat bit for bit. Intermediates
- * [rows, F] are of x's dtype (the fast kernels' operands), from the pool. */
+ * MoE backward that waits for the stream (one copy of E+1 offsets). That
+ * copy is made first, before any of the backward's launches: the stream
+ * then drains only what came before (the forward, unpermute's backward),
+ * and the GPU idles one launch's latency, where a copy just before the
+ * weight gradients left it idle until the host had planned and launched
+ * their first GEMM. Every sum has a fixed order: the gradients repeat bit
+ * for bit. Intermediates [rows, F] are of x's dtype (the fast kernels'
+ * operands), from the pool. */
 #include "moe_cuda.h"
 
 #include <stdlib.h>
@@ -92,20 +99,20 @@ static smelt_status host_starts(smelt_ctx *ctx, const smelt__moe_state *ms, cons
   return s;
 }
 
-/* dW2, dW1, dW3 and db1, those asked for, from a, dyp, xp, g1 and g3. */
+/* Whether any of dW1, dW2, dW3 is asked for (the host needs the offsets). */
+static int wants_weight_grads(const smelt_tensor *const *t) {
+  return t[SMELT__MT_DW1] || t[SMELT__MT_DW2] || t[SMELT__MT_DW3];
+}
+
+/* dW2, dW1, dW3 and db1, those asked for, from a, dyp, xp, g1 and g3
+ * (start: host_starts', when a weight gradient is asked for). */
 static smelt_status weight_grads(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_bwd_cuda *bc,
                                  const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
-                                 const smelt_tensor *dyp, const smelt__moe_ffn_inter *fi) {
+                                 const int64_t *start, const smelt_tensor *dyp, const smelt__moe_ffn_inter *fi) {
   smelt_status s = SMELT_OK;
-  if (t[SMELT__MT_DW1] || t[SMELT__MT_DW2] || t[SMELT__MT_DW3]) {
-    int64_t *start = (int64_t *)malloc((size_t)(ms->E + 1) * sizeof *start);
-    if (!start) return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP "_backward_run: out of host memory");
-    s = host_starts(ctx, ms, offsets, start);
-    if (!s && t[SMELT__MT_DW2]) s = smelt__moe_weight_grad(ctx, ms, start, &fi->a, dyp, t[SMELT__MT_DW2]);
-    if (!s && t[SMELT__MT_DW1]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->g1, t[SMELT__MT_DW1]);
-    if (!s && t[SMELT__MT_DW3]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->g3, t[SMELT__MT_DW3]);
-    free(start);
-  }
+  if (t[SMELT__MT_DW2]) s = smelt__moe_weight_grad(ctx, ms, start, &fi->a, dyp, t[SMELT__MT_DW2]);
+  if (!s && t[SMELT__MT_DW1]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->g1, t[SMELT__MT_DW1]);
+  if (!s && t[SMELT__MT_DW3]) s = smelt__moe_weight_grad(ctx, ms, start, xp, &fi->g3, t[SMELT__MT_DW3]);
   if (!s && t[SMELT__MT_DB1]) {
     const void *g = fi->g1.data, *od = offsets->data;
     void *db = t[SMELT__MT_DB1]->data;
@@ -118,64 +125,76 @@ static smelt_status weight_grads(smelt_ctx *ctx, const smelt__moe_state *ms, con
   return s;
 }
 
-/* dxp = g1·W1ᵀ (+ g3·W3ᵀ): f32 products in one workspace, summed by moe_add. */
+/* The input gradient's parts, p[0] = g1·W1ᵀ and (SwiGLU) p[1] = g3·W3ᵀ, f32. */
 static smelt_status input_grad(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                const smelt_tensor *const *t, const smelt_tensor *offsets,
-                               const smelt__moe_ffn_inter *fi, const smelt_tensor *dxp) {
+                               const smelt__moe_ffn_inter *fi, const smelt_tensor *p) {
   smelt__moe_ffn_bwd_cuda *bc = &mc->bwd;
-  const int swiglu = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU;
-  int o64 = offsets->dtype == SMELT_DTYPE_I64;
-  const size_t pb = smelt__moe_block_bytes(ms->rows * ms->d, 4);
-  char *ws = NULL;
-  smelt_status s = smelt__cuda_alloc(ctx, swiglu ? 2 * pb : pb, (void **)&ws);
-  if (s) return s;
-  const smelt_tensor p1 = smelt__moe_device_mat(ctx, ws, SMELT_DTYPE_F32, ms->rows, ms->d),
-                     p3 = smelt__moe_device_mat(ctx, ws + pb, SMELT_DTYPE_F32, ms->rows, ms->d),
-                     ends = smelt__moe_row_ends(ctx, offsets, ms->E),
+  const int o64 = offsets->dtype == SMELT_DTYPE_I64;
+  const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E),
                      w1t = smelt__tensor_swap_axes(t[SMELT__MT_W1], 1, 2);
-  s = offs_gemm(ctx, &bc->dx1[o64], &fi->g1, &w1t, &p1, NULL, &ends);
-  if (!s && swiglu) {
+  smelt_status s = offs_gemm(ctx, &bc->dx1[o64], &fi->g1, &w1t, &p[0], NULL, &ends);
+  if (!s && ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
     const smelt_tensor w3t = smelt__tensor_swap_axes(t[SMELT__MT_W3], 1, 2);
-    s = offs_gemm(ctx, &bc->dx3[o64], &fi->g3, &w3t, &p3, NULL, &ends);
+    s = offs_gemm(ctx, &bc->dx3[o64], &fi->g3, &w3t, &p[1], NULL, &ends);
   }
-  if (!s) {
-    const void *a = p1.data, *b = swiglu ? p3.data : NULL, *od = offsets->data;
-    void *out = dxp->data;
-    int odt = (int)dxp->dtype, E = (int)ms->E;
-    int64_t rows = ms->rows, d = ms->d;
-    void *params[] = {&a, &b, &out, &odt, &od, &o64, &E, &rows, &d};
-    const unsigned blocks = smelt__moe_grid(rows * d, 256), cap = 16u * (unsigned)ctx->cuda->info.sm_count;
-    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->add, blocks < cap ? blocks : cap, 1, 1, 256, 0, params);
-  }
-  smelt_status f = smelt__cuda_free(ctx, ws);
-  return s ? s : f;
+  return s;
+}
+
+/* kernels/moe_permute.cu's UNPERMUTE_SLICE: the columns a moe_add warp sums. */
+#define ADD_SLICE 256
+
+smelt_status smelt__moe_dx_sum(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                               const smelt_tensor *parts, const smelt_tensor *offsets, const void *row_map,
+                               const smelt_tensor *g, const smelt_tensor *w, const smelt_tensor *out) {
+  const void *a = parts[0].data, *b = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? parts[1].data : NULL;
+  const void *od = offsets->data, *gd = g ? g->data : NULL, *wd = w ? w->data : NULL;
+  void *outd = out->data;
+  int k = (int)ms->k, o64 = offsets->dtype == SMELT_DTYPE_I64, E = (int)ms->E, d = (int)ms->d;
+  int wdt = w ? (int)w->dtype : 0, odt = (int)out->dtype;
+  int64_t wrs = w ? w->strides[0] : 0, wcs = w ? w->strides[1] : 0, os = out->strides[0];
+  int64_t n = row_map ? ms->T : ms->rows, rows = ms->rows;
+  int vec = d % 8 == 0 && os % 8 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)outd % 16 == 0;
+  if (n == 0) return SMELT_OK;
+  void *params[] = {&a, &b, &row_map, &k, &od, &o64, &E, &gd, &wd, &wdt,
+                    &wrs, &wcs, &outd, &odt, &os, &n, &rows, &d, &vec};
+  /* a warp a row's ADD_SLICE columns, 8 warps a block */
+  return smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->add, smelt__moe_grid(n * smelt__ceil_div(d, ADD_SLICE), 8),
+                            1, 1, 256, 0, params);
 }
 
 smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                      const smelt_tensor *const *t, const smelt_tensor *xp,
                                      const smelt_tensor *offsets, const smelt_tensor *dyp,
-                                     const smelt__moe_ffn_inter *fi, const smelt_tensor *dxp) {
+                                     const smelt__moe_ffn_inter *fi, const smelt_tensor *parts) {
   smelt__moe_ffn_bwd_cuda *bc = &mc->bwd;
+  int64_t *start = NULL;
+  smelt_status s = SMELT_OK;
+  if (wants_weight_grads(t)) {
+    if (!(start = (int64_t *)malloc((size_t)(ms->E + 1) * sizeof *start)))
+      return smelt__error(SMELT_STATUS_OUT_OF_MEMORY, MOE_OP "_backward_run: out of host memory");
+    s = host_starts(ctx, ms, offsets, start);
+  }
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E),
                      w2t = smelt__tensor_swap_axes(t[SMELT__MT_W2], 1, 2);
   int o64 = ends.dtype == SMELT_DTYPE_I64;
-  smelt_status s = offs_gemm(ctx, &bc->da[o64][dyp->dtype], dyp, &w2t, &fi->a, NULL, &ends);
-  if (s) return s;
+  if (!s) s = offs_gemm(ctx, &bc->da[o64][dyp->dtype], dyp, &w2t, &fi->a, NULL, &ends);
   const void *od = offsets->data, *h1 = fi->h1.data, *h3 = fi->h3.data;
   void *a = fi->a.data, *g1 = fi->g1.data, *g3 = fi->g3.data;
   int E = (int)ms->E, act = (int)ms->cfg.activation;
   float slope = 0.01f;
   int64_t rows = ms->rows, F = ms->F;
   const unsigned grid = smelt__moe_elementwise_grid(ctx, ms);
-  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
+  if (!s && ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
     void *params[] = {&h1, &h3, &a, &g1, &g3, &od, &o64, &E, &rows, &F};
     s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->swiglu_bwd, grid, 1, 1, 256, 0, params);
-  } else {
+  } else if (!s) {
     void *params[] = {&h1, &a, &g1, &act, &slope, &od, &o64, &E, &rows, &F};
     s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->act_bwd, grid, 1, 1, 256, 0, params);
   }
-  if (!s) s = weight_grads(ctx, ms, bc, t, xp, offsets, dyp, fi);
-  return s || !dxp ? s : input_grad(ctx, ms, mc, t, offsets, fi, dxp);
+  if (!s) s = weight_grads(ctx, ms, bc, t, xp, offsets, start, dyp, fi);
+  free(start);
+  return s || !parts ? s : input_grad(ctx, ms, mc, t, offsets, fi, parts);
 }
 
 smelt_status smelt__moe_ffn_inter_alloc(smelt_ctx *ctx, const smelt__moe_state *ms, char **ws,
@@ -194,17 +213,23 @@ smelt_status smelt__moe_ffn_inter_alloc(smelt_ctx *ctx, const smelt__moe_state *
 
 smelt_status smelt__moe_ffn_backward_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                          const smelt_tensor *const *t) {
-  const smelt_tensor *dyp = t[SMELT__MT_DYP_IN], *dxp = t[SMELT__MT_DXP];
+  const smelt_tensor *dyp = t[SMELT__MT_DYP_IN], *dxp = t[SMELT__MT_DXP], *offsets = t[SMELT__MT_OFFSETS_IN];
   if (dyp->dtype == SMELT_DTYPE_F64 || (dxp && dxp->dtype == SMELT_DTYPE_F64))
     return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_ffn_backward_run: dyp and dxp f64 are for the CPU backend");
   if (ms->rows == 0) return smelt__moe_zero_grads(ctx, t);
-  char *ws = NULL;
+  char *ws = NULL, *pws = NULL;
   smelt__moe_ffn_inter fi;
   smelt_status s = smelt__moe_ffn_inter_alloc(ctx, ms, &ws, &fi);
   if (s) return s;
-  const smelt_tensor ends = smelt__moe_row_ends(ctx, t[SMELT__MT_OFFSETS_IN], ms->E);
-  if (!(s = up_proj(ctx, ms, &mc->bwd, t, t[SMELT__MT_XP_IN], &ends, &fi)))
-    s = smelt__moe_ffn_backward(ctx, ms, mc, t, t[SMELT__MT_XP_IN], t[SMELT__MT_OFFSETS_IN], dyp, &fi, dxp);
-  smelt_status f = smelt__cuda_free(ctx, ws);
-  return s ? s : f;
+  /* dxp's two f32 parts (smelt__moe_ffn_backward's), then their sum into dxp. */
+  const size_t pb = smelt__moe_block_bytes(ms->rows * ms->d, 4);
+  if (dxp) s = smelt__cuda_alloc(ctx, (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? 2 : 1) * pb, (void **)&pws);
+  const smelt_tensor parts[2] = {smelt__moe_device_mat(ctx, pws, SMELT_DTYPE_F32, ms->rows, ms->d),
+                                 smelt__moe_device_mat(ctx, pws ? pws + pb : NULL, SMELT_DTYPE_F32, ms->rows, ms->d)};
+  const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E);
+  if (!s) s = up_proj(ctx, ms, &mc->bwd, t, t[SMELT__MT_XP_IN], &ends, &fi);
+  if (!s) s = smelt__moe_ffn_backward(ctx, ms, mc, t, t[SMELT__MT_XP_IN], offsets, dyp, &fi, dxp ? parts : NULL);
+  if (!s && dxp) s = smelt__moe_dx_sum(ctx, ms, mc, parts, offsets, NULL, NULL, NULL, dxp);
+  smelt_status f = smelt__cuda_free(ctx, ws), g = pws ? smelt__cuda_free(ctx, pws) : SMELT_OK;
+  return s ? s : f ? f : g;
 }
