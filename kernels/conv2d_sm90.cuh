@@ -66,18 +66,21 @@
 #if !defined(GEMM_CONV_GATHER)
 #define GEMM_CONV_GATHER 0
 #endif
+#if !defined(GEMM_CONV_ROWMAP)
+#define GEMM_CONV_ROWMAP 0
+#endif
 #if GEMM_CONV < 1 || GEMM_CONV > 3 || AB_SIZE != 2 || (BM != 128 && !(GEMM_CONV == 3 && BM == 64)) || PINGPONG ||     \
     CLUSTER > 1 || PROMOTE || BLOCK_SCALE || (GEMM_CONV == 3 && BN < 128) || A_MN != (GEMM_CONV == 3) ||               \
-    B_MN != (GEMM_CONV >= 2) || (GEMM_CONV_GATHER && GEMM_CONV != 2)
-#error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR; GEMM_CONV_GATHER 1 strided), 3 wgrad (CR, BN >= 128); 16-bit, 128 rows (wgrad 64 too)"
+    B_MN != (GEMM_CONV >= 2) || (GEMM_CONV_GATHER && GEMM_CONV != 2) || (GEMM_CONV_ROWMAP && (GEMM_CONV != 2 || GEMM_CONV_GATHER))
+#error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR; GEMM_CONV_GATHER 1 or GEMM_CONV_ROWMAP 1 strided), 3 wgrad (CR, BN >= 128); 16-bit, 128 rows (wgrad 64 too)"
 #endif
 
 /* The geometry (mirrored by smelt__conv9_kgeom in src/cuda/conv2d_sm90.c). */
 typedef struct conv9_geom {
   u64 x;                /* the gather's tensor: dy */
   i64 xs_n, xs_h, xs_w; /* its strides in elements; its channels have unit stride */
-  u64 d;                /* dgrad by phases: dx's pixel (n, i, j) of the phase's grid at */
-  i64 ds_n, ds_h, ds_w; /* d + n ds_n + i ds_h + j ds_w elements (rowmap) */
+  u64 d;                /* dgrad by phases (GEMM_CONV_ROWMAP): dx's pixel (n, i, j) of the */
+  i64 ds_n, ds_h, ds_w; /* phase's grid at d + n ds_n + i ds_h + j ds_w elements */
   int xh, xw, xc;       /* the im2col (or gathered) tensor's spatial extents and channels */
   int oh, ow;           /* the spatial extents that number the GEMM's rows (fprop P, Q; dgrad H, W or a
                            phase's grid) or wgrad's K (P, Q) */
@@ -88,10 +91,9 @@ typedef struct conv9_geom {
   int tr, ts;           /* dgrad by TMA: the taps a K walk visits per column and row; tap (i, j) is */
   int r0, s0, rst, sst; /* the filter's (r0 + i rst, s0 + j sst), read at im2col offset */
   int oy, ox;           /* ((tr - 1 - i) oy, (ts - 1 - j) ox) */
-  int rowmap;           /* dgrad by phases: D's rows go to G.d through the grid (conv9_piece_out) */
 } conv9_geom;
 
-static_assert(sizeof(conv9_geom) == 168, "conv9_geom must match smelt__conv9_kgeom");
+static_assert(sizeof(conv9_geom) == 160, "conv9_geom must match smelt__conv9_kgeom");
 
 #define GEMM_CONV_PARAM , const __grid_constant__ conv9_geom G
 
@@ -158,8 +160,8 @@ static __device__ __forceinline__ void conv9_load(u32 sa, const conv9_geom &G, c
 #endif
 }
 
-#if GEMM_CONV == 2
-/* dgrad by phases (the host's rowmap): a stride-st dgrad is st_h st_w
+#if GEMM_CONV_ROWMAP
+/* dgrad by phases (GEMM_CONV_ROWMAP): a stride-st dgrad is st_h st_w
  * unit-stride ones, phase (ph, pw) computing dx's pixels (i st_h + ph,
  * j st_w + pw) from the taps whose dy rows divide exactly, so no tap is a
  * zero. The phase's GEMM rows number its (n, i, j) grid, which no TMA box

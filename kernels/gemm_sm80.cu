@@ -201,7 +201,7 @@ static __device__ __forceinline__ void copy_mnmajor(u32 s, const char *X, i64 ld
 }
 
 #if defined(GEMM_CONV)
-#include "conv2d_igemm.cuh" /* conv2d as implicit GEMM: the gathered operand's loads */
+#include "conv2d_igemm.cuh" /* conv2d as implicit GEMM: the gathered operand's loads; smelt-key: if GEMM_CONV */
 #else
 #define GEMM_CONV_PARAM
 #endif

@@ -799,12 +799,13 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
 }
 
 #if defined(GEMM_CONV)
-#include "conv2d_sm90.cuh"
+#include "conv2d_sm90.cuh" /* smelt-key: if GEMM_CONV (only conv variants' cache keys hash it) */
 #define PIECE_CONV_ARG , const conv9_geom &G
 #define PIECE_CONV_PASS , G
 #else
 #define GEMM_CONV 0
 #define GEMM_CONV_GATHER 0
+#define GEMM_CONV_ROWMAP 0
 #define GEMM_CONV_PARAM
 #define PIECE_CONV_ARG
 #define PIECE_CONV_PASS
@@ -825,12 +826,11 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
  * TMA store's. */
 static __device__ __forceinline__ void piece_out(const gemm_params &P, int fast, int c, int tid, const sm90_tile &w,
                                                  i64 x, i64 y, u32 buf PIECE_CONV_ARG) {
-#if GEMM_CONV == 2
-  if (G.rowmap) { /* a strided dgrad's phase: rows scattered to dx (conv2d_sm90.cuh) */
-    piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);
-    conv9_piece_out(G, gemm_esize(P.dt_d), tid, w, x, y, buf);
-    return;
-  }
+#if GEMM_CONV_ROWMAP
+  /* A strided dgrad's phase: rows scattered to dx (conv2d_sm90.cuh). */
+  piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);
+  conv9_piece_out(G, gemm_esize(P.dt_d), tid, w, x, y, buf);
+  return;
 #endif
   if (fast == 2) {
     piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);

@@ -101,21 +101,30 @@ static void test_keys(void) {
   CHECK_EQ_INT(strlen(ka), 64);
 }
 
+static int key_reads(const unsigned char *seen, const char *name) {
+  const smelt__embedded_file *f = smelt__embedded_find(name);
+  return f && seen[f - smelt__embedded_files];
+}
+
 /* The headers a key covers: those the body includes, directly or through
- * another header, and no other (gemm_sm90.cu reads conv2d_sm90.cuh and,
- * through gemm_common.cuh, gemm_epi_graph.cuh; never attn_common.cuh). */
+ * another header, and no other (gemm_sm90.cu reads gemm_epi_graph.cuh
+ * through gemm_common.cuh, never attn_common.cuh), and a header included
+ * under "smelt-key: if GEMM_CONV" only when the prelude defines GEMM_CONV. */
 static void test_key_headers(void) {
   const smelt__embedded_file *body = smelt__embedded_find("gemm_sm90.cu");
   CHECK(body != NULL);
   if (!body) return;
-  unsigned char seen[SMELT__MAX_EMBEDDED];
-  memset(seen, 0, sizeof seen);
-  smelt__mark_includes(body->text, body->len, seen);
-  static const char *const in[] = {"conv2d_sm90.cuh", "gemm_common.cuh", "gemm_epi_graph.cuh", "smelt_device.cuh",
-                                   "smelt_mma.cuh"};
-  for (size_t i = 0; i < sizeof in / sizeof *in; i++) CHECK(seen[smelt__embedded_find(in[i]) - smelt__embedded_files]);
-  CHECK(!seen[smelt__embedded_find("attn_common.cuh") - smelt__embedded_files]);
-  CHECK(!seen[smelt__embedded_find("peer_common.cuh") - smelt__embedded_files]);
+  static const char *const in[] = {"gemm_common.cuh", "gemm_epi_graph.cuh", "smelt_device.cuh", "smelt_mma.cuh"};
+  for (int conv = 0; conv < 2; conv++) {
+    unsigned char seen[SMELT__MAX_EMBEDDED];
+    memset(seen, 0, sizeof seen);
+    const char *prelude = conv ? "#define GEMM_AB 3\n#define GEMM_CONV 2\n" : "#define GEMM_AB 3\n#define GEMM_CONVX 2\n";
+    smelt__mark_includes(body->text, body->len, prelude, seen);
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++) CHECK(key_reads(seen, in[i]));
+    CHECK(key_reads(seen, "conv2d_sm90.cuh") == conv);
+    CHECK(!key_reads(seen, "attn_common.cuh"));
+    CHECK(!key_reads(seen, "peer_common.cuh"));
+  }
 }
 
 static void test_compile_and_reload(void) {

@@ -31,29 +31,43 @@ typedef struct smelt__conv9_kgeom {
   int y0, x0;
   int cb;
   int tr, ts, r0, s0, rst, sst, oy, ox;
-  int rowmap;
 } smelt__conv9_kgeom;
 
-_Static_assert(sizeof(smelt__conv9_kgeom) == 168, "smelt__conv9_kgeom must match conv9_geom");
+_Static_assert(sizeof(smelt__conv9_kgeom) == 160, "smelt__conv9_kgeom must match conv9_geom");
 
 /* The variants: per 16-bit type, fprop and dgrad at 128 x 128 (six stages)
  * and 128 x 64 (eight: a layer of 64 output channels), the strided dgrad's
+ * phases at both (their rows scattered by the threads: a variant of its
+ * own, so the unit-stride dgrad's TMA stores carry no branch) and its
  * gather at 128 x 128, wgrad at 128 x 128, fprop and wgrad at 128 x 256
  * (four stages, as the GEMM's wide tile: half the reads of the operand
  * shared along N), and wgrad at 64 x 128 (eight; one consumer) for K <= 64
  * output channels, whose 128-row tiles would be half zeros. */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
-  int consumers, bn, stages, gather;
+  int consumers, bn, stages, gather, rowmap;
 } conv9_variant;
 
-enum { V_FPROP, V_FPROP_N64, V_DGRAD, V_DGRAD_N64, V_DGRAD_GATHER, V_WGRAD, V_FPROP_WIDE, V_WGRAD_WIDE, V_WGRAD_M64 };
+enum {
+  V_FPROP,
+  V_FPROP_N64,
+  V_DGRAD,
+  V_DGRAD_N64,
+  V_DGRAD_GATHER,
+  V_WGRAD,
+  V_FPROP_WIDE,
+  V_WGRAD_WIDE,
+  V_WGRAD_M64,
+  V_DGRAD_PHASES,
+  V_DGRAD_PHASES_N64
+};
 static const conv9_variant variants[] = {
     [V_FPROP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0},        [V_FPROP_N64] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0},
     [V_DGRAD] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0},        [V_DGRAD_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0},
     [V_DGRAD_GATHER] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 1}, [V_WGRAD] = {SMELT_CONV2D_WGRAD, 2, 128, 6, 0},
     [V_FPROP_WIDE] = {SMELT_CONV2D_FPROP, 2, 256, 4, 0},   [V_WGRAD_WIDE] = {SMELT_CONV2D_WGRAD, 2, 256, 4, 0},
-    [V_WGRAD_M64] = {SMELT_CONV2D_WGRAD, 1, 128, 8, 0},
+    [V_WGRAD_M64] = {SMELT_CONV2D_WGRAD, 1, 128, 8, 0},    [V_DGRAD_PHASES] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1},
+    [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -69,9 +83,11 @@ static smelt__gemm_kernel kernel_of(int tc, const conv9_variant *v) {
 static void make_src(const smelt__gemm_kernel *k, const conv9_variant *v, smelt__kernel_src *src) {
   smelt__gemm_kernel_src(k, src);
   const size_t len = strlen(src->name);
-  snprintf(src->name + len, sizeof src->name - len, "_conv_%s%s", kind_tags[v->kind], v->gather ? "_gather" : "");
+  snprintf(src->name + len, sizeof src->name - len, "_conv_%s%s", kind_tags[v->kind],
+           v->gather ? "_gather" : v->rowmap ? "_phases" : "");
   smelt__prelude_define(src, "GEMM_CONV", (int)v->kind + 1);
   if (v->gather) smelt__prelude_define(src, "GEMM_CONV_GATHER", 1);
+  if (v->rowmap) smelt__prelude_define(src, "GEMM_CONV_ROWMAP", 1);
 }
 
 int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max) {
@@ -113,6 +129,9 @@ typedef struct conv9_plan {
 } conv9_plan;
 
 static int fits_int(int64_t v) { return v >= 0 && v < ((int64_t)1 << 31); }
+
+/* A strided dgrad by phases (dgrad_phases set more than one). */
+static int strided_phases(const conv9_plan *cp) { return cp->phases[0] * cp->phases[1] > 1; }
 
 /* ch channels fill at least three quarters of their 64-channel blocks (the
  * rest of a block is zeros the tensor cores multiply). */
@@ -298,10 +317,15 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
    * tiles would busy at most half the SMs; fprop's 256-wide one for N >=
    * 256 when its tiles fill the SMs; the strided dgrad's gather and wgrad:
    * 128 x 128, wgrad split. */
-  int v = d->kind == SMELT_CONV2D_FPROP ? V_FPROP : d->kind == SMELT_CONV2D_WGRAD ? V_WGRAD : c.gather ? V_DGRAD_GATHER : V_DGRAD;
+  const int rowmap = strided_phases(&c);
+  int v = d->kind == SMELT_CONV2D_FPROP   ? V_FPROP
+          : d->kind == SMELT_CONV2D_WGRAD ? V_WGRAD
+          : c.gather                      ? V_DGRAD_GATHER
+          : rowmap                        ? V_DGRAD_PHASES
+                                          : V_DGRAD;
   const int64_t ktiles = smelt__ceil_div(c.kk, 64);
   if (v == V_FPROP && c.n >= 256 && smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 256) >= sms) v = V_FPROP_WIDE;
-  else if ((v == V_FPROP || v == V_DGRAD) &&
+  else if ((v == V_FPROP || v == V_DGRAD || v == V_DGRAD_PHASES) &&
            (c.n <= 64 || smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128) * 2 <= sms))
     v++;
   else if (v == V_WGRAD && c.m <= 64)
@@ -319,7 +343,7 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn);
   /* A strided dgrad's phases scatter their rows, which the split's
    * reduction does not: they run whole (dgrad_phases). */
-  const int64_t splits = c.phases[0] * c.phases[1] > 1 ? 1
+  const int64_t splits = rowmap ? 1
                          : st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL)
                                           : d->split_k_slices;
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
@@ -336,7 +360,7 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   plan->func[SMELT__CONV_F_SM90] = f;
   *taken = 1;
   char how[32];
-  if (c.phases[0] * c.phases[1] > 1) snprintf(how, sizeof how, "%dx%d phases, no split", c.phases[0], c.phases[1]);
+  if (rowmap) snprintf(how, sizeof how, "%dx%d phases, no split", c.phases[0], c.phases[1]);
   else snprintf(how, sizeof how, "%s", c.splits == 1 ? "no split" : "parallel");
   smelt__conv2d_take(plan, cp, src.name, how, c.splits);
   return SMELT_OK;
@@ -424,8 +448,7 @@ static smelt_status phase_map(const smelt__conv2d_state *st, const conv9_plan *c
   g->y0 = ah->first, g->x0 = aw->first;
   g->tr = ah->t, g->ts = aw->t, g->r0 = ah->f0, g->s0 = aw->f0, g->rst = ah->step, g->sst = aw->step;
   g->oy = ah->off, g->ox = aw->off;
-  g->rowmap = cp->phases[0] * cp->phases[1] > 1;
-  if (g->rowmap) {
+  if (strided_phases(cp)) {
     const int64_t es = (int64_t)smelt_dtype_size(dd->dtype);
     g->d = ptr(dd) + (uint64_t)((ph * dd->strides[1] + pw * dd->strides[2]) * es);
     g->ds_n = dd->strides[0], g->ds_h = st->desc.stride_h * dd->strides[1], g->ds_w = st->desc.stride_w * dd->strides[2];
@@ -451,6 +474,7 @@ static int fast_d(const smelt__gemm_kparams *kp) {
  * reduction), with A and B's maps and the geometry g. */
 static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_tensor *dd, smelt__gemm_kparams kp,
                            const smelt__conv9_kgeom *g, const smelt__cu_tensor_map *ta, const smelt__cu_tensor_map *tb) {
+  const int rowmap = strided_phases(cp);
   const int64_t m = kp.p.m, n = kp.p.n, tiles_m = smelt__ceil_div(m, cp->k.bm), tiles_n = smelt__ceil_div(n, cp->k.bn);
   kp.mode = cp->splits > 1 ? SMELT__KMODE_PARALLEL : SMELT__KMODE_PLAIN;
   kp.splits = cp->splits;
@@ -461,7 +485,7 @@ static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_t
   smelt__cu_tensor_map td;
   smelt__gemm_kparams kq = kp; /* what the main kernel runs: the split's identity epilogue into f32 slices */
   /* A phase's pieces go out through the threads (the plan checked D). */
-  int fast = g->rowmap ? 1 : fast_d(&kp);
+  int fast = rowmap ? 1 : fast_d(&kp);
   void *ws = NULL;
   smelt_status s = SMELT_OK;
   if (kp.mode == SMELT__KMODE_PARALLEL) {
@@ -476,18 +500,19 @@ static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_t
       fast = 1;
       s = smelt__gemm_workspace_map(&td, (const void *)(uintptr_t)kp.workspace, m, n, cp->splits);
     }
-  } else if (fast && !g->rowmap) {
+  } else if (fast && !rowmap) {
     s = smelt__gemm_tensor_map(&td, dd->dtype, dd->data, m, n, kp.p.d_rs, 64, 128 / (int)smelt_dtype_size(dd->dtype));
   } else {
     td = *ta; /* not read: the general epilogue and a phase's threads store */
   }
   const void *gmaps = NULL;
   void *params[] = {(void *)ta, (void *)tb, &td, &kq, &fast, &gmaps, (void *)g};
-  const int64_t units = tiles_m * tiles_n * cp->splits, sms = ctx->cuda->info.sm_count;
+  const int64_t sms = ctx->cuda->info.sm_count;
   /* A last wave that leaves SMs idle runs in K chunks, as the GEMM's. */
   void *tail_ws = NULL;
   if (!s && kp.mode == SMELT__KMODE_PLAIN)
     s = smelt__gemm_split_tail(ctx, "smelt_conv2d", &cp->k, kp.p.k, tiles_m * tiles_n, &kq, &tail_ws);
+  const int64_t units = smelt__gemm_sk_units(&kq, tiles_m * tiles_n * cp->splits);
   if (!s)
     s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_SM90],
                            (unsigned)(units < sms ? units : sms), 1, 1, (unsigned)cp->k.threads, (unsigned)cp->k.smem,
@@ -510,7 +535,7 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
   const smelt_conv2d_desc *d = &st->desc;
   const conv9_plan *cp = (const conv9_plan *)plan->backend;
   const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B], *dd = t[SMELT__CONV2D_D];
-  const int phased = d->kind == SMELT_CONV2D_DGRAD && !cp->gather, rowmap = phased && cp->phases[0] * cp->phases[1] > 1;
+  const int phased = d->kind == SMELT_CONV2D_DGRAD && !cp->gather, rowmap = strided_phases(cp);
   *ran = 0;
   if ((ptr(a) | ptr(b) | (rowmap ? ptr(dd) : 0)) % 16) return SMELT_OK;
   *ran = 1;

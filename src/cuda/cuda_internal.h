@@ -236,10 +236,13 @@ void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[6
 /* Marks seen[i] for each embedded file i that text (len bytes) names in an
  * #include "..." and, through their text, the files those name. Every such
  * line counts, whatever #if or comment surrounds it, so the set holds at
- * least what the preprocessor reads. seen has SMELT__MAX_EMBEDDED entries
- * (the key takes every header when there are more files). */
+ * least what the preprocessor reads; but for a line that says
+ * "smelt-key: if NAME" (an include under #if defined(NAME), NAME only ever
+ * defined by a program's prelude) when the prelude has no #define NAME.
+ * seen has SMELT__MAX_EMBEDDED entries (the key takes every header when
+ * there are more files). */
 #define SMELT__MAX_EMBEDDED 512
-void smelt__mark_includes(const char *text, size_t len, unsigned char *seen);
+void smelt__mark_includes(const char *text, size_t len, const char *prelude, unsigned char *seen);
 /* Gets the CUBIN for src on arch: disk hit, else compile (unless SMELT_JIT=off)
  * and store. *cached = 1 on a disk hit. Caller frees *cubin. */
 smelt_status smelt__jit_cubin(const smelt__kernel_src *src, const char *arch, void **cubin,

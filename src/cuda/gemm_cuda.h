@@ -176,6 +176,10 @@ smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws
  * leaves them when the last wave is full enough. */
 smelt_status smelt__gemm_split_tail(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, int64_t kk,
                                    int64_t tiles, smelt__gemm_kparams *kq, void **ws);
+/* The units a launch of `tiles` tiles walks: with a split tail, each tail
+ * tile's chunks are units of their own, which the CTAs (one an SM, up to
+ * this many) share. */
+int64_t smelt__gemm_sk_units(const smelt__gemm_kparams *kq, int64_t tiles);
 /* A parallel split's second kernel (f: the table's gemm_reduce): adds the
  * slices in order and applies the epilogue. */
 smelt_status smelt__gemm_split_reduce(smelt_ctx *ctx, const char *op, void *f, smelt__gemm_kparams *kp,

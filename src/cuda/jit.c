@@ -70,7 +70,27 @@ static void hash_file(smelt__sha256 *h, const smelt__embedded_file *f) {
 }
 
 
-void smelt__mark_includes(const char *text, size_t len, unsigned char *seen) {
+/* Whether the include line that goes on at p (to the line's end) carries
+ * "smelt-key: if NAME" for a NAME the prelude does not define. */
+static int skipped_include(const char *p, const char *end, const char *prelude) {
+  static const char mark[] = "smelt-key: if ";
+  const char *eol = memchr(p, '\n', (size_t)(end - p));
+  if (!eol) eol = end;
+  const size_t ml = sizeof mark - 1;
+  for (const char *q = p; q + ml <= eol; q++) {
+    if (memcmp(q, mark, ml)) continue;
+    const char *name = q + ml, *e = name;
+    while (e < eol && (*e == '_' || (*e >= 'A' && *e <= 'Z') || (*e >= 'a' && *e <= 'z') || (*e >= '0' && *e <= '9')))
+      e++;
+    char def[96];
+    if (e == name || (size_t)(e - name) + 10 > sizeof def) return 0;
+    snprintf(def, sizeof def, "#define %.*s ", (int)(e - name), name);
+    return !strstr(prelude, def);
+  }
+  return 0;
+}
+
+void smelt__mark_includes(const char *text, size_t len, const char *prelude, unsigned char *seen) {
   static const char tag[] = "#include \"";
   const size_t tl = sizeof tag - 1;
   for (const char *p = text, *end = text + len; p + tl < end;) {
@@ -79,7 +99,7 @@ void smelt__mark_includes(const char *text, size_t len, unsigned char *seen) {
     p = q + 1;
     if (memcmp(q, tag, tl)) continue;
     const char *name = q + tl, *close = memchr(name, '"', (size_t)(end - name));
-    if (!close || close - name >= 128) continue;
+    if (!close || close - name >= 128 || skipped_include(close, end, prelude)) continue;
     char buf[128];
     memcpy(buf, name, (size_t)(close - name));
     buf[close - name] = 0;
@@ -88,7 +108,7 @@ void smelt__mark_includes(const char *text, size_t len, unsigned char *seen) {
     const int i = (int)(f - smelt__embedded_files);
     if (seen[i]) continue;
     seen[i] = 1;
-    smelt__mark_includes(f->text, f->len, seen);
+    smelt__mark_includes(f->text, f->len, prelude, seen);
   }
 }
 
@@ -131,8 +151,8 @@ void smelt__cache_key(const smelt__kernel_src *src, const char *arch, char hex[6
     smelt__sha256_update(&h, src->body, strlen(src->body) + 1);
     hash_file(&h, body);
     if (!all) {
-      smelt__mark_includes(src->prelude, strlen(src->prelude), seen);
-      smelt__mark_includes(body->text, body->len, seen);
+      smelt__mark_includes(src->prelude, strlen(src->prelude), src->prelude, seen);
+      smelt__mark_includes(body->text, body->len, src->prelude, seen);
     }
   }
   for (int i = 0; i < smelt__embedded_count; i++) {

@@ -572,6 +572,10 @@ smelt_status smelt__gemm_split_tail(smelt_ctx *ctx, const char *op, const smelt_
   return r ? smelt__cu_error(r, op, "clearing the split tail's flags") : SMELT_OK;
 }
 
+int64_t smelt__gemm_sk_units(const smelt__gemm_kparams *kq, int64_t tiles) {
+  return kq->sk_tiles ? tiles + (int64_t)kq->sk_tiles * (kq->sk_chunks - 1) : tiles;
+}
+
 /* Hopper: persistent CTAs (sm90_launch). A multicast operand's map has
  * boxes of a cluster rank's share of the tile's rows. A parallel split
  * runs the slices' tiles in one launch with an identity epilogue into the
@@ -624,7 +628,7 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   void *ws = NULL;
   if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = smelt__gemm_split_tail(ctx, "smelt_gemm", k, p->k, tiles, &kq, &ws)))
     return s;
-  s = sm90_launch(ctx, "smelt_gemm", k, f, tiles, params);
+  s = sm90_launch(ctx, "smelt_gemm", k, f, smelt__gemm_sk_units(&kq, tiles), params);
   if (ws) {
     smelt_status s2 = smelt__cuda_free(ctx, ws);
     if (!s) s = s2;
