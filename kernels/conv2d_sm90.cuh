@@ -75,25 +75,38 @@
 #error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR; GEMM_CONV_GATHER 1 or GEMM_CONV_ROWMAP 1 strided), 3 wgrad (CR, BN >= 128); 16-bit, 128 rows (wgrad 64 too)"
 #endif
 
+/* A dgrad phase (mirrored by smelt__conv9_kphase): its GEMM rows number
+ * the (n, i, j) grid of oh x ow dx pixels it computes; its K walk visits
+ * tr x ts taps, tap (i, j) the filter's (r0 + i rst, s0 + j sst), read at
+ * im2col offset ((tr - 1 - i) oy, (ts - 1 - j) ox) from the first tap's
+ * position (y0 + i, x0 + j) for grid pixel (i, j); dx's pixel (n, i, j)
+ * at d + d_off + n ds_n + i ds_h + j ds_w elements (GEMM_CONV_ROWMAP). */
+typedef struct conv9_phase {
+  i64 d_off;
+  int oh, ow, y0, x0, tr, ts, r0, s0, rst, sst, oy, ox;
+} conv9_phase;
+
+#define CONV9_PHASES 16 /* stride up to 4 on each axis */
+
 /* The geometry (mirrored by smelt__conv9_kgeom in src/cuda/conv2d_sm90.c). */
 typedef struct conv9_geom {
   u64 x;                /* the gather's tensor: dy */
   i64 xs_n, xs_h, xs_w; /* its strides in elements; its channels have unit stride */
-  u64 d;                /* dgrad by phases (GEMM_CONV_ROWMAP): dx's pixel (n, i, j) of the */
-  i64 ds_n, ds_h, ds_w; /* phase's grid at d + n ds_n + i ds_h + j ds_w elements */
+  u64 d;                /* dgrad by phases: dx, and its pixel strides (in elements) between the */
+  i64 ds_n, ds_h, ds_w; /* pixels of a phase's grid */
   int xh, xw, xc;       /* the im2col (or gathered) tensor's spatial extents and channels */
-  int oh, ow;           /* the spatial extents that number the GEMM's rows (fprop P, Q; dgrad H, W or a
-                           phase's grid) or wgrad's K (P, Q) */
+  int oh, ow;           /* the spatial extents that number the GEMM's rows (fprop P, Q; the gather's
+                           H, W) or wgrad's K (P, Q) */
   int r, s;             /* the filter's taps per column and row */
   int pad_h, pad_w, st_h, st_w, dil_h, dil_w;
-  int y0, x0;           /* im2col: the first tap's position for the GEMM row (or K) pixel (0, 0) */
+  int y0, x0;           /* fprop, wgrad: the first tap's position for the GEMM row (or K) pixel (0, 0) */
   int cb;               /* fprop, dgrad: 64-channel blocks a tap */
-  int tr, ts;           /* dgrad by TMA: the taps a K walk visits per column and row; tap (i, j) is */
-  int r0, s0, rst, sst; /* the filter's (r0 + i rst, s0 + j sst), read at im2col offset */
-  int oy, ox;           /* ((tr - 1 - i) oy, (ts - 1 - j) ox) */
+  conv9_phase ph[CONV9_PHASES]; /* dgrad by TMA: the phases, one a group of the grouped mode (a unit
+                                   stride: one, the plain mode) */
 } conv9_geom;
 
-static_assert(sizeof(conv9_geom) == 160, "conv9_geom must match smelt__conv9_kgeom");
+static_assert(sizeof(conv9_phase) == 56 && sizeof(conv9_geom) == 128 + CONV9_PHASES * 56,
+              "conv9_geom must match smelt__conv9_kgeom");
 
 #define GEMM_CONV_PARAM , const __grid_constant__ conv9_geom G
 
@@ -145,13 +158,14 @@ static __device__ __forceinline__ void conv9_load(u32 sa, const conv9_geom &G, c
 #if GEMM_CONV_GATHER
   const int ftap = tap; /* the gather walks every tap of the filter */
 #else
-  /* The walk's tap (i, j): the filter's (r0 + i rst, s0 + j sst), whose dy
-   * pixel lies (tr - 1 - i) oy rows and (ts - 1 - j) ox columns past the
-   * first tap's (the flipped filter's im2col). */
-  const int i = tap / G.ts, j = tap - i * G.ts, ftap = (G.r0 + i * G.rst) * G.s + G.s0 + j * G.sst;
-  int n, y, x;
-  conv9_pixel(G, w.row0, &n, &y, &x);
-  tma_load_im2col(sa, w.ma, c0, x, y, n, (G.ts - 1 - j) * G.ox, (G.tr - 1 - i) * G.oy, bar);
+  /* The phase's tap (i, j), whose dy pixel lies (tr - 1 - i) oy rows and
+   * (ts - 1 - j) ox columns past the first tap's (the flipped filter's
+   * im2col). */
+  const conv9_phase &F = G.ph[w.grp];
+  const int i = tap / F.ts, j = tap - i * F.ts, ftap = (F.r0 + i * F.rst) * G.s + F.s0 + j * F.sst;
+  const int hw = F.oh * F.ow, g = (int)w.row0, n = g / hw, rem = g - n * hw, oy = rem / F.ow;
+  tma_load_im2col(sa, w.ma, c0, F.x0 + rem - oy * F.ow, F.y0 + oy, n, (F.ts - 1 - j) * F.ox, (F.tr - 1 - i) * F.oy,
+                  bar);
 #endif
 #pragma unroll
   for (int p = 0; p < BN / 64; p++)
@@ -164,22 +178,26 @@ static __device__ __forceinline__ void conv9_load(u32 sa, const conv9_geom &G, c
 /* dgrad by phases (GEMM_CONV_ROWMAP): a stride-st dgrad is st_h st_w
  * unit-stride ones, phase (ph, pw) computing dx's pixels (i st_h + ph,
  * j st_w + pw) from the taps whose dy rows divide exactly, so no tap is a
- * zero. The phase's GEMM rows number its (n, i, j) grid, which no TMA box
+ * zero; the phases are the groups of one grouped launch (each its own A
+ * map), so their short K walks overlap each other's loads and epilogues.
+ * The phase's GEMM rows number its (n, i, j) grid, which no TMA box
  * walks in dx: each piece goes out through the threads instead (after
  * piece_end's barrier, which makes the buffer whole and stores nothing),
  * a row's 16-byte units to the pixel the grid names. D's rows are whole
  * 16-byte units (the host's fast epilogue). */
 static __device__ __forceinline__ void conv9_piece_out(const conv9_geom &G, int es, int tid, const sm90_tile &w,
                                                        i64 x, i64 y, u32 buf) {
-  const int hw = G.oh * G.ow;
+  const conv9_phase &F = G.ph[w.grp];
+  const int hw = F.oh * F.ow;
+  const u64 d = G.d + (u64)(F.d_off * es);
 #pragma unroll
   for (int e = tid; e < 64 * 8; e += 128) {
     const int r = e / 8, j = e % 8;
     const i64 col = x + j * (16 / es);
     if (y + r < w.m && col < w.n) {
-      const int g = (int)(y + r), n = g / hw, rem = g - n * hw, i = rem / G.ow, jj = rem - i * G.ow;
+      const int g = (int)(y + r), n = g / hw, rem = g - n * hw, i = rem / F.ow, jj = rem - i * F.ow;
       const uint4 v = lds128(buf + (u32)r * 128u + ((u32)(j ^ (r % 8)) << 4));
-      *(uint4 *)(G.d + (u64)((n * G.ds_n + i * G.ds_h + jj * G.ds_w + col) * es)) = v;
+      *(uint4 *)(d + (u64)((n * G.ds_n + i * G.ds_h + jj * G.ds_w + col) * es)) = v;
     }
   }
 }

@@ -605,6 +605,7 @@ typedef struct sm90_tile {
   int slice; /* -1 unless a parallel split */
   int sk;    /* split tail: 0 a whole tile, else 1 + the K chunk of tile sk_slot of the tail (sk_locate) */
   int sk_slot;
+  int grp;   /* grouped (host scheduling): the group, else 0 */
   int az;    /* batched: A's entry (z of its 3-D map), else -1 (a 2-D map) */
   int bz;    /* grouped by offsets: B's group, batched: B's entry (z of its 3-D map), else -1 */
   i64 row0;  /* A's and D's row of the tile's first row */
@@ -690,7 +691,7 @@ static __device__ __forceinline__ int sm90_locate(const gemm_params &P, const tm
                                                   const tmap_t *tma_d, const tmap_t *gmaps, int t, sm90_cursor *g,
                                                   u32 rank, sm90_tile *w) {
   w->az = w->bz = -1;
-  w->sk = 0;
+  w->sk = w->grp = 0;
   if (P.mode == MODE_GROUPED_OFFS) {
     if (!offs_advance(P, t, g)) return 0;
     w->m = g->r1;
@@ -712,6 +713,7 @@ static __device__ __forceinline__ int sm90_locate(const gemm_params &P, const tm
     const i64 *first = (const i64 *)P.group_tiles;
     while (first[g->g + 1] <= t) ++g->g;
     const gemm_prob *pg = (const gemm_prob *)P.groups + g->g;
+    w->grp = g->g;
     w->m = pg->m;
     w->n = pg->n;
     w->kt0 = 0;

@@ -18,7 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* kernels/conv2d_sm90.cuh's conv9_geom, field for field. */
+/* kernels/conv2d_sm90.cuh's conv9_phase and conv9_geom, field for field. */
+typedef struct smelt__conv9_kphase {
+  int64_t d_off;
+  int oh, ow, y0, x0, tr, ts, r0, s0, rst, sst, oy, ox;
+} smelt__conv9_kphase;
+
+#define CONV9_PHASES 16
+
 typedef struct smelt__conv9_kgeom {
   uint64_t x;
   int64_t xs_n, xs_h, xs_w;
@@ -30,10 +37,11 @@ typedef struct smelt__conv9_kgeom {
   int pad_h, pad_w, st_h, st_w, dil_h, dil_w;
   int y0, x0;
   int cb;
-  int tr, ts, r0, s0, rst, sst, oy, ox;
+  smelt__conv9_kphase ph[CONV9_PHASES];
 } smelt__conv9_kgeom;
 
-_Static_assert(sizeof(smelt__conv9_kgeom) == 160, "smelt__conv9_kgeom must match conv9_geom");
+_Static_assert(sizeof(smelt__conv9_kphase) == 56 && sizeof(smelt__conv9_kgeom) == 128 + CONV9_PHASES * 56,
+               "smelt__conv9_kgeom must match conv9_geom");
 
 /* The variants: per 16-bit type, fprop and dgrad at 128 x 128 (six stages)
  * and 128 x 64 (eight: a layer of 64 output channels), the strided dgrad's
@@ -437,27 +445,99 @@ static smelt_status operand_maps(const smelt__conv2d_state *st, const conv9_plan
 
 /* dgrad phase (ph, pw) by TMA: dy in im2col mode from the walk's last tap,
  * 128 pixels a box at unit stride, and the kernel's geometry for it
- * (kernels/conv2d_sm90.cuh): the phase's grid, its taps, and for a strided
- * dgrad dx's pixels the grid's rows go to. */
+ * (kernels/conv2d_sm90.cuh): the phase's grid, its taps, and the offset of
+ * its first pixel in dx. */
 static smelt_status phase_map(const smelt__conv2d_state *st, const conv9_plan *cp, const smelt_tensor *const *t, int ph,
-                              int pw, smelt__cu_tensor_map *ta, smelt__conv9_kgeom *g) {
+                              int pw, smelt__cu_tensor_map *ta, smelt__conv9_kphase *f) {
   const conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
   const smelt_tensor *dd = t[SMELT__CONV2D_D];
-  g->oh = ah->n, g->ow = aw->n;
-  g->st_h = g->st_w = 1;
-  g->y0 = ah->first, g->x0 = aw->first;
-  g->tr = ah->t, g->ts = aw->t, g->r0 = ah->f0, g->s0 = aw->f0, g->rst = ah->step, g->sst = aw->step;
-  g->oy = ah->off, g->ox = aw->off;
-  if (strided_phases(cp)) {
-    const int64_t es = (int64_t)smelt_dtype_size(dd->dtype);
-    g->d = ptr(dd) + (uint64_t)((ph * dd->strides[1] + pw * dd->strides[2]) * es);
-    g->ds_n = dd->strides[0], g->ds_h = st->desc.stride_h * dd->strides[1], g->ds_w = st->desc.stride_w * dd->strides[2];
-  }
+  f->d_off = ph * dd->strides[1] + pw * dd->strides[2];
+  f->oh = ah->n, f->ow = aw->n;
+  f->y0 = ah->first, f->x0 = aw->first;
+  f->tr = ah->t, f->ts = aw->t, f->r0 = ah->f0, f->s0 = aw->f0, f->rst = ah->step, f->sst = aw->step;
+  f->oy = ah->off, f->ox = aw->off;
   const int lower[2] = {aw->first, ah->first};
   int upper[2];
   pixel_box(ah->first, aw->first, ah->n, aw->n, 1, 1, st->p, st->q,
             (int64_t)(ah->t - 1) * ah->off + (int64_t)(aw->t - 1) * aw->off, upper); /* checked by the plan */
   return im2col_map(ta, t[SMELT__CONV2D_A], lower, upper, 128, 1, 1);
+}
+
+/* A strided dgrad's phases in one launch of the grouped mode (host
+ * scheduling; kernels/gemm_sm90.cu): each phase with dx pixels a group,
+ * the longest K walks first (the last wave's tiles are the short ones),
+ * its A map an im2col over dy of its own, B the filter's map, D's map not
+ * read (the threads store); the maps, problems and first tiles uploaded
+ * as the GEMM's grouped runs upload theirs. */
+static smelt_status launch_phases(smelt_plan *plan, const conv9_plan *cp, const smelt_tensor *const *t,
+                                  smelt__gemm_kparams kp, smelt__conv9_kgeom *g, const smelt__cu_tensor_map *tb) {
+  const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
+  smelt_ctx *ctx = plan->ctx;
+  const smelt_tensor *dd = t[SMELT__CONV2D_D];
+  int order[CONV9_PHASES], count = 0;
+  for (int ph = 0; ph < cp->phases[0]; ph++)
+    for (int pw = 0; pw < cp->phases[1]; pw++)
+      if (cp->ax[0][ph].n && cp->ax[1][pw].n) {
+        /* Insert by K walk (taps), longest first. */
+        const int taps = cp->ax[0][ph].t * cp->ax[1][pw].t, code = ph * CONV9_MAX_PHASES + pw;
+        int at = count++;
+        for (; at > 0; at--) {
+          const int o = order[at - 1], ot = cp->ax[0][o / CONV9_MAX_PHASES].t * cp->ax[1][o % CONV9_MAX_PHASES].t;
+          if (ot >= taps) break;
+          order[at] = o;
+        }
+        order[at] = code;
+      }
+  if (!count) return SMELT_OK;
+  const size_t maps = (size_t)count * 3 * sizeof(smelt__cu_tensor_map), probs = (size_t)count * sizeof(smelt__gemm_kprob),
+               firsts = (size_t)(count + 1) * sizeof(int64_t);
+  _Alignas(64) uint8_t host[CONV9_PHASES * (3 * sizeof(smelt__cu_tensor_map) + sizeof(smelt__gemm_kprob) + sizeof(int64_t)) +
+               sizeof(int64_t)];
+  smelt__cu_tensor_map *m = (smelt__cu_tensor_map *)host;
+  smelt__gemm_kprob *kps = (smelt__gemm_kprob *)(host + maps);
+  int64_t *first = (int64_t *)(host + maps + probs), total = 0;
+  g->d = ptr(dd);
+  g->ds_n = dd->strides[0], g->ds_h = st->desc.stride_h * dd->strides[1], g->ds_w = st->desc.stride_w * dd->strides[2];
+  smelt_status s = SMELT_OK;
+  for (int i = 0; i < count && !s; i++) {
+    const int ph = order[i] / CONV9_MAX_PHASES, pw = order[i] % CONV9_MAX_PHASES;
+    s = phase_map(st, cp, t, ph, pw, &m[3 * i], &g->ph[i]);
+    m[3 * i + 1] = *tb;
+    m[3 * i + 2] = *tb; /* not read */
+    kps[i] = kp.p;
+    kps[i].m = st->n * g->ph[i].oh * g->ph[i].ow;
+    kps[i].k = (int64_t)g->ph[i].tr * g->ph[i].ts * cp->cb * 64;
+    first[i] = total;
+    total += smelt__ceil_div(kps[i].m, cp->k.bm) * smelt__ceil_div(kps[i].n, cp->k.bn);
+  }
+  first[count] = total;
+  void *dev = NULL;
+  if (!s) s = smelt__cuda_alloc(ctx, maps + probs + firsts, &dev);
+  if (!s) {
+    CUresult r = smelt__cu(NULL)->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dev, host, maps + probs + firsts,
+                                                    ctx->cuda->stream);
+    if (r) s = smelt__cu_error(r, "smelt_conv2d", "uploading the phases");
+  }
+  if (!s) {
+    kp.mode = SMELT__KMODE_GROUPED;
+    kp.groups = (uint64_t)(uintptr_t)dev + maps;
+    kp.group_tiles = kp.groups + probs;
+    kp.count = count;
+    kp.tiles_m = (int)total; /* the grouped kernel's unit count */
+    kp.tiles_n = 1;
+    int fast = 1;
+    const void *gmaps = dev;
+    void *params[] = {(void *)tb, (void *)tb, (void *)tb, &kp, &fast, &gmaps, g};
+    const int64_t sms = ctx->cuda->info.sm_count;
+    s = smelt__cuda_launch(ctx, "smelt_conv2d", (CUfunction)plan->func[SMELT__CONV_F_SM90],
+                           (unsigned)(total < sms ? total : sms), 1, 1, (unsigned)cp->k.threads, (unsigned)cp->k.smem,
+                           params);
+  }
+  if (dev) {
+    smelt_status s2 = smelt__cuda_free(ctx, dev);
+    if (!s) s = s2;
+  }
+  return s;
 }
 
 /* How the fast epilogue can write D (kernels/gemm_sm90.cu): 1 through TMA
@@ -474,7 +554,6 @@ static int fast_d(const smelt__gemm_kparams *kp) {
  * reduction), with A and B's maps and the geometry g. */
 static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_tensor *dd, smelt__gemm_kparams kp,
                            const smelt__conv9_kgeom *g, const smelt__cu_tensor_map *ta, const smelt__cu_tensor_map *tb) {
-  const int rowmap = strided_phases(cp);
   const int64_t m = kp.p.m, n = kp.p.n, tiles_m = smelt__ceil_div(m, cp->k.bm), tiles_n = smelt__ceil_div(n, cp->k.bn);
   kp.mode = cp->splits > 1 ? SMELT__KMODE_PARALLEL : SMELT__KMODE_PLAIN;
   kp.splits = cp->splits;
@@ -484,8 +563,7 @@ static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_t
   smelt_ctx *ctx = plan->ctx;
   smelt__cu_tensor_map td;
   smelt__gemm_kparams kq = kp; /* what the main kernel runs: the split's identity epilogue into f32 slices */
-  /* A phase's pieces go out through the threads (the plan checked D). */
-  int fast = rowmap ? 1 : fast_d(&kp);
+  int fast = fast_d(&kp);
   void *ws = NULL;
   smelt_status s = SMELT_OK;
   if (kp.mode == SMELT__KMODE_PARALLEL) {
@@ -500,10 +578,10 @@ static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_t
       fast = 1;
       s = smelt__gemm_workspace_map(&td, (const void *)(uintptr_t)kp.workspace, m, n, cp->splits);
     }
-  } else if (fast && !rowmap) {
+  } else if (fast) {
     s = smelt__gemm_tensor_map(&td, dd->dtype, dd->data, m, n, kp.p.d_rs, 64, 128 / (int)smelt_dtype_size(dd->dtype));
   } else {
-    td = *ta; /* not read: the general epilogue and a phase's threads store */
+    td = *ta; /* not read by the general epilogue */
   }
   const void *gmaps = NULL;
   void *params[] = {(void *)ta, (void *)tb, &td, &kq, &fast, &gmaps, (void *)g};
@@ -560,17 +638,9 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
   smelt__cu_tensor_map ta, tb;
   smelt_status s = operand_maps(st, cp, t, &ta, &tb);
   if (s || !phased) return s ? s : launch(plan, cp, dd, kp, &g, &ta, &tb);
-  /* dgrad by TMA: one launch a phase that has dx pixels (one for a unit
-   * stride), each its own GEMM of the phase's rows and taps. */
-  for (int ph = 0; ph < cp->phases[0] && !s; ph++)
-    for (int pw = 0; pw < cp->phases[1] && !s; pw++) {
-      const conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
-      if (!ah->n || !aw->n) continue;
-      smelt__gemm_kparams kph = kp;
-      smelt__conv9_kgeom gp = g;
-      kph.p.m = st->n * ah->n * aw->n, kph.p.k = (int64_t)ah->t * aw->t * cp->cb * 64;
-      s = phase_map(st, cp, t, ph, pw, &ta, &gp);
-      if (!s) s = launch(plan, cp, dd, kph, &gp, &ta, &tb);
-    }
+  if (rowmap) return launch_phases(plan, cp, t, kp, &g, &tb);
+  /* A unit stride: the plain GEMM of its one phase. */
+  s = phase_map(st, cp, t, 0, 0, &ta, &g.ph[0]);
+  if (!s) s = launch(plan, cp, dd, kp, &g, &ta, &tb);
   return s;
 }
