@@ -49,8 +49,9 @@ _Static_assert(sizeof(smelt__conv9_kphase) == 56 && sizeof(smelt__conv9_kgeom) =
  * own, so the unit-stride dgrad's TMA stores carry no branch) and its
  * gather at 128 x 128, wgrad at 128 x 128, fprop and wgrad at 128 x 256
  * (four stages, as the GEMM's wide tile: half the reads of the operand
- * shared along N), and wgrad at 64 x 128 (eight; one consumer) for K <= 64
- * output channels, whose 128-row tiles would be half zeros. */
+ * shared along N), and wgrad at 64 x 128 (eight; one consumer) and 64 x
+ * 256 (four) for K <= 64 output channels, whose 128-row tiles would be
+ * half zeros. */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
   int consumers, bn, stages, gather, rowmap;
@@ -67,7 +68,8 @@ enum {
   V_WGRAD_WIDE,
   V_WGRAD_M64,
   V_DGRAD_PHASES,
-  V_DGRAD_PHASES_N64
+  V_DGRAD_PHASES_N64,
+  V_WGRAD_M64_WIDE
 };
 static const conv9_variant variants[] = {
     [V_FPROP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0},        [V_FPROP_N64] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0},
@@ -75,7 +77,7 @@ static const conv9_variant variants[] = {
     [V_DGRAD_GATHER] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 1}, [V_WGRAD] = {SMELT_CONV2D_WGRAD, 2, 128, 6, 0},
     [V_FPROP_WIDE] = {SMELT_CONV2D_FPROP, 2, 256, 4, 0},   [V_WGRAD_WIDE] = {SMELT_CONV2D_WGRAD, 2, 256, 4, 0},
     [V_WGRAD_M64] = {SMELT_CONV2D_WGRAD, 1, 128, 8, 0},    [V_DGRAD_PHASES] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1},
-    [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1},
+    [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1}, [V_WGRAD_M64_WIDE] = {SMELT_CONV2D_WGRAD, 1, 256, 4, 0, 0},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -347,13 +349,24 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
                 step_time(&variants[V_WGRAD_WIDE]), &t256);
     if (t256 < t128) v = V_WGRAD_WIDE;
   }
+  /* Debugging: SMELT_CONV2D_TILE=BMxBN takes the kind's variant of that
+   * tile (the same gather or phases), SMELT_CONV2D_SPLITS=n that split. */
+  const char *tile = smelt__getenv("SMELT_CONV2D_TILE");
+  for (int i = 0; tile && i < NVARIANTS; i++) {
+    const conv9_variant *u = &variants[i], *o = &variants[v];
+    char name[16];
+    snprintf(name, sizeof name, "%dx%d", 64 * u->consumers, u->bn);
+    if (u->kind == o->kind && u->gather == o->gather && u->rowmap == o->rowmap && !strcmp(name, tile)) v = i;
+  }
   c.k = kernel_of(tc, &variants[v]);
   const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn);
   /* A strided dgrad's phases scatter their rows, which the split's
    * reduction does not: they run whole (dgrad_phases). */
-  const int64_t splits = rowmap ? 1
-                         : st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL)
-                                          : d->split_k_slices;
+  const char *forced = rowmap ? NULL : smelt__getenv("SMELT_CONV2D_SPLITS");
+  int64_t splits = rowmap ? 1
+                   : st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL)
+                                    : d->split_k_slices;
+  if (forced && atoi(forced) >= 1 && atoi(forced) <= SMELT_GEMM_MAX_SPLIT_K) splits = atoi(forced);
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
   smelt__kernel_src src;
