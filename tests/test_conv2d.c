@@ -137,7 +137,7 @@ static const ccase cases[] = {
     {"hopper dgrad bf16 s3 d2 phases", DGRAD, 1, 20, 19, 64, 64, 3, 3, 3, 1, 3, 1, 3, 2, BF16, BF16, 0, EPI_PLAIN, 0, 0},
     {"hopper dgrad bf16 1x1 s2 gathers", DGRAD, 2, 10, 9, 64, 64, 1, 1, 0, 0, 0, 0, 2, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
     {"hopper wgrad bf16 C=64 own split", WGRAD, 4, 40, 40, 64, 40, 3, 3, 1, 1, 1, 1, 1, 1, BF16, F32, 0, EPI_PLAIN, 0, 0},
-    {"hopper wgrad bf16 wide tiles", WGRAD, 2, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
+    {"hopper wgrad bf16 split tail", WGRAD, 2, 7, 7, 512, 512, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_PLAIN, 0, 0},
     {"hopper wgrad f16 s2 C=128 into C", WGRAD, 2, 17, 15, 128, 16, 3, 3, 1, 1, 1, 1, 2, 1, F16, F32, 0, EPI_IN_PLACE, 0, 0},
     {"hopper wgrad bf16 parallel x3", WGRAD, 2, 13, 11, 64, 24, 3, 3, 1, 1, 1, 1, 1, 1, BF16, BF16, 0, EPI_ALPHA_BETA, 0, -3},
     /* The explicit im2col path's problems on CUDA (16-bit, channels not a
@@ -900,7 +900,7 @@ static void test_gpu_igemm_plan(void) {
       {"hopper dgrad bf16 1x1 s2 gathers", "gemm_sm90_bf16_RR_128x128x64_s6_conv_dgrad_gather"},
       {"hopper wgrad bf16 C=64 own split", "implicit GEMM gemm_sm90_bf16_CR_64x128x64_s8_conv_wgrad, parallel x"},
       {"hopper wgrad bf16 parallel x3", "implicit GEMM gemm_sm90_bf16_CR_64x128x64_s8_conv_wgrad, parallel x3"},
-      {"hopper wgrad bf16 wide tiles", "implicit GEMM gemm_sm90_bf16_CR_128x256x64_s4_conv_wgrad, no split"},
+      {"hopper wgrad bf16 split tail", "implicit GEMM gemm_sm90_bf16_CR_128x128x64_s6_conv_wgrad, no split"},
       {"hopper wgrad f16 s2 C=128 into C", "implicit GEMM gemm_sm90_f16_CR_64x128x64_s8_conv_wgrad"},
   };
   const size_t nrows = sizeof rows / sizeof *rows, nall = nrows + (th_cuda_sm90() ? sizeof hopper_rows / sizeof *hopper_rows : 0);

@@ -112,7 +112,7 @@ struct smelt__family;
 struct smelt_plan {
   smelt_ctx *ctx;
   const struct smelt__family *family; /* the family that made it */
-  char describe[160];
+  char describe[256];
   smelt_tensor t[SMELT__PLAN_MAX_TENSORS]; /* planned views (data ignored); ndim -1 = absent */
   union {
     smelt_activation_desc act;

@@ -52,7 +52,7 @@ void smelt__conv2d_take(smelt_plan *plan, void *backend, const char *kernel, con
   plan->backend_free = free;
   char core[sizeof plan->describe];
   snprintf(core, sizeof core, "%s", plan->describe);
-  snprintf(plan->describe, sizeof plan->describe, "implicit GEMM %.48s, %s x%d: %.80s", kernel, split, splits, core);
+  snprintf(plan->describe, sizeof plan->describe, "implicit GEMM %.64s, %s x%d: %.120s", kernel, split, splits, core);
 }
 
 /* What the plan decided (plan->backend). */

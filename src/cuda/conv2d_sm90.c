@@ -47,11 +47,12 @@ _Static_assert(sizeof(smelt__conv9_kphase) == 56 && sizeof(smelt__conv9_kgeom) =
  * and 128 x 64 (eight: a layer of 64 output channels), the strided dgrad's
  * phases at both (their rows scattered by the threads: a variant of its
  * own, so the unit-stride dgrad's TMA stores carry no branch) and its
- * gather at 128 x 128, wgrad at 128 x 128, fprop and wgrad at 128 x 256
- * (four stages, as the GEMM's wide tile: half the reads of the operand
- * shared along N), and wgrad at 64 x 128 (eight; one consumer) and 64 x
- * 256 (four) for K <= 64 output channels, whose 128-row tiles would be
- * half zeros. */
+ * gather at 128 x 128, fprop at 128 x 256 (four stages, as the GEMM's wide
+ * tile: half the reads of the operand shared along N), wgrad at 128 x 128
+ * and at 64 x 128 (eight; one consumer) for K <= 64 output channels, whose
+ * 128-row tiles would be half zeros. (wgrad's 128 x 256 and 64 x 256 lost
+ * to these on the ResNet layers on the H100, at their best split: 0.75-0.95
+ * and 0.66 of their rate.) */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
   int consumers, bn, stages, gather, rowmap;
@@ -65,19 +66,17 @@ enum {
   V_DGRAD_GATHER,
   V_WGRAD,
   V_FPROP_WIDE,
-  V_WGRAD_WIDE,
   V_WGRAD_M64,
   V_DGRAD_PHASES,
-  V_DGRAD_PHASES_N64,
-  V_WGRAD_M64_WIDE
+  V_DGRAD_PHASES_N64
 };
 static const conv9_variant variants[] = {
     [V_FPROP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0},        [V_FPROP_N64] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0},
     [V_DGRAD] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0},        [V_DGRAD_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0},
     [V_DGRAD_GATHER] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 1}, [V_WGRAD] = {SMELT_CONV2D_WGRAD, 2, 128, 6, 0},
-    [V_FPROP_WIDE] = {SMELT_CONV2D_FPROP, 2, 256, 4, 0},   [V_WGRAD_WIDE] = {SMELT_CONV2D_WGRAD, 2, 256, 4, 0},
+    [V_FPROP_WIDE] = {SMELT_CONV2D_FPROP, 2, 256, 4, 0},
     [V_WGRAD_M64] = {SMELT_CONV2D_WGRAD, 1, 128, 8, 0},    [V_DGRAD_PHASES] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1},
-    [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1}, [V_WGRAD_M64_WIDE] = {SMELT_CONV2D_WGRAD, 1, 256, 4, 0, 0},
+    [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -307,6 +306,16 @@ static int64_t auto_splits(int64_t tiles, int64_t ktiles, int64_t m, int64_t n, 
   return best;
 }
 
+/* Whether a plain run of `tiles` tiles leaves its last wave to the GEMM's
+ * split tail (smelt__gemm_split_tail: up to 4 K chunks a tile, chunk by
+ * chunk over every SM), which then busies every SM: taken before a
+ * parallel split, which writes and reduces whole slices of partial sums
+ * and runs the slices' different K ranges at once (H100, wgrad
+ * 14x14x256: 36 tiles plain with the tail 317 TFLOP/s, split 3 287;
+ * 7x7x512: 144 tiles of 128 x 128 with the tail 331, the wide tile's 72
+ * 296). */
+static int tail_fills(int64_t tiles, int64_t sms) { return tiles * 4 >= sms; }
+
 /* A K step's modelled time for variant v: ~0.3 us for 128 x 128 x 64; the
  * wide tile does twice the work at ~15% more of the tensor cores' rate,
  * the 64-row tile half of it at ~15% less. */
@@ -340,15 +349,6 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
     v++;
   else if (v == V_WGRAD && c.m <= 64)
     v = V_WGRAD_M64;
-  else if (v == V_WGRAD && st->auto_split && c.n > 128) {
-    /* The wide tile when its modelled time (with its own split) wins. */
-    double t128, t256;
-    auto_splits(smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 128), ktiles, c.m, c.n, sms,
-                step_time(&variants[V_WGRAD]), &t128);
-    auto_splits(smelt__ceil_div(c.m, 128) * smelt__ceil_div(c.n, 256), ktiles, c.m, c.n, sms,
-                step_time(&variants[V_WGRAD_WIDE]), &t256);
-    if (t256 < t128) v = V_WGRAD_WIDE;
-  }
   /* Debugging: SMELT_CONV2D_TILE=BMxBN takes the kind's variant of that
    * tile (the same gather or phases), SMELT_CONV2D_SPLITS=n that split. */
   const char *tile = smelt__getenv("SMELT_CONV2D_TILE");
@@ -363,7 +363,7 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   /* A strided dgrad's phases scatter their rows, which the split's
    * reduction does not: they run whole (dgrad_phases). */
   const char *forced = rowmap ? NULL : smelt__getenv("SMELT_CONV2D_SPLITS");
-  int64_t splits = rowmap ? 1
+  int64_t splits = rowmap || (st->auto_split && tail_fills(tiles, sms)) ? 1
                    : st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL)
                                     : d->split_k_slices;
   if (forced && atoi(forced) >= 1 && atoi(forced) <= SMELT_GEMM_MAX_SPLIT_K) splits = atoi(forced);
