@@ -25,38 +25,30 @@
  * x is staged with the same pairing (elements j and j + 4 of every 8 in one
  * word), so the mma's k order matches W's: the sum does not depend on it.
  *
- * The GEMV. Decode at M <= 16 is a stream of W: it runs at copy speed only
- * with tens of KB of W in flight per SM at all times, also while the
- * warps decode. So W and its scales come through a ring of STAGES chunks
- * in shared memory, filled by cp.async (16 bytes a thread and copy, no
- * registers held): the block keeps STAGES - 1 chunks (18 KB each) loading
- * while it decodes one, and two blocks fit an SM (~108 KB in flight). A
- * chunk is 128 rows of W (16 per warp, the mma's A operand: rows g and
- * g + 8, g = lane / 4) by 256 of K: lane (g, t = lane % 4) decodes the
- * 16-byte pieces p = t and t + 4 (32 codes each, at k = chunk + 32 p) of
- * its two rows. The rows' 16-byte units sit XOR-swizzled by row parity,
- * so a quarter warp's loads (two rows, four pieces) hit eight distinct
- * bank groups. x's M <= 16 rows are the n8 B operand (one fragment, two
- * when M > 8); x is staged one chunk ahead through registers (loaded a
- * chunk earlier still, so its latency hides behind a chunk of decoding)
- * into a double buffer, paired for the decoder on the way, its 16-byte
- * units XOR-swizzled the same way. Lanes whose x row is past M read no x.
- * One barrier a chunk: after it, the chunk has landed for every thread
- * and the slot read a chunk earlier is free for the next copy.
+ * The GEMV. A block of 8 warps owns 128 rows of W (16 per warp, the mma's
+ * A operand: rows g and g + 8, g = lane / 4) and one K slice; x's M <= 16
+ * rows are the n8 B operand (one fragment, two when M > 8). K is walked in
+ * chunks of 512: lane (g, t = lane % 4) loads, per row, the 16 bytes (32
+ * codes) at k = chunk + 128 j + 32 t, j = 0..3, so each load instruction
+ * reads 64 contiguous bytes of each of 8 rows, straight into registers
+ * without L1 allocation; the chunk's 32 scale bytes of a row come as one
+ * 8-byte load per lane and are handed to the lanes that use them with
+ * shuffles. The block stages the chunk of x in shared memory (16 rows x
+ * 1 KB, the 16-byte units XOR-swizzled so that a quarter warp's loads hit
+ * eight distinct bank groups) while the weights are in flight. Three blocks
+ * fit an SM, so one block's loads overlap another's decoding.
  *
- * Split K. The host cuts K into slices (gridDim.y) so that the column
- * blocks times the slices fill the SMs' block slots in as few rounds of
- * chunks as it can; every slice writes its f32 partial sums to a
+ * Split K. When N is small the host cuts K into slices (gridDim.y) so that
+ * the SMs stay busy; every slice writes its f32 partial sums to a
  * workspace, and the last block of a column range to arrive (an integer
  * ticket, zeroed by the host) adds the slices in slice order and applies
  * the epilogue: the same bits on every run, no float atomics.
  *
- * Fast paths (the host's `vec` bits): q and its rows 16-byte aligned
- * (VEC_Q: cp.async, zero-filled past the end of a slice); scales of unit
- * column stride, rows 16-byte aligned (VEC_S: likewise); x rows of unit
- * stride, 16-byte aligned (VEC_X). Other layouts load element by element,
- * with zeros past the end. Rows of W past N read row N - 1 and rows of x
- * past M are never read; neither is stored.
+ * Fast paths need: x rows of unit stride, 16-byte aligned; q and its rows
+ * 16-byte aligned; scales of unit column stride, rows 8-byte aligned (the
+ * host's `vec`). Other layouts, and chunks cut by the end of a slice, load
+ * element by element with zeros past the end. Rows of W past N read row
+ * N - 1 and rows of x past M are zero; neither is stored.
  */
 #include "gemm_common.cuh"
 #include "quant_math.cuh"
@@ -71,23 +63,13 @@
 
 #define NT 256
 #define WARPS (NT / 32)
-#define BN (16 * WARPS)    /* rows of W (columns of D) per block */
-#define CHUNK 256          /* K per chunk */
-#define WROW (CHUNK / 2)   /* bytes of a row of W per chunk: 8 pieces of 32 codes */
-#define SROW (CHUNK / 16)  /* scale bytes of a row per chunk */
-#define XU (CHUNK / 8)     /* 16-byte units of x per row and chunk */
-#define MR 16              /* rows of x: all of M */
-#define STAGES 4           /* chunks of W in the ring */
-#define STAGE_BYTES (BN * (WROW + SROW))
-#define XS_BYTES (MR * XU * 16)
-#define SMEM_BYTES (STAGES * STAGE_BYTES + 2 * XS_BYTES)
+#define BN (16 * WARPS)  /* rows of W (columns of D) per block */
+#define J 4              /* 16-byte loads per row of W, chunk and lane */
+#define CHUNK (128 * J)  /* K per chunk: 4 lanes x 32 codes x J */
+#define XU (CHUNK / 8)   /* 16-byte units of x per row and chunk */
+#define MR 16            /* rows of x: all of M */
 
-#define VEC_Q 1
-#define VEC_S 2
-#define VEC_X 4
-
-static_assert(BN == 128 && CHUNK == 256 && SMEM_BYTES == 90112, "the host's tile (src/cuda/op_qgemm.c)");
-static_assert(SROW == 16, "a row's scales of a chunk are one 16-byte copy");
+static_assert(BN == 128 && CHUNK == 512, "the host's tile (src/cuda/op_qgemm.c)");
 
 #if QG_DT == DT_BF16
 #define MAG_SHIFT 6            /* a code's ee.m to bits 8..6 (and 24..22) */
@@ -183,21 +165,17 @@ static __device__ __forceinline__ uint4 ld_codes_tail(const unsigned char *row, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* The scale bytes of the `n` (<= 16) blocks of 16 codes from k on (byte
- * i of the result: block i), zero past `end`. */
-static __device__ __forceinline__ uint4 ld_scales_tail(const unsigned char *row, i64 cs, i64 k, i64 end, int n) {
-  u32 w[4] = {0u, 0u, 0u, 0u};
+/* The scale bytes of the `n` blocks of 16 codes from k on (byte i of the
+ * result: block i), zero past `end`. */
+static __device__ __forceinline__ uint2 ld_scales_tail(const unsigned char *row, i64 cs, i64 k, i64 end, int n) {
+  u32 w[2] = {0u, 0u};
 #pragma unroll
-  for (int i = 0; i < 16; i++)
+  for (int i = 0; i < 8; i++)
     if (i < n && k + 16 * i < end) w[i >> 2] |= (u32)row[(k / 16 + i) * cs] << (8 * (i & 3));
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  return make_uint2(w[0], w[1]);
 }
 
 /* ---------------------------------------------------------------- the GEMV */
-
-/* Byte offset of piece p (0..7) of ring row r: XOR of p's top bit with the
- * row's parity. */
-static __device__ __forceinline__ u32 w_off(int r, int p) { return (u32)(r * WROW + 16 * (p ^ ((r & 1) << 2))); }
 
 /* Unit u of x row `row` in shared memory: XOR of u's low two bits with
  * (bit 3 of u, row parity), so the 8 lanes of a quarter warp (two rows,
@@ -216,55 +194,19 @@ static __device__ __forceinline__ uint4 ld_x_tail(const smelt_h16 *row, i64 k, i
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* The chunk of W and scales at kc (slice end k1) into ring stage `st`: 8
- * rows' 128-byte runs a warp per copy instruction. Rows past N read row
- * N - 1. */
-static __device__ __forceinline__ void load_w(const qg_params &P, unsigned char *st, i64 nb, i64 kc, i64 k1) {
-#pragma unroll
-  for (int v = 0; v < BN * WROW / 16 / NT; v++) {
-    const int e = threadIdx.x + NT * v, r = e / (WROW / 16), p = e % (WROW / 16);
-    const i64 n = nb + r < P.n ? nb + r : P.n - 1, k = kc + 32 * p;
-    const unsigned char *row = (const unsigned char *)P.q + n * P.q_rs;
-    if (P.vec & VEC_Q) {
-      const i64 left = k1 - k, bytes = left >= 32 ? 16 : left > 0 ? left / 2 : 0;
-      cp_async16(smem_u32(st + w_off(r, p)), bytes ? row + k / 2 : row, (int)bytes);
-    } else {
-      *(uint4 *)(st + w_off(r, p)) = ld_codes_tail(row, k, k1);
-    }
-  }
-  if (threadIdx.x < BN) {
-    const int r = threadIdx.x;
-    const i64 n = nb + r < P.n ? nb + r : P.n - 1;
-    const unsigned char *row = (const unsigned char *)P.scale + n * P.s_rs;
-    unsigned char *dst = st + BN * WROW + r * SROW;
-    if (P.vec & VEC_S) {
-      const i64 left = k1 - kc, bytes = left >= CHUNK ? 16 : left > 0 ? left / 16 : 0;
-      cp_async16(smem_u32(dst), bytes ? row + kc / 16 : row, (int)bytes);
-    } else {
-      *(uint4 *)dst = ld_scales_tail(row, P.s_cs, kc, k1, SROW);
-    }
-  }
-}
-
-/* This thread's share of the chunk of x at kc (rows < M, 16-byte units),
- * zeros at or past k1. */
-static __device__ __forceinline__ void load_x(const qg_params &P, uint4 *xr, i64 kc, i64 k1) {
-#pragma unroll
-  for (int i = 0; i < MR * XU / NT; i++) {
-    const int e = threadIdx.x + NT * i, m = e / XU, u = e % XU;
+/* The chunk [kc, kc + CHUNK) of x's rows (8, or 16 when M > 8) into xs,
+ * paired for the decoder; rows past M are zero. */
+static __device__ __forceinline__ void stage_x(const qg_params &P, uint4 (*xs)[XU], i64 kc, i64 k1, int full,
+                                               int rows) {
+  for (int e = threadIdx.x; e < rows * XU; e += NT) {
+    const int m = e / XU, u = e % XU;
     const i64 k = kc + 8 * u;
-    if (m >= P.m) continue;
-    const smelt_h16 *row = (const smelt_h16 *)P.x + m * P.x_rs;
-    xr[i] = (P.vec & VEC_X) && k + 8 <= k1 ? *(const uint4 *)(row + k) : ld_x_tail(row, k, k1, P.x_cs);
-  }
-}
-
-/* What load_x() fetched, paired for the decoder, into the x buffer xs. */
-static __device__ __forceinline__ void store_x(const qg_params &P, unsigned char *xs, const uint4 *xr) {
-#pragma unroll
-  for (int i = 0; i < MR * XU / NT; i++) {
-    const int e = threadIdx.x + NT * i, m = e / XU, u = e % XU;
-    if (m < P.m) *(uint4 *)(xs + 16 * (m * XU + xs_unit(u, m))) = pair_up(xr[i]);
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (m < P.m) {
+      const smelt_h16 *row = (const smelt_h16 *)P.x + m * P.x_rs;
+      v = full ? *(const uint4 *)(row + k) : ld_x_tail(row, k, k1, P.x_cs);
+    }
+    xs[m][xs_unit(u, m)] = pair_up(v);
   }
 }
 
@@ -323,38 +265,34 @@ static __device__ __forceinline__ void finish(const qg_params &P, const float (*
     }
 }
 
-/* One chunk's products from ring stage st and x buffer xs: per piece p of
- * the lane's two rows (r0 and r0 + 8 of the ring), 4 words of codes, each
- * decoded into 4 pair words (x the block scale: the piece's first 16 codes
- * are words 0 and 1, its scale byte 2p; the rest, byte 2p + 1) that are
- * two mma steps with the matching words of x. ra, rb: whether x rows g and
- * g + 8 exist (M > g, M > g + 8); two: M > 8. */
-static __device__ __forceinline__ void chunk_mma(float (*acc)[4], const unsigned char *st, const unsigned char *xs,
-                                                 const u32 *stab, int r0, int g, int t, int ra, int rb, int two) {
-  const u32 wbase = smem_u32(st), sbase = wbase + BN * WROW, xbase = smem_u32(xs);
+/* One chunk's products: for each of the lane's J 16-byte pieces of its two
+ * rows, 4 words of codes, each decoded into 4 pair words (x the block
+ * scale) that are two mma steps with the matching words of x. Lane t holds
+ * the 8 scale bytes of piece j = t of its rows (sraw); piece j's two bytes
+ * for lane t are bytes 2t, 2t + 1 of lane j's. */
+static __device__ __forceinline__ void chunk_mma(float (*acc)[4], const uint4 (*wq)[2], const uint2 *sraw,
+                                                 const uint4 (*xs)[XU], const u32 *stab, int lane, int two) {
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < 2; j++) {
-    const int p = t + 4 * j;
-    uint4 wq[2];
+  for (int j = 0; j < J; j++) {
     u32 sc[2][2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const int r = r0 + 8 * h;
-      wq[h] = lds128(wbase + w_off(r, p));
-      const u32 pair = lds16(sbase + r * SROW + 2 * p);
+      const int src = (lane & ~3) | j;
+      const u32 lo = __shfl_sync(0xffffffffu, sraw[h].x, src), hi = __shfl_sync(0xffffffffu, sraw[h].y, src);
+      const u32 pair = ((t & 2) ? hi : lo) >> (16 * (t & 1));
       sc[h][0] = stab[pair & 0xffu];
-      sc[h][1] = stab[pair >> 8];
+      sc[h][1] = stab[(pair >> 8) & 0xffu];
     }
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      const int u = 4 * p + q;
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      const uint4 xa = ra ? lds128(xbase + 16 * (g * XU + xs_unit(u, g))) : zero;
-      const uint4 xb = rb ? lds128(xbase + 16 * ((g + 8) * XU + xs_unit(u, g + 8))) : zero;
+      const int u = 16 * j + 4 * t + q;
+      const uint4 xa = lds128(smem_u32(&xs[g][xs_unit(u, g)]));
+      const uint4 xb = two ? lds128(smem_u32(&xs[g + 8][xs_unit(u, g + 8)])) : xa;
       u32 dw[2][4];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        const u32 w = word_of(wq[h], q), s = sc[h][q >> 1];
+        const u32 w = word_of(wq[j][h], q), s = sc[h][q >> 1];
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) dw[h][jj] = mul2(e2m1_pair(w, jj), s);
       }
@@ -372,41 +310,43 @@ static __device__ __forceinline__ void chunk_mma(float (*acc)[4], const unsigned
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 2) qgemm_w4_gemv(const qg_params P) {
-  extern __shared__ __align__(128) unsigned char smem[];
+extern "C" __global__ void __launch_bounds__(NT, 3) qgemm_w4_gemv(const qg_params P) {
+  __shared__ __align__(16) uint4 xs[MR][XU];
   __shared__ u32 stab[256];
   __shared__ int last;
   static_assert(NT == 256, "one table entry per thread");
-  unsigned char *ring = smem, *xbuf = smem + STAGES * STAGE_BYTES;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const i64 nb = (i64)blockIdx.x * BN, n0 = nb + warp * 16;
+  const i64 n0 = (i64)blockIdx.x * BN + warp * 16;
   const i64 k0 = (i64)blockIdx.y * P.k_slice, k1 = k0 + P.k_slice < P.k ? k0 + P.k_slice : P.k;
-  const int nc = k1 > k0 ? (int)((k1 - k0 + CHUNK - 1) / CHUNK) : 0;
-  const int two = P.m > 8, ra = g < P.m, rb = g + 8 < P.m;
+  const int two = P.m > 8;
   stab[threadIdx.x] = scale_pair(threadIdx.x);
+  /* This lane's rows of W and of its scales: n0 + g and n0 + g + 8. */
+  const unsigned char *wrow[2], *srow[2];
 #pragma unroll
-  for (int c = 0; c < STAGES - 1; c++) {
-    if (c < nc) load_w(P, ring + c * STAGE_BYTES, nb, k0 + (i64)c * CHUNK, k1);
-    cp_async_commit();
+  for (int h = 0; h < 2; h++) {
+    const i64 n = n0 + g + 8 * h, nn = n < P.n ? n : P.n - 1;
+    wrow[h] = (const unsigned char *)P.q + nn * P.q_rs;
+    srow[h] = (const unsigned char *)P.scale + nn * P.s_rs;
   }
-  uint4 xr[MR * XU / NT];
-  if (nc > 0) {
-    load_x(P, xr, k0, k1);
-    store_x(P, xbuf, xr);
-  }
-  if (nc > 1) load_x(P, xr, k0 + CHUNK, k1);
   float acc[2][4] = {};
 
-  for (int c = 0; c < nc; c++) {
-    CP_ASYNC_WAIT(STAGES - 2);
-    __syncthreads(); /* chunk c has landed everywhere; chunk c - 1's stage and x buffer are used up */
-    const int next = c + STAGES - 1;
-    if (next < nc) load_w(P, ring + (next % STAGES) * STAGE_BYTES, nb, k0 + (i64)next * CHUNK, k1);
-    cp_async_commit();
-    if (c + 1 < nc) store_x(P, xbuf + ((c + 1) & 1) * XS_BYTES, xr);
-    if (c + 2 < nc) load_x(P, xr, k0 + (i64)(c + 2) * CHUNK, k1);
-    chunk_mma(acc, ring + (c % STAGES) * STAGE_BYTES, xbuf + (c & 1) * XS_BYTES, stab, warp * 16 + g, g, t, ra, rb,
-              two);
+  for (i64 kc = k0; kc < k1; kc += CHUNK) {
+    const int full = P.vec && kc + CHUNK <= k1;
+    uint4 wq[J][2];
+    uint2 sraw[2]; /* the scales of piece j = t: 8 blocks of 16 from kc + 128 t */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+      for (int j = 0; j < J; j++)
+        wq[j][h] = full ? ld_stream(wrow[h] + kc / 2 + 64 * j + 16 * t)
+                        : ld_codes_tail(wrow[h], kc + 128 * j + 32 * t, k1);
+      sraw[h] = full ? *(const uint2 *)(srow[h] + kc / 16 + 8 * t)
+                     : ld_scales_tail(srow[h], P.s_cs, kc + 128 * t, k1, 8);
+    }
+    __syncthreads(); /* the previous chunk's x is used up (and the table is written) */
+    stage_x(P, xs, kc, k1, full, two ? 16 : 8);
+    __syncthreads();
+    chunk_mma(acc, wq, sraw, xs, stab, lane, two);
   }
   finish(P, acc, n0, g, t, &last);
 }
@@ -424,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(NT) qgemm_w4_dequant(const qg_param
     const i64 n = i / per_row, k = i % per_row * 32;
     const unsigned char *qr = (const unsigned char *)P.q + n * P.q_rs;
     const int whole = k + 32 <= P.k;
-    const uint4 w = whole && (P.vec & VEC_Q) ? ld_stream(qr + k / 2) : ld_codes_tail(qr, k, P.k);
+    const uint4 w = whole && P.vec ? ld_stream(qr + k / 2) : ld_codes_tail(qr, k, P.k);
     const u32 sp = ld_scales_tail((const unsigned char *)P.scale + n * P.s_rs, P.s_cs, k, P.k, 2).x;
     uint4 *out = (uint4 *)((smelt_h16 *)P.d + n * P.d_rs + k);
 #pragma unroll

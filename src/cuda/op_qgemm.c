@@ -16,7 +16,6 @@
 #include "../core/qgemm_internal.h"
 #include "cuda_internal.h"
 
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,11 +23,8 @@
 #define OP "smelt_qgemm"
 
 /* The GEMV's tile (kernels/qgemm_w4.cu): threads, columns of D and K per
- * chunk, blocks an SM holds (its launch bounds and shared memory), its
- * dynamic shared memory (the ring of W chunks and x's double buffer). */
-enum { NT = 256, BN = 128, CHUNK = 256, BLOCKS_PER_SM = 2, GEMV_SMEM = 90112, GEMV_MAX_M = 16 };
-/* The `vec` bits (VEC_Q, VEC_S, VEC_X in the kernel). */
-enum { VEC_Q = 1, VEC_S = 2, VEC_X = 4 };
+ * chunk, blocks an SM holds (its launch bounds). */
+enum { NT = 256, BN = 128, CHUNK = 512, BLOCKS_PER_SM = 3, GEMV_MAX_M = 16 };
 enum { F_GEMV, F_DEQUANT };
 
 static const smelt_dtype x_dtypes[] = {SMELT_DTYPE_F16, SMELT_DTYPE_BF16};
@@ -127,9 +123,6 @@ static smelt_status plan_qgemm(smelt_plan *plan, const void *args) {
   CUfunction f;
   smelt_status s;
   if ((s = smelt__cuda_function(plan->ctx, &src, "qgemm_w4_gemv", &f))) return s;
-  /* Two GEMV blocks of 88 KiB an SM: the largest shared-memory carveout,
-   * whatever the driver would pick for one. */
-  SMELT__CU_CHECK(smelt__cu(NULL)->cuFuncSetAttribute(f, SMELT__CU_FUNC_ATTR_CARVEOUT, 100), OP);
   plan->func[F_GEMV] = f;
   if ((s = smelt__cuda_function(plan->ctx, &src, "qgemm_w4_dequant", &f))) return s;
   plan->func[F_DEQUANT] = f;
@@ -181,30 +174,21 @@ static void params_of(const smelt_plan *plan, const smelt_tensor *const *t, qg_k
 /* Whether q's rows are 16-byte units (the 16-byte weight loads). */
 static int q_vec(const qg_kparams *p) { return p->q % 16 == 0 && (p->n == 1 || p->q_rs % 16 == 0); }
 
-/* The GEMV's 16-byte paths: q as above; scale rows of unit stride and
- * 16-byte aligned; x rows of unit stride and 16-byte aligned. */
+/* Whether the GEMV's fast paths hold: q as above, x rows of unit stride
+ * and 16-byte aligned, scale rows of unit stride and 8-byte aligned. */
 static int gemv_vec(const qg_kparams *p) {
   const int x = p->x_cs == 1 && p->x % 16 == 0 && (p->m == 1 || p->x_rs % 8 == 0);
-  const int s = p->s_cs == 1 && p->scale % 16 == 0 && (p->n == 1 || p->s_rs % 16 == 0);
-  return (q_vec(p) ? VEC_Q : 0) | (s ? VEC_S : 0) | (x ? VEC_X : 0);
+  const int s = p->s_cs == 1 && p->scale % 8 == 0 && (p->n == 1 || p->s_rs % 8 == 0);
+  return x && s && q_vec(p);
 }
 
-/* K slices of whole chunks: of the slice lengths, the one whose blocks
- * (column blocks x slices) take the fewest chunk times on the SMs' block
- * slots, rounds of slots times chunks a slice; the longest such slice (the
- * fewest partial sums). */
+/* K slices: enough blocks to fill the SMs once, whole chunks per slice. */
 static void split_k(const smelt_plan *plan, qg_kparams *p, int64_t col_blocks) {
-  const int64_t chunks = smelt__ceil_div(p->k, CHUNK), slots = (int64_t)plan->ctx->cuda->info.sm_count * BLOCKS_PER_SM;
-  int64_t best = chunks > 0 ? chunks : 1, cost = INT64_MAX;
-  for (int64_t per = best; per >= 1; per--) {
-    const int64_t rounds = smelt__ceil_div(col_blocks * smelt__ceil_div(chunks, per), slots);
-    if (rounds * per < cost) {
-      cost = rounds * per;
-      best = per;
-    }
-  }
-  p->splits = chunks > 0 ? (int)smelt__ceil_div(chunks, best) : 1;
-  p->k_slice = best * CHUNK;
+  const int64_t chunks = smelt__ceil_div(p->k, CHUNK), target = (int64_t)plan->ctx->cuda->info.sm_count * BLOCKS_PER_SM;
+  int64_t per = chunks > 0 ? smelt__ceil_div(chunks * col_blocks, target) : 1;
+  if (per < 1) per = 1;
+  p->splits = chunks > 0 ? (int)smelt__ceil_div(chunks, per) : 1;
+  p->k_slice = per * CHUNK;
 }
 
 static smelt_status run_gemv(smelt_plan *plan, const smelt_tensor *const *t) {
@@ -226,8 +210,8 @@ static smelt_status run_gemv(smelt_plan *plan, const smelt_tensor *const *t) {
   }
   void *params[] = {&p};
   if (!s)
-    s = smelt__cuda_launch(ctx, OP, (CUfunction)plan->func[F_GEMV], (unsigned)col_blocks, (unsigned)p.splits, 1, NT,
-                           GEMV_SMEM, params);
+    s = smelt__cuda_launch(ctx, OP, (CUfunction)plan->func[F_GEMV], (unsigned)col_blocks, (unsigned)p.splits, 1, NT, 0,
+                           params);
   if (ws) {
     smelt_status f = smelt__cuda_free(ctx, ws);
     if (!s) s = f;
@@ -239,7 +223,7 @@ static smelt_status run_gemm(smelt_plan *plan, const smelt_tensor *const *t) {
   smelt_ctx *ctx = plan->ctx;
   qg_kparams p;
   params_of(plan, t, &p);
-  p.vec = q_vec(&p) ? VEC_Q : 0;
+  p.vec = q_vec(&p);
   void *w = NULL;
   /* At least one pool block, so that B has a real pointer also when K = 0. */
   const size_t bytes = (size_t)(p.n * p.k) * 2;
