@@ -1719,8 +1719,10 @@ static void test_moe_gpu_decode(void) {
   gpu_decode_case(&s, 0, 0, "decode T3 top2 f16, no renorm, scale");
   s = (spec){.T = 2, .d = 256, .E = 64, .k = 6, .F = 384, .xdt = bf, .wdt = bf};
   gpu_decode_case(&s, 0, 0, "decode T2 E64 top6 bf16");
-  s = (spec){.T = 1, .d = 2048, .E = 64, .k = 6, .F = 1408, .xdt = bf, .wdt = bf};
-  gpu_decode_case(&s, 0, 0, "decode T1 d2048 F1408 E64 top6 bf16");
+  /* (The bench's E64 shape, d 2048 F 1408, is 553 M weights to make and
+   * check on the host: 30 s of the suite for no path the smaller ones miss.) */
+  s = (spec){.T = 1, .d = 512, .E = 64, .k = 6, .F = 384, .xdt = bf, .wdt = bf};
+  gpu_decode_case(&s, 0, 0, "decode T1 d512 F384 E64 top6 bf16");
   s = (spec){.T = 4, .d = 256, .E = 64, .k = 4, .F = 256, .xdt = bf, .wdt = bf, .score = SMELT_MOE_SCORE_SIGMOID,
              .bias = 1, .groups = 8, .topk_groups = 2};
   gpu_decode_case(&s, 0, 0, "decode T4 E64 top4 sigmoid groups 8/2");
