@@ -44,8 +44,12 @@ static smelt_epi_graph graph_of(int which) {
     }
     default: {
       const int lin = smelt_epi_binary(&g, SMELT_EPI_ADD, acc, smelt_epi_input(&g, SMELT_EPI_C, 0));
-      const int rc = smelt_epi_binary(&g, SMELT_EPI_MUL, smelt_epi_input(&g, SMELT_EPI_ROW, 0),
-                                      smelt_epi_input(&g, SMELT_EPI_COL, 1));
+      /* One node a statement (an argument order is unspecified): the node
+       * numbers match the variant list's graph (src/cuda/gemm_epi.c), whose
+       * kernels the cache then holds. */
+      const int row = smelt_epi_input(&g, SMELT_EPI_ROW, 0);
+      const int col = smelt_epi_input(&g, SMELT_EPI_COL, 1);
+      const int rc = smelt_epi_binary(&g, SMELT_EPI_MUL, row, col);
       const int x = smelt_epi_binary(&g, SMELT_EPI_SUB, lin, rc);
       const int y = smelt_epi_binary(&g, SMELT_EPI_MAX, x, smelt_epi_scalar(&g, -0.75f));
       const int z = smelt_epi_binary(&g, SMELT_EPI_MIN, y, smelt_epi_input(&g, SMELT_EPI_COL, 1));

@@ -92,33 +92,48 @@ smelt_status smelt__gemm_epi_end(smelt_ctx *ctx, void *f, const smelt__gemm_stat
  * aux)) with a column max and a row sum; C, row and column vectors, every
  * binary op, leaky_relu and silu, an f16 store and a column abs-max. */
 static smelt_epi_graph compile_graph(int which, smelt_dtype *dt) {
+  /* Node by node in the tests' order (one call a statement: the order of
+   * a call's arguments is unspecified, and the node numbers name the
+   * generated source's values, so another order is another kernel). */
   smelt_epi_graph g = smelt_epi_graph_empty();
   const int acc = smelt_epi_input(&g, SMELT_EPI_ACC, 0);
   for (int s = 0; s < SMELT_EPI_MAX_TENSORS; s++) dt[s] = SMELT_DTYPE_F32;
   dt[0] = which == 2 ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
   if (which == 0) {
-    const int pre = smelt_epi_binary(&g, SMELT_EPI_ADD, acc, smelt_epi_input(&g, SMELT_EPI_BIAS, 0));
+    const int bias = smelt_epi_input(&g, SMELT_EPI_BIAS, 0);
+    const int pre = smelt_epi_binary(&g, SMELT_EPI_ADD, acc, bias);
     smelt_epi_store(&g, pre, 0);
     g.out = smelt_epi_act(&g, SMELT_ACT_GELU, 0, pre);
     smelt_epi_reduce_node(&g, SMELT_EPI_ROW_REDUCE, SMELT_EPI_AMAX, g.out, 1);
     smelt_epi_reduce_node(&g, SMELT_EPI_COL_REDUCE, SMELT_EPI_SUM, pre, 2);
   } else if (which == 1) {
-    const int x = smelt_epi_binary(&g, SMELT_EPI_ADD, smelt_epi_binary(&g, SMELT_EPI_MUL, acc, smelt_epi_scalar(&g, 0.5f)),
-                                   smelt_epi_input(&g, SMELT_EPI_AUX, 0));
-    g.out = smelt_epi_cast(&g, smelt_epi_clamp(&g, x, -1.5f, 1.25f), SMELT_DTYPE_E4M3);
-    smelt_epi_reduce_node(&g, SMELT_EPI_COL_REDUCE, SMELT_EPI_RMAX, x, 1);
+    const int k = smelt_epi_scalar(&g, 0.5f);
+    const int half = smelt_epi_binary(&g, SMELT_EPI_MUL, acc, k);
+    const int aux = smelt_epi_input(&g, SMELT_EPI_AUX, 0);
+    const int sum = smelt_epi_binary(&g, SMELT_EPI_ADD, half, aux);
+    const int cl = smelt_epi_clamp(&g, sum, -1.5f, 1.25f);
+    g.out = smelt_epi_cast(&g, cl, SMELT_DTYPE_E4M3);
+    smelt_epi_reduce_node(&g, SMELT_EPI_COL_REDUCE, SMELT_EPI_RMAX, sum, 1);
     smelt_epi_reduce_node(&g, SMELT_EPI_ROW_REDUCE, SMELT_EPI_SUM, g.out, 2);
   } else {
     dt[1] = SMELT_DTYPE_BF16;
     dt[2] = SMELT_DTYPE_F16;
+    const int c = smelt_epi_input(&g, SMELT_EPI_C, 0);
+    const int lin = smelt_epi_binary(&g, SMELT_EPI_ADD, acc, c);
+    const int row = smelt_epi_input(&g, SMELT_EPI_ROW, 0);
     const int col = smelt_epi_input(&g, SMELT_EPI_COL, 1);
-    const int x = smelt_epi_binary(&g, SMELT_EPI_SUB, smelt_epi_binary(&g, SMELT_EPI_ADD, acc, smelt_epi_input(&g, SMELT_EPI_C, 0)),
-                                   smelt_epi_binary(&g, SMELT_EPI_MUL, smelt_epi_input(&g, SMELT_EPI_ROW, 0), col));
-    const int z = smelt_epi_binary(&g, SMELT_EPI_MIN, smelt_epi_binary(&g, SMELT_EPI_MAX, x, smelt_epi_scalar(&g, -0.75f)), col);
+    const int rc = smelt_epi_binary(&g, SMELT_EPI_MUL, row, col);
+    const int x = smelt_epi_binary(&g, SMELT_EPI_SUB, lin, rc);
+    const int lo = smelt_epi_scalar(&g, -0.75f);
+    const int y = smelt_epi_binary(&g, SMELT_EPI_MAX, x, lo);
+    const int col2 = smelt_epi_input(&g, SMELT_EPI_COL, 1);
+    const int z = smelt_epi_binary(&g, SMELT_EPI_MIN, y, col2);
+    const int three = smelt_epi_scalar(&g, 3.0f);
+    const int q = smelt_epi_binary(&g, SMELT_EPI_DIV, z, three);
     const int lr = smelt_epi_act(&g, SMELT_ACT_LEAKY_RELU, 0.1f, x);
     smelt_epi_store(&g, lr, 2);
-    g.out = smelt_epi_binary(&g, SMELT_EPI_ADD, smelt_epi_binary(&g, SMELT_EPI_DIV, z, smelt_epi_scalar(&g, 3.0f)),
-                             smelt_epi_act(&g, SMELT_ACT_SILU, 0, lr));
+    const int si = smelt_epi_act(&g, SMELT_ACT_SILU, 0, lr);
+    g.out = smelt_epi_binary(&g, SMELT_EPI_ADD, q, si);
     smelt_epi_reduce_node(&g, SMELT_EPI_COL_REDUCE, SMELT_EPI_AMAX, g.out, 3);
   }
   return g;
