@@ -49,6 +49,7 @@
  * MOE_ITEMS 2 (E <= 64), MOE_ROWS (1 or 4: rows of a group; 1 when T = 1,
  * where every group has one row, so the accumulators fit 3 CTAs an SM). */
 #include "moe_route.cuh"
+#include "smelt_mma.cuh" /* ld_stream: the weights read once */
 
 #if !defined(SMELT_DT) || !defined(MOE_ROWS) || MOE_ITEMS != 2
 #error "moe_decode.cu needs SMELT_DT, MOE_ROWS and MOE_ITEMS 2"
@@ -76,14 +77,6 @@
 
 static_assert(MAX_SLICE % (KL * NB) == 0, "a slice's batches end inside the staged inputs");
 static_assert(THREADS / 32 * 2 * ROWS * TILE <= ROWS * MAX_SLICE, "the lane sums fit the staged inputs' memory");
-
-static __device__ __forceinline__ uint4 ld_stream(const void *p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 /* The VW elements of a 16-byte load as floats. */
 static __device__ __forceinline__ void unpack(uint4 q, float *w) {
