@@ -52,8 +52,11 @@ smelt_status tgs_run_offs(smelt_ctx *ctx, const smelt_gemm_desc *desc, const th_
                           double *got);
 /* The CPU reference against naive(user, out) when naive is not NULL
  * (relative bound naive_bound), then on gpu (NULL: none) CUDA against the
- * CPU reference (relative bound gpu_bound, or max abs error abs_bound). Returns 0 on a
- * failure, after a line naming the case. */
+ * CPU reference (relative bound gpu_bound, or max abs error abs_bound; a
+ * negative abs_bound counts codes of D's 8-bit float format at the
+ * reference's largest magnitude: an f32 sum summed in another order may
+ * round to the neighbouring code). Returns 0 on a failure, after a line
+ * naming the case. */
 int tgs_check(const tgs_case *c, const char *label, void (*naive)(const void *user, double *out), const void *user,
               double naive_bound, smelt_ctx *gpu, double gpu_bound, double abs_bound);
 

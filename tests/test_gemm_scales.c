@@ -141,7 +141,7 @@ static int check(const scase *s, int gpu, const char *what) {
   const naive_in user = {s, &c};
   const double rb = s->d == SMELT_DTYPE_F64 ? 1e-12 : s->d == SMELT_DTYPE_F32 ? 1e-6 : bound_of(s);
   const int ok = tgs_check(&c, label, s->m * s->n * s->k <= NAIVE_MACS ? naive : NULL, &user, rb,
-                           gpu ? th_cuda() : NULL, bound_of(s), fp8(s->d) ? 0.51 : 0);
+                           gpu ? th_cuda() : NULL, bound_of(s), fp8(s->d) ? -1.0 : 0);
   tgs_free(&c);
   return ok;
 }
