@@ -131,8 +131,8 @@ typedef struct conv9_plan {
   conv9_axis ax[2][CONV9_MAX_PHASES];
   int64_t m, n, kk; /* the GEMM; kk is K' (fprop, dgrad: taps x cb x 64) */
   int cb;           /* fprop, dgrad: 64-channel blocks a tap */
-  int y0, x0;       /* im2col: the first tap's position for the GEMM's pixel (0, 0) */
-  int upper[2];     /* im2col: the pixel box's upper corner (w, h); its lower is (x0, y0) */
+  int y0, x0;       /* fprop, wgrad: im2col's first tap position for the GEMM's pixel (0, 0) */
+  int upper[2];     /* fprop, wgrad: the pixel box's upper corner (w, h); its lower is (x0, y0) */
   int splits;       /* parallel slices (1: none) */
   int64_t k_slice;
 } conv9_plan;
@@ -316,12 +316,11 @@ static int64_t auto_splits(int64_t tiles, int64_t ktiles, int64_t m, int64_t n, 
  * 296). */
 static int tail_fills(int64_t tiles, int64_t sms) { return tiles * 4 >= sms; }
 
-/* A K step's modelled time for variant v: ~0.3 us for 128 x 128 x 64; the
- * wide tile does twice the work at ~15% more of the tensor cores' rate,
- * the 64-row tile half of it at ~15% less. */
-static double step_time(const conv9_variant *v) {
-  return v->bn == 256 ? 0.52e-6 : v->consumers == 1 ? 0.18e-6 : 0.3e-6;
-}
+/* A K step's modelled time for variant v (a parallel split's model: only
+ * plans of fewer tiles than a quarter of the SMs, whose tiles are 128 or
+ * 64 rows by 128 or 64): ~0.3 us for 128 x 128 x 64, the 64-row tile
+ * half the work at ~15% less of the tensor cores' rate. */
+static double step_time(const conv9_variant *v) { return v->consumers == 1 ? 0.18e-6 : 0.3e-6; }
 
 smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, int *taken) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
