@@ -57,13 +57,18 @@
  * on the CPU plans the same way on a GPU. On CUDA, f16 and bf16 problems
  * run, in this order of preference:
  *   - on Hopper (cc 9.0), as implicit GEMM on the GEMM engine's TMA + wgmma
- *     kernel, the activation loaded in TMA's im2col mode (a strided dgrad's
- *     dy gathered by the threads), when the activation's channels (fprop C,
+ *     kernel, the activation loaded in TMA's im2col mode (a strided dgrad as
+ *     stride² unit-stride phases of the taps that divide, in one launch,
+ *     when every phase has a tap, D is 16-bit or f32 with 16-byte strides,
+ *     there is no C and no split asked for; else dy gathered by the
+ *     threads), when the activation's channels (fprop C,
  *     dgrad K) are a multiple of 8 and fill 3/4 of their 64-channel blocks,
  *     wgrad's C is a multiple of 64, the filter's taps fold to one stride,
  *     strides are 16-byte multiples, padding and dilation fit TMA's pixel
  *     box and C and D fold into the GEMM's [M, N] matrix; smelt's split-K
- *     (wgrad's long K) is parallel, its slices added in order;
+ *     is the GEMM's split tail (a last wave's tiles in K chunks) or, for
+ *     plans of few tiles (wgrad's long K), parallel; both add their parts
+ *     in order;
  *   - as implicit GEMM on the mma.sync kernel when the gathered tensors'
  *     channels (fprop and wgrad: C; dgrad: K and C) are a multiple of 8
  *     with unit stride, their other strides multiples of 8 elements, C and
