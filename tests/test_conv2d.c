@@ -13,6 +13,7 @@
  * run's inputs and is compared with the CPU reference within GEMM's bound
  * for the equivalent GEMM. */
 #include "core/error_bound.h"
+#include "cuda/conv2d_cuda.h"
 #include "harness.h"
 
 /* ---------------------------------------------------------------- a case */
@@ -930,12 +931,57 @@ static void test_gpu_igemm_plan(void) {
   }
 }
 
+/* The strided dgrad's phases (smelt__conv9_phase_axis), which the Hopper
+ * kernel walks, against the taps found by division: over strides 1-4,
+ * dilations 1-3, 1-7 taps, pads 0-4 and extents 1-30, every dx position of
+ * a phase reads exactly the taps whose dy position divides, at the dy
+ * position the axis gives; a phase is refused only when it has positions
+ * and no tap. */
+static void test_phase_axes(void) {
+  int checked = 0;
+  for (int64_t st = 1; st <= 4; st++)
+    for (int64_t dil = 1; dil <= 3; dil++)
+      for (int64_t taps = 1; taps <= 7; taps++)
+        for (int64_t pad = 0; pad <= 4; pad++)
+          for (int64_t ext = 1; ext <= 30; ext += 3)
+            for (int64_t ph = 0; ph < st; ph++) {
+              smelt__conv9_axis a;
+              const int ok = smelt__conv9_phase_axis(ph, st, pad, dil, taps, ext, &a);
+              int64_t want_taps = 0; /* the same for every position of the phase */
+              for (int64_t r = 0; r < taps; r++) want_taps += ((ph + pad - r * dil) % st + st) % st == 0;
+              const int64_t rows = ext > ph ? (ext - ph + st - 1) / st : 0;
+              if (!ok) {
+                if (!(rows > 0 && want_taps == 0))
+                  th_fail(__FILE__, __LINE__, "st %lld dil %lld taps %lld pad %lld ext %lld ph %lld refused",
+                          (long long)st, (long long)dil, (long long)taps, (long long)pad, (long long)ext, (long long)ph);
+                continue;
+              }
+              CHECK_EQ_INT(a.n, rows);
+              if (!rows) continue;
+              CHECK_EQ_INT(a.t, want_taps);
+              for (int64_t i = 0; i < rows; i++)
+                for (int k = 0; k < a.t; k++) {
+                  const int64_t r = a.f0 + (int64_t)k * a.step, h = i * st + ph, num = h + pad - r * dil;
+                  const int64_t dy = i + a.first + (int64_t)(a.t - 1 - k) * a.off;
+                  if (r >= taps || num % st != 0 || num / st != dy) {
+                    th_fail(__FILE__, __LINE__, "st %lld dil %lld taps %lld pad %lld ph %lld: tap %d of row %lld",
+                            (long long)st, (long long)dil, (long long)taps, (long long)pad, (long long)ph, k,
+                            (long long)i);
+                    return;
+                  }
+                  checked++;
+                }
+            }
+  CHECK(checked > 10000);
+}
+
 const th_test th_tests_conv2d[] = {
     {"cpu_cases", test_cpu_cases},
     {"adjoint", test_adjoint},
     {"choices_same_bits", test_choices_same_bits},
     {"auto_choices", test_auto_choices},
     {"out_size", test_out_size},
+    {"phase_axes", test_phase_axes},
     {"bad_desc", test_bad_desc},
     {"bad_tensors", test_bad_tensors},
     {"plan_run", test_plan_run},

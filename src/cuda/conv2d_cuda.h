@@ -40,6 +40,21 @@ void smelt__conv2d_epilogue_kparams(const smelt__conv2d_state *st, const smelt_t
 smelt_status smelt__conv2d_load_reduce(smelt_plan *plan);
 void smelt__conv2d_take(smelt_plan *plan, void *backend, const char *kernel, const char *split, int splits);
 
+/* A dgrad's phase along one axis (kernels/conv2d_sm90.cuh): dx's positions
+ * ph, ph + st, ... below its extent (n of them) read the filter's taps r
+ * whose ph + pad - r dil divides by st: t of them, every step-th from f0,
+ * at im2col offsets off apart, the walk's last tap at dy position first
+ * for the phase's position 0 (dy position i + (ph + pad - r dil) / st for
+ * the phase's position i and tap r). A unit stride is one phase of every
+ * tap. */
+typedef struct smelt__conv9_axis {
+  int n, t, f0, step, off, first;
+} smelt__conv9_axis;
+/* Phase ph of stride st along an axis of `taps` filter taps and dx extent
+ * ext into *a; 0 when the phase has positions but no tap. */
+int smelt__conv9_phase_axis(int64_t ph, int64_t st, int64_t pad, int64_t dil, int64_t taps, int64_t ext,
+                            smelt__conv9_axis *a);
+
 /* The Hopper implicit GEMM's kernel sources (f16 and bf16, its variants). */
 int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max);
 /* Plans the Hopper implicit GEMM when the device, dtypes, channels, strides

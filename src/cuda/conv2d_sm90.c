@@ -112,15 +112,6 @@ int smelt__conv2d_sm90_variants(smelt__kernel_src *out, int max) {
 
 /* ---------------------------------------------------------------- preconditions */
 
-/* A dgrad's phase along one axis (kernels/conv2d_sm90.cuh): dx's positions
- * ph, ph + st, ... below its extent (n of them) read the filter's taps r
- * whose ph + pad - r dil divides by st: t of them, every step-th from f0,
- * at im2col offsets off apart, the walk's last tap at dy position first
- * for the phase's position 0. A unit stride is one phase of every tap. */
-typedef struct conv9_axis {
-  int n, t, f0, step, off, first;
-} conv9_axis;
-
 #define CONV9_MAX_PHASES 4 /* a stride up to 4 runs by phases; a longer one gathers */
 
 /* What the plan decided (plan->backend). */
@@ -128,7 +119,7 @@ typedef struct conv9_plan {
   smelt__gemm_kernel k;
   int gather;       /* the strided dgrad's gather (GEMM_CONV_GATHER) */
   int phases[2];    /* dgrad by TMA: phases along h and w (the strides; 1 1 for a unit stride) */
-  conv9_axis ax[2][CONV9_MAX_PHASES];
+  smelt__conv9_axis ax[2][CONV9_MAX_PHASES];
   int64_t m, n, kk; /* the GEMM; kk is K' (fprop, dgrad: taps x cb x 64) */
   int cb;           /* fprop, dgrad: 64-channel blocks a tap */
   int y0, x0;       /* fprop, wgrad: im2col's first tap position for the GEMM's pixel (0, 0) */
@@ -176,10 +167,10 @@ static int64_t gcd64(int64_t a, int64_t b) {
   return a;
 }
 
-/* Phase ph of stride st along an axis of `taps` filter taps and dx extent
- * ext; 0 when the phase has positions but no tap (its dx is the epilogue of
- * a zero sum, which the gather's zero taps give). */
-static int phase_axis(int64_t ph, int64_t st, int64_t pad, int64_t dil, int64_t taps, int64_t ext, conv9_axis *a) {
+/* A phase with positions but no tap makes the plan gather: its dx is the
+ * epilogue of a zero sum, which the gather's zero taps give. */
+int smelt__conv9_phase_axis(int64_t ph, int64_t st, int64_t pad, int64_t dil, int64_t taps, int64_t ext,
+                            smelt__conv9_axis *a) {
   memset(a, 0, sizeof *a);
   a->n = ext > ph ? (int)((ext - ph + st - 1) / st) : 0;
   int64_t r0 = 0;
@@ -208,12 +199,12 @@ static int dgrad_phases(const smelt__conv2d_state *st, const smelt_tensor *dd, c
       return 0;
   }
   for (int64_t ph = 0; ph < sh; ph++)
-    if (!phase_axis(ph, sh, d->pad_h0, d->dilation_h, st->r, st->h, &cp->ax[0][ph])) return 0;
+    if (!smelt__conv9_phase_axis(ph, sh, d->pad_h0, d->dilation_h, st->r, st->h, &cp->ax[0][ph])) return 0;
   for (int64_t pw = 0; pw < sw; pw++)
-    if (!phase_axis(pw, sw, d->pad_w0, d->dilation_w, st->s, st->w, &cp->ax[1][pw])) return 0;
+    if (!smelt__conv9_phase_axis(pw, sw, d->pad_w0, d->dilation_w, st->s, st->w, &cp->ax[1][pw])) return 0;
   for (int64_t ph = 0; ph < sh; ph++)
     for (int64_t pw = 0; pw < sw; pw++) {
-      const conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
+      const smelt__conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
       int upper[2];
       if (ah->n && aw->n &&
           !pixel_box(ah->first, aw->first, ah->n, aw->n, 1, 1, st->p, st->q,
@@ -461,7 +452,7 @@ static smelt_status operand_maps(const smelt__conv2d_state *st, const conv9_plan
  * its first pixel in dx. */
 static smelt_status phase_map(const smelt__conv2d_state *st, const conv9_plan *cp, const smelt_tensor *const *t, int ph,
                               int pw, smelt__cu_tensor_map *ta, smelt__conv9_kphase *f) {
-  const conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
+  const smelt__conv9_axis *ah = &cp->ax[0][ph], *aw = &cp->ax[1][pw];
   const smelt_tensor *dd = t[SMELT__CONV2D_D];
   f->d_off = ph * dd->strides[1] + pw * dd->strides[2];
   f->oh = ah->n, f->ow = aw->n;
