@@ -339,40 +339,36 @@ extern "C" __global__ void moe_unpermute_bwd(const void *dy, int dy_dt, i64 dy_s
  * 16-byte aligned. */
 #define ADD_ROUTER_E 16 /* src/cuda/moe_bwd.c: the most experts moe_add takes the router's part for */
 
-static __device__ __forceinline__ float router_part(const float *g, const void *w, int w_dt, i64 w_rs, i64 w_cs,
-                                                    i64 t, int E, int c) {
-  float acc = 0.f;
-  for (int e = 0; e < E; e++) acc += g[t * E + e] * load_any(w, w_dt, c * w_rs + e * w_cs);
-  return acc;
+/* t's router gradient g[t, 0 .. E) into registers (E <= ADD_ROUTER_E). */
+static __device__ __forceinline__ void router_grad(const float *g, i64 t, int E, float *gt) {
+#pragma unroll
+  for (int e = 0; e < ADD_ROUTER_E; e++) gt[e] = e < E ? g[t * E + e] : 0.f;
 }
 
-/* router_part for a lane's 8 columns c .. c + 7 with t's gradient gt (E <=
- * ADD_ROUTER_E, in registers): each row of w in 16-byte loads when its E
- * 16-bit weights are whole 16-byte units (vw), else element by element;
- * the same sums in the same order. Element loads were 8 E scalar loads a
- * lane, which kept L1 at 97% of its throughput and the kernel at ~7x its
- * traffic's time (H100, E8: 715 us under the profiler). */
-static __device__ __forceinline__ void router_part8(const float *gt, const void *w, int w_dt, i64 w_rs, i64 w_cs,
-                                                    int E, int c, int vw, float *acc) {
+/* The router's part of dx's column c, Σ_e gt[e] · w[c, e] in e order: the
+ * row of w in 16-byte loads when its E 16-bit weights are whole 16-byte
+ * units (vw), else element by element. (Element loads for a lane's 8
+ * columns, the gradient read again for each, kept L1 at 97% of its
+ * throughput and the kernel at ~7x its traffic's time: H100, E8, 715 us
+ * under the profiler.) */
+static __device__ __forceinline__ float router_col(const float *gt, const void *w, int w_dt, i64 w_rs, i64 w_cs, int E,
+                                                   int c, int vw) {
+  float r = 0.f;
+  if (vw) {
 #pragma unroll
-  for (int j = 0; j < 8; j++) {
-    float r = 0.f;
-    if (vw) {
+    for (int e0 = 0; e0 < ADD_ROUTER_E; e0 += 8) {
+      if (e0 >= E) break;
+      float v[8];
+      load8(w, w_dt, (i64)c * w_rs + e0, v);
 #pragma unroll
-      for (int e0 = 0; e0 < ADD_ROUTER_E; e0 += 8) {
-        if (e0 >= E) break;
-        float v[8];
-        load8(w, w_dt, (i64)(c + j) * w_rs + e0, v);
-#pragma unroll
-        for (int q = 0; q < 8; q++) r += gt[e0 + q] * v[q];
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < ADD_ROUTER_E; e++)
-        if (e < E) r += gt[e] * load_any(w, w_dt, (i64)(c + j) * w_rs + e * w_cs);
+      for (int q = 0; q < 8; q++) r += gt[e0 + q] * v[q];
     }
-    acc[j] += r;
+  } else {
+#pragma unroll
+    for (int e = 0; e < ADD_ROUTER_E; e++)
+      if (e < E) r += gt[e] * load_any(w, w_dt, (i64)c * w_rs + e * w_cs);
   }
+  return r;
 }
 
 extern "C" __global__ void moe_add(const float *a, const float *b, const int *row_map, int k, const void *offsets,
@@ -400,14 +396,16 @@ extern "C" __global__ void moe_add(const float *a, const float *b, const int *ro
     if (c >= c_hi) return;
     if (g) {
       float gt[ADD_ROUTER_E];
-#pragma unroll
-      for (int e = 0; e < ADD_ROUTER_E; e++) gt[e] = e < E ? g[t * E + e] : 0.f;
+      router_grad(g, t, E, gt);
       const int vw = w_dt != SMELT_DT_F32 && w_cs == 1 && E % 8 == 0 && w_rs % 8 == 0 && (u64)w % 16 == 0;
-      router_part8(gt, w, w_dt, w_rs, w_cs, E, c, vw, acc);
+#pragma unroll
+      for (int j = 0; j < 8; j++) acc[j] += router_col(gt, w, w_dt, w_rs, w_cs, E, c + j, vw);
     }
     store8(out, out_dt, t * out_stride + c, acc);
     return;
   }
+  float gt[ADD_ROUTER_E];
+  if (g) router_grad(g, t, E, gt);
   for (int c0 = c_lo; c0 < c_hi; c0 += 32) { /* the same trip count in every lane: the shuffles */
     const int c = c0 + lane;
     float acc = 0.f;
@@ -416,7 +414,7 @@ extern "C" __global__ void moe_add(const float *a, const float *b, const int *ro
       if (r >= 0 && r < rows && c < c_hi) acc += b ? a[r * d + c] + b[r * d + c] : a[r * d + c];
     }
     if (c >= c_hi) continue;
-    if (g) acc += router_part(g, w, w_dt, w_rs, w_cs, t, E, c);
+    if (g) acc += router_col(gt, w, w_dt, w_rs, w_cs, E, c, 0);
     store_any(out, out_dt, t * out_stride + c, acc);
   }
 }

@@ -470,8 +470,8 @@ static smelt_status phase_map(const smelt__conv2d_state *st, const conv9_plan *c
  * scheduling; kernels/gemm_sm90.cu): each phase with dx pixels a group,
  * the longest K walks first (the last wave's tiles are the short ones),
  * its A map an im2col over dy of its own, B the filter's map, D's map not
- * read (the threads store); the maps, problems and first tiles uploaded
- * as the GEMM's grouped runs upload theirs. */
+ * read (the threads store); the tables uploaded as the GEMM's grouped runs
+ * upload theirs (smelt__gemm_grouped_upload). */
 static smelt_status launch_phases(smelt_plan *plan, const conv9_plan *cp, const smelt_tensor *const *t,
                                   smelt__gemm_kparams kp, smelt__conv9_kgeom *g, const smelt__cu_tensor_map *tb) {
   const smelt__conv2d_state *st = (const smelt__conv2d_state *)plan->opdata;
@@ -492,8 +492,7 @@ static smelt_status launch_phases(smelt_plan *plan, const conv9_plan *cp, const 
         order[at] = code;
       }
   if (!count) return SMELT_OK;
-  const size_t maps = (size_t)count * 3 * sizeof(smelt__cu_tensor_map), probs = (size_t)count * sizeof(smelt__gemm_kprob),
-               firsts = (size_t)(count + 1) * sizeof(int64_t);
+  const size_t maps = (size_t)count * 3 * sizeof(smelt__cu_tensor_map), probs = (size_t)count * sizeof(smelt__gemm_kprob);
   _Alignas(64) uint8_t host[CONV9_PHASES * (3 * sizeof(smelt__cu_tensor_map) + sizeof(smelt__gemm_kprob) + sizeof(int64_t)) +
                sizeof(int64_t)];
   smelt__cu_tensor_map *m = (smelt__cu_tensor_map *)host;
@@ -515,17 +514,9 @@ static smelt_status launch_phases(smelt_plan *plan, const conv9_plan *cp, const 
   }
   first[count] = total;
   void *dev = NULL;
-  if (!s) s = smelt__cuda_alloc(ctx, maps + probs + firsts, &dev);
-  if (!s) {
-    CUresult r = smelt__cu(NULL)->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dev, host, maps + probs + firsts,
-                                                    ctx->cuda->stream);
-    if (r) s = smelt__cu_error(r, "smelt_conv2d", "uploading the phases");
-  }
+  if (!s) s = smelt__gemm_grouped_upload(ctx, "smelt_conv2d", host, maps, count, &kp, &dev);
   if (!s) {
     kp.mode = SMELT__KMODE_GROUPED;
-    kp.groups = (uint64_t)(uintptr_t)dev + maps;
-    kp.group_tiles = kp.groups + probs;
-    kp.count = count;
     kp.tiles_m = (int)total; /* the grouped kernel's unit count */
     kp.tiles_n = 1;
     int fast = 1;
@@ -560,7 +551,7 @@ static smelt_status launch(smelt_plan *plan, const conv9_plan *cp, const smelt_t
   const int64_t m = kp.p.m, n = kp.p.n, tiles_m = smelt__ceil_div(m, cp->k.bm), tiles_n = smelt__ceil_div(n, cp->k.bn);
   kp.mode = cp->splits > 1 ? SMELT__KMODE_PARALLEL : SMELT__KMODE_PLAIN;
   kp.splits = cp->splits;
-  kp.k_slice = cp->splits > 1 ? cp->k_slice : kp.p.k;
+  kp.k_slice = cp->k_slice;
   kp.tiles_m = (int)tiles_m, kp.tiles_n = (int)tiles_n;
   if (tiles_m * tiles_n == 0) return SMELT_OK;
   smelt_ctx *ctx = plan->ctx;

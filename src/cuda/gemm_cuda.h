@@ -176,6 +176,14 @@ smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws
  * leaves them when the last wave is full enough. */
 smelt_status smelt__gemm_split_tail(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, int64_t kk,
                                    int64_t tiles, smelt__gemm_kparams *kq, void **ws);
+/* The grouped kernel's tables (host scheduling) uploaded from host: the
+ * groups' tensor maps (maps bytes: 3 a group on Hopper, else none), then
+ * count problems (smelt__gemm_kprob) and count + 1 first tiles (int64),
+ * into *dev from the context's pool (the caller frees it after the launch;
+ * set also on a failed upload); kp's groups, group_tiles and count point
+ * at them. */
+smelt_status smelt__gemm_grouped_upload(smelt_ctx *ctx, const char *op, const void *host, size_t maps, int64_t count,
+                                       smelt__gemm_kparams *kp, void **dev);
 /* The units a launch of `tiles` tiles walks: with a split tail, each tail
  * tile's chunks are units of their own, which the CTAs (one an SM, up to
  * this many) share. */

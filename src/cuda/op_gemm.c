@@ -370,6 +370,20 @@ static smelt_status sm90_group_maps(const smelt__gemm_state *st, const smelt__ge
   return SMELT_OK;
 }
 
+smelt_status smelt__gemm_grouped_upload(smelt_ctx *ctx, const char *op, const void *host, size_t maps, int64_t count,
+                                       smelt__gemm_kparams *kp, void **dev) {
+  const size_t probs = (size_t)count * sizeof(smelt__gemm_kprob),
+               bytes = maps + probs + (size_t)(count + 1) * sizeof(int64_t);
+  smelt_status s = smelt__cuda_alloc(ctx, bytes, dev);
+  if (s) return s;
+  CUresult r = smelt__cu(NULL)->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)*dev, host, bytes, ctx->cuda->stream);
+  if (r) return smelt__cu_error(r, op, "uploading the problem list");
+  kp->groups = (uint64_t)(uintptr_t)*dev + maps;
+  kp->group_tiles = kp->groups + probs;
+  kp->count = (int)count;
+  return SMELT_OK;
+}
+
 /* Grouped: uploads the problem list and each group's first tile (and, for
  * the Hopper kernel, the groups' tensor maps), then one launch: a block per
  * tile, or on Hopper one persistent CTA per SM walking all the tiles. */
@@ -403,16 +417,8 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
                      (long long)total);
   const smelt__gemm_state *st = (const smelt__gemm_state *)plan->opdata;
   if (!s && total > 0 && sm90) s = sm90_group_maps(st, k, args, (smelt__cu_tensor_map *)host);
-  if (!s && total > 0) s = smelt__cuda_alloc(ctx, maps + probs + firsts, &dev);
+  if (!s && total > 0) s = smelt__gemm_grouped_upload(ctx, "smelt_gemm_grouped", host, maps, count, kp, &dev);
   if (!s && total > 0) {
-    CUresult r = smelt__cu(NULL)->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dev, host, maps + probs + firsts,
-                                                    ctx->cuda->stream);
-    if (r) s = smelt__cu_error(r, "smelt_gemm_grouped", "uploading the problem list");
-  }
-  if (!s && total > 0) {
-    kp->groups = (uint64_t)(uintptr_t)dev + maps;
-    kp->group_tiles = kp->groups + probs;
-    kp->count = (int)count;
     if (sm90) {
       /* The kernel reads only the group maps; its by-value maps are unused,
        * and tiles_m carries the total unit count. */
