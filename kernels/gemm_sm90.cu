@@ -240,10 +240,9 @@
 #if BLOCK_SCALE && (AB_SIZE != 1 || PINGPONG || PROMOTE || GEMM_BN > 128)
 #error "gemm_sm90.cu: GEMM_BLOCK_SCALE needs fp8, the cooperative schedule, no GEMM_PROMOTE, GEMM_BN <= 128"
 #endif
-/* MN-major operands (wgmma transposes 16-bit types only), cooperative
- * schedule without clusters. */
-#if (A_MN || B_MN) && (AB_SIZE != 2 || PINGPONG || CLUSTER > 1)
-#error "gemm_sm90.cu: MN-major A or B (GEMM_A_MN, GEMM_B_MN) for 16-bit types, cooperative, no cluster"
+/* MN-major operands (wgmma transposes 16-bit types only), without clusters. */
+#if (A_MN || B_MN) && (AB_SIZE != 2 || CLUSTER > 1)
+#error "gemm_sm90.cu: MN-major A or B (GEMM_A_MN, GEMM_B_MN) for 16-bit types, no cluster"
 #endif
 #define BM (64 * CONSUMERS)
 #define BN GEMM_BN
@@ -562,9 +561,11 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
   for (int kk = 0; kk < 4; kk++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const u64 da = wgmma_desc_kmajor(stage + h * (64 * 128)) + 2 * kk;
+      /* Half h of A: rows 64h.. of a K-major tile, or its panel h. */
+      const u64 da = (A_MN ? desc_mnmajor(stage + h * PANEL_BYTES) : wgmma_desc_kmajor(stage + h * (64 * 128))) +
+                     A_STEP * kk;
       if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
-      else wgmma_step(d + 64 * h, da, db + 2 * kk);
+      else wgmma_step(d + 64 * h, da, db + B_STEP * kk);
     }
 #else
   /* Consumer c's 64 rows of A: rows 64c.. of a K-major tile, or its panel c. */

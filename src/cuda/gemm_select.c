@@ -232,6 +232,15 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   tile pair = blk;
   pair.cluster_m = 2;
   add(out, &n, block_scaled(fp8(sm90(SMELT__TC_FP8, pair), f8[0], f8[0])));
+  /* The ping-pong schedule for the transposed layouts RR and CR (the
+   * backward's dX = dY W and dW = dY^T X), 16-bit types. Appended last, as
+   * the entries above. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    for (int ak = 1; ak >= 0; ak--) {
+      smelt__gemm_kernel k = sm90_layout(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}, ak, 0);
+      k.pingpong = 1;
+      add(out, &n, k);
+    }
   return n;
 }
 
@@ -578,14 +587,25 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * likewise: pairs sharing B matched it on plain squares and lost with
      * bias + GELU and on uneven groups; pairs and quads sharing A lost on
      * skinny M (docs/PERF.md, GEMM: decisions, fourth round). */
+    /* Host-grouped problems of short K (the weight gradients of MoE's
+     * experts: K is an expert's rows) take the ping-pong kernel when it
+     * fits: a tile's main loop is a few dozen K steps, and the cooperative
+     * kernel's epilogue, which the tensor cores wait through, is a tenth of
+     * it; in ping-pong one consumer's epilogue overlaps the other's main
+     * loop. */
+    int want_pp = 0;
+    if (!asked && st->mode == SMELT_GEMM_MODE_GROUPED && f->k <= 2048)
+      for (int i = 0; i < n && !want_pp; i++)
+        want_pp = pingpong(&table[i]) && smelt__gemm_fits(&table[i], st, f);
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
+      if (want_pp && !pingpong(k)) continue;
       /* The promoting tf32 kernel as the wide one: when its tiles keep
        * half the SMs busy. */
       if (!asked && k->promote && 2 * smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) < dev->sm_count)
         continue;
-      if (!asked && (pingpong(k) || clustered(k) || (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64) || pads_n)) ||
+      if (!asked && !want_pp && (pingpong(k) || clustered(k) || (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64) || pads_n)) ||
                      (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
         continue;
       snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s%s",
