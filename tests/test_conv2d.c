@@ -826,6 +826,47 @@ static void test_gpu_cases(void) {
   for (int i = 0; i < NCASES; i++) run_case(&cases[i], cu);
 }
 
+/* The case named `name` of the table. */
+static const ccase *case_named(const char *name) {
+  for (int i = 0; i < NCASES; i++)
+    if (!strcmp(cases[i].name, name)) return &cases[i];
+  th_fail(__FILE__, __LINE__, "no case %s", name);
+  return &cases[0];
+}
+
+/* The ping-pong schedule of the Hopper implicit GEMM (fprop, dgrad, the
+ * strided dgrad's phases), taken unasked only by problems of at least an
+ * SM's worth of tiles, asked for here through the debug override on cases
+ * of ragged tiles, short and long K walks and phases of unequal rows. */
+static void test_gpu_pingpong(void) {
+  smelt_ctx *cu = th_cuda();
+  if (!cu) SKIP("no CUDA device");
+  if (!th_cuda_sm90()) SKIP("not an sm_90 device");
+  static const char *const names[] = {"hopper fprop bf16 1x1 wide tiles", "hopper fprop f16 s2 d2 C=96 K=136",
+                                      "hopper dgrad f16 1x1 wide tiles", "hopper dgrad bf16 d2 K=112 C=136",
+                                      "hopper dgrad bf16 s2 phases", "hopper dgrad bf16 s3 d2 phases"};
+  setenv("SMELT_CONV2D_TILE", "128x128pp", 1);
+  for (size_t i = 0; i < sizeof names / sizeof *names && !th_failed_now; i++) {
+    const ccase *cs = case_named(names[i]);
+    case_ops o, dev;
+    case_ops_new(&o, cs);
+    case_ops_clone(&dev, &o, cu);
+    const smelt_conv2d_desc d = case_desc(cs);
+    const smelt_tensor ta = opnd_tensor(cs->kind == FPROP ? &dev.x : &dev.dy), tb = opnd_tensor(&dev.w),
+                       tc = opnd_tensor(&dev.c), td = opnd_tensor(&dev.out);
+    smelt_plan *plan = NULL;
+    CHECK_OK(smelt_conv2d_plan(cu, &d, &ta, &tb, d.epilogue.beta != 0 ? &tc : NULL, &td, NULL, &plan));
+    if (plan && !strstr(smelt_plan_describe(plan), "128x128x64_s6_pp_conv_"))
+      th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks the ping-pong kernel", cs->name,
+              smelt_plan_describe(plan));
+    smelt_plan_destroy(plan);
+    case_ops_free(&dev);
+    case_ops_free(&o);
+    run_case(cs, cu);
+  }
+  unsetenv("SMELT_CONV2D_TILE");
+}
+
 /* The reference kernel too ignores the description's kernel choices. */
 static void test_gpu_choices_same_bits(void) {
   if (!th_cuda()) SKIP("no CUDA device");
@@ -859,14 +900,6 @@ static void test_gpu_plan(void) {
   smelt_plan_destroy(plan);
   case_ops_free(&dev);
   case_ops_free(&o);
-}
-
-/* The case named `name` of the table. */
-static const ccase *case_named(const char *name) {
-  for (int i = 0; i < NCASES; i++)
-    if (!strcmp(cases[i].name, name)) return &cases[i];
-  th_fail(__FILE__, __LINE__, "no case %s", name);
-  return &cases[0];
 }
 
 /* Which kernel the implicit GEMM's problems plan to: the right layout per
@@ -993,6 +1026,7 @@ const th_test th_tests_conv2d[] = {
     {"bad_tensors", test_bad_tensors},
     {"plan_run", test_plan_run},
     {"gpu_cases", test_gpu_cases},
+    {"gpu_pingpong", test_gpu_pingpong},
     {"gpu_plan", test_gpu_plan},
     {"gpu_igemm_plan", test_gpu_igemm_plan},
     {"gpu_choices_same_bits", test_gpu_choices_same_bits},

@@ -1437,22 +1437,19 @@ static void test_gpu_sm90_layouts(void) {
         s.desc.epilogue.act = si == 3 ? SMELT_ACT_GELU : si == 4 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
         if (!check(&s, 0, "sm90 layouts")) return;
       }
-  /* The ping-pong schedule (128 x 128, asked for) for RR and CR: each
-   * consumer's two 64-row halves of A are A's two MN-major panels; ragged
-   * edges, more K steps than stages with a consumer skipping laps of the
-   * ring (k 520), f32 and 16-bit D (the only epilogue it has: no C). */
+  /* The ping-pong schedule (128 x 128, asked for) for RR (B MN-major):
+   * ragged edges, more K steps than stages with a consumer skipping laps
+   * of the ring (k 520), f32 and 16-bit D (the only epilogue it has: no C). */
   static const int64_t pshapes[][3] = {{60, 136, 100}, {1003, 1000, 333}, {1300, 3300, 520}};
-  for (int l = 0; l < 2; l++)
-    for (int si = 0; si < 3; si++) {
-      const smelt_dtype dt = (l + si) % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-      gspec s = spec(dt, dt, si == 0 ? SMELT_DTYPE_F32 : dt, pshapes[si][0], pshapes[si][1], pshapes[si][2]);
-      s.a_col = l == 1;
-      s.ld16 = 1;
-      s.desc.tile.m = s.desc.tile.n = 128;
-      s.has_bias = si != 1;
-      s.desc.epilogue.act = si == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
-      if (!check(&s, 0, "sm90 ping-pong layouts")) return;
-    }
+  for (int si = 0; si < 3; si++) {
+    const smelt_dtype dt = si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
+    gspec s = spec(dt, dt, si == 0 ? SMELT_DTYPE_F32 : dt, pshapes[si][0], pshapes[si][1], pshapes[si][2]);
+    s.ld16 = 1;
+    s.desc.tile.m = s.desc.tile.n = 128;
+    s.has_bias = si != 1;
+    s.desc.epilogue.act = si == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
+    if (!check(&s, 0, "sm90 ping-pong layouts")) return;
+  }
 }
 
 /* Batched on the Hopper kernel (3-D maps, tiles entry by entry): each
@@ -1690,8 +1687,8 @@ static void test_selector(void) {
         g.b_mn = l != 1;
         g.m = skinny ? 64 : 8192;
         CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), names[l][skinny]));
-        /* RR and CR have the ping-pong kernel when its tile is asked for. */
-        if (l != 1 && !skinny) {
+        /* RR has the ping-pong kernel when its tile is asked for. */
+        if (l == 0 && !skinny) {
           st.desc.tile.m = st.desc.tile.n = 128;
           CHECK(strstr(pick_name(&st, &g, 9, 0, &s), "_128x128x64_s6_pp") != NULL);
           st.desc.tile.m = st.desc.tile.n = 0;
@@ -1701,8 +1698,34 @@ static void test_selector(void) {
         CHECK(!strncmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm80_", 10));
       }
   }
-  /* The ping-pong kernel only when its tile is asked for (it ran behind
-   * the cooperative one, GELU included), and only with a D its fast
+  /* Short K (<= 1024) with at least an SM's worth of 128 x 128 tiles takes
+   * the ping-pong kernel, RC and RR (not CR, where it ran slower), plain
+   * and grouped by the host; K 2048 the cooperative one. */
+  {
+    smelt__gemm_facts g = f;
+    g.m = 4096;
+    g.n = 14336;
+    g.k = 1024;
+    CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x128x64_s6_pp"));
+    g.b_k = 0;
+    g.b_mn = 1;
+    CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RR_128x128x64_s6_pp"));
+    g.a_k = 0;
+    g.a_mn = 1;
+    CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_CR_128x256x64_s4"));
+    g = f;
+    g.m = 4096;
+    g.n = 14336;
+    g.k = 2048;
+    CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));
+    g.k = 1024;
+    g.m = 512; /* 448 tiles of 128 x 128 */
+    CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x128x64_s6_pp"));
+    g.m = 128; /* 112: fewer than the SMs */
+    CHECK(strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x128x64_s6_pp") != 0);
+  }
+  /* Otherwise the ping-pong kernel only when its tile is asked for (it ran
+   * behind the cooperative one, GELU included), and only with a D its fast
    * epilogue writes (else the 128 x 128 mma.sync tile). */
   st.desc.epilogue.act = SMELT_ACT_GELU;
   CHECK(!strcmp(pick_name(&st, &f, 9, 0, &s), "gemm_sm90_bf16_RC_128x256x64_s4"));

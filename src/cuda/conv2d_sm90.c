@@ -55,7 +55,7 @@ _Static_assert(sizeof(smelt__conv9_kphase) == 56 && sizeof(smelt__conv9_kgeom) =
  * and 0.66 of their rate.) */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
-  int consumers, bn, stages, gather, rowmap;
+  int consumers, bn, stages, gather, rowmap, pp;
 } conv9_variant;
 
 enum {
@@ -68,7 +68,10 @@ enum {
   V_FPROP_WIDE,
   V_WGRAD_M64,
   V_DGRAD_PHASES,
-  V_DGRAD_PHASES_N64
+  V_DGRAD_PHASES_N64,
+  V_FPROP_PP,
+  V_DGRAD_PP,
+  V_DGRAD_PHASES_PP
 };
 static const conv9_variant variants[] = {
     [V_FPROP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0},        [V_FPROP_N64] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0},
@@ -77,6 +80,8 @@ static const conv9_variant variants[] = {
     [V_FPROP_WIDE] = {SMELT_CONV2D_FPROP, 2, 256, 4, 0},
     [V_WGRAD_M64] = {SMELT_CONV2D_WGRAD, 1, 128, 8, 0},    [V_DGRAD_PHASES] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1},
     [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1},
+    [V_FPROP_PP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0, 0, 1},   [V_DGRAD_PP] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 0, 1},
+    [V_DGRAD_PHASES_PP] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1, 1},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -86,7 +91,7 @@ static const char *const kind_tags[SMELT_CONV2D_KIND_COUNT] = {"fprop", "dgrad",
  * K-major for fprop (w), MN-major otherwise. */
 static smelt__gemm_kernel kernel_of(int tc, const conv9_variant *v) {
   return smelt__gemm_sm90_kernel(tc, v->consumers, v->bn, v->stages, v->kind != SMELT_CONV2D_WGRAD,
-                                 v->kind == SMELT_CONV2D_FPROP);
+                                 v->kind == SMELT_CONV2D_FPROP, v->pp);
 }
 
 static void make_src(const smelt__gemm_kernel *k, const conv9_variant *v, smelt__kernel_src *src) {
@@ -340,12 +345,13 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
   else if (v == V_WGRAD && c.m <= 64)
     v = V_WGRAD_M64;
   /* Debugging: SMELT_CONV2D_TILE=BMxBN takes the kind's variant of that
-   * tile (the same gather or phases), SMELT_CONV2D_SPLITS=n that split. */
+   * tile (the same gather or phases; 128x128pp the ping-pong one),
+   * SMELT_CONV2D_SPLITS=n that split. */
   const char *tile = smelt__getenv("SMELT_CONV2D_TILE");
   for (int i = 0; tile && i < NVARIANTS; i++) {
     const conv9_variant *u = &variants[i], *o = &variants[v];
     char name[16];
-    snprintf(name, sizeof name, "%dx%d", 64 * u->consumers, u->bn);
+    snprintf(name, sizeof name, "%dx%d%s", 64 * u->consumers, u->bn, u->pp ? "pp" : "");
     if (u->kind == o->kind && u->gather == o->gather && u->rowmap == o->rowmap && !strcmp(name, tile)) v = i;
   }
   c.k = kernel_of(tc, &variants[v]);
@@ -357,6 +363,15 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
                    : st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL)
                                     : d->split_k_slices;
   if (forced && atoi(forced) >= 1 && atoi(forced) <= SMELT_GEMM_MAX_SPLIT_K) splits = atoi(forced);
+  /* A short K walk (at most 16 K steps) unsplit over at least an SM's
+   * worth of 128 x 128 tiles: the ping-pong schedule, whose consumers
+   * overlap one tile's epilogue with the other's main loop (the GEMM's
+   * rule, src/cuda/gemm_select.c); the split tail needs the cooperative. */
+  if (splits == 1 && ktiles <= 16 && tiles >= sms && !tile &&
+      (v == V_FPROP || v == V_DGRAD || v == V_DGRAD_PHASES)) {
+    v = v == V_FPROP ? V_FPROP_PP : v == V_DGRAD ? V_DGRAD_PP : V_DGRAD_PHASES_PP;
+    c.k = kernel_of(tc, &variants[v]);
+  }
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
   smelt__kernel_src src;

@@ -37,9 +37,11 @@ typedef struct smelt__gemm_kernel {
 #define SMELT__GEMM_MAX_KERNELS 128
 int smelt__gemm_table(smelt__gemm_kernel *out);
 /* A 16-bit Hopper kernel outside the table, 64 x consumers rows (1 or 2)
- * by bn (tc F16 or BF16, 1: K-major), its threads and shared memory laid
- * out as the table's (conv2d's implicit GEMM builds its variants on it). */
-smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int consumers, int bn, int stages, int a_kmajor, int b_kmajor);
+ * by bn (tc F16 or BF16, 1: K-major; pingpong 1: the ping-pong schedule,
+ * 2 consumers by 128), its threads and shared memory laid out as the
+ * table's (conv2d's implicit GEMM builds its variants on it). */
+smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int consumers, int bn, int stages, int a_kmajor, int b_kmajor,
+                                           int pingpong);
 /* The source of table entry k; "gemm_sm80_bf16_RC_128x128x32_s4" etc. */
 void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src);
 

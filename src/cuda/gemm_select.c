@@ -232,24 +232,24 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   tile pair = blk;
   pair.cluster_m = 2;
   add(out, &n, block_scaled(fp8(sm90(SMELT__TC_FP8, pair), f8[0], f8[0])));
-  /* The ping-pong schedule for the transposed layouts RR and CR (the
-   * backward's dX = dY W and dW = dY^T X), 16-bit types. Appended last, as
-   * the entries above. */
-  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    for (int ak = 1; ak >= 0; ak--) {
-      smelt__gemm_kernel k = sm90_layout(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}, ak, 0);
-      k.pingpong = 1;
-      add(out, &n, k);
-    }
+  /* The ping-pong schedule for RR (B MN-major: the backward's dX = dY W),
+   * 16-bit types, as the RC entries. Appended last, as the entries above. */
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
+    smelt__gemm_kernel k = sm90_layout(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}, 1, 0);
+    k.pingpong = 1;
+    add(out, &n, k);
+  }
   return n;
 }
 
-smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int consumers, int bn, int stages, int a_kmajor, int b_kmajor) {
-  smelt__gemm_kernel k[1];
+smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int consumers, int bn, int stages, int a_kmajor, int b_kmajor,
+                                           int pingpong) {
+  smelt__gemm_kernel k[1], t = sm90_layout(
+                               tc, (tile){.bm = 64 * consumers, .bn = bn, .bk = 64, .stages = stages, .wm = consumers},
+                               a_kmajor, b_kmajor);
   int n = 0;
-  add(k, &n,
-      sm90_layout(tc, (tile){.bm = 64 * consumers, .bn = bn, .bk = 64, .stages = stages, .wm = consumers}, a_kmajor,
-                  b_kmajor));
+  t.pingpong = pingpong;
+  add(k, &n, t);
   return k[0];
 }
 
@@ -581,20 +581,25 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * 128 x 64 tiles at 300). */
     const int pads_n = 3 * smelt__ceil_div(f->n, 256) * 256 >= 4 * smelt__ceil_div(f->n, 64) * 64;
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
-    /* The ping-pong kernel only when asked for (or timed by the autotuner):
-     * it ran behind the cooperative one, plain and with bias + GELU alike
+    /* Otherwise the ping-pong kernel only when asked for (or timed by the
+     * autotuner): at longer K it ran behind the cooperative one, plain and with bias + GELU alike
      * (docs/PERF.md, GEMM: decisions, third round). The cluster kernels
      * likewise: pairs sharing B matched it on plain squares and lost with
      * bias + GELU and on uneven groups; pairs and quads sharing A lost on
      * skinny M (docs/PERF.md, GEMM: decisions, fourth round). */
-    /* Host-grouped problems of short K (the weight gradients of MoE's
-     * experts: K is an expert's rows) take the ping-pong kernel when it
-     * fits: a tile's main loop is a few dozen K steps, and the cooperative
-     * kernel's epilogue, which the tensor cores wait through, is a tenth of
-     * it; in ping-pong one consumer's epilogue overlaps the other's main
-     * loop. */
+    /* Short K (at most 1024: 16 K steps a tile) takes the ping-pong
+     * kernel where one fits (A K-major: RC and RR; plain, or grouped by the
+     * host, whose first problem's K counts): the cooperative kernel's
+     * consumers run their epilogue together while the tensor cores wait,
+     * and with so few K steps that is a tenth of a tile's time, where in
+     * ping-pong one consumer's epilogue overlaps the other's main loop. On
+     * H100, RC and RR at K 1024 and 512 ran 8-12% faster on it (4096 x
+     * 14336 x 1024: 651 -> 718 TFLOP/s), at K 2048 12% slower; CR (A
+     * MN-major) ran slower on it at K 1024 (674 -> 565 TFLOP/s grouped),
+     * so it has no ping-pong kernel. */
     int want_pp = 0;
-    if (!asked && st->mode == SMELT_GEMM_MODE_GROUPED && f->k <= 2048)
+    if (!asked && (st->mode == SMELT_GEMM_MODE_PLAIN || st->mode == SMELT_GEMM_MODE_GROUPED) && f->k <= 1024 &&
+        smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * copies >= dev->sm_count)
       for (int i = 0; i < n && !want_pp; i++)
         want_pp = pingpong(&table[i]) && smelt__gemm_fits(&table[i], st, f);
     for (int i = 0; i < n; i++) {
