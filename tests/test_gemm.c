@@ -1723,6 +1723,10 @@ static void test_selector(void) {
     CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x128x64_s6_pp"));
     g.m = 128; /* 112: fewer than the SMs */
     CHECK(strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x128x64_s6_pp") != 0);
+    g.m = 802816; /* N 64 would leave half of each 128-wide tile empty */
+    g.n = 64;
+    g.k = 152;
+    CHECK(strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RC_128x128x64_s6_pp") != 0);
   }
   /* Otherwise the ping-pong kernel only when its tile is asked for (it ran
    * behind the cooperative one, GELU included), and only with a D its fast

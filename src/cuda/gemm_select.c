@@ -596,10 +596,13 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * H100, RC and RR at K 1024 and 512 ran 8-12% faster on it (4096 x
      * 14336 x 1024: 651 -> 718 TFLOP/s), at K 2048 12% slower; CR (A
      * MN-major) ran slower on it at K 1024 (674 -> 565 TFLOP/s grouped),
-     * so it has no ping-pong kernel. */
+     * so it has no ping-pong kernel. Not where its 128 columns pad N by a
+     * third more than 64-wide tiles (N 64, 192: ResNet's stem as im2col,
+     * N 64 and K 152, fell from 26.4 to 24.9 TFLOP/s on it). */
     int want_pp = 0;
+    const int pp_pads_n = 3 * smelt__ceil_div(f->n, 128) * 128 >= 4 * smelt__ceil_div(f->n, 64) * 64;
     if (!asked && (st->mode == SMELT_GEMM_MODE_PLAIN || st->mode == SMELT_GEMM_MODE_GROUPED) && f->k <= 1024 &&
-        smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * copies >= dev->sm_count)
+        !pp_pads_n && smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * copies >= dev->sm_count)
       for (int i = 0; i < n && !want_pp; i++)
         want_pp = pingpong(&table[i]) && smelt__gemm_fits(&table[i], st, f);
     for (int i = 0; i < n; i++) {
