@@ -558,15 +558,16 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
 #if PINGPONG
   (void)c;
 #pragma unroll
-  for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      /* Half h of A: rows 64h.. of a K-major tile, or its panel h. */
-      const u64 da = (A_MN ? desc_mnmajor(stage + h * PANEL_BYTES) : wgmma_desc_kmajor(stage + h * (64 * 128))) +
-                     A_STEP * kk;
-      if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
-      else wgmma_step(d + 64 * h, da, db + B_STEP * kk);
-    }
+  for (int i = 0; i < 8; i++) {
+    /* MN-major A: a half's four K steps in a row (its panel's rows of K
+     * one after the other); K-major: both halves at each K step. */
+    const int kk = A_MN ? i % 4 : i / 2, h = A_MN ? i / 4 : i % 2;
+    /* Half h of A: rows 64h.. of a K-major tile, or its panel h. */
+    const u64 da = (A_MN ? desc_mnmajor(stage + h * PANEL_BYTES) : wgmma_desc_kmajor(stage + h * (64 * 128))) +
+                   A_STEP * kk;
+    if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
+    else wgmma_step(d + 64 * h, da, db + B_STEP * kk);
+  }
 #else
   /* Consumer c's 64 rows of A: rows 64c.. of a K-major tile, or its panel c. */
   const u64 da = A_MN ? desc_mnmajor(stage + c * PANEL_BYTES) : wgmma_desc_kmajor(stage + c * (64 * 128));

@@ -1437,17 +1437,20 @@ static void test_gpu_sm90_layouts(void) {
         s.desc.epilogue.act = si == 3 ? SMELT_ACT_GELU : si == 4 ? SMELT_ACT_SILU : SMELT_ACT_IDENTITY;
         if (!check(&s, 0, "sm90 layouts")) return;
       }
-  /* The ping-pong schedule (128 x 128, asked for) for RR (B MN-major):
-   * ragged edges, more K steps than stages with a consumer skipping laps
-   * of the ring (k 520), f32 and 16-bit D (the only epilogue it has: no C). */
+  /* The ping-pong schedule (128 x 128, asked for) for RR and CR (B
+   * MN-major; CR's A halves its two MN-major panels): ragged edges, more K
+   * steps than stages with a consumer skipping laps of the ring (k 520),
+   * f32 and 16-bit D (the only epilogue it has: no C). */
   static const int64_t pshapes[][3] = {{60, 136, 100}, {1003, 1000, 333}, {1300, 3300, 520}};
-  for (int si = 0; si < 3; si++) {
+  for (int si = 0; si < 6; si++) {
     const smelt_dtype dt = si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-    gspec s = spec(dt, dt, si == 0 ? SMELT_DTYPE_F32 : dt, pshapes[si][0], pshapes[si][1], pshapes[si][2]);
+    gspec s = spec(dt, dt, si % 3 == 0 ? SMELT_DTYPE_F32 : dt, pshapes[si % 3][0], pshapes[si % 3][1],
+                   pshapes[si % 3][2]);
+    s.a_col = si >= 3;
     s.ld16 = 1;
     s.desc.tile.m = s.desc.tile.n = 128;
-    s.has_bias = si != 1;
-    s.desc.epilogue.act = si == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
+    s.has_bias = si % 3 != 1;
+    s.desc.epilogue.act = si % 3 == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
     if (!check(&s, 0, "sm90 ping-pong layouts")) return;
   }
 }

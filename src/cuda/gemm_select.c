@@ -234,11 +234,12 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   add(out, &n, block_scaled(fp8(sm90(SMELT__TC_FP8, pair), f8[0], f8[0])));
   /* The ping-pong schedule for RR (B MN-major: the backward's dX = dY W),
    * 16-bit types, as the RC entries. Appended last, as the entries above. */
-  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
-    smelt__gemm_kernel k = sm90_layout(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}, 1, 0);
-    k.pingpong = 1;
-    add(out, &n, k);
-  }
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    for (int ak = 1; ak >= 0; ak--) {
+      smelt__gemm_kernel k = sm90_layout(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}, ak, 0);
+      k.pingpong = 1;
+      add(out, &n, k);
+    }
   return n;
 }
 
@@ -604,7 +605,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
     if (!asked && (st->mode == SMELT_GEMM_MODE_PLAIN || st->mode == SMELT_GEMM_MODE_GROUPED) && f->k <= 1024 &&
         !pp_pads_n && smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * copies >= dev->sm_count)
       for (int i = 0; i < n && !want_pp; i++)
-        want_pp = pingpong(&table[i]) && smelt__gemm_fits(&table[i], st, f);
+        want_pp = pingpong(&table[i]) && table[i].a_kmajor && smelt__gemm_fits(&table[i], st, f);
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
