@@ -1690,8 +1690,8 @@ static void test_selector(void) {
         g.b_mn = l != 1;
         g.m = skinny ? 64 : 8192;
         CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), names[l][skinny]));
-        /* RR has the ping-pong kernel when its tile is asked for. */
-        if (l == 0 && !skinny) {
+        /* RR and CR have the ping-pong kernel when its tile is asked for. */
+        if (l != 1 && !skinny) {
           st.desc.tile.m = st.desc.tile.n = 128;
           CHECK(strstr(pick_name(&st, &g, 9, 0, &s), "_128x128x64_s6_pp") != NULL);
           st.desc.tile.m = st.desc.tile.n = 0;
@@ -1702,8 +1702,8 @@ static void test_selector(void) {
       }
   }
   /* Short K (<= 1024) with at least an SM's worth of 128 x 128 tiles takes
-   * the ping-pong kernel, RC and RR (not CR, where it ran slower), plain
-   * and grouped by the host; K 2048 the cooperative one. */
+   * the ping-pong kernel in plain runs, every layout that has it (RC, RR,
+   * CR); grouped runs and K 2048 the cooperative one. */
   {
     smelt__gemm_facts g = f;
     g.m = 4096;
@@ -1715,7 +1715,11 @@ static void test_selector(void) {
     CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_RR_128x128x64_s6_pp"));
     g.a_k = 0;
     g.a_mn = 1;
-    CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_CR_128x256x64_s4"));
+    CHECK(!strcmp(pick_name(&st, &g, 9, 0, &s), "gemm_sm90_bf16_CR_128x128x64_s6_pp"));
+    smelt__gemm_state gs = st;
+    gs.mode = SMELT_GEMM_MODE_GROUPED;
+    g.batch = 8;
+    CHECK(!strcmp(pick_name(&gs, &g, 9, 0, &s), "gemm_sm90_bf16_CR_128x256x64_s4"));
     g = f;
     g.m = 4096;
     g.n = 14336;

@@ -232,8 +232,9 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
   tile pair = blk;
   pair.cluster_m = 2;
   add(out, &n, block_scaled(fp8(sm90(SMELT__TC_FP8, pair), f8[0], f8[0])));
-  /* The ping-pong schedule for RR (B MN-major: the backward's dX = dY W),
-   * 16-bit types, as the RC entries. Appended last, as the entries above. */
+  /* The ping-pong schedule for RR and CR (B MN-major: the backward's dX =
+   * dY W and dW = dY^T X), 16-bit types, as the RC entries. Appended last,
+   * as the entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
     for (int ak = 1; ak >= 0; ak--) {
       smelt__gemm_kernel k = sm90_layout(tc, (tile){.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 2}, ak, 0);
@@ -589,23 +590,23 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * bias + GELU and on uneven groups; pairs and quads sharing A lost on
      * skinny M (docs/PERF.md, GEMM: decisions, fourth round). */
     /* Short K (at most 1024: 16 K steps a tile) takes the ping-pong
-     * kernel where one fits (A K-major: RC and RR; plain, or grouped by the
-     * host, whose first problem's K counts): the cooperative kernel's
-     * consumers run their epilogue together while the tensor cores wait,
-     * and with so few K steps that is a tenth of a tile's time, where in
-     * ping-pong one consumer's epilogue overlaps the other's main loop. On
-     * H100, RC and RR at K 1024 and 512 ran 8-12% faster on it (4096 x
-     * 14336 x 1024: 651 -> 718 TFLOP/s), at K 2048 12% slower; CR (A
-     * MN-major) ran slower on it at K 1024 (674 -> 565 TFLOP/s grouped),
-     * so it has no ping-pong kernel. Not where its 128 columns pad N by a
-     * third more than 64-wide tiles (N 64, 192: ResNet's stem as im2col,
-     * N 64 and K 152, fell from 26.4 to 24.9 TFLOP/s on it). */
+     * kernel in plain runs: the cooperative kernel's consumers run their
+     * epilogue together while the tensor cores wait, and with so few K
+     * steps that is a tenth of a tile's time, where in ping-pong one
+     * consumer's epilogue overlaps the other's main loop. On H100, RC and RR
+     * at K 1024 and 512 ran 8-12% faster on it (4096 x 14336 x 1024: 651 ->
+     * 718 TFLOP/s), CR 640 -> 679 at 8192^2 x 1024; at K 2048 it lost 12%
+     * (a third more L2 -> SM bytes per MAC). Grouped runs stay cooperative:
+     * CR grouped 8 x 4096 x 14336 x 1024 (MoE's weight gradients) lost on it
+     * (662 -> 600). Not where its 128 columns pad N by a third more than
+     * 64-wide tiles (N 64, 192: ResNet's stem as im2col, N 64 and K 152,
+     * fell from 26.4 to 24.9 TFLOP/s on it). */
     int want_pp = 0;
     const int pp_pads_n = 3 * smelt__ceil_div(f->n, 128) * 128 >= 4 * smelt__ceil_div(f->n, 64) * 64;
-    if (!asked && (st->mode == SMELT_GEMM_MODE_PLAIN || st->mode == SMELT_GEMM_MODE_GROUPED) && f->k <= 1024 &&
-        !pp_pads_n && smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) * copies >= dev->sm_count)
+    if (!asked && st->mode == SMELT_GEMM_MODE_PLAIN && f->k <= 1024 && !pp_pads_n &&
+        smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) >= dev->sm_count)
       for (int i = 0; i < n && !want_pp; i++)
-        want_pp = pingpong(&table[i]) && table[i].a_kmajor && smelt__gemm_fits(&table[i], st, f);
+        want_pp = pingpong(&table[i]) && smelt__gemm_fits(&table[i], st, f);
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
