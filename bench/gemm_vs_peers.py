@@ -137,6 +137,9 @@ CASES = [
       for lay in ("RR", "CR", "CC") for dt in ("bf16", "f16") for s in (4096, 8192)],
     *[layout_case("bf16", m, n, k, lay) for lay in ("RR", "CR")
       for (m, n, k) in ((4096, 14336, 4096), (14336, 4096, 4096))],
+    # Short K (the ping-pong kernel's rule: K <= 1024).
+    *[layout_case("bf16", m, n, k, lay) for lay in ("RC", "RR", "CR")
+      for (m, n, k) in ((4096, 14336, 1024), (8192, 8192, 512))],
     # Ragged: no dimension a multiple of the tile; odd K (rows not 16-byte
     # aligned: cuBLAS falls to a fifth of its peak; the bar is smelt's own
     # 4096^3 throughput, read from the rows).
