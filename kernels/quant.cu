@@ -104,6 +104,57 @@ static __device__ __forceinline__ void load16(const elem_t *x, i64 r, i64 c0, i6
   for (int i = 0; i < EPL; i++) v[i] = c0 + i < cols ? load_x(row[(c0 + i) * xcs]) : 0.0f;
 }
 
+#define WPL (EPL * (int)sizeof(elem_t) / 4) /* 32-bit words a lane's 16 elements take */
+
+/* A chunk past the row's end or of a row past the last: 0 bits, which
+ * leave the amax at +0 and are never encoded. */
+static __device__ __forceinline__ void zero16w(u32 w[WPL]) {
+#pragma unroll
+  for (int i = 0; i < WPL; i++) w[i] = 0u;
+}
+
+/* Lane's 16 elements of a row from column c0 as their raw bits (0 past the
+ * row's end): two to a word for f16 and bf16, one for f32. quant_row and
+ * quant_tile hold these words from the amax to the codes rather than the
+ * f32 values: half the registers for 16-bit x, so more CTAs fit an SM and
+ * more bytes are in flight while others reduce and store. */
+static __device__ __forceinline__ void load16w(const elem_t *row, i64 c0, i64 cols, i64 xcs, int xvec, u32 w[WPL]) {
+  if (xvec && c0 + EPL <= cols) {
+    const uint4 *p = (const uint4 *)(row + c0);
+#pragma unroll
+    for (int i = 0; i < WPL / 4; i++) {
+      const uint4 u = p[i];
+      w[4 * i] = u.x;
+      w[4 * i + 1] = u.y;
+      w[4 * i + 2] = u.z;
+      w[4 * i + 3] = u.w;
+    }
+    return;
+  }
+  zero16w(w);
+#pragma unroll
+  for (int i = 0; i < EPL; i++)
+    if (c0 + i < cols) {
+#if SMELT_DT == SMELT_DT_F32
+      w[i] = __float_as_uint(row[(c0 + i) * xcs]);
+#else
+      w[i / 2] |= (u32)row[(c0 + i) * xcs] << (16 * (i % 2));
+#endif
+    }
+}
+
+/* The f32 values of load16w's words (0 bits are 0.0f). */
+static __device__ __forceinline__ void unpack16(const u32 w[WPL], float v[EPL]) {
+#pragma unroll
+  for (int i = 0; i < EPL; i++) {
+#if SMELT_DT == SMELT_DT_F32
+    v[i] = __uint_as_float(w[i]);
+#else
+    v[i] = load_x((elem_t)(w[i / 2] >> (16 * (i % 2))));
+#endif
+  }
+}
+
 /* Lane's codes stored from column c0 (nothing past the row's end; NVFP4's
  * odd tail gets a high nibble of 0, the code of the 0 loaded there). */
 static __device__ __forceinline__ void store16(unsigned char *q, i64 r, i64 c0, i64 cols, i64 qrs, int qvec,
@@ -142,6 +193,34 @@ static __device__ __forceinline__ float amax16(float m, const float v[EPL]) {
   return m;
 }
 
+/* amax16 of load16w's words, kept as bits: for f16 and bf16 |x| is the
+ * word's halves without their signs and max.{f16,bf16}x2 (sm_80) picks the
+ * larger exactly, or the other operand where one is NaN (m starts at +0
+ * and is never NaN), as smelt_q_amax does; amax_f32 gives the f32. Not
+ * converting here also keeps the compiler from sharing the conversions
+ * with encode16w's and so holding the f32 values after all. */
+static __device__ __forceinline__ u32 amax16w(u32 m, const u32 w[WPL]) {
+#pragma unroll
+  for (int i = 0; i < WPL; i++) {
+#if SMELT_DT == SMELT_DT_F32
+    m = __float_as_uint(smelt_q_amax(__uint_as_float(m), __uint_as_float(w[i])));
+#elif SMELT_DT == SMELT_DT_BF16
+    asm("max.bf16x2 %0, %0, %1;" : "+r"(m) : "r"(w[i] & 0x7fff7fffu));
+#else
+    asm("max.f16x2 %0, %0, %1;" : "+r"(m) : "r"(w[i] & 0x7fff7fffu));
+#endif
+  }
+  return m;
+}
+
+static __device__ __forceinline__ float amax_f32(u32 m) {
+#if SMELT_DT == SMELT_DT_F32
+  return __uint_as_float(m);
+#else
+  return smelt_q_amax(load_elem((elem_t)m), load_elem((elem_t)(m >> 16)));
+#endif
+}
+
 /* The maximum over `lanes` neighbouring lanes (a power of two). */
 static __device__ __forceinline__ float amax_lanes(float m, int lanes) {
   for (int o = 1; o < lanes; o <<= 1) m = smelt_q_amax(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -161,6 +240,31 @@ static __device__ __forceinline__ void encode16(const float v[EPL], float s, u32
     code[i] = smelt_q_fp8_elem(v[i], s, SMELT_QFMT);
 #endif
   }
+}
+
+/* quant_row's and quant_tile's FP8 codes of load16w's words under the f32
+ * scale s, packed four to a word as they go (the words store16 would make):
+ * 4 registers live rather than 16 codes across encode's division calls. */
+static __device__ __forceinline__ void encode16w(const u32 w[WPL], float s, u32 p[4]) {
+  float v[EPL];
+  unpack16(w, v);
+#pragma unroll
+  for (int i = 0; i < 4; i++) p[i] = 0u;
+#pragma unroll
+  for (int i = 0; i < EPL; i++) p[i / 4] |= smelt_q_fp8_elem(v[i], s, SMELT_QFMT) << (8 * (i % 4));
+}
+
+/* store16 of encode16w's words. */
+static __device__ __forceinline__ void store16p(unsigned char *q, i64 r, i64 c0, i64 cols, i64 qrs, int qvec,
+                                                const u32 p[4]) {
+  unsigned char *row = q + r * qrs + c0;
+  if (qvec && c0 + EPL <= cols) {
+    *(uint4 *)row = make_uint4(p[0], p[1], p[2], p[3]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < EPL; i++)
+    if (c0 + i < cols) row[i] = (unsigned char)(p[i / 4] >> (8 * (i % 4)));
 }
 
 static __device__ __forceinline__ i64 warp_id() { return (i64)blockIdx.x * (BLOCK / 32) + threadIdx.x / 32; }
@@ -202,7 +306,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK) quant_seg(QUANT_PARAMS) {
 
 /* The maximum over the `lanes` (a power of two, up to BLOCK) threads that
  * share a row or a block: the warp's, then through red across the warps
- * of the group. Every thread of the CTA calls it. */
+ * of the group. Every thread of the CTA calls it, passing red[pass] with
+ * pass alternating 0 and 1: a pass's red is refilled two passes on, after
+ * every thread has passed the next pass's barrier and so done reading it,
+ * so one barrier a pass suffices. */
 static __device__ __forceinline__ float amax_group(float m, int lanes, float *red) {
   m = amax_lanes(m, lanes < 32 ? lanes : 32);
   if (lanes <= 32) return m;
@@ -210,82 +317,105 @@ static __device__ __forceinline__ float amax_group(float m, int lanes, float *re
   if (threadIdx.x % 32 == 0) red[warp] = m;
   __syncthreads();
   for (int w = first; w < first + lanes / 32; w++) m = smelt_q_amax(m, red[w]);
-  __syncthreads(); /* red is refilled by the next pass */
   return m;
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK) quant_row(QUANT_PARAMS, int tpr) {
-  __shared__ float red[BLOCK / 32];
+/* quant_row and quant_tile: each thread loads its HOLD chunks before it
+ * uses any (a chunk's amax right after its load waited out each load in
+ * turn: 32 bytes a thread in flight, not 128), holds them as load16w's
+ * words (32 registers for f16 and bf16, not 64 of f32) and so fits
+ * ROW_CTAS and TILE_CTAS CTAs an SM, not 2: one CTA's loads overlap the
+ * others' reductions and stores. quant_row does not fit 64 registers
+ * without spilling (its run-time tpr and its long-row loops), quant_tile
+ * does. f32 x holds 64 registers of words and keeps 2 CTAs. op_quant.c
+ * sizes the grid to what is resident. */
+#if SMELT_DT == SMELT_DT_F32
+#define ROW_CTAS 2
+#define TILE_CTAS 2
+#else
+#define ROW_CTAS 3
+#define TILE_CTAS 4
+#endif
+
+/* Each is compiled only into the modules op_quant.c runs it from. */
+#if SMELT_QKIND == QK_ROW
+extern "C" __global__ void __launch_bounds__(BLOCK, ROW_CTAS) quant_row(QUANT_PARAMS, int tpr) {
+  __shared__ float red[2][BLOCK / 32];
   const int lt = threadIdx.x % tpr, rpc = BLOCK / tpr;
   const i64 step = (i64)tpr * EPL;
-  for (i64 r0 = (i64)blockIdx.x * rpc; r0 < rows; r0 += (i64)gridDim.x * rpc) {
+  int pass = 0;
+  for (i64 r0 = (i64)blockIdx.x * rpc; r0 < rows; r0 += (i64)gridDim.x * rpc, pass ^= 1) {
     const i64 r = r0 + threadIdx.x / tpr;
     const int live = r < rows;
-    float v[HOLD][EPL], m = 0.0f;
-    u32 code[EPL];
+    u32 v[HOLD][WPL], m = 0u, code[4];
+    /* The amax of the chunks past those held (rows longer than BLOCK
+     * threads hold) first, while nothing is held; read again below. */
+    for (i64 c0 = HOLD * step + (i64)lt * EPL; live && c0 < cols; c0 += step) {
+      u32 w[WPL];
+      load16w(x + r * xrs, c0, cols, xcs, xvec, w);
+      m = amax16w(m, w);
+    }
 #pragma unroll
     for (int j = 0; j < HOLD; j++) {
       const i64 c0 = j * step + (i64)lt * EPL;
-      if (live && c0 < cols) {
-        load16(x, r, c0, cols, xrs, xcs, xvec, v[j]);
-        m = amax16(m, v[j]);
-      }
+      if (live && c0 < cols) load16w(x + r * xrs, c0, cols, xcs, xvec, v[j]);
+      else zero16w(v[j]);
     }
-    for (i64 c0 = HOLD * step + (i64)lt * EPL; live && c0 < cols; c0 += step) {
-      float w[EPL];
-      load16(x, r, c0, cols, xrs, xcs, xvec, w);
-      m = amax16(m, w);
-    }
-    const float s = smelt_q_fp8_scale(amax_group(m, tpr, red), SMELT_QFMT);
+#pragma unroll
+    for (int j = 0; j < HOLD; j++) m = amax16w(m, v[j]);
+    const float s = smelt_q_fp8_scale(amax_group(amax_f32(m), tpr, red[pass]), SMELT_QFMT);
     if (!live) continue;
     if (lt == 0) ((float *)scale)[r * srs] = s;
 #pragma unroll
     for (int j = 0; j < HOLD; j++) {
       const i64 c0 = j * step + (i64)lt * EPL;
       if (c0 >= cols) break;
-      encode16(v[j], s, 0u, code);
-      store16(q, r, c0, cols, qrs, qvec, code);
+      encode16w(v[j], s, code);
+      store16p(q, r, c0, cols, qrs, qvec, code);
     }
     for (i64 c0 = HOLD * step + (i64)lt * EPL; c0 < cols; c0 += step) {
-      float w[EPL];
-      load16(x, r, c0, cols, xrs, xcs, xvec, w);
-      encode16(w, s, 0u, code);
-      store16(q, r, c0, cols, qrs, qvec, code);
+      u32 w[WPL];
+      load16w(x + r * xrs, c0, cols, xcs, xvec, w);
+      encode16w(w, s, code);
+      store16p(q, r, c0, cols, qrs, qvec, code);
     }
   }
 }
+#endif
 
+#if SMELT_QKIND == QK_128X128
 /* quant_tile: 4 rows of a 128-wide block per warp pass, 8 lanes a row,
  * the block's 4 passes held. */
-extern "C" __global__ void __launch_bounds__(BLOCK) quant_tile(QUANT_PARAMS) {
-  __shared__ float red[BLOCK / 32];
+extern "C" __global__ void __launch_bounds__(BLOCK, TILE_CTAS) quant_tile(QUANT_PARAMS) {
+  __shared__ float red[2][BLOCK / 32];
   static_assert(HOLD == 128 / (BLOCK / 8), "a thread holds its rows of the block");
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const i64 sr = (rows + 127) / 128, sc = (cols + 127) / 128;
-  for (i64 b = blockIdx.x; b < sr * sc; b += gridDim.x) {
+  int pass = 0;
+  for (i64 b = blockIdx.x; b < sr * sc; b += gridDim.x, pass ^= 1) {
     const i64 r0 = (b / sc) * 128, c0 = (b % sc) * 128 + (lane % 8) * EPL;
-    float v[HOLD][EPL], m = 0.0f;
-    u32 code[EPL];
+    u32 v[HOLD][WPL], m = 0u, code[4];
 #pragma unroll
     for (int j = 0; j < HOLD; j++) {
       const i64 r = r0 + warp * 4 + lane / 8 + 32 * j;
-      if (r < rows && c0 < cols) {
-        load16(x, r, c0, cols, xrs, xcs, xvec, v[j]);
-        m = amax16(m, v[j]);
-      }
+      if (r < rows && c0 < cols) load16w(x + r * xrs, c0, cols, xcs, xvec, v[j]);
+      else zero16w(v[j]);
     }
-    const float s = smelt_q_fp8_scale(amax_group(m, BLOCK, red), SMELT_QFMT);
+#pragma unroll
+    for (int j = 0; j < HOLD; j++) m = amax16w(m, v[j]);
+    const float s = smelt_q_fp8_scale(amax_group(amax_f32(m), BLOCK, red[pass]), SMELT_QFMT);
     if (threadIdx.x == 0) ((float *)scale)[(b / sc) * srs + (b % sc) * scs] = s;
 #pragma unroll
     for (int j = 0; j < HOLD; j++) {
       const i64 r = r0 + warp * 4 + lane / 8 + 32 * j;
       if (r < rows && c0 < cols) {
-        encode16(v[j], s, 0u, code);
-        store16(q, r, c0, cols, qrs, qvec, code);
+        encode16w(v[j], s, code);
+        store16p(q, r, c0, cols, qrs, qvec, code);
       }
     }
   }
 }
+#endif
 
 extern "C" __global__ void __launch_bounds__(BLOCK) quant_amax(QUANT_PARAMS) {
   const int lane = threadIdx.x & 31;

@@ -56,6 +56,18 @@ static const char *main_entry(smelt_quant_format f) {
 
 static int needs_amax(smelt_quant_format f) { return f == SMELT_QUANT_FP8_TENSOR || f == SMELT_QUANT_NVFP4; }
 
+/* The CTAs of BLOCK threads an SM holds at f's registers (64K an SM, given
+ * out 8 a thread at a time), at most BLOCKS_PER_SM. quant_row and
+ * quant_tile loop over their rows or blocks, so their grid is what is
+ * resident at once: BLOCKS_PER_SM CTAs an SM where 3 fit (quant_row) is
+ * 2.67 waves of equal CTAs, the last leaving a third of the slots idle. */
+static int resident_ctas(CUfunction f) {
+  int regs = 0;
+  if (smelt__cu(NULL)->cuFuncGetAttribute(&regs, SMELT__CU_FUNC_ATTR_NUM_REGS, f) || regs <= 0) return BLOCKS_PER_SM;
+  const int n = 65536 / ((regs + 7) / 8 * 8 * BLOCK);
+  return n < 1 ? 1 : n < BLOCKS_PER_SM ? n : BLOCKS_PER_SM;
+}
+
 static smelt_status plan_quant(smelt_plan *plan, const void *args) {
   (void)args;
   const smelt_quant_format f = smelt__quant_format_of(plan);
@@ -69,13 +81,17 @@ static smelt_status plan_quant(smelt_plan *plan, const void *args) {
     plan->func[i] = fn;
   }
   plan->block = BLOCK;
+  /* plan->variant: the main kernel's CTAs an SM for grid_for. */
+  plan->variant = f == SMELT_QUANT_FP8_ROW || f == SMELT_QUANT_FP8_128X128
+                      ? resident_ctas((CUfunction)plan->func[F_MAIN])
+                      : BLOCKS_PER_SM;
   snprintf(plan->describe, sizeof plan->describe, "%s (quant.cu, %s%s)", src.name, entry[0],
            needs_amax(f) ? " after the tensor amax" : "");
   return SMELT_OK;
 }
 
-static unsigned grid_for(const smelt_plan *plan, int64_t ctas) {
-  int64_t cap = (int64_t)plan->ctx->cuda->info.sm_count * BLOCKS_PER_SM;
+static unsigned grid_for(const smelt_plan *plan, int64_t ctas, int per_sm) {
+  int64_t cap = (int64_t)plan->ctx->cuda->info.sm_count * per_sm;
   if (ctas > cap) ctas = cap;
   return (unsigned)(ctas > 0 ? ctas : 1);
 }
@@ -131,15 +147,16 @@ static smelt_status run_quant(smelt_plan *plan, const void *args) {
     void *p0[] = {&a.slot, &zero}, *p1[] = {&a.slot, &one};
     if (!(s = smelt__cuda_launch(plan->ctx, "smelt_quantize", (CUfunction)plan->func[F_SCALAR], 1, 1, 1, 1, 0, p0)) &&
         !(s = smelt__cuda_launch(plan->ctx, "smelt_quantize", (CUfunction)plan->func[F_AMAX],
-                                 grid_for(plan, smelt__ceil_div(seg_warps, BLOCK / 32)), 1, 1, BLOCK, 0, params)))
+                                 grid_for(plan, smelt__ceil_div(seg_warps, BLOCK / 32), BLOCKS_PER_SM), 1, 1, BLOCK, 0,
+                                 params)))
       s = smelt__cuda_launch(plan->ctx, "smelt_quantize", (CUfunction)plan->func[F_SCALAR], 1, 1, 1, 1, 0, p1);
   }
   const int64_t ctas = f == SMELT_QUANT_FP8_ROW       ? smelt__ceil_div(a.rows, BLOCK / a.tpr)
                        : f == SMELT_QUANT_FP8_128X128 ? smelt__ceil_div(a.rows, 128) * smelt__ceil_div(a.cols, 128)
                                                       : smelt__ceil_div(seg_warps, BLOCK / 32);
   if (!s)
-    s = smelt__cuda_launch(plan->ctx, "smelt_quantize", (CUfunction)plan->func[F_MAIN], grid_for(plan, ctas), 1, 1,
-                           BLOCK, 0, params);
+    s = smelt__cuda_launch(plan->ctx, "smelt_quantize", (CUfunction)plan->func[F_MAIN],
+                           grid_for(plan, ctas, plan->variant), 1, 1, BLOCK, 0, params);
   smelt__nvtx_pop();
   return s;
 }
@@ -170,7 +187,8 @@ static smelt_status run_dequant(smelt_plan *plan, const void *args) {
   void *params[] = {&qp, &rows, &cols, &qrs, &sp, &srs, &scs, &tp, &yp, &yrs, &ycs, &ybf16};
   smelt__nvtx_push("smelt_dequantize");
   smelt_status s = smelt__cuda_launch(plan->ctx, "smelt_dequantize", (CUfunction)plan->func[0],
-                                      grid_for(plan, smelt__ceil_div(n, BLOCK)), 1, 1, BLOCK, 0, params);
+                                      grid_for(plan, smelt__ceil_div(n, BLOCK), BLOCKS_PER_SM), 1, 1, BLOCK, 0,
+                                      params);
   smelt__nvtx_pop();
   return s;
 }
