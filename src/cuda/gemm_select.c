@@ -28,7 +28,9 @@
  *   the SMs busy, else (16-bit types) 128 x 64 tiles, or 64 x 64 tiles
  *   (one consumer warpgroup) when M <= 64 or the 128 x 64 ones would leave
  *   at least half the SMs idle; 64 x 128 tiles when asked for; its 128 x 128
- *   ping-pong schedule only when the description asks for that tile, and
+ *   ping-pong schedule (RC, RR, CR) for plain runs of K <= 1024 that fill
+ *   the SMs with such tiles (not padding N much), or when the description
+ *   asks for that tile; and
  *   its cluster variants (TMA multicast) only when it asks for a cluster;
  *   block-scaled fp8 (desc.scales BLOCK) only on Hopper's block-scaled
  *   kernel (128 x 128 tiles; its 2 x 1 cluster when asked for), in plain,
