@@ -207,9 +207,9 @@
 #if GEMM_CONSUMERS != 1 && GEMM_CONSUMERS != 2
 #error "gemm_sm90.cu needs GEMM_CONSUMERS 1 or 2"
 #endif
-#if GEMM_PINGPONG ? (GEMM_BN != 128 || GEMM_CONSUMERS != 2)                                                         \
+#if GEMM_PINGPONG ? ((GEMM_BN != 128 && GEMM_BN != 64) || GEMM_CONSUMERS != 2)                                    \
                   : (!defined(GEMM_BN) || (GEMM_BN != 256 && GEMM_BN != 128 && GEMM_BN != 64))
-#error "gemm_sm90.cu needs GEMM_BN 256, 128 or 64 (cooperative) or 128 with two consumers (GEMM_PINGPONG 1)"
+#error "gemm_sm90.cu needs GEMM_BN 256, 128 or 64 (cooperative) or 128 or 64 with two consumers (GEMM_PINGPONG 1)"
 #endif
 #define PINGPONG GEMM_PINGPONG
 #if !defined(GEMM_CLUSTER_M)
@@ -247,8 +247,9 @@
 #define BM (64 * CONSUMERS)
 #define BN GEMM_BN
 /* Accumulators per consumer thread: its 64 x BN rows of the tile
- * (cooperative) or its whole 128 x 128 tile (ping-pong). */
-#define ACCS (PINGPONG ? 128 : BN / 2)
+ * (cooperative) or its whole 128 x BN tile (ping-pong: the two 64-row
+ * halves BN / 2 apart). */
+#define ACCS (PINGPONG ? BN : BN / 2)
 #define BK (128 / AB_SIZE) /* elements: one 128-byte swizzle row of K */
 #define THREADS (128 * (CONSUMERS + 1))
 #define A_BYTES (BM * 128)
@@ -565,8 +566,8 @@ static __device__ __forceinline__ void mma_stage(float *d, u32 stage, int c, int
     /* Half h of A: rows 64h.. of a K-major tile, or its panel h. */
     const u64 da = (A_MN ? desc_mnmajor(stage + h * PANEL_BYTES) : wgmma_desc_kmajor(stage + h * (64 * 128))) +
                    A_STEP * kk;
-    if (first && kk == 0) wgmma_first(d + 64 * h, da, db);
-    else wgmma_step(d + 64 * h, da, db + B_STEP * kk);
+    if (first && kk == 0) wgmma_first(d + (BN / 2) * h, da, db);
+    else wgmma_step(d + (BN / 2) * h, da, db + B_STEP * kk);
   }
 #else
   /* Consumer c's 64 rows of A: rows 64c.. of a K-major tile, or its panel c. */

@@ -835,9 +835,10 @@ static const ccase *case_named(const char *name) {
 }
 
 /* The ping-pong schedule of the Hopper implicit GEMM (fprop, dgrad, the
- * strided dgrad's phases), taken unasked only by problems of at least an
- * SM's worth of tiles, asked for here through the debug override on cases
- * of ragged tiles, short and long K walks and phases of unequal rows. */
+ * strided dgrad's phases; 128 x 128 and 128 x 64), taken unasked only by
+ * problems of at least an SM's worth of tiles, asked for here through the
+ * debug override on cases of ragged tiles, short and long K walks, phases
+ * of unequal rows and f32 dx. */
 static void test_gpu_pingpong(void) {
   smelt_ctx *cu = th_cuda();
   if (!cu) SKIP("no CUDA device");
@@ -845,9 +846,12 @@ static void test_gpu_pingpong(void) {
   static const char *const names[] = {"hopper fprop bf16 1x1 wide tiles", "hopper fprop f16 s2 d2 C=96 K=136",
                                       "hopper dgrad f16 1x1 wide tiles", "hopper dgrad bf16 d2 K=112 C=136",
                                       "hopper dgrad bf16 s2 phases", "hopper dgrad bf16 s3 d2 phases"};
-  setenv("SMELT_CONV2D_TILE", "128x128pp", 1);
-  for (size_t i = 0; i < sizeof names / sizeof *names && !th_failed_now; i++) {
-    const ccase *cs = case_named(names[i]);
+  static const char *const names64[] = {"hopper fprop bf16 1x1 C=128 -> f32", "hopper dgrad bf16 3x3 K=64",
+                                        "hopper dgrad f16 s2 phases uneven pads -> f32"};
+  const size_t n128 = sizeof names / sizeof *names, n = n128 + sizeof names64 / sizeof *names64;
+  for (size_t i = 0; i < n && !th_failed_now; i++) {
+    const ccase *cs = case_named(i < n128 ? names[i] : names64[i - n128]);
+    setenv("SMELT_CONV2D_TILE", i < n128 ? "128x128pp" : "128x64pp", 1);
     case_ops o, dev;
     case_ops_new(&o, cs);
     case_ops_clone(&dev, &o, cu);
@@ -856,7 +860,7 @@ static void test_gpu_pingpong(void) {
                        tc = opnd_tensor(&dev.c), td = opnd_tensor(&dev.out);
     smelt_plan *plan = NULL;
     CHECK_OK(smelt_conv2d_plan(cu, &d, &ta, &tb, d.epilogue.beta != 0 ? &tc : NULL, &td, NULL, &plan));
-    if (plan && !strstr(smelt_plan_describe(plan), "128x128x64_s6_pp_conv_"))
+    if (plan && !strstr(smelt_plan_describe(plan), i < n128 ? "128x128x64_s6_pp_conv_" : "128x64x64_s8_pp_conv_"))
       th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks the ping-pong kernel", cs->name,
               smelt_plan_describe(plan));
     smelt_plan_destroy(plan);

@@ -52,7 +52,8 @@ _Static_assert(sizeof(smelt__conv9_kphase) == 56 && sizeof(smelt__conv9_kgeom) =
  * and at 64 x 128 (eight; one consumer) for K <= 64 output channels, whose
  * 128-row tiles would be half zeros. (wgrad's 128 x 256 and 64 x 256 lost
  * to these on the ResNet layers on the H100, at their best split: 0.75-0.95
- * and 0.66 of their rate.) */
+ * and 0.66 of their rate.) fprop, dgrad and the phases have ping-pong twins
+ * at 128 x 128 and 128 x 64 for short K walks. */
 typedef struct conv9_variant {
   smelt_conv2d_kind kind;
   int consumers, bn, stages, gather, rowmap, pp;
@@ -71,7 +72,10 @@ enum {
   V_DGRAD_PHASES_N64,
   V_FPROP_PP,
   V_DGRAD_PP,
-  V_DGRAD_PHASES_PP
+  V_DGRAD_PHASES_PP,
+  V_FPROP_N64_PP,
+  V_DGRAD_N64_PP,
+  V_DGRAD_PHASES_N64_PP
 };
 static const conv9_variant variants[] = {
     [V_FPROP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0},        [V_FPROP_N64] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0},
@@ -82,6 +86,8 @@ static const conv9_variant variants[] = {
     [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1},
     [V_FPROP_PP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0, 0, 1},   [V_DGRAD_PP] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 0, 1},
     [V_DGRAD_PHASES_PP] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1, 1},
+    [V_FPROP_N64_PP] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0, 0, 1}, [V_DGRAD_N64_PP] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 0, 1},
+    [V_DGRAD_PHASES_N64_PP] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1, 1},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -344,6 +350,15 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
     v++;
   else if (v == V_WGRAD && c.m <= 64)
     v = V_WGRAD_M64;
+  /* The ping-pong variants have only the TMA-store epilogue: no C, D
+   * 16-bit or f32 in rows of whole 16-byte units (a run whose D is less
+   * aligned falls back, as for A and B), and no split. */
+  const smelt_tensor *dd = &t[SMELT__CONV2D_D];
+  const int64_t des = (int64_t)smelt_dtype_size(dd->dtype);
+  const int pp_d = !st->has_c &&
+                   (dd->dtype == SMELT_DTYPE_F32 || dd->dtype == SMELT_DTYPE_F16 || dd->dtype == SMELT_DTYPE_BF16) &&
+                   dd->strides[3] == 1 && (dd->strides[0] * des) % 16 == 0 && (dd->strides[1] * des) % 16 == 0 &&
+                   (dd->strides[2] * des) % 16 == 0 && (c.n * des) % 16 == 0;
   /* Debugging: SMELT_CONV2D_TILE=BMxBN takes the kind's variant of that
    * tile (the same gather or phases; 128x128pp the ping-pong one),
    * SMELT_CONV2D_SPLITS=n that split. */
@@ -352,7 +367,9 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
     const conv9_variant *u = &variants[i], *o = &variants[v];
     char name[16];
     snprintf(name, sizeof name, "%dx%d%s", 64 * u->consumers, u->bn, u->pp ? "pp" : "");
-    if (u->kind == o->kind && u->gather == o->gather && u->rowmap == o->rowmap && !strcmp(name, tile)) v = i;
+    if (u->kind == o->kind && u->gather == o->gather && u->rowmap == o->rowmap && (!u->pp || pp_d) &&
+        !strcmp(name, tile))
+      v = i;
   }
   c.k = kernel_of(tc, &variants[v]);
   const int64_t tiles = smelt__ceil_div(c.m, c.k.bm) * smelt__ceil_div(c.n, c.k.bn);
@@ -363,14 +380,25 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
                    : st->auto_split ? auto_splits(tiles, ktiles, c.m, c.n, sms, step_time(&variants[v]), NULL)
                                     : d->split_k_slices;
   if (forced && atoi(forced) >= 1 && atoi(forced) <= SMELT_GEMM_MAX_SPLIT_K) splits = atoi(forced);
+  if (variants[v].pp) splits = 1;
   /* A short K walk (at most 16 K steps) unsplit over at least an SM's
-   * worth of 128 x 128 tiles: the ping-pong schedule, whose consumers
-   * overlap one tile's epilogue with the other's main loop (the GEMM's
-   * rule, src/cuda/gemm_select.c); the split tail needs the cooperative. */
-  if (splits == 1 && ktiles <= 16 && tiles >= sms && !tile &&
-      (v == V_FPROP || v == V_DGRAD || v == V_DGRAD_PHASES)) {
-    v = v == V_FPROP ? V_FPROP_PP : v == V_DGRAD ? V_DGRAD_PP : V_DGRAD_PHASES_PP;
-    c.k = kernel_of(tc, &variants[v]);
+   * worth of tiles: the ping-pong schedule (128 x 128 or 128 x 64), whose
+   * consumers overlap one tile's epilogue with the other's main loop (the
+   * GEMM's rule, src/cuda/gemm_select.c); the split tail needs the
+   * cooperative kernel. */
+  if (splits == 1 && ktiles <= 16 && tiles >= sms && !tile && pp_d) {
+    static const int twin[][2] = {{V_FPROP, V_FPROP_PP},
+                                  {V_DGRAD, V_DGRAD_PP},
+                                  {V_DGRAD_PHASES, V_DGRAD_PHASES_PP},
+                                  {V_FPROP_N64, V_FPROP_N64_PP},
+                                  {V_DGRAD_N64, V_DGRAD_N64_PP},
+                                  {V_DGRAD_PHASES_N64, V_DGRAD_PHASES_N64_PP}};
+    for (size_t i = 0; i < sizeof twin / sizeof *twin; i++)
+      if (v == twin[i][0]) {
+        v = twin[i][1];
+        c.k = kernel_of(tc, &variants[v]);
+        break;
+      }
   }
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
@@ -624,7 +652,7 @@ smelt_status smelt__conv2d_sm90_run(smelt_plan *plan, const smelt_tensor *const 
   const smelt_tensor *a = t[SMELT__CONV2D_A], *b = t[SMELT__CONV2D_B], *dd = t[SMELT__CONV2D_D];
   const int phased = d->kind == SMELT_CONV2D_DGRAD && !cp->gather, rowmap = strided_phases(cp);
   *ran = 0;
-  if ((ptr(a) | ptr(b) | (rowmap ? ptr(dd) : 0)) % 16) return SMELT_OK;
+  if ((ptr(a) | ptr(b) | (rowmap || cp->k.pingpong ? ptr(dd) : 0)) % 16) return SMELT_OK;
   *ran = 1;
   const int wgrad = d->kind == SMELT_CONV2D_WGRAD;
   smelt__gemm_kparams kp;
