@@ -70,7 +70,8 @@
 #define GEMM_CONV_ROWMAP 0
 #endif
 #if GEMM_CONV < 1 || GEMM_CONV > 3 || AB_SIZE != 2 || (BM != 128 && !(GEMM_CONV == 3 && BM == 64)) ||               \
-    (PINGPONG && (GEMM_CONV == 3 || GEMM_CONV_GATHER)) || CLUSTER > 1 || PROMOTE || BLOCK_SCALE || (GEMM_CONV == 3 && BN < 128) || A_MN != (GEMM_CONV == 3) ||               \
+    (PINGPONG && (GEMM_CONV == 3 || GEMM_CONV_GATHER)) || CLUSTER > 1 || PROMOTE || BLOCK_SCALE ||                     \
+    (GEMM_CONV == 3 && BN < 128) || A_MN != (GEMM_CONV == 3) ||                                                        \
     B_MN != (GEMM_CONV >= 2) || (GEMM_CONV_GATHER && GEMM_CONV != 2) || (GEMM_CONV_ROWMAP && (GEMM_CONV != 2 || GEMM_CONV_GATHER))
 #error "GEMM_CONV: 1 fprop (RC), 2 dgrad (RR; GEMM_CONV_GATHER 1 or GEMM_CONV_ROWMAP 1 strided), 3 wgrad (CR, BN >= 128); 16-bit, 128 rows (wgrad 64 too); ping-pong for fprop and dgrad by TMA"
 #endif

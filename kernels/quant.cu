@@ -155,6 +155,20 @@ static __device__ __forceinline__ void unpack16(const u32 w[WPL], float v[EPL]) 
   }
 }
 
+/* A lane's 16 FP8 codes, packed four to a word, stored from column c0
+ * (nothing past the row's end). */
+static __device__ __forceinline__ void store16p(unsigned char *q, i64 r, i64 c0, i64 cols, i64 qrs, int qvec,
+                                                const u32 p[4]) {
+  unsigned char *row = q + r * qrs + c0;
+  if (qvec && c0 + EPL <= cols) {
+    *(uint4 *)row = make_uint4(p[0], p[1], p[2], p[3]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < EPL; i++)
+    if (c0 + i < cols) row[i] = (unsigned char)(p[i / 4] >> (8 * (i % 4)));
+}
+
 /* Lane's codes stored from column c0 (nothing past the row's end; NVFP4's
  * odd tail gets a high nibble of 0, the code of the 0 loaded there). */
 static __device__ __forceinline__ void store16(unsigned char *q, i64 r, i64 c0, i64 cols, i64 qrs, int qvec,
@@ -173,17 +187,10 @@ static __device__ __forceinline__ void store16(unsigned char *q, i64 r, i64 c0, 
   for (int b = 0; b < EPL / 2; b++) /* unrolled: w and code stay in registers */
     if (b < bytes) row[b] = (unsigned char)(w[b / 4] >> (8 * (b % 4)));
 #else
-  unsigned char *row = q + r * qrs + c0;
   u32 w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
   for (int i = 0; i < EPL; i++) w[i / 4] |= code[i] << (8 * (i % 4));
-  if (qvec && c0 + EPL <= cols) {
-    *(uint4 *)row = make_uint4(w[0], w[1], w[2], w[3]);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < EPL; i++)
-    if (c0 + i < cols) row[i] = (unsigned char)code[i];
+  store16p(q, r, c0, cols, qrs, qvec, w);
 #endif
 }
 
@@ -252,19 +259,6 @@ static __device__ __forceinline__ void encode16w(const u32 w[WPL], float s, u32 
   for (int i = 0; i < 4; i++) p[i] = 0u;
 #pragma unroll
   for (int i = 0; i < EPL; i++) p[i / 4] |= smelt_q_fp8_elem(v[i], s, SMELT_QFMT) << (8 * (i % 4));
-}
-
-/* store16 of encode16w's words. */
-static __device__ __forceinline__ void store16p(unsigned char *q, i64 r, i64 c0, i64 cols, i64 qrs, int qvec,
-                                                const u32 p[4]) {
-  unsigned char *row = q + r * qrs + c0;
-  if (qvec && c0 + EPL <= cols) {
-    *(uint4 *)row = make_uint4(p[0], p[1], p[2], p[3]);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < EPL; i++)
-    if (c0 + i < cols) row[i] = (unsigned char)(p[i / 4] >> (8 * (i % 4)));
 }
 
 static __device__ __forceinline__ i64 warp_id() { return (i64)blockIdx.x * (BLOCK / 32) + threadIdx.x / 32; }

@@ -834,6 +834,24 @@ static const ccase *case_named(const char *name) {
   return &cases[0];
 }
 
+/* cs planned on cu describes itself with `want` in it. */
+static void check_describe(smelt_ctx *cu, const ccase *cs, const char *want) {
+  case_ops o, dev;
+  case_ops_new(&o, cs);
+  case_ops_clone(&dev, &o, cu);
+  const smelt_conv2d_desc d = case_desc(cs);
+  const smelt_tensor ta = opnd_tensor(cs->kind == FPROP ? &dev.x : &dev.dy),
+                     tb = opnd_tensor(cs->kind == WGRAD ? &dev.x : &dev.w), tc = opnd_tensor(&dev.c),
+                     td = opnd_tensor(&dev.out);
+  smelt_plan *plan = NULL;
+  CHECK_OK(smelt_conv2d_plan(cu, &d, &ta, &tb, d.epilogue.beta != 0 ? &tc : NULL, &td, NULL, &plan));
+  if (plan && !strstr(smelt_plan_describe(plan), want))
+    th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks \"%s\"", cs->name, smelt_plan_describe(plan), want);
+  smelt_plan_destroy(plan);
+  case_ops_free(&dev);
+  case_ops_free(&o);
+}
+
 /* The ping-pong schedule of the Hopper implicit GEMM (fprop, dgrad, the
  * strided dgrad's phases; 128 x 128 and 128 x 64), taken unasked only by
  * problems of at least an SM's worth of tiles, asked for here through the
@@ -852,20 +870,7 @@ static void test_gpu_pingpong(void) {
   for (size_t i = 0; i < n && !th_failed_now; i++) {
     const ccase *cs = case_named(i < n128 ? names[i] : names64[i - n128]);
     setenv("SMELT_CONV2D_TILE", i < n128 ? "128x128pp" : "128x64pp", 1);
-    case_ops o, dev;
-    case_ops_new(&o, cs);
-    case_ops_clone(&dev, &o, cu);
-    const smelt_conv2d_desc d = case_desc(cs);
-    const smelt_tensor ta = opnd_tensor(cs->kind == FPROP ? &dev.x : &dev.dy), tb = opnd_tensor(&dev.w),
-                       tc = opnd_tensor(&dev.c), td = opnd_tensor(&dev.out);
-    smelt_plan *plan = NULL;
-    CHECK_OK(smelt_conv2d_plan(cu, &d, &ta, &tb, d.epilogue.beta != 0 ? &tc : NULL, &td, NULL, &plan));
-    if (plan && !strstr(smelt_plan_describe(plan), i < n128 ? "128x128x64_s6_pp_conv_" : "128x64x64_s8_pp_conv_"))
-      th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks the ping-pong kernel", cs->name,
-              smelt_plan_describe(plan));
-    smelt_plan_destroy(plan);
-    case_ops_free(&dev);
-    case_ops_free(&o);
+    check_describe(cu, cs, i < n128 ? "128x128x64_s6_pp_conv_" : "128x64x64_s8_pp_conv_");
     run_case(cs, cu);
   }
   unsetenv("SMELT_CONV2D_TILE");
@@ -957,21 +962,7 @@ static void test_gpu_igemm_plan(void) {
   for (size_t i = 0; i < nall; i++) {
     const char *name = i < nrows ? rows[i].name : hopper_rows[i - nrows].name,
                *want = i < nrows ? rows[i].want : hopper_rows[i - nrows].want;
-    const ccase *cs = case_named(name);
-    case_ops o, dev;
-    case_ops_new(&o, cs);
-    case_ops_clone(&dev, &o, cu);
-    const smelt_conv2d_desc d = case_desc(cs);
-    const smelt_tensor ta = opnd_tensor(cs->kind == FPROP ? &dev.x : &dev.dy),
-                       tb = opnd_tensor(cs->kind == WGRAD ? &dev.x : &dev.w), tc = opnd_tensor(&dev.c),
-                       td = opnd_tensor(&dev.out);
-    smelt_plan *plan = NULL;
-    CHECK_OK(smelt_conv2d_plan(cu, &d, &ta, &tb, d.epilogue.beta != 0 ? &tc : NULL, &td, NULL, &plan));
-    if (plan && !strstr(smelt_plan_describe(plan), want))
-      th_fail(__FILE__, __LINE__, "%s: describe \"%s\" lacks \"%s\"", cs->name, smelt_plan_describe(plan), want);
-    smelt_plan_destroy(plan);
-    case_ops_free(&dev);
-    case_ops_free(&o);
+    check_describe(cu, case_named(name), want);
   }
 }
 

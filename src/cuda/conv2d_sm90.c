@@ -69,13 +69,7 @@ enum {
   V_FPROP_WIDE,
   V_WGRAD_M64,
   V_DGRAD_PHASES,
-  V_DGRAD_PHASES_N64,
-  V_FPROP_PP,
-  V_DGRAD_PP,
-  V_DGRAD_PHASES_PP,
-  V_FPROP_N64_PP,
-  V_DGRAD_N64_PP,
-  V_DGRAD_PHASES_N64_PP
+  V_DGRAD_PHASES_N64
 };
 static const conv9_variant variants[] = {
     [V_FPROP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0},        [V_FPROP_N64] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0},
@@ -84,10 +78,10 @@ static const conv9_variant variants[] = {
     [V_FPROP_WIDE] = {SMELT_CONV2D_FPROP, 2, 256, 4, 0},
     [V_WGRAD_M64] = {SMELT_CONV2D_WGRAD, 1, 128, 8, 0},    [V_DGRAD_PHASES] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1},
     [V_DGRAD_PHASES_N64] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1},
-    [V_FPROP_PP] = {SMELT_CONV2D_FPROP, 2, 128, 6, 0, 0, 1},   [V_DGRAD_PP] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 0, 1},
-    [V_DGRAD_PHASES_PP] = {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1, 1},
-    [V_FPROP_N64_PP] = {SMELT_CONV2D_FPROP, 2, 64, 8, 0, 0, 1}, [V_DGRAD_N64_PP] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 0, 1},
-    [V_DGRAD_PHASES_N64_PP] = {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1, 1},
+    /* The ping-pong twins (the same fields, pp 1). */
+    {SMELT_CONV2D_FPROP, 2, 128, 6, 0, 0, 1},               {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 0, 1},
+    {SMELT_CONV2D_DGRAD, 2, 128, 6, 0, 1, 1},               {SMELT_CONV2D_FPROP, 2, 64, 8, 0, 0, 1},
+    {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 0, 1},                {SMELT_CONV2D_DGRAD, 2, 64, 8, 0, 1, 1},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof *variants))
 
@@ -198,17 +192,22 @@ int smelt__conv9_phase_axis(int64_t ph, int64_t st, int64_t pad, int64_t dil, in
  * strided dgrad's pieces can be scattered by the threads (16-bit or f32 D
  * of 16-byte units and strides, no C; no split asked for, the phases'
  * sums being short). */
+/* D as the TMA-store epilogue's pieces can write it (the phases' thread
+ * stores and the ping-pong kernels have no other): no C, 16-bit or f32,
+ * channels unit-strided, pixel strides whole 16-byte units. */
+static int d_pieces(const smelt__conv2d_state *st, const smelt_tensor *dd) {
+  const int64_t es = (int64_t)smelt_dtype_size(dd->dtype);
+  return !st->has_c &&
+         (dd->dtype == SMELT_DTYPE_F32 || dd->dtype == SMELT_DTYPE_F16 || dd->dtype == SMELT_DTYPE_BF16) &&
+         dd->strides[3] == 1 && (dd->strides[0] * es) % 16 == 0 && (dd->strides[1] * es) % 16 == 0 &&
+         (dd->strides[2] * es) % 16 == 0;
+}
+
 static int dgrad_phases(const smelt__conv2d_state *st, const smelt_tensor *dd, conv9_plan *cp) {
   const smelt_conv2d_desc *d = &st->desc;
   const int64_t sh = d->stride_h, sw = d->stride_w;
   if (sh > CONV9_MAX_PHASES || sw > CONV9_MAX_PHASES) return 0;
-  if (sh * sw > 1) {
-    const int64_t es = (int64_t)smelt_dtype_size(dd->dtype);
-    if (st->has_c || (dd->dtype != SMELT_DTYPE_F32 && dd->dtype != SMELT_DTYPE_F16 && dd->dtype != SMELT_DTYPE_BF16) ||
-        dd->strides[3] != 1 || (dd->strides[0] * es) % 16 || (dd->strides[1] * es) % 16 ||
-        (dd->strides[2] * es) % 16 || (!st->auto_split && d->split_k_slices > 1))
-      return 0;
-  }
+  if (sh * sw > 1 && (!d_pieces(st, dd) || (!st->auto_split && d->split_k_slices > 1))) return 0;
   for (int64_t ph = 0; ph < sh; ph++)
     if (!smelt__conv9_phase_axis(ph, sh, d->pad_h0, d->dilation_h, st->r, st->h, &cp->ax[0][ph])) return 0;
   for (int64_t pw = 0; pw < sw; pw++)
@@ -354,11 +353,7 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
    * 16-bit or f32 in rows of whole 16-byte units (a run whose D is less
    * aligned falls back, as for A and B), and no split. */
   const smelt_tensor *dd = &t[SMELT__CONV2D_D];
-  const int64_t des = (int64_t)smelt_dtype_size(dd->dtype);
-  const int pp_d = !st->has_c &&
-                   (dd->dtype == SMELT_DTYPE_F32 || dd->dtype == SMELT_DTYPE_F16 || dd->dtype == SMELT_DTYPE_BF16) &&
-                   dd->strides[3] == 1 && (dd->strides[0] * des) % 16 == 0 && (dd->strides[1] * des) % 16 == 0 &&
-                   (dd->strides[2] * des) % 16 == 0 && (c.n * des) % 16 == 0;
+  const int pp_d = d_pieces(st, dd) && (c.n * (int64_t)smelt_dtype_size(dd->dtype)) % 16 == 0;
   /* Debugging: SMELT_CONV2D_TILE=BMxBN takes the kind's variant of that
    * tile (the same gather or phases; 128x128pp the ping-pong one),
    * SMELT_CONV2D_SPLITS=n that split. */
@@ -381,25 +376,17 @@ smelt_status smelt__conv2d_sm90_plan(smelt_plan *plan, const smelt_tensor *t, in
                                     : d->split_k_slices;
   if (forced && atoi(forced) >= 1 && atoi(forced) <= SMELT_GEMM_MAX_SPLIT_K) splits = atoi(forced);
   if (variants[v].pp) splits = 1;
-  /* A short K walk (at most 16 K steps) unsplit over at least an SM's
-   * worth of tiles: the ping-pong schedule (128 x 128 or 128 x 64), whose
-   * consumers overlap one tile's epilogue with the other's main loop (the
-   * GEMM's rule, src/cuda/gemm_select.c); the split tail needs the
-   * cooperative kernel. */
-  if (splits == 1 && ktiles <= 16 && tiles >= sms && !tile && pp_d) {
-    static const int twin[][2] = {{V_FPROP, V_FPROP_PP},
-                                  {V_DGRAD, V_DGRAD_PP},
-                                  {V_DGRAD_PHASES, V_DGRAD_PHASES_PP},
-                                  {V_FPROP_N64, V_FPROP_N64_PP},
-                                  {V_DGRAD_N64, V_DGRAD_N64_PP},
-                                  {V_DGRAD_PHASES_N64, V_DGRAD_PHASES_N64_PP}};
-    for (size_t i = 0; i < sizeof twin / sizeof *twin; i++)
-      if (v == twin[i][0]) {
-        v = twin[i][1];
-        c.k = kernel_of(tc, &variants[v]);
+  /* A short K walk unsplit (the split tail needs the cooperative kernel):
+   * the variant's ping-pong twin, by the GEMM's rule. */
+  if (splits == 1 && !tile && pp_d && smelt__gemm_short_k_pingpong(c.kk, tiles, sms))
+    for (int i = 0; i < NVARIANTS; i++) {
+      const conv9_variant *u = &variants[i], *o = &variants[v];
+      if (u->pp && u->kind == o->kind && u->bn == o->bn && u->gather == o->gather && u->rowmap == o->rowmap) {
+        v = i;
+        c.k = kernel_of(tc, u);
         break;
       }
-  }
+    }
   c.k_slice = smelt__ceil_div(smelt__ceil_div(c.kk, splits), 64) * 64;
   c.splits = (int)(c.kk > 0 ? smelt__ceil_div(c.kk, c.k_slice) : 1);
   smelt__kernel_src src;

@@ -54,6 +54,14 @@ static int pingpong(const smelt__gemm_kernel *k) { return k->fam == SMELT__GK_SM
 
 static int clustered(const smelt__gemm_kernel *k) { return k->cluster_m * k->cluster_n > 1; }
 
+/* Whether tiles `width` columns wide pad N by a third more than 64-wide
+ * ones would (the padding is tensor work thrown away). */
+static int pads_n_over(int64_t n, int64_t width) {
+  return 3 * smelt__ceil_div(n, width) * width >= 4 * smelt__ceil_div(n, 64) * 64;
+}
+
+int smelt__gemm_short_k_pingpong(int64_t k, int64_t tiles, int64_t sms) { return k <= 1024 && tiles >= sms; }
+
 static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
   if (k.fam == SMELT__GK_SM90) {
     /* As gemm_sm90.cu lays it out: alignment slack, stages (128-byte K
@@ -196,7 +204,7 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
    * the 128-row tiles for a skinny M, as cuBLAS's 64 x 64 tile with 13
    * stages of 16 KiB; 64 x 128 with 8 stages. (The 64 x 64 tile in 2 x 1
    * clusters sharing B, as cuBLAS runs it, was no faster on H100:
-   * docs/PERF.md, seventh round.) Appended last, as the entries above. */
+   * docs/PERF.md, GEMM: decisions.) Appended last, as the entries above. */
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++) {
     add(out, &n, sm90(tc, (tile){.bm = 64, .bn = 64, .bk = 64, .stages = 13, .wm = 1}));
     add(out, &n, sm90(tc, (tile){.bm = 64, .bn = 128, .bk = 64, .stages = 8, .wm = 1}));
@@ -248,13 +256,14 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
 
 smelt__gemm_kernel smelt__gemm_sm90_kernel(int tc, int consumers, int bn, int stages, int a_kmajor, int b_kmajor,
                                            int pingpong) {
-  smelt__gemm_kernel k[1], t = sm90_layout(
-                               tc, (tile){.bm = 64 * consumers, .bn = bn, .bk = 64, .stages = stages, .wm = consumers},
-                               a_kmajor, b_kmajor);
+  smelt__gemm_kernel t = sm90_layout(
+                         tc, (tile){.bm = 64 * consumers, .bn = bn, .bk = 64, .stages = stages, .wm = consumers},
+                         a_kmajor, b_kmajor),
+                     k;
   int n = 0;
   t.pingpong = pingpong;
-  add(k, &n, t);
-  return k[0];
+  add(&k, &n, t); /* threads and shared memory as the table's */
+  return k;
 }
 
 static const char *const tc_names[] = {"", "f16", "bf16", "tf32", "3xtf32", "i8", "fp8"};
@@ -575,7 +584,7 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * 64 x 64 tiles); and for M <= 64, where the tile counts are equal:
      * its 13 stages keep more of B in flight than 8 of 128 x 64, half of
      * whose A rows are zeros (on H100, 64 x 4096 x 4096: 18.6 against 29.5
-     * us; docs/PERF.md, seventh round). 64 x 128 only when asked for. */
+     * us; docs/PERF.md, GEMM: decisions). 64 x 128 only when asked for. */
     const int64_t narrow = (smelt__ceil_div(f->m, 128) + offs_ends) * smelt__ceil_div(f->n, 64) * copies;
     const int rows64 = m_rule <= 64 || 2 * narrow <= dev->sm_count;
     /* Nor the wide tile when it pads N by a third more than the 64-wide
@@ -583,42 +592,36 @@ smelt_status smelt__gemm_select(const smelt__gemm_state *st, const smelt__gemm_f
      * thrown away, up to 3/4 of it at N = 64 (on H100, the 200704 x 64 x
      * 576 GEMM of a conv layer ran at 120 TFLOP/s on it; the conv's own
      * 128 x 64 tiles at 300). */
-    const int pads_n = 3 * smelt__ceil_div(f->n, 256) * 256 >= 4 * smelt__ceil_div(f->n, 64) * 64;
+    const int pads_n = pads_n_over(f->n, 256);
     const int asked = t->m || t->n || t->k || t->stages || t->warps_m || t->warps_n || t->cluster_m || t->cluster_n;
-    /* Otherwise the ping-pong kernel only when asked for (or timed by the
-     * autotuner): at longer K it ran behind the cooperative one, plain and with bias + GELU alike
-     * (docs/PERF.md, GEMM: decisions, third round). The cluster kernels
-     * likewise: pairs sharing B matched it on plain squares and lost with
-     * bias + GELU and on uneven groups; pairs and quads sharing A lost on
-     * skinny M (docs/PERF.md, GEMM: decisions, fourth round). */
-    /* Short K (at most 1024: 16 K steps a tile) takes the ping-pong
-     * kernel in plain runs: the cooperative kernel's consumers run their
-     * epilogue together while the tensor cores wait, and with so few K
-     * steps that is a tenth of a tile's time, where in ping-pong one
-     * consumer's epilogue overlaps the other's main loop. On H100, RC and RR
-     * at K 1024 and 512 ran 8-12% faster on it (4096 x 14336 x 1024: 651 ->
-     * 718 TFLOP/s), CR 640 -> 679 at 8192^2 x 1024; at K 2048 it lost 12%
-     * (a third more L2 -> SM bytes per MAC). Grouped runs stay cooperative:
-     * CR grouped 8 x 4096 x 14336 x 1024 (MoE's weight gradients) lost on it
-     * (662 -> 600). Not where its 128 columns pad N by a third more than
-     * 64-wide tiles (N 64, 192: ResNet's stem as im2col, N 64 and K 152,
-     * fell from 26.4 to 24.9 TFLOP/s on it). */
+    /* Short K takes the ping-pong kernel in plain runs where one fits
+     * (smelt__gemm_short_k_pingpong: 128 x 128 tiles), unless its 128
+     * columns pad N as above (ResNet's stem as im2col, N 64 and K 152, fell
+     * from 26.4 to 24.9 TFLOP/s on it). Grouped runs stay cooperative: CR
+     * grouped 8 x 4096 x 14336 x 1024 (MoE's weight gradients) lost on it
+     * (662 -> 600 TFLOP/s on H100). */
     int want_pp = 0;
-    const int pp_pads_n = 3 * smelt__ceil_div(f->n, 128) * 128 >= 4 * smelt__ceil_div(f->n, 64) * 64;
-    if (!asked && st->mode == SMELT_GEMM_MODE_PLAIN && f->k <= 1024 && !pp_pads_n &&
-        smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) >= dev->sm_count)
+    if (!asked && st->mode == SMELT_GEMM_MODE_PLAIN && !pads_n_over(f->n, 128) &&
+        smelt__gemm_short_k_pingpong(f->k, smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128), dev->sm_count))
       for (int i = 0; i < n && !want_pp; i++)
         want_pp = pingpong(&table[i]) && smelt__gemm_fits(&table[i], st, f);
+    /* Otherwise the ping-pong kernel only when asked for (or timed by the
+     * autotuner): at longer K it ran behind the cooperative one, plain and
+     * with bias + GELU alike (docs/PERF.md, GEMM: decisions). The cluster
+     * kernels likewise: pairs sharing B matched it on plain squares and
+     * lost with bias + GELU and on uneven groups; pairs and quads sharing A
+     * lost on skinny M (docs/PERF.md, GEMM: decisions). */
     for (int i = 0; i < n; i++) {
       const smelt__gemm_kernel *k = &table[i];
       if (k->fam != SMELT__GK_SM90 || !smelt__gemm_fits(k, st, f) || !tile_ok(k, t)) continue;
-      if (want_pp && !pingpong(k)) continue;
       /* The promoting tf32 kernel as the wide one: when its tiles keep
        * half the SMs busy. */
       if (!asked && k->promote && 2 * smelt__ceil_div(f->m, 128) * smelt__ceil_div(f->n, 128) < dev->sm_count)
         continue;
-      if (!asked && !want_pp && (pingpong(k) || clustered(k) || (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64) || pads_n)) ||
-                     (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
+      if (!asked && (want_pp ? !pingpong(k)
+                             : pingpong(k) || clustered(k) ||
+                                   (k->bn == 256 && (2 * wide < dev->sm_count || (offs && rows64) || pads_n)) ||
+                                   (k->bm == 64 && (k->bn != 64 || !rows64)) || (k->bm == 128 && k->bn == 64 && rows64)))
         continue;
       snprintf(why, why_n, "Hopper: TMA + wgmma, persistent%s%s",
                pingpong(k)    ? ", ping-pong"
