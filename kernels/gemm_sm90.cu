@@ -246,6 +246,42 @@
 #endif
 #define BM (64 * CONSUMERS)
 #define BN GEMM_BN
+/* Two B matrices (the MoE's fused products; grouped by offsets, the fast
+ * epilogue, no bias or scales: the host sees to it). GEMM_GLU 1, the gated
+ * up projection (cooperative, BN 256, B MN-major): B is the gate G (B's
+ * map) and the up U (B2's), and a tile covers TILE_N = BN / 2 columns of
+ * each, its accumulator columns 0 .. 127 A·G's and 128 .. 255 A·U's
+ * (panels of 64 from either map), so one thread holds both values of an
+ * element; the epilogue stores silu(g)·u to D and, when X.keep is set, g
+ * and u to the keep matrix at columns c and X.keep_up + c. GEMM_KCAT 1,
+ * K in two parts (B K-major): B's rows below X.kcat come from B's map, the
+ * rest from B2's, A one matrix over all of K, so D = A[:, :kc]·B +
+ * A[:, kc:]·B2 in one accumulator (kc a whole number of K steps). */
+#if !defined(GEMM_GLU)
+#define GEMM_GLU 0
+#endif
+#if !defined(GEMM_KCAT)
+#define GEMM_KCAT 0
+#endif
+#if GEMM_GLU && (PINGPONG || CLUSTER > 1 || !B_MN || GEMM_BN != 256 || AB_SIZE != 2 || BLOCK_SCALE || GEMM_KCAT)
+#error "gemm_sm90.cu: GEMM_GLU needs 16-bit types, the cooperative schedule, BN 256, B MN-major"
+#endif
+#if GEMM_KCAT && (B_MN || CLUSTER > 1 || BLOCK_SCALE)
+#error "gemm_sm90.cu: GEMM_KCAT needs B K-major, no cluster or block scales"
+#endif
+#define TILE_N (GEMM_GLU ? BN / 2 : BN) /* D's columns a tile covers */
+#if GEMM_GLU || GEMM_KCAT
+/* The second B's parameters (mirrored by smelt__moe_b2 in src/cuda/moe_cuda.h). */
+typedef struct gemm_b2 {
+  u64 keep;         /* GLU: the keep matrix (D's dtype), or 0 */
+  i64 keep_rs;      /* its row stride, elements */
+  i64 keep_up;      /* its first column of U's values */
+  i64 kcat;         /* KCAT: the K elements from B's map */
+} gemm_b2;
+#define B2_KPARAM , const __grid_constant__ tmap_t tma_b2, const __grid_constant__ tmap_t tma_k, const gemm_b2 X
+#else
+#define B2_KPARAM
+#endif
 /* Accumulators per consumer thread: its 64 x BN rows of the tile
  * (cooperative) or its whole 128 x BN tile (ping-pong: the two 64-row
  * halves BN / 2 apart). */
@@ -616,6 +652,8 @@ typedef struct sm90_tile {
   u64 bias;
   i64 bias_s;
   const tmap_t *ma, *mb, *md;
+  const tmap_t *mb2; /* GEMM_GLU, GEMM_KCAT: the producer's second B map */
+  i64 kcat;          /* GEMM_KCAT: the K elements from mb */
 } sm90_tile;
 
 /* Units: a cluster's CM x CN tiles (one tile without clusters), rastered
@@ -794,12 +832,28 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
 #if B_MN
 #pragma unroll
   for (int p = 0; p < BN / 64; p++) {
-    if (w.bz >= 0) tma_load_3d(dst + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, x, w.bz, bar);
-    else tma_load(dst + p * PANEL_BYTES, w.mb, w.tn * BN + 64 * p, x, bar);
+#if GEMM_GLU
+    /* The first half of the panels from G, the second from U, each at the
+     * tile's TILE_N columns. */
+    const tmap_t *m = p < BN / 128 ? w.mb : w.mb2;
+    const int col = w.tn * TILE_N + 64 * (p % (BN / 128));
+#else
+    const tmap_t *m = w.mb;
+    const int col = w.tn * BN + 64 * p;
+#endif
+    if (w.bz >= 0) tma_load_3d(dst + p * PANEL_BYTES, m, col, x, w.bz, bar);
+    else tma_load(dst + p * PANEL_BYTES, m, col, x, bar);
   }
 #else
-  if (w.bz >= 0) tma_load_3d(dst, w.mb, x, w.tn * BN, w.bz, bar);
-  else tma_load(dst, w.mb, x, w.tn * BN, bar);
+  const tmap_t *m = w.mb;
+#if GEMM_KCAT
+  if (x >= w.kcat) {
+    m = w.mb2;
+    x -= (int)w.kcat;
+  }
+#endif
+  if (w.bz >= 0) tma_load_3d(dst, m, x, w.tn * BN, w.bz, bar);
+  else tma_load(dst, m, x, w.tn * BN, bar);
 #endif
 }
 
@@ -829,6 +883,28 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
  * elements of a row, rows and columns masked at M and N. The buffer's
  * next writer waits for these reads at its own piece's barrier, as for a
  * TMA store's. */
+/* piece_out's whole-unit cases for a matrix at d (rows rs elements apart,
+ * columns below ncols; D's dtype) through map: the TMA store, or for a
+ * piece crossing its group's end row the rows before it by the threads. */
+static __device__ __forceinline__ void piece_to(const gemm_params &P, int c, int tid, const sm90_tile &w,
+                                                const tmap_t *map, u64 d, i64 rs, i64 ncols, i64 x, i64 y, u32 buf) {
+  if (P.mode != MODE_GROUPED_OFFS || y + 64 <= w.m) {
+    piece_end(c, tid, map, (int)x, (int)y, w.slice, y < w.m, buf);
+    return;
+  }
+  piece_end(c, tid, map, (int)x, (int)y, w.slice, 0, buf);
+  const int es = gemm_esize(P.dt_d);
+#pragma unroll
+  for (int e = tid; e < 64 * 8; e += 128) {
+    const int r = e / 8, j = e % 8;
+    const i64 col = x + j * (16 / es);
+    if (y + r < w.m && col < ncols) {
+      const uint4 v = lds128(buf + (u32)r * 128u + ((u32)(j ^ (r % 8)) << 4));
+      *(uint4 *)(d + (u64)(((y + r) * rs + col) * es)) = v;
+    }
+  }
+}
+
 static __device__ __forceinline__ void piece_out(const gemm_params &P, int fast, int c, int tid, const sm90_tile &w,
                                                  i64 x, i64 y, u32 buf PIECE_CONV_ARG) {
 #if GEMM_CONV_ROWMAP
@@ -852,21 +928,7 @@ static __device__ __forceinline__ void piece_out(const gemm_params &P, int fast,
     }
     return;
   }
-  if (P.mode != MODE_GROUPED_OFFS || y + 64 <= w.m) {
-    piece_end(c, tid, w.md, (int)x, (int)y, w.slice, y < w.m, buf);
-    return;
-  }
-  piece_end(c, tid, w.md, (int)x, (int)y, w.slice, 0, buf);
-  const int es = gemm_esize(P.dt_d);
-#pragma unroll
-  for (int e = tid; e < 64 * 8; e += 128) {
-    const int r = e / 8, j = e % 8;
-    const i64 col = x + j * (16 / es);
-    if (y + r < w.m && col < w.n) {
-      const uint4 v = lds128(buf + (u32)r * 128u + ((u32)(j ^ (r % 8)) << 4));
-      *(uint4 *)(P.p.d + (u64)(((y + r) * P.p.d_rs + col) * es)) = v;
-    }
-  }
+  piece_to(P, c, tid, w, w.md, P.p.d, P.p.d_rs, w.n, x, y, buf);
 }
 
 static __device__ __forceinline__ void prefetch_l1(const void *p) {
@@ -1025,6 +1087,7 @@ static __device__ __forceinline__ void blk_main(float *d, const sm90_blk &B, con
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     gemm_sm90(const __grid_constant__ tmap_t tma_a, const __grid_constant__ tmap_t tma_b,
               const __grid_constant__ tmap_t tma_d, const gemm_params P, const int fast, const tmap_t *gmaps GEMM_CONV_PARAM
+              B2_KPARAM
 #if BLOCK_SCALE
               , const sm90_blk B
 #endif
@@ -1086,6 +1149,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (int t = unit0; t < tiles; t += units_step) {
       sm90_tile w;
       if (!sm90_locate(P, &tma_a, &tma_b, &tma_d, gmaps, t, &g, rank, &w)) break;
+#if GEMM_GLU || GEMM_KCAT
+      w.mb2 = &tma_b2;
+      w.kcat = X.kcat;
+#endif
       for (int kt = 0; kt < w.ktiles; kt++) {
         /* A fresh barrier counts as having completed the phase before phase
          * 0, so the first pass over the ring does not wait. */
@@ -1155,7 +1222,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
 #endif
     const int tn = w.tn, ktiles = w.ktiles;
-    const i64 m0 = w.row0 + (PINGPONG ? 0 : c * 64), n0 = (i64)tn * BN;
+    const i64 m0 = w.row0 + (PINGPONG ? 0 : c * 64), n0 = (i64)tn * TILE_N;
     /* The fast epilogue's bias, columns tid and tid + 128 of the tile,
      * loaded now so that the load's latency hides behind the main loop. */
     float bias_lo = 0.f, bias_hi = 0.f;
@@ -1249,6 +1316,44 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (tid + 128 < BN) bias[tid + 128] = bias_hi;
       }
       pair_sync();
+#endif
+#if GEMM_GLU
+      {
+        /* Piece p of d is tile columns 64p .. 64p + 63: G's columns n0 +
+         * 64p for p < 2, U's n0 + 64 (p - 2) after. The pieces go out as
+         * the 16-bit loop's below: g and u to keep (when asked), then
+         * silu(g)·u to D, which stays in f32 until its rounding. */
+        const float alpha = (float)P.alpha_ab;
+        const int bf = P.dt_d == DT_BF16;
+        if (X.keep) {
+#pragma unroll
+          for (int p = 0; p < 4; p++) {
+            const i64 x = n0 + 64 * (p % 2), up = p >= 2 ? X.keep_up : 0;
+            if (x >= w.n) continue; /* uniform */
+            float v[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = alpha * d[32 * p + i];
+            const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+            put_piece16(buf, v, bf, warp, lane);
+            piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, up + w.n, up + x, m0, buf);
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+          const i64 x = n0 + 64 * q;
+          if (x >= w.n) continue; /* uniform */
+          float v[32];
+#pragma unroll
+          for (int i = 0; i < 32; i++) {
+            const float gv = alpha * d[32 * q + i], uv = alpha * d[32 * (q + 2) + i];
+            v[i] = act16(gv, ACT_SILU) * uv;
+          }
+          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          put_piece16(buf, v, bf, warp, lane);
+          piece_out(P, fast, c, tid, w, x, m0, buf PIECE_CONV_PASS);
+        }
+        continue;
+      }
 #endif
       if (P.dt_d != DT_F32 && P.scale_d == 1.f && !P.clamp &&
           (P.act == ACT_IDENTITY || P.act == ACT_GELU || P.act == ACT_SILU)) {

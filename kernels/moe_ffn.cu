@@ -1,6 +1,8 @@
 /* The elementwise steps of the MoE expert FFN between its grouped GEMMs,
  * over the rows the router kept:
- *   moe_swiglu      out = silu(a) · b (out may be a: the forward, in place);
+ *   moe_swiglu      out = silu(a) · b (out may be a: the forward, in place),
+ *                   where the fused up projection (src/cuda/moe_gemm_sm90.c)
+ *                   does not run;
  *   moe_act         out = act(h) (the MLP's activation, when the backward
  *                   keeps the pre-activation h for its gradient);
  *   moe_swiglu_bwd  from h1, h3 and dA = dyp·W2ᵀ: g1 ← dh1, g3 ← dh3,
@@ -11,10 +13,13 @@
  *   moe_act_bwd     the MLP's: g ← dA · act'(h), dA ← act(h) (g may be h);
  *   moe_bias_grad   db1[e] = the column sums of dh1 over expert e's rows.
  *
- * The [rows, F] operands are contiguous, so their first offsets[E] rows are
- * one flat run of offsets[E] · F elements: the elementwise kernels walk it
- * in 16-byte units (a grid-stride loop, f32 math), then the few elements
- * past the last whole unit. The count of kept rows is read here, from the
+ * SwiGLU's [rows, F] operands have row strides of their own (h1 and h3,
+ * g1 and g3 are the halves of one [rows, 2F] matrix, which the fused up
+ * projection writes and the fused input gradient reads): the kernels walk
+ * the kept rows' elements in 16-byte units (a grid-stride loop, f32 math)
+ * when F and every stride are whole units, else element by element. The
+ * MLP's operands are contiguous: its kernels walk them as one flat run.
+ * The count of kept rows is read here, from the
  * device offsets, so the host launches for every row that could be kept and
  * needs no synchronization; a count outside [0, rows] (offsets that are the
  * caller's bug) is clamped so nothing outside the operands is touched. The
@@ -38,20 +43,40 @@ static __device__ __forceinline__ i64 kept_elems(const void *offsets, int offset
   return kept * F;
 }
 
-/* out, a, b 16-byte aligned; out may be a. */
+/* Whether the rows of F elements, `s` apart, at p walk in whole units. */
+static __device__ __forceinline__ bool units_ok(const void *p, i64 s, i64 F) {
+  return (unsigned long long)p % 16 == 0 && s % UNIT == 0 && F % UNIT == 0;
+}
+
+/* Element offset of unit u of rows of upr units (u < 2^32: 64 GiB). */
+static __device__ __forceinline__ void unit_at(i64 u, i64 upr, i64 *r, i64 *c) {
+  const unsigned q = (unsigned)u / (unsigned)upr;
+  *r = q;
+  *c = (u - (i64)q * upr) * UNIT;
+}
+
+/* out = silu(a)·b, rows os, as, bs apart; out may be a. */
 extern "C" __global__ void moe_swiglu(elem_t *out, const elem_t *a, const elem_t *b, const void *offsets,
-                                      int offsets64, int E, i64 rows, i64 F) {
-  const i64 n = kept_elems(offsets, offsets64, E, rows, F), units = n / UNIT, stride = (i64)gridDim.x * blockDim.x;
+                                      int offsets64, int E, i64 rows, i64 F, i64 os, i64 as, i64 bs) {
+  const i64 n = kept_elems(offsets, offsets64, E, rows, F), stride = (i64)gridDim.x * blockDim.x;
   const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  for (i64 u = first; u < units; u += stride) {
-    unit16 x, y;
-    x.v = ((const uint4 *)a)[u];
-    y.v = ((const uint4 *)b)[u];
+  if (units_ok(out, os, F) && units_ok(a, as, F) && units_ok(b, bs, F) && n / UNIT < (1ll << 32)) {
+    for (i64 u = first, upr = F / UNIT; u < n / UNIT; u += stride) {
+      i64 r, c;
+      unit_at(u, upr, &r, &c);
+      unit16 x, y;
+      x.v = *(const uint4 *)(a + r * as + c);
+      y.v = *(const uint4 *)(b + r * bs + c);
 #pragma unroll
-    for (int j = 0; j < UNIT; j++) x.e[j] = store_elem(silu_mul(load_elem(x.e[j]), load_elem(y.e[j])));
-    ((uint4 *)out)[u] = x.v;
+      for (int j = 0; j < UNIT; j++) x.e[j] = store_elem(silu_mul(load_elem(x.e[j]), load_elem(y.e[j])));
+      *(uint4 *)(out + r * os + c) = x.v;
+    }
+    return;
   }
-  for (i64 i = units * UNIT + first; i < n; i += stride) out[i] = store_elem(silu_mul(load_elem(a[i]), load_elem(b[i])));
+  for (i64 i = first; i < n; i += stride) {
+    const i64 r = i / F, c = i - r * F;
+    out[r * os + c] = store_elem(silu_mul(load_elem(a[r * as + c]), load_elem(b[r * bs + c])));
+  }
 }
 
 /* smelt_act_apply's functions in f32 (slope: leaky_relu's). */
@@ -108,27 +133,35 @@ static __device__ __forceinline__ void swiglu_grad(elem_t &h1, elem_t &h3, elem_
   da = store_elem(silu_mul(x, u));
 }
 
-/* h1, h3, da, g1, g3 16-byte aligned, [rows, F] each (g1, g3: h1, h3 or apart). */
+/* [rows, F] each: h1 and h3 rows hs apart, g1 and g3 (h1 and h3, or apart)
+ * gs apart, da contiguous. */
 extern "C" __global__ void moe_swiglu_bwd(const elem_t *h1, const elem_t *h3, elem_t *da, elem_t *g1, elem_t *g3,
-                                          const void *offsets, int offsets64, int E, i64 rows, i64 F) {
-  const i64 n = kept_elems(offsets, offsets64, E, rows, F), units = n / UNIT, stride = (i64)gridDim.x * blockDim.x;
+                                          const void *offsets, int offsets64, int E, i64 rows, i64 F, i64 hs, i64 gs) {
+  const i64 n = kept_elems(offsets, offsets64, E, rows, F), stride = (i64)gridDim.x * blockDim.x;
   const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  for (i64 u = first; u < units; u += stride) {
-    unit16 x, y, g;
-    x.v = ((const uint4 *)h1)[u];
-    y.v = ((const uint4 *)h3)[u];
-    g.v = ((const uint4 *)da)[u];
+  if (units_ok(h1, hs, F) && units_ok(h3, hs, F) && units_ok(g1, gs, F) && units_ok(g3, gs, F) &&
+      units_ok(da, F, F) && n / UNIT < (1ll << 32)) {
+    for (i64 u = first, upr = F / UNIT; u < n / UNIT; u += stride) {
+      i64 r, c;
+      unit_at(u, upr, &r, &c);
+      unit16 x, y, g;
+      x.v = *(const uint4 *)(h1 + r * hs + c);
+      y.v = *(const uint4 *)(h3 + r * hs + c);
+      g.v = ((const uint4 *)da)[u];
 #pragma unroll
-    for (int j = 0; j < UNIT; j++) swiglu_grad(x.e[j], y.e[j], g.e[j]);
-    ((uint4 *)g1)[u] = x.v;
-    ((uint4 *)g3)[u] = y.v;
-    ((uint4 *)da)[u] = g.v;
+      for (int j = 0; j < UNIT; j++) swiglu_grad(x.e[j], y.e[j], g.e[j]);
+      *(uint4 *)(g1 + r * gs + c) = x.v;
+      *(uint4 *)(g3 + r * gs + c) = y.v;
+      ((uint4 *)da)[u] = g.v;
+    }
+    return;
   }
-  for (i64 i = units * UNIT + first; i < n; i += stride) {
-    elem_t x = h1[i], y = h3[i], g = da[i];
+  for (i64 i = first; i < n; i += stride) {
+    const i64 r = i / F, c = i - r * F;
+    elem_t x = h1[r * hs + c], y = h3[r * hs + c], g = da[i];
     swiglu_grad(x, y, g);
-    g1[i] = x;
-    g3[i] = y;
+    g1[r * gs + c] = x;
+    g3[r * gs + c] = y;
     da[i] = g;
   }
 }

@@ -1566,6 +1566,11 @@ static void test_moe_gpu_ffn(void) {
   s = (spec){.T = 101, .d = 32, .E = 8, .k = 2, .F = 64, .xdt = bf, .wdt = bf, .cap = 0.8,
              .drop = SMELT_MOE_DROP_POSITION, .ffn = SMELT_MOE_FFN_MLP, .act = SMELT_ACT_RELU};
   gpu_ffn_case(&s, 0, i64, bf, "ffn capacity 0.8 position, mlp relu bf16");
+  /* F a multiple of 64 (not of 128: a tile's second 64 columns past F), 16-bit: on Hopper the fused up projection */
+  s = (spec){.T = 300, .d = 128, .E = 8, .k = 2, .F = 192, .xdt = bf, .wdt = bf};
+  gpu_ffn_case(&s, 0, i32, bf, "ffn T300 d128 F192 E8 top2 bf16 (Hopper: gate and up fused with SwiGLU)");
+  s = (spec){.T = 300, .d = 64, .E = 8, .k = 2, .F = 128, .xdt = h, .wdt = h};
+  gpu_ffn_case(&s, 0, i64, f, "ffn T300 d64 F128 f16, i64 offsets, yp f32 (fused)");
 }
 
 /* The layer's forward on CUDA against the CPU parts chained over the GPU's

@@ -227,6 +227,8 @@ static void test_moe_bwd_gpu_layer(void) {
   gpu_backward_case(&s, 0, 0, "bwd f32 noisy top-4 of 2 of 4 groups, aux");
   s = (spec){.T = 53, .d = 40, .E = 20, .k = 3, .F = 24, .xdt = bf, .wdt = bf, .aux = 0.01};
   gpu_backward_case(&s, 0, 8, "bwd T53 E20 top3 bf16: dx through the router's products, dx rows 48 apart");
+  s = (spec){.T = 300, .d = 128, .E = 8, .k = 2, .F = 192, .xdt = h, .wdt = h, .aux = 0.01};
+  gpu_backward_case(&s, 0, 8, "bwd T300 d128 F192 f16 (Hopper: the fused up projection and input gradient)");
 }
 
 /* ---------------------------------------------------------------- the parts */
@@ -453,6 +455,8 @@ static void test_moe_bwd_gpu_ffn(void) {
   s = (spec){.T = 71, .d = 32, .E = 8, .k = 2, .F = 64, .xdt = SMELT_DTYPE_F16, .wdt = SMELT_DTYPE_F16,
              .ffn = SMELT_MOE_FFN_MLP, .act = SMELT_ACT_GELU_TANH, .b1 = 1, .cap = 0.8, .drop = SMELT_MOE_DROP_POSITION};
   gpu_ffn_bwd_case(&s, 0, "ffn bwd f16 mlp gelu_tanh + b1, capacity 0.8 position");
+  s = (spec){.T = 300, .d = 128, .E = 8, .k = 2, .F = 192, .xdt = bf, .wdt = bf};
+  gpu_ffn_bwd_case(&s, 0, "ffn bwd T300 d128 F192 bf16 (Hopper: the fused input gradient over g1 | g3)");
 }
 
 /* ---------------------------------------------------------------- refusals and the CPU */

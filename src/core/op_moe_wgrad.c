@@ -9,17 +9,17 @@
 
 #include <stdlib.h>
 
-/* Rows [r0, r0 + n) of a contiguous [R, cols] tensor, or their transpose
- * [cols, n] (strides 1 and cols). */
+/* Rows [r0, r0 + n) of a [R, cols] tensor of unit column stride (rows rs
+ * apart), or their transpose [cols, n] (strides 1 and rs). */
 static smelt_tensor rows_of(const smelt_tensor *t, int64_t r0, int64_t n, int transpose) {
   smelt_tensor v = *t;
-  const int64_t cols = t->shape[1];
+  const int64_t cols = t->shape[1], rs = t->strides[0];
   /* No offset on a NULL data pointer (an empty tensor's): undefined even at 0. */
-  if (t->data) v.data = (char *)t->data + (size_t)(r0 * cols) * smelt_dtype_size(t->dtype);
+  if (t->data) v.data = (char *)t->data + (size_t)(r0 * rs) * smelt_dtype_size(t->dtype);
   v.shape[0] = transpose ? cols : n;
   v.shape[1] = transpose ? n : cols;
-  v.strides[0] = transpose ? 1 : cols;
-  v.strides[1] = transpose ? cols : 1;
+  v.strides[0] = transpose ? 1 : rs;
+  v.strides[1] = transpose ? rs : 1;
   return v;
 }
 

@@ -180,6 +180,10 @@ smelt_status smelt__gemm_split_workspace(smelt_ctx *ctx, smelt__gemm_kparams *kp
  * rows x 32 columns. */
 smelt_status smelt__gemm_tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
                                     int64_t k, int64_t rs, int box_rows, int bk);
+/* The same over `batch` such matrices `bs` elements apart (a 3-D map, boxes
+ * of one matrix's box_rows x bk; batch 0: the 2-D map). */
+smelt_status smelt__gemm_tensor_map_batched(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
+                                            int64_t k, int64_t rs, int64_t batch, int64_t bs, int box_rows, int bk);
 smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits);
 /* The split tail of a plain Hopper run of `tiles` tiles over K = kk (op_gemm.c
  * says when it is taken): sets kq's sk_tiles, sk_chunks, workspace and

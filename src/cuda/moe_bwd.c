@@ -180,11 +180,25 @@ static void own(int dev, layer *L, carve *w, int i, int r, smelt_dtype dt, int64
   L->u[r] = &L->own[i];
 }
 
-/* A new [rows, F] piece of x's dtype (h1, h3, a, g1, g3). */
-static smelt_tensor inter_piece(int dev, const smelt__moe_state *ms, carve *w) {
+/* A new [rows, F x n] piece of x's dtype (h1, a, g1; n 2: h13, g13). */
+static smelt_tensor inter_piece(int dev, const smelt__moe_state *ms, carve *w, int n) {
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
-  const int64_t shape[2] = {ms->rows, ms->F};
-  return smelt_tensor_make(piece(w, ms->rows * ms->F, smelt_dtype_size(xdt)), xdt, SMELT_DEVICE_CUDA, dev, 2, shape);
+  const int64_t shape[2] = {ms->rows, ms->F * n};
+  return smelt_tensor_make(piece(w, ms->rows * ms->F * n, smelt_dtype_size(xdt)), xdt, SMELT_DEVICE_CUDA, dev, 2,
+                           shape);
+}
+
+/* Pre-activations or their gradients: SwiGLU's pair [rows, 2F] and its
+ * halves, or the MLP's one [rows, F] (twice). */
+static void inter_pair(int dev, const smelt__moe_state *ms, carve *w, smelt_tensor *pair, smelt_tensor *lo,
+                       smelt_tensor *hi) {
+  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
+    *pair = inter_piece(dev, ms, w, 2);
+    smelt__moe_pair_halves(pair, lo, hi);
+  } else {
+    memset(pair, 0, sizeof *pair);
+    *lo = *hi = inter_piece(dev, ms, w, 1);
+  }
 }
 
 /* The kept workspace's layout (run with base NULL to size it). */
@@ -203,9 +217,8 @@ static void kept_layout(int dev, const smelt__moe_state *ms, layer *L) {
   own(dev, L, w, 7, SMELT__MT_YP, xdt, R, d);
   L->sel = piece(w, R, 4);
   L->sel_counts = piece(w, 2 * E + 1, 4);
-  L->fi.h1 = inter_piece(dev, ms, w);
   /* The MLP has no h3: its backward never reads it. */
-  L->fi.h3 = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? inter_piece(dev, ms, w) : L->fi.h1;
+  inter_pair(dev, ms, w, &L->fi.h13, &L->fi.h1, &L->fi.h3);
 }
 
 /* The backward's workspace up to its f32 pieces (base NULL: to size it);
@@ -217,9 +230,14 @@ static void scratch_layout(int dev, const smelt__moe_state *ms, layer *L, int sa
   w->at = 0;
   own(dev, L, w, 8, SMELT__MT_DYP, xdt, R, d);
   own(dev, L, w, 9, SMELT__MT_DWEIGHTS, SMELT_DTYPE_F32, T, k);
-  L->fi.a = inter_piece(dev, ms, w);
-  L->fi.g1 = saved ? inter_piece(dev, ms, w) : L->fi.h1;
-  L->fi.g3 = !saved ? L->fi.h3 : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? inter_piece(dev, ms, w) : L->fi.g1;
+  L->fi.a = inter_piece(dev, ms, w, 1);
+  if (saved) {
+    inter_pair(dev, ms, w, &L->fi.g13, &L->fi.g1, &L->fi.g3);
+  } else {
+    L->fi.g13 = L->fi.h13;
+    L->fi.g1 = L->fi.h1;
+    L->fi.g3 = L->fi.h3;
+  }
 }
 
 size_t smelt__moe_cuda_saved_bytes(const smelt__moe_state *ms) {
@@ -331,6 +349,7 @@ static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms,
   const smelt_tensor parts[2] = {f32_piece(ctx, L, ms->rows, ms->d), f32_piece(ctx, L, ms->rows, ms->d)},
                      dl = f32_piece(ctx, L, ms->T, ms->E), dx_part = f32_piece(ctx, L, ms->T, ms->d);
   const void *rm = u[SMELT__MT_ROW_MAP]->data;
+  const int nparts = smelt__moe_dx_parts(mc, ms, u);
   smelt_status s = unpermute_bwd(ctx, ms, mc, u[SMELT__MT_DY_IN], u[SMELT__MT_YP], rm, u[SMELT__MT_WEIGHTS]->data,
                                  u[SMELT__MT_DYP], u[SMELT__MT_DWEIGHTS]->data);
   if (!s)
@@ -344,11 +363,11 @@ static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms,
    * noise has none and E is small; else through an f32 dx the router's
    * (and the noise's) products add to. */
   if (want_dx && !u[SMELT__MT_WNOISE] && ms->E <= ADD_ROUTER_E && wr->dtype != SMELT_DTYPE_F64) {
-    if (!s) s = smelt__moe_dx_sum(ctx, ms, mc, parts, offs, rm, &dl, wr, u[SMELT__MT_DX]);
+    if (!s) s = smelt__moe_dx_sum(ctx, ms, mc, parts, nparts, offs, rm, &dl, wr, u[SMELT__MT_DX]);
     if (!s && u[SMELT__MT_DWR]) s = grad_products(ctx, mc, 0, u[SMELT__MT_X], wr, &dl, u[SMELT__MT_DWR], NULL, NULL);
     return s;
   }
-  if (!s && want_dx) s = smelt__moe_dx_sum(ctx, ms, mc, parts, offs, rm, NULL, NULL, &dx_part);
+  if (!s && want_dx) s = smelt__moe_dx_sum(ctx, ms, mc, parts, nparts, offs, rm, NULL, NULL, &dx_part);
   if (!s && u[SMELT__MT_WNOISE]) s = noise_grads(ctx, ms, mc, u, &dl, want_dx ? &dx_part : NULL);
   return s ? s : grad_products(ctx, mc, 0, u[SMELT__MT_X], wr, &dl, u[SMELT__MT_DWR], &dx_part, u[SMELT__MT_DX]);
 }
@@ -411,7 +430,7 @@ static smelt_status forward_save(smelt_plan *plan, const smelt__moe_state *ms, s
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
   s = smelt__cuda_alloc(ctx, smelt__moe_block_bytes(ms->rows * ms->F, smelt_dtype_size(xdt)), (void **)&L.c.base);
   if (s) return s;
-  L.fi.a = inter_piece(ctx->device_index, ms, &L.c);
+  L.fi.a = inter_piece(ctx->device_index, ms, &L.c, 1);
   s = layer_forward(plan, ms, mc, &L);
   if (!s)
     s = smelt__moe_cuda_combine(ctx, ms, mc, MOE_OP "_forward_save_run", L.u[SMELT__MT_YP],

@@ -9,6 +9,15 @@
 #include "../core/gemm_internal.h"
 #include "../core/moe_internal.h"
 #include "cuda_internal.h"
+#include "gemm_cuda.h"
+
+/* The fused expert products on Hopper (src/cuda/moe_gemm_sm90.c): the
+ * kernels where the plan fits their rule (else NULL: the separate GEMMs
+ * run) and their launch shape. */
+typedef struct smelt__moe_sm90 {
+  CUfunction glu, kcat;
+  smelt__gemm_kernel k;
+} smelt__moe_sm90;
 
 /* The FFN's GEMMs by the dtype of the offsets (0: i32, 1: i64) and, for
  * the down projection, of yp (its smelt_dtype value, f32 to bf16): each is
@@ -26,8 +35,8 @@ void smelt__moe_ffn_free(smelt__moe_ffn_cuda *fc);
 /* yp = FFN_e(xp) over each expert's rows [offsets[e], offsets[e+1]), stream
  * ordered, with the weights t[SMELT__MT_W1 ...] as planned. */
 smelt_status smelt__moe_ffn_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_ffn_cuda *fc,
-                                const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
-                                const smelt_tensor *yp);
+                                const smelt__moe_sm90 *m, const smelt_tensor *const *t, const smelt_tensor *xp,
+                                const smelt_tensor *offsets, const smelt_tensor *yp);
 /* The grouped-by-offsets GEMM plan d = act(a·b + bias) over the row ends. */
 smelt_status smelt__moe_plan_offs_gemm(smelt_ctx *ctx, const smelt_tensor *a, const smelt_tensor *b,
                                        const smelt_tensor *d, const smelt_tensor *bias, smelt_act act,
@@ -38,9 +47,13 @@ smelt_tensor smelt__moe_row_ends(const smelt_ctx *ctx, const smelt_tensor *offse
 uintptr_t smelt__moe_round_up(uintptr_t v);
 /* The grid of the elementwise kernels over [rows, F] (grid-stride loops). */
 unsigned smelt__moe_elementwise_grid(const smelt_ctx *ctx, const smelt__moe_state *ms);
-/* out = silu(h1)·h3 over the kept rows (their count read on the device); out may be h1. */
-smelt_status smelt__moe_swiglu(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_cuda *fc, void *out,
-                               void *h1, void *h3, const smelt_tensor *offsets);
+/* out = silu(h1)·h3 over the kept rows (their count read on the device),
+ * [rows, F] each with row strides of their own; out may be h1. */
+smelt_status smelt__moe_swiglu(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_cuda *fc,
+                               const smelt_tensor *out, const smelt_tensor *h1, const smelt_tensor *h3,
+                               const smelt_tensor *offsets);
+/* The halves [rows, F] (row stride 2F) of pair [rows, 2F]: columns 0 .. F-1 and F .. 2F-1. */
+void smelt__moe_pair_halves(const smelt_tensor *pair, smelt_tensor *lo, smelt_tensor *hi);
 /* The FFN's kernel variants (one a dtype), for the enumerator. */
 int smelt__moe_ffn_variants(smelt__kernel_src *out, int max);
 
@@ -86,6 +99,28 @@ smelt_status smelt__moe_decode_forward(smelt_ctx *ctx, const smelt__moe_state *m
 /* The decode kernels' variants (dtype x rows of a group), for the enumerator. */
 int smelt__moe_decode_variants(smelt__kernel_src *out, int max);
 
+/* The kernel's second-B parameters (kernels/gemm_sm90.cu's gemm_b2). */
+typedef struct smelt__moe_b2 {
+  uint64_t keep;
+  int64_t keep_rs, keep_up, kcat;
+} smelt__moe_b2;
+
+smelt_status smelt__moe_sm90_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_sm90 *m);
+/* Whether a run with the weights of t takes them (their layout and alignment). */
+int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t);
+/* a [rows, F] = silu(xp·W1ₑ)·(xp·W3ₑ) over the experts' rows, and with
+ * keep [rows, 2F] (may be NULL) h1 = xp·W1ₑ in its first F columns, h3 =
+ * xp·W3ₑ in the rest. */
+smelt_status smelt__moe_glu_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
+                                const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
+                                const smelt_tensor *keep, const smelt_tensor *a);
+/* part [rows, d] f32 = g1·W1ₑᵀ + g3·W3ₑᵀ, g13 = [g1 | g3] [rows, 2F]. */
+smelt_status smelt__moe_kcat_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
+                                 const smelt_tensor *const *t, const smelt_tensor *g13, const smelt_tensor *offsets,
+                                 const smelt_tensor *part);
+/* Their variants (f16 and bf16, glu and kcat), for the enumerator. */
+int smelt__moe_sm90_variants(smelt__kernel_src *out, int max);
+
 /* The backend's state (smelt__moe_state.cuda). */
 typedef struct smelt__moe_cuda {
   CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
@@ -93,6 +128,7 @@ typedef struct smelt__moe_cuda {
   smelt__moe_ffn_cuda ffn;     /* planned when the plan has the expert weights */
   smelt__moe_ffn_bwd_cuda bwd; /* its functions loaded with ffn, its plans on the first backward */
   smelt__moe_decode_cuda dec;  /* the decode step's forward, where it fits */
+  smelt__moe_sm90 sm90;        /* the fused expert products, where they fit */
   smelt_plan *gemm[SMELT__MOE_G_COUNT];
   smelt_plan *grad_gemm[2][SMELT__MOE_GG_COUNT]; /* [0] through Wr, [1] through Wnoise */
   CUfunction split_bf16;
@@ -105,15 +141,18 @@ smelt_status smelt__moe_ffn_bwd_load(smelt_ctx *ctx, const smelt__moe_state *ms,
 void smelt__moe_ffn_bwd_free(smelt__moe_ffn_bwd_cuda *bc);
 /* The FFN's intermediates over permuted rows, [rows, F] each of x's dtype:
  * h1 (the up projection before the activation: + b1 for the MLP), h3
- * (SwiGLU's second), a (the activation; the backward's dA and then a
+ * (SwiGLU's second; for SwiGLU h1 and h3 are the halves of h13 [rows,
+ * 2F], as the fused up projection keeps them), a (the activation; the
+ * backward's dA and then a
  * again), and the backward's gradients of h1 and h3, g1 and g3: the same
  * memory as h1 and h3 (in place), or apart where h1 and h3 must outlive
  * the backward (a saved forward's). */
 typedef struct smelt__moe_ffn_inter {
   smelt_tensor h1, h3, a, g1, g3;
+  smelt_tensor h13, g13; /* SwiGLU: [rows, 2F], h1 | h3 and g1 | g3 (h1 .. g3 their halves) */
 } smelt__moe_ffn_inter;
-/* fi's three [rows, F] tensors in one workspace at *ws (free it); g1 and g3
- * are h1 and h3. */
+/* fi's three [rows, F] tensors in one workspace at *ws (free it), SwiGLU's
+ * h1 and h3 the halves of h13; g1 and g3 are h1 and h3. */
 smelt_status smelt__moe_ffn_inter_alloc(smelt_ctx *ctx, const smelt__moe_state *ms, char **ws,
                                         smelt__moe_ffn_inter *fi);
 /* yp = FFN_e(xp), keeping the intermediates in fi (the layer's backward,
@@ -132,13 +171,17 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
                                      const smelt_tensor *const *t, const smelt_tensor *xp,
                                      const smelt_tensor *offsets, const smelt_tensor *dyp,
                                      const smelt__moe_ffn_inter *fi, const smelt_tensor *parts);
-/* The FFN's input gradient from smelt__moe_ffn_backward's parts (moe_add):
- * row_map NULL, dxp = their sum by row (out [rows, d] contiguous, the kept
- * rows written); else out [T, d] (any row stride) = permute's backward of
- * it through row_map [T, k], plus g·wᵀ where g (f32 [T, E]) is given with
- * w [d, E] (any strides): the layer's dx, in one pass over the parts. */
+/* How many parts smelt__moe_ffn_backward writes for the weights of t: 2
+ * for SwiGLU off the fused path, else 1. */
+int smelt__moe_dx_parts(const smelt__moe_cuda *mc, const smelt__moe_state *ms, const smelt_tensor *const *t);
+/* The FFN's input gradient from smelt__moe_ffn_backward's nparts parts
+ * (moe_add): row_map NULL, dxp = their sum by row (out [rows, d]
+ * contiguous, the kept rows written); else out [T, d] (any row stride) =
+ * permute's backward of it through row_map [T, k], plus g·wᵀ where g (f32
+ * [T, E]) is given with w [d, E] (any strides): the layer's dx, in one
+ * pass over the parts. */
 smelt_status smelt__moe_dx_sum(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
-                               const smelt_tensor *parts, const smelt_tensor *offsets, const void *row_map,
+                               const smelt_tensor *parts, int nparts, const smelt_tensor *offsets, const void *row_map,
                                const smelt_tensor *g, const smelt_tensor *w, const smelt_tensor *out);
 /* The FFN's backward run (smelt_moe_ffn_backward_run): the forward's
  * intermediates recomputed from xp, then smelt__moe_ffn_backward. */

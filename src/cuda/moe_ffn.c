@@ -9,12 +9,11 @@
  * the device. The intermediates are x's dtype (the fast kernels' operands)
  * in one workspace from the context's stream-ordered pool.
  *
- * Why W1 and W3 are two GEMMs, not one over W13 (their columns concatenated
- * or interleaved, so xp would be read once): the API takes W1 and W3 as two
- * contiguous [E, d, F] tensors, and no strides of one view make them one
- * [E, d, 2F] operand; packing W13 on every run would copy all 2·E·d·F
- * weights, far more traffic than the second read of xp (T·k·d), and the
- * weights may change between runs, so a packed copy could not be kept. */
+ * On Hopper, SwiGLU's two up projections and silu·mul are one GEMM
+ * (src/cuda/moe_gemm_sm90.c: its tiles load W1's and W3's columns side by
+ * side, so no packed W13 is made; the API takes W1 and W3 as two [E, d, F]
+ * tensors, which may change between runs). Elsewhere they are two GEMMs
+ * and the SwiGLU kernel. */
 #include "moe_cuda.h"
 
 #include <stdio.h>
@@ -128,36 +127,49 @@ unsigned smelt__moe_elementwise_grid(const smelt_ctx *ctx, const smelt__moe_stat
   return (unsigned)(blocks < cap ? blocks : cap);
 }
 
-smelt_status smelt__moe_swiglu(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_cuda *fc, void *out,
-                               void *h1, void *h3, const smelt_tensor *offsets) {
-  const void *od = offsets->data;
+void smelt__moe_pair_halves(const smelt_tensor *pair, smelt_tensor *lo, smelt_tensor *hi) {
+  const int64_t F = pair->shape[1] / 2;
+  *lo = *pair;
+  lo->shape[1] = F;
+  *hi = *lo;
+  /* No offset on a NULL pointer (a layout run's, sizing the workspace). */
+  if (pair->data) hi->data = (char *)pair->data + (size_t)F * smelt_dtype_size(pair->dtype);
+}
+
+smelt_status smelt__moe_swiglu(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_cuda *fc,
+                               const smelt_tensor *out, const smelt_tensor *h1, const smelt_tensor *h3,
+                               const smelt_tensor *offsets) {
+  void *od = offsets->data, *o = out->data, *a = h1->data, *b = h3->data;
   int o64 = offsets->dtype == SMELT_DTYPE_I64, E = (int)ms->E;
-  int64_t rows = ms->rows, F = ms->F;
-  void *params[] = {&out, &h1, &h3, &od, &o64, &E, &rows, &F};
+  int64_t rows = ms->rows, F = ms->F, os = out->strides[0], as = h1->strides[0], bs = h3->strides[0];
+  void *params[] = {&o, &a, &b, &od, &o64, &E, &rows, &F, &os, &as, &bs};
   return smelt__cuda_launch(ctx, MOE_OP "_ffn_run", fc->swiglu, smelt__moe_elementwise_grid(ctx, ms), 1, 1, 256, 0,
                             params);
 }
 
 smelt_status smelt__moe_ffn_run(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_ffn_cuda *fc,
-                                const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
-                                const smelt_tensor *yp) {
+                                const smelt__moe_sm90 *m, const smelt_tensor *const *t, const smelt_tensor *xp,
+                                const smelt_tensor *offsets, const smelt_tensor *yp) {
   if (yp->dtype == SMELT_DTYPE_F64)
     return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_ffn_run: yp f64 is for the CPU backend only");
   if (ms->rows == 0) return SMELT_OK;
   const smelt_dtype hdt = xp->dtype;
-  const int swiglu_ffn = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU;
+  const int swiglu_ffn = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU, fused = swiglu_ffn && smelt__moe_sm90_fits(m, ms, t);
   const size_t hb = (size_t)smelt__moe_round_up((uintptr_t)(ms->rows * ms->F) * smelt_dtype_size(hdt));
   char *ws = NULL;
-  smelt_status s = smelt__cuda_alloc(ctx, swiglu_ffn ? 2 * hb : hb, (void **)&ws);
+  smelt_status s = smelt__cuda_alloc(ctx, swiglu_ffn && !fused ? 2 * hb : hb, (void **)&ws);
   if (s) return s;
   const smelt_tensor h1 = smelt__moe_device_mat(ctx, ws, hdt, ms->rows, ms->F),
                      h3 = smelt__moe_device_mat(ctx, ws + hb, hdt, ms->rows, ms->F),
                      ends = smelt__moe_row_ends(ctx, offsets, ms->E);
   const int o64 = offsets->dtype == SMELT_DTYPE_I64;
-  if (!(s = plan_for(ctx, ms, fc, xp, &h1, &h3, yp, &ends)))
+  s = plan_for(ctx, ms, fc, xp, &h1, &h3, yp, &ends);
+  if (!s && fused) s = smelt__moe_glu_run(ctx, ms, m, t, xp, offsets, NULL, &h1);
+  else if (!s)
     s = smelt_gemm_grouped_offs_run(fc->up1[o64], xp, t[SMELT__MT_W1], NULL, &h1, t[SMELT__MT_B1], &ends);
-  if (!s && swiglu_ffn && !(s = smelt_gemm_grouped_offs_run(fc->up3[o64], xp, t[SMELT__MT_W3], NULL, &h3, NULL, &ends)))
-    s = smelt__moe_swiglu(ctx, ms, fc, h1.data, h1.data, h3.data, offsets);
+  if (!s && swiglu_ffn && !fused &&
+      !(s = smelt_gemm_grouped_offs_run(fc->up3[o64], xp, t[SMELT__MT_W3], NULL, &h3, NULL, &ends)))
+    s = smelt__moe_swiglu(ctx, ms, fc, &h1, &h1, &h3, offsets);
   if (!s) s = smelt_gemm_grouped_offs_run(fc->down[o64][yp->dtype], &h1, t[SMELT__MT_W2], NULL, yp, NULL, &ends);
   smelt_status f = smelt__cuda_free(ctx, ws);
   return s ? s : f;

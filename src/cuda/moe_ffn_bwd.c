@@ -6,9 +6,11 @@
  *                                 GEMM (smelt__moe_weight_grad; A column-major:
  *                                 "CR"), over the offsets read on the host
  *   db1 = column sums of dh1      moe_bias_grad (rows in order, no atomics)
- *   dxp = dh1·W1ᵀ + dh3·W3ᵀ       two grouped-by-offsets GEMMs (RC) into f32
- *                                 parts, which smelt__moe_dx_sum (moe_add) adds
- *                                 into dxp, or the layer gathers by token
+ *   dxp = dh1·W1ᵀ + dh3·W3ᵀ       on Hopper one GEMM over K = 2F (g13 = [dh1 |
+ *                                 dh3]: src/cuda/moe_gemm_sm90.c) into an f32
+ *                                 part, else two grouped-by-offsets GEMMs (RC)
+ *                                 into two, which smelt__moe_dx_sum (moe_add)
+ *                                 adds into dxp, or the layer gathers by token
  *                                 straight into dx
  * The weight gradients sum over each expert's rows (along K), which the
  * grouped-by-offsets GEMM cannot group, so they are the one place of the
@@ -23,6 +25,7 @@
 #include "moe_cuda.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 void smelt__moe_ffn_bwd_free(smelt__moe_ffn_bwd_cuda *bc) {
   for (int o = 0; o < 2; o++) {
@@ -72,12 +75,13 @@ smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state 
                                          const smelt_tensor *yp) {
   smelt__moe_ffn_bwd_cuda *bc = &mc->bwd;
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E);
-  smelt_status s = up_proj(ctx, ms, bc, t, xp, &ends, fi);
+  smelt_status s;
+  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_sm90_fits(&mc->sm90, ms, t))
+    s = smelt__moe_glu_run(ctx, ms, &mc->sm90, t, xp, offsets, &fi->h13, &fi->a);
+  else if (!(s = up_proj(ctx, ms, bc, t, xp, &ends, fi)))
+    s = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? smelt__moe_swiglu(ctx, ms, &mc->ffn, &fi->a, &fi->h1, &fi->h3, offsets)
+                                            : act_forward(ctx, ms, bc->act, fi->a.data, fi->h1.data, offsets);
   if (s) return s;
-  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU)
-    s = smelt__moe_swiglu(ctx, ms, &mc->ffn, fi->a.data, fi->h1.data, fi->h3.data, offsets);
-  else
-    s = act_forward(ctx, ms, bc->act, fi->a.data, fi->h1.data, offsets);
   return s ? s : offs_gemm(ctx, &bc->down[ends.dtype == SMELT_DTYPE_I64], &fi->a, t[SMELT__MT_W2], yp, NULL, &ends);
 }
 
@@ -125,12 +129,19 @@ static smelt_status weight_grads(smelt_ctx *ctx, const smelt__moe_state *ms, con
   return s;
 }
 
-/* The input gradient's parts, p[0] = g1·W1ᵀ and (SwiGLU) p[1] = g3·W3ᵀ, f32. */
+int smelt__moe_dx_parts(const smelt__moe_cuda *mc, const smelt__moe_state *ms, const smelt_tensor *const *t) {
+  return ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && !smelt__moe_sm90_fits(&mc->sm90, ms, t) ? 2 : 1;
+}
+
+/* The input gradient's parts, f32: p[0] = g1·W1ᵀ (+ g3·W3ᵀ in one GEMM
+ * over g13 on Hopper), else (SwiGLU) p[1] = g3·W3ᵀ. */
 static smelt_status input_grad(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                const smelt_tensor *const *t, const smelt_tensor *offsets,
                                const smelt__moe_ffn_inter *fi, const smelt_tensor *p) {
   smelt__moe_ffn_bwd_cuda *bc = &mc->bwd;
   const int o64 = offsets->dtype == SMELT_DTYPE_I64;
+  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_dx_parts(mc, ms, t) == 1)
+    return smelt__moe_kcat_run(ctx, ms, &mc->sm90, t, &fi->g13, offsets, &p[0]);
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E),
                      w1t = smelt__tensor_swap_axes(t[SMELT__MT_W1], 1, 2);
   smelt_status s = offs_gemm(ctx, &bc->dx1[o64], &fi->g1, &w1t, &p[0], NULL, &ends);
@@ -145,9 +156,9 @@ static smelt_status input_grad(smelt_ctx *ctx, const smelt__moe_state *ms, smelt
 #define ADD_SLICE 256
 
 smelt_status smelt__moe_dx_sum(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
-                               const smelt_tensor *parts, const smelt_tensor *offsets, const void *row_map,
+                               const smelt_tensor *parts, int nparts, const smelt_tensor *offsets, const void *row_map,
                                const smelt_tensor *g, const smelt_tensor *w, const smelt_tensor *out) {
-  const void *a = parts[0].data, *b = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? parts[1].data : NULL;
+  const void *a = parts[0].data, *b = nparts == 2 ? parts[1].data : NULL;
   const void *od = offsets->data, *gd = g ? g->data : NULL, *wd = w ? w->data : NULL;
   void *outd = out->data;
   int k = (int)ms->k, o64 = offsets->dtype == SMELT_DTYPE_I64, E = (int)ms->E, d = (int)ms->d;
@@ -186,7 +197,8 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
   int64_t rows = ms->rows, F = ms->F;
   const unsigned grid = smelt__moe_elementwise_grid(ctx, ms);
   if (!s && ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
-    void *params[] = {&h1, &h3, &a, &g1, &g3, &od, &o64, &E, &rows, &F};
+    int64_t hs = fi->h1.strides[0], gs = fi->g1.strides[0];
+    void *params[] = {&h1, &h3, &a, &g1, &g3, &od, &o64, &E, &rows, &F, &hs, &gs};
     s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->swiglu_bwd, grid, 1, 1, 256, 0, params);
   } else if (!s) {
     void *params[] = {&h1, &a, &g1, &act, &slope, &od, &o64, &E, &rows, &F};
@@ -203,11 +215,18 @@ smelt_status smelt__moe_ffn_inter_alloc(smelt_ctx *ctx, const smelt__moe_state *
   const size_t hb = smelt__moe_block_bytes(ms->rows * ms->F, smelt_dtype_size(xdt));
   smelt_status s = smelt__cuda_alloc(ctx, 3 * hb, (void **)ws);
   if (s) return s;
-  fi->h1 = smelt__moe_device_mat(ctx, *ws, xdt, ms->rows, ms->F);
-  fi->h3 = smelt__moe_device_mat(ctx, *ws + hb, xdt, ms->rows, ms->F);
+  memset(fi, 0, sizeof *fi);
+  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
+    fi->h13 = smelt__moe_device_mat(ctx, *ws, xdt, ms->rows, 2 * ms->F); /* 2 hb hold it */
+    smelt__moe_pair_halves(&fi->h13, &fi->h1, &fi->h3);
+  } else {
+    fi->h1 = smelt__moe_device_mat(ctx, *ws, xdt, ms->rows, ms->F);
+    fi->h3 = fi->h1;
+  }
   fi->a = smelt__moe_device_mat(ctx, *ws + 2 * hb, xdt, ms->rows, ms->F);
   fi->g1 = fi->h1; /* the gradients in place of the pre-activations */
   fi->g3 = fi->h3;
+  fi->g13 = fi->h13;
   return SMELT_OK;
 }
 
@@ -229,7 +248,7 @@ smelt_status smelt__moe_ffn_backward_run(smelt_ctx *ctx, const smelt__moe_state 
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E);
   if (!s) s = up_proj(ctx, ms, &mc->bwd, t, t[SMELT__MT_XP_IN], &ends, &fi);
   if (!s) s = smelt__moe_ffn_backward(ctx, ms, mc, t, t[SMELT__MT_XP_IN], offsets, dyp, &fi, dxp ? parts : NULL);
-  if (!s && dxp) s = smelt__moe_dx_sum(ctx, ms, mc, parts, offsets, NULL, NULL, NULL, dxp);
+  if (!s && dxp) s = smelt__moe_dx_sum(ctx, ms, mc, parts, smelt__moe_dx_parts(mc, ms, t), offsets, NULL, NULL, NULL, dxp);
   smelt_status f = smelt__cuda_free(ctx, ws), g = pws ? smelt__cuda_free(ctx, pws) : SMELT_OK;
   return s ? s : f ? f : g;
 }

@@ -276,8 +276,8 @@ static size_t ws_size(smelt_gemm_acc acc) { return acc == SMELT_GEMM_ACC_F64 ? 8
  * elements are 128 bytes) with the 128-byte swizzle. With batch >= 1, a
  * 3-D map of `batch` such matrices `bs` elements apart, boxes of one
  * matrix's box_rows x bk. */
-static smelt_status tensor_map_batched(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
-                                       int64_t k, int64_t rs, int64_t batch, int64_t bs, int box_rows, int bk) {
+smelt_status smelt__gemm_tensor_map_batched(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
+                                            int64_t k, int64_t rs, int64_t batch, int64_t bs, int box_rows, int bk) {
   const uint64_t es = smelt_dtype_size(dt);
   /* With one row the stride is never used; TMA still wants a valid one.
    * So with one matrix: the batch stride. */
@@ -300,7 +300,7 @@ static smelt_status tensor_map_batched(smelt__cu_tensor_map *map, smelt_dtype dt
 
 smelt_status smelt__gemm_tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
                                     int64_t k, int64_t rs, int box_rows, int bk) {
-  return tensor_map_batched(map, dt, data, rows, k, rs, 0, 0, box_rows, bk);
+  return smelt__gemm_tensor_map_batched(map, dt, data, rows, k, rs, 0, 0, box_rows, bk);
 }
 
 /* The Hopper kernel's A and B maps for problem p: a K-major operand in
@@ -317,12 +317,12 @@ static smelt_status operand_maps(const smelt__gemm_state *st, const smelt__gemm_
   const int64_t la = p->a.bs ? batch : 0, lb = p->b.bs ? batch : 0;
   smelt_status s =
       k->a_kmajor
-          ? tensor_map_batched(ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, la, p->a.bs, k->bm / k->cluster_n, k->bk)
-          : tensor_map_batched(ta, st->dt_a, p->a.data, p->k, p->m, p->a.cs, la, p->a.bs, k->bk, 64);
+          ? smelt__gemm_tensor_map_batched(ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, la, p->a.bs, k->bm / k->cluster_n, k->bk)
+          : smelt__gemm_tensor_map_batched(ta, st->dt_a, p->a.data, p->k, p->m, p->a.cs, la, p->a.bs, k->bk, 64);
   if (s) return s;
   return k->b_kmajor
-             ? tensor_map_batched(tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, lb, p->b.bs, k->bn / k->cluster_m, k->bk)
-             : tensor_map_batched(tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, lb, p->b.bs, k->bk, 64);
+             ? smelt__gemm_tensor_map_batched(tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, lb, p->b.bs, k->bn / k->cluster_m, k->bk)
+             : smelt__gemm_tensor_map_batched(tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, lb, p->b.bs, k->bk, 64);
 }
 
 /* Hopper: output tiles of an m x n problem in units of a cluster's tiles
@@ -471,8 +471,8 @@ static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, c
   /* K-major A and B (smelt__gemm_fits asks it of this mode). */
   if ((s = smelt__gemm_tensor_map(&ta, st->dt_a, p->a.data, p->m, p->k, p->a.rs, k->bm, k->bk)) ||
       (s = k->b_kmajor
-               ? tensor_map_batched(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, args->count, p->b.bs, k->bn, k->bk)
-               : tensor_map_batched(&tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, args->count, p->b.bs, k->bk, 64)) ||
+               ? smelt__gemm_tensor_map_batched(&tb, st->dt_b, p->b.data, p->n, p->k, p->b.cs, args->count, p->b.bs, k->bn, k->bk)
+               : smelt__gemm_tensor_map_batched(&tb, st->dt_b, p->b.data, p->k, p->n, p->b.rs, args->count, p->b.bs, k->bk, 64)) ||
       (s = smelt__gemm_tensor_map(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, 64, 128 / (int)smelt_dtype_size(st->dt_d))))
     return s;
   int fast = 1;
@@ -603,7 +603,7 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
     if (tiles > 0x7fffffff)
       return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm: %lld batched tiles exceed 2^31 - 1", (long long)tiles);
     fast = 1;
-    if ((s = tensor_map_batched(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, batch, p->d.bs, 64,
+    if ((s = smelt__gemm_tensor_map_batched(&td, st->dt_d, p->d.data, p->m, p->n, p->d.rs, batch, p->d.bs, 64,
                                 128 / (int)smelt_dtype_size(st->dt_d))))
       return s;
   } else if (kp->mode == SMELT__KMODE_PARALLEL) {

@@ -48,6 +48,7 @@ int smelt__moe_variants(smelt__kernel_src *out, int max) {
   for (int v = 0; v < 3 && v < max; v++) make_src(v, &out[v]);
   int n = 3;
   n += smelt__moe_ffn_variants(out + (max < n ? max : n), max < n ? 0 : max - n);
+  n += smelt__moe_sm90_variants(out + (max < n ? max : n), max < n ? 0 : max - n);
   return n + smelt__moe_decode_variants(out + (max < n ? max : n), max < n ? 0 : max - n);
 }
 
@@ -97,11 +98,15 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
   ms->saved_bytes = (int64_t)smelt__moe_cuda_saved_bytes(ms);
   if (ffn && ((s = smelt__moe_ffn_plan(plan->ctx, ms, &mc->ffn)) ||
               (s = smelt__moe_ffn_bwd_load(plan->ctx, ms, &mc->bwd)) ||
-              (s = smelt__moe_decode_plan(plan->ctx, ms, &mc->dec))))
+              (s = smelt__moe_decode_plan(plan->ctx, ms, &mc->dec)) ||
+              (s = smelt__moe_sm90_load(plan->ctx, ms, &mc->sm90))))
     return s;
   snprintf(plan->describe, sizeof plan->describe, "moe E=%d k=%d d=%d F=%d (%.32s + moe_permute%s%s)", (int)ms->E,
            (int)ms->k, (int)ms->d, (int)ms->F, route.name,
-           !ffn ? "" : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? " + grouped GEMMs + moe_swiglu" : " + grouped GEMMs",
+           !ffn                                     ? ""
+           : mc->sm90.glu                           ? " + grouped GEMMs, gate and up fused with SwiGLU (sm90)"
+           : ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU    ? " + grouped GEMMs + moe_swiglu"
+                                                    : " + grouped GEMMs",
            mc->dec.route ? "; forward: moe_decode" : "");
   return SMELT_OK;
 }
@@ -401,7 +406,7 @@ static smelt_status forward(smelt_plan *plan, const smelt__moe_state *ms, smelt_
     if (!(s = route_checks(u))) s = smelt__moe_decode_forward(ctx, ms, &mc->dec, u);
   } else if (!(s = smelt__moe_cuda_route(plan, ms, mc, u, NULL, NULL)) &&
              !(s = smelt__moe_cuda_permute(plan, ms, mc, u)) &&
-             !(s = smelt__moe_ffn_run(ctx, ms, &mc->ffn, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_YP]))) {
+             !(s = smelt__moe_ffn_run(ctx, ms, &mc->ffn, &mc->sm90, u, u[SMELT__MT_XP], u[SMELT__MT_OFFSETS], u[SMELT__MT_YP]))) {
     s = unpermute(plan, ms, mc, u);
   }
   if (!s && a->stats) {
@@ -423,7 +428,7 @@ static smelt_status run(smelt_plan *plan, const void *args) {
     case SMELT__MOE_PERMUTE: return smelt__moe_cuda_permute(plan, ms, mc, a->t);
     case SMELT__MOE_UNPERMUTE: return unpermute(plan, ms, mc, a->t);
     case SMELT__MOE_FFN:
-      return smelt__moe_ffn_run(plan->ctx, ms, &mc->ffn, a->t, a->t[SMELT__MT_XP_IN], a->t[SMELT__MT_OFFSETS_IN],
+      return smelt__moe_ffn_run(plan->ctx, ms, &mc->ffn, &mc->sm90, a->t, a->t[SMELT__MT_XP_IN], a->t[SMELT__MT_OFFSETS_IN],
                                 a->t[SMELT__MT_YP]);
     case SMELT__MOE_FORWARD: return forward(plan, ms, mc, a);
     case SMELT__MOE_STATS: return stats(plan, ms, a);

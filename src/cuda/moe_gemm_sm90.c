@@ -1,0 +1,181 @@
+/* The MoE's two fused expert products on the Hopper GEMM kernel
+ * (kernels/gemm_sm90.cu, GEMM_GLU and GEMM_KCAT), grouped by the device
+ * offsets as smelt_gemm_grouped_offs runs them (A over all rows, B a 3-D
+ * map with the expert as z, one persistent CTA an SM):
+ *   glu   a = silu(xp·W1ₑ)·(xp·W3ₑ) in one GEMM whose tiles hold the gate's
+ *         and the up projection's columns side by side, so h1 and h3 reach
+ *         HBM only when the backward keeps them (keep [rows, 2F]: h1 in its
+ *         columns 0 .. F-1, h3 in F .. 2F-1), and SwiGLU's own pass (two
+ *         reads and a write of [rows, F]) is gone;
+ *   kcat  dxp = g1·W1ₑᵀ + g3·W3ₑᵀ as one GEMM over K = 2F (g13 = [g1 | g3]
+ *         [rows, 2F], W1ₑᵀ's rows then W3ₑᵀ's), one f32 part instead of two
+ *         written and read back.
+ * Taken where they fit (fits_plan, fits_run); otherwise the callers run the
+ * separate GEMMs and the SwiGLU kernel (src/cuda/moe_ffn.c). */
+#include "moe_cuda.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The tile: 128 rows (two consumers) by 256 accumulator columns, 4 stages,
+ * A K-major; B MN-major for glu (W1 as [d, F] rows), K-major for kcat. */
+static smelt__gemm_kernel kernel_of(int tc, int glu) { return smelt__gemm_sm90_kernel(tc, 2, 256, 4, 1, !glu, 0); }
+
+static void make_src(int tc, int glu, smelt__kernel_src *src) {
+  const smelt__gemm_kernel k = kernel_of(tc, glu);
+  smelt__gemm_kernel_src(&k, src);
+  const size_t len = strlen(src->name);
+  snprintf(src->name + len, sizeof src->name - len, "_moe_%s", glu ? "glu" : "kcat");
+  smelt__prelude_define(src, glu ? "GEMM_GLU" : "GEMM_KCAT", 1);
+}
+
+int smelt__moe_sm90_variants(smelt__kernel_src *out, int max) {
+  int n = 0;
+  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
+    for (int glu = 0; glu < 2; glu++, n++)
+      if (n < max) make_src(tc, glu, &out[n]);
+  return n;
+}
+
+/* The plan's part of the rule: Hopper, a 16-bit SwiGLU without b1, F a
+ * whole number of 64-column pieces and K steps, d of 16-byte rows. */
+static int fits_plan(const smelt_ctx *ctx, const smelt__moe_state *ms) {
+  const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
+  return ctx->cuda->info.cc_major == 9 && ctx->cuda->info.cc_minor == 0 && ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU &&
+         (xdt == SMELT_DTYPE_BF16 || xdt == SMELT_DTYPE_F16) && ms->t[SMELT__MT_B1].ndim < 0 && ms->F % 64 == 0 &&
+         ms->d % 8 == 0 && ms->rows > 0;
+}
+
+smelt_status smelt__moe_sm90_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_sm90 *m) {
+  memset(m, 0, sizeof *m);
+  if (!fits_plan(ctx, ms)) return SMELT_OK;
+  const int tc = ms->t[SMELT__MT_X].dtype == SMELT_DTYPE_BF16 ? SMELT__TC_BF16 : SMELT__TC_F16;
+  smelt__kernel_src src;
+  make_src(tc, 1, &src);
+  smelt_status s = smelt__cuda_function(ctx, &src, "gemm_sm90", &m->glu);
+  make_src(tc, 0, &src);
+  if (!s) s = smelt__cuda_function(ctx, &src, "gemm_sm90", &m->kcat);
+  if (s) m->glu = m->kcat = NULL;
+  else m->k = kernel_of(tc, 1); /* threads and shared memory: the same for both */
+  return s;
+}
+
+/* A weight [E, d, F] as TMA reads it: x's dtype, unit column stride, rows
+ * and experts 16-byte aligned apart, the data 16-byte aligned. */
+static int weight_ok(const smelt_tensor *w, smelt_dtype xdt) {
+  return w && w->dtype == xdt && w->strides[2] == 1 && (w->strides[1] * 2) % 16 == 0 && (w->strides[0] * 2) % 16 == 0 &&
+         (uintptr_t)w->data % 16 == 0;
+}
+
+/* A [rows, cols] matrix of x's dtype (f32: part) with 16-byte rows. */
+static int mat_ok(const smelt_tensor *x, smelt_dtype dt) {
+  const int64_t es = (int64_t)smelt_dtype_size(dt);
+  return x->dtype == dt && x->strides[1] == 1 && (x->strides[0] * es) % 16 == 0 && (uintptr_t)x->data % 16 == 0;
+}
+
+int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t) {
+  const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
+  return m->glu && weight_ok(t[SMELT__MT_W1], xdt) && weight_ok(t[SMELT__MT_W3], xdt);
+}
+
+/* The grouped-by-offsets launch record: rows R (all experts'), the output's
+ * n columns over tile_n a tile, K = k; D at d (rows d_rs apart, dtype dt_d). */
+static smelt__gemm_kparams offs_params(const smelt__moe_state *ms, const smelt_tensor *offsets, smelt_dtype ab,
+                                       int64_t n, int tile_n, int64_t k, const smelt_tensor *d) {
+  smelt__gemm_kparams kp;
+  memset(&kp, 0, sizeof kp);
+  kp.p.m = ms->rows;
+  kp.p.n = n;
+  kp.p.k = k;
+  kp.p.d = (uint64_t)(uintptr_t)d->data;
+  kp.p.d_rs = d->strides[0];
+  kp.p.d_cs = 1;
+  kp.alpha_ab = 1.0;
+  kp.scale_d = 1.0f;
+  kp.dt_a = kp.dt_b = ab;
+  kp.dt_c = kp.dt_d = d->dtype;
+  kp.dt_bias = ab;
+  kp.act = SMELT_ACT_IDENTITY;
+  kp.swizzle = 8;
+  kp.splits = 1;
+  kp.mode = SMELT__KMODE_GROUPED_OFFS;
+  kp.count = (int)ms->E;
+  kp.tiles_m = (int)(smelt__ceil_div(ms->rows, 128) + ms->E);
+  kp.tiles_n = (int)smelt__ceil_div(n, tile_n);
+  /* the row ends: offsets past their leading 0 */
+  kp.offs = (uint64_t)(uintptr_t)offsets->data + smelt_dtype_size(offsets->dtype);
+  kp.offs_i64 = offsets->dtype == SMELT_DTYPE_I64;
+  return kp;
+}
+
+/* One launch of f: one CTA an SM over the bound of tiles. */
+static smelt_status launch(smelt_ctx *ctx, const smelt__moe_sm90 *m, CUfunction f, smelt__gemm_kparams *kp,
+                           const smelt__cu_tensor_map maps[5], const smelt__moe_b2 *x) {
+  const int64_t bound = (int64_t)kp->tiles_m * kp->tiles_n, sms = ctx->cuda->info.sm_count;
+  if (bound > 0x7fffffff - sms)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP ": %lld expert GEMM tiles exceed 2^31 - 1", (long long)bound);
+  int fast = 1;
+  const void *gmaps = NULL;
+  void *params[] = {(void *)&maps[0], (void *)&maps[1], (void *)&maps[2], kp, &fast, &gmaps,
+                    (void *)&maps[3], (void *)&maps[4], (void *)x};
+  return smelt__cuda_launch(ctx, MOE_OP, f, (unsigned)(bound < sms ? bound : sms), 1, 1, (unsigned)m->k.threads,
+                            (unsigned)m->k.smem, params);
+}
+
+/* W [E, d, F] MN-major (K = d rows of F columns), panels of 64 x 64. */
+static smelt_status weight_map(smelt__cu_tensor_map *map, const smelt_tensor *w, int64_t E) {
+  return smelt__gemm_tensor_map_batched(map, w->dtype, w->data, w->shape[1], w->shape[2], w->strides[1], E,
+                                        w->strides[0], 64, 64);
+}
+
+/* Wᵀ [E, F, d] K-major (N = d rows of F), boxes of 256 rows x 64. */
+static smelt_status weight_t_map(smelt__cu_tensor_map *map, const smelt_tensor *w, int64_t E) {
+  return smelt__gemm_tensor_map_batched(map, w->dtype, w->data, w->shape[1], w->shape[2], w->strides[1], E,
+                                        w->strides[0], 256, 64);
+}
+
+smelt_status smelt__moe_glu_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
+                                const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
+                                const smelt_tensor *keep, const smelt_tensor *a) {
+  const smelt_dtype xdt = xp->dtype;
+  if (!mat_ok(xp, xdt) || !mat_ok(a, xdt) || (keep && !mat_ok(keep, xdt)))
+    return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": the fused up projection's operands are not 16-byte rows");
+  smelt__gemm_kparams kp = offs_params(ms, offsets, xdt, ms->F, 128, ms->d, a);
+  smelt__cu_tensor_map maps[5];
+  memset(maps, 0, sizeof maps);
+  smelt__moe_b2 x = {0};
+  smelt_status s;
+  if ((s = smelt__gemm_tensor_map(&maps[0], xdt, xp->data, ms->rows, ms->d, xp->strides[0], 128, 64)) ||
+      (s = weight_map(&maps[1], t[SMELT__MT_W1], ms->E)) ||
+      (s = smelt__gemm_tensor_map(&maps[2], xdt, a->data, ms->rows, ms->F, a->strides[0], 64, 64)) ||
+      (s = weight_map(&maps[3], t[SMELT__MT_W3], ms->E)))
+    return s;
+  if (keep) {
+    if ((s = smelt__gemm_tensor_map(&maps[4], xdt, keep->data, ms->rows, 2 * ms->F, keep->strides[0], 64, 64)))
+      return s;
+    x.keep = (uint64_t)(uintptr_t)keep->data;
+    x.keep_rs = keep->strides[0];
+    x.keep_up = ms->F;
+  }
+  return launch(ctx, m, m->glu, &kp, maps, &x);
+}
+
+smelt_status smelt__moe_kcat_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
+                                 const smelt_tensor *const *t, const smelt_tensor *g13, const smelt_tensor *offsets,
+                                 const smelt_tensor *part) {
+  const smelt_dtype xdt = g13->dtype;
+  if (!mat_ok(g13, xdt) || !mat_ok(part, SMELT_DTYPE_F32))
+    return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": the fused input gradient's operands are not 16-byte rows");
+  smelt__gemm_kparams kp = offs_params(ms, offsets, xdt, ms->d, 256, 2 * ms->F, part);
+  smelt__cu_tensor_map maps[5];
+  memset(maps, 0, sizeof maps);
+  smelt__moe_b2 x = {.kcat = ms->F};
+  smelt_status s;
+  if ((s = smelt__gemm_tensor_map(&maps[0], xdt, g13->data, ms->rows, 2 * ms->F, g13->strides[0], 128, 64)) ||
+      (s = weight_t_map(&maps[1], t[SMELT__MT_W1], ms->E)) ||
+      (s = smelt__gemm_tensor_map(&maps[2], SMELT_DTYPE_F32, part->data, ms->rows, ms->d, part->strides[0], 64, 32)) ||
+      (s = weight_t_map(&maps[3], t[SMELT__MT_W3], ms->E)))
+    return s;
+  maps[4] = maps[2]; /* no keep */
+  return launch(ctx, m, m->kcat, &kp, maps, &x);
+}
