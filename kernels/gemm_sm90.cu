@@ -256,12 +256,25 @@
  * and u to the keep matrix at columns c and X.keep_up + c. GEMM_KCAT 1,
  * K in two parts (B K-major): B's rows below X.kcat come from B's map, the
  * rest from B2's, A one matrix over all of K, so D = A[:, :kc]·B +
- * A[:, kc:]·B2 in one accumulator (kc a whole number of K steps). */
+ * A[:, kc:]·B2 in one accumulator (kc a whole number of K steps).
+ * GEMM_DGLU 1, SwiGLU's backward in the epilogue of dA = dy·W2ᵀ
+ * (cooperative, 16-bit): with h1 and h3 read from the aux matrix (h1 at
+ * column c, h3 at X.keep_up + c; each consumer asks L2 for its rows'
+ * share before its main loop), it stores dh1 and dh3 to the keep matrix
+ * at the same columns (it may be the aux matrix: each element is read and
+ * then written by its own thread) and silu(h1)·h3 to D; dA never reaches
+ * memory. */
 #if !defined(GEMM_GLU)
 #define GEMM_GLU 0
 #endif
 #if !defined(GEMM_KCAT)
 #define GEMM_KCAT 0
+#endif
+#if !defined(GEMM_DGLU)
+#define GEMM_DGLU 0
+#endif
+#if GEMM_DGLU && (PINGPONG || CLUSTER > 1 || AB_SIZE != 2 || BLOCK_SCALE || GEMM_GLU || GEMM_KCAT)
+#error "gemm_sm90.cu: GEMM_DGLU needs 16-bit types and the cooperative schedule"
 #endif
 #if GEMM_GLU && (PINGPONG || CLUSTER > 1 || !B_MN || GEMM_BN != 256 || AB_SIZE != 2 || BLOCK_SCALE || GEMM_KCAT)
 #error "gemm_sm90.cu: GEMM_GLU needs 16-bit types, the cooperative schedule, BN 256, B MN-major"
@@ -270,13 +283,15 @@
 #error "gemm_sm90.cu: GEMM_KCAT needs B K-major, no cluster or block scales"
 #endif
 #define TILE_N (GEMM_GLU ? BN / 2 : BN) /* D's columns a tile covers */
-#if GEMM_GLU || GEMM_KCAT
-/* The second B's parameters (mirrored by smelt__moe_b2 in src/cuda/moe_cuda.h). */
+#if GEMM_GLU || GEMM_KCAT || GEMM_DGLU
+/* The second B's and the pair matrices' parameters (mirrored by smelt__moe_b2 in src/cuda/moe_cuda.h). */
 typedef struct gemm_b2 {
-  u64 keep;         /* GLU: the keep matrix (D's dtype), or 0 */
+  u64 keep;         /* GLU, DGLU: the keep matrix (D's dtype), or 0 */
   i64 keep_rs;      /* its row stride, elements */
-  i64 keep_up;      /* its first column of U's values */
+  i64 keep_up;      /* its (and aux's) first column of U's values */
   i64 kcat;         /* KCAT: the K elements from B's map */
+  u64 aux;          /* DGLU: h1 | h3 (D's dtype) */
+  i64 aux_rs;       /* its row stride, elements */
 } gemm_b2;
 #define B2_KPARAM , const __grid_constant__ tmap_t tma_b2, const __grid_constant__ tmap_t tma_k, const gemm_b2 X
 #else
@@ -883,6 +898,19 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
  * elements of a row, rows and columns masked at M and N. The buffer's
  * next writer waits for these reads at its own piece's barrier, as for a
  * TMA store's. */
+#if GEMM_DGLU
+/* bytes at p (16-byte aligned, a multiple of 16) into L2. */
+static __device__ __forceinline__ void prefetch_l2(u64 p, u32 bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/* Element e (0 low, 1 high) of a pair of 16-bit values in f32. */
+static __device__ __forceinline__ float pair_elem(u32 v, int e, int bf) {
+  const smelt_h16 h = (smelt_h16)(e ? v >> 16 : v & 0xffffu);
+  return bf ? smelt_bf16_to_f32(h) : smelt_f16_to_f32(h);
+}
+#endif
+
 /* piece_out's whole-unit cases for a matrix at d (rows rs elements apart,
  * columns below ncols; D's dtype) through map: the TMA store, or for a
  * piece crossing its group's end row the rows before it by the threads. */
@@ -1232,6 +1260,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
     }
     if ((PINGPONG || fast) && (P.has_sa | P.has_sb)) prefetch_scales(P, w, m0, n0, tid);
+#if GEMM_DGLU
+    /* This consumer's 64 rows of h1 (even threads) and h3 (odd) over the
+     * tile's columns into L2, for the epilogue's loads. */
+    if (m0 + (tid >> 1) < w.m && n0 < w.n) {
+      const i64 cols = w.n - n0 < TILE_N ? w.n - n0 : TILE_N;
+      prefetch_l2(X.aux + (u64)(((m0 + (tid >> 1)) * X.aux_rs + (tid & 1) * X.keep_up + n0) * 2), (u32)(cols * 2));
+    }
+#endif
 #if PINGPONG
     if (j > 0) pp_wait(c);
 #endif
@@ -1316,6 +1352,50 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (tid + 128 < BN) bias[tid + 128] = bias_hi;
       }
       pair_sync();
+#endif
+#if GEMM_DGLU
+      {
+        /* Piece p (columns x = n0 + 64p): accumulator i of the piece is
+         * row r0 + 8 ((i/2) % 2), column x + 8 (i/4) + 2 (lane%4) + i%2;
+         * h1 and h3 come in pairs of columns (rows past the group's end
+         * read nothing: their values are never stored). */
+        const float alpha = (float)P.alpha_ab;
+        const int bf = P.dt_d == DT_BF16;
+        const i64 r0 = m0 + 16 * warp + (lane >> 2);
+#pragma unroll
+        for (int p = 0; p < BN / 64; p++) {
+          const i64 x = n0 + 64 * p;
+          if (x >= w.n) continue; /* uniform */
+          u32 hv[16], uv[16];
+#pragma unroll
+          for (int k = 0; k < 16; k++) {
+            const i64 r = r0 + 8 * (k % 2), col = x + 8 * (k / 2) + 2 * (lane & 3);
+            const u32 *at = (const u32 *)(X.aux + (u64)((r * X.aux_rs + col) * 2));
+            hv[k] = r < w.m ? at[0] : 0u;
+            uv[k] = r < w.m ? at[X.keep_up / 2] : 0u;
+          }
+          float g1[32], g3[32], a[32];
+#pragma unroll
+          for (int i = 0; i < 32; i++) {
+            const int k = 2 * (i / 4) + (i / 2) % 2;
+            const float h = pair_elem(hv[k], i % 2, bf), u = pair_elem(uv[k], i % 2, bf), g = alpha * d[32 * p + i];
+            const float sg = smelt_fast_div(1.f, 1.f + smelt_fast_exp(-h)), silu = h * sg;
+            g1[i] = g * u * sg * (1.f + h * (1.f - sg));
+            g3[i] = g * silu;
+            a[i] = silu * u;
+          }
+          u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          put_piece16(buf, g1, bf, warp, lane);
+          piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, w.n, x, m0, buf);
+          buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          put_piece16(buf, g3, bf, warp, lane);
+          piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, X.keep_up + w.n, X.keep_up + x, m0, buf);
+          buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          put_piece16(buf, a, bf, warp, lane);
+          piece_out(P, fast, c, tid, w, x, m0, buf PIECE_CONV_PASS);
+        }
+        continue;
+      }
 #endif
 #if GEMM_GLU
       {

@@ -15,7 +15,7 @@
  * kernels where the plan fits their rule (else NULL: the separate GEMMs
  * run) and their launch shape. */
 typedef struct smelt__moe_sm90 {
-  CUfunction glu, kcat;
+  CUfunction glu, dglu, kcat;
   smelt__gemm_kernel k;
 } smelt__moe_sm90;
 
@@ -103,6 +103,8 @@ int smelt__moe_decode_variants(smelt__kernel_src *out, int max);
 typedef struct smelt__moe_b2 {
   uint64_t keep;
   int64_t keep_rs, keep_up, kcat;
+  uint64_t aux;
+  int64_t aux_rs;
 } smelt__moe_b2;
 
 smelt_status smelt__moe_sm90_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_sm90 *m);
@@ -114,11 +116,16 @@ int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, c
 smelt_status smelt__moe_glu_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
                                 const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
                                 const smelt_tensor *keep, const smelt_tensor *a);
+/* From dyp [rows, d] and h13 = [h1 | h3] [rows, 2F]: dA = dyp·W2ₑᵀ, then
+ * g13 = [dh1 | dh3] (g13 may be h13) and a = silu(h1)·h3 [rows, F]. */
+smelt_status smelt__moe_dglu_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
+                                 const smelt_tensor *const *t, const smelt_tensor *dyp, const smelt_tensor *offsets,
+                                 const smelt_tensor *h13, const smelt_tensor *g13, const smelt_tensor *a);
 /* part [rows, d] f32 = g1·W1ₑᵀ + g3·W3ₑᵀ, g13 = [g1 | g3] [rows, 2F]. */
 smelt_status smelt__moe_kcat_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
                                  const smelt_tensor *const *t, const smelt_tensor *g13, const smelt_tensor *offsets,
                                  const smelt_tensor *part);
-/* Their variants (f16 and bf16, glu and kcat), for the enumerator. */
+/* Their variants (f16 and bf16; glu, dglu and kcat), for the enumerator. */
 int smelt__moe_sm90_variants(smelt__kernel_src *out, int max);
 
 /* The backend's state (smelt__moe_state.cuda). */

@@ -1,7 +1,9 @@
 /* The MoE expert FFN's backward on CUDA, over the permuted rows:
  *   dA  = dyp·W2ᵀ                 grouped-by-offsets GEMM, W2ᵀ the K-major
  *                                 view of W2 (the "RC" layout, Hopper's fast one)
- *   dh1, dh3, a from h1, h3, dA   kernels/moe_ffn.cu (SwiGLU; the MLP's act')
+ *   dh1, dh3, a from h1, h3, dA   kernels/moe_ffn.cu (SwiGLU; the MLP's act');
+ *                                 on Hopper SwiGLU's in dA's epilogue
+ *                                 (src/cuda/moe_gemm_sm90.c: dA never stored)
  *   dW2 = aᵀ·dyp, dW1 = xpᵀ·dh1, dW3 = xpᵀ·dh3   per expert: the host-grouped
  *                                 GEMM (smelt__moe_weight_grad; A column-major:
  *                                 "CR"), over the offsets read on the host
@@ -174,6 +176,23 @@ smelt_status smelt__moe_dx_sum(smelt_ctx *ctx, const smelt__moe_state *ms, const
                             1, 1, 256, 0, params);
 }
 
+/* From dA in fi->a: g1, g3 (SwiGLU's or the MLP's act') and a again. */
+static smelt_status act_backward(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_ffn_bwd_cuda *bc,
+                                 const smelt_tensor *offsets, const smelt__moe_ffn_inter *fi) {
+  const void *od = offsets->data, *h1 = fi->h1.data, *h3 = fi->h3.data;
+  void *a = fi->a.data, *g1 = fi->g1.data, *g3 = fi->g3.data;
+  int o64 = offsets->dtype == SMELT_DTYPE_I64, E = (int)ms->E, act = (int)ms->cfg.activation;
+  float slope = 0.01f;
+  int64_t rows = ms->rows, F = ms->F, hs = fi->h1.strides[0], gs = fi->g1.strides[0];
+  const unsigned grid = smelt__moe_elementwise_grid(ctx, ms);
+  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
+    void *params[] = {&h1, &h3, &a, &g1, &g3, &od, &o64, &E, &rows, &F, &hs, &gs};
+    return smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->swiglu_bwd, grid, 1, 1, 256, 0, params);
+  }
+  void *params[] = {&h1, &a, &g1, &act, &slope, &od, &o64, &E, &rows, &F};
+  return smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->act_bwd, grid, 1, 1, 256, 0, params);
+}
+
 smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_cuda *mc,
                                      const smelt_tensor *const *t, const smelt_tensor *xp,
                                      const smelt_tensor *offsets, const smelt_tensor *dyp,
@@ -189,21 +208,11 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E),
                      w2t = smelt__tensor_swap_axes(t[SMELT__MT_W2], 1, 2);
   int o64 = ends.dtype == SMELT_DTYPE_I64;
-  if (!s) s = offs_gemm(ctx, &bc->da[o64][dyp->dtype], dyp, &w2t, &fi->a, NULL, &ends);
-  const void *od = offsets->data, *h1 = fi->h1.data, *h3 = fi->h3.data;
-  void *a = fi->a.data, *g1 = fi->g1.data, *g3 = fi->g3.data;
-  int E = (int)ms->E, act = (int)ms->cfg.activation;
-  float slope = 0.01f;
-  int64_t rows = ms->rows, F = ms->F;
-  const unsigned grid = smelt__moe_elementwise_grid(ctx, ms);
-  if (!s && ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU) {
-    int64_t hs = fi->h1.strides[0], gs = fi->g1.strides[0];
-    void *params[] = {&h1, &h3, &a, &g1, &g3, &od, &o64, &E, &rows, &F, &hs, &gs};
-    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->swiglu_bwd, grid, 1, 1, 256, 0, params);
-  } else if (!s) {
-    void *params[] = {&h1, &a, &g1, &act, &slope, &od, &o64, &E, &rows, &F};
-    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", bc->act_bwd, grid, 1, 1, 256, 0, params);
-  }
+  /* On Hopper dA and SwiGLU's backward are one GEMM (a dyp of x's dtype). */
+  const int fused = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && dyp->dtype == fi->a.dtype && smelt__moe_sm90_fits(&mc->sm90, ms, t);
+  if (!s && fused) s = smelt__moe_dglu_run(ctx, ms, &mc->sm90, t, dyp, offsets, &fi->h13, &fi->g13, &fi->a);
+  else if (!s && !(s = offs_gemm(ctx, &bc->da[o64][dyp->dtype], dyp, &w2t, &fi->a, NULL, &ends)))
+    s = act_backward(ctx, ms, bc, offsets, fi);
   if (!s) s = weight_grads(ctx, ms, bc, t, xp, offsets, start, dyp, fi);
   free(start);
   return s || !parts ? s : input_grad(ctx, ms, mc, t, offsets, fi, parts);

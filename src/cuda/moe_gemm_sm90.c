@@ -7,6 +7,9 @@
  *         HBM only when the backward keeps them (keep [rows, 2F]: h1 in its
  *         columns 0 .. F-1, h3 in F .. 2F-1), and SwiGLU's own pass (two
  *         reads and a write of [rows, F]) is gone;
+ *   dglu  dA = dyp·W2ₑᵀ with SwiGLU's backward in its epilogue: from h1 and
+ *         h3 (h13) it stores dh1 | dh3 (g13, which may be h13) and a =
+ *         silu(h1)·h3 (for dW2), so dA is never written and read back;
  *   kcat  dxp = g1·W1ₑᵀ + g3·W3ₑᵀ as one GEMM over K = 2F (g13 = [g1 | g3]
  *         [rows, 2F], W1ₑᵀ's rows then W3ₑᵀ's), one f32 part instead of two
  *         written and read back.
@@ -17,23 +20,30 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The tile: 128 rows (two consumers) by 256 accumulator columns, 4 stages,
- * A K-major; B MN-major for glu (W1 as [d, F] rows), K-major for kcat. */
-static smelt__gemm_kernel kernel_of(int tc, int glu) { return smelt__gemm_sm90_kernel(tc, 2, 256, 4, 1, !glu, 0); }
+/* The three products: their kernel's prelude switch and name. */
+enum { P_GLU, P_DGLU, P_KCAT, P_COUNT };
+static const char *const switches[P_COUNT] = {"GEMM_GLU", "GEMM_DGLU", "GEMM_KCAT"};
+static const char *const tags[P_COUNT] = {"glu", "dglu", "kcat"};
 
-static void make_src(int tc, int glu, smelt__kernel_src *src) {
-  const smelt__gemm_kernel k = kernel_of(tc, glu);
+/* The tile: 128 rows (two consumers) by 256 accumulator columns, 4 stages,
+ * A K-major; B MN-major for glu (W1 as [d, F] rows), K-major (Wᵀ) else. */
+static smelt__gemm_kernel kernel_of(int tc, int prod) {
+  return smelt__gemm_sm90_kernel(tc, 2, 256, 4, 1, prod != P_GLU, 0);
+}
+
+static void make_src(int tc, int prod, smelt__kernel_src *src) {
+  const smelt__gemm_kernel k = kernel_of(tc, prod);
   smelt__gemm_kernel_src(&k, src);
   const size_t len = strlen(src->name);
-  snprintf(src->name + len, sizeof src->name - len, "_moe_%s", glu ? "glu" : "kcat");
-  smelt__prelude_define(src, glu ? "GEMM_GLU" : "GEMM_KCAT", 1);
+  snprintf(src->name + len, sizeof src->name - len, "_moe_%s", tags[prod]);
+  smelt__prelude_define(src, switches[prod], 1);
 }
 
 int smelt__moe_sm90_variants(smelt__kernel_src *out, int max) {
   int n = 0;
   for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    for (int glu = 0; glu < 2; glu++, n++)
-      if (n < max) make_src(tc, glu, &out[n]);
+    for (int prod = 0; prod < P_COUNT; prod++, n++)
+      if (n < max) make_src(tc, prod, &out[n]);
   return n;
 }
 
@@ -50,13 +60,15 @@ smelt_status smelt__moe_sm90_load(smelt_ctx *ctx, const smelt__moe_state *ms, sm
   memset(m, 0, sizeof *m);
   if (!fits_plan(ctx, ms)) return SMELT_OK;
   const int tc = ms->t[SMELT__MT_X].dtype == SMELT_DTYPE_BF16 ? SMELT__TC_BF16 : SMELT__TC_F16;
-  smelt__kernel_src src;
-  make_src(tc, 1, &src);
-  smelt_status s = smelt__cuda_function(ctx, &src, "gemm_sm90", &m->glu);
-  make_src(tc, 0, &src);
-  if (!s) s = smelt__cuda_function(ctx, &src, "gemm_sm90", &m->kcat);
-  if (s) m->glu = m->kcat = NULL;
-  else m->k = kernel_of(tc, 1); /* threads and shared memory: the same for both */
+  CUfunction *f[P_COUNT] = {&m->glu, &m->dglu, &m->kcat};
+  smelt_status s = SMELT_OK;
+  for (int prod = 0; prod < P_COUNT && !s; prod++) {
+    smelt__kernel_src src;
+    make_src(tc, prod, &src);
+    s = smelt__cuda_function(ctx, &src, "gemm_sm90", f[prod]);
+  }
+  if (s) m->glu = m->dglu = m->kcat = NULL;
+  else m->k = kernel_of(tc, P_GLU); /* threads and shared memory: the same for all */
   return s;
 }
 
@@ -75,7 +87,8 @@ static int mat_ok(const smelt_tensor *x, smelt_dtype dt) {
 
 int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t) {
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
-  return m->glu && weight_ok(t[SMELT__MT_W1], xdt) && weight_ok(t[SMELT__MT_W3], xdt);
+  return m->glu && weight_ok(t[SMELT__MT_W1], xdt) && weight_ok(t[SMELT__MT_W3], xdt) &&
+         weight_ok(t[SMELT__MT_W2], xdt);
 }
 
 /* The grouped-by-offsets launch record: rows R (all experts'), the output's
@@ -178,4 +191,25 @@ smelt_status smelt__moe_kcat_run(smelt_ctx *ctx, const smelt__moe_state *ms, con
     return s;
   maps[4] = maps[2]; /* no keep */
   return launch(ctx, m, m->kcat, &kp, maps, &x);
+}
+
+smelt_status smelt__moe_dglu_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
+                                 const smelt_tensor *const *t, const smelt_tensor *dyp, const smelt_tensor *offsets,
+                                 const smelt_tensor *h13, const smelt_tensor *g13, const smelt_tensor *a) {
+  const smelt_dtype xdt = h13->dtype;
+  if (!mat_ok(dyp, xdt) || !mat_ok(h13, xdt) || !mat_ok(g13, xdt) || !mat_ok(a, xdt))
+    return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": the fused SwiGLU backward's operands are not 16-byte rows");
+  smelt__gemm_kparams kp = offs_params(ms, offsets, xdt, ms->F, 256, ms->d, a);
+  smelt__cu_tensor_map maps[5];
+  memset(maps, 0, sizeof maps);
+  smelt_status s;
+  if ((s = smelt__gemm_tensor_map(&maps[0], xdt, dyp->data, ms->rows, ms->d, dyp->strides[0], 128, 64)) ||
+      (s = weight_t_map(&maps[1], t[SMELT__MT_W2], ms->E)) ||
+      (s = smelt__gemm_tensor_map(&maps[2], xdt, a->data, ms->rows, ms->F, a->strides[0], 64, 64)) ||
+      (s = smelt__gemm_tensor_map(&maps[4], xdt, g13->data, ms->rows, 2 * ms->F, g13->strides[0], 64, 64)))
+    return s;
+  maps[3] = maps[1]; /* no second B */
+  const smelt__moe_b2 x = {.keep = (uint64_t)(uintptr_t)g13->data, .keep_rs = g13->strides[0], .keep_up = ms->F,
+                           .aux = (uint64_t)(uintptr_t)h13->data, .aux_rs = h13->strides[0]};
+  return launch(ctx, m, m->dglu, &kp, maps, &x);
 }
