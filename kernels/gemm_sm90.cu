@@ -258,12 +258,13 @@
  * rest from B2's, A one matrix over all of K, so D = A[:, :kc]·B +
  * A[:, kc:]·B2 in one accumulator (kc a whole number of K steps).
  * GEMM_DGLU 1, SwiGLU's backward in the epilogue of dA = dy·W2ᵀ
- * (cooperative, 16-bit): with h1 and h3 read from the aux matrix (h1 at
- * column c, h3 at X.keep_up + c; each consumer asks L2 for its rows'
- * share before its main loop), it stores dh1 and dh3 to the keep matrix
- * at the same columns (it may be the aux matrix: each element is read and
- * then written by its own thread) and silu(h1)·h3 to D; dA never reaches
- * memory. */
+ * (cooperative, 16-bit): h1 and h3 (the aux matrix through B2's map: h1 at
+ * column c, h3 at X.keep_up + c) reach the epilogue through the main
+ * loop's ring, after a tile's K steps one stage a 64-column piece (both
+ * consumers' 64 x 64 boxes of each), so their loads overlap the main loop
+ * as the operands' do; it stores dh1 and dh3 to the keep matrix at the
+ * same columns (it may be the aux matrix: a tile reads its elements before
+ * it writes them) and silu(h1)·h3 to D; dA never reaches memory. */
 #if !defined(GEMM_GLU)
 #define GEMM_GLU 0
 #endif
@@ -290,8 +291,6 @@ typedef struct gemm_b2 {
   i64 keep_rs;      /* its row stride, elements */
   i64 keep_up;      /* its (and aux's) first column of U's values */
   i64 kcat;         /* KCAT: the K elements from B's map */
-  u64 aux;          /* DGLU: h1 | h3 (D's dtype) */
-  i64 aux_rs;       /* its row stride, elements */
 } gemm_b2;
 #define B2_KPARAM , const __grid_constant__ tmap_t tma_b2, const __grid_constant__ tmap_t tma_k, const gemm_b2 X
 #else
@@ -899,10 +898,9 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
  * next writer waits for these reads at its own piece's barrier, as for a
  * TMA store's. */
 #if GEMM_DGLU
-/* bytes at p (16-byte aligned, a multiple of 16) into L2. */
-static __device__ __forceinline__ void prefetch_l2(u64 p, u32 bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
+/* An aux stage: consumer c's 64 x 64 boxes of h1 and h3 at c * 2 BOX. */
+#define AUX_BOX (64 * 128)
+static_assert(2 * CONSUMERS * AUX_BOX <= STAGE_BYTES, "an aux stage fits a ring stage");
 
 /* Element e (0 low, 1 high) of a pair of 16-bit values in f32. */
 static __device__ __forceinline__ float pair_elem(u32 v, int e, int bf) {
@@ -1210,6 +1208,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           phase ^= 1;
         }
       }
+#if GEMM_DGLU
+      /* The epilogue's h1 and h3, a stage for each 64-column piece inside
+       * N (rows past T load zeros; past the group's end, rows never stored). */
+      for (int p = 0; p < BN / 64 && w.tn * TILE_N + 64 * p < w.n; p++) {
+        mbar_wait(empty + 8 * stage, phase ^ 1);
+        const u32 bar = full + 8 * stage, sa = base + stage * STAGE_BYTES;
+        mbar_expect_tx(bar, 2 * CONSUMERS * AUX_BOX);
+#pragma unroll
+        for (int q = 0; q < 2 * CONSUMERS; q++)
+          tma_load(sa + q * AUX_BOX, &tma_b2, (int)((q & 1) * X.keep_up + w.tn * TILE_N + 64 * p),
+                   (int)(w.row0 + 64 * (q >> 1)), bar);
+        if (++stage == GEMM_STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+#endif
     }
 #if CLUSTER > 1
     /* No exit while a peer may still arrive on this CTA's barriers: wait
@@ -1260,14 +1275,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         bias_hi = gemm_load_epi((const void *)w.bias, P.dt_bias, (n0 + tid + 128) * w.bias_s);
     }
     if ((PINGPONG || fast) && (P.has_sa | P.has_sb)) prefetch_scales(P, w, m0, n0, tid);
-#if GEMM_DGLU
-    /* This consumer's 64 rows of h1 (even threads) and h3 (odd) over the
-     * tile's columns into L2, for the epilogue's loads. */
-    if (m0 + (tid >> 1) < w.m && n0 < w.n) {
-      const i64 cols = w.n - n0 < TILE_N ? w.n - n0 : TILE_N;
-      prefetch_l2(X.aux + (u64)(((m0 + (tid >> 1)) * X.aux_rs + (tid & 1) * X.keep_up + n0) * 2), (u32)(cols * 2));
-    }
-#endif
 #if PINGPONG
     if (j > 0) pp_wait(c);
 #endif
@@ -1356,23 +1363,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if GEMM_DGLU
       {
         /* Piece p (columns x = n0 + 64p): accumulator i of the piece is
-         * row r0 + 8 ((i/2) % 2), column x + 8 (i/4) + 2 (lane%4) + i%2;
-         * h1 and h3 come in pairs of columns (rows past the group's end
-         * read nothing: their values are never stored). */
+         * row 16 warp + lane/4 + 8 ((i/2) % 2) of this consumer's 64,
+         * column 8 (i/4) + 2 (lane%4) + i%2 of the piece; h1 and h3 come in
+         * pairs of columns from the piece's aux stage (the boxes' 128-byte
+         * rows swizzled as TMA wrote them), which is released at once. */
         const float alpha = (float)P.alpha_ab;
         const int bf = P.dt_d == DT_BF16;
-        const i64 r0 = m0 + 16 * warp + (lane >> 2);
 #pragma unroll
         for (int p = 0; p < BN / 64; p++) {
           const i64 x = n0 + 64 * p;
-          if (x >= w.n) continue; /* uniform */
+          if (x >= w.n) continue; /* uniform; the producer loaded no stage */
+          mbar_wait(full + 8 * stage, phase);
+          const u32 box = base + stage * STAGE_BYTES + (u32)(2 * c) * AUX_BOX;
           u32 hv[16], uv[16];
 #pragma unroll
           for (int k = 0; k < 16; k++) {
-            const i64 r = r0 + 8 * (k % 2), col = x + 8 * (k / 2) + 2 * (lane & 3);
-            const u32 *at = (const u32 *)(X.aux + (u64)((r * X.aux_rs + col) * 2));
-            hv[k] = r < w.m ? at[0] : 0u;
-            uv[k] = r < w.m ? at[X.keep_up / 2] : 0u;
+            const u32 r = 16 * warp + (lane >> 2) + 8 * (k % 2), b = 16 * (k / 2) + 4 * (lane & 3);
+            const u32 at = box + r * 128u + (((b >> 4) ^ (r % 8)) << 4) + (b & 15);
+            hv[k] = lds32(at);
+            uv[k] = lds32(at + AUX_BOX);
+          }
+          release(empty + 8 * stage, lane);
+          if (++stage == GEMM_STAGES) {
+            stage = 0;
+            phase ^= 1;
           }
           float g1[32], g3[32], a[32];
 #pragma unroll

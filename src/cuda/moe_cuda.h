@@ -103,8 +103,6 @@ int smelt__moe_decode_variants(smelt__kernel_src *out, int max);
 typedef struct smelt__moe_b2 {
   uint64_t keep;
   int64_t keep_rs, keep_up, kcat;
-  uint64_t aux;
-  int64_t aux_rs;
 } smelt__moe_b2;
 
 smelt_status smelt__moe_sm90_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_sm90 *m);

@@ -8,8 +8,10 @@
  *         columns 0 .. F-1, h3 in F .. 2F-1), and SwiGLU's own pass (two
  *         reads and a write of [rows, F]) is gone;
  *   dglu  dA = dyp·W2ₑᵀ with SwiGLU's backward in its epilogue: from h1 and
- *         h3 (h13) it stores dh1 | dh3 (g13, which may be h13) and a =
- *         silu(h1)·h3 (for dW2), so dA is never written and read back;
+ *         h3 (h13, through B2's map: the kernel loads them into its ring
+ *         after each tile's K steps) it stores dh1 | dh3 (g13, which may be
+ *         h13) and a = silu(h1)·h3 (for dW2), so dA is never written and
+ *         read back;
  *   kcat  dxp = g1·W1ₑᵀ + g3·W3ₑᵀ as one GEMM over K = 2F (g13 = [g1 | g3]
  *         [rows, 2F], W1ₑᵀ's rows then W3ₑᵀ's), one f32 part instead of two
  *         written and read back.
@@ -206,10 +208,9 @@ smelt_status smelt__moe_dglu_run(smelt_ctx *ctx, const smelt__moe_state *ms, con
   if ((s = smelt__gemm_tensor_map(&maps[0], xdt, dyp->data, ms->rows, ms->d, dyp->strides[0], 128, 64)) ||
       (s = weight_t_map(&maps[1], t[SMELT__MT_W2], ms->E)) ||
       (s = smelt__gemm_tensor_map(&maps[2], xdt, a->data, ms->rows, ms->F, a->strides[0], 64, 64)) ||
+      (s = smelt__gemm_tensor_map(&maps[3], xdt, h13->data, ms->rows, 2 * ms->F, h13->strides[0], 64, 64)) ||
       (s = smelt__gemm_tensor_map(&maps[4], xdt, g13->data, ms->rows, 2 * ms->F, g13->strides[0], 64, 64)))
     return s;
-  maps[3] = maps[1]; /* no second B */
-  const smelt__moe_b2 x = {.keep = (uint64_t)(uintptr_t)g13->data, .keep_rs = g13->strides[0], .keep_up = ms->F,
-                           .aux = (uint64_t)(uintptr_t)h13->data, .aux_rs = h13->strides[0]};
+  const smelt__moe_b2 x = {.keep = (uint64_t)(uintptr_t)g13->data, .keep_rs = g13->strides[0], .keep_up = ms->F};
   return launch(ctx, m, m->dglu, &kp, maps, &x);
 }
