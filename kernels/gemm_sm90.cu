@@ -284,19 +284,6 @@
 #error "gemm_sm90.cu: GEMM_KCAT needs B K-major, no cluster or block scales"
 #endif
 #define TILE_N (GEMM_GLU ? BN / 2 : BN) /* D's columns a tile covers */
-/* GEMM_EPI_BUFS 4 (cooperative, BN 256 with three stages: the fourth's
- * 48 KiB hold the buffers): the fast epilogue's 64 x 64 pieces get four
- * buffers a consumer instead of two, a tile's worth, so its TMA stores
- * drain while the next tile's main loop runs instead of each piece
- * waiting for the last one's; for short K, where the cooperative
- * consumers' epilogue is a tenth of a tile's time. */
-#if !defined(GEMM_EPI_BUFS)
-#define GEMM_EPI_BUFS 2
-#endif
-#define EPI_BUFS GEMM_EPI_BUFS
-#if (EPI_BUFS != 2 && EPI_BUFS != 4) || (EPI_BUFS == 4 && PINGPONG)
-#error "gemm_sm90.cu: GEMM_EPI_BUFS is 2, or 4 without ping-pong"
-#endif
 #if GEMM_GLU || GEMM_KCAT || GEMM_DGLU
 /* The second B's and the pair matrices' parameters (mirrored by smelt__moe_b2 in src/cuda/moe_cuda.h). */
 typedef struct gemm_b2 {
@@ -419,17 +406,11 @@ static __device__ __forceinline__ void pp_pass(int c) {
 static __device__ __forceinline__ void piece_end(int c, int tid, const tmap_t *map, int x, int y, int z, int rows_in,
                                                  u32 buf) {
   fence_proxy_async();
-  /* The consumer's pieces take its EPI_BUFS buffers in turn, so the next
-   * piece goes where the store EPI_BUFS - 1 before this one reads: once at
-   * most EPI_BUFS - 2 of thread 0's stores still read, that one is done,
-   * and the barrier tells every thread. With two buffers that store had
-   * this whole piece's math to finish in; with four (GEMM_EPI_BUFS 4) a
-   * whole tile's pieces are stored while the next tile's main loop runs. */
-#if EPI_BUFS == 4
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 2;" ::: "memory");
-#else
+  /* The consumer's pieces alternate between its two buffers, so the next
+   * piece goes where the previous piece's store (thread 0's only one in
+   * flight) reads: once that read is done, the barrier tells every thread.
+   * That store had this whole piece's math to finish in. */
   if (tid == 0) bulk_wait_read();
-#endif
   wg_sync(c);
   if (tid == 0 && rows_in) {
     if (z >= 0) {
@@ -477,9 +458,7 @@ static __device__ __forceinline__ void store_pair(const gemm_params &P, i64 r, i
 #define PIECE 64
 #define BUF_BYTES (64 * 128)
 #define BIAS_ROWS (PINGPONG ? CONSUMERS : 1)
-#define FAST_BYTES (CONSUMERS * EPI_BUFS * BUF_BYTES + BIAS_ROWS * BN * 4)
-/* Consumer c's next piece buffer (`pieces` counts its stores so far). */
-#define NEXT_BUF(c) (epi + (u32)(EPI_BUFS * (c) + (pieces++ & (EPI_BUFS - 1))) * BUF_BYTES)
+#define FAST_BYTES (CONSUMERS * 2 * BUF_BYTES + BIAS_ROWS * BN * 4)
 #define EPI_REGION (CONSUMERS * EPI_BYTES > FAST_BYTES ? CONSUMERS * EPI_BYTES : FAST_BYTES)
 
 /* v[i] = act(v[i]) for one piece's 32 values per thread, with the switch
@@ -1368,7 +1347,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
        * the previous tile's pieces: this warpgroup's (ping-pong) or both
        * consumers' (cooperative; the first pair barrier). A skipped last
        * piece may still read it, but its values are dropped. */
-      float *bias = (float *)(smem_raw + (epi + CONSUMERS * EPI_BUFS * BUF_BYTES - smem_u32(smem_raw))) + (PINGPONG ? c * BN : 0);
+      float *bias = (float *)(smem_raw + (epi + CONSUMERS * 2 * BUF_BYTES - smem_u32(smem_raw))) + (PINGPONG ? c * BN : 0);
 #if PINGPONG
       if (tid < BN) bias[tid] = bias_lo;
       if (tid + 128 < BN) bias[tid + 128] = bias_hi;
@@ -1419,13 +1398,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             g3[i] = g * silu;
             a[i] = silu * u;
           }
-          u32 buf = NEXT_BUF(c);
+          u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, g1, bf, warp, lane);
           piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, w.n, x, m0, buf);
-          buf = NEXT_BUF(c);
+          buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, g3, bf, warp, lane);
           piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, X.keep_up + w.n, X.keep_up + x, m0, buf);
-          buf = NEXT_BUF(c);
+          buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, a, bf, warp, lane);
           piece_out(P, fast, c, tid, w, x, m0, buf PIECE_CONV_PASS);
         }
@@ -1448,7 +1427,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float v[32];
 #pragma unroll
             for (int i = 0; i < 32; i++) v[i] = alpha * d[32 * p + i];
-            const u32 buf = NEXT_BUF(c);
+            const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
             put_piece16(buf, v, bf, warp, lane);
             piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, up + w.n, up + x, m0, buf);
           }
@@ -1463,7 +1442,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const float gv = alpha * d[32 * q + i], uv = alpha * d[32 * (q + 2) + i];
             v[i] = act16(gv, ACT_SILU) * uv;
           }
-          const u32 buf = NEXT_BUF(c);
+          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, v, bf, warp, lane);
           piece_out(P, fast, c, tid, w, x, m0, buf PIECE_CONV_PASS);
         }
@@ -1484,7 +1463,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           const int q = p % (BN / PIECE);
           const i64 x = n0 + q * PIECE, y = m0 + 64 * (p / (BN / PIECE));
           if (x >= w.n) continue; /* uniform: the piece is past N */
-          const u32 buf = NEXT_BUF(c);
+          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           float v[32];
           if (P.has_sa | P.has_sb) lin_piece_sv(P, w, y, n0, d + 32 * p, q, bias, warp, lane, v);
           else lin_piece(alpha, d + 32 * p, q, bias, lane, v);
@@ -1517,14 +1496,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int i = 0; i + 32 < ACCS; i++) d[i] = d[i + 32];
         if (x >= w.n) continue; /* uniform: the piece is past N */
         if (P.dt_d != DT_F32) {
-          const u32 buf = NEXT_BUF(c);
+          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
           piece_out(P, fast, c, tid, w, x, y, buf PIECE_CONV_PASS);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
-            const u32 buf = NEXT_BUF(c);
+            const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
             put_half32(buf, v, half, warp, lane);
             piece_out(P, fast, c, tid, w, x + 32 * half, y, buf PIECE_CONV_PASS);
           }

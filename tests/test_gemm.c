@@ -1453,28 +1453,6 @@ static void test_gpu_sm90_layouts(void) {
     s.desc.epilogue.act = si % 3 == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
     if (!check(&s, 0, "sm90 ping-pong layouts")) return;
   }
-  /* The wide tile with four epilogue buffers a consumer (128 x 256, three
-   * stages, asked for) in RC, RR and CR: more tiles than SMs, so a
-   * consumer's stores of one tile are in flight into the next tile's
-   * pieces; ragged edges, f32 and 16-bit D, bias and GELU, C through the
-   * general epilogue. */
-  static const int64_t bshapes[][3] = {{1003, 1000, 333}, {1300, 3300, 520}, {600, 2100, 64}};
-  for (int si = 0; si < 9; si++) {
-    const smelt_dtype dt = si % 2 ? SMELT_DTYPE_F16 : SMELT_DTYPE_BF16;
-    gspec s = spec(dt, dt, si % 3 == 0 ? SMELT_DTYPE_F32 : dt, bshapes[si % 3][0], bshapes[si % 3][1],
-                   bshapes[si % 3][2]);
-    s.a_col = si / 3 == 2;
-    s.b_col = si / 3 == 0;
-    s.ld16 = 1;
-    s.desc.tile.m = 128;
-    s.desc.tile.n = 256;
-    s.desc.tile.stages = 3;
-    s.has_bias = si % 3 != 1;
-    s.has_c = si == 4;
-    s.desc.epilogue.beta = s.has_c ? 0.5 : 0.0;
-    s.desc.epilogue.act = si % 3 == 2 ? SMELT_ACT_GELU : SMELT_ACT_IDENTITY;
-    if (!check(&s, 0, "sm90 four epilogue buffers")) return;
-  }
 }
 
 /* Batched on the Hopper kernel (3-D maps, tiles entry by entry): each

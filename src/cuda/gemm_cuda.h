@@ -31,7 +31,6 @@ typedef struct smelt__gemm_kernel {
   int promote;              /* sm90 tf32: stages per accumulator promotion (GEMM_PROMOTE), else 0 */
   int pingpong;             /* sm90: the ping-pong schedule (GEMM_PINGPONG; its tile 128 x 128) */
   int blk;                  /* sm90 fp8: block scales, promoted every 128 of K (GEMM_BLOCK_SCALE) */
-  int bufs;                 /* sm90: the fast epilogue's buffers a consumer when 4 (GEMM_EPI_BUFS), else 0 (two) */
 } smelt__gemm_kernel;
 
 /* Every kernel the selector can pick, in a fixed order; returns the count. */

@@ -69,8 +69,7 @@ static void add(smelt__gemm_kernel *out, int *n, smelt__gemm_kernel k) {
      * 40 f32 buffer a consumer, or the fast one's two 8 KiB buffers a
      * consumer and BN f32 of bias, a row a consumer in ping-pong, one row
      * shared otherwise), 2 x stages mbarriers. */
-    const int general = k.wm * 64 * 40 * 4,
-              fast = k.wm * (k.bufs ? k.bufs : 2) * 8192 + (pingpong(&k) ? k.wm : 1) * k.bn * 4;
+    const int general = k.wm * 64 * 40 * 4, fast = k.wm * 2 * 8192 + (pingpong(&k) ? k.wm : 1) * k.bn * 4;
     k.threads = 128 * (k.wm + 1);
     k.smem = 1024 + k.stages * (k.bm + k.bn) * 128 + (general > fast ? general : fast) + 2 * k.stages * 8;
   } else if (k.fam == SMELT__GK_SM80) {
@@ -252,16 +251,6 @@ int smelt__gemm_table(smelt__gemm_kernel *out) {
       k.pingpong = 1;
       add(out, &n, k);
     }
-  /* The wide tile with a tile's worth of epilogue buffers (GEMM_EPI_BUFS
-   * 4) in the fourth stage's room, 16-bit RC, RR and CR: its stores drain
-   * during the next tile's main loop. Appended last, as the entries above. */
-  for (int tc = SMELT__TC_F16; tc <= SMELT__TC_BF16; tc++)
-    for (int l = 0; l < 3; l++) {
-      smelt__gemm_kernel k =
-          sm90_layout(tc, (tile){.bm = 128, .bn = 256, .bk = 64, .stages = 3, .wm = 2}, l < 2, l == 0);
-      k.bufs = 4;
-      add(out, &n, k);
-    }
   return n;
 }
 
@@ -302,11 +291,10 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (clustered(k)) snprintf(cl, sizeof cl, "_c%dx%d", k->cluster_m, k->cluster_n);
       snprintf(src->name, sizeof src->name, "gemm_sm90_%s_%c%c_%dx%dx%d_s%d%s%s", kind, k->a_kmajor ? 'R' : 'C',
                k->b_kmajor ? 'C' : 'R', k->bm, k->bn, k->bk, k->stages, pingpong(k) ? "_pp" : "", cl);
-      if (k->promote || k->blk || k->bufs) {
+      if (k->promote || k->blk) {
         const size_t len = strlen(src->name);
         if (k->promote) snprintf(src->name + len, sizeof src->name - len, "_pr%d", k->promote);
-        else if (k->blk) snprintf(src->name + len, sizeof src->name - len, "_blk");
-        else snprintf(src->name + len, sizeof src->name - len, "_b%d", k->bufs);
+        else snprintf(src->name + len, sizeof src->name - len, "_blk");
       }
       src->body = "gemm_sm90.cu";
       /* GEMM_AB: the operands' dtype code (f32 for tf32; e4m3 stands for fp8). */
@@ -327,7 +315,6 @@ void smelt__gemm_kernel_src(const smelt__gemm_kernel *k, smelt__kernel_src *src)
       if (pingpong(k)) smelt__prelude_define(src, "GEMM_PINGPONG", 1);
       if (k->promote) smelt__prelude_define(src, "GEMM_PROMOTE", k->promote);
       if (k->blk) smelt__prelude_define(src, "GEMM_BLOCK_SCALE", 1);
-      if (k->bufs) smelt__prelude_define(src, "GEMM_EPI_BUFS", k->bufs);
       if (!k->a_kmajor) smelt__prelude_define(src, "GEMM_A_MN", 1);
       if (!k->b_kmajor) smelt__prelude_define(src, "GEMM_B_MN", 1);
       if (k->cluster_m > 1) smelt__prelude_define(src, "GEMM_CLUSTER_M", k->cluster_m);
