@@ -59,7 +59,7 @@ static const cli_opt options[] = {
     {"split-k", CLI_OPT_INT, &opt_split_k, "S", "slices of K, 1 = none (default 0: smelt chooses)"},
     {"split-k-mode", CLI_OPT_STRING, &opt_split_mode, "MODE", "serial or parallel (default: AUTO mode)"},
     {"opclass", CLI_OPT_STRING, &opt_opclass, "OC", "auto, simt or tensorop (default auto)"},
-    {"tile", CLI_OPT_STRING, &opt_tile, "MxNxK", "threadblock tile to ask for (default: smelt chooses)"},
+    {"tile", CLI_OPT_STRING, &opt_tile, "MxNxK[sS]", "threadblock tile (and stages S) to ask for (default: smelt chooses)"},
     {"cluster", CLI_OPT_STRING, &opt_cluster, "MxN", "thread block cluster to ask for, e.g. 2x1 (default: smelt chooses)"},
     {"batch", CLI_OPT_INT, &opt_batch, "L", "batched GEMM of L problems, strided (default 1: plain)"},
     {"groups", CLI_OPT_INT, &opt_groups, "G", "grouped GEMM of G problems of M x N x K (default 0: not grouped)"},
@@ -176,10 +176,15 @@ static void parse_mode(const cli_doc *doc) {
   else if (strcmp(opt_opclass, "tensorop") == 0) d->math.opclass = SMELT_GEMM_OPCLASS_TENSOR_OP;
   else cli_usage_error(doc->command, "--opclass '%s' is not one of: auto, simt, tensorop", opt_opclass);
   if (opt_tile) {
-    int used = 0;
-    if (sscanf(opt_tile, "%dx%dx%d%n", &d->tile.m, &d->tile.n, &d->tile.k, &used) != 3 || opt_tile[used] != '\0' ||
-        d->tile.m < 1 || d->tile.n < 1 || d->tile.k < 1)
-      cli_usage_error(doc->command, "--tile '%s' is not MxNxK (e.g. 128x256x64)", opt_tile);
+    int used = 0, used_s = 0;
+    int ok = sscanf(opt_tile, "%dx%dx%d%n", &d->tile.m, &d->tile.n, &d->tile.k, &used) == 3 && d->tile.m >= 1 &&
+             d->tile.n >= 1 && d->tile.k >= 1;
+    if (ok && opt_tile[used] == 's') {
+      ok = sscanf(opt_tile + used + 1, "%d%n", &d->tile.stages, &used_s) == 1 && d->tile.stages >= 1;
+      used += 1 + used_s;
+    }
+    if (!ok || opt_tile[used] != '\0')
+      cli_usage_error(doc->command, "--tile '%s' is not MxNxK or MxNxKsS (e.g. 128x256x64, 128x256x64s3)", opt_tile);
   }
   if (opt_cluster) {
     int used = 0;
