@@ -418,3 +418,62 @@ extern "C" __global__ void moe_add(const float *a, const float *b, const int *ro
     store_any(out, out_dt, t * out_stride + c, acc);
   }
 }
+
+/* The router's weight gradient where moe_add takes its dx part (E <=
+ * ADD_ROUTER_E): dw [d, E] = xᵀ·g (x [T, d] of dtype code x_dt, rows
+ * x_stride apart; g f32 [T, E]) in f32, in one pass over x instead of the
+ * engine's two products over g's bf16 hi and lo parts (each reading x:
+ * ~40 us apiece at E8 T4096 d4096). moe_router_wgrad: block (bx, by)
+ * sums tokens by·WGRAD_TOKENS .. +WGRAD_TOKENS - 1 for 8 columns a thread
+ * (2048 a block; 16-byte loads where vec: d and x_stride multiples of 8,
+ * x 16-byte aligned) into part [chunks][d][E]; moe_router_wgrad_sum adds
+ * the chunks in order (the same bits every run) into dw (dtype code dw_dt,
+ * strides dw_rs, dw_cs). */
+#define WGRAD_TOKENS 64
+
+extern "C" __global__ void moe_router_wgrad(const void *x, int x_dt, i64 x_stride, const float *g, int E, i64 T, int d,
+                                            int vec, float *part) {
+  __shared__ float gs[WGRAD_TOKENS][ADD_ROUTER_E];
+  const i64 t0 = (i64)blockIdx.y * WGRAD_TOKENS;
+  for (int i = threadIdx.x; i < WGRAD_TOKENS * ADD_ROUTER_E; i += blockDim.x) {
+    const int tt = i / ADD_ROUTER_E, e = i % ADD_ROUTER_E;
+    gs[tt][e] = t0 + tt < T && e < E ? g[(t0 + tt) * E + e] : 0.f;
+  }
+  __syncthreads();
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (c >= d) return;
+  const int n = T - t0 < WGRAD_TOKENS ? (int)(T - t0) : WGRAD_TOKENS;
+  float acc[8][ADD_ROUTER_E];
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int e = 0; e < ADD_ROUTER_E; e++) acc[j][e] = 0.f;
+  for (int tt = 0; tt < n; tt++) {
+    float v[8];
+    if (vec) {
+      load8(x, x_dt, (t0 + tt) * x_stride + c, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = c + j < d ? load_any(x, x_dt, (t0 + tt) * x_stride + c + j) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < ADD_ROUTER_E; e++) acc[j][e] += v[j] * gs[tt][e];
+  }
+  float *out = part + ((i64)blockIdx.y * d + c) * E;
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int e = 0; e < ADD_ROUTER_E; e++)
+      if (c + j < d && e < E) out[j * E + e] = acc[j][e];
+}
+
+extern "C" __global__ void moe_router_wgrad_sum(const float *part, int chunks, int d, int E, void *dw, int dw_dt,
+                                                i64 dw_rs, i64 dw_cs) {
+  const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x, n = (i64)d * E;
+  if (i >= n) return;
+  float sum = 0.f;
+  for (int j = 0; j < chunks; j++) sum += part[j * n + i];
+  store_any(dw, dw_dt, (i / E) * dw_rs + (i % E) * dw_cs, sum);
+}

@@ -323,6 +323,36 @@ static smelt_status noise_grads(smelt_ctx *ctx, const smelt__moe_state *ms, smel
   return s ? s : f;
 }
 
+/* kernels/moe_permute.cu's WGRAD_TOKENS: the tokens a moe_router_wgrad block sums. */
+#define WGRAD_TOKENS 64
+
+/* dw [d, E] = xᵀ·g (g f32 [T, E], E <= ADD_ROUTER_E, x of unit column
+ * stride) in f32 in one pass over x: moe_router_wgrad's partial sums over
+ * 64-token chunks, then moe_router_wgrad_sum adding them in order. */
+static smelt_status router_wgrad(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_cuda *mc,
+                                 const smelt_tensor *x, const smelt_tensor *g, const smelt_tensor *dw) {
+  const void *xd = x->data, *gd = g->data;
+  int xdt = (int)x->dtype, E = (int)ms->E, d = (int)ms->d, dwt = (int)dw->dtype;
+  int chunks = (int)smelt__ceil_div(ms->T, WGRAD_TOKENS);
+  int vec = d % 8 == 0 && x->strides[0] % 8 == 0 && (uintptr_t)xd % 16 == 0;
+  int64_t T = ms->T, xs = x->strides[0], dwr = dw->strides[0], dwc = dw->strides[1];
+  float *part = NULL;
+  smelt_status s = smelt__cuda_alloc(ctx, (size_t)chunks * (size_t)d * (size_t)E * sizeof(float), (void **)&part);
+  if (s) return s;
+  if (chunks > 0) {
+    void *params[] = {&xd, &xdt, &xs, &gd, &E, &T, &d, &vec, &part};
+    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->router_wgrad, (unsigned)smelt__ceil_div(d, 8 * 256),
+                           (unsigned)chunks, 1, 256, 0, params);
+  }
+  void *dwd = dw->data;
+  void *params[] = {&part, &chunks, &d, &E, &dwd, &dwt, &dwr, &dwc};
+  if (!s)
+    s = smelt__cuda_launch(ctx, MOE_OP "_backward_run", mc->router_wgrad_sum, smelt__moe_grid((int64_t)d * E, 256), 1, 1,
+                           256, 0, params);
+  smelt_status f = smelt__cuda_free(ctx, part);
+  return s ? s : f;
+}
+
 /* Forward again to yp, keeping what the backward needs. */
 static smelt_status layer_forward(smelt_plan *plan, const smelt__moe_state *ms, smelt__moe_cuda *mc, layer *L) {
   const smelt_tensor **u = L->u;
@@ -364,7 +394,9 @@ static smelt_status layer_backward(smelt_plan *plan, const smelt__moe_state *ms,
    * (and the noise's) products add to. */
   if (want_dx && !u[SMELT__MT_WNOISE] && ms->E <= ADD_ROUTER_E && wr->dtype != SMELT_DTYPE_F64) {
     if (!s) s = smelt__moe_dx_sum(ctx, ms, mc, parts, nparts, offs, rm, &dl, wr, u[SMELT__MT_DX]);
-    if (!s && u[SMELT__MT_DWR]) s = grad_products(ctx, mc, 0, u[SMELT__MT_X], wr, &dl, u[SMELT__MT_DWR], NULL, NULL);
+    const smelt_tensor *x = u[SMELT__MT_X], *dwr = u[SMELT__MT_DWR];
+    if (!s && dwr && x->strides[1] == 1) s = router_wgrad(ctx, ms, mc, x, &dl, dwr);
+    else if (!s && dwr) s = grad_products(ctx, mc, 0, x, wr, &dl, dwr, NULL, NULL);
     return s;
   }
   if (!s && want_dx) s = smelt__moe_dx_sum(ctx, ms, mc, parts, nparts, offs, rm, NULL, NULL, &dx_part);

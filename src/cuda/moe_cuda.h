@@ -129,7 +129,7 @@ int smelt__moe_sm90_variants(smelt__kernel_src *out, int max);
 /* The backend's state (smelt__moe_state.cuda). */
 typedef struct smelt__moe_cuda {
   CUfunction route, counts, aux_columns, aux_final, chunk_counts, chunk_bases, rank, copy_rows, drop, unpermute;
-  CUfunction probs_list, probs_rank, unpermute_bwd, add, route_bwd, noise_grad;
+  CUfunction probs_list, probs_rank, unpermute_bwd, add, route_bwd, noise_grad, router_wgrad, router_wgrad_sum;
   smelt__moe_ffn_cuda ffn;     /* planned when the plan has the expert weights */
   smelt__moe_ffn_bwd_cuda bwd; /* its functions loaded with ffn, its plans on the first backward */
   smelt__moe_decode_cuda dec;  /* the decode step's forward, where it fits */

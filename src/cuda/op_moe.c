@@ -90,6 +90,8 @@ static smelt_status plan_moe(smelt_plan *plan, const void *args) {
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_probs_rank", &mc->probs_rank)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_unpermute_bwd", &mc->unpermute_bwd)) ||
       (s = smelt__cuda_function(plan->ctx, &perm, "moe_add", &mc->add)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_router_wgrad", &mc->router_wgrad)) ||
+      (s = smelt__cuda_function(plan->ctx, &perm, "moe_router_wgrad_sum", &mc->router_wgrad_sum)) ||
       (s = smelt__cuda_function(plan->ctx, &route, "moe_route_bwd", &mc->route_bwd)) ||
       (s = smelt__cuda_function(plan->ctx, &route, "moe_noise_grad", &mc->noise_grad)) ||
       (s = smelt__cuda_function(plan->ctx, &route, "moe_split_bf16", &mc->split_bf16)))
