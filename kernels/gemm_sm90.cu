@@ -884,19 +884,6 @@ static __device__ __forceinline__ void load_b(u32 dst, const sm90_tile &w, int x
 #define PIECE_CONV_PASS
 #endif
 
-/* Consumer c's filled piece buffer to D at column x, row y, through
- * piece_end's TMA store; except in two cases, where after piece_end's
- * barrier (which makes the buffer whole; it stores nothing then) the
- * threads copy the piece out of the buffer (its 128-byte rows swizzled as
- * piece_end's box). Grouped by offsets, a piece whose 64 rows reach past
- * its group's end row w.m (the rows after it are the next group's, or past
- * the last group's end): the rows before w.m, in 16-byte units (D's rows
- * are whole units, smelt__gemm_sm90_fast_d). And `fast` 2, D's rows not
- * whole 16-byte units (N odd, say) or not 16-byte aligned, which a TMA
- * store cannot clip: element by element, a warp storing 32 consecutive
- * elements of a row, rows and columns masked at M and N. The buffer's
- * next writer waits for these reads at its own piece's barrier, as for a
- * TMA store's. */
 #if GEMM_DGLU
 /* An aux stage: consumer c's 64 x 64 boxes of h1 and h3 at c * 2 BOX. */
 #define AUX_BOX (64 * 128)
@@ -931,6 +918,19 @@ static __device__ __forceinline__ void piece_to(const gemm_params &P, int c, int
   }
 }
 
+/* Consumer c's filled piece buffer to D at column x, row y, through
+ * piece_end's TMA store; except in two cases, where after piece_end's
+ * barrier (which makes the buffer whole; it stores nothing then) the
+ * threads copy the piece out of the buffer (its 128-byte rows swizzled as
+ * piece_end's box). Grouped by offsets, a piece whose 64 rows reach past
+ * its group's end row w.m (the rows after it are the next group's, or past
+ * the last group's end): the rows before w.m, in 16-byte units (D's rows
+ * are whole units, smelt__gemm_sm90_fast_d). And `fast` 2, D's rows not
+ * whole 16-byte units (N odd, say) or not 16-byte aligned, which a TMA
+ * store cannot clip: element by element, a warp storing 32 consecutive
+ * elements of a row, rows and columns masked at M and N. The buffer's
+ * next writer waits for these reads at its own piece's barrier, as for a
+ * TMA store's. */
 static __device__ __forceinline__ void piece_out(const gemm_params &P, int fast, int c, int tid, const sm90_tile &w,
                                                  i64 x, i64 y, u32 buf PIECE_CONV_ARG) {
 #if GEMM_CONV_ROWMAP
