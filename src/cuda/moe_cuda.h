@@ -106,8 +106,11 @@ typedef struct smelt__moe_b2 {
 } smelt__moe_b2;
 
 smelt_status smelt__moe_sm90_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_sm90 *m);
-/* Whether a run with the weights of t takes them (their layout and alignment). */
-int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t);
+/* Whether a run with the weights of t and the activation operand a (xp for
+ * glu, dyp for dglu; NULL: the layer's own) takes them: their layout and
+ * alignment (16-byte rows of x's dtype). */
+int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t,
+                         const smelt_tensor *a);
 /* a [rows, F] = silu(xp·W1ₑ)·(xp·W3ₑ) over the experts' rows, and with
  * keep [rows, 2F] (may be NULL) h1 = xp·W1ₑ in its first F columns, h3 =
  * xp·W3ₑ in the rest. */

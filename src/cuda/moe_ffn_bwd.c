@@ -78,7 +78,7 @@ smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state 
   smelt__moe_ffn_bwd_cuda *bc = &mc->bwd;
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E);
   smelt_status s;
-  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_sm90_fits(&mc->sm90, ms, t))
+  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_sm90_fits(&mc->sm90, ms, t, xp))
     s = smelt__moe_glu_run(ctx, ms, &mc->sm90, t, xp, offsets, &fi->h13, &fi->a);
   else if (!(s = up_proj(ctx, ms, bc, t, xp, &ends, fi)))
     s = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? smelt__moe_swiglu(ctx, ms, &mc->ffn, &fi->a, &fi->h1, &fi->h3, offsets)
@@ -132,7 +132,7 @@ static smelt_status weight_grads(smelt_ctx *ctx, const smelt__moe_state *ms, con
 }
 
 int smelt__moe_dx_parts(const smelt__moe_cuda *mc, const smelt__moe_state *ms, const smelt_tensor *const *t) {
-  return ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && !smelt__moe_sm90_fits(&mc->sm90, ms, t) ? 2 : 1;
+  return ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && !smelt__moe_sm90_fits(&mc->sm90, ms, t, NULL) ? 2 : 1;
 }
 
 /* The input gradient's parts, f32: p[0] = g1·W1ᵀ (+ g3·W3ᵀ in one GEMM
@@ -209,7 +209,7 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
                      w2t = smelt__tensor_swap_axes(t[SMELT__MT_W2], 1, 2);
   int o64 = ends.dtype == SMELT_DTYPE_I64;
   /* On Hopper dA and SwiGLU's backward are one GEMM (a dyp of x's dtype). */
-  const int fused = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && dyp->dtype == fi->a.dtype && smelt__moe_sm90_fits(&mc->sm90, ms, t);
+  const int fused = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_sm90_fits(&mc->sm90, ms, t, dyp);
   if (!s && fused) s = smelt__moe_dglu_run(ctx, ms, &mc->sm90, t, dyp, offsets, &fi->h13, &fi->g13, &fi->a);
   else if (!s && !(s = offs_gemm(ctx, &bc->da[o64][dyp->dtype], dyp, &w2t, &fi->a, NULL, &ends)))
     s = act_backward(ctx, ms, bc, offsets, fi);

@@ -87,10 +87,11 @@ static int mat_ok(const smelt_tensor *x, smelt_dtype dt) {
   return x->dtype == dt && x->strides[1] == 1 && (x->strides[0] * es) % 16 == 0 && (uintptr_t)x->data % 16 == 0;
 }
 
-int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t) {
+int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t,
+                         const smelt_tensor *a) {
   const smelt_dtype xdt = ms->t[SMELT__MT_X].dtype;
   return m->glu && weight_ok(t[SMELT__MT_W1], xdt) && weight_ok(t[SMELT__MT_W3], xdt) &&
-         weight_ok(t[SMELT__MT_W2], xdt);
+         weight_ok(t[SMELT__MT_W2], xdt) && (!a || mat_ok(a, xdt));
 }
 
 /* The grouped-by-offsets launch record: rows R (all experts'), the output's
