@@ -459,6 +459,8 @@ static __device__ __forceinline__ void store_pair(const gemm_params &P, i64 r, i
 #define BUF_BYTES (64 * 128)
 #define BIAS_ROWS (PINGPONG ? CONSUMERS : 1)
 #define FAST_BYTES (CONSUMERS * 2 * BUF_BYTES + BIAS_ROWS * BN * 4)
+/* Consumer c's next piece buffer (`pieces` counts its stores so far). */
+#define NEXT_BUF(c) (epi + (u32)(2 * (c) + (pieces++ & 1)) * BUF_BYTES)
 #define EPI_REGION (CONSUMERS * EPI_BYTES > FAST_BYTES ? CONSUMERS * EPI_BYTES : FAST_BYTES)
 
 /* v[i] = act(v[i]) for one piece's 32 values per thread, with the switch
@@ -1398,13 +1400,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             g3[i] = g * silu;
             a[i] = silu * u;
           }
-          u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          u32 buf = NEXT_BUF(c);
           put_piece16(buf, g1, bf, warp, lane);
           piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, w.n, x, m0, buf);
-          buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          buf = NEXT_BUF(c);
           put_piece16(buf, g3, bf, warp, lane);
           piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, X.keep_up + w.n, X.keep_up + x, m0, buf);
-          buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          buf = NEXT_BUF(c);
           put_piece16(buf, a, bf, warp, lane);
           piece_out(P, fast, c, tid, w, x, m0, buf PIECE_CONV_PASS);
         }
@@ -1427,7 +1429,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float v[32];
 #pragma unroll
             for (int i = 0; i < 32; i++) v[i] = alpha * d[32 * p + i];
-            const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+            const u32 buf = NEXT_BUF(c);
             put_piece16(buf, v, bf, warp, lane);
             piece_to(P, c, tid, w, &tma_k, X.keep, X.keep_rs, up + w.n, up + x, m0, buf);
           }
@@ -1442,7 +1444,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const float gv = alpha * d[32 * q + i], uv = alpha * d[32 * (q + 2) + i];
             v[i] = act16(gv, ACT_SILU) * uv;
           }
-          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          const u32 buf = NEXT_BUF(c);
           put_piece16(buf, v, bf, warp, lane);
           piece_out(P, fast, c, tid, w, x, m0, buf PIECE_CONV_PASS);
         }
@@ -1463,7 +1465,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           const int q = p % (BN / PIECE);
           const i64 x = n0 + q * PIECE, y = m0 + 64 * (p / (BN / PIECE));
           if (x >= w.n) continue; /* uniform: the piece is past N */
-          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          const u32 buf = NEXT_BUF(c);
           float v[32];
           if (P.has_sa | P.has_sb) lin_piece_sv(P, w, y, n0, d + 32 * p, q, bias, warp, lane, v);
           else lin_piece(alpha, d + 32 * p, q, bias, lane, v);
@@ -1496,14 +1498,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int i = 0; i + 32 < ACCS; i++) d[i] = d[i + 32];
         if (x >= w.n) continue; /* uniform: the piece is past N */
         if (P.dt_d != DT_F32) {
-          const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+          const u32 buf = NEXT_BUF(c);
           put_piece16(buf, v, P.dt_d == DT_BF16, warp, lane);
           piece_out(P, fast, c, tid, w, x, y, buf PIECE_CONV_PASS);
         } else {
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             if (x + 32 * half >= w.n) break; /* uniform */
-            const u32 buf = epi + (u32)(2 * c + (pieces++ & 1)) * BUF_BYTES;
+            const u32 buf = NEXT_BUF(c);
             put_half32(buf, v, half, warp, lane);
             piece_out(P, fast, c, tid, w, x + 32 * half, y, buf PIECE_CONV_PASS);
           }

@@ -185,6 +185,16 @@ smelt_status smelt__gemm_tensor_map(smelt__cu_tensor_map *map, smelt_dtype dt, c
 smelt_status smelt__gemm_tensor_map_batched(smelt__cu_tensor_map *map, smelt_dtype dt, const void *data, int64_t rows,
                                             int64_t k, int64_t rs, int64_t batch, int64_t bs, int box_rows, int bk);
 smelt_status smelt__gemm_workspace_map(smelt__cu_tensor_map *map, const void *ws, int64_t m, int64_t n, int splits);
+/* Hopper launch of kernel k's function f over `units` tiles (or clusters'
+ * tiles): one persistent CTA an SM, or as many clusters as run at once. */
+smelt_status smelt__gemm_sm90_launch(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, CUfunction f,
+                                     int64_t units, void **params);
+/* Grouped by offsets: kp's mode, group count, device row ends (i32, or i64
+ * when ends_i64) and its bound on the tiles, (ceil(m / bm) + count) x
+ * ceil(n / bn), refused (op's message) where the kernel's indices would
+ * overflow (on Hopper, sm90: with a grid's width more). */
+smelt_status smelt__gemm_offs_grid(smelt_ctx *ctx, const char *op, int sm90, int64_t m, int64_t n, int bm, int bn,
+                                   int64_t count, const void *ends, int ends_i64, smelt__gemm_kparams *kp);
 /* The split tail of a plain Hopper run of `tiles` tiles over K = kk (op_gemm.c
  * says when it is taken): sets kq's sk_tiles, sk_chunks, workspace and
  * semaphores and allocates *ws (the caller frees it after the launch), or

@@ -107,8 +107,9 @@ typedef struct smelt__moe_b2 {
 
 smelt_status smelt__moe_sm90_load(smelt_ctx *ctx, const smelt__moe_state *ms, smelt__moe_sm90 *m);
 /* Whether a run with the weights of t and the activation operand a (xp for
- * glu, dyp for dglu; NULL: the layer's own) takes them: their layout and
- * alignment (16-byte rows of x's dtype). */
+ * glu, dyp for dglu; NULL: the layer's own) takes them: the plan loaded
+ * them (SwiGLU on sm_90, ...), and the operands' layout and alignment
+ * (16-byte rows of x's dtype). */
 int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, const smelt_tensor *const *t,
                          const smelt_tensor *a);
 /* a [rows, F] = silu(xp·W1ₑ)·(xp·W3ₑ) over the experts' rows, and with

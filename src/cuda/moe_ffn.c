@@ -154,7 +154,7 @@ smelt_status smelt__moe_ffn_run(smelt_ctx *ctx, const smelt__moe_state *ms, smel
     return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP "_ffn_run: yp f64 is for the CPU backend only");
   if (ms->rows == 0) return SMELT_OK;
   const smelt_dtype hdt = xp->dtype;
-  const int swiglu_ffn = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU, fused = swiglu_ffn && smelt__moe_sm90_fits(m, ms, t, xp);
+  const int swiglu_ffn = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU, fused = smelt__moe_sm90_fits(m, ms, t, xp);
   const size_t hb = (size_t)smelt__moe_round_up((uintptr_t)(ms->rows * ms->F) * smelt_dtype_size(hdt));
   char *ws = NULL;
   smelt_status s = smelt__cuda_alloc(ctx, swiglu_ffn && !fused ? 2 * hb : hb, (void **)&ws);

@@ -78,7 +78,7 @@ smelt_status smelt__moe_ffn_forward_keep(smelt_ctx *ctx, const smelt__moe_state 
   smelt__moe_ffn_bwd_cuda *bc = &mc->bwd;
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E);
   smelt_status s;
-  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_sm90_fits(&mc->sm90, ms, t, xp))
+  if (smelt__moe_sm90_fits(&mc->sm90, ms, t, xp))
     s = smelt__moe_glu_run(ctx, ms, &mc->sm90, t, xp, offsets, &fi->h13, &fi->a);
   else if (!(s = up_proj(ctx, ms, bc, t, xp, &ends, fi)))
     s = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU ? smelt__moe_swiglu(ctx, ms, &mc->ffn, &fi->a, &fi->h1, &fi->h3, offsets)
@@ -142,7 +142,7 @@ static smelt_status input_grad(smelt_ctx *ctx, const smelt__moe_state *ms, smelt
                                const smelt__moe_ffn_inter *fi, const smelt_tensor *p) {
   smelt__moe_ffn_bwd_cuda *bc = &mc->bwd;
   const int o64 = offsets->dtype == SMELT_DTYPE_I64;
-  if (ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_dx_parts(mc, ms, t) == 1)
+  if (smelt__moe_sm90_fits(&mc->sm90, ms, t, NULL))
     return smelt__moe_kcat_run(ctx, ms, &mc->sm90, t, &fi->g13, offsets, &p[0]);
   const smelt_tensor ends = smelt__moe_row_ends(ctx, offsets, ms->E),
                      w1t = smelt__tensor_swap_axes(t[SMELT__MT_W1], 1, 2);
@@ -209,8 +209,8 @@ smelt_status smelt__moe_ffn_backward(smelt_ctx *ctx, const smelt__moe_state *ms,
                      w2t = smelt__tensor_swap_axes(t[SMELT__MT_W2], 1, 2);
   int o64 = ends.dtype == SMELT_DTYPE_I64;
   /* On Hopper dA and SwiGLU's backward are one GEMM (a dyp of x's dtype). */
-  const int fused = ms->cfg.ffn == SMELT_MOE_FFN_SWIGLU && smelt__moe_sm90_fits(&mc->sm90, ms, t, dyp);
-  if (!s && fused) s = smelt__moe_dglu_run(ctx, ms, &mc->sm90, t, dyp, offsets, &fi->h13, &fi->g13, &fi->a);
+  if (!s && smelt__moe_sm90_fits(&mc->sm90, ms, t, dyp))
+    s = smelt__moe_dglu_run(ctx, ms, &mc->sm90, t, dyp, offsets, &fi->h13, &fi->g13, &fi->a);
   else if (!s && !(s = offs_gemm(ctx, &bc->da[o64][dyp->dtype], dyp, &w2t, &fi->a, NULL, &ends)))
     s = act_backward(ctx, ms, bc, offsets, fi);
   if (!s) s = weight_grads(ctx, ms, bc, t, xp, offsets, start, dyp, fi);

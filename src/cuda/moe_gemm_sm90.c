@@ -1,5 +1,5 @@
-/* The MoE's two fused expert products on the Hopper GEMM kernel
- * (kernels/gemm_sm90.cu, GEMM_GLU and GEMM_KCAT), grouped by the device
+/* The MoE's three fused expert products on the Hopper GEMM kernel
+ * (kernels/gemm_sm90.cu, GEMM_GLU, GEMM_DGLU and GEMM_KCAT), grouped by the device
  * offsets as smelt_gemm_grouped_offs runs them (A over all rows, B a 3-D
  * map with the expert as z, one persistent CTA an SM):
  *   glu   a = silu(xp·W1ₑ)·(xp·W3ₑ) in one GEMM whose tiles hold the gate's
@@ -15,8 +15,8 @@
  *   kcat  dxp = g1·W1ₑᵀ + g3·W3ₑᵀ as one GEMM over K = 2F (g13 = [g1 | g3]
  *         [rows, 2F], W1ₑᵀ's rows then W3ₑᵀ's), one f32 part instead of two
  *         written and read back.
- * Taken where they fit (fits_plan, fits_run); otherwise the callers run the
- * separate GEMMs and the SwiGLU kernel (src/cuda/moe_ffn.c). */
+ * Taken where they fit (fits_plan, smelt__moe_sm90_fits); otherwise the
+ * callers run the separate GEMMs and the SwiGLU kernels. */
 #include "moe_cuda.h"
 
 #include <stdio.h>
@@ -81,7 +81,7 @@ static int weight_ok(const smelt_tensor *w, smelt_dtype xdt) {
          (uintptr_t)w->data % 16 == 0;
 }
 
-/* A [rows, cols] matrix of x's dtype (f32: part) with 16-byte rows. */
+/* A [rows, cols] matrix of dtype dt with 16-byte rows. */
 static int mat_ok(const smelt_tensor *x, smelt_dtype dt) {
   const int64_t es = (int64_t)smelt_dtype_size(dt);
   return x->dtype == dt && x->strides[1] == 1 && (x->strides[0] * es) % 16 == 0 && (uintptr_t)x->data % 16 == 0;
@@ -94,10 +94,13 @@ int smelt__moe_sm90_fits(const smelt__moe_sm90 *m, const smelt__moe_state *ms, c
          weight_ok(t[SMELT__MT_W2], xdt) && (!a || mat_ok(a, xdt));
 }
 
-/* The grouped-by-offsets launch record: rows R (all experts'), the output's
- * n columns over tile_n a tile, K = k; D at d (rows d_rs apart, dtype dt_d). */
-static smelt__gemm_kparams offs_params(const smelt__moe_state *ms, const smelt_tensor *offsets, smelt_dtype ab,
-                                       int64_t n, int tile_n, int64_t k, const smelt_tensor *d) {
+/* The grouped-by-offsets launch of f: D (rows d_rs apart) = A·B over all
+ * rows, the output's n columns tile_n a tile, K = k, the operands in maps
+ * (A, B, D, B2, keep: kernels/gemm_sm90.cu's order), x the second B's
+ * parameters. */
+static smelt_status launch(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m, CUfunction f,
+                           const smelt_tensor *offsets, smelt_dtype ab, int64_t n, int tile_n, int64_t k,
+                           const smelt_tensor *d, smelt__cu_tensor_map maps[5], smelt__moe_b2 *x) {
   smelt__gemm_kparams kp;
   memset(&kp, 0, sizeof kp);
   kp.p.m = ms->rows;
@@ -108,63 +111,42 @@ static smelt__gemm_kparams offs_params(const smelt__moe_state *ms, const smelt_t
   kp.p.d_cs = 1;
   kp.alpha_ab = 1.0;
   kp.scale_d = 1.0f;
-  kp.dt_a = kp.dt_b = ab;
+  kp.dt_a = kp.dt_b = kp.dt_bias = ab;
   kp.dt_c = kp.dt_d = d->dtype;
-  kp.dt_bias = ab;
   kp.act = SMELT_ACT_IDENTITY;
   kp.swizzle = 8;
   kp.splits = 1;
-  kp.mode = SMELT__KMODE_GROUPED_OFFS;
-  kp.count = (int)ms->E;
-  kp.tiles_m = (int)(smelt__ceil_div(ms->rows, 128) + ms->E);
-  kp.tiles_n = (int)smelt__ceil_div(n, tile_n);
   /* the row ends: offsets past their leading 0 */
-  kp.offs = (uint64_t)(uintptr_t)offsets->data + smelt_dtype_size(offsets->dtype);
-  kp.offs_i64 = offsets->dtype == SMELT_DTYPE_I64;
-  return kp;
-}
-
-/* One launch of f: one CTA an SM over the bound of tiles. */
-static smelt_status launch(smelt_ctx *ctx, const smelt__moe_sm90 *m, CUfunction f, smelt__gemm_kparams *kp,
-                           const smelt__cu_tensor_map maps[5], const smelt__moe_b2 *x) {
-  const int64_t bound = (int64_t)kp->tiles_m * kp->tiles_n, sms = ctx->cuda->info.sm_count;
-  if (bound > 0x7fffffff - sms)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, MOE_OP ": %lld expert GEMM tiles exceed 2^31 - 1", (long long)bound);
+  const char *ends = (const char *)offsets->data + smelt_dtype_size(offsets->dtype);
+  smelt_status s = smelt__gemm_offs_grid(ctx, MOE_OP, 1, ms->rows, n, m->k.bm, tile_n, ms->E, ends,
+                                         offsets->dtype == SMELT_DTYPE_I64, &kp);
+  if (s) return s;
   int fast = 1;
   const void *gmaps = NULL;
-  void *params[] = {(void *)&maps[0], (void *)&maps[1], (void *)&maps[2], kp, &fast, &gmaps,
-                    (void *)&maps[3], (void *)&maps[4], (void *)x};
-  return smelt__cuda_launch(ctx, MOE_OP, f, (unsigned)(bound < sms ? bound : sms), 1, 1, (unsigned)m->k.threads,
-                            (unsigned)m->k.smem, params);
+  void *params[] = {&maps[0], &maps[1], &maps[2], &kp, &fast, &gmaps, &maps[3], &maps[4], x};
+  return smelt__gemm_sm90_launch(ctx, MOE_OP, &m->k, f, (int64_t)kp.tiles_m * kp.tiles_n, params);
 }
 
-/* W [E, d, F] MN-major (K = d rows of F columns), panels of 64 x 64. */
-static smelt_status weight_map(smelt__cu_tensor_map *map, const smelt_tensor *w, int64_t E) {
+/* W [E, rows, cols] (unit column stride) as a 3-D map with boxes of
+ * box_rows x 64: W1 and W3 MN-major as [d, F] (panels of 64 x 64), Wᵀ
+ * K-major as [N rows, K] (boxes of 256 rows). */
+static smelt_status weight_map(smelt__cu_tensor_map *map, const smelt_tensor *w, int64_t E, int box_rows) {
   return smelt__gemm_tensor_map_batched(map, w->dtype, w->data, w->shape[1], w->shape[2], w->strides[1], E,
-                                        w->strides[0], 64, 64);
-}
-
-/* Wᵀ [E, F, d] K-major (N = d rows of F), boxes of 256 rows x 64. */
-static smelt_status weight_t_map(smelt__cu_tensor_map *map, const smelt_tensor *w, int64_t E) {
-  return smelt__gemm_tensor_map_batched(map, w->dtype, w->data, w->shape[1], w->shape[2], w->strides[1], E,
-                                        w->strides[0], 256, 64);
+                                        w->strides[0], box_rows, 64);
 }
 
 smelt_status smelt__moe_glu_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
                                 const smelt_tensor *const *t, const smelt_tensor *xp, const smelt_tensor *offsets,
                                 const smelt_tensor *keep, const smelt_tensor *a) {
   const smelt_dtype xdt = xp->dtype;
-  if (!mat_ok(xp, xdt) || !mat_ok(a, xdt) || (keep && !mat_ok(keep, xdt)))
-    return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": the fused up projection's operands are not 16-byte rows");
-  smelt__gemm_kparams kp = offs_params(ms, offsets, xdt, ms->F, 128, ms->d, a);
   smelt__cu_tensor_map maps[5];
   memset(maps, 0, sizeof maps);
   smelt__moe_b2 x = {0};
   smelt_status s;
   if ((s = smelt__gemm_tensor_map(&maps[0], xdt, xp->data, ms->rows, ms->d, xp->strides[0], 128, 64)) ||
-      (s = weight_map(&maps[1], t[SMELT__MT_W1], ms->E)) ||
+      (s = weight_map(&maps[1], t[SMELT__MT_W1], ms->E, 64)) ||
       (s = smelt__gemm_tensor_map(&maps[2], xdt, a->data, ms->rows, ms->F, a->strides[0], 64, 64)) ||
-      (s = weight_map(&maps[3], t[SMELT__MT_W3], ms->E)))
+      (s = weight_map(&maps[3], t[SMELT__MT_W3], ms->E, 64)))
     return s;
   if (keep) {
     if ((s = smelt__gemm_tensor_map(&maps[4], xdt, keep->data, ms->rows, 2 * ms->F, keep->strides[0], 64, 64)))
@@ -173,45 +155,39 @@ smelt_status smelt__moe_glu_run(smelt_ctx *ctx, const smelt__moe_state *ms, cons
     x.keep_rs = keep->strides[0];
     x.keep_up = ms->F;
   }
-  return launch(ctx, m, m->glu, &kp, maps, &x);
+  return launch(ctx, ms, m, m->glu, offsets, xdt, ms->F, 128, ms->d, a, maps, &x);
 }
 
 smelt_status smelt__moe_kcat_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
                                  const smelt_tensor *const *t, const smelt_tensor *g13, const smelt_tensor *offsets,
                                  const smelt_tensor *part) {
   const smelt_dtype xdt = g13->dtype;
-  if (!mat_ok(g13, xdt) || !mat_ok(part, SMELT_DTYPE_F32))
-    return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": the fused input gradient's operands are not 16-byte rows");
-  smelt__gemm_kparams kp = offs_params(ms, offsets, xdt, ms->d, 256, 2 * ms->F, part);
   smelt__cu_tensor_map maps[5];
   memset(maps, 0, sizeof maps);
   smelt__moe_b2 x = {.kcat = ms->F};
   smelt_status s;
   if ((s = smelt__gemm_tensor_map(&maps[0], xdt, g13->data, ms->rows, 2 * ms->F, g13->strides[0], 128, 64)) ||
-      (s = weight_t_map(&maps[1], t[SMELT__MT_W1], ms->E)) ||
+      (s = weight_map(&maps[1], t[SMELT__MT_W1], ms->E, 256)) ||
       (s = smelt__gemm_tensor_map(&maps[2], SMELT_DTYPE_F32, part->data, ms->rows, ms->d, part->strides[0], 64, 32)) ||
-      (s = weight_t_map(&maps[3], t[SMELT__MT_W3], ms->E)))
+      (s = weight_map(&maps[3], t[SMELT__MT_W3], ms->E, 256)))
     return s;
   maps[4] = maps[2]; /* no keep */
-  return launch(ctx, m, m->kcat, &kp, maps, &x);
+  return launch(ctx, ms, m, m->kcat, offsets, xdt, ms->d, 256, 2 * ms->F, part, maps, &x);
 }
 
 smelt_status smelt__moe_dglu_run(smelt_ctx *ctx, const smelt__moe_state *ms, const smelt__moe_sm90 *m,
                                  const smelt_tensor *const *t, const smelt_tensor *dyp, const smelt_tensor *offsets,
                                  const smelt_tensor *h13, const smelt_tensor *g13, const smelt_tensor *a) {
   const smelt_dtype xdt = h13->dtype;
-  if (!mat_ok(dyp, xdt) || !mat_ok(h13, xdt) || !mat_ok(g13, xdt) || !mat_ok(a, xdt))
-    return smelt__error(SMELT_STATUS_INTERNAL, MOE_OP ": the fused SwiGLU backward's operands are not 16-byte rows");
-  smelt__gemm_kparams kp = offs_params(ms, offsets, xdt, ms->F, 256, ms->d, a);
   smelt__cu_tensor_map maps[5];
   memset(maps, 0, sizeof maps);
   smelt_status s;
   if ((s = smelt__gemm_tensor_map(&maps[0], xdt, dyp->data, ms->rows, ms->d, dyp->strides[0], 128, 64)) ||
-      (s = weight_t_map(&maps[1], t[SMELT__MT_W2], ms->E)) ||
+      (s = weight_map(&maps[1], t[SMELT__MT_W2], ms->E, 256)) ||
       (s = smelt__gemm_tensor_map(&maps[2], xdt, a->data, ms->rows, ms->F, a->strides[0], 64, 64)) ||
       (s = smelt__gemm_tensor_map(&maps[3], xdt, h13->data, ms->rows, 2 * ms->F, h13->strides[0], 64, 64)) ||
       (s = smelt__gemm_tensor_map(&maps[4], xdt, g13->data, ms->rows, 2 * ms->F, g13->strides[0], 64, 64)))
     return s;
-  const smelt__moe_b2 x = {.keep = (uint64_t)(uintptr_t)g13->data, .keep_rs = g13->strides[0], .keep_up = ms->F};
-  return launch(ctx, m, m->dglu, &kp, maps, &x);
+  smelt__moe_b2 x = {.keep = (uint64_t)(uintptr_t)g13->data, .keep_rs = g13->strides[0], .keep_up = ms->F};
+  return launch(ctx, ms, m, m->dglu, offsets, xdt, ms->F, 256, ms->d, a, maps, &x);
 }

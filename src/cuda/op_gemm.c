@@ -335,8 +335,8 @@ static int64_t sm90_units(const smelt__gemm_kernel *k, int64_t m, int64_t n) {
 /* Hopper launch: one persistent CTA per SM (or per unit, when there are
  * fewer); with clusters, as many clusters as can run at once (a cluster
  * needs its CTAs in one GPC, so that can be fewer than SMs / size). */
-static smelt_status sm90_launch(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, CUfunction f,
-                                int64_t units, void **params) {
+smelt_status smelt__gemm_sm90_launch(smelt_ctx *ctx, const char *op, const smelt__gemm_kernel *k, CUfunction f,
+                                     int64_t units, void **params) {
   const int cl = k->cluster_m * k->cluster_n;
   if (cl == 1) {
     const int64_t sms = ctx->cuda->info.sm_count;
@@ -429,7 +429,7 @@ static smelt_status run_grouped(smelt_plan *plan, const smelt__gemm_kernel *k, C
       int fast = 1;
       const void *gmaps = dev;
       void *params[] = {&unused, &unused, &unused, kp, &fast, &gmaps};
-      s = sm90_launch(ctx, "smelt_gemm_grouped", k, f, total, params);
+      s = smelt__gemm_sm90_launch(ctx, "smelt_gemm_grouped", k, f, total, params);
     } else {
       void *params[] = {kp};
       s = smelt__cuda_launch(ctx, "smelt_gemm_grouped", f, (unsigned)total, 1, 1, (unsigned)k->threads,
@@ -462,10 +462,6 @@ static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, c
                                   CUfunction f, smelt__gemm_kparams *kp, const smelt__gemm_args *args) {
   const smelt__gemm_prob *p = &args->prob;
   const int64_t bound = (int64_t)kp->tiles_m * kp->tiles_n;
-  /* Each CTA's unit index runs up to a grid's width past the last tile. */
-  if (bound > 0x7fffffff - (int64_t)ctx->cuda->info.sm_count)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, "smelt_gemm_grouped_offs: %lld tiles (bound) exceed 2^31 - 1 - SMs",
-                        (long long)bound);
   smelt__cu_tensor_map ta, tb, td;
   smelt_status s;
   /* K-major A and B (smelt__gemm_fits asks it of this mode). */
@@ -479,7 +475,29 @@ static smelt_status run_offs_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, c
   const void *gmaps = NULL;
   const smelt__gemm_kblk blk = blk_of(p); /* the block-scaled kernels' last parameter (run_sm90) */
   void *params[] = {&ta, &tb, &td, kp, &fast, &gmaps, (void *)&blk};
-  return sm90_launch(ctx, "smelt_gemm_grouped_offs", k, f, bound, params);
+  return smelt__gemm_sm90_launch(ctx, "smelt_gemm_grouped_offs", k, f, bound, params);
+}
+
+smelt_status smelt__gemm_offs_grid(smelt_ctx *ctx, const char *op, int sm90, int64_t m, int64_t n, int bm, int bn,
+                                   int64_t count, const void *ends, int ends_i64, smelt__gemm_kparams *kp) {
+  if (count > 0x7fffffff)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: G=%lld groups exceed 2^31 - 1", op, (long long)count);
+  const int64_t tiles_n = smelt__ceil_div(n, bn), tiles_m = smelt__ceil_div(m, bm) + count;
+  if (tiles_n > 0x7fffffff || tiles_m > 0x7fffffff / tiles_n)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED,
+                        "%s: (ceil(T/%d) + G) x ceil(N/%d) = %lld x %lld tiles exceed 2^31 - 1", op, bm, bn,
+                        (long long)tiles_m, (long long)tiles_n);
+  /* Hopper: each CTA's unit index runs up to a grid's width past the last tile. */
+  if (sm90 && tiles_m * tiles_n > 0x7fffffff - (int64_t)ctx->cuda->info.sm_count)
+    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: %lld tiles (bound) exceed 2^31 - 1 - SMs", op,
+                        (long long)(tiles_m * tiles_n));
+  kp->mode = SMELT__KMODE_GROUPED_OFFS;
+  kp->count = (int)count;
+  kp->tiles_m = (int)tiles_m;
+  kp->tiles_n = (int)tiles_n;
+  kp->offs = (uint64_t)(uintptr_t)ends;
+  kp->offs_i64 = ends_i64;
+  return SMELT_OK;
 }
 
 /* Grouped by offsets: one launch over the worst case of tiles (the SIMT
@@ -491,25 +509,15 @@ static smelt_status run_offs(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   if (k->fam != SMELT__GK_SIMT && k->fam != SMELT__GK_SM80 && k->fam != SMELT__GK_SM90)
     return smelt__error(SMELT_STATUS_INTERNAL, "%s: kernel family %d does not take device offsets", op, (int)k->fam);
   if (p->m == 0 || p->n == 0 || args->count == 0) return SMELT_OK;
-  if (args->count > 0x7fffffff)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED, "%s: G=%lld groups exceed 2^31 - 1", op, (long long)args->count);
-  const int64_t tiles_n = smelt__ceil_div(p->n, k->bn), tiles_m = smelt__ceil_div(p->m, k->bm) + args->count;
-  if (tiles_n > 0x7fffffff || tiles_m > 0x7fffffff / tiles_n)
-    return smelt__error(SMELT_STATUS_UNSUPPORTED,
-                        "%s: (ceil(T/%d) + G) x ceil(N/%d) = %lld x %lld tiles exceed 2^31 - 1", op, k->bm, k->bn,
-                        (long long)tiles_m, (long long)tiles_n);
-  kp->mode = SMELT__KMODE_GROUPED_OFFS;
-  kp->count = (int)args->count;
-  kp->tiles_m = (int)tiles_m;
-  kp->tiles_n = (int)tiles_n;
-  kp->offs = (uint64_t)(uintptr_t)args->offs;
-  kp->offs_i64 = st->dt_offs == SMELT_DTYPE_I64;
+  smelt_status s = smelt__gemm_offs_grid(ctx, op, k->fam == SMELT__GK_SM90, p->m, p->n, k->bm, k->bn, args->count,
+                                         args->offs, st->dt_offs == SMELT_DTYPE_I64, kp);
+  if (s) return s;
   kp->bias_gs = p->bias_gs;
   kp->sb_gs = p->sb_gs;
   if (k->fam == SMELT__GK_SM90) return run_offs_sm90(ctx, st, k, f, kp, args);
   void *params[] = {kp};
-  return smelt__cuda_launch(ctx, op, f, (unsigned)(tiles_m * tiles_n), 1, 1, (unsigned)k->threads, (unsigned)k->smem,
-                            params);
+  return smelt__cuda_launch(ctx, op, f, (unsigned)((int64_t)kp->tiles_m * kp->tiles_n), 1, 1, (unsigned)k->threads,
+                            (unsigned)k->smem, params);
 }
 
 /* A parallel split's partial sums as the fast epilogue stores them: the
@@ -582,7 +590,7 @@ int64_t smelt__gemm_sk_units(const smelt__gemm_kparams *kq, int64_t tiles) {
   return kq->sk_tiles ? tiles + (int64_t)kq->sk_tiles * (kq->sk_chunks - 1) : tiles;
 }
 
-/* Hopper: persistent CTAs (sm90_launch). A multicast operand's map has
+/* Hopper: persistent CTAs (smelt__gemm_sm90_launch). A multicast operand's map has
  * boxes of a cluster rank's share of the tile's rows. A parallel split
  * runs the slices' tiles in one launch with an identity epilogue into the
  * workspace (kp->workspace, set by the caller); the caller then launches
@@ -634,7 +642,7 @@ static smelt_status run_sm90(smelt_ctx *ctx, const smelt__gemm_state *st, const 
   void *ws = NULL;
   if (!batch && kp->mode == SMELT__KMODE_PLAIN && (s = smelt__gemm_split_tail(ctx, "smelt_gemm", k, p->k, tiles, &kq, &ws)))
     return s;
-  s = sm90_launch(ctx, "smelt_gemm", k, f, smelt__gemm_sk_units(&kq, tiles), params);
+  s = smelt__gemm_sm90_launch(ctx, "smelt_gemm", k, f, smelt__gemm_sk_units(&kq, tiles), params);
   if (ws) {
     smelt_status s2 = smelt__cuda_free(ctx, ws);
     if (!s) s = s2;
